@@ -1,0 +1,31 @@
+# The two commands a new user needs: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_OUT ?= demo_out
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+# torch goes in first, on its own, and stays a constraint so nothing later swaps it for a CUDA build.
+$(STAMP): pyproject.toml requirements.lock constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -c constraints.txt -r requirements.lock
+	$(BIN)/pip install --quiet -c constraints.txt --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m sentsim.demo --out $(DEMO_OUT)
+
+test: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q tests
+
+bench: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache

@@ -1,0 +1,75 @@
+"""Helpers shared by the benchmarks: machine description, peak memory of a process tree, medians."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import threading
+import time
+from typing import List
+
+import psutil
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = psutil.virtual_memory().total / 2**30
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Python {platform.python_version()}"
+
+
+class PeakRSS:
+    """Sample the summed RSS of a process and all its descendants (Ray workers included) at 20 Hz."""
+
+    def __init__(self, pid: int):
+        self.proc = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                procs = [self.proc] + self.proc.children(recursive=True)
+                total = 0
+                for p in procs:
+                    try:
+                        total += p.memory_info().rss
+                    except psutil.Error:
+                        pass
+                self.peak = max(self.peak, total)
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+
+def run_measured(cmd: List[str], env=None) -> tuple[float, int, str]:
+    """Run a command; return (wall seconds, peak RSS bytes of its process tree, stdout)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with PeakRSS(proc.pid) as mon:
+        out, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd} failed: {err[-2000:]}")
+    return wall, mon.peak, out
+
+
+def median(xs):
+    return statistics.median(xs)

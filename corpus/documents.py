@@ -1,0 +1,152 @@
+"""Turning raw records into sentence and chunk rows. Runs inside the Ray task that owns a unit."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+import pyarrow as pa
+
+from corpus.config import CorpusConfig
+from corpus.readers import RawRecord
+from corpus.splitter import cap_tokens, normalise, split_sentences
+
+# sentence_id = (doc_key << SENT_BITS) | sent_idx: ids are unique, stable across re-runs of the
+# same inputs, and consecutive within a document, so a sentence's neighbours are id - 1 and id + 1.
+SENT_BITS = 20
+MAX_SENTENCES_PER_DOC = 1 << SENT_BITS
+
+SENTENCE_SCHEMA = pa.schema(
+    [
+        ("sentence_id", pa.int64()),
+        ("doc_id", pa.string()),
+        ("para_idx", pa.int32()),
+        ("sent_idx", pa.int32()),
+        ("text", pa.string()),
+        ("n_tokens", pa.int32()),
+    ]
+)
+CHUNK_SCHEMA = pa.schema(
+    [
+        ("chunk_id", pa.int64()),
+        ("doc_id", pa.string()),
+        ("first_sentence_id", pa.int64()),
+        ("n_sentences", pa.int32()),
+    ]
+)
+
+
+def doc_key_of(sentence_id: int) -> int:
+    return sentence_id >> SENT_BITS
+
+
+class BadDocument(Exception):
+    """A record that cannot be ingested; the message is the user-facing reason."""
+
+
+@dataclass
+class UnitResult:
+    sentences: dict = field(default_factory=lambda: {k: [] for k in SENTENCE_SCHEMA.names})
+    chunks: dict = field(default_factory=lambda: {k: [] for k in CHUNK_SCHEMA.names})
+    documents: int = 0
+    truncated_sentences: int = 0
+    empty_paragraphs: int = 0
+    skipped: List[dict] = field(default_factory=list)
+
+    def tables(self) -> Tuple[pa.Table, pa.Table]:
+        return (
+            pa.Table.from_pydict(self.sentences, schema=SENTENCE_SCHEMA),
+            pa.Table.from_pydict(self.chunks, schema=CHUNK_SCHEMA),
+        )
+
+
+def parse_record(rec: RawRecord) -> Tuple[Optional[str], List[str]]:
+    """(doc_id or None, paragraphs). Raises BadDocument with a reason for the user."""
+    if rec.kind == "parquet":
+        doc_id, body = rec.payload
+        if body is None:
+            raise BadDocument("empty document (null text)")
+        if isinstance(body, str):
+            return doc_id, body.split("\n\n") if "\n\n" in body else [body]
+        if isinstance(body, list) and all(isinstance(p, str) or p is None for p in body):
+            return doc_id, [p or "" for p in body]
+        raise BadDocument("text column must hold a string or a list of strings")
+    raw: bytes = rec.payload
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadDocument(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
+    if rec.kind == "text":
+        # A blank line is a paragraph break; single newlines are hard wraps inside a paragraph.
+        paras, cur = [], []
+        for line in text.splitlines():
+            if line.strip():
+                cur.append(line)
+            elif cur:
+                paras.append(" ".join(cur))
+                cur = []
+        if cur:
+            paras.append(" ".join(cur))
+        return None, paras
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadDocument(f"malformed JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise BadDocument("a JSON line must be an object with a 'paragraphs' list")
+    paras = obj.get("paragraphs")
+    if paras is None:
+        raise BadDocument("missing 'paragraphs' field")
+    if not isinstance(paras, list) or not all(isinstance(p, str) for p in paras):
+        raise BadDocument("'paragraphs' must be a list of strings")
+    doc_id = obj.get("id")
+    return (None if doc_id is None else str(doc_id)), paras
+
+
+def ingest_document(out: UnitResult, rec: RawRecord, doc_key: int, cfg: CorpusConfig) -> None:
+    """Append one document's sentences and chunks to `out`, or raise BadDocument."""
+    doc_id, paragraphs = parse_record(rec)
+    if doc_id is None:
+        doc_id = f"{rec.source}:{rec.line}"
+    sents: List[Tuple[int, str, int, bool]] = []
+    empty = 0
+    for p_idx, para in enumerate(paragraphs):
+        if len(para) > cfg.max_paragraph_chars:
+            raise BadDocument(
+                f"paragraph {p_idx} has {len(para):,} characters (max_paragraph_chars={cfg.max_paragraph_chars:,})"
+            )
+        norm = normalise(para)
+        if not norm:
+            empty += 1
+            continue
+        for s in split_sentences(norm):
+            text, n_tok, cut = cap_tokens(s, cfg.max_sentence_tokens)
+            sents.append((p_idx, text, n_tok, cut))
+    if not sents:
+        raise BadDocument("empty document (no text after whitespace normalisation)")
+    if len(sents) > MAX_SENTENCES_PER_DOC:
+        raise BadDocument(f"{len(sents):,} sentences in one document (limit {MAX_SENTENCES_PER_DOC:,})")
+    base = doc_key << SENT_BITS
+    S = out.sentences
+    for i, (p_idx, text, n_tok, cut) in enumerate(sents):
+        S["sentence_id"].append(base | i)
+        S["doc_id"].append(doc_id)
+        S["para_idx"].append(p_idx)
+        S["sent_idx"].append(i)
+        S["text"].append(text)
+        S["n_tokens"].append(n_tok)
+        out.truncated_sentences += cut
+    size = cfg.chunk.size
+    stride = cfg.chunk.stride or size
+    C = out.chunks
+    for c_idx, start in enumerate(range(0, len(sents), stride)):
+        n = min(size, len(sents) - start)
+        C["chunk_id"].append(base | c_idx)
+        C["doc_id"].append(doc_id)
+        C["first_sentence_id"].append(base | start)
+        C["n_sentences"].append(n)
+        if start + size >= len(sents):
+            break
+    out.documents += 1
+    out.empty_paragraphs += empty

@@ -1,0 +1,101 @@
+"""Streaming readers: each input yields raw records, one per document, without parsing them.
+
+Parsing happens in the Ray task that owns the record's unit, so the driver only moves bytes
+and its memory stays flat however large the corpus is.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Union
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sentsim.errors import InputError
+
+
+@dataclass
+class RawRecord:
+    """One document as read: where it came from, and its undecoded payload."""
+
+    source: str  # input file name, for messages
+    line: int  # 1-based line (JSONL), row (Parquet) or 1 (text file)
+    kind: str  # "jsonl" | "text" | "parquet"
+    payload: Union[bytes, tuple]  # raw line / file bytes, or (doc_id, text-or-paragraphs) for Parquet
+
+    def size(self) -> int:
+        if isinstance(self.payload, bytes):
+            return len(self.payload)
+        doc_id, body = self.payload
+        if isinstance(body, str):
+            return len(body)
+        return sum(len(p or "") for p in (body or []))
+
+
+def detect_kind(path: str) -> str:
+    name = os.path.basename(path).lower()
+    if name.endswith(".parquet"):
+        return "parquet"
+    for ext in (".jsonl", ".jsonl.gz", ".json.gz", ".ndjson", ".ndjson.gz"):
+        if name.endswith(ext):
+            return "jsonl"
+    if name.endswith((".txt", ".txt.gz", ".text")):
+        return "text"
+    raise InputError(f"{path}: unknown input type (expected .jsonl[.gz], .txt[.gz] or .parquet)")
+
+
+def _open_maybe_gzip(path: str):
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+
+
+def iter_records(path: str, text_column: str = "text", id_column: Optional[str] = None) -> Iterator[RawRecord]:
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory; pass the files inside it")
+    kind = detect_kind(path)
+    name = os.path.basename(path)
+    if kind == "jsonl":
+        with _open_maybe_gzip(path) as f:
+            try:
+                for lineno, line in enumerate(f, start=1):
+                    if line.strip():
+                        yield RawRecord(name, lineno, "jsonl", line)
+            except (OSError, EOFError) as exc:
+                raise InputError(f"{path}: unreadable or truncated gzip stream ({exc})") from None
+    elif kind == "text":
+        with _open_maybe_gzip(path) as f:
+            try:
+                data = f.read()
+            except (OSError, EOFError) as exc:
+                raise InputError(f"{path}: unreadable or truncated gzip stream ({exc})") from None
+        yield RawRecord(name, 1, "text", data)
+    else:
+        yield from _iter_parquet(path, name, text_column, id_column)
+
+
+def _iter_parquet(path: str, name: str, text_column: str, id_column: Optional[str]) -> Iterator[RawRecord]:
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+    cols: List[str] = pf.schema_arrow.names
+    if text_column not in cols:
+        raise InputError(
+            f"{path}: no column '{text_column}' (columns: {', '.join(cols)}); set text_column to the text column"
+        )
+    if id_column and id_column not in cols:
+        raise InputError(f"{path}: no column '{id_column}' (columns: {', '.join(cols)}); check id_column")
+    wanted = [text_column] + ([id_column] if id_column else [])
+    row = 0
+    for batch in pf.iter_batches(columns=wanted, batch_size=1024):
+        texts = batch.column(0).to_pylist()
+        ids = batch.column(1).to_pylist() if id_column else [None] * len(texts)
+        for doc_id, body in zip(ids, texts):
+            row += 1
+            yield RawRecord(name, row, "parquet", (None if doc_id is None else str(doc_id), body))

@@ -1,0 +1,34 @@
+"""Sentence splitting and normalisation.
+
+Sentences come from blingfire's trained sentence breaker (a maintained PyPI package with its
+model inside the wheel, so it works offline and is fast enough for millions of paragraphs).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import List, Tuple
+
+import blingfire
+
+_WS = re.compile(r"\s+")
+
+
+def normalise(text: str) -> str:
+    """Collapse every run of whitespace (incl. newlines, tabs, NBSP) to one space."""
+    return _WS.sub(" ", text).strip()
+
+
+def split_sentences(paragraph: str) -> List[str]:
+    """Split one already-normalised paragraph into sentences, keeping order."""
+    if not paragraph:
+        return []
+    return [s for s in (normalise(x) for x in blingfire.text_to_sentences(paragraph).split("\n")) if s]
+
+
+def cap_tokens(sentence: str, max_tokens: int) -> Tuple[str, int, bool]:
+    """Return (text, n_tokens, truncated). Tokens are whitespace words, the unit users reason in."""
+    words = sentence.split(" ")
+    if len(words) <= max_tokens:
+        return sentence, len(words), False
+    return " ".join(words[:max_tokens]), max_tokens, True

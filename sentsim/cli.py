@@ -1,0 +1,80 @@
+"""The `sentsim` command: a tree of subcommands discovered from `sentsim.commands`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pkgutil
+import sys
+from typing import Sequence
+
+from sentsim.errors import UsageError
+
+GROUP_HELP = {
+    "corpus": "ingest documents into sentence and chunk shards",
+    "store": "inspect and verify shard stores",
+    "index": "build retrieval indexes over corpus chunks",
+    "train": "train models (discriminator, context, surrogate, student)",
+    "eval": "evaluate models and scored pairs",
+}
+
+
+def _command_modules():
+    import sentsim.commands as pkg
+
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        mod = importlib.import_module(f"sentsim.commands.{info.name}")
+        if hasattr(mod, "COMMAND") and hasattr(mod, "run"):
+            yield mod
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sentsim",
+        description="Harvest pseudo-labelled sentence similarities on Ray and distil encoders from them.",
+    )
+    sub = parser.add_subparsers(dest="_command", metavar="COMMAND")
+    sub.required = True
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for mod in _command_modules():
+        path = tuple(mod.COMMAND)
+        target = sub
+        for depth, name in enumerate(path[:-1]):
+            key = " ".join(path[: depth + 1])
+            if key not in groups:
+                gp = target.add_parser(name, help=GROUP_HELP.get(key, name), description=GROUP_HELP.get(key))
+                gsub = gp.add_subparsers(dest=f"_sub{depth}", metavar="COMMAND")
+                gsub.required = True
+                groups[key] = gsub
+            target = groups[key]
+        p = target.add_parser(path[-1], help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except UsageError as exc:
+        print(f"sentsim: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("sentsim: interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        if os.environ.get("SENTSIM_DEBUG"):
+            raise
+        raise
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

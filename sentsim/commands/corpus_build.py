@@ -1,0 +1,46 @@
+"""sentsim corpus build INPUT... --out DIR"""
+
+from __future__ import annotations
+
+import json
+
+from sentsim.config import add_config_arguments
+
+COMMAND = ("corpus", "build")
+HELP = "split documents (JSONL[.gz], text, Parquet) into sentence and chunk Parquet shards; resumable"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="input files, read in the order given")
+    p.add_argument("--out", required=True, help="run directory (local path or s3://...)")
+    p.add_argument("--on-error", choices=["fail", "skip"], default=None, help="bad documents: stop (exit 2) or skip and count")
+    p.add_argument("--chunk-size", type=int, default=None, help="sentences per chunk (default 8)")
+    p.add_argument("--force-new", action="store_true", help="discard a run with another fingerprint at --out")
+    p.add_argument("--executor", choices=["ray", "inline"], default="ray", help="ray tasks (default) or in this process")
+    add_config_arguments(p)
+
+
+def run(args) -> int:
+    from corpus.build import build_corpus
+
+    overrides = list(args.overrides)
+    if args.on_error:
+        overrides.append(f"on_error={args.on_error}")
+    if args.chunk_size is not None:
+        overrides.append(f"chunk.size={args.chunk_size}")
+    manifest = build_corpus(
+        args.inputs, args.out, overrides=overrides, config_path=args.config,
+        executor=args.executor, force_new=args.force_new, address=args.address,
+    )
+    c = manifest["counts"]
+    sk = manifest["skipped_documents"]["count"]
+    print(
+        f"corpus: {c['documents']:,} documents, {c['sentences']:,} sentences, {c['chunks']:,} chunks "
+        f"in {manifest['completed_units']} shards -> {args.out}"
+    )
+    print(f"        {sk} documents skipped, {c['truncated_sentences']} sentences truncated, fingerprint {manifest['fingerprint']}")
+    return 0 if manifest["complete"] else 1
+
+
+def summary_json(manifest: dict) -> str:
+    return json.dumps(manifest["counts"], indent=2)

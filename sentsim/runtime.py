@@ -1,0 +1,40 @@
+"""Connecting to Ray: attach to a cluster when given an address, else start a local one."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from sentsim.errors import UsageError
+
+
+def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> None:
+    """Attach to `address` (or RAY_ADDRESS, set by `ray job submit`), else run an in-process local Ray.
+
+    The dashboard binds to 127.0.0.1 unless SENTSIM_DASHBOARD_HOST says otherwise.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    # A job's env may carry Ray's own log spam settings; keep the console for our progress lines.
+    kwargs = dict(log_to_driver=True, configure_logging=True, logging_level="WARNING")
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                dashboard_host=os.environ.get("SENTSIM_DASHBOARD_HOST", "127.0.0.1"),
+                **kwargs,
+            )
+    except ConnectionError as exc:
+        raise UsageError(f"cannot reach the Ray cluster at {address}: {exc}") from None
+
+
+def cluster_cpus() -> int:
+    import ray
+
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))

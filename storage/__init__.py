@@ -1,0 +1,17 @@
+"""The shard store: every stage writes its results through here.
+
+A run directory (local path or any pyarrow filesystem URI, e.g. ``s3://bucket/run``) holds
+
+    manifest.json                stage, config, fingerprint, inputs, counts
+    <table>/part-NNNNN.parquet   one file per work unit and output table
+    _units/NNNNN.json            completion marker: rows, bytes and sha256 of each file
+    _COMPLETE                    written once every planned unit has its marker
+
+A unit becomes visible atomically: its Parquet goes to a dot-prefixed temporary name (which
+dataset readers ignore), is renamed into place, and only then is the marker written.
+"""
+
+from storage.store import ShardStore, StoreError, UnitRecord, open_store
+from storage.verify import verify_store
+
+__all__ = ["ShardStore", "StoreError", "UnitRecord", "open_store", "verify_store"]

@@ -1,0 +1,69 @@
+"""Path handling through pyarrow filesystems, so that `s3://` works exactly like a local path."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+from typing import Tuple
+
+import pyarrow.fs as pafs
+
+
+def resolve(uri: str) -> Tuple[pafs.FileSystem, str]:
+    """Return (filesystem, path inside it) for a local path or a URI.
+
+    S3 endpoints for tests or on-prem object stores come from the standard AWS variables;
+    `AWS_ENDPOINT_URL` is honoured so a localhost S3 server works through the same code path.
+    """
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
+    if uri.startswith("s3://"):
+        endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
+        if endpoint:
+            scheme, _, host = endpoint.partition("://")
+            fs = pafs.S3FileSystem(
+                endpoint_override=host or scheme,
+                scheme=scheme if host else "http",
+                region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+                allow_bucket_creation=True,
+            )
+            return fs, uri[len("s3://"):].rstrip("/")
+    fs, path = pafs.FileSystem.from_uri(uri)
+    return fs, path.rstrip("/")
+
+
+def join(*parts: str) -> str:
+    return posixpath.join(*parts)
+
+
+def exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
+    with fs.open_input_stream(path) as f:
+        return f.read()
+
+
+def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Write to a dot-prefixed sibling, then rename: a reader never sees half a file."""
+    parent, name = posixpath.split(path)
+    tmp = posixpath.join(parent, f".tmp-{os.getpid()}-{name}")
+    fs.create_dir(parent, recursive=True)
+    with fs.open_output_stream(tmp) as f:
+        f.write(data)
+    fs.move(tmp, path)
+
+
+def sha256_file(fs: pafs.FileSystem, path: str, block: int = 1 << 22) -> Tuple[str, int]:
+    h = hashlib.sha256()
+    n = 0
+    with fs.open_input_stream(path) as f:
+        while True:
+            buf = f.read(block)
+            if not buf:
+                break
+            h.update(buf)
+            n += len(buf)
+    return h.hexdigest(), n

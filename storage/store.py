@@ -1,0 +1,270 @@
+"""ShardStore: manifests, atomic unit writes, completion markers and resume."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from sentsim.errors import UsageError
+from storage import fs as sfs
+
+MANIFEST = "manifest.json"
+UNITS_DIR = "_units"
+COMPLETE = "_COMPLETE"
+FORMAT_VERSION = 1
+
+
+class StoreError(UsageError):
+    """A store that cannot be used as asked: another run's fingerprint, a missing manifest, ..."""
+
+
+def part_name(unit: int) -> str:
+    """Output names carry the unit rank, as datatrove does: part-00042.parquet."""
+    return f"part-{unit:05d}.parquet"
+
+
+def schema_signature(schema: pa.Schema) -> List[List]:
+    return [[f.name, str(f.type), bool(f.nullable)] for f in schema]
+
+
+@dataclass
+class UnitRecord:
+    unit: int
+    files: Dict[str, dict]
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def rows(self) -> Dict[str, int]:
+        return {t: f["rows"] for t, f in self.files.items()}
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class ShardStore:
+    """One run directory. Safe to construct in many Ray workers: all state lives in the files."""
+
+    def __init__(self, uri: str):
+        self.uri = uri.rstrip("/")
+        self.fs, self.root = sfs.resolve(self.uri)
+
+    # ---- paths ----------------------------------------------------------------------------
+    def path(self, *parts: str) -> str:
+        return sfs.join(self.root, *parts)
+
+    def table_uri(self, table: str) -> str:
+        """What a reader passes to pyarrow.dataset / ray.data / pandas."""
+        return f"{self.uri}/{table}"
+
+    def shard_path(self, table: str, unit: int) -> str:
+        return self.path(table, part_name(unit))
+
+    def marker_path(self, unit: int) -> str:
+        return self.path(UNITS_DIR, f"{unit:05d}.json")
+
+    # ---- manifest -------------------------------------------------------------------------
+    def read_manifest(self) -> Optional[dict]:
+        p = self.path(MANIFEST)
+        if not sfs.exists(self.fs, p):
+            return None
+        try:
+            return json.loads(sfs.read_bytes(self.fs, p))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise StoreError(f"{self.uri}/{MANIFEST}: manifest is not valid JSON") from None
+
+    def write_manifest(self, manifest: dict) -> None:
+        sfs.write_bytes_atomic(self.fs, self.path(MANIFEST), json.dumps(manifest, indent=2, sort_keys=True).encode())
+
+    def open_run(
+        self,
+        stage: str,
+        fingerprint: str,
+        config: dict,
+        inputs: List[dict],
+        schemas: Dict[str, pa.Schema],
+        planned_units: Optional[int] = None,
+        force_new: bool = False,
+        extra: Optional[dict] = None,
+    ) -> dict:
+        """Start a run or resume the one already here.
+
+        Resuming is allowed only with the same fingerprint (config + inputs + checkpoints);
+        anything else is refused unless `force_new`, which clears the old run first.
+        """
+        existing = self.read_manifest()
+        if existing is not None and not force_new:
+            if existing.get("stage") != stage:
+                raise StoreError(
+                    f"{self.uri} holds a '{existing.get('stage')}' run, not '{stage}'; "
+                    "choose another --out or pass --force-new to replace it"
+                )
+            if existing.get("fingerprint") != fingerprint:
+                raise StoreError(
+                    f"{self.uri} was written with fingerprint {existing.get('fingerprint')} but this run's is "
+                    f"{fingerprint} (config, inputs or models differ); resume with the same settings, "
+                    "or pass --force-new to start a new run there"
+                )
+            self.sweep_temp(list(schemas))
+            return existing
+        if existing is None and not force_new and self._has_shards(schemas):
+            raise StoreError(
+                f"{self.uri} already holds Parquet shards but no {MANIFEST}; refusing to mix runs "
+                "(pass --force-new to clear it)"
+            )
+        if force_new:
+            self.clear(list(schemas))
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "stage": stage,
+            "fingerprint": fingerprint,
+            "config": config,
+            "inputs": inputs,
+            "tables": {t: schema_signature(s) for t, s in schemas.items()},
+            "planned_units": planned_units,
+            "created": _now(),
+            "complete": False,
+        }
+        if extra:
+            manifest.update(extra)
+        self.fs.create_dir(self.root, recursive=True)
+        self.write_manifest(manifest)
+        return manifest
+
+    def _has_shards(self, tables: Iterable[str]) -> bool:
+        for t in tables:
+            d = self.path(t)
+            if sfs.exists(self.fs, d):
+                if any(i.base_name.endswith(".parquet") for i in self.fs.get_file_info(pafs.FileSelector(d))):
+                    return True
+        return False
+
+    def sweep_temp(self, tables: Iterable[str]) -> int:
+        """Delete temporary files a killed writer left behind. They were never visible to readers."""
+        n = 0
+        for name in list(tables) + [UNITS_DIR]:
+            d = self.path(name)
+            if not sfs.exists(self.fs, d):
+                continue
+            for info in self.fs.get_file_info(pafs.FileSelector(d)):
+                if info.base_name.startswith(".tmp-"):
+                    self.fs.delete_file(info.path)
+                    n += 1
+        return n
+
+    def clear(self, tables: Iterable[str]) -> None:
+        for name in list(tables) + [UNITS_DIR]:
+            d = self.path(name)
+            if sfs.exists(self.fs, d):
+                self.fs.delete_dir(d)
+        for name in (MANIFEST, COMPLETE):
+            p = self.path(name)
+            if sfs.exists(self.fs, p):
+                self.fs.delete_file(p)
+
+    # ---- units ----------------------------------------------------------------------------
+    def write_unit(self, unit: int, tables: Dict[str, pa.Table], fingerprint: str, extra: Optional[dict] = None) -> UnitRecord:
+        """Write every table of one unit atomically, then its completion marker (last)."""
+        files = {}
+        for table, data in tables.items():
+            buf = io.BytesIO()
+            pq.write_table(data, buf, compression="zstd")
+            blob = buf.getvalue()
+            target = self.shard_path(table, unit)
+            sfs.write_bytes_atomic(self.fs, target, blob)
+            files[table] = {
+                "path": f"{table}/{part_name(unit)}",
+                "rows": data.num_rows,
+                "bytes": len(blob),
+                "sha256": hashlib.sha256(blob).hexdigest(),
+            }
+        record = {"unit": unit, "fingerprint": fingerprint, "files": files, "extra": extra or {}, "written": _now()}
+        sfs.write_bytes_atomic(self.fs, self.marker_path(unit), json.dumps(record, sort_keys=True).encode())
+        return UnitRecord(unit=unit, files=files, extra=extra or {})
+
+    def read_marker(self, unit: int) -> Optional[dict]:
+        p = self.marker_path(unit)
+        if not sfs.exists(self.fs, p):
+            return None
+        try:
+            return json.loads(sfs.read_bytes(self.fs, p))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+
+    def markers(self) -> Dict[int, dict]:
+        d = self.path(UNITS_DIR)
+        out: Dict[int, dict] = {}
+        if not sfs.exists(self.fs, d):
+            return out
+        for info in self.fs.get_file_info(pafs.FileSelector(d)):
+            if info.base_name.endswith(".json") and not info.base_name.startswith("."):
+                try:
+                    unit = int(info.base_name[:-5])
+                except ValueError:
+                    continue
+                rec = self.read_marker(unit)
+                if rec is not None:
+                    out[unit] = rec
+        return out
+
+    def check_unit(self, record: dict, deep: bool = True) -> Optional[str]:
+        """None if the unit's files match its marker; otherwise what is wrong."""
+        for table, f in record["files"].items():
+            p = self.path(f["path"])
+            info = self.fs.get_file_info(p)
+            if info.type == pafs.FileType.NotFound:
+                return f"{f['path']}: missing"
+            if info.size != f["bytes"]:
+                return f"{f['path']}: size {info.size} bytes, marker says {f['bytes']}"
+            if deep:
+                digest, _ = sfs.sha256_file(self.fs, p)
+                if digest != f["sha256"]:
+                    return f"{f['path']}: checksum mismatch (edited or corrupt)"
+        return None
+
+    def completed_units(self, fingerprint: str, deep: bool = True) -> Dict[int, UnitRecord]:
+        """Units that are done and whose files still check out. A bad unit is left pending, to be redone."""
+        done: Dict[int, UnitRecord] = {}
+        self.redo_reasons: Dict[int, str] = {}
+        for unit, rec in self.markers().items():
+            if rec.get("fingerprint") != fingerprint:
+                self.redo_reasons[unit] = "marker from another run"
+                continue
+            problem = self.check_unit(rec, deep=deep)
+            if problem:
+                self.redo_reasons[unit] = problem
+                self.fs.delete_file(self.marker_path(unit))
+                continue
+            done[unit] = UnitRecord(unit=unit, files=rec["files"], extra=rec.get("extra", {}))
+        return done
+
+    def finalize(self, planned_units: int, summary: dict) -> dict:
+        """Record counts in the manifest and mark the run complete if every unit is done."""
+        manifest = self.read_manifest() or {}
+        markers = self.markers()
+        done = [u for u in range(planned_units) if u in markers and markers[u].get("fingerprint") == manifest.get("fingerprint")]
+        manifest.update(summary)
+        manifest["planned_units"] = planned_units
+        manifest["completed_units"] = len(done)
+        manifest["complete"] = len(done) == planned_units
+        manifest["finished"] = _now()
+        self.write_manifest(manifest)
+        if manifest["complete"]:
+            sfs.write_bytes_atomic(self.fs, self.path(COMPLETE), manifest["fingerprint"].encode())
+        return manifest
+
+    def is_complete(self) -> bool:
+        return sfs.exists(self.fs, self.path(COMPLETE))
+
+
+def open_store(uri: str) -> ShardStore:
+    return ShardStore(uri)

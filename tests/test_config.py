@@ -1,0 +1,54 @@
+"""Config loading: YAML + overrides, validated up front, errors name the key."""
+
+import pytest
+
+from corpus.config import CorpusConfig
+from sentsim.config import fingerprint, load_config, parse_overrides
+from sentsim.errors import UsageError
+
+
+def test_defaults_and_overrides(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("chunk:\n  size: 4\non_error: skip\n")
+    cfg = load_config(CorpusConfig, str(cfg_file), ["chunk.size=6", "max_sentence_tokens=50"])
+    assert cfg.chunk.size == 6  # command line wins over the file
+    assert cfg.on_error == "skip"
+    assert cfg.max_sentence_tokens == 50
+    assert load_config(CorpusConfig).chunk.size == 8
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("chunk.size=0", "chunk.size"),
+        ("on_error=ignore", "on_error"),
+        ("chunk.sise=3", "chunk.sise"),
+        ("max_sentence_tokens=lots", "max_sentence_tokens"),
+    ],
+)
+def test_bad_value_names_the_key(override, key):
+    with pytest.raises(UsageError) as exc:
+        load_config(CorpusConfig, None, [override])
+    assert key in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(UsageError, match="not found"):
+        load_config(CorpusConfig, str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("chunk: [1, 2\n")
+    with pytest.raises(UsageError, match="not valid YAML"):
+        load_config(CorpusConfig, str(bad))
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- a\n- b\n")
+    with pytest.raises(UsageError, match="mapping"):
+        load_config(CorpusConfig, str(lst))
+    with pytest.raises(UsageError, match="key=value"):
+        parse_overrides(["chunk.size"])
+
+
+def test_fingerprint_is_stable_and_sensitive():
+    a = fingerprint("corpus", {"x": 1, "y": [1, 2]})
+    assert a == fingerprint("corpus", {"y": [1, 2], "x": 1})
+    assert a != fingerprint("corpus", {"x": 2, "y": [1, 2]})

@@ -1,0 +1,180 @@
+"""Corpus ingestion on real text: schema, stable ids, chunks, every input format, bad input."""
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import sentsim_cli
+from corpus.build import build_corpus
+from corpus.documents import CHUNK_SCHEMA, SENT_BITS, SENTENCE_SCHEMA
+from sentsim.errors import InputError, UsageError
+
+
+def read(run, table):
+    return ds.dataset(str(run / table)).to_table().sort_by(f"{'sentence' if table == 'sentences' else 'chunk'}_id")
+
+
+def test_sample_corpus_schema_and_order(speech_corpus, sample_path):
+    sents = read(speech_corpus, "sentences")
+    chunks = read(speech_corpus, "chunks")
+    assert sents.schema.equals(SENTENCE_SCHEMA)
+    assert chunks.schema.equals(CHUNK_SCHEMA)
+    manifest = json.loads((speech_corpus / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["counts"]["documents"] == 20
+    assert manifest["counts"]["sentences"] == sents.num_rows > 3000
+    assert manifest["inputs"][0]["sha256"] and manifest["inputs"][0]["bytes"] == sample_path.stat().st_size
+    ids = sents.column("sentence_id").to_numpy()
+    assert len(set(ids)) == len(ids)
+    # Document order is kept: documents appear in input order, sentences in reading order.
+    docs = [json.loads(l)["id"] for l in gzip.open(sample_path, "rt")]
+    seen = list(dict.fromkeys(sents.column("doc_id").to_pylist()))
+    assert seen == docs
+    df = sents.to_pandas()
+    for _, g in df.groupby("doc_id"):
+        assert list(g.sent_idx) == list(range(len(g)))
+        assert (g.sentence_id.diff().dropna() == 1).all()  # neighbours are id +/- 1
+        assert g.para_idx.is_monotonic_increasing
+    # The first sentences of the first speech, split by the sentence splitter.
+    first = json.loads(gzip.open(sample_path, "rt").readline())["paragraphs"][0]
+    assert first.startswith(df.text.iloc[0][:20])
+    assert all("  " not in t and t == t.strip() for t in df.text)
+
+
+def test_chunks_cover_every_sentence_once(speech_corpus):
+    sents = read(speech_corpus, "sentences").to_pandas()
+    chunks = read(speech_corpus, "chunks").to_pandas()
+    assert chunks.n_sentences.max() == 8 and chunks.n_sentences.min() >= 1
+    covered = [fid + k for fid, n in zip(chunks.first_sentence_id, chunks.n_sentences) for k in range(n)]
+    assert sorted(covered) == sorted(sents.sentence_id)
+    # a chunk never crosses a document boundary
+    first = chunks.first_sentence_id.to_numpy()
+    last = first + chunks.n_sentences.to_numpy() - 1
+    assert ((first >> SENT_BITS) == (last >> SENT_BITS)).all()
+
+
+def test_ids_stable_across_runs_and_unit_sizes(tmp_path, sample_path, speech_corpus):
+    other = tmp_path / "again"
+    build_corpus([str(sample_path)], str(other), overrides=["docs_per_unit=7"], executor="inline", quiet=True)
+    assert read(other, "sentences").equals(read(speech_corpus, "sentences"))
+    assert read(other, "chunks").equals(read(speech_corpus, "chunks"))
+
+
+def test_chunk_size_and_stride(tmp_path, sample_path):
+    out = tmp_path / "c"
+    build_corpus([str(sample_path)], str(out), overrides=["chunk.size=4", "chunk.stride=2"], executor="inline", quiet=True)
+    ch = read(out, "chunks").to_pandas()
+    assert ch.n_sentences.max() == 4
+    d0 = ch[ch.doc_id == ch.doc_id.iloc[0]]
+    assert list(d0.first_sentence_id.diff().dropna().unique()) == [2]
+
+
+def test_text_and_parquet_inputs(tmp_path):
+    txt = tmp_path / "essay.txt"
+    txt.write_text("First line of a paragraph\nwrapped here. Second sentence!\n\n\nNew paragraph. Done.\n")
+    pq_file = tmp_path / "docs.parquet"
+    pq.write_table(
+        pa.table({"body": ["One doc. Two sentences.", "Para one.\n\nPara two."], "key": ["a", "b"]}), pq_file
+    )
+    out = tmp_path / "mixed"
+    build_corpus([str(txt), str(pq_file)], str(out), overrides=["text_column=body", "id_column=key"], executor="inline", quiet=True)
+    df = read(out, "sentences").to_pandas()
+    essay = df[df.doc_id == "essay.txt:1"]
+    assert list(essay.text) == ["First line of a paragraph wrapped here.", "Second sentence!", "New paragraph.", "Done."]
+    assert list(essay.para_idx) == [0, 0, 1, 1]
+    assert list(df[df.doc_id == "b"].para_idx) == [0, 1]
+    assert set(df.doc_id) == {"essay.txt:1", "a", "b"}
+
+
+def test_truncation_is_capped_and_counted(tmp_path):
+    src = tmp_path / "long.jsonl"
+    src.write_text(json.dumps({"id": "x", "paragraphs": ["word " * 50 + "end.", "Short one."]}) + "\n")
+    out = tmp_path / "o"
+    m = build_corpus([str(src)], str(out), overrides=["max_sentence_tokens=10"], executor="inline", quiet=True)
+    assert m["counts"]["truncated_sentences"] == 1
+    df = read(out, "sentences").to_pandas()
+    assert df.n_tokens.tolist() == [10, 2]
+
+
+BAD_LINES = {
+    "malformed JSON": b'{"id": "ok", "paragraphs": ["Fine."]}\n{"id": "broken", "paragraphs": [\n',
+    "not valid UTF-8": b'{"id": "ok", "paragraphs": ["Fine."]}\n{"id": "latin", "paragraphs": ["caf\xe9."]}\n',
+    "empty document": b'{"id": "ok", "paragraphs": ["Fine."]}\n{"id": "empty", "paragraphs": ["   ", ""]}\n',
+    "missing 'paragraphs'": b'{"id": "ok", "paragraphs": ["Fine."]}\n{"id": "nop", "text": "x"}\n',
+}
+
+
+@pytest.mark.parametrize("reason", sorted(BAD_LINES))
+def test_bad_jsonl_fails_with_one_line_naming_file_and_line(tmp_path, reason):
+    src = tmp_path / "bad.jsonl"
+    src.write_bytes(BAD_LINES[reason])
+    r = sentsim_cli("corpus", "build", src, "--out", tmp_path / "o", "--executor", "inline")
+    assert r.returncode == 2, r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.startswith("sentsim: error")]
+    assert len(lines) == 1 and "Traceback" not in r.stderr
+    assert "bad.jsonl:2" in lines[0] and reason in lines[0]
+
+
+def test_huge_paragraph_without_punctuation(tmp_path):
+    src = tmp_path / "huge.jsonl.gz"
+    with gzip.open(src, "wt") as f:
+        f.write(json.dumps({"id": "big", "paragraphs": ["word " * 210_000]}) + "\n")
+    r = sentsim_cli("corpus", "build", src, "--out", tmp_path / "o", "--executor", "inline")
+    assert r.returncode == 2 and "huge.jsonl.gz:1" in r.stderr and "max_paragraph_chars" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_parquet_column(tmp_path):
+    f = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"content": ["a. b."]}), f)
+    r = sentsim_cli("corpus", "build", f, "--out", tmp_path / "o", "--executor", "inline")
+    assert r.returncode == 2 and "t.parquet" in r.stderr and "no column 'text'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_skip_mode_counts_every_bad_document(tmp_path):
+    src = tmp_path / "mixed.jsonl"
+    src.write_bytes(b"".join(BAD_LINES.values()))
+    out = tmp_path / "o"
+    m = build_corpus([str(src)], str(out), overrides=["on_error=skip"], executor="inline", quiet=True)
+    sk = m["skipped_documents"]
+    assert sk["count"] == 4
+    assert sorted(x["line"] for x in sk["listed"]) == [2, 4, 6, 8]
+    assert m["counts"]["documents"] == 4  # the four good "ok" documents survive
+    assert read(out, "sentences").num_rows == 4
+
+
+def test_bad_paths_and_formats(tmp_path):
+    with pytest.raises(InputError, match="no such file"):
+        build_corpus([str(tmp_path / "nope.jsonl")], str(tmp_path / "o"), executor="inline")
+    odd = tmp_path / "doc.pdf"
+    odd.write_bytes(b"%PDF")
+    with pytest.raises(InputError, match="unknown input type"):
+        build_corpus([str(odd)], str(tmp_path / "o2"), executor="inline")
+    with pytest.raises(UsageError, match="no input"):
+        build_corpus([], str(tmp_path / "o3"), executor="inline")
+
+
+def test_other_fingerprint_refused_unless_force_new(tmp_path, sample_path):
+    out = tmp_path / "run"
+    build_corpus([str(sample_path)], str(out), executor="inline", quiet=True)
+    r = sentsim_cli("corpus", "build", sample_path, "--out", out, "--executor", "inline", "--chunk-size", "5")
+    assert r.returncode == 2 and "fingerprint" in r.stderr and "--force-new" in r.stderr
+    r = sentsim_cli("corpus", "build", sample_path, "--out", out, "--executor", "inline", "--chunk-size", "5", "--force-new")
+    assert r.returncode == 0, r.stderr
+    assert read(out, "chunks").column("n_sentences").to_numpy().max() == 5
+
+
+def test_every_subcommand_has_help():
+    from sentsim.cli import build_parser
+
+    parser = build_parser()
+    r = sentsim_cli("--help")
+    assert r.returncode == 0 and "corpus" in r.stdout
+    for group, cmd in [("corpus", "build"), ("store", "verify")]:
+        r = sentsim_cli(group, cmd, "--help")
+        assert r.returncode == 0 and "usage" in r.stdout
+    assert parser.prog == "sentsim"

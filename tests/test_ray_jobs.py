@@ -1,0 +1,119 @@
+"""Real Ray: a SIGKILLed build resumed to the exact dataset, and `ray job submit` to a `ray start` cluster."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+import yaml
+
+from conftest import ROOT, free_port, sentsim_cli
+from storage import verify_store
+
+pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
+
+
+def table(run, name):
+    key = "sentence_id" if name == "sentences" else "chunk_id"
+    return ds.dataset(str(Path(run) / name)).to_table().sort_by(key)
+
+
+def test_sigkill_midway_then_rerun_gives_the_uninterrupted_dataset(tmp_path, sample_path, speech_corpus):
+    out = tmp_path / "killed"
+    cmd = [str(BIN / "sentsim"), "corpus", "build", str(sample_path), "--out", str(out),
+           "--set", "docs_per_unit=1", "--set", "max_in_flight=1"]
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    units = out / "_units"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if units.is_dir() and len(list(units.glob("*.json"))) >= 3:
+            break
+        assert proc.poll() is None, "build ended before it could be killed"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started, all at once
+    proc.wait(30)
+    done_at_kill = len(list(units.glob("*.json")))
+    assert 3 <= done_at_kill < 20, done_at_kill
+    assert not (out / "_COMPLETE").exists()
+    assert verify_store(str(out))  # incomplete: verify says so
+
+    r = sentsim_cli(*cmd[1:], env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"{done_at_kill} already complete" in r.stderr or done_at_kill == 0
+    assert verify_store(str(out)) == []
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["completed_units"] == 20 and manifest["complete"]
+    # Same rows and ids as an uninterrupted run (built with other unit sizes, even).
+    assert table(out, "sentences").equals(table(speech_corpus, "sentences"))
+    assert table(out, "chunks").equals(table(speech_corpus, "chunks"))
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    """`ray start --head` as a user would, from this venv (a job's python comes from ray start's PATH)."""
+    port, dash = free_port(), free_port()
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", PATH=f"{BIN}:{os.environ['PATH']}")
+    tmp = tmp_path_factory.mktemp("ray")
+    subprocess.run(
+        [str(BIN / "ray"), "start", "--head", "--num-cpus=2", f"--port={port}", "--dashboard-host=127.0.0.1",
+         f"--dashboard-port={dash}", "--include-dashboard=true", f"--temp-dir={tmp}", "--disable-usage-stats"],
+        env=env, check=True, capture_output=True, timeout=180,
+    )
+    yield {"env": env, "address": f"http://127.0.0.1:{dash}", "gcs": f"127.0.0.1:{port}"}
+    subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def test_ray_job_submit_build_corpus(ray_head, tmp_path, sample_path):
+    out = tmp_path / "job_corpus"
+    sid = f"corpus-{uuid.uuid4().hex[:8]}"
+    r = subprocess.run(
+        [str(BIN / "ray"), "job", "submit", "--address", ray_head["address"], "--submission-id", sid,
+         "--working-dir", ".", "--", "python", "jobs/build_corpus.py", str(sample_path.relative_to(ROOT)),
+         "--out", str(out), "--set", "docs_per_unit=5"],
+        env=ray_head["env"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    assert JobSubmissionClient(ray_head["address"]).get_job_status(sid) == JobStatus.SUCCEEDED
+    assert "corpus: 20 documents" in r.stdout
+    assert verify_store(str(out)) == []
+    assert json.loads((out / "manifest.json").read_text())["completed_units"] == 4
+
+
+def test_ray_job_bad_input_fails_cleanly(ray_head, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"paragraphs": [\n')
+    r = subprocess.run(
+        [str(BIN / "ray"), "job", "submit", "--address", ray_head["address"], "--working-dir", ".", "--",
+         "python", "jobs/build_corpus.py", str(bad), "--out", str(tmp_path / "o")],
+        env=ray_head["env"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert r.returncode != 0
+    assert "bad.jsonl:1: malformed JSON" in r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_cluster_yaml_passes_rays_validation():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    raw = yaml.safe_load((ROOT / "ray_cluster.yaml").read_text())
+    validate_config(prepare_config(raw))
+    types = raw["available_node_types"]
+    assert any(t["resources"].get("GPU") for t in types.values())
+    assert not types[raw["head_node_type"]]["resources"].get("GPU")
+    assert any("make install" in c for c in raw["setup_commands"])
+    assert all("127.0.0.1" in c for c in raw["head_start_ray_commands"] if "--head" in c)
+    broken = yaml.safe_load((ROOT / "ray_cluster.yaml").read_text())
+    broken["available_node_types"]["gpu_worker"]["not_a_field"] = 1
+    with pytest.raises(Exception):
+        validate_config(prepare_config(broken))
