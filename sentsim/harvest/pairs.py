@@ -1,0 +1,84 @@
+"""Which pairs a harvest scores, and which split each pair belongs to.
+
+For every anchor sentence the partners are a seeded mix of retrieval neighbours (likely
+similar), sentences of the same document, and random corpus sentences (likely dissimilar), so
+that harvested scores cover the whole similarity range. Everything is a pure function of the
+seed and the anchor id, so a resumed unit samples exactly the pairs it sampled before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Dict, List, Sequence, Set, Tuple
+
+import numpy as np
+
+SPLITS = ("train", "dev", "test")
+
+
+def pair_key(a: int, b: int) -> Tuple[int, int]:
+    return (a, b) if a <= b else (b, a)
+
+
+def _digest(a: int, b: int) -> bytes:
+    lo, hi = pair_key(int(a), int(b))
+    return hashlib.blake2b(f"{lo}:{hi}".encode(), digest_size=16).digest()
+
+
+def pair_id(a: int, b: int) -> int:
+    """A stable non-negative int64 id for the unordered pair."""
+    return int.from_bytes(_digest(a, b)[:8], "big") >> 1
+
+
+def pair_split(a: int, b: int, fractions: Sequence[float] = (0.98, 0.01, 0.01)) -> str:
+    """train/dev/test from a hash of the pair itself (003 §4: 98/1/1), so it never changes on resume."""
+    u = int.from_bytes(_digest(a, b)[8:16], "big") / 2**64
+    edge = 0.0
+    for name, frac in zip(SPLITS, fractions):
+        edge += frac
+        if u < edge:
+            return name
+    return SPLITS[-1]
+
+
+def anchor_rng(seed: int, anchor: int) -> np.random.Generator:
+    return np.random.default_rng([seed, int(anchor) & 0x7FFFFFFFFFFFFFFF])
+
+
+def sample_partners(
+    anchor: int,
+    seed: int,
+    same_doc_pool: np.ndarray,
+    corpus_ids: np.ndarray,
+    neighbours: Sequence[int],
+    n_neighbours: int,
+    n_same_doc: int,
+    n_random: int,
+) -> List[Tuple[int, str]]:
+    """[(partner_id, kind)] with kind in {neighbour, same-doc, random}; no repeats, never the anchor."""
+    rng = anchor_rng(seed, anchor)
+    chosen: List[Tuple[int, str]] = []
+    seen: Set[int] = {int(anchor)}
+
+    def take(cands, n, kind):
+        for c in cands:
+            if len([1 for _, k in chosen if k == kind]) >= n:
+                break
+            c = int(c)
+            if c not in seen:
+                seen.add(c)
+                chosen.append((c, kind))
+
+    take(list(neighbours), n_neighbours, "neighbour")
+    pool = same_doc_pool[same_doc_pool != anchor]
+    if len(pool):
+        take(rng.permutation(pool)[: n_same_doc * 3], n_same_doc, "same-doc")
+    if len(corpus_ids):
+        take(rng.choice(corpus_ids, size=min(len(corpus_ids), n_random * 3 + 2), replace=False), n_random, "random")
+    return chosen
+
+
+def owned_pairs(anchor: int, partners: List[Tuple[int, str]], anchors: Set[int]) -> List[Tuple[int, str]]:
+    """Drop (a, p) when p is also an anchor with a smaller id: that anchor's unit owns the pair, if it
+    sampled it. Keeps the harvest free of duplicates without units talking to each other."""
+    return [(p, k) for p, k in partners if not (p in anchors and p < anchor)]

