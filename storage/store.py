@@ -33,7 +33,8 @@ def part_name(unit: int) -> str:
 
 
 def schema_signature(schema: pa.Schema) -> List[List]:
-    return [[f.name, str(f.type), bool(f.nullable)] for f in schema]
+    # Parquet names list items "element" where Arrow says "item"; the signature ignores that.
+    return [[f.name, str(f.type).replace("<element:", "<item:"), bool(f.nullable)] for f in schema]
 
 
 @dataclass

@@ -1,0 +1,42 @@
+"""sentsim harvest --config FILE"""
+
+from __future__ import annotations
+
+from sentsim.config import add_config_arguments
+
+COMMAND = ("harvest",)
+HELP = "harvest pair similarities (Eq. 4) and rank-vector targets into resumable Parquet shards"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--corpus", help="corpus run directory (sentences/, chunks/)")
+    p.add_argument("--index", help="retrieval index directory")
+    p.add_argument("--discriminator", help="discriminator directory")
+    p.add_argument("--context-models", nargs="+", help="context-model bundle folder(s)")
+    p.add_argument("--pairs", dest="pairs_file", help="explicit mode: score these pairs instead of sampling")
+    p.add_argument("--out", help="output run directory (local path or s3://...)")
+    p.add_argument("--resume", action="store_true", help="continue the run at --out (the default when one exists)")
+    p.add_argument("--force-new", action="store_true", help="discard a run with another fingerprint at --out")
+    p.add_argument("--executor", choices=["ray", "inline"], default="ray")
+    add_config_arguments(p)
+
+
+def run(args) -> int:
+    from sentsim.harvest.job import harvest, load_harvest_config
+
+    cfg = load_harvest_config(
+        args.config, args.overrides, corpus=args.corpus, index=args.index, discriminator=args.discriminator,
+        context_models=args.context_models, pairs_file=args.pairs_file, out=args.out,
+    )
+    m = harvest(cfg, executor=args.executor, force_new=args.force_new, address=args.address)
+    import json
+    from pathlib import Path
+
+    rep = json.loads(Path(cfg.out, "report.json").read_text()) if "://" not in cfg.out else {}
+    print(f"harvest: {rep.get('pairs', '?')} pairs ({rep.get('null_scores', '?')} null) in "
+          f"{m['completed_units']}/{m['planned_units']} units -> {cfg.out}")
+    if rep:
+        print("  score by split: " + ", ".join(
+            f"{s} n={v['n']} mean={v.get('mean', float('nan')):.3f}" for s, v in rep["score"].items()))
+        print(f"  spearman(score, rank_sim) = {rep['spearman_score_vs_rank_sim']}")
+    return 0 if m["complete"] else 1

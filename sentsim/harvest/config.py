@@ -1,0 +1,99 @@
+"""Configuration of `sentsim harvest` / jobs/harvest_pairs.py. Defaults cite their paper section."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Tuple
+
+from pydantic import Field, model_validator
+
+from sentsim.config import Section
+from sentsim.context.config import ScorerConfig
+from sentsim.harvest.similarity import METRICS
+
+
+class AnchorConfig(Section):
+    n: int = Field(1000, ge=1, description="anchor sentences sampled from the corpus (seeded)")
+    per_unit: int = Field(16, ge=1, description="anchors per work unit (one shard, one completion marker)")
+    min_tokens: int = Field(4, ge=1, description="skip anchors shorter than this many words")
+
+
+class PartnerConfig(Section):
+    # A mix so the harvested scores span the similarity range (harvest issue: which pairs).
+    neighbours: int = Field(2, ge=0, description="partners from the anchor's top retrieved chunks (likely similar)")
+    same_doc: int = Field(1, ge=0, description="partners from the anchor's own document")
+    random: int = Field(2, ge=0, description="random corpus partners (likely dissimilar)")
+    neighbour_chunks: int = Field(16, ge=1, description="retrieved chunks to draw neighbours from")
+
+
+class ContextSetConfig(Section):
+    # 003 §3.3: |C_s| = 500, 20K retrieved chunks, one context per chunk, Jaccard < 0.5.
+    size: int = Field(500, ge=1, description="|C_s|")
+    retrieve_chunks: int = Field(20_000, ge=1, description="chunks retrieved per sentence by TF-IDF bigrams")
+    jaccard: float = Field(0.5, gt=0.0, le=1.0, description="max Jaccard of a new context's (i-1)-th sentence vs chosen ones")
+    max_per_chunk: int = Field(1, ge=1, description="contexts one chunk may contribute")
+    # Table 8 / §5.5 ablation: random contexts instead of retrieval + discriminator screening.
+    mode: Literal["screened", "random"] = "screened"
+
+
+class StageResources(Section):
+    """Per-stage actor resources (fractional CPUs so a 2-CPU node does not starve Ray Data's reads)."""
+
+    num_cpus: float = Field(0.5, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    min_actors: int = Field(1, ge=1)
+    max_actors: int = Field(1, ge=1)
+
+
+class HarvestResources(Section):
+    contexts: StageResources = StageResources()
+    scoring: StageResources = StageResources()
+    rank: StageResources = StageResources(num_cpus=0.25)
+
+
+class RankConfig(Section):
+    enabled: bool = True
+    encoder: Optional[str] = Field(None, description="base encoder E1 folder; default: the bundled all-MiniLM-L6-v2")
+    n_anchors: int = Field(100_000, ge=2, description="anchor corpus size (004 §4.1: 100,000 sentences)")
+    bits: Literal[8, 16, 32] = 16
+
+
+class HarvestConfig(Section):
+    corpus: str
+    out: str
+    index: Optional[str] = None
+    discriminator: Optional[str] = None
+    context_models: list[str] = Field(default_factory=list, description="one or more context-model bundle folders")
+    pairs_file: Optional[str] = Field(None, description="explicit mode: score these pairs (TSV/CSV/JSONL/Parquet with s1, s2)")
+    pairs_per_unit: int = Field(64, ge=1, description="explicit mode: pairs per work unit")
+    seed: int = 0
+    anchors: AnchorConfig = AnchorConfig()
+    partners: PartnerConfig = PartnerConfig()
+    contexts: ContextSetConfig = ContextSetConfig()
+    scoring: ScorerConfig = ScorerConfig()
+    # Eq. 4 similarity of v_s1 and v_s2. 003 uses plain cosine; `pearson` (centred) is the default
+    # because raw log-probability vectors give cosine ~1.0 for every pair (see README).
+    metric: Literal["cosine", "pearson", "spearman", "double-centred"] = "pearson"
+    reference_sentences: int = Field(8, ge=0, description="sentences whose mean score per context is the context effect (double-centred)")
+    splits: Tuple[float, float, float] = (0.98, 0.01, 0.01)  # 003 §4: 98/1/1 train/dev/test
+    rank: RankConfig = RankConfig()
+    resources: HarvestResources = HarvestResources()
+
+    @model_validator(mode="after")
+    def _check(self):
+        if abs(sum(self.splits) - 1.0) > 1e-6:
+            raise ValueError("splits must sum to 1")
+        if not self.context_models:
+            raise ValueError("context_models: give at least one context-model folder")
+        if self.contexts.mode == "screened" and not self.index:
+            raise ValueError("index: screened contexts need a retrieval index (or set contexts.mode=random)")
+        assert self.metric in METRICS
+        return self
+
+    def semantic(self) -> dict:
+        """Everything that changes the rows; resources and placement do not."""
+        d = self.model_dump()
+        for k in ("out", "resources"):
+            d.pop(k)
+        for k in ("device", "torch_threads", "actor_num_cpus", "actor_num_gpus", "batch_tokens"):
+            d["scoring"].pop(k, None)
+        return d

@@ -1,0 +1,158 @@
+"""Context sets C_s for the harvest (003 §3.3): retrieve chunks, expand slots, screen, select.
+
+`ContextSource.context_sets(texts)` returns, per sentence, an ordered list of `Context`s. In
+`screened` mode: TF-IDF bigram retrieval of chunks, one candidate per sentence slot, ranked by
+the discriminator's log p(y=1 | s, c) from cached sentence representations (head only), then the
+greedy diverse selection. In `random` mode (the paper's ablation): contexts around random corpus
+sentences, seeded by the sentence text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from sentsim.harvest.config import ContextSetConfig
+from sentsim.harvest.corpus_index import CorpusIndex
+
+
+@dataclass
+class Context:
+    chunk_id: int
+    slot: int
+    centre_id: int
+    left: List[str]
+    right: List[str]
+    retrieval_score: float
+    log_p_disc: Optional[float] = None
+
+    @property
+    def key(self) -> int:
+        """A context is identified by its centre slot; its window follows from the corpus."""
+        return self.centre_id
+
+
+@dataclass
+class ContextSet:
+    contexts: List[Context] = field(default_factory=list)
+    candidates: int = 0
+    shortfall_reason: Optional[str] = None
+
+
+def _select_diverse(cands: List[Context], order: Sequence[int], size: int, jaccard: float, max_per_chunk: int) -> List[int]:
+    """Greedy, in rank order: at most `max_per_chunk` contexts per chunk, and the (i-1)-th sentence
+    of a new context must have Jaccard < `jaccard` with that of every context already chosen."""
+    chosen: List[int] = []
+    per_chunk: Dict[int, int] = {}
+    seen_sets: List[set] = []
+    for i in order:
+        c = cands[int(i)]
+        if per_chunk.get(c.chunk_id, 0) >= max_per_chunk:
+            continue
+        words = set(c.left[-1].lower().split()) if c.left else set()
+        if words and any(len(words & s) / len(words | s) >= jaccard for s in seen_sets if s):
+            continue
+        chosen.append(int(i))
+        per_chunk[c.chunk_id] = per_chunk.get(c.chunk_id, 0) + 1
+        seen_sets.append(words)
+        if len(chosen) >= size:
+            break
+    return chosen
+
+
+def _text_seed(seed: int, text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{text}".encode(), digest_size=8).digest(), "big")
+
+
+class ContextSource:
+    def __init__(self, corpus: CorpusIndex, cfg: ContextSetConfig, window: int, seed: int,
+                 retriever=None, discriminator=None):
+        self.corpus = corpus
+        self.cfg = cfg
+        self.window = window
+        self.seed = seed
+        self.retriever = retriever
+        self.disc = discriminator
+        self._rep_cache: Dict[int, np.ndarray] = {}
+
+    # ---- discriminator reps, cached per corpus sentence -------------------------------------
+    def _reps(self, ids: Sequence[int]) -> np.ndarray:
+        todo = [i for i in dict.fromkeys(ids) if i not in self._rep_cache]
+        if todo:
+            vecs = self.disc.encode([t or "" for t in self.corpus.texts(todo)])
+            for i, v in zip(todo, vecs):
+                self._rep_cache[i] = v
+        return np.stack([self._rep_cache[i] for i in ids]) if ids else np.zeros((0, self.disc.rep_dim), np.float32)
+
+    def _disc_scores(self, text: str, cands: List[Context]) -> np.ndarray:
+        w = self.disc.window
+        D = self.disc.rep_dim
+        m = len(cands)
+        left = np.zeros((m, w, D), np.float32)
+        right = np.zeros((m, w, D), np.float32)
+        # Window reps come from the cache; sentences missing at a document edge stay zero.
+        for j, c in enumerate(cands):
+            lids = [c.centre_id - k for k in range(w, 0, -1)]
+            rids = [c.centre_id + k for k in range(1, w + 1)]
+            for slot, sid in enumerate(lids):
+                if self.corpus.text(sid) is not None and (sid >> 20) == (c.centre_id >> 20):
+                    left[j, slot] = self._reps([sid])[0]
+            for slot, sid in enumerate(rids):
+                if self.corpus.text(sid) is not None and (sid >> 20) == (c.centre_id >> 20):
+                    right[j, slot] = self._reps([sid])[0]
+        q = self.disc.encode([text])[0]
+        logits = self.disc.score(left, q, right)
+        return -np.logaddexp(0.0, -logits.astype(np.float64))  # log sigmoid
+
+    # ---- context sets --------------------------------------------------------------------
+    def _expand(self, chunk_ids: np.ndarray, scores: np.ndarray) -> List[Context]:
+        out: List[Context] = []
+        for cid, sc in zip(chunk_ids, scores):
+            if cid < 0:
+                continue
+            ch = self.corpus.chunk(int(cid))
+            if ch is None:
+                continue
+            first, n = ch
+            for slot in range(n):
+                centre = first + slot
+                left, right = self.corpus.window(centre, self.window)
+                out.append(Context(int(cid), slot, centre, left, right, float(sc)))
+        return out
+
+    def context_sets(self, texts: Sequence[str]) -> List[ContextSet]:
+        if self.cfg.mode == "random":
+            return [self._random(t) for t in texts]
+        ids, scores = self.retriever.search(list(texts), self.cfg.retrieve_chunks)
+        return [self._screened(t, ids[i], scores[i]) for i, t in enumerate(texts)]
+
+    def _screened(self, text: str, chunk_ids: np.ndarray, scores: np.ndarray) -> ContextSet:
+        cands = self._expand(chunk_ids, scores)
+        if not cands:
+            reason = "no retrieved chunk" if text.strip() else "empty sentence"
+            return ContextSet([], 0, reason)
+        if self.disc is not None:
+            lp = self._disc_scores(text, cands)
+            for c, v in zip(cands, lp):
+                c.log_p_disc = float(v)
+            rank = np.lexsort((np.arange(len(cands)), -lp))
+        else:
+            rank = np.arange(len(cands))  # retrieval order, then slot order
+        picked = _select_diverse(cands, rank, self.cfg.size, self.cfg.jaccard, self.cfg.max_per_chunk)
+        chosen = [cands[i] for i in picked]
+        short = None if len(chosen) >= self.cfg.size else f"only {len(chosen)} diverse contexts among {len(cands)} candidates"
+        return ContextSet(chosen, len(cands), short)
+
+    def _random(self, text: str) -> ContextSet:
+        rng = np.random.default_rng(_text_seed(self.seed, text))
+        ids = self.corpus.ids
+        n = min(self.cfg.size, len(ids))
+        centres = np.sort(rng.choice(ids, size=n, replace=False))
+        out = []
+        for c in centres:
+            left, right = self.corpus.window(int(c), self.window)
+            out.append(Context(-1, 0, int(c), left, right, 0.0))
+        return ContextSet(out, n, None if n >= self.cfg.size else f"corpus has only {n} sentences")

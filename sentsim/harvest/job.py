@@ -1,0 +1,210 @@
+"""`sentsim harvest` / jobs/harvest_pairs.py: plan units, run the stages on Ray, resume, report."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from sentsim.config import fingerprint, load_config
+from sentsim.errors import UsageError
+from sentsim.harvest.config import HarvestConfig
+from sentsim.harvest.stages import (
+    CONTEXT_SCORE_SCHEMA, PAIR_SCHEMA, SENTENCE_SCHEMA, ContextStage, RankAndWriteStage, ScoreStage,
+)
+from sentsim.pipeline import run_pipeline
+from storage import ShardStore
+
+STAGE = "harvest"
+
+
+def read_pairs_file(path: str) -> List[tuple]:
+    """(s1, s2, gold or None) from STS-B style TSV, CSV/TSV with s1,s2 headers, JSONL or Parquet."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{path}: pairs file not found")
+    name = p.name.lower()
+    rows: List[tuple] = []
+    if name.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        t = pq.read_table(p)
+        if not {"s1", "s2"} <= set(t.column_names):
+            raise UsageError(f"{path}: needs columns s1 and s2 (has {', '.join(t.column_names)})")
+        gold = t.column("gold").to_pylist() if "gold" in t.column_names else [None] * t.num_rows
+        return list(zip(t.column("s1").to_pylist(), t.column("s2").to_pylist(), gold))
+    with open(p, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            if name.endswith(".jsonl"):
+                try:
+                    obj = json.loads(line)
+                    rows.append((obj["s1"], obj["s2"], obj.get("gold")))
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise UsageError(f"{path}:{n}: expected a JSON object with s1 and s2") from None
+                continue
+            cols = line.split("\t")
+            if len(cols) >= 7:  # STS-B: genre, file, year, id, score, s1, s2[, ...]
+                try:
+                    rows.append((cols[5], cols[6], float(cols[4])))
+                except ValueError:
+                    raise UsageError(f"{path}:{n}: score column is not a number") from None
+            elif len(cols) >= 2:
+                rows.append((cols[0], cols[1], None))
+            else:
+                raise UsageError(f"{path}:{n}: expected tab-separated s1 and s2")
+    if not rows:
+        raise UsageError(f"{path}: no pairs")
+    return rows
+
+
+def _file_hash(path: str) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 22), b""):
+            h.update(b)
+    return h.hexdigest()[:16]
+
+
+def plan(cfg: HarvestConfig, corpus) -> tuple[list, dict]:
+    """Units of work: shards of anchors (or of explicit pairs). Pure function of the config."""
+    if cfg.pairs_file:
+        pairs = read_pairs_file(cfg.pairs_file)
+        units = [{"unit": u, "pairs": pairs[i:i + cfg.pairs_per_unit]}
+                 for u, i in enumerate(range(0, len(pairs), cfg.pairs_per_unit))]
+        return units, {"pairs_file": cfg.pairs_file, "pairs_file_sha256": _file_hash(cfg.pairs_file), "pairs": len(pairs)}
+    ok = corpus.ids[corpus.n_tokens >= cfg.anchors.min_tokens]
+    if len(ok) == 0:
+        raise UsageError(f"{cfg.corpus}: no sentence has {cfg.anchors.min_tokens} or more words to use as an anchor")
+    rng = np.random.default_rng(cfg.seed)
+    n = min(cfg.anchors.n, len(ok))
+    anchors = np.sort(rng.choice(ok, size=n, replace=False)).tolist()
+    units = [{"unit": u, "anchors": anchors[i:i + cfg.anchors.per_unit], "all_anchors": anchors, "pairs": None}
+             for u, i in enumerate(range(0, len(anchors), cfg.anchors.per_unit))]
+    return units, {"anchors": n}
+
+
+def model_hashes(cfg: HarvestConfig) -> dict:
+    from sentsim.rank.targets import checkpoint_hash, default_base_encoder
+
+    out = {"context_models": [checkpoint_hash(p) for p in cfg.context_models]}
+    if cfg.index:
+        from sentsim.retrieval.base import read_index_manifest
+
+        out["index"] = read_index_manifest(cfg.index).get("fingerprint") or checkpoint_hash(cfg.index)
+    if cfg.discriminator:
+        out["discriminator"] = checkpoint_hash(cfg.discriminator)
+    if cfg.rank.enabled:
+        out["base_encoder"] = checkpoint_hash(cfg.rank.encoder or default_base_encoder())
+    return out
+
+
+def check_gpus(cfg: HarvestConfig, executor: str) -> None:
+    want = sum(r.num_gpus * r.min_actors for r in (cfg.resources.contexts, cfg.resources.scoring, cfg.resources.rank))
+    if want <= 0:
+        return
+    if executor == "ray":
+        import ray
+
+        have = ray.cluster_resources().get("GPU", 0)
+    else:
+        import torch
+
+        have = torch.cuda.device_count()
+    if want > have:
+        raise UsageError(f"resources ask for {want:g} GPUs but the cluster has {have:g}; "
+                         "lower resources.*.num_gpus or min_actors, or add GPU nodes")
+
+
+class Progress:
+    def __init__(self, total: int, already: int, stream=sys.stderr):
+        self.total, self.done, self.already = total, 0, already
+        self.rows = 0
+        self.t0 = time.time()
+        self.stream = stream
+        self.stage_seconds = {}
+
+    def update(self, r: dict) -> None:
+        self.done += 1
+        self.rows += r["pairs"]
+        for k, v in r["timing"].items():
+            self.stage_seconds[k] = self.stage_seconds.get(k, 0.0) + v
+        el = time.time() - self.t0
+        left = self.total - self.already - self.done
+        eta = el / self.done * left
+        print(f"[harvest] unit {r['unit']:05d} | {self.already + self.done}/{self.total} units | {self.rows:,} pairs "
+              f"| {self.rows / el:,.1f} pairs/s | ETA {eta:,.0f}s | nulls {r['null_scores']}", file=self.stream, flush=True)
+
+
+def harvest(
+    cfg: HarvestConfig, executor: str = "ray", force_new: bool = False, address: Optional[str] = None,
+    quiet: bool = False, max_units: Optional[int] = None,
+) -> dict:
+    from sentsim.harvest.corpus_index import CorpusIndex
+    from sentsim.rank.targets import sample_anchors
+    from sentsim.context.model import read_bundle_meta
+
+    corpus = CorpusIndex(cfg.corpus)
+    units, plan_info = plan(cfg, corpus)
+    fp = fingerprint(STAGE, cfg.semantic(), corpus.fingerprint, plan_info, model_hashes(cfg))
+    store = ShardStore(cfg.out)
+    store.open_run(STAGE, fp, cfg.model_dump(), [{"corpus": cfg.corpus, "fingerprint": corpus.fingerprint, **plan_info}],
+                   {"pairs": PAIR_SCHEMA, "sentences": SENTENCE_SCHEMA, "context_scores": CONTEXT_SCORE_SCHEMA},
+                   planned_units=len(units), force_new=force_new)
+    done = store.completed_units(fp, deep=True)
+    for u, why in sorted(getattr(store, "redo_reasons", {}).items()):
+        print(f"[harvest] unit {u:05d} will be redone: {why}", file=sys.stderr)
+    pending = [u for u in units if u["unit"] not in done]
+    if max_units is not None:
+        pending = pending[:max_units]
+    window = int(read_bundle_meta(cfg.context_models[0]).get("model_config", {}).get("context_sentences", 1))
+    anchor_ids = anchor_texts = None
+    if cfg.rank.enabled:
+        anchor_ids, anchor_texts = sample_anchors(cfg.corpus, cfg.rank.n_anchors, seed=cfg.seed + 1)
+    rng = np.random.default_rng(cfg.seed + 2)
+    refs = [t for t in corpus.texts(rng.choice(corpus.ids, size=min(cfg.reference_sentences, len(corpus.ids)), replace=False))]
+    if executor == "ray":
+        from sentsim.runtime import init_ray
+
+        init_ray(address)
+    elif executor != "inline":
+        raise UsageError(f"unknown executor {executor!r} (ray or inline)")
+    check_gpus(cfg, executor)
+    stages = [
+        functools.partial(ContextStage, cfg, window),
+        functools.partial(ScoreStage, cfg, refs),
+        functools.partial(RankAndWriteStage, cfg, fp, anchor_ids, anchor_texts),
+    ]
+    scale = {"contexts": _r(cfg.resources.contexts), "scoring": _r(cfg.resources.scoring), "rank": _r(cfg.resources.rank)}
+    progress = Progress(len(units), len(done), stream=open(os.devnull, "w") if quiet else sys.stderr)
+    t0 = time.time()
+    if pending:
+        for r in run_pipeline(pending, stages, executor=executor, scale=scale):
+            progress.update(r)
+    wall = time.time() - t0
+    from sentsim.harvest.report import write_report
+
+    manifest = store.finalize(len(units), {"plan": plan_info})
+    write_report(cfg.out, manifest, progress, wall)
+    return store.read_manifest()
+
+
+def _r(r):
+    from sentsim.pipeline import Resources
+
+    return Resources(num_cpus=r.num_cpus, num_gpus=r.num_gpus, batch_size=1, min_actors=r.min_actors, max_actors=r.max_actors)
+
+
+def load_harvest_config(path: Optional[str], overrides: Sequence[str], **explicit) -> HarvestConfig:
+    return load_config(HarvestConfig, path, overrides, **explicit)

@@ -1,0 +1,98 @@
+"""report.json and report.png at the end of a harvest: scores per split, score vs rank similarity,
+and the time each stage spent."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.dataset as ds
+
+from storage import ShardStore
+
+
+def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
+    store = ShardStore(out)
+    t = ds.dataset(f"{store.root}/pairs", filesystem=store.fs).to_table(columns=["score", "rank_sim", "split", "null_reason", "kind"])
+    score = np.array([np.nan if v is None else v for v in t.column("score").to_pylist()], dtype=float)
+    rank = np.array([np.nan if v is None else v for v in t.column("rank_sim").to_pylist()], dtype=float)
+    split = np.array(t.column("split").to_pylist(), dtype=object)
+    kind = np.array(t.column("kind").to_pylist(), dtype=object)
+    reasons = {}
+    for r in t.column("null_reason").to_pylist():
+        if r:
+            key = r.split(":")[0]
+            reasons[key] = reasons.get(key, 0) + 1
+
+    def stats(x):
+        x = x[np.isfinite(x)]
+        if not len(x):
+            return {"n": 0}
+        return {"n": int(len(x)), "mean": float(x.mean()), "std": float(x.std()), "min": float(x.min()),
+                "p50": float(np.median(x)), "max": float(x.max())}
+
+    ok = np.isfinite(score) & np.isfinite(rank)
+    corr = None
+    if ok.sum() > 2:
+        from scipy.stats import spearmanr
+
+        corr = float(spearmanr(score[ok], rank[ok]).statistic)
+    units = store.markers()
+    scored = sum(m.get("extra", {}).get("scored_items", 0) for m in units.values())
+    stage_s = {}
+    for m in units.values():
+        for k, v in m.get("extra", {}).get("timing", {}).items():
+            stage_s[k] = stage_s.get(k, 0.0) + v
+    rep = {
+        "fingerprint": manifest.get("fingerprint"),
+        "complete": manifest.get("complete"),
+        "units": {"planned": manifest.get("planned_units"), "completed": manifest.get("completed_units")},
+        "pairs": int(len(score)),
+        "null_scores": int((~np.isfinite(score)).sum()),
+        "null_reasons": reasons,
+        "score": {s: stats(score[split == s]) for s in ("train", "dev", "test")},
+        "score_by_kind": {k: stats(score[kind == k]) for k in sorted(set(kind.tolist()))},
+        "spearman_score_vs_rank_sim": corr,
+        "scored_items": int(scored),
+        "stage_seconds": stage_s,
+        "stage_items_per_second": {k: (scored / v if v else None) for k, v in stage_s.items()},
+        "this_run": {"wall_seconds": wall, "units": progress.done, "pairs": progress.rows},
+        "bytes_per_sentence_rank_codes": next((m.get("extra", {}).get("bytes_per_sentence") for m in units.values()), None),
+    }
+    store.fs.create_dir(store.root, recursive=True)
+    with store.fs.open_output_stream(f"{store.root}/report.json") as f:
+        f.write(json.dumps(rep, indent=2).encode())
+    _plot(store, score, rank, split, stage_s)
+    return rep
+
+
+def _plot(store, score, rank, split, stage_s) -> None:
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+    for s in ("train", "dev", "test"):
+        x = score[(split == s) & np.isfinite(score)]
+        if len(x):
+            ax[0].hist(x, bins=30, alpha=0.5, label=f"{s} ({len(x)})")
+    ax[0].set_title("harvested score by split")
+    ax[0].set_xlabel("Eq. 4 similarity")
+    ax[0].legend()
+    ok = np.isfinite(score) & np.isfinite(rank)
+    ax[1].scatter(rank[ok], score[ok], s=6, alpha=0.5)
+    ax[1].set_xlabel("rank similarity (base encoder)")
+    ax[1].set_ylabel("harvested score")
+    ax[1].set_title("score vs rank similarity")
+    if stage_s:
+        ax[2].bar(list(stage_s), list(stage_s.values()))
+    ax[2].set_title("seconds per stage (all units)")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    with store.fs.open_output_stream(f"{store.root}/report.png") as f:
+        f.write(buf.getvalue())

@@ -1,0 +1,293 @@
+"""The harvest's stages. Each declares its resources; `job.py` composes them into a list.
+
+    ContextStage (CPU)  partners for each anchor, context sets C_s, discriminator terms
+    ScoreStage   (GPU)  S(s, c) for every needed (sentence, context), Eq. 4 per pair
+    RankStage    (CPU/GPU) rank-vector codes per sentence, rank similarity per pair, then the
+                 unit's shards and completion marker are written
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from sentsim.harvest.config import HarvestConfig
+from sentsim.harvest.pairs import owned_pairs, pair_id, pair_split, sample_partners
+from sentsim.harvest.similarity import pair_similarity
+from sentsim.pipeline import Resources, Stage
+
+DIRS = ("fwd", "left", "right")
+EXPLICIT_ID_BIT = 1 << 62  # ids of sentences given by a pairs file (not from the corpus)
+
+PAIR_SCHEMA = pa.schema([
+    ("pair_id", pa.int64()), ("s1_id", pa.int64()), ("s2_id", pa.int64()),
+    ("s1", pa.string()), ("s2", pa.string()), ("kind", pa.string()),
+    ("score", pa.float64()), ("null_reason", pa.string()),
+    ("sim_fwd", pa.float64()), ("sim_left", pa.float64()), ("sim_right", pa.float64()), ("sim_disc", pa.float64()),
+    ("n_ctx_s1", pa.int32()), ("n_ctx_s2", pa.int32()),
+    ("rank_sim", pa.float64()), ("split", pa.string()), ("gold", pa.float64()),
+])
+SENTENCE_SCHEMA = pa.schema([
+    ("sentence_id", pa.int64()), ("text", pa.string()), ("n_contexts", pa.int32()),
+    ("shortfall", pa.string()), ("rank_codes", pa.list_(pa.uint32())),
+])
+CONTEXT_SCORE_SCHEMA = pa.schema([
+    ("sentence_id", pa.int64()), ("context_id", pa.int64()),
+    ("fwd", pa.float64()), ("left", pa.float64()), ("right", pa.float64()), ("disc", pa.float64()), ("S", pa.float64()),
+])
+
+
+def text_id(text: str) -> int:
+    h = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+    return EXPLICIT_ID_BIT | (h & (EXPLICIT_ID_BIT - 1))
+
+
+def _res(r) -> Resources:
+    return Resources(num_cpus=r.num_cpus, num_gpus=r.num_gpus, batch_size=1, min_actors=r.min_actors, max_actors=r.max_actors)
+
+
+class ContextStage(Stage):
+    name = "contexts"
+
+    def __init__(self, cfg: HarvestConfig, window: int):
+        self.cfg = cfg
+        self.window = window
+        self.resources = _res(cfg.resources.contexts)
+
+    def setup(self) -> None:
+        from sentsim.harvest.contexts import ContextSource
+        from sentsim.harvest.corpus_index import CorpusIndex
+
+        cfg = self.cfg
+        self.corpus = CorpusIndex(cfg.corpus)
+        retriever = disc = None
+        if cfg.index:
+            from sentsim.retrieval import open_retriever
+
+            retriever = open_retriever(cfg.index, corpus=cfg.corpus)
+        if cfg.discriminator and cfg.contexts.mode == "screened":
+            from sentsim.discriminator import Discriminator
+
+            disc = Discriminator.load(cfg.discriminator, corpus=cfg.corpus)
+        self.retriever = retriever
+        self.source = ContextSource(self.corpus, cfg.contexts, self.window, cfg.seed, retriever, disc)
+
+    def _partners(self, anchors: List[int], anchor_set: set) -> List[tuple]:
+        p = self.cfg.partners
+        texts = self.corpus.texts(anchors)
+        neigh: List[List[int]] = [[] for _ in anchors]
+        if self.retriever is not None and p.neighbours:
+            ids, _ = self.retriever.search(texts, p.neighbour_chunks)
+            for i, (a, row) in enumerate(zip(anchors, ids)):
+                # the sentence of each retrieved chunk with the most words in common, not from a's own doc
+                words = set(texts[i].lower().split())
+                for cid in row:
+                    ch = self.corpus.chunk(int(cid)) if cid >= 0 else None
+                    if ch is None:
+                        continue
+                    first, n = ch
+                    if (first >> 20) == (a >> 20):
+                        continue
+                    cand = list(range(first, first + n))
+                    ov = [len(words & set((t or "").lower().split())) for t in self.corpus.texts(cand)]
+                    neigh[i].append(cand[int(np.argmax(ov))])
+        out = []
+        for a, nb in zip(anchors, neigh):
+            parts = sample_partners(a, self.cfg.seed, self.corpus.doc_members(a), self.corpus.ids, nb,
+                                    p.neighbours, p.same_doc, p.random)
+            for q, kind in owned_pairs(a, parts, anchor_set):
+                out.append((a, q, kind, None))
+        return out
+
+    def process(self, items: List[dict]) -> List[dict]:
+        out = []
+        for item in items:
+            t0 = time.perf_counter()
+            if item.get("pairs") is None:
+                pairs = self._partners(item["anchors"], set(item["all_anchors"]))
+                sids = sorted({s for a, b, _, _ in pairs for s in (a, b)} | set(item["anchors"]))
+                texts = dict(zip(sids, self.corpus.texts(sids)))
+            else:  # explicit mode: (s1_text, s2_text, gold)
+                pairs, texts = [], {}
+                for s1, s2, gold in item["pairs"]:
+                    a, b = text_id(s1), text_id(s2)
+                    texts[a], texts[b] = s1, s2
+                    pairs.append((a, b, "explicit", gold))
+                sids = sorted(texts)
+            csets = dict(zip(sids, self.source.context_sets([texts[s] for s in sids])))
+            # discriminator terms for cross pairs: the score of s in the *partner's* contexts
+            disc: Dict[tuple, float] = {}
+            for s in sids:
+                for c in csets[s].contexts:
+                    if c.log_p_disc is not None:
+                        disc[(s, c.key)] = c.log_p_disc
+            if self.source.disc is not None:
+                for a, b, _, _ in pairs:
+                    for s, other in ((a, b), (b, a)):
+                        todo = [c for c in csets[other].contexts if (s, c.key) not in disc]
+                        if todo:
+                            for c, v in zip(todo, self.source._disc_scores(texts[s], todo)):
+                                disc[(s, c.key)] = float(v)
+            item.update(pairs=pairs, texts=texts, csets=csets, disc=disc)
+            item.setdefault("timing", {})["contexts"] = time.perf_counter() - t0
+            out.append(item)
+        return out
+
+
+class ScoreStage(Stage):
+    name = "scoring"
+
+    def __init__(self, cfg: HarvestConfig, reference_texts: List[str]):
+        self.cfg = cfg
+        self.reference_texts = reference_texts
+        self.resources = _res(cfg.resources.scoring)
+
+    def setup(self) -> None:
+        import torch
+
+        from sentsim.context.scorer import ContextScorer
+
+        sc = self.cfg.scoring
+        if sc.device == "auto" and not torch.cuda.is_available():
+            sc = sc.model_copy(update={"device": "cpu"})
+        self.scorer = ContextScorer(self.cfg.context_models, sc)
+
+    def process(self, items: List[dict]) -> List[dict]:
+        from sentsim.context.scorer import ContextItem
+
+        out = []
+        for item in items:
+            t0 = time.perf_counter()
+            texts, csets, disc = item["texts"], item["csets"], item["disc"]
+            ctx_by_key = {c.key: c for cs in csets.values() for c in cs.contexts}
+            # every (sentence, context) any pair needs, each scored once (own and cross terms alike)
+            need = {}
+            for a, b, _, _ in item["pairs"]:
+                keys = [c.key for c in csets[a].contexts] + [c.key for c in csets[b].contexts]
+                for s in (a, b):
+                    for k in keys:
+                        need.setdefault((s, k), None)
+            refs = self.reference_texts if self.cfg.metric == "double-centred" else []
+            ref_keys = [(("ref", i), k) for i in range(len(refs)) for k in ctx_by_key]
+            combos = list(need) + ref_keys
+            batch = []
+            for s, k in combos:
+                c = ctx_by_key[k]
+                sent = refs[s[1]] if isinstance(s, tuple) else texts[s]
+                batch.append(ContextItem(sent, c.left, c.right, disc.get((s, k))))
+            res = self.scorer.score(batch) if batch else None
+            S = {}
+            comp = {d: {} for d in DIRS}
+            for i, key in enumerate(combos):
+                S[key] = res.score[i]
+                for d in DIRS:
+                    comp[d][key] = res.logprob[d][i]
+            effect = {}
+            if refs:
+                for k in ctx_by_key:
+                    effect[k] = float(np.nanmean([S[(("ref", i), k)] for i in range(len(refs))]))
+            rows = []
+            for a, b, kind, gold in item["pairs"]:
+                keys = [c.key for c in csets[a].contexts] + [c.key for c in csets[b].contexts]
+                row = {"s1_id": a, "s2_id": b, "kind": kind, "gold": gold,
+                       "n_ctx_s1": len(csets[a].contexts), "n_ctx_s2": len(csets[b].contexts)}
+                if not keys:
+                    row.update(score=None, null_reason="no contexts for either sentence: "
+                               + "; ".join(filter(None, [csets[a].shortfall_reason, csets[b].shortfall_reason])))
+                    for d in (*DIRS, "disc"):
+                        row[f"sim_{d}"] = None
+                    rows.append(row)
+                    continue
+                v1 = np.array([S[(a, k)] for k in keys], dtype=np.float64)
+                v2 = np.array([S[(b, k)] for k in keys], dtype=np.float64)
+                eff = np.array([effect[k] for k in keys]) if refs else None
+                score = pair_similarity(v1, v2, self.cfg.metric, eff)
+                row["score"] = None if not np.isfinite(score) else score
+                row["null_reason"] = None if np.isfinite(score) else "score vectors degenerate (constant or unscored)"
+                for d in DIRS:
+                    x1 = np.array([comp[d][(a, k)] for k in keys])
+                    x2 = np.array([comp[d][(b, k)] for k in keys])
+                    v = pair_similarity(x1, x2, self.cfg.metric)
+                    row[f"sim_{d}"] = None if not np.isfinite(v) else v
+                d1 = np.array([disc.get((a, k), np.nan) for k in keys], dtype=np.float64)
+                d2 = np.array([disc.get((b, k), np.nan) for k in keys], dtype=np.float64)
+                v = pair_similarity(d1, d2, self.cfg.metric)
+                row["sim_disc"] = None if not np.isfinite(v) else v
+                rows.append(row)
+            cs_rows = [(s, k, comp["fwd"][(s, k)], comp["left"][(s, k)], comp["right"][(s, k)],
+                        disc.get((s, k)), S[(s, k)]) for (s, k) in need]
+            item.update(rows=rows, context_scores=cs_rows, n_scored=len(combos))
+            del item["disc"]
+            item["csets"] = {s: (len(cs.contexts), cs.shortfall_reason) for s, cs in csets.items()}
+            item["timing"]["scoring"] = time.perf_counter() - t0
+            out.append(item)
+        return out
+
+
+class RankAndWriteStage(Stage):
+    name = "rank"
+
+    def __init__(self, cfg: HarvestConfig, fp: str, anchor_ids: Optional[np.ndarray], anchor_texts: Optional[List[str]]):
+        self.cfg = cfg
+        self.fp = fp
+        self.anchor_ids = anchor_ids
+        self.anchor_texts = anchor_texts
+        self.resources = _res(cfg.resources.rank)
+
+    def setup(self) -> None:
+        self.targets = None
+        if self.cfg.rank.enabled:
+            from sentsim.rank.targets import RankTargets, default_base_encoder
+
+            self.targets = RankTargets(self.cfg.rank.encoder or default_base_encoder(), self.anchor_ids,
+                                       self.anchor_texts, bits=self.cfg.rank.bits)
+
+    def process(self, items: List[dict]) -> List[dict]:
+        from sentsim.rank import rank_similarity
+        from storage import ShardStore
+
+        out = []
+        for item in items:
+            t0 = time.perf_counter()
+            texts = item["texts"]
+            sids = sorted(texts)
+            codes = self.targets.codes([texts[s] for s in sids]) if self.targets else None
+            pos = {s: i for i, s in enumerate(sids)}
+            rows = item["rows"]
+            if codes is not None and rows:
+                a = codes[[pos[r["s1_id"]] for r in rows]]
+                b = codes[[pos[r["s2_id"]] for r in rows]]
+                rsim = rank_similarity(a, b)
+            else:
+                rsim = [None] * len(rows)
+            cols = {k: [] for k in PAIR_SCHEMA.names}
+            for r, rs in zip(rows, rsim):
+                r = dict(r, s1=texts[r["s1_id"]], s2=texts[r["s2_id"]], rank_sim=None if rs is None else float(rs),
+                         pair_id=pair_id(r["s1_id"], r["s2_id"]), split=pair_split(r["s1_id"], r["s2_id"], self.cfg.splits))
+                for k in PAIR_SCHEMA.names:
+                    cols[k].append(r.get(k))
+            pairs_t = pa.Table.from_pydict(cols, schema=PAIR_SCHEMA).sort_by("pair_id")
+            sent_t = pa.Table.from_pydict({
+                "sentence_id": sids, "text": [texts[s] for s in sids],
+                "n_contexts": [item["csets"][s][0] for s in sids],
+                "shortfall": [item["csets"][s][1] for s in sids],
+                "rank_codes": [None if codes is None else codes[pos[s]].astype(np.uint32).tolist() for s in sids],
+            }, schema=SENTENCE_SCHEMA)
+            cs = sorted(item["context_scores"], key=lambda x: (x[0], x[1]))
+            ctx_t = pa.Table.from_pydict(
+                {k: [x[i] for x in cs] for i, k in enumerate(CONTEXT_SCORE_SCHEMA.names)}, schema=CONTEXT_SCORE_SCHEMA)
+            item["timing"]["rank"] = time.perf_counter() - t0
+            nulls = [r["null_reason"] for r in rows if r.get("score") is None]
+            ShardStore(self.cfg.out).write_unit(
+                item["unit"], {"pairs": pairs_t, "sentences": sent_t, "context_scores": ctx_t}, self.fp,
+                {"pairs": len(rows), "null_scores": len(nulls), "null_reasons": nulls[:50],
+                 "scored_items": item["n_scored"], "timing": item["timing"],
+                 "bytes_per_sentence": self.targets.codec.bytes_per_sentence if self.targets else 0},
+            )
+            out.append({"unit": item["unit"], "pairs": len(rows), "null_scores": len(nulls),
+                        "scored_items": item["n_scored"], "timing": item["timing"]})
+        return out

@@ -1,0 +1,125 @@
+"""The harvest end to end on the sample corpus: rows, Eq. 4 against the scorer, resume, faults."""
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+from harvest_support import build_index_for, harvest_config, tiny_context_bundle
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def inputs(speech_corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("harvest_inputs")
+    return {
+        "corpus": speech_corpus,
+        "index": build_index_for(speech_corpus, root / "index"),
+        "bundle": tiny_context_bundle(speech_corpus, root / "ctx"),
+    }
+
+
+def pairs_of(run):
+    return ds.dataset(str(run / "pairs")).to_table().sort_by("pair_id")
+
+
+@pytest.fixture(scope="module")
+def inline_run(inputs, tmp_path_factory):
+    from sentsim.harvest.job import harvest
+
+    out = tmp_path_factory.mktemp("h") / "run"
+    cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], out)
+    harvest(cfg, executor="inline", quiet=True)
+    return cfg, out
+
+
+def test_inline_harvest_rows(inline_run):
+    cfg, out = inline_run
+    t = pairs_of(out).to_pandas()
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["complete"] and m["completed_units"] == 4
+    assert len(t) >= 8 and t.pair_id.is_unique
+    assert set(t.kind) <= {"neighbour", "same-doc", "random"} and "random" in set(t.kind)
+    assert set(t.split) <= {"train", "dev", "test"}
+    scored = t[t.score.notna()]
+    assert len(scored) > 0.8 * len(t)
+    assert scored.score.between(-1, 1).all() and scored.score.std() > 0
+    assert t.rank_sim.notna().all() and t.rank_sim.between(-1, 1).all()
+    assert (t.n_ctx_s1 <= 6).all() and (t.n_ctx_s1 > 0).any()
+    sents = ds.dataset(str(out / "sentences")).to_table().to_pandas()
+    assert set(t.s1_id) | set(t.s2_id) <= set(sents.sentence_id)
+    assert all(len(c) == 64 for c in sents.rank_codes)
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["pairs"] == len(t) and (out / "report.png").stat().st_size > 10_000
+    from storage import verify_store
+
+    assert verify_store(str(out)) == []
+
+
+def test_eq4_value_of_one_pair_matches_direct_computation(inline_run, inputs):
+    """Recompute one pair's score from the scorer directly: Eq. 3 per (sentence, context), Eq. 4 over C_s1 + C_s2."""
+    from sentsim.context.scorer import ContextItem, ContextScorer
+    from sentsim.harvest.contexts import ContextSource
+    from sentsim.harvest.corpus_index import CorpusIndex
+    from sentsim.retrieval import open_retriever
+
+    cfg, out = inline_run
+    t = pairs_of(out).to_pandas()
+    row = t[t.score.notna()].iloc[0]
+    corpus = CorpusIndex(str(inputs["corpus"]))
+    src = ContextSource(corpus, cfg.contexts, 1, cfg.seed, open_retriever(str(inputs["index"])), None)
+    c1, c2 = src.context_sets([row.s1, row.s2])
+    ctxs = c1.contexts + c2.contexts
+    scorer = ContextScorer([str(inputs["bundle"])], cfg.scoring.model_copy(update={"device": "cpu"}))
+    v1 = np.array([scorer.score([ContextItem(row.s1, c.left, c.right)]).score[0] for c in ctxs])
+    v2 = np.array([scorer.score([ContextItem(row.s2, c.left, c.right)]).score[0] for c in ctxs])
+    a, b = v1 - v1.mean(), v2 - v2.mean()
+    assert row.score == pytest.approx(float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)), abs=1e-4)
+
+
+def test_resume_after_losing_units_gives_same_rows(inline_run, inputs, tmp_path):
+    from sentsim.harvest.job import harvest
+
+    cfg, out = inline_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    (copy / "_units" / "00001.json").unlink()  # as if killed before unit 1's marker
+    shard = copy / "pairs" / "part-00002.parquet"
+    shard.write_bytes(shard.read_bytes()[:50])  # and a corrupt shard
+    (copy / "_COMPLETE").unlink()
+    m = harvest(cfg.model_copy(update={"out": str(copy)}), executor="inline", quiet=True)
+    assert m["complete"]
+    assert pairs_of(copy).equals(pairs_of(out))
+
+
+def test_explicit_pairs_mode_and_null_reason(inputs, tmp_path):
+    from sentsim.harvest.job import harvest
+
+    f = tmp_path / "pairs.tsv"
+    f.write_text("The nation must remain strong.\tOur country has to stay powerful.\n"
+                 "Taxes were cut this year.\tzzqx qqzx\n")
+    out = tmp_path / "explicit"
+    cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], out, pairs_file=str(f), pairs_per_unit=1)
+    m = harvest(cfg, executor="inline", quiet=True)
+    t = pairs_of(out).to_pandas().set_index("s2")
+    assert m["complete"] and len(t) == 2
+    assert np.isfinite(t.loc["Our country has to stay powerful."].score)
+    # 'zzqx qqzx' retrieves nothing, but its partner's contexts still give a score; both counts recorded
+    assert t.loc["zzqx qqzx"].n_ctx_s2 == 0
+
+
+def test_bad_config_and_refusals(inputs, tmp_path):
+    from sentsim.errors import UsageError
+    from sentsim.harvest.job import harvest
+    from conftest import sentsim_cli
+
+    r = sentsim_cli("harvest", "--corpus", inputs["corpus"], "--out", tmp_path / "o", "--context-models",
+                    inputs["bundle"], "--set", "metric=euclid", "--executor", "inline")
+    assert r.returncode == 2 and "metric" in r.stderr and "Traceback" not in r.stderr
+    cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], tmp_path / "g",
+                         resources={"scoring": {"num_gpus": 1}})
+    with pytest.raises(UsageError, match="GPUs"):
+        harvest(cfg, executor="inline", quiet=True)
