@@ -89,18 +89,21 @@ def run_pipeline(
     ds = ray.data.from_items([{"item": b} for b in col], override_num_blocks=max(1, len(items)))
     for factory in stages:
         proto = factory if isinstance(factory, type) else getattr(factory, "func", factory)
-        res = (scale or {}).get(getattr(proto, "name", ""), getattr(proto, "resources", Resources()))
+        name = getattr(proto, "name", "stage")
+        res = (scale or {}).get(name, getattr(proto, "resources", Resources()))
+        # One class per stage, so the dashboard and `ray list actors` show MapBatches(ScoringActor) etc.
+        actor_cls = type(f"{name.title().replace('_', '')}Actor", (_StageActor,), {})
         ds = ds.map_batches(
-            _StageActor,
+            actor_cls,
             fn_constructor_args=(factory,),
             batch_size=res.batch_size,
             batch_format="numpy",
             compute=ActorPoolStrategy(min_size=res.min_actors, max_size=res.max_actors),
             num_cpus=res.num_cpus,
             num_gpus=res.num_gpus,
-            # A killed actor is restarted and its in-flight batch retried, so no unit is lost.
-            max_restarts=-1,
-            max_task_retries=-1,
+            # Ray Data's actor pools default to max_restarts=-1 and max_task_retries=-1: a killed
+            # actor is restarted and its in-flight batch retried, so no unit is lost
+            # (tests/test_harvest_ray.py kills one).
         )
     for row in ds.iter_rows():
         yield pickle.loads(row["item"])

@@ -1,0 +1,165 @@
+"""The harvest on real Ray: killed driver, killed scoring actor, lost node, and `ray job submit`.
+
+Each run must end with exactly the rows of an uninterrupted run with the same seed.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+import yaml
+
+from conftest import ROOT
+from harvest_support import build_index_for, harvest_config, tiny_context_bundle
+from test_ray_jobs import start_head, stop_head
+
+pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
+
+
+def pairs_of(run):
+    return ds.dataset(str(run / "pairs")).to_table().sort_by("pair_id")
+
+
+@pytest.fixture(scope="module")
+def setup(speech_corpus, tmp_path_factory):
+    from sentsim.harvest.job import harvest
+
+    root = tmp_path_factory.mktemp("hray")
+    index = build_index_for(speech_corpus, root / "index")
+    bundle = tiny_context_bundle(speech_corpus, root / "ctx")
+    # 6 units, no rank targets (covered elsewhere) so that each run is dominated by scoring
+    over = dict(anchors={"n": 12, "per_unit": 2}, rank={"enabled": False})
+    reference = root / "reference"
+    harvest(harvest_config(speech_corpus, index, bundle, reference, **over), executor="inline", quiet=True)
+
+    def config(out, **more):
+        cfg = harvest_config(speech_corpus, index, bundle, out, **{**over, **more})
+        path = Path(str(out) + ".yaml")
+        path.write_text(yaml.safe_dump(cfg.model_dump()))
+        return cfg, path
+
+    return {"reference": pairs_of(reference), "config": config, "root": root}
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    h = start_head(tmp_path_factory.mktemp("rayhead"))
+    yield h
+    stop_head(h)
+
+
+def _markers(out: Path) -> int:
+    d = out / "_units"
+    return len(list(d.glob("*.json"))) if d.is_dir() else 0
+
+
+def test_sigkill_driver_then_resume(setup, head, tmp_path):
+    out = tmp_path / "killed"
+    _, cfg_path = setup["config"](out)
+    cmd = [str(BIN / "sentsim"), "harvest", "--config", str(cfg_path), "--address", head["gcs"]]
+    proc = subprocess.Popen(cmd, env=head["env"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while _markers(out) < 2:
+        assert proc.poll() is None and time.time() < deadline, "harvest ended before it could be killed"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    assert _markers(out) < 6
+    r = subprocess.run(cmd, env=head["env"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert pairs_of(out).equals(setup["reference"])
+    from storage import verify_store
+
+    assert verify_store(str(out)) == []
+
+
+def test_killed_scoring_actor_is_restarted_and_its_unit_redone(setup, head, tmp_path):
+    """The scoring actor's process is SIGKILLed mid-run (what `ray.kill` or a crash does to it);
+    Ray restarts the actor and retries its in-flight batch."""
+    import ray
+    from ray.util.state import list_actors
+
+    from sentsim.harvest.job import harvest
+
+    out = tmp_path / "actor"
+    cfg, _ = setup["config"](out)
+    ray.init(address=head["gcs"])
+    try:
+        result = {}
+        t = threading.Thread(target=lambda: result.update(m=harvest(cfg, executor="ray", quiet=True)))
+        t.start()
+        killed = None
+        deadline = time.time() + 300
+        while killed is None and time.time() < deadline and t.is_alive():
+            for a in list_actors(filters=[("state", "=", "ALIVE")]):
+                if "ScoringActor" in a.class_name and _markers(out) >= 1:
+                    os.kill(a.pid, signal.SIGKILL)
+                    killed = a.pid
+                    break
+            time.sleep(0.2)
+        t.join(600)
+        assert killed is not None, "no scoring actor found to kill"
+        assert result["m"]["complete"]
+    finally:
+        ray.shutdown()
+    assert _markers(out) == 6
+    assert pairs_of(out).equals(setup["reference"])
+
+
+def test_node_removed_mid_run(setup, tmp_path):
+    """Two raylets on this machine; the second one is removed while units are in flight."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from sentsim.harvest.job import harvest
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    worker = cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    out = tmp_path / "node"
+    cfg, _ = setup["config"](out)
+    try:
+        ray.init(address=cluster.address)
+        result = {}
+        t = threading.Thread(target=lambda: result.update(m=harvest(cfg, executor="ray", quiet=True)))
+        t.start()
+        deadline = time.time() + 300
+        while _markers(out) < 1 and t.is_alive() and time.time() < deadline:
+            time.sleep(0.1)
+        cluster.remove_node(worker)
+        t.join(600)
+        assert result["m"]["complete"]
+        assert len(ray.nodes()) == 2 and sum(n["Alive"] for n in ray.nodes()) == 1
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    assert pairs_of(out).equals(setup["reference"])
+
+
+def test_ray_job_submit_harvest(setup, head, tmp_path):
+    out = tmp_path / "job"
+    _, cfg_path = setup["config"](out)
+    sid = f"harvest-{uuid.uuid4().hex[:8]}"
+    r = subprocess.run(
+        [str(BIN / "ray"), "job", "submit", "--address", head["address"], "--submission-id", sid, "--working-dir", ".",
+         "--", "python", "jobs/harvest_pairs.py", "--config", str(cfg_path)],
+        env=head["env"], cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    assert JobSubmissionClient(head["address"]).get_job_status(sid) == JobStatus.SUCCEEDED
+    assert re.search(r"harvest: \d+ pairs", r.stdout)
+    assert pairs_of(out).equals(setup["reference"])
+    assert json.loads((out / "report.json").read_text())["complete"]
