@@ -1,0 +1,32 @@
+"""sentsim contexts --corpus DIR --index DIR [--discriminator DIR] [--sentences FILE] --out DIR"""
+
+from __future__ import annotations
+
+from sentsim.config import add_config_arguments
+
+COMMAND = ("contexts",)
+HELP = "build each sentence's diverse context set C_s (retrieve, screen, select) into resumable shards"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--corpus", help="corpus run directory")
+    p.add_argument("--index", help="retrieval index directory")
+    p.add_argument("--discriminator", help="discriminator directory (omit to rank by retrieval score)")
+    p.add_argument("--sentences", help="sentences to screen, one per line (TAB-separated pairs and STS-B files work)")
+    p.add_argument("--out", help="output run directory")
+    p.add_argument("--force-new", action="store_true")
+    p.add_argument("--executor", choices=["ray", "inline"], default="ray")
+    add_config_arguments(p)
+
+
+def run(args) -> int:
+    from sentsim.config import load_config
+    from sentsim.screening_job import ScreenConfig, screen_contexts
+
+    cfg = load_config(ScreenConfig, args.config, args.overrides, corpus=args.corpus, index=args.index,
+                      discriminator=args.discriminator, sentences=args.sentences, out=args.out)
+    m = screen_contexts(cfg, executor=args.executor, force_new=args.force_new, address=args.address)
+    c = m["counts"]
+    print(f"contexts: {c['sentences']:,} sentences screened, {c['shortfalls']} with fewer than "
+          f"{cfg.contexts.size} contexts -> {cfg.out}")
+    return 0 if m["complete"] else 1

@@ -1,0 +1,149 @@
+"""`sentsim contexts`: the context set C_s of each sentence, as resumable shards (003 §3.3).
+
+Sentences come from the corpus (a seeded sample, or all of them) or from a text file (one per
+line; a TAB-separated pair file contributes both sides). Each work unit is a block of
+sentences; an actor pool of `ScreenStage`s, each holding the index and the discriminator once,
+writes one shard per unit.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field
+
+from sentsim.config import Section, fingerprint
+from sentsim.errors import UsageError
+from sentsim.harvest.config import ContextSetConfig, StageResources
+from sentsim.pipeline import Resources, Stage, run_pipeline
+from storage import ShardStore
+
+STAGE = "contexts"
+CONTEXT_SCHEMA = pa.schema([
+    ("sentence_id", pa.int64()), ("rank", pa.int32()), ("chunk_id", pa.int64()), ("slot", pa.int32()),
+    ("centre_id", pa.int64()), ("retrieval_score", pa.float32()), ("log_p_disc", pa.float32()),
+])
+QUERY_SCHEMA = pa.schema([
+    ("sentence_id", pa.int64()), ("text", pa.string()), ("n_contexts", pa.int32()), ("candidates", pa.int32()),
+    ("shortfall", pa.string()),
+])
+
+
+class ScreenConfig(Section):
+    corpus: str
+    index: str
+    out: str
+    discriminator: Optional[str] = None
+    sentences: Optional[str] = Field(None, description="file of sentences (one per line, or TAB-separated pairs); default: sample the corpus")
+    sample: int = Field(1000, ge=1, description="corpus sentences to screen when no file is given")
+    seed: int = 0
+    window: int = Field(1, ge=1, le=8, description="sentences on each side of a context")
+    per_unit: int = Field(64, ge=1)
+    contexts: ContextSetConfig = ContextSetConfig()
+    resources: StageResources = StageResources()
+
+
+class ScreenStage(Stage):
+    name = "screen"
+
+    def __init__(self, cfg: ScreenConfig, fp: str):
+        self.cfg = cfg
+        self.fp = fp
+        r = cfg.resources
+        self.resources = Resources(r.num_cpus, r.num_gpus, 1, r.min_actors, r.max_actors)
+
+    def setup(self) -> None:
+        from sentsim.harvest.contexts import ContextSource
+        from sentsim.harvest.corpus_index import CorpusIndex
+        from sentsim.retrieval import open_retriever
+
+        corpus = CorpusIndex(self.cfg.corpus)
+        disc = None
+        if self.cfg.discriminator:
+            from sentsim.discriminator import Discriminator
+
+            disc = Discriminator.load(self.cfg.discriminator, corpus=self.cfg.corpus)
+        self.source = ContextSource(corpus, self.cfg.contexts, self.cfg.window, self.cfg.seed,
+                                    open_retriever(self.cfg.index, corpus=self.cfg.corpus), disc)
+
+    def process(self, items: List[dict]) -> List[dict]:
+        out = []
+        for item in items:
+            t0 = time.perf_counter()
+            ids, texts = item["ids"], item["texts"]
+            sets = self.source.context_sets(texts)
+            rows = {k: [] for k in CONTEXT_SCHEMA.names}
+            for sid, cs in zip(ids, sets):
+                for rank, c in enumerate(cs.contexts):
+                    for k, v in zip(CONTEXT_SCHEMA.names, (sid, rank, c.chunk_id, c.slot, c.centre_id,
+                                                            c.retrieval_score, c.log_p_disc)):
+                        rows[k].append(v)
+            q = pa.Table.from_pydict({
+                "sentence_id": ids, "text": texts, "n_contexts": [len(c.contexts) for c in sets],
+                "candidates": [c.candidates for c in sets], "shortfall": [c.shortfall_reason for c in sets],
+            }, schema=QUERY_SCHEMA)
+            ShardStore(self.cfg.out).write_unit(
+                item["unit"], {"contexts": pa.Table.from_pydict(rows, schema=CONTEXT_SCHEMA), "queries": q}, self.fp,
+                {"sentences": len(ids), "shortfalls": sum(c.shortfall_reason is not None for c in sets)})
+            out.append({"unit": item["unit"], "sentences": len(ids), "seconds": time.perf_counter() - t0})
+        return out
+
+
+def _queries(cfg: ScreenConfig, corpus) -> tuple[list, list]:
+    from sentsim.harvest.stages import text_id
+
+    if cfg.sentences:
+        p = Path(cfg.sentences)
+        if not p.is_file():
+            raise UsageError(f"{cfg.sentences}: sentence file not found")
+        texts: list = []
+        for line in p.read_text(encoding="utf-8").splitlines():
+            cols = line.split("\t")
+            # STS-B lines carry the two sentences in columns 6 and 7; pair files in 1 and 2
+            texts.extend(cols[5:7] if len(cols) >= 7 else cols[:2])
+        texts = list(dict.fromkeys(t.strip() for t in texts if t.strip()))
+        if not texts:
+            raise UsageError(f"{cfg.sentences}: no sentences")
+        return [text_id(t) for t in texts], texts
+    rng = np.random.default_rng(cfg.seed)
+    ids = np.sort(rng.choice(corpus.ids, size=min(cfg.sample, len(corpus.ids)), replace=False)).tolist()
+    return ids, corpus.texts(ids)
+
+
+def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = False,
+                    address: Optional[str] = None, quiet: bool = False) -> dict:
+    from sentsim.harvest.corpus_index import CorpusIndex
+    from sentsim.rank.targets import checkpoint_hash
+    from sentsim.retrieval.base import read_index_manifest
+
+    corpus = CorpusIndex(cfg.corpus)
+    ids, texts = _queries(cfg, corpus)
+    units = [{"unit": u, "ids": ids[i:i + cfg.per_unit], "texts": texts[i:i + cfg.per_unit]}
+             for u, i in enumerate(range(0, len(ids), cfg.per_unit))]
+    sem = cfg.model_dump(exclude={"out", "resources"})
+    models = {"index": read_index_manifest(cfg.index).get("fingerprint"),
+              "discriminator": checkpoint_hash(cfg.discriminator) if cfg.discriminator else None}
+    fp = fingerprint(STAGE, sem, corpus.fingerprint, models, len(ids))
+    store = ShardStore(cfg.out)
+    store.open_run(STAGE, fp, cfg.model_dump(), [{"corpus": cfg.corpus, "sentences": len(ids)}],
+                   {"contexts": CONTEXT_SCHEMA, "queries": QUERY_SCHEMA}, planned_units=len(units), force_new=force_new)
+    done = store.completed_units(fp)
+    pending = [u for u in units if u["unit"] not in done]
+    if executor == "ray":
+        from sentsim.runtime import init_ray
+
+        init_ray(address)
+    stream = open(os.devnull, "w") if quiet else sys.stderr
+    t0, n = time.time(), 0
+    for r in run_pipeline(pending, [functools.partial(ScreenStage, cfg, fp)], executor=executor):
+        n += r["sentences"]
+        print(f"[contexts] unit {r['unit']:05d} | {n:,} sentences | {n / (time.time() - t0):,.1f} sent/s", file=stream, flush=True)
+    shortfalls = sum(m.get("extra", {}).get("shortfalls", 0) for m in store.markers().values())
+    return store.finalize(len(units), {"counts": {"sentences": len(ids), "shortfalls": shortfalls}})
