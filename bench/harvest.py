@@ -1,0 +1,153 @@
+"""Harvest throughput: pairs/hour at |C_s| = 32, Ray vs in-process, 1 vs 2 scoring actors,
+peak memory at two corpus sizes, and rank-target throughput.
+
+    .venv/bin/python bench/harvest.py --runs 3 [--context-models DIR ...] [--index DIR] [--corpus DIR]
+
+Without model arguments it builds the sample corpus, its index, and a small context model
+(d_model 256, 3+3 layers, BPE 8000: the reference architecture, untrained; scoring cost does not
+depend on the weights). Every configuration runs in this one process tree so that ratios compare
+like with like. A local Ray is started once, before the timed runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from common import PeakRSS, machine, median  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "corpus" / "sample" / "us_speeches_sample.jsonl.gz"
+
+
+def build_inputs(work: Path, scale: int):
+    from corpus.build import build_corpus
+    from harvest_support import build_index_for
+
+    inputs = []
+    for k in range(scale):
+        p = work / f"sample{k}.jsonl.gz"
+        shutil.copy(SAMPLE, p)
+        inputs.append(str(p))
+    corpus = work / f"corpus{scale}"
+    build_corpus(inputs, str(corpus), overrides=["docs_per_unit=4"], executor="inline", quiet=True)
+    return corpus, build_index_for(corpus, work / f"index{scale}")
+
+
+def reference_bundle(corpus: Path, out: Path) -> Path:
+    import pyarrow.dataset as ds
+
+    from sentsim.context.config import DIRECTIONS, ContextModelConfig
+    from sentsim.context.model import build_model, save_bundle
+    from sentsim.context.tokenizer import train_bpe
+
+    texts = ds.dataset(str(corpus / "sentences")).to_table(columns=["text"]).column("text").to_pylist()
+    tok = train_bpe(texts, 8000)
+    cfg = ContextModelConfig()
+    save_bundle(out, cfg, tok, {"shared": build_model(cfg, tok)}, {d: "shared" for d in DIRECTIONS})
+    return out
+
+
+def run_once(cfg, executor: str) -> dict:
+    from sentsim.harvest.job import harvest
+
+    shutil.rmtree(cfg.out, ignore_errors=True)
+    t0 = time.perf_counter()
+    with PeakRSS(os.getpid()) as mem:
+        harvest(cfg, executor=executor, quiet=True)
+    wall = time.perf_counter() - t0
+    rep = json.loads(Path(cfg.out, "report.json").read_text())
+    return {"wall": wall, "pairs": rep["pairs"], "items": rep["scored_items"], "peak": mem.peak,
+            "scoring_s": rep["stage_seconds"].get("scoring", 0.0)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--anchors", type=int, default=12)
+    ap.add_argument("--context-models", nargs="*")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "harvest.md"))
+    args = ap.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    from harvest_support import harvest_config
+
+    work = Path(tempfile.mkdtemp(prefix="sentsim-bench-harvest-"))
+    corpus1, index1 = build_inputs(work, 1)
+    bundle = args.context_models or [str(reference_bundle(corpus1, work / "ctx"))]
+
+    def cfg_for(corpus, index, out, actors=1, rank=False):
+        return harvest_config(
+            corpus, index, bundle[0], out, context_models=bundle,
+            anchors={"n": args.anchors, "per_unit": 2}, contexts={"size": 32, "retrieve_chunks": 500},
+            rank={"enabled": rank, "n_anchors": 2000},
+            scoring={"batch_tokens": 8192, "torch_threads": 1 if actors > 1 else 0},
+            resources={"scoring": {"num_cpus": 0.5, "min_actors": actors, "max_actors": actors}},
+        )
+
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False)
+    results = {}
+    plan = [("inline, 1 process", "inline", 1), ("ray, 1 scoring actor", "ray", 1), ("ray, 2 scoring actors", "ray", 2)]
+    for label, executor, actors in plan:
+        runs = []
+        for r in range(args.runs):
+            runs.append(run_once(cfg_for(corpus1, index1, work / "run", actors), executor))
+            print(label, r, runs[-1], flush=True)
+        results[label] = runs
+    # memory at two corpus sizes (4x the sample)
+    corpus4, index4 = build_inputs(work, 4)
+    mem4 = [run_once(cfg_for(corpus4, index4, work / "run4"), "ray") for _ in range(args.runs)]
+    ray.shutdown()
+    # rank-target throughput
+    from sentsim.rank.targets import RankTargets, default_base_encoder, sample_anchors
+
+    ids, texts = sample_anchors(str(corpus4), 10_000, seed=0)
+    rt = RankTargets(default_base_encoder(), ids, texts, bits=16)
+    qs = texts[:2000]
+    rank_rates = []
+    for _ in range(args.runs):
+        t0 = time.perf_counter()
+        rt.codes(qs)
+        rank_rates.append(len(qs) / (time.perf_counter() - t0))
+
+    def row(label, runs):
+        pairs = runs[0]["pairs"]
+        w = median([x["wall"] for x in runs])
+        items = runs[0]["items"]
+        return label, pairs, w, pairs / w * 3600, items / w, median([x["peak"] for x in runs]) / 2**20
+
+    rows = [row(k, v) for k, v in results.items()]
+    base = rows[0][3]
+    lines = [f"Machine: {machine()}",
+             f"Command: `{' '.join(sys.argv)}` ({args.runs} runs each; |C_s| = 32; {args.anchors} anchors, "
+             f"5 partners each; context model {bundle}); wall time of the harvest call, Ray already started.", "",
+             "| configuration | pairs | median wall (s) | pairs/hour | scored items/s | peak RSS (MiB) | vs in-process |",
+             "|---|---|---|---|---|---|---|"]
+    for label, pairs, w, ph, ips, peak in rows:
+        lines.append(f"| {label} | {pairs} | {w:.1f} | {ph:,.0f} | {ips:,.1f} | {peak:.0f} | {ph / base:.2f} |")
+    r1 = [r for r in rows if r[0] == "ray, 1 scoring actor"][0]
+    r2 = [r for r in rows if r[0] == "ray, 2 scoring actors"][0]
+    lines += ["", f"Speed-up from 1 to 2 scoring actors: {r2[3] / r1[3]:.2f}x", "",
+              "| corpus | sentences | peak RSS of the driver process tree (MiB) |", "|---|---|---|",
+              f"| sample x1 | {json.loads((corpus1 / 'manifest.json').read_text())['counts']['sentences']:,} | {r1[5]:.0f} |",
+              f"| sample x4 | {json.loads((corpus4 / 'manifest.json').read_text())['counts']['sentences']:,} | "
+              f"{median([x['peak'] for x in mem4]) / 2**20:.0f} |", "",
+              f"Rank targets (all-MiniLM-L6-v2, 10,000 anchors, 16-bit codes = {rt.codec.bytes_per_sentence:,} bytes/sentence): "
+              f"{median(rank_rates):,.0f} sentences/s (median of {args.runs})", ""]
+    report = "\n".join(lines)
+    print(report)
+    Path(args.out).write_text(report)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
