@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import pkgutil
+import re
 import sys
 from typing import Sequence
 
@@ -60,16 +61,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)
-    except UsageError as exc:
-        print(f"sentsim: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    except Exception as exc:
+        # A user's mistake found inside a Ray task, actor or Train worker arrives wrapped in
+        # Ray's own error types; unwrap it so it still prints as one line.
+        msg = _wrapped_usage_error(exc)
+        if msg is None or os.environ.get("SENTSIM_DEBUG"):
+            raise
+        print(f"sentsim: error: {msg.splitlines()[0] if msg else exc!r}", file=sys.stderr)
+        return UsageError.exit_code
     except KeyboardInterrupt:
         print("sentsim: interrupted", file=sys.stderr)
         return 130
-    except Exception:
-        if os.environ.get("SENTSIM_DEBUG"):
-            raise
-        raise
+
+
+_USAGE_LINE = re.compile(r"sentsim\.[\w.]*?(?:UsageError|InputError|StoreError|TrainingDiverged): (.+)")
+
+
+def _wrapped_usage_error(exc: BaseException):
+    text = str(exc)
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        cause = getattr(exc, "cause", None)  # Ray's task errors subclass the user's error type
+        if isinstance(cause, UsageError):
+            return str(cause)
+        if isinstance(exc, UsageError) and cause is None:
+            return str(exc)
+        exc = exc.__cause__ or (cause if isinstance(cause, BaseException) else None)
+    # Ray Train reports worker failures as text only.
+    return _usage_line_in(text)
+
+
+def _usage_line_in(text: str):
+    m = _USAGE_LINE.search(text)
+    return m.group(1).strip() if m else None
 
 
 def entry() -> None:
