@@ -123,3 +123,44 @@ def test_bad_config_and_refusals(inputs, tmp_path):
                          resources={"scoring": {"num_gpus": 1}})
     with pytest.raises(UsageError, match="GPUs"):
         harvest(cfg, executor="inline", quiet=True)
+
+
+def test_discriminator_terms_match_direct_scoring(inputs):
+    """With a discriminator, each candidate's log p(y=1|s,c) from the cached-rep path equals
+    scoring that window directly, document edges (zero reps) included, and the ranking is
+    sentence-specific."""
+    import torch
+
+    from sentsim.discriminator import CoherenceModel, Discriminator, ModelConfig
+    from sentsim.discriminator.vocab import Vocab
+    from sentsim.harvest.config import ContextSetConfig
+    from sentsim.harvest.contexts import ContextSource
+    from sentsim.harvest.corpus_index import CorpusIndex
+    from sentsim.retrieval import open_retriever
+
+    corpus = CorpusIndex(str(inputs["corpus"]))
+    torch.manual_seed(0)
+    mc = ModelConfig(window=2, embed_dim=16, hidden=16, head_dim=16, embed_init="random")
+    vocab = Vocab.build(corpus.sentences.texts, 2000, 1)
+    disc = Discriminator(CoherenceModel(len(vocab), mc), vocab, {})
+    src = ContextSource(corpus, ContextSetConfig(size=5, retrieve_chunks=30), 1, 0,
+                        open_retriever(str(inputs["index"])), disc)
+    query = "The budget must be balanced this year."
+    ids, scores = src.retriever.search([query], 30)
+    cands = src._expand(ids[0], scores[0])
+    fast = src._disc_scores(query, cands)
+    q = disc.encode([query])[0]
+    for c, v in list(zip(cands, fast))[:: max(1, len(cands) // 25)]:
+        def rep(sid):
+            t = corpus.text(sid)
+            ok = t is not None and (sid >> 20) == (c.centre_id >> 20)
+            return disc.encode([t])[0] if ok else np.zeros(disc.rep_dim, np.float32)
+
+        left = np.stack([rep(c.centre_id - 2), rep(c.centre_id - 1)])[None]
+        right = np.stack([rep(c.centre_id + 1), rep(c.centre_id + 2)])[None]
+        direct = disc.score(left, q, right)[0]
+        assert v == pytest.approx(-np.logaddexp(0.0, -direct), abs=1e-5)
+    other = src._disc_scores("Our soldiers fought bravely overseas.", cands)
+    assert not np.array_equal(np.argsort(fast), np.argsort(other))
+    sets = src.context_sets([query])
+    assert 0 < len(sets[0].contexts) <= 5 and all(c.log_p_disc is not None for c in sets[0].contexts)

@@ -76,35 +76,38 @@ class ContextSource:
         self.seed = seed
         self.retriever = retriever
         self.disc = discriminator
-        self._rep_cache: Dict[int, np.ndarray] = {}
 
     # ---- discriminator reps, cached per corpus sentence -------------------------------------
-    def _reps(self, ids: Sequence[int]) -> np.ndarray:
-        todo = [i for i in dict.fromkeys(ids) if i not in self._rep_cache]
-        if todo:
-            vecs = self.disc.encode([t or "" for t in self.corpus.texts(todo)])
-            for i, v in zip(todo, vecs):
-                self._rep_cache[i] = v
-        return np.stack([self._rep_cache[i] for i in ids]) if ids else np.zeros((0, self.disc.rep_dim), np.float32)
+    def _rep_rows(self, positions: np.ndarray) -> np.ndarray:
+        """Reps of corpus rows (-1 = missing -> zeros); each row is encoded once per actor."""
+        n = len(self.corpus.ids)
+        if not hasattr(self, "_rep"):
+            self._rep = np.zeros((n + 1, self.disc.rep_dim), np.float32)  # last row stays zero
+            self._have = np.zeros(n + 1, bool)
+            self._have[n] = True
+        pos = np.where(positions < 0, n, positions)
+        todo = np.unique(pos[~self._have[pos]])
+        if len(todo):
+            self._rep[todo] = self.disc.encode([self.corpus.sentences.texts[i] for i in todo])
+            self._have[todo] = True
+        return self._rep[pos]
 
     def _disc_scores(self, text: str, cands: List[Context]) -> np.ndarray:
+        """log p(y=1 | s, c) for one sentence in many contexts, from cached reps (head only)."""
         w = self.disc.window
-        D = self.disc.rep_dim
-        m = len(cands)
-        left = np.zeros((m, w, D), np.float32)
-        right = np.zeros((m, w, D), np.float32)
-        # Window reps come from the cache; sentences missing at a document edge stay zero.
-        for j, c in enumerate(cands):
-            lids = [c.centre_id - k for k in range(w, 0, -1)]
-            rids = [c.centre_id + k for k in range(1, w + 1)]
-            for slot, sid in enumerate(lids):
-                if self.corpus.text(sid) is not None and (sid >> 20) == (c.centre_id >> 20):
-                    left[j, slot] = self._reps([sid])[0]
-            for slot, sid in enumerate(rids):
-                if self.corpus.text(sid) is not None and (sid >> 20) == (c.centre_id >> 20):
-                    right[j, slot] = self._reps([sid])[0]
+        centre = np.array([c.centre_id for c in cands], dtype=np.int64)
+        offs = np.arange(1, w + 1)
+        left_ids = centre[:, None] - offs[::-1][None, :]
+        right_ids = centre[:, None] + offs[None, :]
+        doc = centre[:, None] >> 20
+
+        def rows(ids):
+            pos = self.corpus.sentences.positions(ids.ravel()).reshape(ids.shape)
+            pos[(ids >> 20) != doc] = -1  # never cross a document edge; missing slots stay zero
+            return self._rep_rows(pos.ravel()).reshape(ids.shape + (self.disc.rep_dim,))
+
         q = self.disc.encode([text])[0]
-        logits = self.disc.score(left, q, right)
+        logits = self.disc.score(rows(left_ids), q, rows(right_ids))
         return -np.logaddexp(0.0, -logits.astype(np.float64))  # log sigmoid
 
     # ---- context sets --------------------------------------------------------------------
