@@ -23,7 +23,9 @@ def machine() -> str:
     except OSError:
         pass
     mem = psutil.virtual_memory().total / 2**30
-    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Python {platform.python_version()}"
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Python {platform.python_version()}; "
+            f"load average at the end of the run {load} (other jobs were sharing the machine when this is above ~2)")
 
 
 class PeakRSS:

@@ -51,9 +51,13 @@ def main() -> None:
                      "--set", "anchors.n=24", "--set", "anchors.per_unit=4", "--set", "contexts.size=16",
                      "--set", "contexts.retrieve_chunks=300", "--set", "rank.n_anchors=1000"])
     rep = json.loads((out / "harvest" / "report.json").read_text())
-    print("\nreport.json (excerpt):")
-    print(json.dumps({k: rep[k] for k in ("pairs", "null_scores", "score", "spearman_score_vs_rank_sim",
-                                          "bytes_per_sentence_rank_codes")}, indent=1))
+    print(f"\nreport.json: {rep['pairs']} pairs, {rep['null_scores']} null, "
+          f"{rep['scored_items']:,} (sentence, context) items scored, "
+          f"rank codes {rep['bytes_per_sentence_rank_codes']:,} bytes/sentence")
+    for split, st in rep["score"].items():
+        if st["n"]:
+            print(f"  {split:<5} n={st['n']:<4} mean={st['mean']:+.3f} std={st['std']:.3f} range [{st['min']:+.3f}, {st['max']:+.3f}]")
+    print(f"  spearman(score, rank_sim) = {rep['spearman_score_vs_rank_sim']:+.3f}")
     import pyarrow.dataset as ds
 
     t = ds.dataset(str(out / "harvest" / "pairs")).to_table().to_pandas().sort_values("score")

@@ -102,7 +102,8 @@ def test_explicit_pairs_mode_and_null_reason(inputs, tmp_path):
     f.write_text("The nation must remain strong.\tOur country has to stay powerful.\n"
                  "Taxes were cut this year.\tzzqx qqzx\n")
     out = tmp_path / "explicit"
-    cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], out, pairs_file=str(f), pairs_per_unit=1)
+    cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], out, pairs_file=str(f), pairs_per_unit=1,
+                         rank={"enabled": False})
     m = harvest(cfg, executor="inline", quiet=True)
     t = pairs_of(out).to_pandas().set_index("s2")
     assert m["complete"] and len(t) == 2

@@ -6,6 +6,7 @@ held in a faiss inner-product index (vectors are L2-normalised, so inner product
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -41,8 +42,10 @@ def checkpoint_hash(path: str) -> str:
     return h.hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=4)
 def load_encoder(path: str, device: Optional[str] = None):
-    """A sentence-transformers model from a local folder; a plain transformers folder gets mean pooling."""
+    """A sentence-transformers model from a local folder; a plain transformers folder gets mean pooling.
+    Cached per process: in-process runs and tests load each encoder once."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
 
