@@ -30,7 +30,7 @@ class ContextSetConfig(Section):
     size: int = Field(500, ge=1, description="|C_s|")
     retrieve_chunks: int = Field(20_000, ge=1, description="chunks retrieved per sentence by TF-IDF bigrams")
     jaccard: float = Field(0.5, gt=0.0, le=1.0, description="max Jaccard of a new context's (i-1)-th sentence vs chosen ones")
-    max_per_chunk: int = Field(1, ge=1, description="contexts one chunk may contribute")
+    one_per_chunk: bool = Field(True, description="each chunk contributes at most one context")
     # Table 8 / §5.5 ablation: random contexts instead of retrieval + discriminator screening.
     mode: Literal["screened", "random"] = "screened"
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
 from sentsim.harvest.config import ContextSetConfig
 from sentsim.harvest.corpus_index import CorpusIndex
+from sentsim.screening.select import select_diverse, word_set
 
 
 @dataclass
@@ -40,27 +41,6 @@ class ContextSet:
     contexts: List[Context] = field(default_factory=list)
     candidates: int = 0
     shortfall_reason: Optional[str] = None
-
-
-def _select_diverse(cands: List[Context], order: Sequence[int], size: int, jaccard: float, max_per_chunk: int) -> List[int]:
-    """Greedy, in rank order: at most `max_per_chunk` contexts per chunk, and the (i-1)-th sentence
-    of a new context must have Jaccard < `jaccard` with that of every context already chosen."""
-    chosen: List[int] = []
-    per_chunk: Dict[int, int] = {}
-    seen_sets: List[set] = []
-    for i in order:
-        c = cands[int(i)]
-        if per_chunk.get(c.chunk_id, 0) >= max_per_chunk:
-            continue
-        words = set(c.left[-1].lower().split()) if c.left else set()
-        if words and any(len(words & s) / len(words | s) >= jaccard for s in seen_sets if s):
-            continue
-        chosen.append(int(i))
-        per_chunk[c.chunk_id] = per_chunk.get(c.chunk_id, 0) + 1
-        seen_sets.append(words)
-        if len(chosen) >= size:
-            break
-    return chosen
 
 
 def _text_seed(seed: int, text: str) -> int:
@@ -138,13 +118,16 @@ class ContextSource:
             reason = "no retrieved chunk" if text.strip() else "empty sentence"
             return ContextSet([], 0, reason)
         if self.disc is not None:
-            lp = self._disc_scores(text, cands)
-            for c, v in zip(cands, lp):
+            primary = self._disc_scores(text, cands)
+            for c, v in zip(cands, primary):
                 c.log_p_disc = float(v)
-            rank = np.lexsort((np.arange(len(cands)), -lp))
         else:
-            rank = np.arange(len(cands))  # retrieval order, then slot order
-        picked = _select_diverse(cands, rank, self.cfg.size, self.cfg.jaccard, self.cfg.max_per_chunk)
+            primary = np.array([c.retrieval_score for c in cands])  # retrieval order, then slot order
+        picked = select_diverse(
+            primary, np.array([c.chunk_id for c in cands]), [word_set(c.left[-1]) if c.left else frozenset() for c in cands],
+            size=self.cfg.size, max_jaccard=self.cfg.jaccard, one_per_chunk=self.cfg.one_per_chunk,
+            tiebreak=np.array([c.retrieval_score for c in cands]),
+        )
         chosen = [cands[i] for i in picked]
         short = None if len(chosen) >= self.cfg.size else f"only {len(chosen)} diverse contexts among {len(cands)} candidates"
         return ContextSet(chosen, len(cands), short)
