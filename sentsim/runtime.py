@@ -32,6 +32,10 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> N
             )
     except ConnectionError as exc:
         raise UsageError(f"cannot reach the Ray cluster at {address}: {exc}") from None
+    except Exception as exc:  # e.g. a local raylet that times out on an overloaded machine
+        if address:
+            raise
+        raise UsageError(f"could not start a local Ray: {str(exc).splitlines()[0]}") from None
 
 
 def cluster_cpus() -> int:
