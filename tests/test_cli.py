@@ -14,7 +14,7 @@ def test_usage_error_raised_in_a_ray_task_is_unwrapped():
     def bad():
         raise UsageError("corpus.json: the thing is wrong")
 
-    ray.init(num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
     try:
         with pytest.raises(Exception) as exc:
             ray.get(bad.remote())

@@ -93,7 +93,7 @@ def test_all_readers_see_one_dataset(speech_corpus):
         cache_dir=str(speech_corpus.parent / "hf_cache"),
     )
     assert hf.num_rows == expected and "text" in hf.column_names
-    ray.init(num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
     try:
         rd = ray.data.read_parquet(str(speech_corpus / "sentences"))
         assert rd.count() == expected

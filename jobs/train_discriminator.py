@@ -1,0 +1,5 @@
+import sys
+
+from sentsim.cli import main
+
+sys.exit(main(["train", "discriminator", *sys.argv[1:]]))

@@ -1,0 +1,35 @@
+"""`sentsim train discriminator --corpus DIR --out DIR`: the BiLSTM coherence discriminator on Ray Train."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sentsim.config import add_config_arguments, load_config
+from sentsim.errors import UsageError
+
+COMMAND = ("train", "discriminator")
+HELP = "train the BiLSTM coherence discriminator (Ray Train; held-out accuracy and AUC)"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--corpus", required=True, metavar="DIR", help="corpus directory (sentences/, manifest.json)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="model directory to write")
+    parser.add_argument("--workers", type=int, default=None, metavar="N", help="Ray Train workers (train.num_workers)")
+    add_config_arguments(parser)
+
+
+def run(args) -> int:
+    from sentsim.discriminator.train import DiscriminatorJob, train_discriminator
+
+    if not Path(args.corpus).is_dir():
+        raise UsageError(f"--corpus {args.corpus}: no such directory")
+    overrides = list(args.overrides)
+    if args.workers is not None:
+        overrides.append(f"train.num_workers={args.workers}")
+    job = load_config(DiscriminatorJob, args.config, overrides)
+    metrics = train_discriminator(args.corpus, args.out, job, address=args.address)
+    keep = ("step", "heldout_accuracy", "heldout_auc", "heldout_auc_same_doc", "heldout_auc_random",
+            "heldout_windows", "heldout_split", "world_size", "fit_seconds")
+    print(json.dumps({k: metrics[k] for k in keep if k in metrics}))
+    return 0

@@ -1,0 +1,122 @@
+"""Read-only access to a corpus directory (the ingestion job's layout), shared by retrieval,
+the discriminator and screening.
+
+Layout: `sentences/part-*.parquet` (sentence_id, doc_id, para_idx, sent_idx, text, n_tokens),
+`chunks/part-*.parquet` (chunk_id, doc_id, first_sentence_id, n_sentences), `manifest.json`
+with a "fingerprint". `sentence_id = (doc_key << 20) | sent_idx`, so within a document the
+neighbours of a sentence are id-1 and id+1 and its document is `sentence_id >> 20`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sentsim.errors import UsageError
+
+DOC_SHIFT = 20
+
+
+def _parts(corpus: str | Path, sub: str) -> list[Path]:
+    d = Path(corpus) / sub
+    if not d.is_dir():
+        raise UsageError(f"{corpus}: not a corpus directory (no {sub}/ folder)")
+    parts = sorted(d.glob("part-*.parquet"))
+    if not parts:
+        raise UsageError(f"{d}: no part-*.parquet shards")
+    return parts
+
+
+def corpus_fingerprint(corpus: str | Path) -> str:
+    p = Path(corpus) / "manifest.json"
+    if not p.is_file():
+        raise UsageError(f"{corpus}: not a corpus directory (no manifest.json)")
+    try:
+        fp = json.loads(p.read_text(encoding="utf-8")).get("fingerprint")
+    except json.JSONDecodeError:
+        raise UsageError(f"{p}: not valid JSON") from None
+    if not isinstance(fp, str) or not fp:
+        raise UsageError(f"{p}: has no \"fingerprint\" string")
+    return fp
+
+
+def read_table(corpus: str | Path, sub: str, columns: list[str]) -> pa.Table:
+    tables = []
+    for part in _parts(corpus, sub):
+        try:
+            tables.append(pq.read_table(part, columns=columns))
+        except (KeyError, pa.ArrowInvalid) as exc:
+            raise UsageError(f"{part}: cannot read columns {columns}: {exc}") from None
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+class SentenceTable:
+    """All sentence ids (sorted) with their texts; lookup by id through searchsorted."""
+
+    def __init__(self, ids: np.ndarray, texts: list[str]):
+        order = np.argsort(ids, kind="stable")
+        self.ids = np.ascontiguousarray(ids[order], dtype=np.int64)
+        self.texts = [texts[i] for i in order] if not np.all(order == np.arange(len(order))) else list(texts)
+
+    @classmethod
+    def load(cls, corpus: str | Path) -> "SentenceTable":
+        t = read_table(corpus, "sentences", ["sentence_id", "text"])
+        return cls(t.column("sentence_id").to_numpy().astype(np.int64), t.column("text").to_pylist())
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def positions(self, ids: np.ndarray) -> np.ndarray:
+        """Row of each id, -1 where the id is not in the corpus."""
+        ids = np.asarray(ids, dtype=np.int64)
+        pos = np.searchsorted(self.ids, ids)
+        pos_c = np.minimum(pos, max(len(self.ids) - 1, 0))
+        ok = (pos < len(self.ids)) & (self.ids[pos_c] == ids) if len(self.ids) else np.zeros(ids.shape, bool)
+        return np.where(ok, pos_c, -1)
+
+    def text(self, sentence_id: int) -> str | None:
+        p = int(self.positions(np.array([sentence_id]))[0])
+        return None if p < 0 else self.texts[p]
+
+
+class ChunkTable:
+    """chunk_id -> (first_sentence_id, n_sentences), sorted by chunk_id."""
+
+    def __init__(self, chunk_ids: np.ndarray, first: np.ndarray, n: np.ndarray):
+        order = np.argsort(chunk_ids, kind="stable")
+        self.chunk_ids = np.ascontiguousarray(chunk_ids[order], dtype=np.int64)
+        self.first = np.ascontiguousarray(first[order], dtype=np.int64)
+        self.n = np.ascontiguousarray(n[order], dtype=np.int64)
+
+    @classmethod
+    def load(cls, corpus: str | Path) -> "ChunkTable":
+        t = read_table(corpus, "chunks", ["chunk_id", "first_sentence_id", "n_sentences"])
+        return cls(t.column("chunk_id").to_numpy().astype(np.int64),
+                   t.column("first_sentence_id").to_numpy().astype(np.int64),
+                   t.column("n_sentences").to_numpy().astype(np.int64))
+
+    def __len__(self) -> int:
+        return len(self.chunk_ids)
+
+    def rows(self, chunk_ids: np.ndarray) -> np.ndarray:
+        chunk_ids = np.asarray(chunk_ids, dtype=np.int64)
+        pos = np.searchsorted(self.chunk_ids, chunk_ids)
+        pos_c = np.minimum(pos, max(len(self.chunk_ids) - 1, 0))
+        ok = (pos < len(self.chunk_ids)) & (self.chunk_ids[pos_c] == chunk_ids)
+        return np.where(ok, pos_c, -1)
+
+
+def chunk_texts(chunks: ChunkTable, sentences: SentenceTable, rows: np.ndarray | None = None) -> list[str]:
+    """Text of each chunk (its sentences joined by spaces); missing sentences are skipped."""
+    rows = np.arange(len(chunks)) if rows is None else rows
+    out = []
+    for r in rows:
+        first, n = int(chunks.first[r]), int(chunks.n[r])
+        lo = int(np.searchsorted(sentences.ids, first))
+        hi = int(np.searchsorted(sentences.ids, first + n))
+        out.append(" ".join(sentences.texts[lo:hi]))
+    return out

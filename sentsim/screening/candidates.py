@@ -1,0 +1,78 @@
+"""Expand retrieved chunks into candidate contexts: one per sentence slot.
+
+Slot j of a chunk (first_sentence_id f, n sentences) is the context of its j-th sentence
+(centre id f + j): the w sentences before it and the w after it in the same document
+(ids f+j-w .. f+j-1 and f+j+1 .. f+j+w). Context sentences may lie outside the chunk: a chunk
+is a retrieval unit, the document decides what a context is. So a chunk smaller than the window
+still yields contexts when its document is long enough.
+
+Defined behaviour at the edges: a slot whose window leaves the document (the first and last w
+sentences of every document), or needs a sentence the corpus does not have, gives no candidate.
+A document with fewer than 2w+1 sentences gives none at all. `Candidates.dropped` counts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sentsim.retrieval.corpus_view import DOC_SHIFT, ChunkTable
+
+
+@dataclass
+class Candidates:
+    chunk_id: np.ndarray         # int64 [m]
+    slot: np.ndarray             # int32 [m], position of the centre in its chunk
+    centre_id: np.ndarray        # int64 [m], sentence id of the slot (the sentence a query replaces)
+    left_ids: np.ndarray         # int64 [m, w], document order
+    right_ids: np.ndarray        # int64 [m, w]
+    retrieval_score: np.ndarray  # float32 [m]
+    dropped: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.chunk_id)
+
+    @property
+    def prev_id(self) -> np.ndarray:
+        """The (i-1)-th sentence of each context (used by the Jaccard rule)."""
+        return self.left_ids[:, -1]
+
+
+def expand_candidates(chunk_ids: np.ndarray, retrieval_scores: np.ndarray, chunks: ChunkTable,
+                      sentence_ids: np.ndarray, window: int) -> Candidates:
+    """chunk_ids / retrieval_scores: one query's retrieval row (-1 padding is ignored).
+    sentence_ids: sorted ids of every corpus sentence available (e.g. the rep cache)."""
+    chunk_ids = np.asarray(chunk_ids, dtype=np.int64)
+    retrieval_scores = np.asarray(retrieval_scores, dtype=np.float32)
+    keep = chunk_ids >= 0
+    chunk_ids, retrieval_scores = chunk_ids[keep], retrieval_scores[keep]
+    rows = chunks.rows(chunk_ids)
+    unknown = int((rows < 0).sum())
+    chunk_ids, retrieval_scores, rows = chunk_ids[rows >= 0], retrieval_scores[rows >= 0], rows[rows >= 0]
+    n = chunks.n[rows]
+    total = int(n.sum())
+    rep = np.repeat(np.arange(len(rows)), n)
+    starts = np.cumsum(n) - n
+    slot = (np.arange(total) - np.repeat(starts, n)).astype(np.int32)
+    centre = chunks.first[rows][rep] + slot
+    offs = np.arange(1, window + 1, dtype=np.int64)
+    left = centre[:, None] - offs[::-1][None, :]
+    right = centre[:, None] + offs[None, :]
+    doc = centre >> DOC_SHIFT
+    ok = np.ones(total, dtype=bool)
+    for ids in (left, right):
+        same_doc = (ids >> DOC_SHIFT) == doc[:, None]
+        pos = np.searchsorted(sentence_ids, ids)
+        pos_c = np.minimum(pos, max(len(sentence_ids) - 1, 0))
+        present = (pos < len(sentence_ids)) & (sentence_ids[pos_c] == ids) if len(sentence_ids) else np.zeros(ids.shape, bool)
+        ok &= (same_doc & present & (ids >= 0)).all(axis=1)
+    # the centre itself must exist too (slot inside the chunk but missing from the corpus)
+    pos = np.searchsorted(sentence_ids, centre)
+    pos_c = np.minimum(pos, max(len(sentence_ids) - 1, 0))
+    ok &= (pos < len(sentence_ids)) & (sentence_ids[pos_c] == centre) if len(sentence_ids) else False
+    return Candidates(
+        chunk_id=chunk_ids[rep][ok], slot=slot[ok], centre_id=centre[ok],
+        left_ids=left[ok], right_ids=right[ok], retrieval_score=retrieval_scores[rep][ok],
+        dropped={"edge_slots": int((~ok).sum()), "unknown_chunks": unknown},
+    )
