@@ -67,7 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = _wrapped_usage_error(exc)
         if msg is None or os.environ.get("SENTSIM_DEBUG"):
             raise
-        print(f"sentsim: error: {msg.splitlines()[0] if msg else exc!r}", file=sys.stderr)
+        line = msg.splitlines()[0] if msg else repr(exc)
+        print(f"sentsim: error: {line}", file=sys.stderr)
         return UsageError.exit_code
     except KeyboardInterrupt:
         print("sentsim: interrupted", file=sys.stderr)
