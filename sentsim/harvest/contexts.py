@@ -17,6 +17,7 @@ import numpy as np
 
 from sentsim.harvest.config import ContextSetConfig
 from sentsim.harvest.corpus_index import CorpusIndex
+from sentsim.screening.candidates import expand_candidates
 from sentsim.screening.select import select_diverse, word_set
 
 
@@ -92,19 +93,19 @@ class ContextSource:
 
     # ---- context sets --------------------------------------------------------------------
     def _expand(self, chunk_ids: np.ndarray, scores: np.ndarray) -> List[Context]:
-        out: List[Context] = []
-        for cid, sc in zip(chunk_ids, scores):
-            if cid < 0:
-                continue
-            ch = self.corpus.chunk(int(cid))
-            if ch is None:
-                continue
-            first, n = ch
-            for slot in range(n):
-                centre = first + slot
-                left, right = self.corpus.window(centre, self.window)
-                out.append(Context(int(cid), slot, centre, left, right, float(sc)))
-        return out
+        """One candidate per sentence slot with a full window inside its document (edge slots,
+        whose window would leave the document, give none: see sentsim.screening.candidates)."""
+        c = expand_candidates(chunk_ids, scores, self.corpus.chunks, self.corpus.ids, self.window)
+        if not len(c):
+            return []
+        lpos = self.corpus.sentences.positions(c.left_ids.ravel()).reshape(c.left_ids.shape)
+        rpos = self.corpus.sentences.positions(c.right_ids.ravel()).reshape(c.right_ids.shape)
+        texts = self.corpus.sentences.texts
+        return [
+            Context(int(c.chunk_id[i]), int(c.slot[i]), int(c.centre_id[i]), [texts[p] for p in lpos[i]],
+                    [texts[p] for p in rpos[i]], float(c.retrieval_score[i]))
+            for i in range(len(c))
+        ]
 
     def context_sets(self, texts: Sequence[str]) -> List[ContextSet]:
         if self.cfg.mode == "random":

@@ -11,7 +11,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from corpus.documents import SENT_BITS
-from sentsim.retrieval.corpus_view import SentenceTable, corpus_fingerprint, read_table
+from sentsim.retrieval.corpus_view import ChunkTable, SentenceTable, corpus_fingerprint, read_table
 
 
 class CorpusIndex:
@@ -23,11 +23,7 @@ class CorpusIndex:
         ids = t.column("sentence_id").to_numpy().astype(np.int64)
         order = np.argsort(ids, kind="stable")
         self.n_tokens = t.column("n_tokens").to_numpy()[order]
-        c = read_table(corpus, "chunks", ["chunk_id", "first_sentence_id", "n_sentences"])
-        corder = np.argsort(c.column("chunk_id").to_numpy(), kind="stable")
-        self.chunk_ids = c.column("chunk_id").to_numpy().astype(np.int64)[corder]
-        self.chunk_first = c.column("first_sentence_id").to_numpy().astype(np.int64)[corder]
-        self.chunk_len = c.column("n_sentences").to_numpy().astype(np.int64)[corder]
+        self.chunks = ChunkTable.load(corpus)
 
     @property
     def ids(self) -> np.ndarray:
@@ -49,10 +45,8 @@ class CorpusIndex:
         return self.ids[lo:hi]
 
     def chunk(self, chunk_id: int) -> Optional[Tuple[int, int]]:
-        i = np.searchsorted(self.chunk_ids, chunk_id)
-        if i >= len(self.chunk_ids) or self.chunk_ids[i] != chunk_id:
-            return None
-        return int(self.chunk_first[i]), int(self.chunk_len[i])
+        r = int(self.chunks.rows(np.array([chunk_id]))[0])
+        return None if r < 0 else (int(self.chunks.first[r]), int(self.chunks.n[r]))
 
     def window(self, centre: int, w: int) -> Tuple[List[str], List[str]]:
         """The w sentences before and after `centre` within its document (fewer at the edges)."""
