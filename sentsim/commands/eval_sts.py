@@ -1,0 +1,58 @@
+"""`sentsim eval sts`: the STS suite (STS12-16, STS-B, SICK-R) for a model, a scored-pair file or TF-IDF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from pydantic import Field
+
+from sentsim.config import Section, add_config_arguments, load_config
+from sentsim.errors import UsageError
+
+COMMAND = ("eval", "sts")
+HELP = "Spearman/Pearson on STS12-16, STS-B and SICK-R for a model, a scored-pair file or TF-IDF"
+
+
+class EvalStsConfig(Section):
+    # Paper section 4.1: Spearman rank correlation of cosine vs gold, all pairs of a year pooled.
+    batch_size: int = Field(64, ge=1)
+    device: Optional[str] = None  # default: cuda when present, else cpu
+    tasks: Optional[list[str]] = None  # default: every standard task found under --data
+
+
+def add_arguments(parser) -> None:
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", metavar="PATH", help="sentence-transformers folder, cross-encoder or transformers encoder")
+    src.add_argument("--scores", metavar="FILE", help="scored pairs (.parquet/.csv/.jsonl with s1, s2, score, or a harvest pairs/ folder)")
+    src.add_argument("--tfidf", action="store_true", help="the TF-IDF cosine baseline")
+    parser.add_argument("--data", required=True, metavar="DIR", help="folder holding STS20xx-en-test/, stsbenchmark/, SICK/")
+    parser.add_argument("--tasks", default=None, help="comma-separated subset, e.g. STSb,SICK-R")
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown")
+    add_config_arguments(parser)
+
+
+def run(args) -> int:
+    from sentsim.evaluation import (PairFileScorer, TfidfScorer, discover_tasks, evaluate, format_table,
+                                    load_model_scorer, to_json, to_markdown)
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    cfg = load_config(EvalStsConfig, args.config, args.overrides, batch_size=args.batch_size, tasks=tasks)
+    loaded, missing = discover_tasks(args.data, cfg.tasks)  # bad data fails before any model loads
+    if args.model:
+        scorer = load_model_scorer(args.model, cfg.batch_size, cfg.device)
+    elif args.scores:
+        scorer = PairFileScorer(args.scores)
+    else:
+        scorer = TfidfScorer()
+    report = evaluate(scorer, loaded, missing)
+    if args.scores and all(t.scored == 0 for t in report.tasks):
+        raise UsageError(f"--scores {args.scores}: none of its pairs match a pair of the evaluated tasks")
+    print(format_table(report))
+    for path, text in ((args.json, to_json(report) if args.json else ""), (args.markdown, to_markdown(report) if args.markdown else "")):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text, encoding="utf-8")
+    return 0

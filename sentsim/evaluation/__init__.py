@@ -1,0 +1,23 @@
+"""The STS evaluation suite: dataset loaders, scorers and the Spearman/Pearson evaluator.
+
+    sets = discover_tasks(data_dir)                 # STS12-16, STS-B, SICK-R found under data_dir
+    scorer = load_model_scorer(path)                # or TfidfScorer(), PairFileScorer(file)
+    report = evaluate(scorer, sets)
+    print(format_table(report))
+"""
+
+from sentsim.evaluation.datasets import StsSet, StsTask, discover_tasks, load_task, TASK_NAMES
+from sentsim.evaluation.evaluator import EvalReport, evaluate
+from sentsim.evaluation.report import format_table, to_markdown, to_json
+from sentsim.evaluation.scorers import (
+    EmbeddingScorer,
+    PairFileScorer,
+    TfidfScorer,
+    load_model_scorer,
+)
+
+__all__ = [
+    "StsSet", "StsTask", "discover_tasks", "load_task", "TASK_NAMES",
+    "EvalReport", "evaluate", "format_table", "to_markdown", "to_json",
+    "EmbeddingScorer", "PairFileScorer", "TfidfScorer", "load_model_scorer",
+]

@@ -1,0 +1,69 @@
+"""Render evaluation reports: console table, Markdown and JSON."""
+
+from __future__ import annotations
+
+import json
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def format_table(report) -> str:
+    """A fixed-width console table, one row per task, then the average."""
+    info = report.scorer
+    head = f"model: {info.get('model')}  pooling: {info.get('pooling')}  data: {report.data_hash}"
+    rows = [("task", "pairs", "scored", "Spearman", "Pearson", "note")]
+    for t in report.tasks:
+        rows.append((t.name, str(t.n), str(t.scored), _fmt(t.spearman), _fmt(t.pearson), t.note))
+    rows.append(("Avg.", "", "", _fmt(report.average), "", "Spearman x100, 'all' setting"))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = [head]
+    for j, r in enumerate(rows):
+        cells = [r[0].ljust(widths[0])] + [r[i].rjust(widths[i]) for i in range(1, 5)] + [r[5]]
+        lines.append("  ".join(cells).rstrip())
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    if report.missing_tasks:
+        lines.append(f"not found under --data (skipped): {', '.join(report.missing_tasks)}")
+    return "\n".join(lines)
+
+
+def to_markdown(report, title: str | None = None) -> str:
+    info = report.scorer
+    out = []
+    if title:
+        out += [f"## {title}", ""]
+    out += [
+        f"- model: `{info.get('model')}`",
+        f"- kind: {info.get('kind')}; pooling: {info.get('pooling')}",
+        f"- data hash: `{report.data_hash}`; metric: Spearman x100 over all pairs of a task pooled, Pearson x100",
+        "",
+        "| task | pairs | Spearman | Pearson | data hash | note |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for t in report.tasks:
+        out.append(f"| {t.name} | {t.scored}/{t.n} | {_fmt(t.spearman)} | {_fmt(t.pearson)} | `{t.data_hash}` | {t.note} |")
+    out.append(f"| **Avg.** | | **{_fmt(report.average)}** | | | |")
+    if report.missing_tasks:
+        out += ["", f"Not evaluated (data not found): {', '.join(report.missing_tasks)}."]
+    return "\n".join(out) + "\n"
+
+
+def suite_markdown(reports: list[tuple[str, object]]) -> str:
+    """One row per model, one column per task: the paper's table layout."""
+    names: list[str] = []
+    for _, rep in reports:
+        for t in rep.tasks:
+            if t.name not in names:
+                names.append(t.name)
+    out = ["| model | " + " | ".join(names) + " | Avg. |", "|---|" + "---:|" * (len(names) + 1)]
+    for label, rep in reports:
+        by = {t.name: t for t in rep.tasks}
+        cells = [_fmt(by[n].spearman) if n in by else "-" for n in names]
+        out.append(f"| {label} | " + " | ".join(cells) + f" | {_fmt(rep.average)} |")
+    return "\n".join(out) + "\n"
+
+
+def to_json(report) -> str:
+    return json.dumps(report.to_dict(), indent=2, sort_keys=False)

