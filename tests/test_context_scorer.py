@@ -1,0 +1,216 @@
+"""ContextScorer: exactness of batched teacher-forced scoring, Eq. 3 and the Table 8 switches."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sentsim.context.config import ContextModelConfig, ScorerConfig
+from sentsim.context.model import build_model, load_bundle, save_bundle, warm_start_tokenizer
+from sentsim.context.scorer import ContextItem, ContextScorer
+from sentsim.context.tokenizer import train_bpe
+from sentsim.context.windows import build_example, iter_documents, windows_of
+from sentsim.errors import UsageError
+
+TINY = dict(vocab_size=600, d_model=48, encoder_layers=1, decoder_layers=1, attention_heads=2, ffn_dim=96,
+            dropout=0.0, context_sentences=2, max_source_tokens=96, max_target_tokens=40)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # 2 shared cores: OpenMP spinning across threads costs 10-50x on small matmuls
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(speech_corpus):
+    return str(speech_corpus)
+
+
+@pytest.fixture(scope="module")
+def docs(corpus_dir):
+    return list(iter_documents(corpus_dir, 10.0, "all"))
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory, docs):
+    tok = train_bpe((s for d in docs for s in d), TINY["vocab_size"])
+    cfg = ContextModelConfig(**TINY)
+    model = build_model(cfg, tok, seed=1)
+    out = tmp_path_factory.mktemp("bundle")
+    save_bundle(out, cfg, tok, {"shared": model}, {"fwd": "shared", "left": "shared", "right": "shared"})
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def items(docs):
+    out = []
+    for d in docs[:6]:
+        for lc, s, rc in list(windows_of(d, 2))[:8]:
+            out.append(ContextItem(s, lc, rc))
+    # defined behaviour: empty sentence, document edges, an over-long sentence
+    out.append(ContextItem("", ["A left sentence."], ["A right sentence."]))
+    out.append(ContextItem("Nothing on either side.", [], []))
+    out.append(ContextItem(" ".join(["word"] * 300), ["Left."], ["Right."]))
+    return out
+
+
+def test_batched_equals_one_at_a_time(bundle, items):
+    scorer = ContextScorer(bundle, ScorerConfig(batch_tokens=2048, device="cpu"))
+    batched = scorer.score(items)
+    assert batched.stats["padding_fraction"] < 0.5
+    for i in range(0, len(items), 5):
+        single = scorer.score([items[i]])
+        for d in ("fwd", "left", "right"):
+            a, b = batched.logprob[d][i], single.logprob[d][0]
+            if math.isnan(b):
+                assert math.isnan(a)
+            else:
+                assert a == pytest.approx(b, abs=1e-4), (i, d)
+        assert batched.n_tokens["fwd"][i] == single.n_tokens["fwd"][0]
+    # a tiny budget (one item per batch) gives the same numbers as a large one
+    small = ContextScorer(bundle, ScorerConfig(batch_tokens=16, device="cpu")).score(items)
+    np.testing.assert_allclose(small.score, batched.score, atol=1e-4)
+
+
+def test_shared_encoder_output(bundle, items):
+    scorer = ContextScorer(bundle, ScorerConfig(device="cpu", ablation="no_both"))
+    sents = [it.sentence for it in items[:10]]
+    ctxs = [(it.left, it.right) for it in items[10:14]]
+    res = scorer.score_matrix(sents, ctxs)
+    # fwd only: one encoder pass per distinct context, one decoder pass per (sentence, context)
+    assert res.stats["encoder_rows"] == len({(tuple(l), tuple(r)) for l, r in ctxs})
+    assert res.stats["decoder_rows"] == len(sents) * len(ctxs)
+    one = scorer.score([ContextItem(sents[3], *ctxs[2])])
+    assert res.score.reshape(len(sents), len(ctxs))[3, 2] == pytest.approx(one.score[0], abs=1e-4)
+
+
+def test_logprob_equals_manual_token_sum(bundle, items):
+    cfg, tok, models = load_bundle(bundle)
+    model = models["fwd"].eval()
+    it = items[3]
+    scorer = ContextScorer(bundle, ScorerConfig(device="cpu"))
+    res = scorer.score([it])
+    for d in ("fwd", "left", "right"):
+        ex = build_example(tok.ids, cfg.context_sentences, d, tok.encode(it.left), tok.encode([it.sentence])[0],
+                           tok.encode(it.right), cfg.max_source_tokens, cfg.max_target_tokens)
+        src = torch.tensor([ex.src])
+        with torch.no_grad():
+            logits = model(src, torch.tensor([ex.src_slots]), torch.ones_like(src),
+                           torch.tensor([[tok.bos_id] + ex.tgt[:-1]]), torch.tensor([[0] + ex.tgt_slots[:-1]]))
+        lsm = F.log_softmax(logits[0].double(), dim=-1)
+        manual = sum(float(lsm[t, y]) for t, y in enumerate(ex.tgt))
+        assert res.logprob_sum[d][0] == pytest.approx(manual, abs=1e-3)
+        assert res.n_tokens[d][0] == len(ex.tgt)
+        assert res.logprob[d][0] == pytest.approx(manual / len(ex.tgt), abs=1e-4)
+
+
+def test_edge_cases_defined(bundle, items):
+    scorer = ContextScorer(bundle, ScorerConfig(device="cpu"))
+    res = scorer.score(items[-3:] + [ContextItem("A sentence.", "", "", log_p_disc=-0.5)])
+    empty_s, no_ctx, long_s, with_disc = range(4)
+    assert math.isnan(res.logprob["fwd"][empty_s]) and "fwd" in res.dropped[empty_s]
+    assert np.isfinite(res.logprob["left"][empty_s]) and np.isfinite(res.score[empty_s])
+    assert set(res.dropped[no_ctx]) == {"disc", "left", "right"} and np.isfinite(res.score[no_ctx])
+    assert res.truncated["fwd"][long_s] > 0 and res.stats["truncated_items_fwd"] >= 1
+    assert np.isfinite(res.score[long_s])
+    assert "disc" not in res.dropped[with_disc]
+    # no term left: NaN, never a division by zero
+    only_fwd = ContextScorer(bundle, ScorerConfig(device="cpu", ablation="no_both", lambda_disc=0.0))
+    r = only_fwd.score([ContextItem("", ["x"], ["y"])])
+    assert math.isnan(r.score[0])
+
+
+def test_table8_switches(bundle, items):
+    its = [ContextItem(i.sentence, i.left, i.right, log_p_disc=-0.25 - 0.01 * n) for n, i in enumerate(items[:12])
+           if i.left and i.right and i.sentence]
+    base = ContextScorer(bundle, ScorerConfig(device="cpu", lambda_disc=0.5, lambda_fwd=1.0,
+                                              lambda_left=0.7, lambda_right=0.3))
+    full = base.score(its)
+    lp = full.logprob
+    disc = np.array([i.log_p_disc for i in its])
+    np.testing.assert_allclose(full.score, 0.5 * disc + lp["fwd"] + 0.7 * lp["left"] + 0.3 * lp["right"], atol=1e-9)
+    expect = {
+        "no_discriminative": lp["fwd"] + 0.7 * lp["left"] + 0.3 * lp["right"],
+        "no_left": 0.5 * disc + lp["fwd"] + 0.3 * lp["right"],
+        "no_right": 0.5 * disc + lp["fwd"] + 0.7 * lp["left"],
+        "no_both": 0.5 * disc + lp["fwd"],
+    }
+    for ab, want in expect.items():
+        cfg = base.config.model_copy(update={"ablation": ab})
+        got = ContextScorer(bundle, cfg).score(its)
+        np.testing.assert_allclose(got.score, want, atol=1e-4, err_msg=ab)
+        assert not any(got.dropped), ab  # ablated terms are switched off, not "dropped"
+    # without a discriminator value the λ1 term is dropped and recorded
+    nodisc = base.score([ContextItem(i.sentence, i.left, i.right) for i in its])
+    assert all(d == ("disc",) for d in nodisc.dropped)
+    np.testing.assert_allclose(nodisc.score, full.score - 0.5 * disc, atol=1e-4)
+
+
+def test_refuses_mismatched_checkpoints(bundle, tmp_path, docs):
+    import shutil
+
+    # a tokenizer.json swapped under a model
+    bad = tmp_path / "bad"
+    shutil.copytree(bundle, bad)
+    other = train_bpe((s for d in docs[:3] for s in d), 400)
+    other.tokenizer.save(str(bad / "tokenizer.json"))
+    with pytest.raises(UsageError, match="tokenizer"):
+        ContextScorer(str(bad))
+    # two bundles with different tokenizers cannot be combined
+    cfg = ContextModelConfig(**{**TINY, "vocab_size": 400})
+    second = tmp_path / "second"
+    save_bundle(second, cfg, other, {"left": build_model(cfg, other)}, {"left": "left"})
+    with pytest.raises(UsageError):
+        ContextScorer([bundle, str(second)])
+    # a config that does not match what the caller expects
+    with pytest.raises(UsageError, match="context_sentences"):
+        load_bundle(bundle, expect=ContextModelConfig(**{**TINY, "context_sentences": 1}))
+
+
+def test_separate_models_and_missing_direction(bundle, tmp_path, items):
+    cfg, tok, models = load_bundle(bundle)
+    fwd_only = tmp_path / "fwd"
+    save_bundle(fwd_only, cfg, tok, {"fwd": models["fwd"]}, {"fwd": "fwd"})
+    left = tmp_path / "left"
+    save_bundle(left, cfg, tok, {"left": build_model(cfg, tok, seed=3)}, {"left": "left"})
+    sc = ContextScorer([str(fwd_only), str(left)], ScorerConfig(device="cpu"))
+    assert sc.directions == ("fwd", "left")
+    res = sc.score(items[:4])
+    assert all("right" in d for d in res.dropped)
+    ref = ContextScorer(bundle, ScorerConfig(device="cpu")).score(items[:4])
+    np.testing.assert_allclose(res.logprob["fwd"], ref.logprob["fwd"], atol=1e-5)
+
+
+def test_warm_start_scoring(tmp_path, items):
+    cfg = ContextModelConfig(arch="warm_start", context_sentences=2, max_source_tokens=96, max_target_tokens=40,
+                             dropout=0.0)
+    tok = warm_start_tokenizer(cfg)
+    model = build_model(cfg, tok)
+    save_bundle(tmp_path, cfg, tok, {"shared": model}, {"fwd": "shared", "left": "shared", "right": "shared"})
+    sc = ContextScorer(str(tmp_path), ScorerConfig(device="cpu", batch_tokens=1024))
+    its = items[:3]
+    res = sc.score(its)
+    assert np.isfinite(res.score).all()
+    one = sc.score([its[1]])
+    assert res.logprob["fwd"][1] == pytest.approx(one.logprob["fwd"][0], abs=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_bf16_matches_cpu(bundle, items):
+    cpu = ContextScorer(bundle, ScorerConfig(device="cpu")).score(items)
+    gpu = ContextScorer(bundle, ScorerConfig(device="cuda", autocast="bf16")).score(items)
+    ok = np.isfinite(cpu.score)
+    assert np.isfinite(gpu.score[ok]).all()
+    # bf16 has ~3 significant digits; the per-token mean log-prob stays close
+    np.testing.assert_allclose(gpu.score[ok], cpu.score[ok], atol=0.1, rtol=0.02)
+    fp32 = ContextScorer(bundle, ScorerConfig(device="cuda", autocast="off")).score(items)
+    np.testing.assert_allclose(fp32.score[ok], cpu.score[ok], atol=1e-3)
