@@ -1,0 +1,50 @@
+"""`sentsim train student`: RankEncoder, RSE or PaSeR student encoders from harvested shards on Ray Train."""
+
+from __future__ import annotations
+
+from sentsim.config import add_config_arguments, load_config
+
+COMMAND = ("train", "student")
+HELP = "train a student encoder (rankencoder | rse | paser) from harvested shards"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--objective", choices=["rankencoder", "rse", "paser"], default=None,
+                        help="rankencoder (004: rank-vector targets), rse (000: relational), paser (002: phrase reconstruction)")
+    parser.add_argument("--data", metavar="HARVEST_DIR", help="harvest output: sentences/, pairs/, manifest.json")
+    parser.add_argument("--backbone", required=True, metavar="PATH",
+                        help="transformers or sentence-transformers folder; with --init scratch only its tokenizer is used")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="output: model/ (sentence-transformers folder), summary.json, ray/ checkpoints; same DIR resumes")
+    parser.add_argument("--init", choices=["pretrained", "scratch"], default=None)
+    parser.add_argument("--triples", metavar="FILE", help="rse: JSONL/Parquet of s_i, relation, s_j[, hard_negative]")
+    parser.add_argument("--eval-sts", metavar="DIR", help="after training, run the STS suite found under DIR")
+    parser.add_argument("--executor", choices=["ray", "inline"], default="ray",
+                        help="ray: Ray Train (default); inline: one process, no Ray (development)")
+    parser.add_argument("--num-workers", type=int, default=None, help="DDP workers")
+    parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--restart", action="store_true", help="discard the checkpoints under --out and start over")
+    add_config_arguments(parser)
+
+
+def run(args) -> int:
+    from sentsim.students import StudentConfig, train_student
+
+    overrides = list(args.overrides)
+    if args.triples:
+        overrides.append(f"rse.triples={args.triples}")
+    cfg = load_config(StudentConfig, args.config, overrides, objective=args.objective, init=args.init,
+                      num_workers=args.num_workers, epochs=args.epochs, max_steps=args.max_steps)
+    s = train_student(cfg, data=args.data, backbone=args.backbone, out=args.out, address=args.address,
+                      executor=args.executor, restart=args.restart, eval_sts=args.eval_sts)
+    first, last = s["first_loss"], s["last_loss"]
+    fmt = lambda x: "-" if x is None else f"{x:.4g}"  # noqa: E731
+    print(f"{s['objective']}: {s['rows']} rows, {s['total_steps']} steps, loss {fmt(first)} -> {fmt(last)}; model: {s['model']}")
+    if s.get("empty_filter_batches") is not None:
+        print(f"batches where the pair filter kept no pair (l_cl only): {s['empty_filter_batches']}")
+    for k, v in s["skips"].items():
+        print(f"skipped ({k}): {v}")
+    if s.get("eval"):
+        print("STS suite average: " + ", ".join(f"{k} {fmt(v)}" for k, v in s["eval"].items()))
+    return 0

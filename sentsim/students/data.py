@@ -1,0 +1,296 @@
+"""Reading a harvest for the students, and checking it before any worker starts.
+
+Every problem is a UsageError (or InputError) naming the file: rank vectors of another anchor set,
+no rank vectors at all, a relation file with unknown relations or missing fields, an empty source.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from sentsim.errors import InputError, UsageError
+
+TRIPLE_SCHEMA = pa.schema([("s_i", pa.string()), ("relation", pa.string()), ("s_j", pa.string()),
+                           ("hard_negative", pa.string())])
+
+
+def harvest_root(data: str) -> Path:
+    root = Path(data)
+    if not root.is_dir():
+        raise UsageError(f"--data {data}: no such directory")
+    return root
+
+
+def read_manifest(root: Path) -> dict:
+    f = root / "manifest.json"
+    if not f.is_file():
+        raise UsageError(f"--data {root}: no manifest.json (not a harvest output)")
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError:
+        raise InputError(f"{f}: not valid JSON") from None
+
+
+def shard_files(root: Path, table: str) -> list[Path]:
+    files = sorted((root / table).glob("*.parquet")) if (root / table).is_dir() else []
+    if not files:
+        raise UsageError(f"--data {root}: no {table}/*.parquet shards")
+    return files
+
+
+def read_table(root: Path, table: str, columns: list[str]) -> pa.Table:
+    parts = []
+    for f in shard_files(root, table):
+        try:
+            names = pq.read_schema(f).names
+        except Exception as exc:
+            raise InputError(f"{f}: not a readable Parquet file ({exc})") from None
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise InputError(f"{f}: missing column(s) {', '.join(missing)}")
+        parts.append(pq.read_table(f, columns=columns))
+    return pa.concat_tables(parts).combine_chunks()
+
+
+def scored_pairs(root: Path, split: Optional[str] = "train") -> pa.Table:
+    t = read_table(root, "pairs", ["s1", "s2", "score", "split"])
+    keep = pc.is_valid(t["score"])
+    if split:
+        keep = pc.and_(keep, pc.equal(t["split"], split))
+    return t.filter(keep)
+
+
+# ----------------------------------------------------------------------------- RankEncoder
+
+
+def rank_settings(manifest: dict, root: Path) -> dict:
+    rank = (manifest.get("config") or {}).get("rank") or {}
+    if not rank.get("enabled", True):
+        raise UsageError(f"--data {root}: the harvest ran with rank.enabled=false, so it holds no rank vectors")
+    if "n_anchors" not in rank:
+        raise UsageError(f"--data {root}: manifest.json has no config.rank.n_anchors; cannot read rank vectors")
+    return rank
+
+
+def rank_sentences(root: Path, manifest: dict) -> tuple[pa.Table, int]:
+    """(table of text, rank_codes; the number of anchors). Rows without rank codes are an error."""
+    from sentsim.rank import RankCodec
+
+    rank = rank_settings(manifest, root)
+    n = int(rank["n_anchors"])
+    t = read_table(root, "sentences", ["sentence_id", "text", "rank_codes"])
+    if t.num_rows == 0:
+        raise UsageError(f"--data {root}: the sentences table is empty")
+    if t["rank_codes"].null_count:
+        raise UsageError(f"--data {root}: {t['rank_codes'].null_count} sentence(s) have no rank vector")
+    lengths = pc.list_value_length(t["rank_codes"])
+    mm = pc.min_max(lengths)
+    # the codes' length is the run's anchor count: codes from another anchor set (another harvest
+    # merged in, or a run with a different rank.n_anchors) show up here first
+    n_actual = int(pc.count(pc.unique(lengths)).as_py()), int(mm["min"].as_py()), int(mm["max"].as_py())
+    if n_actual[1] != n or n_actual[2] != n:
+        raise UsageError(f"--data {root}: rank vectors have {n_actual[1]}..{n_actual[2]} entries, but the harvest's "
+                         f"anchor set (manifest rank.n_anchors) has {n}; they come from another anchor set")
+    codec = RankCodec(n, int(rank.get("bits", 16)))
+    top = pc.max(pc.list_flatten(t["rank_codes"])).as_py()
+    if top is not None and top > (n - 1) // codec.step:
+        raise UsageError(f"--data {root}: rank code {top} is out of range for {n} anchors at {codec.bits} bits")
+    return t.select(["text", "rank_codes"]), n
+
+
+def recover_anchors(manifest: dict, root: Path) -> tuple[np.ndarray, list[str]]:
+    """The harvest's anchor sentences, re-sampled exactly as the harvest did (seed + 1 over its corpus)."""
+    from sentsim.rank.targets import sample_anchors
+
+    cfg = manifest.get("config") or {}
+    corpus = cfg.get("corpus")
+    if not corpus or not Path(corpus, "sentences").is_dir():
+        raise UsageError(f"--data {root}: the harvest's corpus {corpus!r} is not reachable, so its anchor sentences "
+                         "cannot be recovered (needed to check the rank vectors and for RankEncoder inference); "
+                         "set rankencoder.check_sentences=0 to train without the check")
+    return sample_anchors(corpus, int(cfg["rank"]["n_anchors"]), seed=int(cfg.get("seed", 0)) + 1)
+
+
+def harvest_base_encoder(manifest: dict) -> str:
+    from sentsim.rank.targets import default_base_encoder
+
+    return ((manifest.get("config") or {}).get("rank") or {}).get("encoder") or default_base_encoder()
+
+
+def check_anchor_set(root: Path, manifest: dict, sentences: pa.Table, n_check: int,
+                     base_encoder: Optional[str] = None, min_rho: float = 0.98) -> tuple[np.ndarray, list[str]]:
+    """Prove that the stored rank vectors are the base encoder's ranks over the harvest's anchors:
+    re-compute `n_check` of them and compare (Spearman of stored vs fresh ranks >= min_rho).
+
+    `base_encoder`, when given, must be the same checkpoint as the harvest's rank.encoder.
+    Returns (anchor ids, anchor texts), which the RankEncoder scorer needs at inference.
+    """
+    from scipy.stats import spearmanr
+
+    from sentsim.rank.targets import RankTargets, checkpoint_hash
+
+    e1 = harvest_base_encoder(manifest)
+    if base_encoder and checkpoint_hash(base_encoder) != checkpoint_hash(e1):
+        raise UsageError(f"--data {root}: its rank vectors were computed with base encoder {e1}, not {base_encoder}; "
+                         "rank vectors from another base encoder cannot be used")
+    ids, texts = recover_anchors(manifest, root)
+    if n_check <= 0:
+        return ids, texts
+    rank = manifest["config"]["rank"]
+    targets = RankTargets(e1, ids, texts, bits=int(rank.get("bits", 16)), device="cpu")
+    rng = np.random.default_rng(0)
+    pick = np.sort(rng.choice(sentences.num_rows, size=min(n_check, sentences.num_rows), replace=False))
+    sample = sentences.take(pa.array(pick))
+    fresh = targets.codes(sample["text"].to_pylist()).astype(np.float64)
+    stored = np.asarray(sample["rank_codes"].to_pylist(), dtype=np.float64)
+    rhos = [spearmanr(a, b).statistic for a, b in zip(stored, fresh)]
+    worst = float(np.nanmin(rhos)) if rhos else 1.0
+    if not worst >= min_rho:
+        raise UsageError(f"--data {root}: stored rank vectors do not match base encoder {e1} over the harvest's "
+                         f"{len(ids)} anchors (Spearman stored vs recomputed as low as {worst:.3f}); they come "
+                         "from another anchor set or another base encoder")
+    return ids, texts
+
+
+# ----------------------------------------------------------------------------- RSE
+
+
+def read_triples_file(path: str, allowed: Optional[list[str]] = None) -> pa.Table:
+    """A user file of (s_i, relation, s_j[, hard_negative]) rows, JSONL(.gz) or Parquet."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"rse.triples {path}: no such file")
+    name = p.name.lower()
+    rows = []
+    if name.endswith(".parquet"):
+        try:
+            t = pq.read_table(p)
+        except Exception as exc:
+            raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+        missing = [c for c in ("s_i", "relation", "s_j") if c not in t.column_names]
+        if missing:
+            raise InputError(f"{path}: missing field(s) {', '.join(missing)}; need s_i, relation, s_j[, hard_negative]")
+        rows = t.to_pylist()
+        where = lambda i: f"{path}: row {i}"  # noqa: E731
+    elif name.endswith((".jsonl", ".jsonl.gz", ".json")):
+        import gzip
+
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(p, "rt", encoding="utf-8") as fh:
+            for i, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError:
+                    raise InputError(f"{path}:{i}: not valid JSON") from None
+                if not isinstance(obj, dict):
+                    raise InputError(f"{path}:{i}: expected an object with s_i, relation, s_j")
+                rows.append(obj)
+        where = lambda i: f"{path}:{i}"  # noqa: E731
+    else:
+        raise UsageError(f"rse.triples {path}: use .jsonl, .jsonl.gz or .parquet")
+    out = {k: [] for k in TRIPLE_SCHEMA.names}
+    for i, r in enumerate(rows, start=1):
+        missing = [k for k in ("s_i", "relation", "s_j") if not isinstance(r.get(k), str) or not r.get(k).strip()]
+        if missing:
+            raise InputError(f"{where(i)}: missing or empty field(s) {', '.join(missing)}")
+        if allowed is not None and r["relation"] not in allowed:
+            raise InputError(f"{where(i)}: unknown relation {r['relation']!r}; allowed: {', '.join(allowed)}")
+        hn = r.get("hard_negative")
+        if hn is not None and not isinstance(hn, str):
+            raise InputError(f"{where(i)}: hard_negative must be a string")
+        out["s_i"].append(r["s_i"])
+        out["relation"].append(r["relation"])
+        out["s_j"].append(r["s_j"])
+        out["hard_negative"].append(hn or None)
+    if not out["s_i"]:
+        raise InputError(f"{path}: no triples")
+    return pa.Table.from_pydict(out, schema=TRIPLE_SCHEMA)
+
+
+def rse_triples(root: Optional[Path], cfg) -> tuple[pa.Table, list[str], dict]:
+    """All relation sources as one triples table; (table, relation names in id order, counts per source)."""
+    rng = np.random.default_rng(cfg.seed)
+    rc = cfg.rse
+    parts, counts = [], {}
+    if root is not None and rc.context_similar:
+        t = scored_pairs(root, "train").to_pandas()
+        pos = t[t.score >= rc.score_threshold]
+        low = t[t.score < rc.hard_negative_below]
+        hard_of: dict[str, str] = {}
+        for a, b in zip(low.s1, low.s2):  # a partner the teacher scored dissimilar: the hardest negative we have
+            hard_of.setdefault(a, b)
+            hard_of.setdefault(b, a)
+        parts.append(pa.Table.from_pydict({
+            "s_i": pos.s1.tolist(), "relation": ["context-similar"] * len(pos), "s_j": pos.s2.tolist(),
+            "hard_negative": [hard_of.get(a) for a in pos.s1]}, schema=TRIPLE_SCHEMA))
+        counts["context-similar"] = len(pos)
+    if root is not None and rc.same_sent:
+        texts = read_table(root, "sentences", ["text"])["text"].to_pylist()
+        texts = [s for s in dict.fromkeys(texts) if s and s.strip()]
+        if len(texts) > rc.same_sent_max:
+            texts = [texts[i] for i in sorted(rng.choice(len(texts), rc.same_sent_max, replace=False))]
+        parts.append(pa.Table.from_pydict({"s_i": texts, "relation": ["same-sent"] * len(texts), "s_j": texts,
+                                           "hard_negative": [None] * len(texts)}, schema=TRIPLE_SCHEMA))
+        counts["same-sent"] = len(texts)
+    if rc.triples:
+        t = read_triples_file(rc.triples, rc.relations)
+        parts.append(t)
+        for r, n in zip(*np.unique(t["relation"].to_numpy(zero_copy_only=False), return_counts=True)):
+            counts[str(r)] = counts.get(str(r), 0) + int(n)
+    parts = [p for p in parts if p.num_rows]
+    if not parts:
+        raise UsageError("rse: no training triples (no harvested pair reaches rse.score_threshold, same_sent is off "
+                         "and no rse.triples file was given)")
+    table = pa.concat_tables(parts)
+    relations = list(dict.fromkeys(table["relation"].to_pylist()))
+    # in-relation hard negatives (000 §3.3): a triple without one gets a random tail of its own relation
+    by_rel: dict[str, list[str]] = {}
+    for r, tail in zip(table["relation"].to_pylist(), table["s_j"].to_pylist()):
+        by_rel.setdefault(r, []).append(tail)
+    hard = table["hard_negative"].to_pylist()
+    for i, (r, head, tail) in enumerate(zip(table["relation"].to_pylist(), table["s_i"].to_pylist(), table["s_j"].to_pylist())):
+        if hard[i] is None:
+            pool = by_rel[r]
+            for _ in range(4):
+                cand = pool[int(rng.integers(len(pool)))]
+                if cand not in (head, tail):
+                    hard[i] = cand
+                    break
+    table = table.set_column(3, "hard_negative", pa.array(hard, pa.string()))
+    rel_id = {r: i for i, r in enumerate(relations)}
+    table = table.append_column("relation_id", pa.array([rel_id[r] for r in table["relation"].to_pylist()], pa.int32()))
+    return table, relations, counts
+
+
+# ----------------------------------------------------------------------------- PaSeR
+
+
+def paser_examples(texts: list[str], mask_token: str, top_k: int, max_words: int) -> tuple[pa.Table, dict]:
+    """(text, masked, target) rows; sentences without a RAKE phrase are skipped and counted."""
+    from sentsim.students.rake import mask_phrases, top_phrases
+
+    out = {"text": [], "masked": [], "target": []}
+    skipped, examples = 0, []
+    for s in dict.fromkeys(texts):
+        phrases = top_phrases(s or "", top_k, max_words=max_words)
+        if not phrases:
+            skipped += 1
+            if len(examples) < 5:
+                examples.append(s)
+            continue
+        out["text"].append(s)
+        out["masked"].append(mask_phrases(s, phrases, mask_token))
+        out["target"].append(" ; ".join(p.text for p in phrases))
+    if not out["text"]:
+        raise UsageError(f"paser: none of the {skipped} sentences has an extractable RAKE phrase")
+    return pa.Table.from_pydict(out), {"sentences": len(out["text"]), "skipped_no_phrase": skipped,
+                                       "skipped_examples": examples}

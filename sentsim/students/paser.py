@@ -1,0 +1,145 @@
+"""PaSeR student: phrase reconstruction plus MLM (../shared/papers/002_*, sections 3.1-3.2).
+
+Inputs: sentence texts (the harvest's `sentences` shards). Each sentence s gets its top-k (3) RAKE
+phrases (§3.1.1, `sentsim.students.rake`); the duplicate s~ has them replaced by mask tokens
+(§3.1.2); the target is the masked phrases in sentence order, joined by " ; ". A sentence with no
+extractable phrase is skipped and counted (`skipped_no_phrase` in the run summary). Optional EDA
+(§3.1.3) on s and s~ each step.
+
+Decoding signal (§3.2.2 Eq. 2): [E_s, E_s~, m*|E_s - E_s~|, n*|E_s * E_s~|] with m = n = 10
+(appendix A), as a memory of 4 vectors of the encoder's width for a Transformer decoder (§3.2.3,
+6 layers by default, word embeddings shared with the encoder, random init).
+
+Loss (§3.2.4 Eq. 4): L_MLM (15% masking of s, the encoder's masked-LM head) + L_generative
+(token cross-entropy of the teacher-forced decoder on the masked phrases, Eq. 3).
+The decoder and MLM head are training-only: the saved student is the encoder alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from sentsim.losses.phrase_reconstruction import IGNORE, PhraseReconstructionLoss
+from sentsim.students.common import Objective, column, tokenize
+
+
+def decoder_signal(e_s: torch.Tensor, e_masked: torch.Tensor, m: float = 10.0, n: float = 10.0) -> torch.Tensor:
+    """[B, 4, d]: E_s, E_s~, m*|E_s - E_s~|, n*|E_s * E_s~| (Eq. 2) as 4 memory positions."""
+    if e_s.shape != e_masked.shape:
+        raise ValueError(f"E_s {tuple(e_s.shape)} and E_s~ {tuple(e_masked.shape)} differ")
+    return torch.stack([e_s, e_masked, m * (e_s - e_masked).abs(), n * (e_s * e_masked).abs()], dim=1)
+
+
+class PhraseDecoder(nn.Module):
+    """A small Transformer decoder over the 4-vector signal; input and output embeddings are the
+    encoder's word embeddings (shared, §4.2)."""
+
+    def __init__(self, word_embeddings: nn.Embedding, layers: int, heads: int, max_len: int, dropout: float = 0.1):
+        super().__init__()
+        d = word_embeddings.embedding_dim
+        if d % heads:
+            raise ValueError(f"paser.decoder_heads {heads} must divide the encoder width {d}")
+        self.word_embeddings = word_embeddings  # shared, not a copy
+        self.positions = nn.Embedding(max_len, d)
+        self.signal_norm = nn.LayerNorm(d)
+        layer = nn.TransformerDecoderLayer(d, heads, 4 * d, dropout, batch_first=True, norm_first=True)
+        self.decoder = nn.TransformerDecoder(layer, layers)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, input_ids: torch.Tensor, signal: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
+        t = input_ids.shape[1]
+        x = self.word_embeddings(input_ids) + self.positions(torch.arange(t, device=input_ids.device))[None]
+        causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=input_ids.device), diagonal=1)  # True = blocked
+        h = self.decoder(x, self.signal_norm(signal.to(x.dtype)), tgt_mask=causal, tgt_key_padding_mask=~pad_mask)
+        return self.norm(h) @ self.word_embeddings.weight.T
+
+
+class PaSeRObjective(Objective):
+    name = "paser"
+
+    def __init__(self, model, tok, cfg, mlm_head: nn.Module):
+        super().__init__(model, tok, cfg)
+        pc = cfg.paser
+        self.mlm_head = mlm_head
+        emb = model.encoder.get_input_embeddings()
+        self.decoder = PhraseDecoder(emb, pc.decoder_layers, pc.decoder_heads, pc.max_target_tokens)
+        self.gen_loss = PhraseReconstructionLoss()
+        self._rng = np.random.default_rng(cfg.seed)
+        self.synonyms = None
+        if pc.synonym_replacement > 0:
+            from sentsim.students.augment import EmbeddingSynonyms
+
+            self.synonyms = EmbeddingSynonyms(tok, emb.weight)
+
+    def param_groups(self, lr: float) -> list[dict]:
+        enc = {id(p) for p in self.model.parameters()}
+        extra = [p for p in list(self.decoder.parameters()) + list(self.mlm_head.parameters())
+                 if id(p) not in enc and p.requires_grad]
+        return super().param_groups(lr) + [{"params": extra, "lr": self.cfg.paser.decoder_lr}]
+
+    def _augment(self, texts):
+        from sentsim.students.augment import eda
+
+        pc = self.cfg.paser
+        if not (pc.synonym_replacement or pc.random_deletion or pc.token_reordering):
+            return texts
+        return [eda(t, self._rng, self.tok.mask_token, pc.synonym_replacement, pc.random_deletion,
+                    pc.token_reordering, self.synonyms) for t in texts]
+
+    def _mlm_inputs(self, enc: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """BERT masking: 15% of the real tokens; of those 80% [MASK], 10% random, 10% kept."""
+        ids = enc["input_ids"].clone()
+        labels = ids.clone()
+        special = torch.zeros_like(ids, dtype=torch.bool)
+        for sid in self.tok.all_special_ids:
+            special |= ids == sid
+        g = torch.Generator().manual_seed(int(self._rng.integers(1 << 31)))
+        prob = torch.rand(ids.shape, generator=g).to(ids.device)
+        picked = (prob < self.cfg.paser.mlm_probability) & ~special & enc["attention_mask"].bool()
+        labels[~picked] = IGNORE
+        r = torch.rand(ids.shape, generator=g).to(ids.device)
+        ids[picked & (r < 0.8)] = self.tok.mask_token_id
+        rand = picked & (r >= 0.8) & (r < 0.9)
+        ids[rand] = torch.randint(len(self.tok), ids.shape, generator=g).to(ids.device)[rand]
+        return ids, labels
+
+    def _targets(self, targets, device):
+        pc = self.cfg.paser
+        body = self.tok([str(t) for t in targets], add_special_tokens=False, truncation=True,
+                        max_length=pc.max_target_tokens - 1)["input_ids"]
+        t = max(len(b) for b in body) + 1
+        inp = torch.full((len(body), t), self.tok.pad_token_id, dtype=torch.long)
+        lab = torch.full((len(body), t), IGNORE, dtype=torch.long)
+        start = self.tok.cls_token_id if self.tok.cls_token_id is not None else self.tok.bos_token_id
+        end = self.tok.sep_token_id if self.tok.sep_token_id is not None else self.tok.eos_token_id
+        for i, b in enumerate(body):
+            inp[i, :len(b) + 1] = torch.tensor([start] + b)
+            lab[i, :len(b) + 1] = torch.tensor(b + [end])
+        return inp.to(device), lab.to(device), (lab != IGNORE).to(device)
+
+    def step(self, batch: dict, device):
+        pc = self.cfg.paser
+        texts = self._augment([str(x) for x in column(batch, "text")])
+        masked = self._augment([str(x) for x in column(batch, "masked")])
+        n = len(texts)
+        enc = tokenize(self.tok, texts + masked + texts, self.cfg.max_seq_length, device)
+        mlm_ids, mlm_labels = self._mlm_inputs({k: v[2 * n:] for k, v in enc.items()})
+        enc["input_ids"] = torch.cat([enc["input_ids"][:2 * n], mlm_ids])
+        out = self.model.encoder(**enc)
+        from sentsim.surrogate.models import mean_pool
+
+        pooled = mean_pool(out.last_hidden_state[:2 * n], enc["attention_mask"][:2 * n])
+        signal = decoder_signal(pooled[:n], pooled[n:], pc.signal_m, pc.signal_n)
+        inp, lab, pad = self._targets(column(batch, "target"), device)
+        l_gen = self.gen_loss(self.decoder(inp, signal, pad), lab)
+        loss = l_gen
+        metrics = {"l_generative": float(l_gen.detach())}
+        if pc.mlm_weight > 0 and bool((mlm_labels != IGNORE).any()):
+            logits = self.mlm_head(out.last_hidden_state[2 * n:])
+            l_mlm = nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), mlm_labels.reshape(-1),
+                                                ignore_index=IGNORE)
+            loss = loss + pc.mlm_weight * l_mlm
+            metrics["l_mlm"] = float(l_mlm.detach())
+        return loss, metrics

@@ -1,0 +1,142 @@
+"""RankEncoder student (../shared/papers/004_*, sections 3.2-3.6).
+
+Inputs: the harvest's `sentences` shards (text, rank_codes: each sentence's ranks of the run's anchor
+set under base encoder E1, section 3.2 Eq. 2) and, for the optional regression term, the harvested
+train pairs (s1, s2, score).
+
+Loss per batch of m sentences (encoded twice; dropout makes the two views differ):
+    l_cl  = InfoNCE(view 1, view 2), in-batch negatives, tau 0.05          (§3.1 Eq. 1, SimCSE)
+    u_i   = g(decoded rank codes of x_i); u_i.u_j = Spearman under E1      (§3.2 Eq. 2-3)
+    l_r   = mean over pairs i<j with 0.5 <= u_i.u_j <= 0.8 of (u_i.u_j - cos(E2 x_i, E2 x_j))^2   (§3.4 Eq. 4, §3.5 Eq. 6)
+    total = max(0.05 * l_r, l_cl)                                          (§3.4 Eq. 5)
+          + score_weight * mean (cos(E2 s1, E2 s2) - harvested score)^2    (issue 7, optional; 003 §3.4's L2)
+A batch whose filter keeps no pair contributes l_cl alone and is counted (`empty_filter_batches`).
+
+Inference (§3.6 Eq. 7): sim = lambda_inf * u_i.u_j + (1 - lambda_inf) * cos, lambda_inf 0.1, with u
+now computed by the trained encoder E2 over the same anchors: `RankEncoderScorer`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from sentsim.losses.infonce import InfoNCELoss
+from sentsim.losses.rank_mse import RankMSELoss, hinge
+from sentsim.students.common import Objective, column, stack_lists, tokenize
+
+ANCHORS_FILE = "rank_anchors.json"
+
+
+class RankEncoderObjective(Objective):
+    name = "rankencoder"
+
+    def __init__(self, model, tok, cfg, pairs=None):
+        super().__init__(model, tok, cfg)
+        rc = cfg.rankencoder
+        self.nce = InfoNCELoss(rc.temperature)
+        self.rank = RankMSELoss(rc.tau_lower, rc.tau_upper)
+        self.pairs = pairs  # dict s1, s2, score (numpy) for the regression term, or None
+        self._rng = np.random.default_rng(cfg.seed)
+        self.empty_filter_batches = 0
+        self.anchors = None  # (ids, texts), saved for the scorer
+
+    def step(self, batch: dict, device):
+        from sentsim.rank import g_normalise
+
+        rc = self.cfg.rankencoder
+        texts = [str(t) for t in column(batch, "text")]
+        m = len(texts)
+        enc = tokenize(self.tok, texts + texts, self.cfg.max_seq_length, device)  # two dropout views, one pass
+        v = self.model.embed(**enc)
+        v1, v2 = v[:m], v[m:]
+        l_cl = self.nce(v1, v2)
+        u = torch.as_tensor(g_normalise(stack_lists(batch["rank_codes"]).astype(np.float64)), device=device)
+        l_r, kept = self.rank(v1, u)
+        if l_r is None:
+            self.empty_filter_batches += 1
+        loss = hinge(l_r, l_cl, rc.lambda_train)
+        metrics = {"l_cl": float(l_cl.detach()), "l_r": None if l_r is None else float(l_r.detach()),
+                   "pairs_kept": kept, "empty_filter_batches": self.empty_filter_batches}
+        if rc.score_weight > 0 and self.pairs is not None and len(self.pairs["score"]):
+            idx = self._rng.choice(len(self.pairs["score"]), size=min(rc.score_batch_size, len(self.pairs["score"])), replace=False)
+            s1 = [self.pairs["s1"][i] for i in idx]
+            s2 = [self.pairs["s2"][i] for i in idx]
+            w = self.model.embed(**tokenize(self.tok, s1 + s2, self.cfg.max_seq_length, device))
+            from sentsim.losses.cosine_regression import CosineRegressionLoss
+
+            y = torch.as_tensor(np.asarray(self.pairs["score"], dtype=np.float32)[idx], device=device)
+            l_s = CosineRegressionLoss()(w[:len(idx)], w[len(idx):], y)
+            loss = loss + rc.score_weight * l_s
+            metrics["l_score"] = float(l_s.detach())
+        return loss, metrics
+
+    def save_extras(self, folder: Path) -> None:
+        if self.anchors is not None:
+            ids, texts = self.anchors
+            (folder / ANCHORS_FILE).write_text(json.dumps(
+                {"lambda_inf": self.cfg.rankencoder.lambda_inf, "anchor_ids": [int(i) for i in ids], "anchors": list(texts)}))
+
+
+# ----------------------------------------------------------------------------- inference
+
+
+def rank_vectors(vectors: np.ndarray, anchor_vectors: np.ndarray) -> np.ndarray:
+    """u = g(ranks of the anchors by cosine to each row), Eq. 2-3."""
+    from sentsim.rank import g_normalise, ranks_from_similarities
+
+    a = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    b = anchor_vectors / np.maximum(np.linalg.norm(anchor_vectors, axis=1, keepdims=True), 1e-12)
+    return g_normalise(ranks_from_similarities(a @ b.T))
+
+
+def rankencoder_similarity(v1: np.ndarray, v2: np.ndarray, anchor_vectors: np.ndarray, lambda_inf: float) -> np.ndarray:
+    """Eq. 7 row-wise: lambda_inf * u_i.u_j + (1 - lambda_inf) * cos(v1_i, v2_i)."""
+    u1, u2 = rank_vectors(v1, anchor_vectors), rank_vectors(v2, anchor_vectors)
+    n1 = v1 / np.maximum(np.linalg.norm(v1, axis=1, keepdims=True), 1e-12)
+    n2 = v2 / np.maximum(np.linalg.norm(v2, axis=1, keepdims=True), 1e-12)
+    cos = np.sum(n1 * n2, axis=1)
+    return lambda_inf * np.einsum("ij,ij->i", u1.astype(np.float64), u2.astype(np.float64)) + (1 - lambda_inf) * cos
+
+
+class RankEncoderScorer:
+    """A scorer for sentsim.evaluation.evaluate: Eq. 7 with the student's own vectors and the anchors
+    saved beside it (rank_anchors.json), or anchors given explicitly."""
+
+    kind = "rankencoder"
+
+    def __init__(self, path: str, lambda_inf: float | None = None, anchors: Sequence[str] | None = None,
+                 batch_size: int = 64, device: str = "cpu"):
+        from sentsim.errors import UsageError
+        from sentsim.evaluation.scorers import load_model_scorer
+
+        meta = {}
+        f = Path(path) / ANCHORS_FILE
+        if f.is_file():
+            meta = json.loads(f.read_text())
+        if anchors is None:
+            anchors = meta.get("anchors")
+        if not anchors:
+            raise UsageError(f"{path}: no {ANCHORS_FILE} beside the model; give the anchor sentences explicitly")
+        self.lambda_inf = float(lambda_inf if lambda_inf is not None else meta.get("lambda_inf", 0.1))
+        self.base = load_model_scorer(path, batch_size, device)
+        self.path = path
+        self.anchor_vectors = self.base.embed(list(anchors))
+        self.n_anchors = len(anchors)
+
+    def info(self) -> dict:
+        return {"kind": self.kind, "model": self.path,
+                "pooling": f"{self.base.pooling}; Eq. 7 lambda_inf={self.lambda_inf} over {self.n_anchors} anchors"}
+
+    def prepare(self, tasks) -> None:
+        self.base.prepare(tasks)
+
+    def begin_task(self, task) -> None:
+        pass
+
+    def score_pairs(self, s1, s2) -> np.ndarray:
+        return rankencoder_similarity(self.base.embed(s1), self.base.embed(s2), self.anchor_vectors, self.lambda_inf)

