@@ -42,7 +42,7 @@ def build_inputs(work: Path, scale: int):
     return corpus, build_index_for(corpus, work / f"index{scale}")
 
 
-def reference_bundle(corpus: Path, out: Path) -> Path:
+def reference_bundle(corpus: Path, out: Path, small: bool = False) -> Path:
     import pyarrow.dataset as ds
 
     from sentsim.context.config import DIRECTIONS, ContextModelConfig
@@ -50,8 +50,12 @@ def reference_bundle(corpus: Path, out: Path) -> Path:
     from sentsim.context.tokenizer import train_bpe
 
     texts = ds.dataset(str(corpus / "sentences")).to_table(columns=["text"]).column("text").to_pylist()
-    tok = train_bpe(texts, 8000)
-    cfg = ContextModelConfig()
+    if small:  # d_model 64, 1+1 layers: for the ratios, which do not depend on model size
+        tok = train_bpe(texts, 2000)
+        cfg = ContextModelConfig(vocab_size=2000, d_model=64, encoder_layers=1, decoder_layers=1, ffn_dim=128)
+    else:
+        tok = train_bpe(texts, 8000)
+        cfg = ContextModelConfig()
     save_bundle(out, cfg, tok, {"shared": build_model(cfg, tok)}, {d: "shared" for d in DIRECTIONS})
     return out
 
@@ -74,6 +78,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--anchors", type=int, default=12)
     ap.add_argument("--context-models", nargs="*")
+    ap.add_argument("--small", action="store_true", help="a d_model-64 model instead of the reference size")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "harvest.md"))
     args = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -83,12 +88,12 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="sentsim-bench-harvest-"))
     corpus1, index1 = build_inputs(work, 1)
-    bundle = args.context_models or [str(reference_bundle(corpus1, work / "ctx"))]
+    bundle = args.context_models or [str(reference_bundle(corpus1, work / "ctx", args.small))]
 
     def cfg_for(corpus, index, out, actors=1, rank=False):
         return harvest_config(
             corpus, index, bundle[0], out, context_models=bundle,
-            anchors={"n": args.anchors, "per_unit": 2}, contexts={"size": 32, "retrieve_chunks": 500},
+            anchors={"n": args.anchors, "per_unit": 1}, contexts={"size": 32, "retrieve_chunks": 500},
             rank={"enabled": rank, "n_anchors": 2000},
             scoring={"batch_tokens": 8192, "torch_threads": 1 if actors > 1 else 0},
             resources={"scoring": {"num_cpus": 0.5, "min_actors": actors, "max_actors": actors}},

@@ -1,6 +1,11 @@
-"""Ray job entry point for `sentsim eval sts` (same flags)."""
+"""Ray job: `ray job submit --working-dir . -- python jobs/eval_sts.py ...` (the flags of `sentsim eval sts`)."""
+
+import os
 import sys
 
-from sentsim.cli import main
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-sys.exit(main(["eval", "sts", *sys.argv[1:]]))
+from sentsim.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["eval", "sts", *sys.argv[1:]]))

@@ -1,3 +1,11 @@
+"""Ray job: `ray job submit --working-dir . -- python jobs/train_context_model.py ...` (the flags of `sentsim train context`)."""
+
+import os
 import sys
-from sentsim.cli import main
-sys.exit(main(["train", "context", *sys.argv[1:]]))
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sentsim.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["train", "context", *sys.argv[1:]]))

@@ -1,6 +1,11 @@
-"""Ray job entry point for `sentsim train surrogate` (same flags)."""
+"""Ray job: `ray job submit --working-dir . -- python jobs/train_surrogate.py ...` (the flags of `sentsim train surrogate`)."""
+
+import os
 import sys
 
-from sentsim.cli import main
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-sys.exit(main(["train", "surrogate", *sys.argv[1:]]))
+from sentsim.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["train", "surrogate", *sys.argv[1:]]))
