@@ -6,7 +6,6 @@ import datetime as _dt
 import hashlib
 import io
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional
 

@@ -70,3 +70,24 @@ def sentsim_cli(*args, env=None, timeout=600, cwd=None) -> subprocess.CompletedP
     return subprocess.run(
         [exe, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or ROOT
     )
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A module's own in-process Ray; address="local" never attaches to another cluster here."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """2 shared cores: OpenMP spinning across threads costs 10-50x on small matmuls."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -24,12 +24,8 @@ TRAIN = dict(lr=3e-3, warmup_steps=20, batch_tokens=1500, heldout_percent=20, he
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # 2 shared cores: OpenMP spinning across threads costs 10-50x on small matmuls
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_torch_thread):
     yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

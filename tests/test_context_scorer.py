@@ -21,12 +21,8 @@ TINY = dict(vocab_size=600, d_model=48, encoder_layers=1, decoder_layers=1, atte
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # 2 shared cores: OpenMP spinning across threads costs 10-50x on small matmuls
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_torch_thread):
     yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -33,16 +32,6 @@ def _build(tmp: Path, name: str, lines: list[str]) -> Path:
         f.writelines(lines)
     build_corpus([str(src)], str(tmp / name), executor="inline", quiet=True)
     return tmp / name
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

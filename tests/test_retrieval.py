@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -28,16 +27,6 @@ def build_small_corpus(tmp: Path, docs: list[dict], name: str) -> Path:
     out = tmp / name
     build_corpus([str(src)], str(out), executor="inline", quiet=True)
     return out
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

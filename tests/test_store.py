@@ -144,7 +144,7 @@ def test_s3_write_resume_and_verify(s3_server, sample_path, speech_corpus):
     assert m["complete"] and m["completed_units"] == 5
     assert verify_store(uri) == []
     store = ShardStore(uri)
-    table = ds.dataset(f"sentsim/runs/speech/sentences", filesystem=store.fs).to_table().sort_by("sentence_id")
+    table = ds.dataset("sentsim/runs/speech/sentences", filesystem=store.fs).to_table().sort_by("sentence_id")
     assert table.equals(ds.dataset(str(speech_corpus / "sentences")).to_table().sort_by("sentence_id"))
     # lose one unit's marker: resume redoes exactly that unit, through the same S3 code path
     store.fs.delete_file("sentsim/runs/speech/_units/00002.json")

@@ -9,7 +9,7 @@ seed and the anchor id, so a resumed unit samples exactly the pairs it sampled b
 from __future__ import annotations
 
 import hashlib
-from typing import Dict, List, Sequence, Set, Tuple
+from typing import List, Sequence, Set, Tuple
 
 import numpy as np
 
