@@ -18,11 +18,11 @@ class CorpusIndex:
     def __init__(self, corpus: str):
         self.path = corpus
         self.fingerprint = corpus_fingerprint(corpus)
-        self.sentences = SentenceTable.load(corpus)
-        t = read_table(corpus, "sentences", ["sentence_id", "n_tokens"])
+        # one read of the sentence shards serves both the texts and the token counts
+        t = read_table(corpus, "sentences", ["sentence_id", "text", "n_tokens"])
         ids = t.column("sentence_id").to_numpy().astype(np.int64)
-        order = np.argsort(ids, kind="stable")
-        self.n_tokens = t.column("n_tokens").to_numpy()[order]
+        self.sentences = SentenceTable(ids, t.column("text").to_pylist())
+        self.n_tokens = t.column("n_tokens").to_numpy()[np.argsort(ids, kind="stable")]
         self.chunks = ChunkTable.load(corpus)
 
     @property
