@@ -23,9 +23,7 @@ TRAIN = dict(lr=3e-3, warmup_steps=20, batch_tokens=1500, heldout_percent=20, he
              tokenizer_sentences=5000, shuffle_buffer=512, torch_threads=1, cpus_per_worker=0.5)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread(one_torch_thread):
-    yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

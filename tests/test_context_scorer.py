@@ -20,9 +20,7 @@ TINY = dict(vocab_size=600, d_model=48, encoder_layers=1, decoder_layers=1, atte
             dropout=0.0, context_sentences=2, max_source_tokens=96, max_target_tokens=40)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread(one_torch_thread):
-    yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
