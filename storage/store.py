@@ -18,6 +18,7 @@ from storage import fs as sfs
 
 MANIFEST = "manifest.json"
 UNITS_DIR = "_units"
+SIDE_DIR = "_side"  # run-level tables that belong to no unit (e.g. the harvest's rank anchors)
 COMPLETE = "_COMPLETE"
 FORMAT_VERSION = 1
 
@@ -151,7 +152,7 @@ class ShardStore:
     def sweep_temp(self, tables: Iterable[str]) -> int:
         """Delete temporary files a killed writer left behind. They were never visible to readers."""
         n = 0
-        for name in list(tables) + [UNITS_DIR]:
+        for name in list(tables) + [UNITS_DIR, SIDE_DIR]:
             d = self.path(name)
             if not sfs.exists(self.fs, d):
                 continue
@@ -162,7 +163,7 @@ class ShardStore:
         return n
 
     def clear(self, tables: Iterable[str]) -> None:
-        for name in list(tables) + [UNITS_DIR]:
+        for name in list(tables) + [UNITS_DIR, SIDE_DIR]:
             d = self.path(name)
             if sfs.exists(self.fs, d):
                 self.fs.delete_dir(d)
@@ -261,6 +262,58 @@ class ShardStore:
         if manifest["complete"]:
             sfs.write_bytes_atomic(self.fs, self.path(COMPLETE), manifest["fingerprint"].encode())
         return manifest
+
+    # ---- side tables ----------------------------------------------------------------------
+    def side_path(self, name: str) -> str:
+        return self.path(SIDE_DIR, f"{name}.parquet")
+
+    def write_side_table(self, name: str, data: pa.Table, fingerprint: str) -> dict:
+        """A run-level table written once (not per unit): Parquet first, then its record with the
+        checksum, both atomic, so a reader sees the whole table or none of it."""
+        buf = io.BytesIO()
+        pq.write_table(data, buf, compression="zstd")
+        blob = buf.getvalue()
+        sfs.write_bytes_atomic(self.fs, self.side_path(name), blob)
+        record = {"name": name, "path": f"{SIDE_DIR}/{name}.parquet", "rows": data.num_rows, "bytes": len(blob),
+                  "sha256": hashlib.sha256(blob).hexdigest(), "fingerprint": fingerprint, "written": _now()}
+        sfs.write_bytes_atomic(self.fs, self.path(SIDE_DIR, f"{name}.json"), json.dumps(record, sort_keys=True).encode())
+        return record
+
+    def side_records(self) -> Dict[str, dict]:
+        d = self.path(SIDE_DIR)
+        out: Dict[str, dict] = {}
+        if not sfs.exists(self.fs, d):
+            return out
+        for info in self.fs.get_file_info(pafs.FileSelector(d)):
+            if info.base_name.endswith(".json") and not info.base_name.startswith("."):
+                try:
+                    rec = json.loads(sfs.read_bytes(self.fs, info.path))
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    rec = {"name": info.base_name[:-5], "path": f"{SIDE_DIR}/{info.base_name[:-5]}.parquet", "broken": True}
+                out[rec.get("name", info.base_name[:-5])] = rec
+        return out
+
+    def check_side_table(self, record: dict) -> Optional[str]:
+        if record.get("broken"):
+            return f"{record['path']}: its record is not valid JSON"
+        p = self.path(record["path"])
+        if not sfs.exists(self.fs, p):
+            return f"{record['path']}: missing"
+        digest, size = sfs.sha256_file(self.fs, p)
+        if digest != record["sha256"]:
+            return f"{record['path']}: checksum mismatch (edited or corrupt)"
+        return None
+
+    def read_side_table(self, name: str, fingerprint: Optional[str] = None) -> Optional[pa.Table]:
+        """The side table if it was written (for this fingerprint, when given) and checks out, else None."""
+        rec = self.side_records().get(name)
+        if rec is None or (fingerprint is not None and rec.get("fingerprint") != fingerprint):
+            return None
+        problem = self.check_side_table(rec)
+        if problem:
+            raise StoreError(f"{self.uri}/{problem}")
+        with self.fs.open_input_file(self.path(rec["path"])) as fh:
+            return pq.read_table(fh)
 
     def is_complete(self) -> bool:
         return sfs.exists(self.fs, self.path(COMPLETE))

@@ -60,6 +60,12 @@ def verify_store(uri: str) -> List[str]:
             rel = f"{table}/{info.base_name}"
             if info.base_name.endswith(".parquet") and not info.base_name.startswith(".") and rel not in claimed:
                 problems.append(f"{rel}: no completion marker (partial unit or foreign file)")
+    for name, rec in sorted(store.side_records().items()):
+        problem = store.check_side_table(rec)
+        if problem is None and rec.get("fingerprint") != fp:
+            problem = f"{rec['path']}: written by another run (fingerprint {rec.get('fingerprint')})"
+        if problem:
+            problems.append(problem)
     planned = manifest.get("planned_units")
     if planned is not None:
         missing = [u for u in range(planned) if u not in markers]

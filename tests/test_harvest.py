@@ -59,6 +59,31 @@ def test_inline_harvest_rows(inline_run):
     assert verify_store(str(out)) == []
 
 
+def test_rank_anchors_are_stored_with_the_run(inline_run, tmp_path):
+    """The anchor set behind the rank vectors travels with the run: students read it back even
+    when the corpus is gone, and a corrupt anchor table is named by `store verify`."""
+    from sentsim.errors import UsageError
+    from sentsim.rank.targets import sample_anchors
+    from sentsim.students.data import recover_anchors
+    from storage import verify_store
+
+    cfg, out = inline_run
+    ids, texts = sample_anchors(cfg.corpus, cfg.rank.n_anchors, seed=cfg.seed + 1)
+    stored = ds.dataset(str(out / "_side" / "rank_anchors.parquet")).to_table()
+    assert stored.column("sentence_id").to_pylist() == ids.tolist() and stored.column("text").to_pylist() == texts
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    m = json.loads((copy / "manifest.json").read_text())
+    m["config"]["corpus"] = str(tmp_path / "moved-away")
+    got_ids, got_texts = recover_anchors(m, copy)
+    assert got_ids.tolist() == ids.tolist() and got_texts == texts
+    side = copy / "_side" / "rank_anchors.parquet"
+    side.write_bytes(side.read_bytes()[:-20] + b"x" * 20)
+    assert verify_store(str(copy)) == ["_side/rank_anchors.parquet: checksum mismatch (edited or corrupt)"]
+    with pytest.raises(UsageError, match="rank_anchors.parquet: checksum mismatch"):
+        recover_anchors(m, copy)
+
+
 def test_eq4_value_of_one_pair_matches_direct_computation(inline_run, inputs):
     """Recompute one pair's score from the scorer directly: Eq. 3 per (sentence, context), Eq. 4 over C_s1 + C_s2."""
     from sentsim.context.scorer import ContextItem, ContextScorer

@@ -22,6 +22,7 @@ from sentsim.pipeline import run_pipeline
 from storage import ShardStore
 
 STAGE = "harvest"
+ANCHORS_TABLE = "rank_anchors"  # side table: the anchor sentences behind every rank vector
 
 
 def read_pairs_file(path: str) -> List[tuple]:
@@ -151,7 +152,6 @@ def harvest(
     quiet: bool = False, max_units: Optional[int] = None,
 ) -> dict:
     from sentsim.harvest.corpus_index import CorpusIndex
-    from sentsim.rank.targets import sample_anchors
     from sentsim.context.model import read_bundle_meta
 
     corpus = CorpusIndex(cfg.corpus)
@@ -170,7 +170,7 @@ def harvest(
     window = int(read_bundle_meta(cfg.context_models[0]).get("model_config", {}).get("context_sentences", 1))
     anchor_ids = anchor_texts = None
     if cfg.rank.enabled:
-        anchor_ids, anchor_texts = sample_anchors(cfg.corpus, cfg.rank.n_anchors, seed=cfg.seed + 1)
+        anchor_ids, anchor_texts = run_anchors(cfg, store, fp)
     rng = np.random.default_rng(cfg.seed + 2)
     refs = [t for t in corpus.texts(rng.choice(corpus.ids, size=min(cfg.reference_sentences, len(corpus.ids)), replace=False))]
     if executor == "ray":
@@ -197,6 +197,24 @@ def harvest(
     manifest = store.finalize(len(units), {"plan": plan_info})
     write_report(cfg.out, manifest, progress, wall)
     return store.read_manifest()
+
+
+def run_anchors(cfg: HarvestConfig, store: ShardStore, fp: str) -> tuple[np.ndarray, list]:
+    """The rank-vector anchor set (004 §3.2), sampled once and stored with the run as the side
+    table `rank_anchors`, so students read the exact anchors back instead of re-sampling the corpus
+    (which may have moved or changed). A resumed run reuses the stored set."""
+    import pyarrow as pa
+
+    from sentsim.rank.targets import sample_anchors
+
+    stored = store.read_side_table(ANCHORS_TABLE, fingerprint=fp)
+    if stored is not None:
+        return stored.column("sentence_id").to_numpy(), stored.column("text").to_pylist()
+    ids, texts = sample_anchors(cfg.corpus, cfg.rank.n_anchors, seed=cfg.seed + 1)
+    table = pa.table({"anchor": pa.array(np.arange(len(ids)), pa.int32()), "sentence_id": pa.array(ids, pa.int64()),
+                      "text": pa.array(texts, pa.string())})
+    store.write_side_table(ANCHORS_TABLE, table, fp)
+    return ids, texts
 
 
 def _r(r):

@@ -106,9 +106,15 @@ def rank_sentences(root: Path, manifest: dict) -> tuple[pa.Table, int]:
 
 
 def recover_anchors(manifest: dict, root: Path) -> tuple[np.ndarray, list[str]]:
-    """The harvest's anchor sentences, re-sampled exactly as the harvest did (seed + 1 over its corpus)."""
+    """The harvest's anchor sentences: the run's `rank_anchors` side table when it has one (harvests
+    from this version on), else re-sampled exactly as older harvests did (seed + 1 over the corpus)."""
+    from sentsim.harvest.job import ANCHORS_TABLE
     from sentsim.rank.targets import sample_anchors
+    from storage import ShardStore
 
+    stored = ShardStore(str(root)).read_side_table(ANCHORS_TABLE, fingerprint=manifest.get("fingerprint"))
+    if stored is not None:
+        return stored.column("sentence_id").to_numpy(), stored.column("text").to_pylist()
     cfg = manifest.get("config") or {}
     corpus = cfg.get("corpus")
     if not corpus or not Path(corpus, "sentences").is_dir():
