@@ -75,3 +75,15 @@ def run_measured(cmd: List[str], env=None) -> tuple[float, int, str]:
 
 def median(xs):
     return statistics.median(xs)
+
+
+def append_results(path, lines: List[str]) -> None:
+    """Append a Markdown section to a results file (runs accumulate; BENCHMARKS.md quotes them) and echo it."""
+    from pathlib import Path
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(lines) + "\n"
+    with open(out, "a") as fh:
+        fh.write(text)
+    print(text, end="")

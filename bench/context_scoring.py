@@ -24,7 +24,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from common import append_results  # noqa: E402
 from sentsim.context.config import ContextModelConfig, ScorerConfig  # noqa: E402
 from sentsim.context.devcorpus import write_dev_corpus  # noqa: E402
 from sentsim.context.model import build_model  # noqa: E402
@@ -154,11 +156,7 @@ def main(argv=None) -> int:
             f"{r['model_flops_per_s'] / 1e9:.1f} | {r['matmul_flops_per_s'] / 1e9:.1f} | {100 * r['mfu']:.1f}% | {r['padding_fraction']:.3f} / "
             f"{r['encoder_padding']:.3f} / {r['decoder_padding']:.3f} | {r['encoder_rows']:.0f} / {r['decoder_rows']:.0f} |")
     lines.append("")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "a") as fh:
-        fh.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    append_results(args.out, lines)
     return 0
 
 

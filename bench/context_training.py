@@ -21,7 +21,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from common import append_results  # noqa: E402
 from sentsim.config import load_config  # noqa: E402
 from sentsim.context.config import ContextTrainConfig  # noqa: E402
 from sentsim.context.train import train_context  # noqa: E402
@@ -81,11 +83,7 @@ def main(argv=None) -> int:
                 lines.append(f"| {h['step']} | {h.get('target_tokens_seen', 0):,} | "
                              + " | ".join(f"{e['context_gap']:+.4f}" for e in h["eval"].values()) + " |")
         lines.append("")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "a") as fh:
-        fh.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    append_results(args.out, lines)
     return 0
 
 
