@@ -38,7 +38,8 @@ def bootstrap(pred, gold, n=1000, seed=0):
     for _ in range(n):
         i = rng.integers(0, len(pred), len(pred))
         stats.append(spearmanr(pred[i], gold[i]).statistic * 100)
-    return spearmanr(pred, gold).statistic * 100, np.percentile(stats, 2.5), np.percentile(stats, 97.5), int(ok.sum())
+    # a resample with constant predictions has no Spearman (nan): leave it out of the interval
+    return spearmanr(pred, gold).statistic * 100, np.nanpercentile(stats, 2.5), np.nanpercentile(stats, 97.5), int(ok.sum())
 
 
 def main() -> None:
@@ -93,9 +94,16 @@ def main() -> None:
 
     tf.begin_task(SimpleNamespace(sets=[SimpleNamespace(s1=list(origin.s1), s2=list(origin.s2))]))
     rows.append(("TF-IDF cosine baseline",) + bootstrap(np.asarray(tf.score_pairs(list(origin.s1), list(origin.s2))), gold))
+    gaps = []
+    for m in args.context_models:  # the issue asks for the context models' context-use gap alongside
+        runs = (json.loads((Path(m) / "context.json").read_text()).get("trained") or {}).get("runs") or {}
+        for name, r in runs.items():
+            ev = r.get("final_eval") or {}
+            gaps.append(f"{Path(m).name}/{name}: " + ", ".join(f"{d} {e['context_gap']:+.3f}" for d, e in ev.items()))
     out = [f"Machine: {machine()}",
            f"Command: `{' '.join(sys.argv)}`: {len(origin)} STS-B test pairs (seeded sample), |C_s| = {args.size}, "
-           f"Origin harvest {t_origin:.0f}s, random ablation {t_rand:.0f}s.", "",
+           f"Origin harvest {t_origin:.0f}s, random ablation {t_rand:.0f}s.",
+           f"Context-use gap of the context models (nats/token, held-out): {'; '.join(gaps) or 'not recorded'}.", "",
            "| scorer | Spearman x 100 | 95% bootstrap interval | pairs scored |", "|---|---|---|---|"]
     for name, rho, lo, hi, n in rows:
         out.append(f"| {name} | {rho:.1f} | [{lo:.1f}, {hi:.1f}] | {n} |")
