@@ -1,4 +1,9 @@
-"""`sentsim index build --corpus DIR --out DIR [--backend sklearn]`."""
+"""`sentsim index build --corpus DIR --out DIR [--backend sklearn] [--workers N]`.
+
+`--workers 1` (the default) builds in this process, without Ray. With N >= 2 the sklearn backend
+counts n-grams and writes shards in N Ray tasks (on --address, RAY_ADDRESS or a local Ray) and
+writes the same index; the lucene backend indexes with N Anserini threads.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--backend", choices=["sklearn", "lucene"], default=None,
                         help="retrieval backend (default: the config's, sklearn)")
     parser.add_argument("--shards", type=int, default=None, metavar="N", help="number of index shards (n_shards)")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="parallel build: N Ray tasks (sklearn) or N indexing threads (lucene); "
+                             "1 (default) builds in this process without Ray")
     add_config_arguments(parser)
 
 
@@ -26,9 +34,16 @@ def run(args) -> int:
 
     if not Path(args.corpus).is_dir():
         raise UsageError(f"--corpus {args.corpus}: no such directory")
+    if args.workers < 1:
+        raise UsageError(f"--workers must be at least 1 (got {args.workers})")
     cfg = load_config(IndexConfig, args.config, args.overrides, backend=args.backend, n_shards=args.shards)
-    manifest = build_index(args.corpus, args.out, cfg)
-    summary = {k: manifest[k] for k in ("backend", "n_chunks", "vocab_size", "build_seconds", "size_bytes", "corpus_fingerprint")}
+    if cfg.backend == "sklearn" and args.workers > 1:
+        from sentsim.runtime import init_ray
+
+        init_ray(args.address)
+    manifest = build_index(args.corpus, args.out, cfg, workers=args.workers)
+    summary = {k: manifest[k] for k in ("backend", "similarity", "n_chunks", "vocab_size", "build_seconds",
+                                        "build_workers", "size_bytes", "corpus_fingerprint")}
     summary["n_shards"] = len(manifest["shards"])
     print(json.dumps(summary))
     return 0

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal, Optional, Sequence
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sentsim.config import Section
 from sentsim.errors import UsageError
@@ -35,6 +35,35 @@ class IndexConfig(Section):
     lowercase: bool = True
     # Word tokens of one or more word characters (keeps "I", "a", digits).
     token_pattern: str = r"(?u)\b\w+\b"
+    # How a chunk is scored for a query. None is the backend's default: "tfidf" for sklearn (cosine of
+    # L2-normalised tf-idf vectors, the paper's "TF-IDF weighted" vectors), "bm25" for lucene.
+    # "classic" is Lucene's ClassicSimilarity and "bm25" Lucene's BM25Similarity; both backends
+    # compute those two the same way, so they return the same hits. Stored in the index manifest;
+    # the sklearn backend bakes it into the index, the lucene backend applies it at search time
+    # (LuceneRetriever(similarity=...) can override it without a rebuild).
+    similarity: Optional[Literal["tfidf", "classic", "bm25"]] = None
+    bm25_k1: float = Field(0.9, gt=0.0)  # Anserini's defaults
+    bm25_b: float = Field(0.4, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _check_similarity(self):
+        if self.backend == "lucene" and self.similarity == "tfidf":
+            raise ValueError("similarity: the lucene backend scores by bm25 or classic, not tfidf")
+        return self
+
+    @property
+    def scoring(self) -> str:
+        """The similarity in effect: the configured one, else the backend's default."""
+        return self.similarity or ("tfidf" if self.backend == "sklearn" else "bm25")
+
+    def semantic(self) -> dict:
+        """The config as hashed into an index fingerprint. Keys added after v1 are left out while
+        they hold their defaults, so an index rebuilt with default settings keeps its fingerprint."""
+        d = self.model_dump()
+        for k, default in (("similarity", None), ("bm25_k1", 0.9), ("bm25_b", 0.4)):
+            if d.get(k) == default:
+                d.pop(k)
+        return d
 
 
 class Retriever(abc.ABC):

