@@ -48,7 +48,7 @@ def tiny_backbone(tmp_path_factory):
     return out
 
 
-def _train(objective, harvest_dir, backbone, out, **over):
+def _train(objective, harvest_dir, backbone, out, executor="inline", **over):
     from sentsim.config import load_config
     from sentsim.students import StudentConfig, train_student
 
@@ -56,7 +56,7 @@ def _train(objective, harvest_dir, backbone, out, **over):
     base.update(over)
     sets = [f"{k}={json.dumps(v) if isinstance(v, (dict, list)) else v}" for k, v in base.items()]
     cfg = load_config(StudentConfig, None, sets, objective=objective)
-    return train_student(cfg, data=str(harvest_dir), backbone=str(backbone), out=str(out), executor="inline",
+    return train_student(cfg, data=str(harvest_dir), backbone=str(backbone), out=str(out), executor=executor,
                          verbose=False)
 
 
@@ -174,3 +174,92 @@ def test_paser_trains_and_saves_the_encoder_without_its_decoder(harvest_dir, tin
     with safe_open(str(tmp_path / "paser" / "model" / "model.safetensors"), "pt") as f:
         keys = list(f.keys())
     assert keys and not any("decoder" in k or "cls." in k or "positions" in k for k in keys)
+
+
+# ---------------------------------------------------------------- the Ray Train path and resume
+
+
+def _checkpoint_with_last_step(root):
+    """The checkpoint folder under a Ray Train storage path whose history ends at the latest step."""
+    found = [(json.loads((h.parent / "history.json").read_text())[-1]["step"], h.parent)
+             for h in root.rglob("state.pt")]
+    return max(found)[1]
+
+
+def test_rankencoder_on_ray_train_exports_what_it_trained(harvest_dir, tiny_backbone, tmp_path, ray_local,
+                                                          one_torch_thread):
+    """TorchTrainer on the module's local Ray, two DDP workers at half a CPU each: the loss falls, and the
+    exported folder reloads with sentence-transformers and embeds as the trained model does. (Resume on
+    Ray Train, with another worker count, is the shared loop's and is tested with the surrogate.)"""
+    import torch
+
+    from sentsim.config import load_config
+    from sentsim.students import StudentConfig
+    from sentsim.students.train import build_objective
+
+    out = tmp_path / "ray_re"
+    s = _train("rankencoder", harvest_dir, tiny_backbone, out, executor="ray", epochs=20, max_steps=12, eval_every=4,
+               num_workers=2, cpus_per_worker=0.5)
+    assert [h["step"] for h in s["history"]] == list(range(13))
+    assert (out / "ray" / "rankencoder").is_dir() and not (out / "checkpoint").exists()
+    _falls(s)
+    assert (out / "curves" / "rankencoder.png").stat().st_size > 1000
+
+    # the trained weights as the objective holds them in memory, against the exported folder
+    sents = ["A man is playing a flute.", "Congress passed the bill.", "The economy grew last year."]
+    cfg = load_config(StudentConfig, None, ["max_seq_length=32"], objective="rankencoder")
+    obj, _ = build_objective(cfg, str(_checkpoint_with_last_step(out / "ray") / "model"), "pretrained", {})
+    obj.eval()
+    with torch.no_grad():
+        mine = obj.embed(sents, torch.device("cpu")).numpy()
+    st = _reload(s["model"], 64)
+    np.testing.assert_allclose(st.encode(sents, convert_to_numpy=True), mine, atol=1e-5)
+    assert json.loads((out / "model" / "rank_anchors.json").read_text())["lambda_inf"] == 0.1
+
+
+def test_killed_inline_run_resumes_from_its_checkpoint(harvest_dir, tiny_backbone, tmp_path):
+    """The Ray job file run as a process and killed (SIGKILL) mid-run; the same command with the same
+    --out picks up at the checkpoint's step and its history continues unbroken."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    from sentsim.training.loop import inline_checkpoint
+
+    out = tmp_path / "killed"
+    cmd = [sys.executable, str(ROOT / "jobs" / "train_student.py"), "--objective", "rankencoder", "--executor", "inline",
+           "--data", str(harvest_dir), "--backbone", str(tiny_backbone), "--out", str(out),
+           "--set", "batch_size=8", "--set", "lr=1e-3", "--set", "log_every=1", "--set", "eval_every=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd + ["--epochs", "200"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    def saved_step():
+        try:  # the loop may be swapping the checkpoint folder in just now
+            return json.loads((inline_checkpoint(out) / "history.json").read_text())[-1]["step"]
+        except (TypeError, OSError, ValueError):
+            return -1
+
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline and proc.poll() is None and saved_step() < 4:
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]  # killed mid-run, not finished
+    ck = inline_checkpoint(out)
+    saved = json.loads((ck / "history.json").read_text())
+    at = saved[-1]["step"]
+    assert at >= 4 and at % 2 == 0
+
+    r = subprocess.run(cmd + ["--epochs", "200", "--max-steps", str(at + 4)], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"resuming at step {at}, {at + 4} steps" in r.stdout
+    s = json.loads((out / "summary.json").read_text())
+    assert [h["step"] for h in s["history"]] == list(range(at + 5))
+    assert s["history"][:at + 1] == saved
+    _reload(s["model"], 64)

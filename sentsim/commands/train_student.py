@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from sentsim.config import add_config_arguments, load_config
+from sentsim.config import load_config
+from sentsim.training.cli import add_training_arguments, training_overrides
 
 COMMAND = ("train", "student")
 HELP = "train a student encoder (rankencoder | rse | paser) from harvested shards"
@@ -11,21 +12,12 @@ HELP = "train a student encoder (rankencoder | rse | paser) from harvested shard
 def add_arguments(parser) -> None:
     parser.add_argument("--objective", choices=["rankencoder", "rse", "paser"], default=None,
                         help="rankencoder (004: rank-vector targets), rse (000: relational), paser (002: phrase reconstruction)")
-    parser.add_argument("--data", metavar="HARVEST_DIR", help="harvest output: sentences/, pairs/, manifest.json")
-    parser.add_argument("--backbone", required=True, metavar="PATH",
-                        help="transformers or sentence-transformers folder; with --init scratch only its tokenizer is used")
-    parser.add_argument("--out", required=True, metavar="DIR",
-                        help="output: model/ (sentence-transformers folder), summary.json, ray/ checkpoints; same DIR resumes")
-    parser.add_argument("--init", choices=["pretrained", "scratch"], default=None)
     parser.add_argument("--triples", metavar="FILE", help="rse: JSONL/Parquet of s_i, relation, s_j[, hard_negative]")
     parser.add_argument("--eval-sts", metavar="DIR", help="after training, run the STS suite found under DIR")
     parser.add_argument("--executor", choices=["ray", "inline"], default="ray",
                         help="ray: Ray Train (default); inline: one process, no Ray (development)")
-    parser.add_argument("--num-workers", type=int, default=None, help="DDP workers")
-    parser.add_argument("--epochs", type=int, default=None)
-    parser.add_argument("--max-steps", type=int, default=None)
-    parser.add_argument("--restart", action="store_true", help="discard the checkpoints under --out and start over")
-    add_config_arguments(parser)
+    add_training_arguments(parser, data_help="harvest output: sentences/, pairs/, manifest.json",
+                           out_help="output: model/ (sentence-transformers folder), summary.json, curves/, ray/ checkpoints")
 
 
 def run(args) -> int:
@@ -34,8 +26,7 @@ def run(args) -> int:
     overrides = list(args.overrides)
     if args.triples:
         overrides.append(f"rse.triples={args.triples}")
-    cfg = load_config(StudentConfig, args.config, overrides, objective=args.objective, init=args.init,
-                      num_workers=args.num_workers, epochs=args.epochs, max_steps=args.max_steps)
+    cfg = load_config(StudentConfig, args.config, overrides, objective=args.objective, **training_overrides(args))
     s = train_student(cfg, data=args.data, backbone=args.backbone, out=args.out, address=args.address,
                       executor=args.executor, restart=args.restart, eval_sts=args.eval_sts)
     first, last = s["first_loss"], s["last_loss"]

@@ -1,4 +1,6 @@
-"""Configuration of `sentsim train student`. Defaults cite the paper section they follow."""
+"""Configuration of `sentsim train student`. Defaults cite the paper section they follow; the keys
+every trainer shares (init, epochs, max_steps, workers, GPU, bf16, seed, scratch, ...) come from
+sentsim.training.config."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from typing import Literal, Optional
 from pydantic import Field, model_validator
 
 from sentsim.config import Section
-from sentsim.surrogate.config import ScratchConfig
+from sentsim.training.config import TrainingSection
 
 
 class RankEncoderConfig(Section):
@@ -62,26 +64,16 @@ class PaSeRConfig(Section):
     token_reordering: float = Field(0.0, ge=0, le=1)
 
 
-class StudentConfig(Section):
+class StudentConfig(TrainingSection):
     objective: Literal["rankencoder", "rse", "paser"] = "rankencoder"
-    init: Literal["pretrained", "scratch"] = "pretrained"
-    epochs: int = Field(1, ge=1)
     batch_size: int = Field(64, ge=2)             # 004 follows SimCSE (64); 002 §4.2 picks from 32/64/96
     lr: float = Field(3e-5, gt=0)                 # SimCSE / PaSeR §4.2: 3e-5
     warmup_ratio: float = Field(0.0, ge=0, le=1)  # 000 appendix D: no warm-up
     weight_decay: float = Field(0.0, ge=0)        # 000 appendix D: no weight decay
-    max_grad_norm: float = Field(1.0, gt=0)
     max_seq_length: int = Field(32, ge=8)         # SimCSE / 000 appendix D / 002 §4.2: 32
-    max_steps: int = Field(0, ge=0)
     log_every: int = Field(10, ge=1)
     eval_every: int = Field(250, ge=1)            # 000 §4.1 evaluates every 125 steps; checkpoints too
     eval_max_pairs: int = Field(2000, ge=10)
-    num_workers: int = Field(1, ge=1)
-    cpus_per_worker: float = Field(1.0, gt=0)
-    use_gpu: Optional[bool] = None
-    checkpoints_to_keep: int = Field(2, ge=1)
-    seed: int = 0
-    scratch: ScratchConfig = ScratchConfig()
     rankencoder: RankEncoderConfig = RankEncoderConfig()
     rse: RSEConfig = RSEConfig()
     paser: PaSeRConfig = PaSeRConfig()

@@ -75,6 +75,16 @@ class RankEncoderObjective(Objective):
             metrics["l_score"] = float(l_s.detach())
         return loss, metrics
 
+    def extra_state(self) -> dict:
+        return {**super().extra_state(), "empty_filter_batches": self.empty_filter_batches}
+
+    def load_extra_state(self, state: dict) -> None:
+        super().load_extra_state(state)
+        self.empty_filter_batches = int(state.get("empty_filter_batches", 0))  # the count spans a resume
+
+    def result(self) -> dict:
+        return {"empty_filter_batches": self.empty_filter_batches}
+
     def save_extras(self, folder: Path) -> None:
         if self.anchors is not None:
             ids, texts = self.anchors

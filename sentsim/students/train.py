@@ -1,40 +1,34 @@
-"""`train_student`: validate the inputs on the driver, train one objective on Ray Train (or inline,
-in-process, for development and tests), export a sentence-transformers folder.
+"""`train_student`: validate the inputs on the driver, train one objective through the shared loop
+(sentsim.training: Ray Train, or inline in-process for development and tests), export a
+sentence-transformers folder.
 
 Shared with the surrogate (sentsim.surrogate): backbone checks and construction (`check_backbone`,
 `build_model`, `resolve_backbone`), checkpoint format (`save_hf`), export (`export_model`: Transformer +
-mean Pooling), the dev metric (`predict`, `_metrics`), `quiet_progress`, and the STS evaluator
-(sentsim.evaluation) as the end-of-run hook. What differs per objective lives in rankencoder.py,
-rse.py and paser.py, side by side.
+mean Pooling), the dev metric (sentsim.surrogate.trainee), and the STS evaluator (sentsim.evaluation)
+as the end-of-run hook. What differs per objective lives in rankencoder.py, rse.py and paser.py, side
+by side; each objective is a Trainee of the shared loop (students.common.Objective).
 
 OUT/ holds model/ (the student; plus rank_anchors.json or relations.json for the inference
-scorers), summary.json (config, data counts, history, skips), ray/ (Ray Train checkpoints; a rerun
-with the same --out resumes) or checkpoint/ (inline), and eval.json/eval.md with --eval-sts.
+scorers), summary.json (config, data counts, history, skips), curves/<objective>.json and .png,
+run.json, ray/ (Ray Train checkpoints; a rerun with the same --out resumes) or checkpoint/ (inline,
+resumed the same way), and eval.json/eval.md with --eval-sts.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Optional
-
-import numpy as np
-import pyarrow as pa
 
 from sentsim.config import fingerprint
 from sentsim.errors import UsageError
 from sentsim.students.config import StudentConfig
+from sentsim.training.config import RESUMABLE_KEYS
+from sentsim.training.run import TrainingDiverged, claim_out, fit, loop_settings, plan_steps, quiet_progress, write_curves
 
-RESUMABLE_KEYS = ("epochs", "max_steps", "eval_every", "log_every", "num_workers", "cpus_per_worker", "use_gpu",
-                  "checkpoints_to_keep")
-
-
-class TrainingDiverged(UsageError):
-    """The loss stopped being finite."""
+__all__ = ["TrainingDiverged", "evaluate_student", "train_student"]
 
 
 # ----------------------------------------------------------------------------- driver: data
@@ -153,182 +147,20 @@ def build_objective(cfg: StudentConfig, backbone: str, init: str, spec: dict):
     return RSEObjective(model, tok, cfg, spec["relations"], model.encoder.config.hidden_size), tok
 
 
-def _inline_batches(table: pa.Table, batch_size: int, seed: int, epoch: int):
-    order = np.random.default_rng(seed + epoch).permutation(table.num_rows)
-    for i in range(0, len(order) - batch_size + 1, batch_size):  # drop_last: InfoNCE wants full batches
-        yield table.take(pa.array(order[i:i + batch_size])).to_pydict()
-
-
-def student_loop(config: dict):
-    """The training loop; on Ray Train workers (config['ray']) or in-process. Returns rank 0's summary."""
-    import os
-
-    import torch
-
-    from sentsim.surrogate.train import _metrics, predict, quiet_progress
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    quiet_progress()
+def build_trainee(config: dict, session, ckpt):
+    """The shared loop's build hook: the objective from the checkpoint (resume) or the backbone."""
     cfg = StudentConfig.model_validate(config["cfg"])
     spec = config["spec"]
-    ray_mode = config["ray"]
-    if ray_mode:
-        import ray.train
-        import ray.train.torch
-
-        ctx = ray.train.get_context()
-        rank, world = ctx.get_world_rank(), ctx.get_world_size()
-        device = ray.train.torch.get_device()
-        ckpt = ray.train.get_checkpoint()
-    else:
-        rank, world = 0, 1
-        device = torch.device("cuda" if torch.cuda.is_available() and cfg.use_gpu is not False else "cpu")
-        ckpt_dir = Path(config["out"]) / "checkpoint"
-        ckpt = ckpt_dir if (ckpt_dir / "state.pt").is_file() else None
-    if device.type == "cpu" and config.get("cpu_threads"):
-        torch.set_num_threads(config["cpu_threads"])
-    torch.manual_seed(cfg.seed + rank)
-
-    state, history = None, []
     if ckpt is not None:
-        ctxm = ckpt.as_directory() if ray_mode else nullcontext(str(ckpt))
-        with ctxm as d:
-            obj, tok = build_objective(cfg, str(Path(d) / "model"), "pretrained", spec)
-            state = torch.load(Path(d) / "state.pt", map_location="cpu", weights_only=False)
-            obj.load_extras(Path(d))
-            if "objective_extra" in state:
-                obj.load_state_dict(state["objective_extra"], strict=False)
-            history = json.loads((Path(d) / "history.json").read_text())
+        obj, _ = build_objective(cfg, str(ckpt / "model"), "pretrained", spec)
+        obj.load_extras(ckpt)
     else:
-        obj, tok = build_objective(cfg, spec["backbone"], cfg.init, spec)
-    obj.to(device)
-    obj.train()
-    wrapped = obj
-    if ray_mode and world > 1:
-        # DDP over the whole objective; relation rows or the MLM head may sit out a step
-        wrapped = ray.train.torch.prepare_model(obj, parallel_strategy_kwargs={"find_unused_parameters": True})
-    groups = obj.param_groups(cfg.lr)
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    total = spec["total_steps"]
-    warm = max(1, int(cfg.warmup_ratio * total))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, (total - s) / max(1, total - warm)) if cfg.warmup_ratio
-        else max(0.0, (total - s) / total))  # linear decay, as SimCSE; warm-up only when asked
-    if state is not None:
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-    step = state["step"] if state else 0
-    epoch0 = state["epoch"] if state else 0
-    skip = state["batches_in_epoch"] if state else 0
-    if state and hasattr(obj, "empty_filter_batches"):
-        obj.empty_filter_batches = state.get("empty_filter_batches", 0)
-    dev = spec.get("dev")
-
-    def evaluate() -> dict:
-        if not dev:
-            return {}
-        pred = predict(obj.model, tok, "siamese", dev["s1"], dev["s2"], cfg.max_seq_length, 64, device, nullcontext)
-        return _metrics(pred, np.asarray(dev["score"]), "dev")
-
-    def save(folder: Path, epoch: int, in_epoch: int) -> None:
-        obj.save_encoder(folder / "model")
-        obj.save_extras(folder)
-        extra = {k: v for k, v in obj.state_dict().items() if not k.startswith("model.")}
-        torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "step": step, "epoch": epoch,
-                    "batches_in_epoch": in_epoch, "objective_extra": extra,
-                    "empty_filter_batches": getattr(obj, "empty_filter_batches", 0)}, folder / "state.pt")
-        (folder / "history.json").write_text(json.dumps(history))
-
-    def checkpoint(point: dict, epoch: int, in_epoch: int) -> None:
-        if ray_mode:
-            if rank != 0:
-                ray.train.report({}, checkpoint=None)
-                return
-            with tempfile.TemporaryDirectory() as tmp:
-                save(Path(tmp), epoch, in_epoch)
-                ray.train.report(point, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-        else:
-            tmp = ckpt_dir.with_name("checkpoint.tmp")
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-            save(tmp, epoch, in_epoch)
-            if ckpt_dir.exists():
-                shutil.rmtree(ckpt_dir)
-            tmp.rename(ckpt_dir)
-
-    if step == 0 and rank == 0 and not history:
-        history.append({"step": 0, "train_loss": None, **evaluate()})
-    t0 = time.perf_counter()
-    running, n_running, last_metrics = 0.0, 0, {}
-    epoch = epoch0
-    last_saved = step if state else -1
-    for epoch in range(epoch0, cfg.epochs):
-        if step >= total:
-            break
-        if ray_mode:
-            batches = ray.train.get_dataset_shard("train").iter_batches(
-                batch_size=cfg.batch_size, batch_format="numpy", drop_last=True,
-                local_shuffle_buffer_size=max(cfg.batch_size * 4, 1000), local_shuffle_seed=cfg.seed + epoch)
-        else:
-            batches = _inline_batches(spec["table"], cfg.batch_size, cfg.seed, epoch)
-        in_epoch = 0
-        for batch in batches:
-            if in_epoch < skip:
-                in_epoch += 1
-                continue
-            opt.zero_grad(set_to_none=True)  # before step(): gradient caching accumulates inside it
-            loss, metrics = wrapped(batch, device)
-            if not torch.isfinite(loss):
-                raise TrainingDiverged(f"{cfg.objective}: the training loss became {float(loss)} at step {step + 1}; "
-                                       "lower --set lr=...")
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], cfg.max_grad_norm)
-            opt.step()
-            sched.step()
-            step += 1
-            in_epoch += 1
-            running += float(loss.detach())
-            n_running += 1
-            last_metrics = metrics
-            if step % cfg.log_every == 0 or step >= total or step % cfg.eval_every == 0:
-                point = {"step": step, "epoch": epoch, "train_loss": running / n_running, **metrics,
-                         "time_s": round(time.perf_counter() - t0, 2)}
-                if step % cfg.eval_every == 0 or step >= total:
-                    if rank == 0:
-                        point.update(evaluate())
-                    history.append(point)
-                    checkpoint(point, epoch, in_epoch)
-                    last_saved = step
-                elif rank == 0:
-                    history.append(point)
-                if rank == 0 and config.get("verbose", True):
-                    extra = " ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, float))
-                    print(f"[student {cfg.objective}] step {step}/{total} loss {point['train_loss']:.4g} {extra}", flush=True)
-                running, n_running = 0.0, 0
-            if step >= total:
-                break
-        skip = 0
-    if last_saved != step:
-        point = {"step": step, "epoch": epoch, "train_loss": running / n_running if n_running else None, **last_metrics}
-        if rank == 0:
-            point.update(evaluate())
-        history.append(point)
-        checkpoint(point, epoch, 0)
-    if rank != 0:
-        return None
-    return {"history": history, "step": step, "empty_filter_batches": getattr(obj, "empty_filter_batches", None)}
+        obj, _ = build_objective(cfg, spec["backbone"], cfg.init, spec)
+    obj.dev = spec.get("dev")
+    return obj
 
 
 # ----------------------------------------------------------------------------- driver
-
-
-def _use_gpu(cfg: StudentConfig) -> bool:
-    import ray
-
-    if cfg.use_gpu is not None:
-        return cfg.use_gpu
-    return ray.cluster_resources().get("GPU", 0) >= cfg.num_workers
 
 
 def _export(ckpt_dir: Path, out: Path, cfg: StudentConfig) -> Path:
@@ -347,7 +179,6 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
                   verbose: bool = True) -> dict:
     """Validate, train, export; returns the run summary (also OUT/summary.json)."""
     from sentsim.surrogate.models import check_backbone
-    from sentsim.surrogate.train import quiet_progress
 
     if executor not in ("ray", "inline"):
         raise UsageError(f"unknown executor {executor!r} (ray or inline)")
@@ -366,71 +197,36 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
     spec = prepare_data(cfg, data, mask_token)
     table = spec.pop("table")
     n_rows = table.num_rows
-    rows_per_worker = n_rows // cfg.num_workers
-    steps_per_epoch = rows_per_worker // cfg.batch_size
-    if steps_per_epoch < 1:
-        raise UsageError(f"{n_rows} training rows cannot fill one batch of {cfg.batch_size} per worker "
-                         f"({cfg.num_workers} worker(s)); lower --set batch_size=...")
-    total = cfg.epochs * steps_per_epoch
-    if cfg.max_steps:
-        total = min(total, cfg.max_steps)
+    # drop_last: InfoNCE wants full batches
+    total = plan_steps(cfg.objective, n_rows, num_workers=cfg.num_workers, batch_size=cfg.batch_size,
+                       epochs=cfg.epochs, max_steps=cfg.max_steps, drop_last=True)
     out_dir = Path(out)
     what = {k: v for k, v in cfg.model_dump().items() if k not in RESUMABLE_KEYS}
     run_id = fingerprint("student", what, bb, data, spec["counts"])
-    run_file = out_dir / "run.json"
-    state_dirs = [out_dir / "ray", out_dir / "checkpoint"]
-    if restart:
-        for d in state_dirs:
-            if d.exists():
-                shutil.rmtree(d)
-    elif run_file.is_file() and any(d.exists() for d in state_dirs):
-        prev = json.loads(run_file.read_text()).get("fingerprint")
-        if prev != run_id:
-            raise UsageError(f"--out {out} holds a run with other settings (fingerprint {prev}, now {run_id}); "
-                             "use a new --out, or --restart to discard it")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    run_file.write_text(json.dumps({"fingerprint": run_id, "config": cfg.model_dump(), "backbone": bb, "data": data,
-                                    "counts": spec["counts"]}, indent=2))
+    claim_out(out_dir, run_id, {"config": cfg.model_dump(), "backbone": bb, "data": data, "counts": spec["counts"]},
+              restart, out)
     spec.update(backbone=bb["path"], total_steps=total)
-    loop_config = {"cfg": cfg.model_dump(), "spec": spec, "ray": executor == "ray", "out": str(out_dir),
-                   "cpu_threads": max(1, int(round(cfg.cpus_per_worker))), "verbose": verbose}
+    loop = loop_settings(cfg, label=f"student {cfg.objective}", total_steps=total, verbose=verbose, drop_last=True,
+                         shuffle_buffer=max(cfg.batch_size * 4, 1000))
     quiet_progress()
     t0 = time.perf_counter()
     if executor == "inline":
-        rv = student_loop({**loop_config, "spec": {**spec, "table": table}})
-        ckpt_dir = out_dir / "checkpoint"
-        model_dir = _export(ckpt_dir, out_dir, cfg)
-        history = rv["history"]
-        use_gpu = False
+        datasets = {"train": table}
     else:
         import ray.data
-        import ray.train
-        from ray.train.torch import TorchTrainer
 
         from sentsim.runtime import init_ray
 
         init_ray(address)
-        use_gpu = _use_gpu(cfg)
-        resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
-        trainer = TorchTrainer(
-            student_loop, train_loop_config=loop_config,
-            scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=use_gpu,
-                                                   resources_per_worker=resources),
-            run_config=ray.train.RunConfig(name=cfg.objective, storage_path=str((out_dir / "ray").resolve()),
-                                           checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoints_to_keep)),
-            datasets={"train": ray.data.from_arrow(table)},
-            dataset_config=ray.train.DataConfig(datasets_to_split=["train"]),
-        )
-        result = trainer.fit()
-        rv = result.return_value or {}
-        if result.checkpoint is None:
-            raise RuntimeError(f"{cfg.objective}: training ended without a checkpoint")
-        with result.checkpoint.as_directory() as d:
-            history = rv.get("history") or json.loads((Path(d) / "history.json").read_text())
-            model_dir = _export(Path(d), out_dir, cfg)
+        datasets = {"train": ray.data.from_arrow(table)}
+    run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "spec": spec}, cfg, name=cfg.objective,
+              out_dir=out_dir, datasets=datasets, executor=executor, export=lambda d: _export(d, out_dir, cfg))
+    history, model_dir, rv = run["history"], run["model"], run["result"]
+    write_curves(history, out_dir / "curves", cfg.objective, f"student {cfg.objective} ({cfg.init})", [
+        ("train loss", [("train_loss", None)], False), ("dev Spearman x100 vs harvested scores", [("dev_spearman", None)], False)])
     losses = [h["train_loss"] for h in history if h.get("train_loss") is not None]
     summary = {"fingerprint": run_id, "objective": cfg.objective, "model": str(model_dir), "rows": n_rows,
-               "total_steps": total, "gpu": use_gpu, "seconds": round(time.perf_counter() - t0, 1),
+               "total_steps": total, "gpu": run["gpu"], "seconds": round(time.perf_counter() - t0, 1),
                "counts": spec["counts"], "skips": spec["skips"], "empty_filter_batches": rv.get("empty_filter_batches"),
                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                "history": history}

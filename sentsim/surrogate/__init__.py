@@ -2,6 +2,10 @@
 
     from sentsim.surrogate import SurrogateConfig, train_surrogate
     train_surrogate(SurrogateConfig(), data="harvest/", backbone=MINILM, out="surrogate/")
+
+config.py (settings), data.py (harvest checks, ray.data splits), models.py (Siamese and cross forms,
+export), trainee.py (the step and the dev metric), train.py (stages on the shared loop of
+sentsim.training).
 """
 
 from sentsim.surrogate.config import SurrogateConfig

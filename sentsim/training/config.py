@@ -1,0 +1,42 @@
+"""Settings every trainer shares (surrogates and students), with the defaults they agree on.
+
+Each trainer's own config subclasses `TrainingSection` and declares the keys whose defaults come from
+its paper (batch size, learning rate, warm-up, sequence length, evaluation cadence).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from sentsim.config import Section
+
+# Settings a resumed run may change: how long and how wide to train, not what is trained. They are
+# left out of the run's fingerprint, so changing them against the same --out resumes.
+RESUMABLE_KEYS = ("epochs", "max_steps", "eval_every", "log_every", "num_workers", "cpus_per_worker", "use_gpu",
+                  "checkpoints_to_keep")
+
+
+class ScratchConfig(Section):
+    """The small BERT trained from random weights (the surrogate paper, section 3.4, reports a
+    from-scratch surrogate; its size is not given, so these are a laptop-sized default)."""
+
+    hidden_size: int = Field(256, ge=8)
+    num_layers: int = Field(4, ge=1)
+    num_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(1024, ge=8)
+
+
+class TrainingSection(Section):
+    init: Literal["pretrained", "scratch"] = "pretrained"  # the backbone's weights, or a ScratchConfig BERT
+    epochs: int = Field(1, ge=1)
+    max_steps: int = Field(0, ge=0)  # 0: run the epochs out
+    max_grad_norm: float = Field(1.0, gt=0)
+    num_workers: int = Field(1, ge=1)  # DDP processes on Ray Train
+    cpus_per_worker: float = Field(1.0, gt=0)  # fractional on small machines: 0.5 lets two workers share a core
+    use_gpu: Optional[bool] = None  # None: use GPUs when the cluster has one per worker
+    bf16: bool = True  # autocast to bfloat16 on GPUs that support it; losses reduce in float32
+    checkpoints_to_keep: int = Field(2, ge=1)
+    seed: int = 0
+    scratch: ScratchConfig = ScratchConfig()

@@ -1,0 +1,350 @@
+"""The worker side: one step loop for every model sentsim fits by gradient descent.
+
+`train_loop(config)` runs on each Ray Train worker (TorchTrainer, DDP over the workers) or, with
+config["ray"] false, in the calling process. What is trained is a `Trainee`, built on the worker by
+config["build"](config, session, checkpoint_dir): an nn.Module whose forward(batch, device) is one
+step's (loss, metrics), plus how to save itself, evaluate on dev data and describe a log line.
+
+The loop owns the rest: AdamW over the trainee's parameter groups, linear warm-up/decay, bf16
+autocast on GPUs, gradient clipping, a finite-loss check every rank agrees on, history points every
+`log_every` steps, dev evaluation and a checkpoint every `eval_every` steps, and resume from the
+latest checkpoint (weights, optimizer, schedule, position in the epoch, history).
+
+A checkpoint folder holds what `Trainee.save` writes (model/ as safetensors, side files), state.pt
+(optimizer, scheduler, position and the trainee's extra tensors, read back with
+torch.load(weights_only=True): nothing is unpickled) and history.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+from torch import nn
+
+from sentsim.training.run import quiet_progress
+
+STATE_FILE = "state.pt"
+HISTORY_FILE = "history.json"
+# keys of a history point that are not metrics (left out of the default log line)
+_POINT_KEYS = ("step", "epoch", "train_loss", "lr", "time_s")
+
+
+class Trainee(nn.Module):
+    """What the loop trains. forward(batch, device) -> (loss, metrics) is one step; the loop calls it
+    through DDP when there are several workers, so every parameter it touches is synchronised."""
+
+    # DDP must be told when some parameters may get no gradient in a step (relation rows, MLM head)
+    find_unused_parameters = False
+
+    def param_groups(self, lr: float) -> list[dict]:
+        return [{"params": [p for p in self.parameters() if p.requires_grad], "lr": lr}]
+
+    def save(self, folder: Path) -> None:
+        """Write folder/model (a transformers checkpoint) and any side files the export needs."""
+        raise NotImplementedError
+
+    def extra_state(self) -> dict:
+        """Tensors and numbers beyond model/ that a resumed run needs (saved in state.pt)."""
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        pass
+
+    def evaluate(self, device, autocast) -> dict:
+        """Dev metrics for a history point (rank 0 only); {} when there is nothing to evaluate."""
+        return {}
+
+    def describe(self, point: dict) -> str:
+        """The log line's tail after 'step N/T loss L'."""
+        return "".join(f" {k} {v:.4g}" for k, v in point.items() if k not in _POINT_KEYS and isinstance(v, float))
+
+    def note(self) -> str:
+        """Extra words for the start-up line (e.g. how many dev pairs were read)."""
+        return ""
+
+    def result(self) -> dict:
+        """Added to rank 0's return value (e.g. counters the run summary reports)."""
+        return {}
+
+
+def linear_schedule(total: int, warmup_ratio: float):
+    """Learning-rate factor: linear warm-up over warmup_ratio * total steps (none at 0, as SimCSE),
+    then linear decay to zero at `total` (the usual BERT fine-tuning schedule)."""
+    warm = int(warmup_ratio * total)
+
+    def factor(s: int) -> float:
+        if s < warm:
+            return (s + 1) / warm
+        return max(0.0, (total - s) / max(1, total - warm))
+
+    return factor
+
+
+# ----------------------------------------------------------------------------- sessions
+
+
+class RaySession:
+    """One Ray Train worker: rank, device, its shard of the train dataset, checkpoints via report()."""
+
+    ray = True
+
+    def __init__(self):
+        import ray.train
+        import ray.train.torch
+
+        ctx = ray.train.get_context()
+        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        self.device = ray.train.torch.get_device()
+        self._train = None
+
+    def shard(self, name: str):
+        import ray.train
+
+        return ray.train.get_dataset_shard(name)
+
+    @contextmanager
+    def checkpoint(self) -> Iterator[Optional[Path]]:
+        import ray.train
+
+        ckpt = ray.train.get_checkpoint()
+        if ckpt is None:
+            yield None
+            return
+        with ckpt.as_directory() as d:
+            yield Path(d)
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        if self.world == 1:
+            return module
+        import ray.train.torch
+
+        return ray.train.torch.prepare_model(
+            module, parallel_strategy_kwargs={"find_unused_parameters": module.find_unused_parameters})
+
+    def batches(self, config: dict, epoch: int):
+        L = config["loop"]
+        if self._train is None:
+            self._train = self.shard("train")
+        return self._train.iter_batches(
+            batch_size=L["batch_size"], batch_format="numpy", drop_last=L["drop_last"],
+            local_shuffle_buffer_size=L["shuffle_buffer"] or None, local_shuffle_seed=L["seed"] + epoch)
+
+    def all_finite(self, loss) -> bool:
+        import torch
+
+        bad = torch.tensor([0.0 if torch.isfinite(loss) else 1.0], device=self.device)
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(bad)  # every rank must stop together, or DDP would hang
+        return bad.item() == 0
+
+    def report(self, point: dict, save) -> None:
+        """Every worker reports (Ray Train synchronises on it); rank 0 attaches the checkpoint."""
+        import ray.train
+
+        if self.rank != 0:
+            ray.train.report({}, checkpoint=None)
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            save(Path(tmp))
+            ray.train.report(point, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+
+    def stop(self, info: dict) -> None:
+        import ray.train
+
+        ray.train.report(info if self.rank == 0 else {}, checkpoint=None)
+
+
+def inline_checkpoint(out: Path) -> Optional[Path]:
+    """The checkpoint an inline run resumes from: OUT/checkpoint, or OUT/checkpoint.old when a kill
+    landed between the two renames that replace it."""
+    for d in (out / "checkpoint", out / "checkpoint.old"):
+        if (d / STATE_FILE).is_file() and (d / HISTORY_FILE).is_file():
+            return d
+    return None
+
+
+class InlineSession:
+    """The calling process as the only worker: no Ray, checkpoints in OUT/checkpoint."""
+
+    ray = False
+    rank, world = 0, 1
+
+    def __init__(self, out: Path, use_gpu: Optional[bool]):
+        import torch
+
+        self.out = out
+        self.device = torch.device("cuda" if torch.cuda.is_available() and use_gpu is not False else "cpu")
+
+    def shard(self, name: str):
+        raise RuntimeError(f"no Ray dataset {name!r} in an inline run")
+
+    @contextmanager
+    def checkpoint(self) -> Iterator[Optional[Path]]:
+        yield inline_checkpoint(self.out)
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        return module
+
+    def batches(self, config: dict, epoch: int):
+        import pyarrow as pa
+
+        L = config["loop"]
+        table, bs = config["table"], L["batch_size"]
+        order = np.random.default_rng(L["seed"] + epoch).permutation(table.num_rows)
+        end = len(order) - bs + 1 if L["drop_last"] else len(order)
+        for i in range(0, end, bs):
+            yield table.take(pa.array(order[i:i + bs])).to_pydict()
+
+    def all_finite(self, loss) -> bool:
+        import torch
+
+        return bool(torch.isfinite(loss))
+
+    def report(self, point: dict, save) -> None:
+        """Write checkpoint.tmp, then swap it in by renames: a kill at any moment leaves a whole one."""
+        ckpt, tmp, old = (self.out / n for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+        for d in (tmp, old):
+            if d.exists() and d != inline_checkpoint(self.out):
+                shutil.rmtree(d)
+        tmp.mkdir(parents=True)
+        save(tmp)
+        if ckpt.exists():
+            if old.exists():
+                shutil.rmtree(old)
+            ckpt.rename(old)
+        tmp.rename(ckpt)
+        if old.exists():
+            shutil.rmtree(old)
+
+    def stop(self, info: dict) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def train_loop(config: dict):
+    """Runs on every worker. Returns rank 0's summary (history, step, the trainee's result, or
+    nan_step/nan_value when the loss stopped being finite); None on the other ranks."""
+    import torch
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    quiet_progress()
+    t_start = time.perf_counter()
+    L = config["loop"]
+    session = RaySession() if config["ray"] else InlineSession(Path(config["out"]), L.get("use_gpu"))
+    rank0 = session.rank == 0
+    device = session.device
+    if device.type == "cpu" and L.get("cpu_threads"):
+        torch.set_num_threads(L["cpu_threads"])  # fractional-CPU workers must not grab every core
+    torch.manual_seed(L["seed"] + session.rank)
+
+    state, history = None, []
+    with session.checkpoint() as ckpt:
+        trainee = config["build"](config, session, ckpt)
+        if ckpt is not None:  # resume: weights (built from ckpt/model), optimizer, schedule, position, curves
+            state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True)
+            trainee.load_extra_state(state)
+            history = json.loads((ckpt / HISTORY_FILE).read_text())
+    trainee.to(device)
+    trainee.train()
+    wrapped = session.wrap(trainee)
+    groups = trainee.param_groups(L["lr"])
+    params = [p for g in groups for p in g["params"]]
+    opt = torch.optim.AdamW(groups, lr=L["lr"], weight_decay=L["weight_decay"])
+    total = L["total_steps"]
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_schedule(total, L["warmup_ratio"]))
+    if state is not None:
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+    step = state["step"] if state else 0
+    epoch0 = state["epoch"] if state else 0
+    skip = state["batches_in_epoch"] if state else 0
+
+    use_bf16 = device.type == "cuda" and L.get("bf16", False) and torch.cuda.is_bf16_supported()
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else nullcontext
+    label, verbose = L["label"], L.get("verbose", True)
+    if rank0 and verbose:
+        n_params = sum(p.numel() for p in params)
+        note = trainee.note()
+        print(f"[{label}] {session.world} worker(s) on {device}{' bf16' if use_bf16 else ''}; "
+              f"{n_params / 1e6:.1f}M trainable parameters; ready in {time.perf_counter() - t_start:.1f}s"
+              f"{'; ' + note if note else ''}; {'resuming at step ' + str(step) if state else 'starting'}, "
+              f"{total} steps", flush=True)
+
+    def evaluate() -> dict:
+        return trainee.evaluate(device, autocast) if rank0 else {}
+
+    def save_at(epoch: int, in_epoch: int):
+        def save(folder: Path) -> None:
+            trainee.save(folder)
+            torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "step": step, "epoch": epoch,
+                        "batches_in_epoch": in_epoch, **trainee.extra_state()}, folder / STATE_FILE)
+            (folder / HISTORY_FILE).write_text(json.dumps(history))
+        return save
+
+    if step == 0 and rank0 and not history:
+        history.append({"step": 0, "epoch": 0, "train_loss": None, "lr": 0.0, **evaluate(), "time_s": 0.0})
+    t0 = time.perf_counter() - ((history[-1].get("time_s") or 0.0) if history else 0.0)  # resumed: the clock continues
+    running, n_running, last_metrics = 0.0, 0, {}
+    last_saved = step if state else -1
+    epoch = epoch0
+    for epoch in range(epoch0, L["epochs"]):
+        if step >= total:
+            break
+        in_epoch = 0
+        for batch in session.batches(config, epoch):
+            if in_epoch < skip:  # resumed mid-epoch: pass over the batches already trained on
+                in_epoch += 1
+                continue
+            opt.zero_grad(set_to_none=True)  # before the forward: gradient caching (RSE) accumulates inside it
+            with autocast():
+                loss, metrics = wrapped(batch, device)
+            step += 1
+            in_epoch += 1
+            if not session.all_finite(loss):
+                info = {"nan_step": step, "nan_value": str(float(loss.detach().cpu()))}
+                session.stop(info)
+                return {**info, "history": history} if rank0 else None
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, L["max_grad_norm"])
+            opt.step()
+            sched.step()
+            running += float(loss.detach())
+            n_running += 1
+            last_metrics = metrics
+            at_eval = step % L["eval_every"] == 0 or step >= total
+            if at_eval or (L.get("log_every") and step % L["log_every"] == 0):
+                point = {"step": step, "epoch": epoch, "train_loss": running / n_running, "lr": sched.get_last_lr()[0],
+                         **metrics, "time_s": round(time.perf_counter() - t0, 2)}
+                if at_eval:
+                    point.update(evaluate())
+                if rank0:
+                    history.append(point)
+                    if verbose:
+                        print(f"[{label}] step {step}/{total} loss {point['train_loss']:.4g}{trainee.describe(point)}",
+                              flush=True)
+                if at_eval:
+                    session.report(point, save_at(epoch, in_epoch))
+                    last_saved = step
+                running, n_running = 0.0, 0
+            if step >= total:
+                break
+        skip = 0
+    if last_saved != step:  # the data ran out before total_steps (e.g. an uneven estimate)
+        point = {"step": step, "epoch": epoch, "train_loss": running / n_running if n_running else None,
+                 "lr": sched.get_last_lr()[0], **last_metrics, "time_s": round(time.perf_counter() - t0, 2), **evaluate()}
+        if rank0:
+            history.append(point)
+        session.report(point, save_at(epoch, 0))
+    return {"history": history, "step": step, **trainee.result()} if rank0 else None

@@ -1,0 +1,175 @@
+"""The driver side: claim the output folder, plan the steps, run `train_loop` on Ray Train (or inline),
+export the final checkpoint and write the curves.
+
+Ray Train: a TorchTrainer with `num_workers` DDP workers of `cpus_per_worker` CPUs each (fractions
+allowed, so two workers fit a 2-core machine) and a GPU each when the cluster has them; the train
+dataset is split between the workers, every other dataset is seen whole by each. Its runs live under
+OUT/ray/<name>, so the same command with the same --out resumes from the latest checkpoint.
+Inline: the same loop in this process, checkpoints in OUT/checkpoint (development and tests).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Callable, Optional
+
+from sentsim.errors import UsageError
+
+
+def quiet_progress() -> None:
+    """Per-step progress bars from ray.data and transformers would bury the curves in job logs."""
+    try:
+        from ray.data import DataContext
+
+        DataContext.get_current().enable_progress_bars = False
+    except ImportError:
+        pass
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+class TrainingDiverged(UsageError):
+    """The loss stopped being finite; the message names the run and the step."""
+
+
+def claim_out(out_dir: Path, run_id: str, record: dict, restart: bool, out_arg: str) -> None:
+    """Refuse an --out that holds checkpoints of a run with other settings (unless --restart, which
+    discards them); then record this run's fingerprint and settings in OUT/run.json."""
+    run_file = out_dir / "run.json"
+    state_dirs = [out_dir / "ray", out_dir / "checkpoint", out_dir / "checkpoint.old"]
+    if restart:
+        for d in state_dirs:
+            if d.exists():
+                shutil.rmtree(d)
+    elif run_file.is_file() and any(d.exists() for d in state_dirs):
+        prev = json.loads(run_file.read_text()).get("fingerprint")
+        if prev != run_id:
+            raise UsageError(f"--out {out_arg} holds a run with other settings (fingerprint {prev}, now {run_id}); "
+                             "use a new --out, or --restart to discard it")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_file.write_text(json.dumps({"fingerprint": run_id, **record}, indent=2))
+
+
+def plan_steps(label: str, n_rows: int, *, num_workers: int, batch_size: int, epochs: int, max_steps: int,
+               drop_last: bool) -> int:
+    """Total optimizer steps: each worker gets n_rows // num_workers rows (an equal split)."""
+    per_worker = n_rows // num_workers
+    per_epoch = per_worker // batch_size if drop_last else math.ceil(per_worker / batch_size)
+    if per_epoch < 1:
+        raise UsageError(f"{label}: {n_rows} training rows cannot fill one batch of {batch_size} per worker "
+                         f"({num_workers} worker(s)); lower --set batch_size=... or --num-workers")
+    total = epochs * per_epoch
+    return min(total, max_steps) if max_steps else total
+
+
+def use_gpu(cfg) -> bool:
+    import ray
+
+    if cfg.use_gpu is not None:
+        return cfg.use_gpu
+    return ray.cluster_resources().get("GPU", 0) >= cfg.num_workers
+
+
+def loop_settings(cfg, *, label: str, total_steps: int, verbose: bool = True, **over) -> dict:
+    """config["loop"] for train_loop from a TrainingSection; `over` replaces per-stage values."""
+    keys = ("epochs", "batch_size", "lr", "weight_decay", "warmup_ratio", "max_grad_norm", "eval_every", "seed",
+            "use_gpu", "bf16")
+    loop = {k: getattr(cfg, k) for k in keys}
+    loop.update(label=label, total_steps=total_steps, verbose=verbose, log_every=getattr(cfg, "log_every", None),
+                cpu_threads=max(1, int(round(cfg.cpus_per_worker))), drop_last=False, shuffle_buffer=0)
+    loop.update(over)
+    return loop
+
+
+def fit(loop_config: dict, cfg, *, name: str, out_dir: Path, datasets: dict, export: Callable[[Path], Path],
+        executor: str = "ray", hint: str = "lower --set lr=...") -> dict:
+    """Train, then export the final checkpoint with `export(checkpoint_dir) -> model_dir`.
+
+    `datasets`: for Ray, ray.data Datasets ("train" is split between the workers); inline, {"train":
+    a pyarrow Table}. Returns {"model", "history", "gpu", "result"} (result: rank 0's return value).
+    Raises TrainingDiverged when the loss stopped being finite.
+    """
+    from sentsim.training.loop import HISTORY_FILE, inline_checkpoint, train_loop  # torch: worker-side, imported late
+
+    label = loop_config["loop"]["label"]
+    t0 = time.perf_counter()
+    if executor == "inline":
+        gpu = False
+        rv = train_loop({**loop_config, "ray": False, "out": str(out_dir), "table": datasets["train"]}) or {}
+        ckpt = inline_checkpoint(out_dir)
+        checkpoint = None if ckpt is None else nullcontext(str(ckpt))
+    else:
+        import ray.train
+        from ray.train.torch import TorchTrainer
+
+        gpu = use_gpu(cfg)
+        loop_config = {**loop_config, "ray": True, "out": str(out_dir)}
+        loop_config["loop"] = {**loop_config["loop"], "use_gpu": gpu}
+        resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if gpu else {})}
+        trainer = TorchTrainer(
+            train_loop,
+            train_loop_config=loop_config,
+            scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=gpu,
+                                                   resources_per_worker=resources),
+            run_config=ray.train.RunConfig(
+                name=name, storage_path=str((out_dir / "ray").resolve()),
+                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoints_to_keep)),
+            datasets=datasets,
+            # only train is sharded; every worker sees the (capped) dev and test splits whole
+            dataset_config=ray.train.DataConfig(datasets_to_split=["train"]),
+        )
+        result = trainer.fit()
+        rv = result.return_value or {}
+        checkpoint = None if result.checkpoint is None else result.checkpoint.as_directory()
+        if loop_config["loop"].get("verbose", True):
+            print(f"[{label}] Ray Train run finished in {time.perf_counter() - t0:.0f}s", flush=True)
+    if rv.get("nan_step"):
+        raise TrainingDiverged(f"{label}: the training loss became {rv['nan_value']} at step {rv['nan_step']}; {hint}")
+    if checkpoint is None:
+        raise RuntimeError(f"{label}: training ended without a checkpoint")
+    with checkpoint as d:
+        history = rv.get("history") or json.loads((Path(d) / HISTORY_FILE).read_text())
+        model_dir = export(Path(d))
+    return {"model": model_dir, "history": history, "gpu": gpu, "result": rv}
+
+
+def write_curves(history: list[dict], folder: Path, name: str, title: str,
+                 panels: list[tuple[str, list[tuple[str, Optional[str]]], bool]]) -> None:
+    """folder/name.json (the history) and folder/name.png: one panel per (y label, [(key, legend)],
+    log scale); points without a value for a key are left out, and so is a panel with no values."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(history, indent=2))
+    series = []
+    for ylabel, keys, log in panels:
+        lines = [(legend, [(h["step"], h[k]) for h in history if isinstance(h.get(k), (int, float))]) for k, legend in keys]
+        lines = [(legend, pts) for legend, pts in lines if pts]
+        if lines:
+            series.append((ylabel, lines, log))
+    if not series:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(series), figsize=(5 * len(series), 3.8), squeeze=False)
+    for ax, (ylabel, lines, log) in zip(axes[0], series):
+        for (legend, pts), marker in zip(lines, "osd^v"):
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=legend)
+        if log and all(p[1] > 0 for _, pts in lines for p in pts):
+            ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        if any(legend for legend, _ in lines):
+            ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(folder / f"{name}.png", dpi=100)
+    plt.close(fig)
