@@ -55,7 +55,6 @@ def main() -> None:
 
     from sentsim.harvest.config import HarvestConfig
     from sentsim.harvest.job import harvest
-    from sentsim.harvest.similarity import std_control
 
     work = Path(tempfile.mkdtemp(prefix="sentsim-origin-"))
     lines = [l.split("\t") for l in STSB.read_text(encoding="utf-8").splitlines() if l.strip()]
