@@ -201,20 +201,21 @@ class ShardStore:
         except (json.JSONDecodeError, UnicodeDecodeError):
             return None
 
-    def markers(self) -> Dict[int, dict]:
-        d = self.path(UNITS_DIR)
-        out: Dict[int, dict] = {}
+    def _json_names(self, folder: str) -> List[str]:
+        """Stems of the visible *.json files in a run folder (temporaries are dot-prefixed)."""
+        d = self.path(folder)
         if not sfs.exists(self.fs, d):
-            return out
-        for info in self.fs.get_file_info(pafs.FileSelector(d)):
-            if info.base_name.endswith(".json") and not info.base_name.startswith("."):
-                try:
-                    unit = int(info.base_name[:-5])
-                except ValueError:
-                    continue
-                rec = self.read_marker(unit)
+            return []
+        return [i.base_name[:-5] for i in self.fs.get_file_info(pafs.FileSelector(d))
+                if i.base_name.endswith(".json") and not i.base_name.startswith(".")]
+
+    def markers(self) -> Dict[int, dict]:
+        out: Dict[int, dict] = {}
+        for stem in self._json_names(UNITS_DIR):
+            if stem.isdigit():
+                rec = self.read_marker(int(stem))
                 if rec is not None:
-                    out[unit] = rec
+                    out[int(stem)] = rec
         return out
 
     def check_unit(self, record: dict, deep: bool = True) -> Optional[str]:
@@ -280,17 +281,12 @@ class ShardStore:
         return record
 
     def side_records(self) -> Dict[str, dict]:
-        d = self.path(SIDE_DIR)
         out: Dict[str, dict] = {}
-        if not sfs.exists(self.fs, d):
-            return out
-        for info in self.fs.get_file_info(pafs.FileSelector(d)):
-            if info.base_name.endswith(".json") and not info.base_name.startswith("."):
-                try:
-                    rec = json.loads(sfs.read_bytes(self.fs, info.path))
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    rec = {"name": info.base_name[:-5], "path": f"{SIDE_DIR}/{info.base_name[:-5]}.parquet", "broken": True}
-                out[rec.get("name", info.base_name[:-5])] = rec
+        for name in self._json_names(SIDE_DIR):
+            try:
+                out[name] = json.loads(sfs.read_bytes(self.fs, self.path(SIDE_DIR, f"{name}.json")))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                out[name] = {"name": name, "path": f"{SIDE_DIR}/{name}.parquet", "broken": True}
         return out
 
     def check_side_table(self, record: dict) -> Optional[str]:
