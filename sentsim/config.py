@@ -111,6 +111,13 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
+def add_run_arguments(parser) -> None:
+    """The flags of every job that writes a resumable run: --force-new and --executor."""
+    parser.add_argument("--force-new", action="store_true", help="discard a run with another fingerprint at --out")
+    parser.add_argument("--executor", choices=["ray", "inline"], default="ray",
+                        help="Ray actor pools or tasks (default), or everything in this process")
+
+
 def add_config_arguments(parser) -> None:
     """The flags every job shares: --config, --set, --address."""
     parser.add_argument("--config", metavar="FILE", help="YAML config file (keys as in the README's reference)")

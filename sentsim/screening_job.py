@@ -2,8 +2,10 @@
 
 Sentences come from the corpus (a seeded sample, or all of them) or from a text file (one per
 line; a TAB-separated pair file contributes both sides). Each work unit is a block of
-sentences; an actor pool of `ScreenStage`s, each holding the index and the discriminator once,
-writes one shard per unit.
+sentences; an actor pool of `ScreenStage`s, each holding the index, the discriminator and its
+representation cache once, writes one shard per unit. With a discriminator, the cache
+(`contexts.rep_cache`, else built under <out>/rep_cache first, resumable) scores every
+candidate context by the head alone (003 §3.3); its identity is part of the run's fingerprint.
 """
 
 from __future__ import annotations
@@ -53,9 +55,10 @@ class ScreenConfig(Section):
 class ScreenStage(Stage):
     name = "screen"
 
-    def __init__(self, cfg: ScreenConfig, fp: str):
+    def __init__(self, cfg: ScreenConfig, fp: str, rep_cache: Optional[str] = None):
         self.cfg = cfg
         self.fp = fp
+        self.rep_cache = rep_cache
         r = cfg.resources
         self.resources = Resources(r.num_cpus, r.num_gpus, 1, r.min_actors, r.max_actors)
 
@@ -65,13 +68,16 @@ class ScreenStage(Stage):
         from sentsim.retrieval import open_retriever
 
         corpus = CorpusIndex(self.cfg.corpus)
-        disc = None
-        if self.cfg.discriminator:
+        disc = cache = None
+        if self.cfg.discriminator and self.cfg.contexts.mode == "screened":
             from sentsim.discriminator import Discriminator
+            from sentsim.screening.cache import ContextCache
 
             disc = Discriminator.load(self.cfg.discriminator, corpus=self.cfg.corpus)
+            if self.rep_cache:
+                cache = ContextCache.from_store(self.rep_cache, disc)
         self.source = ContextSource(corpus, self.cfg.contexts, self.cfg.window, self.cfg.seed,
-                                    open_retriever(self.cfg.index, corpus=self.cfg.corpus), disc)
+                                    open_retriever(self.cfg.index, corpus=self.cfg.corpus), disc, cache)
 
     def process(self, items: List[dict]) -> List[dict]:
         out = []
@@ -122,14 +128,18 @@ def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = 
     from sentsim.harvest.corpus_index import CorpusIndex
     from sentsim.rank.targets import checkpoint_hash
     from sentsim.retrieval.base import read_index_manifest
+    from sentsim.screening.cache_job import cache_identity, ensure_rep_cache
 
     corpus = CorpusIndex(cfg.corpus)
     ids, texts = _queries(cfg, corpus)
     units = [{"unit": u, "ids": ids[i:i + cfg.per_unit], "texts": texts[i:i + cfg.per_unit]}
              for u, i in enumerate(range(0, len(ids), cfg.per_unit))]
-    sem = cfg.model_dump(exclude={"out", "resources"})
+    sem = cfg.model_dump(exclude={"out": True, "resources": True, "contexts": {"rep_cache"}})
+    screened = cfg.discriminator and cfg.contexts.mode == "screened"
+    identity = cache_identity(corpus.fingerprint, cfg.discriminator) if screened else None
     models = {"index": read_index_manifest(cfg.index).get("fingerprint"),
-              "discriminator": checkpoint_hash(cfg.discriminator) if cfg.discriminator else None}
+              "discriminator": checkpoint_hash(cfg.discriminator) if cfg.discriminator else None,
+              "rep_cache": identity}
     fp = fingerprint(STAGE, sem, corpus.fingerprint, models, len(ids))
     store = ShardStore(cfg.out)
     store.open_run(STAGE, fp, cfg.model_dump(), [{"corpus": cfg.corpus, "sentences": len(ids)}],
@@ -141,9 +151,16 @@ def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = 
 
         init_ray(address)
     stream = open(os.devnull, "w") if quiet else sys.stderr
-    t0, n = time.time(), 0
-    for r in run_pipeline(pending, [functools.partial(ScreenStage, cfg, fp)], executor=executor):
-        n += r["sentences"]
-        print(f"[contexts] unit {r['unit']:05d} | {n:,} sentences | {n / (time.time() - t0):,.1f} sent/s", file=stream, flush=True)
+    if pending:
+        rep_cache = None
+        if screened:  # the discriminator's reps, cached once before screening (003 §3.3)
+            rep_cache = ensure_rep_cache(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator, identity,
+                                         cfg.resources, executor=executor, force_new=force_new, address=address,
+                                         quiet=quiet)
+        t0, n = time.time(), 0
+        for r in run_pipeline(pending, [functools.partial(ScreenStage, cfg, fp, rep_cache)], executor=executor):
+            n += r["sentences"]
+            print(f"[contexts] unit {r['unit']:05d} | {n:,} sentences | {n / (time.time() - t0):,.1f} sent/s",
+                  file=stream, flush=True)
     shortfalls = sum(m.get("extra", {}).get("shortfalls", 0) for m in store.markers().values())
     return store.finalize(len(units), {"counts": {"sentences": len(ids), "shortfalls": shortfalls}})

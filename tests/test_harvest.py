@@ -152,9 +152,10 @@ def test_bad_config_and_refusals(inputs, tmp_path):
 
 
 def test_discriminator_terms_match_direct_scoring(inputs):
-    """With a discriminator, each candidate's log p(y=1|s,c) from the cached-rep path equals
-    scoring that window directly, document edges (zero reps) included, and the ranking is
-    sentence-specific."""
+    """With a discriminator, each candidate's log p(y=1|s,c) from the representation cache (head
+    only) equals scoring that window directly with freshly encoded reps; a discriminator window
+    wider than the context models' keeps only candidates whose whole window is in the document;
+    the ranking is sentence-specific."""
     import torch
 
     from sentsim.discriminator import CoherenceModel, Discriminator, ModelConfig
@@ -174,19 +175,19 @@ def test_discriminator_terms_match_direct_scoring(inputs):
     query = "The budget must be balanced this year."
     ids, scores = src.retriever.search([query], 30)
     cands = src._expand(ids[0], scores[0])
-    fast = src._disc_scores(query, cands)
+    assert cands and all(len(c.left) == 1 and len(c.right) == 1 for c in cands)  # the context models' window
+    fast = src.disc_scores(query, cands)
     q = disc.encode([query])[0]
     for c, v in list(zip(cands, fast))[:: max(1, len(cands) // 25)]:
-        def rep(sid):
-            t = corpus.text(sid)
-            ok = t is not None and (sid >> 20) == (c.centre_id >> 20)
-            return disc.encode([t])[0] if ok else np.zeros(disc.rep_dim, np.float32)
-
-        left = np.stack([rep(c.centre_id - 2), rep(c.centre_id - 1)])[None]
-        right = np.stack([rep(c.centre_id + 1), rep(c.centre_id + 2)])[None]
-        direct = disc.score(left, q, right)[0]
+        window = [c.centre_id + k for k in (-2, -1, 1, 2)]
+        assert all(corpus.text(i) is not None and (i >> 20) == (c.centre_id >> 20) for i in window)
+        reps = disc.encode(corpus.texts(window))
+        direct = disc.score(reps[None, :2], q, reps[None, 2:])[0]
         assert v == pytest.approx(-np.logaddexp(0.0, -direct), abs=1e-5)
-    other = src._disc_scores("Our soldiers fought bravely overseas.", cands)
+    other = src.disc_scores("Our soldiers fought bravely overseas.", cands)
     assert not np.array_equal(np.argsort(fast), np.argsort(other))
     sets = src.context_sets([query])
     assert 0 < len(sets[0].contexts) <= 5 and all(c.log_p_disc is not None for c in sets[0].contexts)
+    by_centre = dict(zip((c.centre_id for c in cands), fast))
+    for c in sets[0].contexts:  # the batched query encoding of context_sets gives the same terms
+        assert c.log_p_disc == pytest.approx(by_centre[c.centre_id], abs=1e-5)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sentsim.config import add_config_arguments
+from sentsim.config import add_config_arguments, add_run_arguments
 
 COMMAND = ("contexts",)
 HELP = "build each sentence's diverse context set C_s (retrieve, screen, select) into resumable shards"
@@ -14,8 +14,7 @@ def add_arguments(p) -> None:
     p.add_argument("--discriminator", help="discriminator directory (omit to rank by retrieval score)")
     p.add_argument("--sentences", help="sentences to screen, one per line (TAB-separated pairs and STS-B files work)")
     p.add_argument("--out", help="output run directory")
-    p.add_argument("--force-new", action="store_true")
-    p.add_argument("--executor", choices=["ray", "inline"], default="ray")
+    add_run_arguments(p)
     add_config_arguments(p)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from sentsim.config import add_config_arguments
+from sentsim.config import add_config_arguments, add_run_arguments
 
 COMMAND = ("corpus", "build")
 HELP = "split documents (JSONL[.gz], text, Parquet) into sentence and chunk Parquet shards; resumable"
@@ -15,8 +15,7 @@ def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="run directory (local path or s3://...)")
     p.add_argument("--on-error", choices=["fail", "skip"], default=None, help="bad documents: stop (exit 2) or skip and count")
     p.add_argument("--chunk-size", type=int, default=None, help="sentences per chunk (default 8)")
-    p.add_argument("--force-new", action="store_true", help="discard a run with another fingerprint at --out")
-    p.add_argument("--executor", choices=["ray", "inline"], default="ray", help="ray tasks (default) or in this process")
+    add_run_arguments(p)
     add_config_arguments(p)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sentsim.config import add_config_arguments
+from sentsim.config import add_config_arguments, add_run_arguments
 
 COMMAND = ("harvest",)
 HELP = "harvest pair similarities (Eq. 4) and rank-vector targets into resumable Parquet shards"
@@ -16,8 +16,7 @@ def add_arguments(p) -> None:
     p.add_argument("--pairs", dest="pairs_file", help="explicit mode: score these pairs instead of sampling")
     p.add_argument("--out", help="output run directory (local path or s3://...)")
     p.add_argument("--resume", action="store_true", help="continue the run at --out (the default when one exists)")
-    p.add_argument("--force-new", action="store_true", help="discard a run with another fingerprint at --out")
-    p.add_argument("--executor", choices=["ray", "inline"], default="ray")
+    add_run_arguments(p)
     add_config_arguments(p)
 
 

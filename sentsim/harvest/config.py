@@ -33,6 +33,10 @@ class ContextSetConfig(Section):
     one_per_chunk: bool = Field(True, description="each chunk contributes at most one context")
     # Table 8 / §5.5 ablation: random contexts instead of retrieval + discriminator screening.
     mode: Literal["screened", "random"] = "screened"
+    # 003 §3.3: "we cache sentence representations in advance, and compute model scores in the
+    # last neural layer". A `sentsim cache build` run to reuse across jobs; when unset, a job with
+    # a discriminator builds its own under <out>/rep_cache (resumable) before screening.
+    rep_cache: Optional[str] = Field(None, description="discriminator representation cache (a `sentsim cache build` run)")
 
 
 class StageResources(Section):
@@ -94,6 +98,7 @@ class HarvestConfig(Section):
         d = self.model_dump()
         for k in ("out", "resources"):
             d.pop(k)
+        d["contexts"].pop("rep_cache")  # where the cache lies is not semantic; its identity is (job.py)
         for k in ("device", "torch_threads", "actor_num_cpus", "actor_num_gpus", "batch_tokens"):
             d["scoring"].pop(k, None)
         return d

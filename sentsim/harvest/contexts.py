@@ -2,9 +2,11 @@
 
 `ContextSource.context_sets(texts)` returns, per sentence, an ordered list of `Context`s. In
 `screened` mode: TF-IDF bigram retrieval of chunks, one candidate per sentence slot, ranked by
-the discriminator's log p(y=1 | s, c) from cached sentence representations (head only), then the
-greedy diverse selection. In `random` mode (the paper's ablation): contexts around random corpus
-sentences, seeded by the sentence text.
+the discriminator's log p(y=1 | s, c), then the greedy diverse selection. The discriminator runs
+its LSTM on the query only: every context is scored from the corpus representation cache
+(`sentsim.screening.ContextCache`, built once per corpus and discriminator by cache_job.py) by
+the head alone (`sentsim.screening.score_candidates`), as 003 §3.3 prescribes. In `random` mode
+(the paper's ablation): contexts around random corpus sentences, seeded by the sentence text.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from sentsim.errors import UsageError
 from sentsim.harvest.config import ContextSetConfig
 from sentsim.harvest.corpus_index import CorpusIndex
-from sentsim.screening.candidates import expand_candidates
+from sentsim.screening.candidates import Candidates, expand_candidates, window_ids
 from sentsim.screening.select import select_diverse, word_set
 
 
@@ -49,57 +52,63 @@ def _text_seed(seed: int, text: str) -> int:
 
 
 class ContextSource:
+    """`window`: context sentences on each side (the context models'). With a discriminator,
+    `cache` is its representation cache of this corpus (jobs load the store's once per actor);
+    when omitted it is built in memory, which suits small corpora and tests."""
+
     def __init__(self, corpus: CorpusIndex, cfg: ContextSetConfig, window: int, seed: int,
-                 retriever=None, discriminator=None):
+                 retriever=None, discriminator=None, cache=None):
         self.corpus = corpus
         self.cfg = cfg
         self.window = window
         self.seed = seed
         self.retriever = retriever
         self.disc = discriminator
+        self.cache = None
+        # A candidate needs a full window for the context models and for the discriminator
+        # (the cache holds only windows inside a document); see sentsim.screening.candidates.
+        self.expand_window = window
+        if discriminator is not None:
+            from sentsim.screening.cache import ContextCache, check_meta
 
-    # ---- discriminator reps, cached per corpus sentence -------------------------------------
-    def _rep_rows(self, positions: np.ndarray) -> np.ndarray:
-        """Reps of corpus rows (-1 = missing -> zeros); each row is encoded once per actor."""
-        n = len(self.corpus.ids)
-        if not hasattr(self, "_rep"):
-            self._rep = np.zeros((n + 1, self.disc.rep_dim), np.float32)  # last row stays zero
-            self._have = np.zeros(n + 1, bool)
-            self._have[n] = True
-        pos = np.where(positions < 0, n, positions)
-        todo = np.unique(pos[~self._have[pos]])
-        if len(todo):
-            self._rep[todo] = self.disc.encode([self.corpus.sentences.texts[i] for i in todo])
-            self._have[todo] = True
-        return self._rep[pos]
+            if cache is None:
+                cache = ContextCache.build(discriminator, corpus.sentences)
+            check_meta(cache.meta, discriminator, "representation cache")
+            if cache.meta.get("corpus_fingerprint") not in (None, corpus.fingerprint):
+                raise UsageError("the representation cache was made for another corpus; rebuild it")
+            self.cache = cache
+            self.expand_window = max(window, discriminator.window)
 
-    def _disc_scores(self, text: str, cands: List[Context]) -> np.ndarray:
-        """log p(y=1 | s, c) for one sentence in many contexts, from cached reps (head only)."""
-        w = self.disc.window
-        centre = np.array([c.centre_id for c in cands], dtype=np.int64)
-        offs = np.arange(1, w + 1)
-        left_ids = centre[:, None] - offs[::-1][None, :]
-        right_ids = centre[:, None] + offs[None, :]
-        doc = centre[:, None] >> 20
+    # ---- discriminator terms from the cache (head only) --------------------------------------
+    def _log_p(self, features: np.ndarray, centre_ids: np.ndarray) -> np.ndarray:
+        """log p(y=1 | s, c) of one sentence (features from disc.project_sentences) in the
+        discriminator windows around `centre_ids`."""
+        from sentsim.screening.screen import score_candidates
 
-        def rows(ids):
-            pos = self.corpus.sentences.positions(ids.ravel()).reshape(ids.shape)
-            pos[(ids >> 20) != doc] = -1  # never cross a document edge; missing slots stay zero
-            return self._rep_rows(pos.ravel()).reshape(ids.shape + (self.disc.rep_dim,))
-
-        q = self.disc.encode([text])[0]
-        logits = self.disc.score(rows(left_ids), q, rows(right_ids))
+        centre_ids = np.asarray(centre_ids, dtype=np.int64)
+        left, right = window_ids(centre_ids, self.disc.window)
+        m = len(centre_ids)
+        cands = Candidates(np.zeros(m, np.int64), np.zeros(m, np.int32), centre_ids, left, right, np.zeros(m, np.float32))
+        logits = score_candidates(self.disc, self.cache, features, cands)
         return -np.logaddexp(0.0, -logits.astype(np.float64))  # log sigmoid
+
+    def _features(self, texts: Sequence[str]) -> np.ndarray:
+        return self.disc.project_sentences(self.disc.encode(list(texts)))
+
+    def disc_scores(self, text: str, contexts: Sequence[Context]) -> np.ndarray:
+        """log p(y=1 | text, c) for each context (e.g. a partner's C_s, for the cross terms)."""
+        return self._log_p(self._features([text]), np.array([c.centre_id for c in contexts], dtype=np.int64))
 
     # ---- context sets --------------------------------------------------------------------
     def _expand(self, chunk_ids: np.ndarray, scores: np.ndarray) -> List[Context]:
         """One candidate per sentence slot with a full window inside its document (edge slots,
         whose window would leave the document, give none: see sentsim.screening.candidates)."""
-        c = expand_candidates(chunk_ids, scores, self.corpus.chunks, self.corpus.ids, self.window)
+        c = expand_candidates(chunk_ids, scores, self.corpus.chunks, self.corpus.ids, self.expand_window)
         if not len(c):
             return []
-        lpos = self.corpus.sentences.positions(c.left_ids.ravel()).reshape(c.left_ids.shape)
-        rpos = self.corpus.sentences.positions(c.right_ids.ravel()).reshape(c.right_ids.shape)
+        k = self.window  # the context models' sentences: the innermost k of the expanded window
+        lpos = self.corpus.sentences.positions(c.left_ids[:, -k:].ravel()).reshape(-1, k)
+        rpos = self.corpus.sentences.positions(c.right_ids[:, :k].ravel()).reshape(-1, k)
         texts = self.corpus.sentences.texts
         return [
             Context(int(c.chunk_id[i]), int(c.slot[i]), int(c.centre_id[i]), [texts[p] for p in lpos[i]],
@@ -111,15 +120,17 @@ class ContextSource:
         if self.cfg.mode == "random":
             return [self._random(t) for t in texts]
         ids, scores = self.retriever.search(list(texts), self.cfg.retrieve_chunks)
-        return [self._screened(t, ids[i], scores[i]) for i, t in enumerate(texts)]
+        feats = self._features(texts) if self.disc is not None and len(texts) else None
+        return [self._screened(t, ids[i], scores[i], None if feats is None else feats[i:i + 1])
+                for i, t in enumerate(texts)]
 
-    def _screened(self, text: str, chunk_ids: np.ndarray, scores: np.ndarray) -> ContextSet:
+    def _screened(self, text: str, chunk_ids: np.ndarray, scores: np.ndarray, features=None) -> ContextSet:
         cands = self._expand(chunk_ids, scores)
         if not cands:
             reason = "no retrieved chunk" if text.strip() else "empty sentence"
             return ContextSet([], 0, reason)
         if self.disc is not None:
-            primary = self._disc_scores(text, cands)
+            primary = self._log_p(features, np.array([c.centre_id for c in cands], dtype=np.int64))
             for c, v in zip(cands, primary):
                 c.log_p_disc = float(v)
         else:

@@ -1,4 +1,10 @@
-"""`sentsim harvest` / jobs/harvest_pairs.py: plan units, run the stages on Ray, resume, report."""
+"""`sentsim harvest` / jobs/harvest_pairs.py: plan units, run the stages on Ray, resume, report.
+
+With a discriminator (screened contexts), the corpus representation cache (003 §3.3) comes first:
+`contexts.rep_cache` when given (checked against this corpus and discriminator), else one built
+through the shard store under <out>/rep_cache, resumable like the harvest itself. Its identity
+is part of the harvest's fingerprint, and each context actor loads it once.
+"""
 
 from __future__ import annotations
 
@@ -95,6 +101,11 @@ def plan(cfg: HarvestConfig, corpus) -> tuple[list, dict]:
     return units, {"anchors": n}
 
 
+def uses_rep_cache(cfg: HarvestConfig) -> bool:
+    """Screening with a discriminator scores contexts from its representation cache (003 §3.3)."""
+    return bool(cfg.discriminator) and cfg.contexts.mode == "screened"
+
+
 def model_hashes(cfg: HarvestConfig) -> dict:
     from sentsim.rank.targets import checkpoint_hash, default_base_encoder
 
@@ -105,6 +116,11 @@ def model_hashes(cfg: HarvestConfig) -> dict:
         out["index"] = read_index_manifest(cfg.index).get("fingerprint") or checkpoint_hash(cfg.index)
     if cfg.discriminator:
         out["discriminator"] = checkpoint_hash(cfg.discriminator)
+    if uses_rep_cache(cfg):
+        from sentsim.retrieval.corpus_view import corpus_fingerprint
+        from sentsim.screening.cache_job import cache_identity
+
+        out["rep_cache"] = cache_identity(corpus_fingerprint(cfg.corpus), cfg.discriminator)
     if cfg.rank.enabled:
         out["base_encoder"] = checkpoint_hash(cfg.rank.encoder or default_base_encoder())
     return out
@@ -156,7 +172,8 @@ def harvest(
 
     corpus = CorpusIndex(cfg.corpus)
     units, plan_info = plan(cfg, corpus)
-    fp = fingerprint(STAGE, cfg.semantic(), corpus.fingerprint, plan_info, model_hashes(cfg))
+    hashes = model_hashes(cfg)
+    fp = fingerprint(STAGE, cfg.semantic(), corpus.fingerprint, plan_info, hashes)
     store = ShardStore(cfg.out)
     store.open_run(STAGE, fp, cfg.model_dump(), [{"corpus": cfg.corpus, "fingerprint": corpus.fingerprint, **plan_info}],
                    {"pairs": PAIR_SCHEMA, "sentences": SENTENCE_SCHEMA, "context_scores": CONTEXT_SCORE_SCHEMA},
@@ -180,8 +197,15 @@ def harvest(
     elif executor != "inline":
         raise UsageError(f"unknown executor {executor!r} (ray or inline)")
     check_gpus(cfg, executor)
+    rep_cache = None
+    if uses_rep_cache(cfg) and pending:  # every corpus sentence encoded once, before the pipeline
+        from sentsim.screening.cache_job import ensure_rep_cache
+
+        rep_cache = ensure_rep_cache(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator,
+                                     hashes["rep_cache"], cfg.resources.contexts, executor=executor,
+                                     force_new=force_new, address=address, quiet=quiet)
     stages = [
-        functools.partial(ContextStage, cfg, window),
+        functools.partial(ContextStage, cfg, window, rep_cache),
         functools.partial(ScoreStage, cfg, refs),
         functools.partial(RankAndWriteStage, cfg, fp, anchor_ids, anchor_texts),
     ]

@@ -1,6 +1,7 @@
 """The harvest's stages. Each declares its resources; `job.py` composes them into a list.
 
-    ContextStage (CPU)  partners for each anchor, context sets C_s, discriminator terms
+    ContextStage (CPU)  partners for each anchor, context sets C_s, discriminator terms (head
+                        only, from the representation cache each actor loads once)
     ScoreStage   (GPU)  S(s, c) for every needed (sentence, context), Eq. 4 per pair
     RankStage    (CPU/GPU) rank-vector codes per sentence, rank similarity per pair, then the
                  unit's shards and completion marker are written
@@ -53,9 +54,10 @@ def _res(r) -> Resources:
 class ContextStage(Stage):
     name = "contexts"
 
-    def __init__(self, cfg: HarvestConfig, window: int):
+    def __init__(self, cfg: HarvestConfig, window: int, rep_cache: Optional[str] = None):
         self.cfg = cfg
         self.window = window
+        self.rep_cache = rep_cache  # the discriminator's representation cache run (job.py builds it)
         self.resources = _res(cfg.resources.contexts)
 
     def setup(self) -> None:
@@ -64,17 +66,20 @@ class ContextStage(Stage):
 
         cfg = self.cfg
         self.corpus = CorpusIndex(cfg.corpus)
-        retriever = disc = None
+        retriever = disc = cache = None
         if cfg.index:
             from sentsim.retrieval import open_retriever
 
             retriever = open_retriever(cfg.index, corpus=cfg.corpus)
         if cfg.discriminator and cfg.contexts.mode == "screened":
             from sentsim.discriminator import Discriminator
+            from sentsim.screening.cache import ContextCache
 
             disc = Discriminator.load(cfg.discriminator, corpus=cfg.corpus)
+            if self.rep_cache:  # loaded once per actor (003 §3.3: reps cached in advance)
+                cache = ContextCache.from_store(self.rep_cache, disc)
         self.retriever = retriever
-        self.source = ContextSource(self.corpus, cfg.contexts, self.window, cfg.seed, retriever, disc)
+        self.source = ContextSource(self.corpus, cfg.contexts, self.window, cfg.seed, retriever, disc, cache)
 
     def _partners(self, anchors: List[int], anchor_set: set) -> List[tuple]:
         p = self.cfg.partners
@@ -130,7 +135,7 @@ class ContextStage(Stage):
                     for s, other in ((a, b), (b, a)):
                         todo = [c for c in csets[other].contexts if (s, c.key) not in disc]
                         if todo:
-                            for c, v in zip(todo, self.source._disc_scores(texts[s], todo)):
+                            for c, v in zip(todo, self.source.disc_scores(texts[s], todo)):
                                 disc[(s, c.key)] = float(v)
             item.update(pairs=pairs, texts=texts, csets=csets, disc=disc)
             item.setdefault("timing", {})["contexts"] = time.perf_counter() - t0

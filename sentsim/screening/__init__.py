@@ -1,5 +1,6 @@
 """Context screening (paper 003 §3.3): candidate expansion, head-only scoring from cached reps,
-and the greedy diverse selection of C_s."""
+and the greedy diverse selection of C_s. The representation cache is `cache.ContextCache`; the
+job that writes it through the shard store (`sentsim cache build`) is `cache_job`."""
 
 from sentsim.screening.cache import ContextCache
 from sentsim.screening.candidates import Candidates, expand_candidates

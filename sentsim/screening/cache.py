@@ -3,10 +3,15 @@ representations in advance, and compute model scores in the last neural layer").
 
 Per corpus sentence: the unit-normalised BiLSTM rep. Per valid centre position (a window of w
 sentences on each side exists in the document): the context-only features g(c), l, r of the
-interaction head. With these, scoring a candidate context for a query is O(d + D).
+interaction head, and the norm of each side's mean unit rep. With these, scoring a candidate
+context for a query is O(d + D).
 
-Saved as plain .npy (allow_pickle=False) plus cache.json with the corpus and discriminator
-fingerprints; loading refuses a cache made for another corpus or another model.
+Two on-disk forms, both refusing a cache made for another corpus or another model:
+- a shard-store run (`from_store`, written by `sentsim cache build`, see cache_job.py): tables
+  `reps` (sentence_id, unit_rep) and `centres` (centre_id, core, side_norms), one Parquet file
+  per unit of whole documents, readable with pyarrow; the jobs use this one;
+- plain .npy files (allow_pickle=False) plus cache.json (`save` / `load`, memory-mapped), for
+  benchmarks and small experiments.
 """
 
 from __future__ import annotations
@@ -19,6 +24,32 @@ import numpy as np
 from sentsim.errors import UsageError
 
 FORMAT = "sentsim-repcache-v1"
+STORE_STAGE = "rep_cache"  # the shard-store stage name of a cache run
+
+
+def store_schemas(rep_dim: int, core_dim: int):
+    """The Parquet tables of a cache run: fixed-size float32 lists, one row per sentence / centre."""
+    import pyarrow as pa
+
+    return {
+        "reps": pa.schema([("sentence_id", pa.int64()), ("unit_rep", pa.list_(pa.float32(), rep_dim))]),
+        "centres": pa.schema([("centre_id", pa.int64()), ("core", pa.list_(pa.float32(), core_dim)),
+                              ("side_norms", pa.list_(pa.float32(), 2))]),
+    }
+
+
+def check_meta(meta: dict, disc, where: str) -> None:
+    """Refuse a cache whose discriminator or corpus is not `disc`'s."""
+    if disc is not None and (meta.get("discriminator_fingerprint") != disc.config.get("fingerprint")
+                             or meta.get("corpus_fingerprint") != disc.corpus_fingerprint
+                             or int(meta.get("window", -1)) != disc.window):
+        raise UsageError(f"{where}: the cache was made with another discriminator or corpus; rebuild it")
+
+
+def _matrix(col, width: int) -> np.ndarray:
+    """A fixed_size_list<float32> column -> float32 [n, width]."""
+    flat = col.combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    return np.ascontiguousarray(flat, np.float32).reshape(-1, width)
 
 
 class ContextCache:
@@ -64,6 +95,7 @@ class ContextCache:
             core[lo:lo + batch_size] = disc.context_core(left, right)
         meta = {"format": FORMAT, "corpus_fingerprint": disc.corpus_fingerprint,
                 "discriminator_fingerprint": disc.config.get("fingerprint"), "window": w,
+                "rep_dim": int(reps.shape[1]), "core_dim": int(core.shape[1]),
                 "n_sentences": int(len(sentences)), "n_centres": int(len(centres))}
         return cls(sentences.ids, unit.astype(np.float32), sentences.ids[centres], core, w, meta)
 
@@ -86,13 +118,59 @@ class ContextCache:
         meta = json.loads(mp.read_text(encoding="utf-8"))
         if meta.get("format") != FORMAT:
             raise UsageError(f"{path}: unknown cache format {meta.get('format')!r}")
-        if disc is not None and (meta.get("discriminator_fingerprint") != disc.config.get("fingerprint")
-                                 or meta.get("corpus_fingerprint") != disc.corpus_fingerprint):
-            raise UsageError(f"{path}: the cache was made with another discriminator or corpus; rebuild it")
+        check_meta(meta, disc, str(path))
         mode = "r" if mmap else None
         ld = lambda n: np.load(path / n, mmap_mode=mode, allow_pickle=False)  # noqa: E731
         return cls(ld("sentence_ids.npy"), ld("unit_reps.npy"), ld("centre_ids.npy"), ld("context_core.npy"),
                    int(meta["window"]), meta, side_norms=ld("side_norms.npy"))
+
+    # ---- the shard-store form ---------------------------------------------------------------
+    def to_tables(self) -> dict:
+        """This cache as the store's tables (one unit's worth when built on whole documents)."""
+        import pyarrow as pa
+
+        def fixed(a: np.ndarray):
+            a = np.ascontiguousarray(a, np.float32)
+            return pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), a.shape[1])
+
+        sch = store_schemas(self.unit_reps.shape[1], self.core.shape[1])
+        return {
+            "reps": pa.Table.from_arrays([pa.array(self.sentence_ids), fixed(self.unit_reps)], schema=sch["reps"]),
+            "centres": pa.Table.from_arrays([pa.array(self.centre_ids), fixed(self.core), fixed(self.side_norms)],
+                                            schema=sch["centres"]),
+        }
+
+    @classmethod
+    def from_store(cls, uri: str, disc=None) -> "ContextCache":
+        """Load a complete cache run (see cache_job.py) into memory; sentence ids ascending."""
+        import pyarrow.dataset as pads
+
+        from storage import ShardStore
+
+        store = ShardStore(uri)
+        manifest = store.read_manifest()
+        if manifest is None or manifest.get("stage") != STORE_STAGE:
+            raise UsageError(f"{uri}: not a representation cache run (no {STORE_STAGE} manifest.json)")
+        if not store.is_complete():
+            raise UsageError(f"{uri}: the representation cache is incomplete; finish it with `sentsim cache build`")
+        meta = dict(manifest.get("cache") or {})
+        if meta.get("format") != FORMAT:
+            raise UsageError(f"{uri}: unknown cache format {meta.get('format')!r}")
+        check_meta(meta, disc, uri)
+        # read exactly the files the run's markers vouch for, nothing else lying in the folders
+        fp = manifest["fingerprint"]
+        recs = [r for u, r in sorted(store.markers().items())
+                if r.get("fingerprint") == fp and u < int(manifest["planned_units"])]
+
+        def table(name: str, key: str):
+            paths = [store.path(r["files"][name]["path"]) for r in recs]
+            return pads.dataset(paths, filesystem=store.fs, format="parquet").to_table().sort_by(key)
+
+        reps, centres = table("reps", "sentence_id"), table("centres", "centre_id")
+        meta.update(n_sentences=reps.num_rows, n_centres=centres.num_rows)
+        return cls(reps.column("sentence_id").to_numpy(), _matrix(reps.column("unit_rep"), int(meta["rep_dim"])),
+                   centres.column("centre_id").to_numpy(), _matrix(centres.column("core"), int(meta["core_dim"])),
+                   int(meta["window"]), meta, side_norms=_matrix(centres.column("side_norms"), 2))
 
     def centre_rows(self, centre_ids: np.ndarray) -> np.ndarray:
         rows = np.searchsorted(self.centre_ids, centre_ids)

@@ -39,6 +39,13 @@ class Candidates:
         return self.left_ids[:, -1]
 
 
+def window_ids(centre: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of the w sentences before and after each centre, in document order: [m, w] each."""
+    offs = np.arange(1, window + 1, dtype=np.int64)
+    centre = np.asarray(centre, dtype=np.int64)
+    return centre[:, None] - offs[::-1][None, :], centre[:, None] + offs[None, :]
+
+
 def expand_candidates(chunk_ids: np.ndarray, retrieval_scores: np.ndarray, chunks: ChunkTable,
                       sentence_ids: np.ndarray, window: int) -> Candidates:
     """chunk_ids / retrieval_scores: one query's retrieval row (-1 padding is ignored).
@@ -56,9 +63,7 @@ def expand_candidates(chunk_ids: np.ndarray, retrieval_scores: np.ndarray, chunk
     starts = np.cumsum(n) - n
     slot = (np.arange(total) - np.repeat(starts, n)).astype(np.int32)
     centre = chunks.first[rows][rep] + slot
-    offs = np.arange(1, window + 1, dtype=np.int64)
-    left = centre[:, None] - offs[::-1][None, :]
-    right = centre[:, None] + offs[None, :]
+    left, right = window_ids(centre, window)
     doc = centre >> DOC_SHIFT
     ok = np.ones(total, dtype=bool)
     for ids in (left, right):

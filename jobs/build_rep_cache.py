@@ -1,0 +1,11 @@
+"""Ray job: `ray job submit --working-dir . -- python jobs/build_rep_cache.py --corpus ... --discriminator ... --out ...`."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sentsim.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["cache", "build", *sys.argv[1:]]))

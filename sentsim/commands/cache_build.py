@@ -1,0 +1,29 @@
+"""sentsim cache build --corpus DIR --discriminator DIR --out DIR"""
+
+from __future__ import annotations
+
+from sentsim.config import add_config_arguments, add_run_arguments
+
+COMMAND = ("cache", "build")
+HELP = "encode every corpus sentence once with the discriminator (003 §3.3 rep cache) into resumable shards"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--corpus", help="corpus run directory")
+    p.add_argument("--discriminator", help="discriminator directory")
+    p.add_argument("--out", help="output run directory (then pass it as contexts.rep_cache)")
+    add_run_arguments(p)
+    add_config_arguments(p)
+
+
+def run(args) -> int:
+    from sentsim.config import load_config
+    from sentsim.screening.cache_job import RepCacheConfig, build_rep_cache
+
+    cfg = load_config(RepCacheConfig, args.config, args.overrides, corpus=args.corpus,
+                      discriminator=args.discriminator, out=args.out)
+    m = build_rep_cache(cfg, executor=args.executor, force_new=args.force_new, address=args.address)
+    c = m["counts"]
+    print(f"rep cache: {c['sentences']:,} sentences, {c['centres']:,} windows in "
+          f"{m['completed_units']}/{m['planned_units']} units -> {cfg.out}")
+    return 0 if m["complete"] else 1

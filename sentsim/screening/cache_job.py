@@ -1,0 +1,190 @@
+"""`sentsim cache build`: the discriminator's representation cache as a resumable shard-store run.
+
+Paper 003 §3.3: "we cache sentence representations in advance, and compute model scores in the
+last neural layer". Every corpus sentence is encoded once, here, and every screening actor then
+loads the result (`ContextCache.from_store`) instead of running the LSTM itself.
+
+A work unit is a run of whole documents (about `sentences_per_unit` sentences): a window never
+crosses a document, so each unit's cache is `ContextCache.build` on its own sentences and the
+units together equal the cache of the whole corpus. Each actor of the pool loads the
+discriminator once and reads only its unit's rows of the corpus shards.
+
+The identity of a cache is (corpus fingerprint, discriminator checkpoint hash, window): the
+harvest and `sentsim contexts` put it into their own fingerprints, and a cache made for another
+corpus or discriminator is refused. The run's fingerprint adds the unit size (the unit layout).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+from pydantic import Field
+
+from sentsim.config import Section, fingerprint
+from sentsim.errors import UsageError
+from sentsim.harvest.config import StageResources
+from sentsim.pipeline import Resources, Stage, run_pipeline
+from sentsim.screening.cache import FORMAT, STORE_STAGE, store_schemas
+from storage import ShardStore
+
+SUBDIR = "rep_cache"  # where the harvest and `sentsim contexts` build it inside their own --out
+
+
+class RepCacheConfig(Section):
+    corpus: str
+    discriminator: str
+    out: str
+    # Units of whole documents of about this many sentences: large enough that the LSTM batches
+    # well, small enough that a killed actor loses little.
+    sentences_per_unit: int = Field(8192, ge=1)
+    resources: StageResources = StageResources()
+
+
+def cache_identity(corpus_fp: str, discriminator: str) -> str:
+    """What the cache's content depends on: corpus, discriminator checkpoint, window."""
+    from sentsim.rank.targets import checkpoint_hash
+
+    cp = Path(discriminator) / "config.json"
+    if not cp.is_file():
+        raise UsageError(f"{discriminator}: not a discriminator directory (no config.json)")
+    window = int(json.loads(cp.read_text(encoding="utf-8")).get("model", {}).get("window", 1))
+    return fingerprint(STORE_STAGE, FORMAT, corpus_fp, checkpoint_hash(discriminator), window)
+
+
+def plan_units(ids: np.ndarray, per_unit: int) -> List[dict]:
+    """Sorted sentence ids -> units of whole documents, each an id range [lo, hi)."""
+    from sentsim.retrieval.corpus_view import DOC_SHIFT
+
+    if not len(ids):
+        return []
+    docs = ids >> DOC_SHIFT
+    starts = np.flatnonzero(np.r_[True, docs[1:] != docs[:-1]])  # first position of each document
+    units, lo = [], 0
+    for s in list(starts[1:]) + [len(ids)]:
+        if s - lo >= per_unit or s == len(ids):
+            units.append({"unit": len(units), "lo": int(ids[lo]), "hi": int(ids[s - 1]) + 1, "n": int(s - lo)})
+            lo = s
+    return units
+
+
+class CacheStage(Stage):
+    name = "rep_cache"
+
+    def __init__(self, cfg: RepCacheConfig, fp: str):
+        self.cfg, self.fp = cfg, fp
+        r = cfg.resources
+        self.resources = Resources(r.num_cpus, r.num_gpus, 1, r.min_actors, r.max_actors)
+
+    def setup(self) -> None:
+        from sentsim.discriminator import Discriminator
+
+        self.disc = Discriminator.load(self.cfg.discriminator, corpus=self.cfg.corpus)
+
+    def _sentences(self, lo: int, hi: int):
+        import pyarrow.dataset as pads
+
+        from sentsim.retrieval.corpus_view import SentenceTable
+
+        # only this unit's rows: Parquet statistics skip the other shards' row groups
+        f = pads.field("sentence_id")
+        t = pads.dataset(str(Path(self.cfg.corpus) / "sentences"), format="parquet").to_table(
+            columns=["sentence_id", "text"], filter=(f >= lo) & (f < hi))
+        return SentenceTable(t.column("sentence_id").to_numpy().astype(np.int64), t.column("text").to_pylist())
+
+    def process(self, items: List[dict]) -> List[dict]:
+        from sentsim.screening.cache import ContextCache
+
+        out = []
+        for item in items:
+            t0 = time.perf_counter()
+            st = self._sentences(item["lo"], item["hi"])
+            if len(st) != item["n"]:
+                raise UsageError(f"{self.cfg.corpus}: sentences {item['lo']}..{item['hi']} changed while caching")
+            cache = ContextCache.build(self.disc, st)
+            ShardStore(self.cfg.out).write_unit(item["unit"], cache.to_tables(), self.fp,
+                                                {"sentences": len(st), "centres": len(cache.centre_ids)})
+            out.append({"unit": item["unit"], "sentences": len(st), "seconds": time.perf_counter() - t0})
+        return out
+
+
+def build_rep_cache(cfg: RepCacheConfig, executor: str = "ray", force_new: bool = False,
+                    address: Optional[str] = None, quiet: bool = False) -> dict:
+    """Build (or finish, or confirm) the cache run at cfg.out; returns its manifest."""
+    from sentsim.discriminator import Discriminator
+    from sentsim.retrieval.corpus_view import corpus_fingerprint, read_table
+
+    corpus_fp = corpus_fingerprint(cfg.corpus)
+    disc = Discriminator.load(cfg.discriminator, corpus=cfg.corpus)  # refuses another corpus's model
+    identity = cache_identity(corpus_fp, cfg.discriminator)
+    fp = fingerprint(identity, cfg.sentences_per_unit)
+    store = ShardStore(cfg.out)
+    old = store.read_manifest()
+    if old is not None and not force_new and old.get("stage") == STORE_STAGE and old.get("identity") != identity:
+        raise UsageError(f"{cfg.out}: this representation cache was built for another corpus or discriminator; "
+                         "choose another --out or pass --force-new to rebuild it")
+    ids = np.sort(read_table(cfg.corpus, "sentences", ["sentence_id"]).column("sentence_id").to_numpy().astype(np.int64))
+    units = plan_units(ids, cfg.sentences_per_unit)
+    meta = {"format": FORMAT, "corpus_fingerprint": corpus_fp, "discriminator_fingerprint": disc.config.get("fingerprint"),
+            "window": disc.window, "rep_dim": disc.rep_dim, "core_dim": disc.model.head.context_core_dim}
+    store.open_run(STORE_STAGE, fp, cfg.model_dump(), [{"corpus": cfg.corpus, "fingerprint": corpus_fp, "sentences": len(ids)}],
+                   store_schemas(meta["rep_dim"], meta["core_dim"]), planned_units=len(units), force_new=force_new,
+                   extra={"identity": identity, "cache": meta})
+    done = store.completed_units(fp)
+    pending = [u for u in units if u["unit"] not in done]
+    stream = open(os.devnull, "w") if quiet else sys.stderr
+    if pending:
+        if executor == "ray":
+            from sentsim.runtime import init_ray
+
+            init_ray(address)
+        t0, n = time.time(), 0
+        for r in run_pipeline(pending, [functools.partial(CacheStage, cfg, fp)], executor=executor):
+            n += r["sentences"]
+            print(f"[rep_cache] unit {r['unit']:05d} | {n:,} sentences | {n / (time.time() - t0):,.1f} sent/s",
+                  file=stream, flush=True)
+    markers = store.markers()
+    count = lambda k: sum(m.get("extra", {}).get(k, 0) for u, m in markers.items() if m.get("fingerprint") == fp)  # noqa: E731
+    return store.finalize(len(units), {"counts": {"sentences": count("sentences"), "centres": count("centres")}})
+
+
+def rep_cache_uri(rep_cache: Optional[str], out: str) -> str:
+    """The cache a job uses: the one given, else its own under <out>/rep_cache."""
+    return rep_cache or f"{out.rstrip('/')}/{SUBDIR}"
+
+
+def check_rep_cache(uri: str, identity: str) -> None:
+    """A given (not built here) cache must be complete and made for this corpus and discriminator."""
+    store = ShardStore(uri)
+    m = store.read_manifest()
+    if m is None or m.get("stage") != STORE_STAGE:
+        raise UsageError(f"{uri}: not a representation cache (build one with `sentsim cache build`)")
+    if m.get("identity") != identity:
+        raise UsageError(f"{uri}: the representation cache was built for another corpus or discriminator; rebuild it")
+    if not store.is_complete():
+        raise UsageError(f"{uri}: the representation cache is incomplete; finish it with `sentsim cache build`")
+
+
+def ensure_rep_cache(rep_cache: Optional[str], out: str, corpus: str, discriminator: str, identity: str,
+                     resources: StageResources, executor: str = "ray", force_new: bool = False,
+                     address: Optional[str] = None, quiet: bool = False) -> str:
+    """Check the given cache, or build (resume) the job's own one; returns its URI."""
+    uri = rep_cache_uri(rep_cache, out)
+    if rep_cache:
+        check_rep_cache(uri, identity)
+        return uri
+    # --force-new on the job replaces its own cache only when that cache is for other models:
+    # a cache of the same identity is still right, and rebuilding it would only cost time.
+    old = ShardStore(uri).read_manifest()
+    stale = old is not None and old.get("identity") != identity
+    m = build_rep_cache(RepCacheConfig(corpus=corpus, discriminator=discriminator, out=uri, resources=resources),
+                        executor=executor, force_new=force_new and stale, address=address, quiet=quiet)
+    if not m["complete"]:
+        raise UsageError(f"{uri}: the representation cache did not complete; run the job again to resume it")
+    return uri
