@@ -79,6 +79,9 @@ def main() -> None:
     ap.add_argument("--anchors", type=int, default=12)
     ap.add_argument("--context-models", nargs="*")
     ap.add_argument("--small", action="store_true", help="a d_model-64 model instead of the reference size")
+    ap.add_argument("--actors", default="1,2", help="Ray configurations to time: scoring actors, comma-separated")
+    ap.add_argument("--throughput-only", action="store_true",
+                    help="skip the 4x-corpus memory runs and the rank-target timing (for slow reference models)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "harvest.md"))
     args = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -101,28 +104,31 @@ def main() -> None:
 
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False)
     results = {}
-    plan = [("inline, 1 process", "inline", 1), ("ray, 1 scoring actor", "ray", 1), ("ray, 2 scoring actors", "ray", 2)]
+    plan = [("inline, 1 process", "inline", 1)] + [
+        (f"ray, {a} scoring actor{'s' if a > 1 else ''}", "ray", a) for a in map(int, args.actors.split(","))]
     for label, executor, actors in plan:
         runs = []
         for r in range(args.runs):
             runs.append(run_once(cfg_for(corpus1, index1, work / "run", actors), executor))
             print(label, r, runs[-1], flush=True)
         results[label] = runs
-    # memory at two corpus sizes (4x the sample)
-    corpus4, index4 = build_inputs(work, 4)
-    mem4 = [run_once(cfg_for(corpus4, index4, work / "run4"), "ray") for _ in range(args.runs)]
+    if not args.throughput_only:
+        # memory at two corpus sizes (4x the sample)
+        corpus4, index4 = build_inputs(work, 4)
+        mem4 = [run_once(cfg_for(corpus4, index4, work / "run4"), "ray") for _ in range(args.runs)]
     ray.shutdown()
-    # rank-target throughput
-    from sentsim.rank.targets import RankTargets, default_base_encoder, sample_anchors
-
-    ids, texts = sample_anchors(str(corpus4), 10_000, seed=0)
-    rt = RankTargets(default_base_encoder(), ids, texts, bits=16)
-    qs = texts[:2000]
     rank_rates = []
-    for _ in range(args.runs):
-        t0 = time.perf_counter()
-        rt.codes(qs)
-        rank_rates.append(len(qs) / (time.perf_counter() - t0))
+    if not args.throughput_only:
+        # rank-target throughput
+        from sentsim.rank.targets import RankTargets, default_base_encoder, sample_anchors
+
+        ids, texts = sample_anchors(str(corpus4), 10_000, seed=0)
+        rt = RankTargets(default_base_encoder(), ids, texts, bits=16)
+        qs = texts[:2000]
+        for _ in range(args.runs):
+            t0 = time.perf_counter()
+            rt.codes(qs)
+            rank_rates.append(len(qs) / (time.perf_counter() - t0))
 
     def row(label, runs):
         pairs = runs[0]["pairs"]
@@ -139,15 +145,19 @@ def main() -> None:
              "|---|---|---|---|---|---|---|"]
     for label, pairs, w, ph, ips, peak in rows:
         lines.append(f"| {label} | {pairs} | {w:.1f} | {ph:,.0f} | {ips:,.1f} | {peak:.0f} | {ph / base:.2f} |")
-    r1 = [r for r in rows if r[0] == "ray, 1 scoring actor"][0]
-    r2 = [r for r in rows if r[0] == "ray, 2 scoring actors"][0]
-    lines += ["", f"Speed-up from 1 to 2 scoring actors: {r2[3] / r1[3]:.2f}x", "",
-              "| corpus | sentences | peak RSS of the driver process tree (MiB) |", "|---|---|---|",
-              f"| sample x1 | {json.loads((corpus1 / 'manifest.json').read_text())['counts']['sentences']:,} | {r1[5]:.0f} |",
-              f"| sample x4 | {json.loads((corpus4 / 'manifest.json').read_text())['counts']['sentences']:,} | "
-              f"{median([x['peak'] for x in mem4]) / 2**20:.0f} |", "",
-              f"Rank targets (all-MiniLM-L6-v2, 10,000 anchors, 16-bit codes = {rt.codec.bytes_per_sentence:,} bytes/sentence): "
-              f"{median(rank_rates):,.0f} sentences/s (median of {args.runs})", ""]
+    by = {r[0]: r for r in rows}
+    r1, r2 = by.get("ray, 1 scoring actor"), by.get("ray, 2 scoring actors")
+    if r1 and r2:
+        lines += ["", f"Speed-up from 1 to 2 scoring actors: {r2[3] / r1[3]:.2f}x"]
+    if not args.throughput_only:
+        n1 = json.loads((corpus1 / "manifest.json").read_text())["counts"]["sentences"]
+        n4 = json.loads((corpus4 / "manifest.json").read_text())["counts"]["sentences"]
+        lines += ["", "| corpus | sentences | peak RSS of the driver process tree (MiB) |", "|---|---|---|",
+                  f"| sample x1 | {n1:,} | {rows[1][5]:.0f} |",
+                  f"| sample x4 | {n4:,} | {median([x['peak'] for x in mem4]) / 2**20:.0f} |", "",
+                  f"Rank targets (all-MiniLM-L6-v2, 10,000 anchors, 16-bit codes = {rt.codec.bytes_per_sentence:,} "
+                  f"bytes/sentence): {median(rank_rates):,.0f} sentences/s (median of {args.runs})"]
+    lines.append("")
     report = "\n".join(lines)
     print(report)
     Path(args.out).write_text(report)
