@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--anchors", type=int, default=12)
     ap.add_argument("--context-models", nargs="*")
     ap.add_argument("--small", action="store_true", help="a d_model-64 model instead of the reference size")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads for scoring, split over the actors")
     ap.add_argument("--actors", default="1,2", help="Ray configurations to time: scoring actors, comma-separated")
     ap.add_argument("--throughput-only", action="store_true",
                     help="skip the 4x-corpus memory runs and the rank-target timing (for slow reference models)")
@@ -98,7 +99,9 @@ def main() -> None:
             corpus, index, bundle[0], out, context_models=bundle,
             anchors={"n": args.anchors, "per_unit": 1}, contexts={"size": 32, "retrieve_chunks": 500},
             rank={"enabled": rank, "n_anchors": 2000},
-            scoring={"batch_tokens": 8192, "torch_threads": 1 if actors > 1 else 0},
+            # the same threads in-process and on Ray: a Ray actor with num_cpus < 1 otherwise gets
+            # OMP_NUM_THREADS=1 while the in-process loop uses every core
+            scoring={"batch_tokens": 8192, "torch_threads": max(1, args.threads // actors)},
             resources={"scoring": {"num_cpus": 0.5, "min_actors": actors, "max_actors": actors}},
         )
 
@@ -140,7 +143,8 @@ def main() -> None:
     base = rows[0][3]
     lines = [f"Machine: {machine()}",
              f"Command: `{' '.join(sys.argv)}` ({args.runs} runs each; |C_s| = 32; {args.anchors} anchors, "
-             f"5 partners each; context model {bundle}); wall time of the harvest call, Ray already started.", "",
+             f"5 partners each; context model {bundle}; {args.threads} torch threads for scoring, split over the "
+             "scoring actors); wall time of the harvest call, Ray already started.", "",
              "| configuration | pairs | median wall (s) | pairs/hour | scored items/s | peak RSS (MiB) | vs in-process |",
              "|---|---|---|---|---|---|---|"]
     for label, pairs, w, ph, ips, peak in rows:

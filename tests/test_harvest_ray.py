@@ -163,3 +163,19 @@ def test_ray_job_submit_harvest(setup, head, tmp_path):
     assert re.search(r"harvest: \d+ pairs", r.stdout)
     assert pairs_of(out).equals(setup["reference"])
     assert json.loads((out / "report.json").read_text())["complete"]
+    # live progress reaches the cluster's metrics (the dashboard's Metrics view, Prometheus)
+    planned = json.loads((out / "manifest.json").read_text())["planned_units"]
+    assert _gauge(head["metrics"], "sentsim_harvest_units_done", str(out)) == planned
+
+
+def _gauge(url: str, name: str, run: str, wait: float = 60.0):
+    """The value of an application gauge for one run, as the node's metrics agent exports it."""
+    import urllib.request
+
+    pat = re.compile(rf'^ray_{name}\{{[^}}]*run="{re.escape(run)}"[^}}]*\}} (\S+)$', re.M)
+    deadline = time.time() + wait
+    while True:
+        m = pat.search(urllib.request.urlopen(url, timeout=10).read().decode())
+        if m or time.time() > deadline:
+            return float(m.group(1)) if m else None
+        time.sleep(2)

@@ -74,11 +74,12 @@ def ray_head(tmp_path_factory):
 
 
 def start_head(tmp, num_cpus=2):
-    port, dash = free_port(), free_port()
+    port, dash, metrics = free_port(), free_port(), free_port()
     env = dict(os.environ, RAY_AUTH_MODE="disabled", PATH=f"{BIN}:{os.environ['PATH']}")
     proc = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", f"--num-cpus={num_cpus}", f"--port={port}",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--include-dashboard=true",
+         f"--metrics-export-port={metrics}",
          f"--temp-dir={tmp}", "--disable-usage-stats"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
@@ -100,7 +101,8 @@ def start_head(tmp, num_cpus=2):
                 os.killpg(proc.pid, signal.SIGKILL)
                 raise RuntimeError("ray head did not come up")
             time.sleep(1)
-    return {"env": env, "address": address, "gcs": f"127.0.0.1:{port}", "proc": proc}
+    return {"env": env, "address": address, "gcs": f"127.0.0.1:{port}", "proc": proc,
+            "metrics": f"http://127.0.0.1:{metrics}/metrics"}
 
 
 def stop_head(head):

@@ -144,12 +144,29 @@ def check_gpus(cfg: HarvestConfig, executor: str) -> None:
 
 
 class Progress:
-    def __init__(self, total: int, already: int, stream=sys.stderr):
+    """Live progress on the console and, when Ray is up, as application metrics (the dashboard's
+    Metrics view and Prometheus show them, tagged by run) beside Ray Data's per-stage rows."""
+
+    def __init__(self, total: int, already: int, stream=sys.stderr, run: str = ""):
         self.total, self.done, self.already = total, 0, already
         self.rows = 0
         self.t0 = time.time()
         self.stream = stream
         self.stage_seconds = {}
+        self.gauges = {}
+        import ray
+
+        if ray.is_initialized():
+            from ray.util.metrics import Gauge
+
+            for name, what in (("units_done", "completed work units (resumed ones included)"),
+                               ("units_planned", "planned work units"), ("pairs_written", "pairs written by this run"),
+                               ("pairs_per_second", "pairs per second since start"), ("eta_seconds", "estimated seconds left")):
+                g = Gauge(f"sentsim_harvest_{name}", description=what, tag_keys=("run",))
+                g.set_default_tags({"run": run})
+                self.gauges[name] = g
+            self.gauges["units_planned"].set(total)
+            self.gauges["units_done"].set(already)
 
     def update(self, r: dict) -> None:
         self.done += 1
@@ -159,6 +176,10 @@ class Progress:
         el = time.time() - self.t0
         left = self.total - self.already - self.done
         eta = el / self.done * left
+        for name, v in (("units_done", self.already + self.done), ("pairs_written", self.rows),
+                        ("pairs_per_second", self.rows / el), ("eta_seconds", eta)):
+            if name in self.gauges:
+                self.gauges[name].set(v)
         print(f"[harvest] unit {r['unit']:05d} | {self.already + self.done}/{self.total} units | {self.rows:,} pairs "
               f"| {self.rows / el:,.1f} pairs/s | ETA {eta:,.0f}s | nulls {r['null_scores']}", file=self.stream, flush=True)
 
@@ -210,7 +231,7 @@ def harvest(
         functools.partial(RankAndWriteStage, cfg, fp, anchor_ids, anchor_texts),
     ]
     scale = {"contexts": _r(cfg.resources.contexts), "scoring": _r(cfg.resources.scoring), "rank": _r(cfg.resources.rank)}
-    progress = Progress(len(units), len(done), stream=open(os.devnull, "w") if quiet else sys.stderr)
+    progress = Progress(len(units), len(done), stream=open(os.devnull, "w") if quiet else sys.stderr, run=cfg.out)
     t0 = time.time()
     if pending:
         for r in run_pipeline(pending, stages, executor=executor, scale=scale):
