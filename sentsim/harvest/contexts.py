@@ -20,7 +20,7 @@ import numpy as np
 from sentsim.errors import UsageError
 from sentsim.harvest.config import ContextSetConfig
 from sentsim.harvest.corpus_index import CorpusIndex
-from sentsim.screening.candidates import Candidates, expand_candidates, window_ids
+from sentsim.screening.candidates import expand_candidates, window_ids
 from sentsim.screening.select import select_diverse, word_set
 
 
@@ -83,21 +83,23 @@ class ContextSource:
     def _log_p(self, features: np.ndarray, centre_ids: np.ndarray) -> np.ndarray:
         """log p(y=1 | s, c) of one sentence (features from disc.project_sentences) in the
         discriminator windows around `centre_ids`."""
-        from sentsim.screening.screen import score_candidates
+        from sentsim.screening.screen import score_windows
 
         centre_ids = np.asarray(centre_ids, dtype=np.int64)
         left, right = window_ids(centre_ids, self.disc.window)
-        m = len(centre_ids)
-        cands = Candidates(np.zeros(m, np.int64), np.zeros(m, np.int32), centre_ids, left, right, np.zeros(m, np.float32))
-        logits = score_candidates(self.disc, self.cache, features, cands)
+        logits = score_windows(self.disc, self.cache, features, centre_ids, left, right)
         return -np.logaddexp(0.0, -logits.astype(np.float64))  # log sigmoid
 
-    def _features(self, texts: Sequence[str]) -> np.ndarray:
+    def sentence_features(self, texts: Sequence[str]) -> np.ndarray:
+        """The discriminator's per-sentence features (the only LSTM run): compute them once per
+        sentence and pass them to `context_sets` and `disc_scores`."""
         return self.disc.project_sentences(self.disc.encode(list(texts)))
 
-    def disc_scores(self, text: str, contexts: Sequence[Context]) -> np.ndarray:
-        """log p(y=1 | text, c) for each context (e.g. a partner's C_s, for the cross terms)."""
-        return self._log_p(self._features([text]), np.array([c.centre_id for c in contexts], dtype=np.int64))
+    def disc_scores(self, text: str, contexts: Sequence[Context], features: Optional[np.ndarray] = None) -> np.ndarray:
+        """log p(y=1 | text, c) for each context (e.g. a partner's C_s, for the cross terms);
+        `features`: the text's row of `sentence_features`, when already computed."""
+        f = self.sentence_features([text]) if features is None else features
+        return self._log_p(f, np.array([c.centre_id for c in contexts], dtype=np.int64))
 
     # ---- context sets --------------------------------------------------------------------
     def _expand(self, chunk_ids: np.ndarray, scores: np.ndarray) -> List[Context]:
@@ -116,11 +118,13 @@ class ContextSource:
             for i in range(len(c))
         ]
 
-    def context_sets(self, texts: Sequence[str]) -> List[ContextSet]:
+    def context_sets(self, texts: Sequence[str], features: Optional[np.ndarray] = None) -> List[ContextSet]:
         if self.cfg.mode == "random":
             return [self._random(t) for t in texts]
         ids, scores = self.retriever.search(list(texts), self.cfg.retrieve_chunks)
-        feats = self._features(texts) if self.disc is not None and len(texts) else None
+        feats = features
+        if feats is None and self.disc is not None and len(texts):
+            feats = self.sentence_features(texts)
         return [self._screened(t, ids[i], scores[i], None if feats is None else feats[i:i + 1])
                 for i, t in enumerate(texts)]
 

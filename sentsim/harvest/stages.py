@@ -123,7 +123,11 @@ class ContextStage(Stage):
                     texts[a], texts[b] = s1, s2
                     pairs.append((a, b, "explicit", gold))
                 sids = sorted(texts)
-            csets = dict(zip(sids, self.source.context_sets([texts[s] for s in sids])))
+            # the discriminator's LSTM runs once per sentence of the unit: its features serve the
+            # sentence's own screening and every cross term below
+            feats = self.source.sentence_features([texts[s] for s in sids]) if self.source.disc is not None and sids else None
+            csets = dict(zip(sids, self.source.context_sets([texts[s] for s in sids], feats)))
+            row_of = {s: i for i, s in enumerate(sids)}
             # discriminator terms for cross pairs: the score of s in the *partner's* contexts
             disc: Dict[tuple, float] = {}
             for s in sids:
@@ -135,7 +139,8 @@ class ContextStage(Stage):
                     for s, other in ((a, b), (b, a)):
                         todo = [c for c in csets[other].contexts if (s, c.key) not in disc]
                         if todo:
-                            for c, v in zip(todo, self.source.disc_scores(texts[s], todo)):
+                            i = row_of[s]
+                            for c, v in zip(todo, self.source.disc_scores(texts[s], todo, feats[i:i + 1])):
                                 disc[(s, c.key)] = float(v)
             item.update(pairs=pairs, texts=texts, csets=csets, disc=disc)
             item.setdefault("timing", {})["contexts"] = time.perf_counter() - t0
