@@ -225,3 +225,38 @@ def test_start_from_pretrained_bart_checkpoint(tmp_path, corpus_dir):
     mcfg, tok, models = load_bundle(tmp_path / "m")
     assert tok.vocab_size == raw.get_vocab_size() + 3  # <fwd> <left> <right> added
     assert models["fwd"].seq2seq.config.d_model == 32
+
+
+def test_warm_start_cross_attention_from_self_attention(tmp_path, corpus_dir):
+    """cross_attention_init=self_attention copies each decoder layer's pretrained self-attention into its
+    cross-attention; new_params_lr_scale gives the warm start's new parameters their own learning rate."""
+    from pydantic import ValidationError
+
+    from sentsim.context.model import init_cross_attention_from_self, new_parameter_names, warm_start_tokenizer
+    from sentsim.context.train import train_context
+
+    mcfg = ContextModelConfig(arch="warm_start", context_sentences=1, max_source_tokens=64, max_target_tokens=32,
+                              dropout=0.0)
+    m = build_model(mcfg, warm_start_tokenizer(mcfg))
+    layers = m.seq2seq.get_decoder().base_model.encoder.layer
+    assert not torch.equal(layers[0].crossattention.self.key.weight, layers[0].attention.self.key.weight)
+    assert init_cross_attention_from_self(m) == len(layers)
+    for layer in layers:
+        for a, b in zip(layer.crossattention.parameters(), layer.attention.parameters()):
+            assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()  # copied, not tied
+    new = new_parameter_names(m)
+    assert "sentence_positions.weight" in new and any("crossattention" in n for n in new)
+    assert not any(".encoder.encoder." in n or "attention.self" in n and "crossattention" not in n for n in new)
+
+    cfg = ContextTrainConfig.model_validate({
+        "model": mcfg.model_dump(), **TRAIN, "direction": "fwd", "executor": "inline", "freeze_encoder": True,
+        "cross_attention_init": "self_attention", "new_params_lr_scale": 10.0, "lr": 1e-4, "warmup_steps": 0,
+        "schedule": "constant", "batch_tokens": 384, "max_steps": 2, "eval_every": 2, "checkpoint_every": 2,
+        "heldout_windows": 8})
+    s = train_context(corpus_dir, str(tmp_path / "w"), cfg)
+    assert s["runs"]["fwd"]["steps"] == 2
+    last = [json.loads(x) for x in (tmp_path / "w/runs/fwd/metrics.jsonl").read_text().splitlines()][-1]
+    assert last["lr"] == pytest.approx(1e-4) and last["lr_new"] == pytest.approx(1e-3)
+    # BART from a config has no pretrained self-attention to copy: refused by the schema, before any work
+    with pytest.raises(ValidationError, match="needs model.arch=warm_start"):
+        ContextTrainConfig.model_validate({"model": TINY_MODEL, "cross_attention_init": "self_attention"})

@@ -71,6 +71,16 @@ class ContextTrainConfig(Section):
     # Not in §3.2.2: keep a warm-started (pretrained) encoder fixed and run it without gradients, which
     # roughly halves the cost of a step on CPU. Its sentence-position table then trains via the decoder only.
     freeze_encoder: bool = False
+    # Not in §3.2.2 (warm start only): how the decoder's new cross-attention starts. "random" is transformers'
+    # default; "self_attention" copies each decoder layer's pretrained self-attention (query/key/value/output
+    # and its LayerNorm) into that layer's cross-attention, so the decoder attends to the context from step 0.
+    # "auto" = self_attention for arch=warm_start (measured: 2-3x the context-use gap at the same tokens,
+    # bench/results/context_training.md), nothing to do for arch=bart.
+    cross_attention_init: Literal["auto", "random", "self_attention"] = "auto"
+    # Not in §3.2.2: learning-rate multiplier for the parameters a warm start adds (cross-attention,
+    # sentence-position table, LM-head transform); the pretrained weights keep `lr`. 10 measured best at
+    # lr 1e-4 (bench/results/context_training.md); no effect for arch=bart, which has no such parameters.
+    new_params_lr_scale: float = Field(10.0, gt=0)
     grad_clip: float = Field(1.0, ge=0)  # not in §3.2.2; standard for Transformers
     shuffle_buffer: int = Field(4096, ge=1)  # windows held for length-bucketed shuffling
     heldout_percent: float = Field(2.0, gt=0, lt=50)  # documents held out by doc hash for evaluation
@@ -86,6 +96,17 @@ class ContextTrainConfig(Section):
     use_gpu: Literal["auto", "yes", "no"] = "auto"  # GPU + bf16 autocast when CUDA is present
     torch_threads: int = Field(0, ge=0)  # 0 = torch default
     executor: Literal["ray", "inline"] = "ray"  # inline = the same loop in this process, no Ray (tests, debugging)
+
+    def cross_attention_from_self(self) -> bool:
+        """Whether a fresh warm start copies self-attention into cross-attention (see cross_attention_init)."""
+        return self.model.arch == "warm_start" and self.cross_attention_init in ("auto", "self_attention")
+
+    @model_validator(mode="after")
+    def _check_warm_start_options(self):
+        if self.cross_attention_init == "self_attention" and self.model.arch != "warm_start":
+            raise ValueError("cross_attention_init=self_attention needs model.arch=warm_start "
+                             "(a BART's cross-attention is either pretrained or as random as its self-attention)")
+        return self
 
 
 class ScorerConfig(Section):

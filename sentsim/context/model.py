@@ -228,6 +228,38 @@ def build_model(cfg: ContextModelConfig, tok: ContextTokenizer, seed: int = 0) -
     return ContextModel(seq2seq, cfg, seq2seq.config.decoder.hidden_size, zero_init=True)
 
 
+def init_cross_attention_from_self(model: ContextModel) -> int:
+    """Warm start only: copy every decoder layer's self-attention block (query, key, value, output dense
+    and LayerNorm) into the same layer's cross-attention. Returns the number of layers initialised.
+
+    Why: transformers gives an `EncoderDecoderModel` random cross-attention, which perturbs the pretrained
+    decoder and must be learned before the source is read at all; a copy of the layer's own pretrained
+    attention reads the encoder states (same pretrained model, same space) from the first step."""
+    if model.cfg.arch != "warm_start":
+        raise UsageError("cross_attention_init=self_attention applies to model.arch=warm_start only")
+    n = 0
+    with torch.no_grad():
+        for layer in model.seq2seq.get_decoder().base_model.encoder.layer:
+            cross = getattr(layer, "crossattention", None)
+            if cross is None:
+                continue
+            cross.load_state_dict(layer.attention.state_dict())
+            n += 1
+    if n == 0:
+        raise UsageError("warm-start decoder has no cross-attention layers to initialise")
+    return n
+
+
+def new_parameter_names(model: ContextModel) -> set[str]:
+    """Names (in `model.named_parameters()`) of what a warm start adds to the checkpoint: cross-attention,
+    the sentence-position table and the LM-head transform. Empty for arch=bart."""
+    if model.cfg.arch != "warm_start":
+        return set()
+    return {n for n, _ in model.named_parameters()
+            if "crossattention" in n or n.startswith("sentence_positions") or ".cls.predictions.transform" in n
+            or n.endswith(".cls.predictions.bias")}
+
+
 def warm_start_tokenizer(cfg: ContextModelConfig) -> ContextTokenizer:
     if cfg.arch == "bart" and cfg.pretrained_path:
         return seq2seq_from_checkpoint(cfg.pretrained_path)

@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from sentsim.context.config import DIRECTIONS, ContextTrainConfig
-from sentsim.context.model import ContextModel, build_model, save_bundle, warm_start_tokenizer
+from sentsim.context.model import (ContextModel, build_model, init_cross_attention_from_self, new_parameter_names,
+                                   save_bundle, warm_start_tokenizer)
 from sentsim.context.tokenizer import ContextTokenizer, train_bpe
 from sentsim.context.windows import Example, build_example, iter_documents
 from sentsim.errors import UsageError
@@ -256,6 +257,20 @@ def _lr_at(step: int, cfg: ContextTrainConfig) -> float:
     return cfg.lr * max(0.0, (cfg.max_steps - step) / max(1, cfg.max_steps - w))
 
 
+def _param_groups(model: ContextModel, cfg: ContextTrainConfig) -> list[dict]:
+    """Pretrained weights at `lr`, warm-start additions at `lr * new_params_lr_scale`. The group layout is
+    fixed by the config, so a resumed optimiser state always matches."""
+    new = new_parameter_names(model)
+    groups = {False: [], True: []}
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            groups[n in new].append(p)
+    out = [{"params": groups[False], "lr_scale": 1.0}]
+    if new:
+        out.append({"params": groups[True], "lr_scale": cfg.new_params_lr_scale})
+    return [g for g in out if g["params"]]
+
+
 # ------------------------------------------------------------------------------------------- train loop
 
 
@@ -288,6 +303,8 @@ def train_loop(loop_config: dict) -> None:
         state = json.loads((ck / "state.json").read_text())
     else:
         model = build_model(cfg.model, tok, seed=cfg.seed)
+        if cfg.cross_attention_from_self():
+            init_cross_attention_from_self(model)
     if cfg.freeze_encoder:
         model.freeze_encoder()
     model.to(device)
@@ -299,10 +316,15 @@ def train_loop(loop_config: dict) -> None:
         model = ray.train.torch.prepare_model(
             model, move_to_device=False,
             parallel_strategy_kwargs={"find_unused_parameters": not cfg.model.sentence_position_embeddings})
-    opt = torch.optim.Adam([p for p in raw_model.parameters() if p.requires_grad], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+    opt = torch.optim.Adam(_param_groups(raw_model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                            weight_decay=cfg.weight_decay)
     if ck is not None and (ck / "optimizer.pt").is_file():
-        opt.load_state_dict(torch.load(ck / "optimizer.pt", map_location=device, weights_only=True))
+        saved = torch.load(ck / "optimizer.pt", map_location=device, weights_only=True)
+        if len(saved["param_groups"]) == len(opt.param_groups):
+            opt.load_state_dict(saved)
+        elif rank == 0:  # a checkpoint from before the warm-start parameter groups: keep weights, new Adam state
+            print(f"{ck}: optimiser state has {len(saved['param_groups'])} parameter group(s), this config "
+                  f"{len(opt.param_groups)}; resuming the weights with a fresh optimiser", flush=True)
     heldout = heldout_examples(corpus, tok, cfg, directions) if rank == 0 else None
     if rank == 0 and not state["history"]:
         ev = evaluate(raw_model, heldout, tok, cfg.batch_tokens, device, amp)
@@ -317,7 +339,7 @@ def train_loop(loop_config: dict) -> None:
     while step < cfg.max_steps:
         b = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
         for g in opt.param_groups:
-            g["lr"] = _lr_at(step, cfg)
+            g["lr"] = _lr_at(step, cfg) * g["lr_scale"]
         with _autocast(device, amp):
             logits = model(b["src"], b["src_slots"], b["src_mask"], b["dec_in"], b["dec_slots"])
         loss = F.cross_entropy(logits.float().transpose(1, 2), b["labels"], ignore_index=-100)
@@ -338,6 +360,7 @@ def train_loop(loop_config: dict) -> None:
         last = stop or step >= cfg.max_steps
         if step % cfg.eval_every == 0 or step % cfg.checkpoint_every == 0 or last:
             metrics = {"step": step, "train_loss": float(loss.detach()), "lr": opt.param_groups[0]["lr"],
+                       "lr_new": opt.param_groups[-1]["lr"],
                        "tokens_seen": state["tokens_seen"], "target_tokens_seen": state["target_tokens_seen"]}
             if rank == 0:
                 state["step"] = step
