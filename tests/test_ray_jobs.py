@@ -75,14 +75,21 @@ def ray_head(tmp_path_factory):
 
 def start_head(tmp, num_cpus=2):
     port, dash, metrics = free_port(), free_port(), free_port()
+    # Every fixed-default port gets a free one too, so that a Ray already running on this machine
+    # (a developer's, or a local `ray.init()`) cannot make the head fail to bind.
+    more = {flag: free_port() for flag in ("object-manager-port", "node-manager-port", "ray-client-server-port",
+                                           "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                           "runtime-env-agent-port")}
     env = dict(os.environ, RAY_AUTH_MODE="disabled", PATH=f"{BIN}:{os.environ['PATH']}")
+    log = open(Path(tmp) / "ray_start.log", "wb")
     proc = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", f"--num-cpus={num_cpus}", f"--port={port}",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--include-dashboard=true",
-         f"--metrics-export-port={metrics}",
+         f"--metrics-export-port={metrics}", *(f"--{k}={v}" for k, v in more.items()),
          f"--temp-dir={tmp}", "--disable-usage-stats"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
+    log.close()  # the child keeps its own descriptor
     address = f"http://127.0.0.1:{dash}"
     from ray.job_submission import JobStatus, JobSubmissionClient
 
@@ -99,7 +106,8 @@ def start_head(tmp, num_cpus=2):
         except Exception:
             if time.time() > deadline or proc.poll() is not None:
                 os.killpg(proc.pid, signal.SIGKILL)
-                raise RuntimeError("ray head did not come up")
+                tail = (Path(tmp) / "ray_start.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"ray head did not come up; ray start said:\n{tail}")
             time.sleep(1)
     return {"env": env, "address": address, "gcs": f"127.0.0.1:{port}", "proc": proc,
             "metrics": f"http://127.0.0.1:{metrics}/metrics"}
