@@ -246,7 +246,8 @@ def test_warm_start_cross_attention_from_self_attention(tmp_path, corpus_dir):
             assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()  # copied, not tied
     new = new_parameter_names(m)
     assert "sentence_positions.weight" in new and any("crossattention" in n for n in new)
-    assert not any(".encoder.encoder." in n or "attention.self" in n and "crossattention" not in n for n in new)
+    pretrained = [n for n in new if ".encoder.encoder." in n or ("attention.self" in n and "crossattention" not in n)]
+    assert not pretrained, pretrained
 
     cfg = ContextTrainConfig.model_validate({
         "model": mcfg.model_dump(), **TRAIN, "direction": "fwd", "executor": "inline", "freeze_encoder": True,
