@@ -314,6 +314,16 @@ class ShardStore:
     def is_complete(self) -> bool:
         return sfs.exists(self.fs, self.path(COMPLETE))
 
+    def incomplete_note(self) -> Optional[str]:
+        """One line for readers of a run that is still going (or stopped part-way): training on it
+        works, on the units written so far, but the user should know. None when the manifest does
+        not say `complete: false` (finished runs, hand-made folders)."""
+        manifest = self.read_manifest() or {}
+        if manifest.get("complete", True) is not False:
+            return None
+        planned = manifest.get("planned_units")
+        return f"{self.uri} is not complete ({len(self.markers())}/{planned if planned else '?'} units written)"
+
 
 def open_store(uri: str) -> ShardStore:
     return ShardStore(uri)

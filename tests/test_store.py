@@ -75,8 +75,11 @@ def test_unit_write_is_atomic_and_marker_last(tmp_path):
     assert set(store.completed_units("fp1")) == {0}
     assert [p.name for p in (tmp_path / "s" / "rows").iterdir()] == ["part-00000.parquet"]
     assert not store.finalize(2, {})["complete"]
+    # readers that train on a run part-way are told how much of it there is
+    assert store.incomplete_note() == f"{tmp_path / 's'} is not complete (1/2 units written)"
     store.write_unit(1, {"rows": pa.table({"x": [4]}, schema=schema)}, "fp1")
     assert store.finalize(2, {})["complete"] and store.is_complete()
+    assert store.incomplete_note() is None
     # a marker from another fingerprint does not count as done
     assert store.completed_units("other") == {}
 

@@ -142,6 +142,21 @@ def test_nonfinite_scores_and_bad_split_values(tmp_path, minilm):
         train_surrogate(tiny_cfg(), data=str(tmp_path / "h2"), backbone=minilm, out=str(tmp_path / "o"))
 
 
+def test_incomplete_harvest_is_named(tmp_path, stsb_pairs):
+    from sentsim.surrogate.data import inspect_harvest
+
+    h = tfidf_harvest(tmp_path / "h", stsb_pairs, n=50)
+    assert inspect_harvest(h).incomplete_note() is None  # no completion flag: nothing to say
+    (h / "manifest.json").write_text(json.dumps({"complete": False, "planned_units": 5}))
+    (h / "_units").mkdir()
+    for u in range(2):  # unit markers as the shard store writes them (only their count matters here)
+        (h / "_units" / f"{u:05d}.json").write_text(json.dumps({"unit": u, "files": {}}))
+    note = inspect_harvest(h).incomplete_note()
+    assert "not complete (2/5 units written)" in note and "training on its 50 pairs" in note
+    (h / "manifest.json").write_text(json.dumps({"complete": True, "planned_units": 5}))
+    assert inspect_harvest(h).incomplete_note() is None
+
+
 # ---------------------------------------------------------------- training on Ray Train
 
 

@@ -27,6 +27,13 @@ class HarvestInfo:
     score_range: tuple[float, float]
     manifest: dict = field(default_factory=dict)
 
+    def incomplete_note(self) -> str | None:
+        """Set when the harvest is still running or stopped part-way: training uses what is there."""
+        from storage import open_store
+
+        note = open_store(str(self.root)).incomplete_note()
+        return f"note: harvest {note}; training on its {self.rows} pairs. Resume the harvest to add the rest." if note else None
+
     def summary(self) -> dict:
         return {"root": str(self.root), "files": len(self.files), "rows": self.rows, "scored": self.scored,
                 "score_min": self.score_range[0], "score_max": self.score_range[1]}

@@ -66,6 +66,8 @@ def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, ou
 
         if locate_task(Path(finetune_sts), "STSb-train") is None:
             raise UsageError(f"--finetune-sts {finetune_sts}: no sts-train.csv there (STS-B folder expected)")
+    if harvest and harvest.incomplete_note():
+        print(harvest.incomplete_note())
     if harvest and cfg.loss == "cosine_regression" and (harvest.score_range[0] < -1 or harvest.score_range[1] > 1):
         print(f"warning: harvested scores span {harvest.score_range}, outside a cosine's [-1, 1]")
     out_dir = Path(out)
