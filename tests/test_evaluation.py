@@ -89,8 +89,15 @@ def test_scores_from_a_harvest_directory(tiny_year, tmp_path):
     (tmp_path / "harvest" / "pairs").mkdir(parents=True)
     df.iloc[:2].to_parquet(tmp_path / "harvest" / "pairs" / "part-00000.parquet")
     df.iloc[2:].to_parquet(tmp_path / "harvest" / "pairs" / "part-00001.parquet")
+    # the run's other tables sit beside pairs/ and are not pair scores
+    for table in ("sentences", "context_scores", "_side"):
+        (tmp_path / "harvest" / table).mkdir()
+        pd.DataFrame({"sentence_id": [1, 2], "S": [-3.0, -4.0]}).to_parquet(tmp_path / "harvest" / table / "part-00000.parquet")
     t = evaluate(PairFileScorer(tmp_path / "harvest"), discover_tasks(tiny_year, ["STS13"])[0]).task("STS13")
     assert t.scored == 5 and t.spearman == pytest.approx(90.0)
+    # the pairs/ folder itself works too
+    t = evaluate(PairFileScorer(tmp_path / "harvest" / "pairs"), discover_tasks(tiny_year, ["STS13"])[0]).task("STS13")
+    assert t.scored == 5
 
 
 def test_scores_file_missing_column_is_usage_error(tmp_path, tiny_year, capsys):

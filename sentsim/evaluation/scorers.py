@@ -138,7 +138,10 @@ def _read_pair_table(path: Path):
         if path.is_dir():
             import pyarrow.parquet as pq
 
-            parts = sorted(path.rglob("*.parquet"))
+            # a harvest run directory also holds sentences/, context_scores/ and _side/: its
+            # scored pairs are the pairs/ table
+            table_dir = path / "pairs" if (path / "pairs").is_dir() else path
+            parts = sorted(table_dir.rglob("*.parquet"))
             if not parts:
                 raise UsageError(f"--scores {path}: a directory, but no *.parquet files under it")
             frames = []
