@@ -102,7 +102,9 @@ def test_killed_scoring_actor_is_restarted_and_its_unit_redone(setup, head, tmp_
         killed = None
         deadline = time.time() + 300
         while killed is None and time.time() < deadline and t.is_alive():
-            for a in list_actors(filters=[("state", "=", "ALIVE")]):
+            # the head's own dashboard: left to itself the state API picks the newest local
+            # cluster, which is someone else's when another Ray runs on this machine
+            for a in list_actors(address=head["address"], filters=[("state", "=", "ALIVE")]):
                 if "ScoringActor" in a.class_name and _markers(out) >= 1:
                     os.kill(a.pid, signal.SIGKILL)
                     killed = a.pid
