@@ -43,3 +43,14 @@ def cluster_cpus() -> int:
     import ray
 
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def absolute_local(path: Optional[str]) -> Optional[str]:
+    """A local path made absolute on the driver: Ray workers run in their own working directory,
+    so a relative `--backbone` or `--data` would name nothing there. URIs (s3://...) pass as given."""
+    import os
+
+    if path is None or "://" in str(path):
+        return path
+    return os.path.abspath(os.path.expanduser(str(path)))
+

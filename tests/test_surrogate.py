@@ -207,15 +207,18 @@ def test_siamese_from_scratch_learns_the_teacher_and_resumes(tmp_path, stsb_pair
 
 
 @pytest.mark.slow
-def test_nan_loss_names_the_step(tmp_path, stsb_pairs, minilm, ray_local):
+def test_nan_loss_names_the_step(tmp_path, stsb_pairs, minilm, ray_local, monkeypatch):
     # a finite but absurd teacher score (validation only rejects NaN/inf) overflows the float32
     # squared error to inf on the very first batch
     n = 100
     split = ["dev"] * 10 + ["test"] * 10 + ["train"] * (n - 20)
     score = [0.5] * 20 + [1e30] * (n - 20)
-    h = write_harvest(tmp_path / "h", stsb_pairs.s1[:n], stsb_pairs.s2[:n], score, split)
+    write_harvest(tmp_path / "h", stsb_pairs.s1[:n], stsb_pairs.s2[:n], score, split)
+    # relative paths, as typed at a shell: the Train worker runs in its own working directory, so
+    # they must reach it made absolute (before, the worker said the backbone was not a directory)
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(TrainingDiverged, match=r"became inf at step 1;"):
-        train_surrogate(tiny_cfg(num_workers=1), data=str(h), backbone=minilm, out=str(tmp_path / "o"))
+        train_surrogate(tiny_cfg(num_workers=1), data="h", backbone=os.path.relpath(minilm, tmp_path), out="o")
 
 
 @pytest.mark.slow

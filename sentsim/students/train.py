@@ -184,7 +184,10 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
                   executor: str = "ray", restart: bool = False, eval_sts: Optional[str] = None,
                   verbose: bool = True) -> dict:
     """Validate, train, export; returns the run summary (also OUT/summary.json)."""
+    from sentsim.runtime import absolute_local
     from sentsim.surrogate.models import check_backbone
+
+    data, backbone, out, eval_sts = (absolute_local(p) for p in (data, backbone, out, eval_sts))
 
     if executor not in ("ray", "inline"):
         raise UsageError(f"unknown executor {executor!r} (ray or inline)")

@@ -53,6 +53,10 @@ def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, ou
     """Validate every input, then run the stages. Returns the run summary (also OUT/summary.json)."""
     import json
 
+    from sentsim.runtime import absolute_local
+
+    data, backbone, out, finetune_sts = (absolute_local(p) for p in (data, backbone, out, finetune_sts))
+
     from sentsim.surrogate.data import harvest_datasets, inspect_harvest, stsb_datasets
     from sentsim.surrogate.models import check_backbone
 
