@@ -53,4 +53,3 @@ def absolute_local(path: Optional[str]) -> Optional[str]:
     if path is None or "://" in str(path):
         return path
     return os.path.abspath(os.path.expanduser(str(path)))
-

@@ -45,11 +45,11 @@ def prepare_data(cfg: StudentConfig, data: Optional[str], mask_token: str = "[MA
     root = D.harvest_root(data) if data else None
     manifest = D.read_manifest(root) if root else {}
     if root is not None:
-        from storage import open_store
+        from sentsim.surrogate.data import incomplete_harvest_note
 
-        note = open_store(str(root)).incomplete_note()
-        if note:  # a harvest still running: train on what it has written, but say so
-            print(f"note: harvest {note}; training on the units written. Resume the harvest to add the rest.")
+        note = incomplete_harvest_note(root, "the units written")
+        if note:
+            print(note)
     spec: dict = {"counts": {}, "skips": {}}
     dev = None
     if root is not None:

@@ -28,15 +28,20 @@ class HarvestInfo:
     manifest: dict = field(default_factory=dict)
 
     def incomplete_note(self) -> str | None:
-        """Set when the harvest is still running or stopped part-way: training uses what is there."""
-        from storage import open_store
-
-        note = open_store(str(self.root)).incomplete_note()
-        return f"note: harvest {note}; training on its {self.rows} pairs. Resume the harvest to add the rest." if note else None
+        return incomplete_harvest_note(self.root, f"its {self.rows} pairs")
 
     def summary(self) -> dict:
         return {"root": str(self.root), "files": len(self.files), "rows": self.rows, "scored": self.scored,
                 "score_min": self.score_range[0], "score_max": self.score_range[1]}
+
+
+def incomplete_harvest_note(root: str | Path, what: str) -> str | None:
+    """Set when the harvest is still running or stopped part-way: training uses what is there.
+    One wording for surrogate and student training."""
+    from storage import open_store
+
+    note = open_store(str(root)).incomplete_note()
+    return f"note: harvest {note}; training on {what}. Resume the harvest to add the rest." if note else None
 
 
 def inspect_harvest(root: str | Path) -> HarvestInfo:

@@ -54,11 +54,10 @@ def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, ou
     import json
 
     from sentsim.runtime import absolute_local
-
-    data, backbone, out, finetune_sts = (absolute_local(p) for p in (data, backbone, out, finetune_sts))
-
     from sentsim.surrogate.data import harvest_datasets, inspect_harvest, stsb_datasets
     from sentsim.surrogate.models import check_backbone
+
+    data, backbone, out, finetune_sts = (absolute_local(p) for p in (data, backbone, out, finetune_sts))
 
     if not data and not finetune_sts:
         raise UsageError("give --data HARVEST_DIR, --finetune-sts STSB_DIR, or both")
@@ -70,8 +69,9 @@ def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, ou
 
         if locate_task(Path(finetune_sts), "STSb-train") is None:
             raise UsageError(f"--finetune-sts {finetune_sts}: no sts-train.csv there (STS-B folder expected)")
-    if harvest and harvest.incomplete_note():
-        print(harvest.incomplete_note())
+    note = harvest.incomplete_note() if harvest else None
+    if note:
+        print(note)
     if harvest and cfg.loss == "cosine_regression" and (harvest.score_range[0] < -1 or harvest.score_range[1] > 1):
         print(f"warning: harvested scores span {harvest.score_range}, outside a cosine's [-1, 1]")
     out_dir = Path(out)
