@@ -56,10 +56,29 @@ def speech_corpus(tmp_path_factory) -> Path:
     return out
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free TCP port below the kernel's ephemeral range (32768+) and above Ray's worker ports.
+
+    A port from `bind(0)` is ephemeral: while `ray start` takes seconds to bind it, any outgoing
+    connection on the machine (Ray's own, a concurrent test's) can be given the same number.
+    """
+    import random
+
+    for _ in range(1000):
+        port = random.randint(20000, 32000)  # Ray's worker ports default to 10002-19999
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free TCP port in 20000-32000")
 
 
 def sentsim_cli(*args, env=None, timeout=600, cwd=None) -> subprocess.CompletedProcess:

@@ -74,6 +74,16 @@ def ray_head(tmp_path_factory):
 
 
 def start_head(tmp, num_cpus=2):
+    """Start a head; a start that fails (a port taken meanwhile, a dashboard that died) is retried once."""
+    try:
+        return _start_head_once(Path(tmp) / "a", num_cpus)
+    except RuntimeError as first:
+        print(f"first ray head failed, retrying with other ports: {first}", file=sys.stderr)
+        return _start_head_once(Path(tmp) / "b", num_cpus)
+
+
+def _start_head_once(tmp, num_cpus):
+    tmp.mkdir(parents=True, exist_ok=True)
     port, dash, metrics = free_port(), free_port(), free_port()
     # Every fixed-default port gets a free one too, so that a Ray already running on this machine
     # (a developer's, or a local `ray.init()`) cannot make the head fail to bind.
@@ -105,12 +115,21 @@ def start_head(tmp, num_cpus=2):
             break
         except Exception:
             if time.time() > deadline or proc.poll() is not None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                tail = (Path(tmp) / "ray_start.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"ray head did not come up; ray start said:\n{tail}")
+                stop_head({"proc": proc})
+                raise RuntimeError("ray head did not come up; " + _head_logs(tmp)) from None
             time.sleep(1)
     return {"env": env, "address": address, "gcs": f"127.0.0.1:{port}", "proc": proc,
             "metrics": f"http://127.0.0.1:{metrics}/metrics"}
+
+
+def _head_logs(tmp, chars=1500):
+    """The tails of `ray start`'s output and of the dashboard's log, which say why a head is not up."""
+    parts = []
+    for name in ("ray_start.log", "session_latest/logs/dashboard.log"):
+        path = Path(tmp) / name
+        if path.is_file():
+            parts.append(f"--- {name}:\n" + path.read_text(errors="replace")[-chars:])
+    return "\n".join(parts) or "no logs"
 
 
 def stop_head(head):
