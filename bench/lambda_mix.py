@@ -1,61 +1,47 @@
-"""Eq. 3's λ mix re-derived from a harvest's stored per-direction context scores, without re-scoring.
+"""Eq. 3's λ mix over a labelled `--pairs` harvest: Spearman x 100 vs gold for several mixes.
 
-    .venv/bin/python bench/lambda_mix.py HARVEST_DIR [--mix fwd,left,right ...]
+    .venv/bin/python bench/lambda_mix.py HARVEST_DIR [--mix fwd,left,right ...] [--out FILE.md]
 
-For a `--pairs` harvest with gold labels (e.g. STS-B), recompute every pair's Eq. 4 similarity
-under other weights for the fwd / left / right terms (003 Eq. 3; the discriminator term keeps its
-weight) and report Spearman x 100 against gold. A pair's contexts are those both of its sentences
-were scored in (C_s1 + C_s2, plus any shared with other pairs), so the default mix reproduces the
-stored score closely but not always exactly; the script prints the largest difference.
-Use it on a dev set to choose λ, not on the test set you report.
+Each mix is a `sentsim remix` of the harvest (the discriminator term keeps its weight) into a
+temporary run, so the numbers are exactly what `sentsim remix` and a re-scored harvest give.
+Use it on a dev set to choose λ, then report the chosen mix on the test set.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
-
-import numpy as np
-import pyarrow.dataset as ds
-from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sentsim.harvest.similarity import pair_similarity  # noqa: E402
+from sentsim.harvest.remix import RemixConfig, remix  # noqa: E402
+
+DEFAULT_MIXES = [(1, 1, 1), (0, 1, 1), (0.25, 1, 1), (0.5, 1, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1)]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("harvest")
     ap.add_argument("--mix", action="append", default=[], metavar="FWD,LEFT,RIGHT",
-                    help="λ for the fwd, left and right terms (repeatable; default: a few ablations)")
+                    help="λ for the fwd, left and right terms (repeatable; default: a set of ablations)")
+    ap.add_argument("--out", help="also write the table to this Markdown file")
     args = ap.parse_args()
-    mixes = [tuple(float(x) for x in m.split(",")) for m in args.mix] or [(1, 1, 1), (0, 1, 1), (0.5, 1, 1), (1, 0, 0)]
-    root = Path(args.harvest)
-    pairs = ds.dataset(str(root / "pairs")).to_table(columns=["s1_id", "s2_id", "score", "gold"]).to_pandas()
-    pairs = pairs.dropna(subset=["score", "gold"])
-    if pairs.empty:
-        sys.exit(f"{root}: no pairs with both a score and a gold label (use a --pairs harvest of a labelled set)")
-    cs = ds.dataset(str(root / "context_scores")).to_table().to_pandas()
-    # a sentence scored in several units has its rows repeated: one row per (sentence, context)
-    by_sentence = {k: g.drop_duplicates("context_id").set_index("context_id") for k, g in cs.groupby("sentence_id")}
-    sims = {m: [] for m in mixes}
-    worst = 0.0
-    for r in pairs.itertuples():
-        a, b = by_sentence[r.s1_id], by_sentence[r.s2_id]
-        common = a.index.intersection(b.index)
-        a, b = a.loc[common], b.loc[common]
-        worst = max(worst, abs(pair_similarity(a.S.to_numpy(), b.S.to_numpy()) - r.score))
-        for m in mixes:
-            va = m[0] * a.fwd + m[1] * a.left + m[2] * a.right + a.disc.fillna(0)
-            vb = m[0] * b.fwd + m[1] * b.left + m[2] * b.right + b.disc.fillna(0)
-            sims[m].append(pair_similarity(va.to_numpy(), vb.to_numpy()))
-    print(f"{root}: {len(pairs)} scored pairs with gold; stored vs recomputed default score, max |diff| {worst:.3f}")
-    print("| λ fwd, left, right | Spearman x 100 vs gold |\n|---|---:|")
-    for m, v in sims.items():
-        rho = spearmanr(np.asarray(v), pairs.gold.to_numpy(), nan_policy="omit").statistic * 100
-        print(f"| {m[0]:g}, {m[1]:g}, {m[2]:g} | {rho:.1f} |")
+    mixes = [tuple(float(x) for x in m.split(",")) for m in args.mix] or DEFAULT_MIXES
+    lines = ["| λ fwd, left, right | Spearman x 100 vs gold | pairs | approximate |", "|---|---:|---:|---:|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (f, left, right) in enumerate(mixes):
+            m = remix(RemixConfig(source=args.harvest, out=f"{tmp}/{i}", lambda_fwd=f, lambda_left=left,
+                                  lambda_right=right), quiet=True)["remix"]
+            if "remix_spearman_vs_gold" not in m:
+                sys.exit(f"{args.harvest}: no pairs with both a score and a gold label (use a --pairs harvest of a labelled set)")
+            lines.append(f"| {f:g}, {left:g}, {right:g} | {m['remix_spearman_vs_gold']:.2f} | {m['gold_pairs']} | "
+                         f"{m['approximate']} |")
+    text = f"{args.harvest}\n\n" + "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
     return 0
 
 

@@ -81,6 +81,22 @@ def test_scores_file_partial_coverage_is_reported(tiny_year, tmp_path):
     assert (t.n, t.scored) == (5, 4) and "4 of 5" in t.note
 
 
+def test_suite_table_shows_partial_coverage(tiny_year, tmp_path):
+    """A task scored in part shows how much of it was scored; full tasks keep a bare number."""
+    from sentsim.evaluation.report import suite_markdown
+
+    full_path, part_path = tmp_path / "full.parquet", tmp_path / "part.parquet"
+    tiny_scores(tmp_path).to_parquet(full_path)
+    tiny_scores(tmp_path).iloc[:3].to_parquet(part_path)
+    tasks = discover_tasks(tiny_year, ["STS13"])[0]
+    table = suite_markdown([("full", evaluate(PairFileScorer(full_path), tasks)),
+                            ("part", evaluate(PairFileScorer(part_path), tasks))])
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    assert "| 90.00 | 90.00 |" in rows["full"] and "/" not in rows["full"]
+    assert "(3/5)" in rows["part"] and "†" in rows["part"]
+    assert "scored in part" in table
+
+
 def test_scores_from_a_harvest_directory(tiny_year, tmp_path):
     """`--scores HARVEST_DIR`: Origin scores from a --pairs harvest, extra columns and all."""
     df = tiny_scores(tmp_path)

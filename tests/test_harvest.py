@@ -191,3 +191,113 @@ def test_discriminator_terms_match_direct_scoring(inputs):
     by_centre = dict(zip((c.centre_id for c in cands), fast))
     for c in sets[0].contexts:  # the batched query encoding of context_sets gives the same terms
         assert c.log_p_disc == pytest.approx(by_centre[c.centre_id], abs=1e-5)
+
+
+def _scores(run):
+    return pairs_of(run).to_pandas().set_index("pair_id").score
+
+
+def test_remix_with_the_source_weights_reproduces_every_score(inline_run, tmp_path):
+    from sentsim.harvest.remix import RemixConfig, remix
+    from storage import verify_store
+
+    cfg, out = inline_run
+    m = remix(RemixConfig(source=str(out), out=str(tmp_path / "same")), quiet=True)
+    r = m["remix"]
+    assert m["complete"] and r["approximate"] == 0 and r["rescored"] > 0
+    a, b = _scores(out), _scores(tmp_path / "same")
+    assert a.index.equals(b.index) and a.isna().equals(b.isna())
+    assert np.allclose(a.dropna(), b.dropna(), rtol=0, atol=1e-12)
+    assert verify_store(str(tmp_path / "same")) == []
+    # students read the rank anchors from the run: they travel with it
+    assert (tmp_path / "same" / "_side" / "rank_anchors.parquet").is_file()
+
+
+def test_remix_without_fwd_equals_a_harvest_scored_without_it(inline_run, inputs, tmp_path):
+    """Re-weighing stored terms gives what scoring again with those weights gives; resumable too."""
+    from sentsim.harvest.job import harvest
+    from sentsim.harvest.remix import RemixConfig, remix
+
+    cfg, out = inline_run
+    fresh = tmp_path / "fresh"
+    harvest(cfg.model_copy(update={"out": str(fresh), "scoring": cfg.scoring.model_copy(update={"lambda_fwd": 0.0})}),
+            executor="inline", quiet=True)
+    mixed = tmp_path / "mixed"
+    remix(RemixConfig(source=str(out), out=str(mixed), lambda_fwd=0.0), quiet=True)
+    a, b = _scores(fresh), _scores(mixed)
+    assert a.isna().equals(b.isna())
+    # scoring without fwd batches the other directions differently: float32 noise of ~1e-6 in
+    # the log-probs, ~1e-8 in the scores; the weights themselves move scores far more than that
+    off = (a - b).abs().max()
+    assert off < 1e-6 and (b - _scores(out)).abs().max() > 100 * off
+    # a remix stopped after some units resumes: done units are kept, the rest written
+    (mixed / "_units" / "00002.json").unlink()
+    (mixed / "_COMPLETE").unlink()
+    before = (mixed / "pairs" / "part-00000.parquet").stat().st_mtime_ns
+    m = remix(RemixConfig(source=str(out), out=str(mixed), lambda_fwd=0.0), quiet=True)
+    assert m["complete"] and (mixed / "pairs" / "part-00000.parquet").stat().st_mtime_ns == before
+    assert _scores(mixed).equals(b)
+    # the fresh harvest never scored fwd: weighing it in is refused
+    from conftest import sentsim_cli
+
+    r = sentsim_cli("remix", fresh, "--out", tmp_path / "x", "--lambda-fwd", "1")
+    assert r.returncode == 2 and "fwd term was not scored" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_remix_refusals_are_one_line(inline_run, tmp_path):
+    from conftest import sentsim_cli
+
+    cfg, out = inline_run
+    partial = tmp_path / "partial"
+    shutil.copytree(out, partial)
+    m = json.loads((partial / "manifest.json").read_text())
+    m["complete"] = False
+    (partial / "manifest.json").write_text(json.dumps(m))
+    centred = tmp_path / "centred"
+    shutil.copytree(out, centred)
+    m = json.loads((centred / "manifest.json").read_text())
+    m["config"]["metric"] = "double-centred"
+    (centred / "manifest.json").write_text(json.dumps(m))
+    cases = [
+        ((centred, "--out", tmp_path / "o0"), "pass --metric pearson"),
+        ((partial, "--out", tmp_path / "o1"), "not complete"),
+        ((out, "--out", out), "must differ"),
+        ((tmp_path / "nowhere", "--out", tmp_path / "o2"), "no such harvest"),
+        ((out, "--out", tmp_path / "o3", "--lambda-left", "-1"), "lambda-left"),
+        ((out, "--out", tmp_path / "o4", "--lambda-disc", "0", "--lambda-fwd", "0", "--lambda-left", "0",
+          "--lambda-right", "0"), "every λ is 0"),
+    ]
+    for args, expected in cases:
+        r = sentsim_cli("remix", *args)
+        assert r.returncode == 2 and expected in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-500:])
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_remix_of_a_harvest_from_before_context_ids(inline_run, tmp_path):
+    """Old harvests lack sentences.context_ids: their pairs are remixed over shared contexts and counted."""
+    import hashlib
+    import io
+
+    import pyarrow.parquet as pq
+
+    from sentsim.harvest.remix import RemixConfig, remix
+
+    cfg, out = inline_run
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    for marker in sorted((old / "_units").glob("*.json")):
+        rec = json.loads(marker.read_text())
+        f = rec["files"]["sentences"]
+        t = pq.read_table(old / f["path"]).drop_columns(["context_ids"])
+        buf = io.BytesIO()
+        pq.write_table(t, buf)
+        (old / f["path"]).write_bytes(buf.getvalue())
+        f.update(bytes=len(buf.getvalue()), sha256=hashlib.sha256(buf.getvalue()).hexdigest())
+        marker.write_text(json.dumps(rec))
+    m = json.loads((old / "manifest.json").read_text())
+    m["tables"]["sentences"] = [c for c in m["tables"]["sentences"] if c[0] != "context_ids"]
+    (old / "manifest.json").write_text(json.dumps(m))
+    r = remix(RemixConfig(source=str(old), out=str(tmp_path / "re")), quiet=True)["remix"]
+    assert r["approximate"] == r["rescored"] > 0
+    a, b = _scores(out).dropna(), _scores(tmp_path / "re").reindex(_scores(out).dropna().index)
+    assert np.corrcoef(a, b)[0, 1] > 0.9

@@ -87,6 +87,30 @@ def _resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def combine_terms(values: dict, on: dict, lam: dict):
+    """Eq. 3: S = sum of λ_t · term_t over the enabled terms t in TERMS, each term an array over items.
+
+    A term that is NaN for an item (unscored, or a discriminator that was not run) is left out of
+    that item's sum and listed in its dropped terms; an item with no term at all gets S = NaN.
+    `sentsim remix` calls this on a harvest's stored terms, so a remix reproduces S exactly.
+    """
+    n = len(next(iter(values.values())))
+    total = np.zeros(n)
+    used = np.zeros(n, dtype=np.int64)
+    dropped = [[] for _ in range(n)]
+    for t in TERMS:
+        if not on[t] or lam[t] == 0.0:
+            continue
+        v = np.asarray(values[t], dtype=np.float64)
+        ok = np.isfinite(v)
+        total = total + np.where(ok, lam[t] * np.where(ok, v, 0.0), 0.0)
+        used += ok
+        for i in np.flatnonzero(~ok):
+            dropped[i].append(t)
+    score = np.where(used > 0, total, np.nan)
+    return score, [tuple(x) for x in dropped]
+
+
 class ContextScorer:
     """Scores (sentence, context) items with the context models in one or more bundle directories.
 
@@ -205,24 +229,10 @@ class ContextScorer:
 
     def combine(self, logprob: dict, log_p_disc: Sequence[Optional[float]]):
         """Eq. 3 from per-direction length-normalised log-probs; returns (S, dropped-terms per item)."""
-        on, lam = self.config.enabled(), self.config.weights()
-        n = len(log_p_disc)
         disc = np.array([np.nan if v is None else float(v) for v in log_p_disc], dtype=np.float64)
+        n = len(disc)
         values = {"disc": disc, **{d: logprob.get(d, np.full(n, np.nan)) for d in DIRECTIONS}}
-        total = np.zeros(n)
-        used = np.zeros(n, dtype=np.int64)
-        dropped = [[] for _ in range(n)]
-        for t in TERMS:
-            if not on[t] or lam[t] == 0.0:
-                continue
-            v = values[t]
-            ok = np.isfinite(v)
-            total = total + np.where(ok, lam[t] * np.where(ok, v, 0.0), 0.0)
-            used += ok
-            for i in np.flatnonzero(~ok):
-                dropped[i].append(t)
-        score = np.where(used > 0, total, np.nan)
-        return score, [tuple(x) for x in dropped]
+        return combine_terms(values, self.config.enabled(), self.config.weights())
 
     def score_matrix(self, sentences: Sequence[str], contexts: Sequence[tuple], log_p_disc=None) -> ScoreResult:
         """Every sentence against every context (left, right): the harvest's access pattern. The result's

@@ -51,18 +51,35 @@ def to_markdown(report, title: str | None = None) -> str:
 
 
 def suite_markdown(reports: list[tuple[str, object]]) -> str:
-    """One row per model, one column per task: the paper's table layout."""
+    """One row per model, one column per task: the paper's table layout.
+
+    A task that a scorer covered only in part (a scored-pair file that holds some of its pairs,
+    or a teacher that left pairs unscored) shows `score (scored/pairs)`: a Spearman over 256 of
+    3,108 pairs is not the task's score, and a bare number beside full-task rows would read as one.
+    """
     names: list[str] = []
     for _, rep in reports:
         for t in rep.tasks:
             if t.name not in names:
                 names.append(t.name)
     out = ["| model | " + " | ".join(names) + " | Avg. |", "|---|" + "---:|" * (len(names) + 1)]
+    any_partial = False
     for label, rep in reports:
         by = {t.name: t for t in rep.tasks}
-        cells = [_fmt(by[n].spearman) if n in by else "-" for n in names]
-        out.append(f"| {label} | " + " | ".join(cells) + f" | {_fmt(rep.average)} |")
-    return "\n".join(out) + "\n"
+        cells = [_suite_cell(by[n]) if n in by else "-" for n in names]
+        partial = any(t.scored < t.n for t in rep.tasks)
+        any_partial |= partial
+        out.append(f"| {label} | " + " | ".join(cells) + f" | {_fmt(rep.average)}{' †' if partial else ''} |")
+    text = "\n".join(out) + "\n"
+    if any_partial:
+        text += "\n(k/n): Spearman over the k of the task's n pairs that were scored. † averages tasks scored in part.\n"
+    return text
+
+
+def _suite_cell(task) -> str:
+    if task.scored < task.n:
+        return f"{_fmt(task.spearman)} ({task.scored:,}/{task.n:,})"
+    return _fmt(task.spearman)
 
 
 def to_json(report) -> str:

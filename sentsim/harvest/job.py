@@ -22,7 +22,8 @@ from sentsim.config import fingerprint, load_config
 from sentsim.errors import UsageError
 from sentsim.harvest.config import HarvestConfig
 from sentsim.harvest.stages import (
-    CONTEXT_SCORE_SCHEMA, PAIR_SCHEMA, SENTENCE_SCHEMA, ContextStage, RankAndWriteStage, ScoreStage,
+    CONTEXT_SCORE_SCHEMA, LEGACY_SENTENCE_SCHEMA, PAIR_SCHEMA, SENTENCE_SCHEMA, ContextStage, RankAndWriteStage,
+    ScoreStage,
 )
 from sentsim.pipeline import run_pipeline
 from storage import ShardStore
@@ -196,9 +197,13 @@ def harvest(
     hashes = model_hashes(cfg)
     fp = fingerprint(STAGE, cfg.semantic(), corpus.fingerprint, plan_info, hashes)
     store = ShardStore(cfg.out)
-    store.open_run(STAGE, fp, cfg.model_dump(), [{"corpus": cfg.corpus, "fingerprint": corpus.fingerprint, **plan_info}],
-                   {"pairs": PAIR_SCHEMA, "sentences": SENTENCE_SCHEMA, "context_scores": CONTEXT_SCORE_SCHEMA},
-                   planned_units=len(units), force_new=force_new)
+    manifest = store.open_run(
+        STAGE, fp, cfg.model_dump(), [{"corpus": cfg.corpus, "fingerprint": corpus.fingerprint, **plan_info}],
+        {"pairs": PAIR_SCHEMA, "sentences": SENTENCE_SCHEMA, "context_scores": CONTEXT_SCORE_SCHEMA},
+        planned_units=len(units), force_new=force_new)
+    # a run resumed from before sentences.context_ids keeps one schema across its shards
+    legacy = "context_ids" not in [f[0] for f in manifest.get("tables", {}).get("sentences", [["context_ids"]])]
+    sentence_schema = LEGACY_SENTENCE_SCHEMA if legacy else SENTENCE_SCHEMA
     done = store.completed_units(fp, deep=True)
     for u, why in sorted(getattr(store, "redo_reasons", {}).items()):
         print(f"[harvest] unit {u:05d} will be redone: {why}", file=sys.stderr)
@@ -228,7 +233,7 @@ def harvest(
     stages = [
         functools.partial(ContextStage, cfg, window, rep_cache),
         functools.partial(ScoreStage, cfg, refs),
-        functools.partial(RankAndWriteStage, cfg, fp, anchor_ids, anchor_texts),
+        functools.partial(RankAndWriteStage, cfg, fp, anchor_ids, anchor_texts, sentence_schema),
     ]
     scale = {"contexts": _r(cfg.resources.contexts), "scoring": _r(cfg.resources.scoring), "rank": _r(cfg.resources.rank)}
     progress = Progress(len(units), len(done), stream=open(os.devnull, "w") if quiet else sys.stderr, run=cfg.out)

@@ -35,7 +35,12 @@ PAIR_SCHEMA = pa.schema([
 SENTENCE_SCHEMA = pa.schema([
     ("sentence_id", pa.int64()), ("text", pa.string()), ("n_contexts", pa.int32()),
     ("shortfall", pa.string()), ("rank_codes", pa.list_(pa.uint32())),
+    # C_s itself (context ids, in order): a pair's Eq. 4 vectors run over C_s1 + C_s2, which
+    # `sentsim remix` needs to recompute scores exactly from context_scores.
+    ("context_ids", pa.list_(pa.int64())),
 ])
+# Harvests written before context_ids existed; a resumed one keeps writing its own schema.
+LEGACY_SENTENCE_SCHEMA = SENTENCE_SCHEMA.remove(SENTENCE_SCHEMA.get_field_index("context_ids"))
 CONTEXT_SCORE_SCHEMA = pa.schema([
     ("sentence_id", pa.int64()), ("context_id", pa.int64()),
     ("fwd", pa.float64()), ("left", pa.float64()), ("right", pa.float64()), ("disc", pa.float64()), ("S", pa.float64()),
@@ -232,7 +237,8 @@ class ScoreStage(Stage):
                         disc.get((s, k)), S[(s, k)]) for (s, k) in need]
             item.update(rows=rows, context_scores=cs_rows, n_scored=len(combos))
             del item["disc"]
-            item["csets"] = {s: (len(cs.contexts), cs.shortfall_reason) for s, cs in csets.items()}
+            item["csets"] = {s: (len(cs.contexts), cs.shortfall_reason, [c.key for c in cs.contexts])
+                             for s, cs in csets.items()}
             item["timing"]["scoring"] = time.perf_counter() - t0
             out.append(item)
         return out
@@ -241,9 +247,11 @@ class ScoreStage(Stage):
 class RankAndWriteStage(Stage):
     name = "rank"
 
-    def __init__(self, cfg: HarvestConfig, fp: str, anchor_ids: Optional[np.ndarray], anchor_texts: Optional[List[str]]):
+    def __init__(self, cfg: HarvestConfig, fp: str, anchor_ids: Optional[np.ndarray], anchor_texts: Optional[List[str]],
+                 sentence_schema: pa.Schema = SENTENCE_SCHEMA):
         self.cfg = cfg
         self.fp = fp
+        self.sentence_schema = sentence_schema
         self.anchor_ids = anchor_ids
         self.anchor_texts = anchor_texts
         self.resources = _res(cfg.resources.rank)
@@ -281,12 +289,14 @@ class RankAndWriteStage(Stage):
                 for k in PAIR_SCHEMA.names:
                     cols[k].append(r.get(k))
             pairs_t = pa.Table.from_pydict(cols, schema=PAIR_SCHEMA).sort_by("pair_id")
-            sent_t = pa.Table.from_pydict({
+            sent_cols = {
                 "sentence_id": sids, "text": [texts[s] for s in sids],
                 "n_contexts": [item["csets"][s][0] for s in sids],
                 "shortfall": [item["csets"][s][1] for s in sids],
                 "rank_codes": [None if codes is None else codes[pos[s]].astype(np.uint32).tolist() for s in sids],
-            }, schema=SENTENCE_SCHEMA)
+                "context_ids": [item["csets"][s][2] for s in sids],
+            }
+            sent_t = pa.Table.from_pydict({k: sent_cols[k] for k in self.sentence_schema.names}, schema=self.sentence_schema)
             cs = sorted(item["context_scores"], key=lambda x: (x[0], x[1]))
             ctx_t = pa.Table.from_pydict(
                 {k: [x[i] for x in cs] for i, k in enumerate(CONTEXT_SCORE_SCHEMA.names)}, schema=CONTEXT_SCORE_SCHEMA)

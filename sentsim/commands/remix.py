@@ -1,0 +1,42 @@
+"""sentsim remix HARVEST --out DIR [--lambda-fwd X ...]"""
+
+from __future__ import annotations
+
+COMMAND = ("remix",)
+HELP = "re-weigh a finished harvest's Eq. 3 terms (or change the Eq. 4 metric) into new pair scores, without re-scoring"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("source", metavar="HARVEST", help="a finished harvest run directory")
+    p.add_argument("--out", required=True, help="output run directory (a harvest like any other)")
+    for term, what in (("disc", "discriminator"), ("fwd", "forward"), ("left", "left-context"), ("right", "right-context")):
+        p.add_argument(f"--lambda-{term}", type=float, metavar="X",
+                       help=f"weight of the {what} term (default: the source harvest's)")
+    p.add_argument("--metric", choices=["cosine", "pearson", "spearman"], help="Eq. 4 similarity (default: the source's)")
+    p.add_argument("--force-new", action="store_true", help="discard a run with other settings at --out")
+
+
+def run(args) -> int:
+    from pydantic import ValidationError
+
+    from sentsim.errors import UsageError
+    from sentsim.harvest.remix import TERMS, RemixConfig, remix
+
+    try:
+        cfg = RemixConfig(source=args.source, out=args.out, metric=args.metric,
+                          **{f"lambda_{t}": getattr(args, f"lambda_{t}") for t in TERMS})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise UsageError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
+    m = remix(cfg, force_new=args.force_new)
+    r = m["remix"]
+    lam = ", ".join(f"{t} {r['weights'][t]:g}" for t in TERMS)
+    print(f"remix: {r['pairs']} pairs ({r['null_scores']} null) from {args.source}, λ {lam}, metric {r['metric']} "
+          f"-> {args.out}")
+    if r["approximate"]:
+        print(f"  {r['approximate']} pairs approximate: the source predates sentences.context_ids, so their vectors run "
+              "over the contexts both sentences were scored in within their unit")
+    if "remix_spearman_vs_gold" in r:
+        print(f"  Spearman x 100 vs gold on {r['gold_pairs']} pairs: source {r['source_spearman_vs_gold']:.2f}, "
+              f"remix {r['remix_spearman_vs_gold']:.2f}")
+    return 0 if m["complete"] else 1

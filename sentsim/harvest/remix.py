@@ -1,0 +1,221 @@
+"""`sentsim remix`: new Eq. 3 weights (or another Eq. 4 metric) over a finished harvest, no re-scoring.
+
+A harvest stores every (sentence, context) term it scored (`context_scores`: fwd, left, right,
+disc) and each sentence's own context set C_s (`sentences.context_ids`). Eq. 3,
+S(s, c) = λ1·disc + λ2·fwd + λ3·left + λ4·right (003 §3.3), and Eq. 4, the similarity of
+[S(s1, c)] and [S(s2, c)] over c in C_s1 + C_s2, can therefore be recomputed under other λ in
+seconds, where scoring took hours. The paper does not give λ; choosing them on a labelled dev
+set (a `harvest --pairs` run of STS-B dev) is what this is for, and a remixed harvest is a harvest
+like any other: surrogates and students train on it, `eval sts --scores` reads it.
+
+The output is its own resumable run, one unit per source unit, with the source's sentences,
+context_scores (S recomputed) and side tables, and pairs with score and sim_* recomputed.
+Harvests written before `context_ids` existed are remixed over the contexts both sentences were
+scored in within their unit, which can include a few contexts of other pairs; the summary counts
+those pairs as approximate.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import Field
+
+from sentsim.config import Section, fingerprint
+from sentsim.errors import UsageError
+from sentsim.harvest.similarity import pair_similarity
+
+STAGE = "harvest-remix"
+TERMS = ("disc", "fwd", "left", "right")
+
+
+class RemixConfig(Section):
+    source: str = Field(description="a finished harvest run directory")
+    out: str = Field(description="where the remixed run is written")
+    # Unset = the source's weight. 003 §3.3 gives no values; the harvest default is 1 for each.
+    lambda_disc: Optional[float] = Field(None, ge=0, description="λ1, the discriminator term")
+    lambda_fwd: Optional[float] = Field(None, ge=0, description="λ2, log p(s | c<, c>) per token")
+    lambda_left: Optional[float] = Field(None, ge=0, description="λ3, log p(c< | s, c>) per token")
+    lambda_right: Optional[float] = Field(None, ge=0, description="λ4, log p(c> | c<, s) per token")
+    metric: Optional[Literal["cosine", "pearson", "spearman"]] = Field(
+        None, description="Eq. 4 similarity; unset = the source's (double-centred cannot be remixed)")
+
+
+def resolve(cfg: RemixConfig, manifest: dict) -> tuple[dict, str]:
+    """The remix's weights and metric: each unset λ is the source's (0 for a term its ablation left out)."""
+    from sentsim.context.config import ScorerConfig
+
+    src = manifest.get("config", {})
+    scoring = ScorerConfig(**src.get("scoring", {}))
+    on, src_lam = scoring.enabled(), scoring.weights()
+    lam = {}
+    for t in TERMS:
+        given = getattr(cfg, f"lambda_{t}")
+        lam[t] = float(given) if given is not None else (src_lam[t] if on[t] else 0.0)
+    metric = cfg.metric or src.get("metric", "pearson")
+    if metric == "double-centred":
+        raise UsageError(f"{cfg.source}: metric double-centred needs the reference sentences' scores, which a harvest "
+                         "does not store; pass --metric pearson (or cosine, spearman)")
+    if not any(lam.values()):
+        raise UsageError("every λ is 0: Eq. 3 would be empty")
+    return lam, metric
+
+
+def check_terms(cfg: RemixConfig, first_unit: dict) -> None:
+    """A term given a weight must have been scored: a direction skipped by the source (its λ was 0,
+    or ablated) or a discriminator it did not have is NaN throughout, and weighing it would do nothing."""
+    cs = first_unit["context_scores"]
+    for t in TERMS:
+        given = getattr(cfg, f"lambda_{t}")
+        values = cs.column(t).to_numpy(zero_copy_only=False).astype(np.float64)  # nulls read as NaN
+        if given and cs.num_rows and not np.isfinite(values).any():
+            raise UsageError(f"{cfg.source}: the {t} term was not scored there (no discriminator, or its λ was 0 or "
+                             f"ablated); lambda_{t}={given:g} cannot weigh it in")
+
+
+def remix_unit(tables: dict, lam: dict, metric: str) -> tuple[dict, dict]:
+    """Recompute S and every pair's Eq. 4 similarity for one unit; returns (tables, counts)."""
+    from sentsim.context.scorer import combine_terms
+
+    cs, sent, pairs = tables["context_scores"], tables["sentences"], tables["pairs"]
+    values = {t: cs.column(t).to_numpy(zero_copy_only=False).astype(np.float64) for t in TERMS}
+    S, _ = combine_terms(values, dict.fromkeys(TERMS, True), lam)
+    cs = cs.set_column(cs.schema.get_field_index("S"), "S", pa.array(S, pa.float64()))
+    row_of = {(s, k): i for i, (s, k) in enumerate(zip(cs.column("sentence_id").to_pylist(),
+                                                      cs.column("context_id").to_pylist()))}
+    by_sentence: dict = {}
+    for s, k in row_of:
+        by_sentence.setdefault(s, []).append(k)
+    own = (dict(zip(sent.column("sentence_id").to_pylist(), sent.column("context_ids").to_pylist()))
+           if "context_ids" in sent.column_names else None)
+
+    cols = pairs.to_pydict()
+    counts = {"pairs": len(cols["pair_id"]), "null_scores": 0, "approximate": 0, "rescored": 0}
+    for i, (a, b) in enumerate(zip(cols["s1_id"], cols["s2_id"])):
+        if cols["score"][i] is None and (cols["null_reason"][i] or "").startswith("no contexts"):
+            counts["null_scores"] += 1
+            continue
+        if own is not None:
+            keys = list(own.get(a) or []) + list(own.get(b) or [])
+        else:  # before context_ids: the contexts both were scored in, within this unit
+            shared = set(by_sentence.get(b, []))
+            keys = [k for k in by_sentence.get(a, []) if k in shared]
+            counts["approximate"] += 1
+        idx1 = [row_of.get((a, k)) for k in keys]
+        idx2 = [row_of.get((b, k)) for k in keys]
+        if any(j is None for j in idx1 + idx2):
+            raise UsageError(f"pair {cols['pair_id'][i]}: a context of its C_s1 + C_s2 has no stored score; "
+                             "the source harvest's shards do not match each other")
+        score = pair_similarity(S[idx1], S[idx2], metric)
+        cols["score"][i] = float(score) if np.isfinite(score) else None
+        cols["null_reason"][i] = None if np.isfinite(score) else "score vectors degenerate (constant or unscored)"
+        counts["null_scores"] += cols["score"][i] is None
+        for t in TERMS:
+            v = pair_similarity(values[t][idx1], values[t][idx2], metric)
+            cols[f"sim_{t}"][i] = float(v) if np.isfinite(v) else None
+        counts["rescored"] += 1
+    out_pairs = pa.Table.from_pydict(cols, schema=pairs.schema)
+    return {"pairs": out_pairs, "sentences": sent, "context_scores": cs}, counts
+
+
+def _read_unit(store, record) -> dict:
+    out = {}
+    for table in ("pairs", "sentences", "context_scores"):
+        f = record.files.get(table)
+        if f is None:
+            raise UsageError(f"{store.uri}: unit {record.unit} has no {table} shard; not a harvest with context scores")
+        with store.fs.open_input_file(store.path(f["path"])) as fh:
+            out[table] = pq.read_table(fh)
+    return out
+
+
+def _gold_spearman(root: str) -> Optional[tuple[float, int]]:
+    """Spearman x 100 of score vs gold over a run's pairs, when it has gold labels (a --pairs harvest)."""
+    import pyarrow.dataset as ds
+    from scipy.stats import spearmanr
+
+    t = ds.dataset(f"{root}/pairs", format="parquet").to_table(columns=["score", "gold"]).to_pandas().dropna()
+    if len(t) < 2:
+        return None
+    return float(spearmanr(t.score, t.gold).statistic * 100), len(t)
+
+
+def _checked_units(src, manifest: dict) -> dict:
+    """The source's units, each checked against its checksums; read-only (a bad unit is an error
+    here, where the harvest itself would quietly redo it)."""
+    from storage.store import UnitRecord
+
+    units = {}
+    for u, rec in src.markers().items():
+        if rec.get("fingerprint") != manifest["fingerprint"]:
+            continue
+        problem = src.check_unit(rec, deep=True)
+        if problem:
+            raise UsageError(f"{src.uri}: {problem}; run `sentsim store verify` and resume the harvest")
+        units[u] = UnitRecord(unit=u, files=rec["files"], extra=rec.get("extra", {}))
+    return units
+
+
+def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False) -> dict:
+    from sentsim.harvest.stages import CONTEXT_SCORE_SCHEMA, LEGACY_SENTENCE_SCHEMA, PAIR_SCHEMA, SENTENCE_SCHEMA
+    from storage import ShardStore
+
+    if "://" not in cfg.source and not Path(cfg.source).is_dir():
+        raise UsageError(f"{cfg.source}: no such harvest directory")
+    same = (cfg.out == cfg.source if "://" in cfg.out + cfg.source
+            else Path(cfg.out).resolve() == Path(cfg.source).resolve())
+    if same:
+        raise UsageError("--out must differ from the source harvest")
+    src = ShardStore(cfg.source)
+    manifest = src.read_manifest()
+    if not manifest or manifest.get("stage") not in ("harvest", STAGE):
+        raise UsageError(f"{cfg.source}: not a harvest run (no manifest.json of stage 'harvest')")
+    if not manifest.get("complete"):
+        raise UsageError(f"{src.incomplete_note() or cfg.source + ' is not complete'}; resume the harvest first, "
+                         "so that the remix covers every unit")
+    lam, metric = resolve(cfg, manifest)
+    units = _checked_units(src, manifest)
+    planned = manifest.get("planned_units") or len(units)
+    if len(units) != planned:
+        raise UsageError(f"{cfg.source}: {planned - len(units)} of {planned} unit(s) have no completion marker")
+    if units:
+        check_terms(cfg, _read_unit(src, units[min(units)]))
+
+    has_ids = "context_ids" in [f[0] for f in manifest.get("tables", {}).get("sentences", [])]
+    schemas = {"pairs": PAIR_SCHEMA, "sentences": SENTENCE_SCHEMA if has_ids else LEGACY_SENTENCE_SCHEMA,
+               "context_scores": CONTEXT_SCORE_SCHEMA}
+    fp = fingerprint(STAGE, manifest["fingerprint"], lam, metric)
+    settings = {"source": cfg.source, "source_fingerprint": manifest["fingerprint"], "weights": lam, "metric": metric}
+    # the source's config travels with the run (training and eval read it), the remix's settings on top
+    config = dict(manifest.get("config", {}), remix=settings, metric=metric)
+    config["scoring"] = dict(config.get("scoring", {}), **{f"lambda_{t}": lam[t] for t in TERMS})
+    out = ShardStore(cfg.out)
+    out.open_run(STAGE, fp, config, [{"harvest": cfg.source, "fingerprint": manifest["fingerprint"]}],
+                 schemas, planned_units=planned, force_new=force_new)
+    done = out.completed_units(fp, deep=True)
+    if done and not quiet:
+        print(f"[remix] {len(done)} unit(s) already complete in {cfg.out}", file=sys.stderr)
+    totals = dict.fromkeys(("pairs", "null_scores", "approximate", "rescored"), 0)
+    for u in sorted(units):
+        if u in done:
+            counts = done[u].extra
+        else:
+            tables, counts = remix_unit(_read_unit(src, units[u]), lam, metric)
+            out.write_unit(u, tables, fp, counts)
+        for k in totals:
+            totals[k] += int(counts.get(k, 0))
+    written = out.side_records()
+    for name in src.side_records():  # rank_anchors: students read the anchors from the run
+        if name not in written:
+            out.write_side_table(name, src.read_side_table(name), fp)
+    summary = dict(settings, **totals)
+    for label, root in (("source", cfg.source), ("remix", cfg.out)):
+        g = _gold_spearman(root) if "://" not in root else None
+        if g is not None:
+            summary[f"{label}_spearman_vs_gold"], summary["gold_pairs"] = round(g[0], 2), g[1]
+    return out.finalize(planned, {"remix": summary})
