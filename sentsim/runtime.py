@@ -29,6 +29,7 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> N
                 num_cpus=num_cpus,
                 include_dashboard=False,
                 dashboard_host=os.environ.get("SENTSIM_DASHBOARD_HOST", "127.0.0.1"),
+                runtime_env={"worker_process_setup_hook": quiet_state_api_probe},
                 **kwargs,
             )
     except ConnectionError as exc:
@@ -37,6 +38,27 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> N
         if address:
             raise
         raise UsageError(f"could not start a local Ray: {str(exc).splitlines()[0]}") from None
+
+
+def quiet_state_api_probe() -> None:
+    """Worker setup hook for the local, dashboard-less Ray.
+
+    Ray Train's PlacementGroupCleaner asks the state API (which the dashboard serves) every
+    second whether the controller still lives. Without a dashboard each answer is a warning on
+    the console, hundreds per training run, burying sentsim's progress lines; and with a second
+    local Ray on the machine (two trainings at once) its address lookup fails outright and the
+    monitor thread dies with a traceback. Pointing the lookup at this worker's own cluster and
+    muting that one logger fixes both; a local Ray's placement groups go with it anyway.
+    """
+    import logging
+
+    try:
+        import ray
+
+        os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    except Exception:  # a failing setup hook would take the worker down with it
+        pass
+    logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner").setLevel(logging.ERROR)
 
 
 def cluster_cpus() -> int:

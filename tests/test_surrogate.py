@@ -248,3 +248,23 @@ def test_cross_encoder_from_minilm_finetuned_on_stsb(tmp_path, minilm, shared_da
         enc = tok([a for a, _ in pairs], [b for _, b in pairs], padding=True, return_tensors="pt")
         logits = raw(**enc).logits[:, 0].numpy()
     np.testing.assert_allclose(ce.predict(pairs), logits, atol=1e-5)  # identity activation: raw regression
+
+
+@pytest.mark.slow
+def test_cli_training_console_is_readable(tmp_path, stsb_pairs, minilm, ray_local):
+    """`sentsim train surrogate` starts its own local Ray, without a dashboard, while this test
+    process holds another. Ray Train's placement-group cleaner then polled the state API every
+    second, printing a warning each time (hundreds per run), and with two local Rays its address
+    lookup failed and it died with a traceback on the console. The console keeps sentsim's lines."""
+    from conftest import sentsim_cli
+
+    h = tfidf_harvest(tmp_path / "h", stsb_pairs, n=100)
+    sets = [f"scratch.{k}={v}" for k, v in TINY.items()] + [
+        "init=scratch", "max_steps=4", "eval_every=2", "batch_size=16", "max_seq_length=32", "cpus_per_worker=0.5"]
+    r = sentsim_cli("train", "surrogate", "--data", h, "--backbone", minilm, "--out", tmp_path / "o",
+                    *[x for s in sets for x in ("--set", s)])
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert "[surrogate harvest] step 4/4" in out
+    assert "Failed to query Ray Train Controller" not in out
+    assert "Traceback" not in out and "Found multiple active Ray instances" not in out
