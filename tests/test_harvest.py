@@ -273,31 +273,52 @@ def test_remix_refusals_are_one_line(inline_run, tmp_path):
         assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_remix_of_a_harvest_from_before_context_ids(inline_run, tmp_path):
-    """Old harvests lack sentences.context_ids: their pairs are remixed over shared contexts and counted."""
+def as_written_before_context_ids(src, dst):
+    """A copy of a harvest as the code before sentences.context_ids wrote it: shards, markers and
+    manifest all without the column, every checksum valid."""
     import hashlib
     import io
 
     import pyarrow.parquet as pq
 
+    shutil.copytree(src, dst)
+    for marker in sorted((dst / "_units").glob("*.json")):
+        rec = json.loads(marker.read_text())
+        f = rec["files"]["sentences"]
+        buf = io.BytesIO()
+        pq.write_table(pq.read_table(dst / f["path"]).drop_columns(["context_ids"]), buf)
+        (dst / f["path"]).write_bytes(buf.getvalue())
+        f.update(bytes=len(buf.getvalue()), sha256=hashlib.sha256(buf.getvalue()).hexdigest())
+        marker.write_text(json.dumps(rec))
+    m = json.loads((dst / "manifest.json").read_text())
+    m["tables"]["sentences"] = [c for c in m["tables"]["sentences"] if c[0] != "context_ids"]
+    (dst / "manifest.json").write_text(json.dumps(m))
+    return dst
+
+
+def test_remix_of_a_harvest_from_before_context_ids(inline_run, tmp_path):
+    """Old harvests lack sentences.context_ids: their pairs are remixed over shared contexts and counted."""
     from sentsim.harvest.remix import RemixConfig, remix
 
     cfg, out = inline_run
-    old = tmp_path / "old"
-    shutil.copytree(out, old)
-    for marker in sorted((old / "_units").glob("*.json")):
-        rec = json.loads(marker.read_text())
-        f = rec["files"]["sentences"]
-        t = pq.read_table(old / f["path"]).drop_columns(["context_ids"])
-        buf = io.BytesIO()
-        pq.write_table(t, buf)
-        (old / f["path"]).write_bytes(buf.getvalue())
-        f.update(bytes=len(buf.getvalue()), sha256=hashlib.sha256(buf.getvalue()).hexdigest())
-        marker.write_text(json.dumps(rec))
-    m = json.loads((old / "manifest.json").read_text())
-    m["tables"]["sentences"] = [c for c in m["tables"]["sentences"] if c[0] != "context_ids"]
-    (old / "manifest.json").write_text(json.dumps(m))
+    old = as_written_before_context_ids(out, tmp_path / "old")
     r = remix(RemixConfig(source=str(old), out=str(tmp_path / "re")), quiet=True)["remix"]
     assert r["approximate"] == r["rescored"] > 0
     a, b = _scores(out).dropna(), _scores(tmp_path / "re").reindex(_scores(out).dropna().index)
     assert np.corrcoef(a, b)[0, 1] > 0.9
+
+
+def test_resuming_a_harvest_from_before_context_ids_keeps_its_schema(inline_run, tmp_path):
+    """New code finishing an old run writes the old sentences schema, so its shards still read as one table."""
+    from sentsim.harvest.job import harvest
+    from storage import verify_store
+
+    cfg, out = inline_run
+    old = as_written_before_context_ids(out, tmp_path / "old")
+    (old / "_units" / "00001.json").unlink()
+    (old / "_COMPLETE").unlink()
+    m = harvest(cfg.model_copy(update={"out": str(old)}), executor="inline", quiet=True)
+    assert m["complete"] and verify_store(str(old)) == []
+    sents = ds.dataset(str(old / "sentences")).to_table()
+    assert "context_ids" not in sents.column_names and sents.num_rows == ds.dataset(str(out / "sentences")).count_rows()
+    assert pairs_of(old).equals(pairs_of(out))
