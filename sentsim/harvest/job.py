@@ -22,8 +22,7 @@ from sentsim.config import fingerprint, load_config
 from sentsim.errors import UsageError
 from sentsim.harvest.config import HarvestConfig
 from sentsim.harvest.stages import (
-    CONTEXT_SCORE_SCHEMA, LEGACY_SENTENCE_SCHEMA, PAIR_SCHEMA, SENTENCE_SCHEMA, ContextStage, RankAndWriteStage,
-    ScoreStage,
+    CONTEXT_SCORE_SCHEMA, PAIR_SCHEMA, SENTENCE_SCHEMA, ContextStage, RankAndWriteStage, ScoreStage, sentence_schema_of,
 )
 from sentsim.pipeline import run_pipeline
 from storage import ShardStore
@@ -202,8 +201,7 @@ def harvest(
         {"pairs": PAIR_SCHEMA, "sentences": SENTENCE_SCHEMA, "context_scores": CONTEXT_SCORE_SCHEMA},
         planned_units=len(units), force_new=force_new)
     # a run resumed from before sentences.context_ids keeps one schema across its shards
-    legacy = "context_ids" not in [f[0] for f in manifest.get("tables", {}).get("sentences", [["context_ids"]])]
-    sentence_schema = LEGACY_SENTENCE_SCHEMA if legacy else SENTENCE_SCHEMA
+    sentence_schema = sentence_schema_of(manifest)
     done = store.completed_units(fp, deep=True)
     for u, why in sorted(getattr(store, "redo_reasons", {}).items()):
         print(f"[harvest] unit {u:05d} will be redone: {why}", file=sys.stderr)

@@ -27,11 +27,11 @@ import pyarrow.parquet as pq
 from pydantic import Field
 
 from sentsim.config import Section, fingerprint
+from sentsim.context.scorer import TERMS  # the Eq. 3 terms: disc, fwd, left, right
 from sentsim.errors import UsageError
 from sentsim.harvest.similarity import pair_similarity
 
 STAGE = "harvest-remix"
-TERMS = ("disc", "fwd", "left", "right")
 
 
 class RemixConfig(Section):
@@ -162,7 +162,7 @@ def _checked_units(src, manifest: dict) -> dict:
 
 
 def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False) -> dict:
-    from sentsim.harvest.stages import CONTEXT_SCORE_SCHEMA, LEGACY_SENTENCE_SCHEMA, PAIR_SCHEMA, SENTENCE_SCHEMA
+    from sentsim.harvest.stages import CONTEXT_SCORE_SCHEMA, PAIR_SCHEMA, sentence_schema_of
     from storage import ShardStore
 
     if "://" not in cfg.source and not Path(cfg.source).is_dir():
@@ -186,9 +186,7 @@ def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False) -> dic
     if units:
         check_terms(cfg, _read_unit(src, units[min(units)]))
 
-    has_ids = "context_ids" in [f[0] for f in manifest.get("tables", {}).get("sentences", [])]
-    schemas = {"pairs": PAIR_SCHEMA, "sentences": SENTENCE_SCHEMA if has_ids else LEGACY_SENTENCE_SCHEMA,
-               "context_scores": CONTEXT_SCORE_SCHEMA}
+    schemas = {"pairs": PAIR_SCHEMA, "sentences": sentence_schema_of(manifest), "context_scores": CONTEXT_SCORE_SCHEMA}
     fp = fingerprint(STAGE, manifest["fingerprint"], lam, metric)
     settings = {"source": cfg.source, "source_fingerprint": manifest["fingerprint"], "weights": lam, "metric": metric}
     # the source's config travels with the run (training and eval read it), the remix's settings on top

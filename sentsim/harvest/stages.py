@@ -41,6 +41,12 @@ SENTENCE_SCHEMA = pa.schema([
 ])
 # Harvests written before context_ids existed; a resumed one keeps writing its own schema.
 LEGACY_SENTENCE_SCHEMA = SENTENCE_SCHEMA.remove(SENTENCE_SCHEMA.get_field_index("context_ids"))
+
+
+def sentence_schema_of(manifest: dict) -> pa.Schema:
+    """The sentences schema a run was opened with: runs from before context_ids keep theirs."""
+    names = [f[0] for f in manifest.get("tables", {}).get("sentences", [["context_ids"]])]
+    return SENTENCE_SCHEMA if "context_ids" in names else LEGACY_SENTENCE_SCHEMA
 CONTEXT_SCORE_SCHEMA = pa.schema([
     ("sentence_id", pa.int64()), ("context_id", pa.int64()),
     ("fwd", pa.float64()), ("left", pa.float64()), ("right", pa.float64()), ("disc", pa.float64()), ("S", pa.float64()),
