@@ -7,7 +7,7 @@ DEMO_OUT ?= demo_out
 
 LUCENE := $(VENV)/.lucene
 
-.PHONY: install lucene demo test bench clean
+.PHONY: install lucene lint demo test bench clean
 
 install: $(STAMP)
 
@@ -28,6 +28,10 @@ $(STAMP): pyproject.toml requirements.lock constraints.txt
 
 demo: $(STAMP)
 	$(BIN)/python -m sentsim.demo --out $(DEMO_OUT)
+
+# ruff's rules and line length are in pyproject.toml.
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 test: $(STAMP) $(LUCENE)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q tests

@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from common import append_results  # noqa: E402
+
 from sentsim.context.config import ContextModelConfig, ScorerConfig  # noqa: E402
 from sentsim.context.devcorpus import write_dev_corpus  # noqa: E402
 from sentsim.context.model import build_model  # noqa: E402

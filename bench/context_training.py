@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from common import append_results  # noqa: E402
+
 from sentsim.config import load_config  # noqa: E402
 from sentsim.context.config import ContextTrainConfig  # noqa: E402
 from sentsim.context.train import train_context  # noqa: E402
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     cfg = load_config(ContextTrainConfig, None, DEFAULTS + [f"max_seconds={args.minutes * 60}"] + args.overrides)
     t0 = time.perf_counter()
-    summary = train_context(args.corpus, args.work, cfg)
+    summary = train_context(args.corpus, args.work, cfg, force_new=True)  # a reference run starts fresh
     wall = time.perf_counter() - t0
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() and cfg.use_gpu != "no" else \
         f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
@@ -73,8 +74,8 @@ def main(argv=None) -> int:
             init = r["initial_eval"][d]["loss"]
             lines.append(f"| {d} | {ev['loss']:.3f} | {ev['perplexity']:.1f} | {ev['shuffled_loss']:.3f} | "
                          f"{ev['context_gap']:+.4f} | {init:.3f} |")
-        hist = [json.loads(x) for x in (Path(args.work) / "runs" / name / "metrics.jsonl").read_text().splitlines()]
-        hist = [h for h in hist if "eval" in h]
+        hist = json.loads((Path(args.work) / "runs" / name / "history.json").read_text())
+        hist = [h for h in hist if h.get("eval")]
         if len(hist) > 2:
             lines += ["", "Context-use gap over training (nats/token):", "",
                       "| step | target tokens seen | " + " | ".join(hist[0]["eval"]) + " |",
@@ -83,6 +84,9 @@ def main(argv=None) -> int:
                 lines.append(f"| {h['step']} | {h.get('target_tokens_seen', 0):,} | "
                              + " | ".join(f"{e['context_gap']:+.4f}" for e in h["eval"].values()) + " |")
         lines.append("")
+        print(json.dumps({"run": name, "steps": r["steps"], "tokens_seen": r["tokens_seen"],
+                          "train_seconds": round(r["train_seconds"], 2),
+                          "tokens_per_second": round(r["tokens_seen"] / max(r["train_seconds"], 1e-9), 1)}))
     append_results(args.out, lines)
     return 0
 

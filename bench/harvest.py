@@ -29,8 +29,9 @@ SAMPLE = ROOT / "corpus" / "sample" / "us_speeches_sample.jsonl.gz"
 
 
 def build_inputs(work: Path, scale: int):
-    from corpus.build import build_corpus
     from harvest_support import build_index_for
+
+    from sentsim.corpus_job import build_corpus
 
     inputs = []
     for k in range(scale):
@@ -87,10 +88,10 @@ def main() -> None:
                     help="skip the 4x-corpus memory runs and the rank-target timing (for slow reference models)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "harvest.md"))
     args = ap.parse_args()
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
-
     from harvest_support import harvest_config
+
+    from sentsim.runtime import init_ray
 
     work = Path(tempfile.mkdtemp(prefix="sentsim-bench-harvest-"))
     corpus1, index1 = build_inputs(work, 1)
@@ -107,7 +108,7 @@ def main() -> None:
             resources={"scoring": {"num_cpus": 0.5, "min_actors": actors, "max_actors": actors}},
         )
 
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False)
+    init_ray(num_cpus=os.cpu_count())  # token auth, loopback only, like every sentsim job
     results = {}
     plan = ([] if args.no_inline else [("inline, 1 process", "inline", 1)]) + [
         (f"ray, {a} scoring actor{'s' if a > 1 else ''}", "ray", a) for a in map(int, args.actors.split(","))]

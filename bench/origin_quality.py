@@ -55,13 +55,15 @@ def main() -> None:
 
     from sentsim.harvest.config import HarvestConfig
     from sentsim.harvest.job import harvest
+    from sentsim.pairs_file import read_pairs_file
 
     work = Path(tempfile.mkdtemp(prefix="sentsim-origin-"))
-    lines = [l.split("\t") for l in STSB.read_text(encoding="utf-8").splitlines() if l.strip()]
+    pairs = read_pairs_file(str(STSB))
     rng = np.random.default_rng(0)
-    pick = sorted(rng.choice(len(lines), size=min(args.pairs, len(lines)), replace=False))
-    pf = work / "pairs.tsv"
-    pf.write_text("".join("\t".join(lines[i]) + "\n" for i in pick), encoding="utf-8")
+    pick = sorted(rng.choice(len(pairs), size=min(args.pairs, len(pairs)), replace=False))
+    pf = work / "pairs.jsonl"
+    pf.write_text("".join(json.dumps({"s1": pairs[i][0], "s2": pairs[i][1], "gold": pairs[i][2]}) + "\n"
+                          for i in pick), encoding="utf-8")
 
     def run(mode):
         cfg = HarvestConfig.model_validate(dict(

@@ -37,7 +37,7 @@ SHARED = ROOT.parent / "shared" / "data"
 
 
 def build_gutenberg(books: int) -> Path:
-    from corpus.build import build_corpus
+    from sentsim.corpus_job import build_corpus
 
     out = ROOT / "bench" / "out" / f"gutenberg_{books}"
     if (out / "manifest.json").is_file() and (out / "_COMPLETE").exists():
@@ -80,9 +80,9 @@ def bench_screening(n_candidates: int, threads: int, n_sentences: int = 1_000_00
 
     from sentsim.discriminator import CoherenceModel, Discriminator, ModelConfig
     from sentsim.discriminator.vocab import SPECIALS, Vocab
-    from sentsim.screening.candidates import Candidates
     from sentsim.screening.cache import ContextCache
-    from sentsim.screening.screen import score_candidates
+    from sentsim.screening.candidates import Candidates
+    from sentsim.screening.score import score_candidates
 
     torch.set_num_threads(threads)
     cfg = ModelConfig()  # paper sizes: hidden 300 (D = 600), head 256, window 1
@@ -222,7 +222,7 @@ def main() -> None:
         f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), shared with other jobs "
         f"(load average at the end: {os.getloadavg()[0]:.1f}); torch/BLAS threads: {args.threads}. Numbers are noisy.",
         "",
-        f"Corpus: first {args.books} books of the Gutenberg corpus, built with `corpus.build.build_corpus` "
+        f"Corpus: first {args.books} books of the Gutenberg corpus, built with `sentsim.corpus_job.build_corpus` "
         f"({n_sent:,} sentences, {n_chunks:,} chunks of 8 sentences; "
         f"{'built once and cached under bench/out/' if corpus_s < 5 else f'built in {corpus_s:.0f} s'}).  ",
         f"Queries: the first {len(queries)} STS-B dev sentences. Backend: sklearn TF-IDF over word bigrams, "

@@ -34,7 +34,7 @@ def rank_only_harvest(out: Path, n_anchors: int, n_sentences: int, seed: int = 0
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
-    from corpus.build import build_corpus
+    from sentsim.corpus_job import build_corpus
     from sentsim.harvest.stages import PAIR_SCHEMA, SENTENCE_SCHEMA
     from sentsim.rank import rank_similarity
     from sentsim.rank.targets import RankTargets, default_base_encoder, sample_anchors
@@ -185,7 +185,7 @@ def main() -> int:
             train_s = s["seconds"]
         else:
             s = train_student(cfg, data=str(harvest), backbone=backbone, out=str(work / objective), executor="inline",
-                              restart=True, verbose=False)
+                              force_new=True, verbose=False)
             train_s = time.perf_counter() - t0
         losses = [h["train_loss"] for h in s["history"] if h.get("train_loss") is not None]
         runs[objective] = {"train_seconds": round(train_s, 1), "steps": s["total_steps"], "rows": s["rows"],

@@ -37,8 +37,18 @@ CHUNK_SCHEMA = pa.schema(
 )
 
 
-def doc_key_of(sentence_id: int) -> int:
+def doc_key_of(sentence_id):
+    """The document key of a sentence id (an int or a numpy array of them)."""
     return sentence_id >> SENT_BITS
+
+
+def sentence_id_of(doc_key, sent_idx):
+    """The id of sentence `sent_idx` of document `doc_key`; sent_idx 0 gives the document's first id."""
+    return (doc_key << SENT_BITS) | sent_idx
+
+
+def same_doc(a, b):
+    return doc_key_of(a) == doc_key_of(b)
 
 
 class BadDocument(Exception):
@@ -127,7 +137,7 @@ def ingest_document(out: UnitResult, rec: RawRecord, doc_key: int, cfg: CorpusCo
         raise BadDocument("empty document (no text after whitespace normalisation)")
     if len(sents) > MAX_SENTENCES_PER_DOC:
         raise BadDocument(f"{len(sents):,} sentences in one document (limit {MAX_SENTENCES_PER_DOC:,})")
-    base = doc_key << SENT_BITS
+    base = sentence_id_of(doc_key, 0)
     S = out.sentences
     for i, (p_idx, text, n_tok, cut) in enumerate(sents):
         S["sentence_id"].append(base | i)

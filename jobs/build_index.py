@@ -1,6 +1,6 @@
 """Ray job: `ray job submit --working-dir . -- python jobs/build_index.py ...` (the flags of `sentsim index build`).
 
-Add `--workers N` to spread the sklearn build over N Ray tasks on the cluster the job runs on."""
+Add `--num-workers N` to spread the sklearn build over N Ray tasks on the cluster the job runs on."""
 
 import os
 import sys

@@ -1,42 +1,59 @@
 """`make demo`: the whole chain on the bundled sample corpus, with small models, on a laptop CPU.
 
-corpus -> index -> discriminator -> context models -> harvest -> report. Each step is the same
-entry point a user calls (`sentsim ...`); the demo only chains them and keeps every model tiny.
+corpus -> verify -> index -> discriminator -> context models -> harvest -> surrogate -> eval sts
+-> student. Each step runs the `sentsim` command a user types, in its own process, from the
+current directory with the relative paths a user would give: the demo only chains the commands
+and keeps every model tiny. The STS evaluation runs when the shared data (../shared/data/sts) or
+`--sts DIR` is there, and is skipped with a note otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from sentsim.cli import main as sentsim
-
-SAMPLE = Path(__file__).resolve().parent.parent / "corpus" / "sample" / "us_speeches_sample.jsonl.gz"
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "corpus" / "sample" / "us_speeches_sample.jsonl.gz"
+SHARED_STS = ROOT.parent / "shared" / "data" / "sts"
 
 
 def step(title: str, argv: list[str]) -> None:
+    """Run `sentsim ARGV` as its own process; stop the demo with its exit code when it fails."""
     print(f"\n$ sentsim {' '.join(argv)}", flush=True)
     t0 = time.time()
-    rc = sentsim(argv)
+    rc = subprocess.call([sys.executable, "-m", "sentsim.cli", *argv])
     if rc != 0:
         print(f"demo: step '{title}' failed with exit code {rc}", file=sys.stderr)
         sys.exit(rc)
     print(f"  ({title}: {time.time() - t0:.1f}s)", flush=True)
 
 
+def show_pairs(harvest: str) -> None:
+    """The least and most similar harvested pairs, read through the run's completion markers."""
+    from storage.reader import RunReader
+
+    t = RunReader(harvest).read_table("pairs", columns=["score", "kind", "s1", "s2"]).to_pandas()
+    show = t[t.score.notna()].sort_values("score")
+    print("\nleast and most similar harvested pairs:")
+    for _, r in list(show.head(2).iterrows()) + list(show.tail(2).iterrows()):
+        print(f"  {r.score:+.3f}  [{r.kind}] {r.s1[:60]!r} ~ {r.s2[:60]!r}")
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", default="demo_out")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
+    ap.add_argument("--sts", default=str(SHARED_STS), help="STS data folder for `eval sts` (default ../shared/data/sts)")
     args = ap.parse_args()
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    out = Path(args.out)
-    corpus, index, disc, ctx, harvest = (str(out / n) for n in ("corpus", "index", "discriminator", "context", "harvest"))
-    step("corpus", ["corpus", "build", str(SAMPLE), "--out", corpus, "--set", "docs_per_unit=4"])
+    t_all = time.time()
+    out = args.out  # relative on purpose: every command must resolve it the way a user's shell does
+    corpus, index, disc, ctx, harvest, surrogate, student = (
+        f"{out}/{n}" for n in ("corpus", "index", "discriminator", "context", "harvest", "surrogate", "student"))
+    step("corpus", ["corpus", "build", os.path.relpath(SAMPLE), "--out", corpus, "--set", "docs_per_unit=4"])
     step("verify", ["store", "verify", corpus])
     step("index", ["index", "build", "--corpus", corpus, "--out", index])
     step("discriminator", ["train", "discriminator", "--corpus", corpus, "--out", disc,
@@ -50,22 +67,19 @@ def main() -> None:
                      "--context-models", ctx, "--out", harvest,
                      "--set", "anchors.n=24", "--set", "anchors.per_unit=4", "--set", "contexts.size=16",
                      "--set", "contexts.retrieve_chunks=300", "--set", "rank.n_anchors=1000"])
-    rep = json.loads((out / "harvest" / "report.json").read_text())
-    print(f"\nreport.json: {rep['pairs']} pairs, {rep['null_scores']} null, "
-          f"{rep['scored_items']:,} (sentence, context) items scored, "
-          f"rank codes {rep['bytes_per_sentence_rank_codes']:,} bytes/sentence")
-    for split, st in rep["score"].items():
-        if st["n"]:
-            print(f"  {split:<5} n={st['n']:<4} mean={st['mean']:+.3f} std={st['std']:.3f} range [{st['min']:+.3f}, {st['max']:+.3f}]")
-    print(f"  spearman(score, rank_sim) = {rep['spearman_score_vs_rank_sim']:+.3f}")
-    import pyarrow.dataset as ds
-
-    t = ds.dataset(str(out / "harvest" / "pairs")).to_table().to_pandas().sort_values("score")
-    show = t[t.score.notna()]
-    print("\nleast and most similar harvested pairs:")
-    for _, r in list(show.head(2).iterrows()) + list(show.tail(2).iterrows()):
-        print(f"  {r.score:+.3f}  [{r.kind}] {r.s1[:60]!r} ~ {r.s2[:60]!r}")
-    print(f"\nplots: {out / 'harvest' / 'report.png'}")
+    show_pairs(harvest)
+    # The surrogate (003 §3.4) from the bundled all-MiniLM-L6-v2, a few steps on the harvest.
+    step("surrogate", ["train", "surrogate", "--data", harvest, "--out", surrogate,
+                       "--max-steps", "20", "--set", "batch_size=16", "--set", "eval_every=20"])
+    if Path(args.sts).is_dir():
+        step("eval sts", ["eval", "sts", "--model", f"{surrogate}/model", "--data", args.sts, "--tasks", "STSb"])
+    else:
+        print(f"\n(eval sts skipped: no STS data at {args.sts}; pass --sts DIR)")
+    # One student objective: RankEncoder (004) on the harvest's rank-vector targets.
+    step("student", ["train", "student", "--objective", "rankencoder", "--data", harvest, "--out", student,
+                     "--max-steps", "10", "--set", "batch_size=16"])
+    print(f"\ndemo: done in {time.time() - t_all:.0f}s; outputs under {out}/ "
+          f"(harvest report: {harvest}/report.png)")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Stages and the one runner that executes a list of them, on Ray Data or in-process.
 
-A Stage declares its resources next to its code (NeMo Curator style), loads its models once in
-`setup()`, and maps a batch of work items to a batch of work items in `process()`. A pipeline
-is a plain list of stages. `run_pipeline` turns it into chained
-`map_batches(compute=ActorPoolStrategy(...))` calls with those resources, or runs the same
-objects in this process (tests, debugging): stages never know which.
+A Stage loads its models once in `setup()` and maps a batch of work items to a batch of work
+items in `process()`. A pipeline is a plain list of `StageSpec`s: the stage's factory and its
+`Resources`, which the job sets from its config (`StageResources`), one declaration per stage.
+`run_pipeline` turns it into chained `map_batches(compute=ActorPoolStrategy(...))` calls with
+those resources, or runs the same objects in this process (tests, debugging): stages never
+know which.
 
 Work items are dicts. Between Ray actors they travel as one `item` column of serialised
 dicts: our own objects, produced and consumed inside this pipeline only.
@@ -12,29 +13,57 @@ dicts: our own objects, produced and consumed inside this pipeline only.
 
 from __future__ import annotations
 
+import os
 import pickle
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
+from pydantic import Field, model_validator
+
+from sentsim.config import Section
+
+PLACEMENT_KEY = "_placement"  # stage name -> where it ran, stamped on each output item by the runner
+
+
+class StageResources(Section):
+    """One stage's actor resources, as a job's config declares them (`resources.<stage>`).
+
+    Fractional CPUs keep a 2-CPU node from starving Ray Data's reads; fractional GPUs pack
+    several actors on one device. max_actors null = as many as the cluster's CPUs/GPUs fit.
+    """
+
+    num_cpus: float = Field(0.5, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    min_actors: int = Field(1, ge=1)
+    max_actors: Optional[int] = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.max_actors is not None and self.max_actors < self.min_actors:
+            raise ValueError("max_actors must be at least min_actors")
+        return self
 
 
 @dataclass(frozen=True)
 class Resources:
-    """What one actor of a stage needs. Fractional CPUs keep a 2-CPU box from starving read tasks."""
+    """What one actor of a stage needs, and how many actors the pool may have."""
 
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     batch_size: int = 1  # work items per call
     min_actors: int = 1
-    max_actors: int = 1
+    max_actors: Optional[int] = 1  # None: as many as the cluster fits
+
+    @classmethod
+    def of(cls, r: StageResources, batch_size: int = 1) -> "Resources":
+        return cls(r.num_cpus, r.num_gpus, batch_size, r.min_actors, r.max_actors)
 
 
 class Stage:
-    """Subclass, set `resources`, implement `setup` and `process`."""
+    """Subclass, set `name`, implement `setup` and `process`. Resources come with its StageSpec."""
 
     name: str = "stage"
-    resources: Resources = Resources()
 
     def setup(self) -> None:
         """Load models, indexes, caches: once per actor."""
@@ -43,42 +72,87 @@ class Stage:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class StageSpec:
+    """A stage of a pipeline: a zero-argument factory (a class, or functools.partial of one), so
+    that each Ray actor builds its own instance, and the resources of each of its actors."""
+
+    factory: Callable[[], Stage]
+    resources: Resources = Resources()
+
+    @property
+    def name(self) -> str:
+        proto = self.factory if isinstance(self.factory, type) else getattr(self.factory, "func", self.factory)
+        return getattr(proto, "name", "stage")
+
+
+def _placement() -> dict:
+    """Where this actor runs: its pid, node and the GPUs Ray gave it (CUDA_VISIBLE_DEVICES)."""
+    out = {"pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ctx = ray.get_runtime_context()
+            out["node"] = ctx.get_node_id()
+            out["actor"] = ctx.get_actor_id()
+    except Exception:  # placement is a report, never a reason to fail a unit
+        pass
+    return out
+
+
+def _run_stage(stage: Stage, items: List[dict], name: str, where: dict) -> List[dict]:
+    """`stage.process`, then each output carries where every stage so far ran for its unit
+    (a stage may return new dicts, so earlier stamps are carried over by `unit`)."""
+    before = {x.get("unit"): x.get(PLACEMENT_KEY) or {} for x in items if isinstance(x, dict)}
+    out = stage.process(items)
+    for x in out:
+        if isinstance(x, dict):
+            x[PLACEMENT_KEY] = {**before.get(x.get("unit"), {}), **x.get(PLACEMENT_KEY, {}), name: where}
+    return out
+
+
 class _StageActor:
     """The callable class Ray Data instantiates once per actor."""
 
-    def __init__(self, factory: Callable[[], Stage]):
+    def __init__(self, factory: Callable[[], Stage], name: str):
         self.stage = factory()
         self.stage.setup()
+        self.name = name
+        self.where = _placement()
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         items = [pickle.loads(b) for b in batch["item"]]
-        out = self.stage.process(items)
+        out = _run_stage(self.stage, items, self.name, self.where)
         col = np.empty(len(out), dtype=object)
         col[:] = [pickle.dumps(x, protocol=5) for x in out]
         return {"item": col}
 
 
-def run_pipeline(
-    items: Sequence[dict],
-    stages: Sequence[Callable[[], Stage]],
-    executor: str = "ray",
-    scale: Optional[Dict[str, Resources]] = None,
-) -> Iterator[dict]:
-    """Yield the last stage's outputs as they complete (streaming; order not guaranteed on Ray).
+def pool_size(res: Resources) -> tuple[int, int]:
+    """(min, max) actors; max None is what the cluster fits, never below min."""
+    if res.max_actors is not None:
+        return res.min_actors, res.max_actors
+    import ray
 
-    `stages` are zero-argument factories (a class, or functools.partial of one), so that each Ray
-    actor builds its own instance. `scale` overrides a stage's resources by its `name`.
-    """
+    have = ray.cluster_resources()
+    fits = [int(have.get(k, 0) / need + 1e-9) for k, need in (("CPU", res.num_cpus), ("GPU", res.num_gpus)) if need > 0]
+    return res.min_actors, max(res.min_actors, min(fits) if fits else res.min_actors)
+
+
+def run_pipeline(items: Sequence[dict], stages: Sequence[StageSpec], executor: str = "ray") -> Iterator[dict]:
+    """Yield the last stage's outputs as they complete (streaming; order not guaranteed on Ray)."""
     if executor == "inline":
         built = []
-        for factory in stages:
-            st = factory()
+        for spec in stages:
+            st = spec.factory()
             st.setup()
-            built.append(st)
+            built.append((spec.name, st))
+        where = _placement()
         for item in items:
             batch = [item]
-            for st in built:
-                batch = st.process(batch)
+            for name, st in built:
+                batch = _run_stage(st, batch, name, where)
             yield from batch
         return
     import ray
@@ -87,18 +161,17 @@ def run_pipeline(
     col = np.empty(len(items), dtype=object)
     col[:] = [pickle.dumps(x, protocol=5) for x in items]
     ds = ray.data.from_items([{"item": b} for b in col], override_num_blocks=max(1, len(items)))
-    for factory in stages:
-        proto = factory if isinstance(factory, type) else getattr(factory, "func", factory)
-        name = getattr(proto, "name", "stage")
-        res = (scale or {}).get(name, getattr(proto, "resources", Resources()))
+    for spec in stages:
+        res, name = spec.resources, spec.name
+        lo, hi = pool_size(res)
         # One class per stage, so the dashboard and `ray list actors` show MapBatches(ScoringActor) etc.
         actor_cls = type(f"{name.title().replace('_', '')}Actor", (_StageActor,), {})
         ds = ds.map_batches(
             actor_cls,
-            fn_constructor_args=(factory,),
+            fn_constructor_args=(spec.factory, name),
             batch_size=res.batch_size,
             batch_format="numpy",
-            compute=ActorPoolStrategy(min_size=res.min_actors, max_size=res.max_actors),
+            compute=ActorPoolStrategy(min_size=lo, max_size=hi),
             num_cpus=res.num_cpus,
             num_gpus=res.num_gpus,
             # Ray Data's actor pools default to max_restarts=-1 and max_task_retries=-1: a killed

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from typing import Optional
 
 from sentsim.errors import UsageError
+
+_TOKEN_HINT = ("  a cluster with token auth needs RAY_AUTH_MODE=token and its token in RAY_AUTH_TOKEN, "
+               "in the file RAY_AUTH_TOKEN_PATH names, or in ~/.ray/auth_token")
 
 
 def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> None:
     """Attach to `address` (or RAY_ADDRESS, set by `ray job submit`), else run an in-process local Ray.
 
-    The dashboard binds to 127.0.0.1 unless SENTSIM_DASHBOARD_HOST says otherwise.
+    Token auth stays on. Attaching follows Ray's own convention: RAY_AUTH_MODE=token with the
+    token in RAY_AUTH_TOKEN, in the file RAY_AUTH_TOKEN_PATH names, or in ~/.ray/auth_token
+    (a job started by `ray job submit` inherits all that from its head). A local Ray always runs
+    with token auth and binds every server (GCS, raylet, object manager, agents) to 127.0.0.1; its
+    dashboard binds to 127.0.0.1 unless SENTSIM_DASHBOARD_HOST says otherwise.
     """
     import ray
 
@@ -24,20 +32,102 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> N
         if address:
             ray.init(address=address, **kwargs)
         else:
-            ray.init(
-                address="local",  # never attach to some other cluster running on this machine
-                num_cpus=num_cpus,
-                include_dashboard=False,
-                dashboard_host=os.environ.get("SENTSIM_DASHBOARD_HOST", "127.0.0.1"),
-                runtime_env={"worker_process_setup_hook": quiet_state_api_probe},
-                **kwargs,
-            )
+            _require_token_auth()
+            with loopback_only():
+                ray.init(
+                    address="local",  # never attach to some other cluster running on this machine
+                    num_cpus=num_cpus,
+                    include_dashboard=False,
+                    dashboard_host=os.environ.get("SENTSIM_DASHBOARD_HOST", "127.0.0.1"),
+                    runtime_env={"worker_process_setup_hook": quiet_state_api_probe},
+                    **kwargs,
+                )
     except ConnectionError as exc:
-        raise UsageError(f"cannot reach the Ray cluster at {address}: {exc}") from None
+        # A cluster refusing a missing or wrong token looks the same to ray.init (its log says
+        # "InvalidAuthToken"), so the hint goes with every failed attach.
+        raise UsageError(f"cannot reach the Ray cluster at {address}: {str(exc).strip()}\n{_TOKEN_HINT}") from None
     except Exception as exc:  # e.g. a local raylet that times out on an overloaded machine
         if address:
+            if _is_auth_error(exc):  # e.g. RAY_AUTH_MODE=token but no token anywhere
+                raise UsageError(f"Ray token auth: {str(exc).splitlines()[0]}\n{_TOKEN_HINT}") from None
             raise
         raise UsageError(f"could not start a local Ray: {str(exc).splitlines()[0]}") from None
+
+
+def _require_token_auth() -> None:
+    """Token auth for the local Ray even when the environment turns it off.
+
+    Ray itself turns it on for a new local cluster only when RAY_AUTH_MODE is unset; it finds the
+    token as usual (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token).
+    """
+    _ensure_default_token_file()
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        return
+    from ray._raylet import Config
+
+    os.environ["RAY_AUTH_MODE"] = "token"
+    Config.initialize("")  # the mode is cached in RayConfig: re-read it, as ray.init does
+
+
+def _ensure_default_token_file() -> None:
+    """Without any token, make ~/.ray/auth_token readable by its owner only.
+
+    ray.init would write it with the umask's mode (often world-readable) and unsynchronised; here it
+    appears whole or not at all (hard link of a finished 0600 file), so two sentsim processes
+    starting at once end up with one token.
+    """
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    import secrets
+    import tempfile
+    from pathlib import Path
+
+    path = Path.home() / ".ray" / "auth_token"
+    if path.exists():
+        return
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".auth_token.")  # mkstemp files are 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))  # what `ray get-auth-token --generate` makes
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # another process made it first: use theirs
+    finally:
+        os.unlink(tmp)
+
+
+@contextmanager
+def loopback_only():
+    """Make this single-node Ray take 127.0.0.1 as its node IP, so every server binds to loopback.
+
+    On Linux Ray resolves 127.0.0.1 (`_node_ip_address`, `--node-ip-address`) to the machine's
+    routable IP and its servers then listen on all interfaces. Its own switch for single-node use
+    is RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (read once at import, so the constant is set too); it
+    is set only while the processes start, so that a later attach to a real cluster resolves
+    this machine's IP as usual.
+    """
+    from ray._private import ray_constants
+
+    var = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    saved_env, saved_const = os.environ.get(var), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[var] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_const
+        if saved_env is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = saved_env
+
+
+def _is_auth_error(exc: BaseException) -> bool:
+    from ray.exceptions import AuthenticationError
+
+    text = str(exc).lower()
+    return isinstance(exc, AuthenticationError) or "authentication" in text or "unauthenticated" in text
 
 
 def quiet_state_api_probe() -> None:

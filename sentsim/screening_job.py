@@ -11,8 +11,6 @@ candidate context by the head alone (003 §3.3); its identity is part of the run
 from __future__ import annotations
 
 import functools
-import os
-import sys
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -21,10 +19,11 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from sentsim.config import Section, fingerprint
+from sentsim.config import Section
 from sentsim.errors import UsageError
+from sentsim.executor import ShardedJob, execute
 from sentsim.harvest.config import ContextSetConfig, StageResources
-from sentsim.pipeline import Resources, Stage, run_pipeline
+from sentsim.pipeline import Resources, Stage, StageSpec
 from storage import ShardStore
 
 STAGE = "contexts"
@@ -59,8 +58,6 @@ class ScreenStage(Stage):
         self.cfg = cfg
         self.fp = fp
         self.rep_cache = rep_cache
-        r = cfg.resources
-        self.resources = Resources(r.num_cpus, r.num_gpus, 1, r.min_actors, r.max_actors)
 
     def setup(self) -> None:
         from sentsim.harvest.contexts import ContextSource
@@ -106,14 +103,16 @@ def _queries(cfg: ScreenConfig, corpus) -> tuple[list, list]:
     from sentsim.harvest.stages import text_id
 
     if cfg.sentences:
+        from sentsim.pairs_file import decode_text, read_pairs_file, split_lines
+
         p = Path(cfg.sentences)
         if not p.is_file():
             raise UsageError(f"{cfg.sentences}: sentence file not found")
-        texts: list = []
-        for line in p.read_text(encoding="utf-8").splitlines():
-            cols = line.split("\t")
-            # STS-B lines carry the two sentences in columns 6 and 7; pair files in 1 and 2
-            texts.extend(cols[5:7] if len(cols) >= 7 else cols[:2])
+        lines = [ln for ln in split_lines(decode_text(p)) if ln.strip()]
+        if any("\t" in ln for ln in lines):  # a pairs file (STS-B, s1/s2 TSV, ...): both sentences of each pair
+            texts = [t for a, b, _ in read_pairs_file(str(p)) for t in (a, b)]
+        else:  # one sentence per line
+            texts = lines
         texts = list(dict.fromkeys(t.strip() for t in texts if t.strip()))
         if not texts:
             raise UsageError(f"{cfg.sentences}: no sentences")
@@ -128,7 +127,7 @@ def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = 
     from sentsim.harvest.corpus_index import CorpusIndex
     from sentsim.rank.targets import checkpoint_hash
     from sentsim.retrieval.base import read_index_manifest
-    from sentsim.screening.cache_job import cache_identity, ensure_rep_cache
+    from sentsim.screening.cache_job import cache_identity, ensure_rep_cache, rep_cache_uri
 
     corpus = CorpusIndex(cfg.corpus)
     ids, texts = _queries(cfg, corpus)
@@ -140,27 +139,22 @@ def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = 
     models = {"index": read_index_manifest(cfg.index).get("fingerprint"),
               "discriminator": checkpoint_hash(cfg.discriminator) if cfg.discriminator else None,
               "rep_cache": identity}
-    fp = fingerprint(STAGE, sem, corpus.fingerprint, models, len(ids))
-    store = ShardStore(cfg.out)
-    store.open_run(STAGE, fp, cfg.model_dump(), [{"corpus": cfg.corpus, "sentences": len(ids)}],
-                   {"contexts": CONTEXT_SCHEMA, "queries": QUERY_SCHEMA}, planned_units=len(units), force_new=force_new)
-    done = store.completed_units(fp)
-    pending = [u for u in units if u["unit"] not in done]
-    if executor == "ray":
-        from sentsim.runtime import init_ray
+    rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if screened else None
 
-        init_ray(address)
-    stream = open(os.devnull, "w") if quiet else sys.stderr
-    if pending:
-        rep_cache = None
+    def prepare(ctx) -> None:
         if screened:  # the discriminator's reps, cached once before screening (003 §3.3)
-            rep_cache = ensure_rep_cache(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator, identity,
-                                         cfg.resources, executor=executor, force_new=force_new, address=address,
-                                         quiet=quiet)
-        t0, n = time.time(), 0
-        for r in run_pipeline(pending, [functools.partial(ScreenStage, cfg, fp, rep_cache)], executor=executor):
-            n += r["sentences"]
-            print(f"[contexts] unit {r['unit']:05d} | {n:,} sentences | {n / (time.time() - t0):,.1f} sent/s",
-                  file=stream, flush=True)
-    shortfalls = sum(m.get("extra", {}).get("shortfalls", 0) for m in store.markers().values())
-    return store.finalize(len(units), {"counts": {"sentences": len(ids), "shortfalls": shortfalls}})
+            ensure_rep_cache(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator, identity, cfg.resources,
+                             executor=ctx.executor, force_new=ctx.force_new, address=ctx.address, quiet=ctx.quiet)
+
+    def summary(ctx) -> dict:
+        shortfalls = sum(m.get("extra", {}).get("shortfalls", 0) for m in ctx.store.markers().values())
+        return {"counts": {"sentences": len(ids), "shortfalls": shortfalls}}
+
+    job = ShardedJob(
+        stage=STAGE, out=cfg.out, fingerprint_parts=(STAGE, sem, corpus.fingerprint, models, len(ids)),
+        config=cfg.model_dump(), inputs=[{"corpus": cfg.corpus, "sentences": len(ids)}],
+        tables={"contexts": CONTEXT_SCHEMA, "queries": QUERY_SCHEMA}, units=units,
+        stages=lambda ctx: [StageSpec(functools.partial(ScreenStage, cfg, ctx.fp, rep_cache),
+                                      Resources.of(cfg.resources))],
+        prepare=prepare, summary=summary, count="sentences")
+    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet)

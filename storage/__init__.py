@@ -11,7 +11,8 @@ A unit becomes visible atomically: its Parquet goes to a dot-prefixed temporary 
 dataset readers ignore), is renamed into place, and only then is the marker written.
 """
 
+from storage.reader import RunReader, open_run
 from storage.store import ShardStore, StoreError, UnitRecord, open_store
 from storage.verify import verify_store
 
-__all__ = ["ShardStore", "StoreError", "UnitRecord", "open_store", "verify_store"]
+__all__ = ["RunReader", "ShardStore", "StoreError", "UnitRecord", "open_run", "open_store", "verify_store"]

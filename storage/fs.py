@@ -47,8 +47,14 @@ def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
 
 
 def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    """Write to a dot-prefixed sibling, then rename: a reader never sees half a file."""
+    """A reader never sees half a file. On local disk: write a dot-prefixed sibling, then rename.
+    On an object store one PUT is already atomic, so the bytes go once, straight to their name
+    (a temp key would be uploaded, copied and deleted: every byte written twice)."""
     parent, name = posixpath.split(path)
+    if fs.type_name != "local":
+        with fs.open_output_stream(path) as f:
+            f.write(data)
+        return
     tmp = posixpath.join(parent, f".tmp-{os.getpid()}-{name}")
     fs.create_dir(parent, recursive=True)
     with fs.open_output_stream(tmp) as f:
@@ -56,8 +62,8 @@ def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     fs.move(tmp, path)
 
 
-def sha256_file(fs: pafs.FileSystem, path: str, block: int = 1 << 22) -> Tuple[str, int]:
-    h = hashlib.sha256()
+def hash_into(h, fs: pafs.FileSystem, path: str, block: int = 1 << 22) -> int:
+    """Stream a file's bytes into the hash object `h` (in blocks, so any size fits); returns the byte count."""
     n = 0
     with fs.open_input_stream(path) as f:
         while True:
@@ -66,4 +72,17 @@ def sha256_file(fs: pafs.FileSystem, path: str, block: int = 1 << 22) -> Tuple[s
                 break
             h.update(buf)
             n += len(buf)
+    return n
+
+
+def sha256_file(fs: pafs.FileSystem, path: str, block: int = 1 << 22) -> Tuple[str, int]:
+    """(hex sha256, bytes) of one file: the one file hash of the project (shards, inputs, checkpoints)."""
+    h = hashlib.sha256()
+    n = hash_into(h, fs, path, block)
     return h.hexdigest(), n
+
+
+def sha256_path(uri: str) -> str:
+    """Hex sha256 of the file at a local path or a URI."""
+    fs, path = resolve(uri)
+    return sha256_file(fs, path)[0]

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from sentsim.errors import UsageError
 from storage import fs as sfs
+from storage.lease import RunLease
 
 MANIFEST = "manifest.json"
 UNITS_DIR = "_units"
@@ -48,6 +49,33 @@ class UnitRecord:
         return {t: f["rows"] for t, f in self.files.items()}
 
 
+def _flatten(tree, prefix: str = "") -> Dict[str, object]:
+    """{"a": {"b": 1}, "l": [{"x": 2}]} -> {"a.b": 1, "l.0.x": 2}"""
+    if isinstance(tree, list) and any(isinstance(v, (dict, list)) for v in tree):
+        tree = {str(i): v for i, v in enumerate(tree)}
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: Dict[str, object] = {}
+    for k, v in tree.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def what_changed(stored: dict, config: dict, inputs: List[dict], most: int = 6) -> str:
+    """The config keys and inputs that differ from a stored manifest's, for a refused resume."""
+    old, new = _flatten(stored.get("config") or {}), _flatten(config or {})
+    keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    parts = [f"{k}: {old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r}" for k in keys[:most]]
+    if len(keys) > most:
+        parts.append(f"and {len(keys) - most} more key(s)")
+    old_in = _flatten({"inputs": json.loads(json.dumps(stored.get("inputs") or [], default=str))})
+    new_in = _flatten({"inputs": json.loads(json.dumps(inputs or [], default=str))})
+    changed = sorted(k for k in old_in.keys() | new_in.keys() if old_in.get(k) != new_in.get(k))
+    if changed:
+        parts.append(f"input(s) changed: {', '.join(changed[:3])}" + (" ..." if len(changed) > 3 else ""))
+    return "; ".join(parts) if parts else "same config and inputs, so a model or checkpoint they name changed"
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -58,6 +86,13 @@ class ShardStore:
     def __init__(self, uri: str):
         self.uri = uri.rstrip("/")
         self.fs, self.root = sfs.resolve(self.uri)
+        self.lease: Optional[RunLease] = None  # held by the driver between open_run and finalize/release
+
+    def release(self) -> None:
+        """Give up the run's lease (finalize does it too); safe to call twice."""
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
 
     # ---- paths ----------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -79,9 +114,14 @@ class ShardStore:
         if not sfs.exists(self.fs, p):
             return None
         try:
-            return json.loads(sfs.read_bytes(self.fs, p))
+            manifest = json.loads(sfs.read_bytes(self.fs, p))
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise StoreError(f"{self.uri}/{MANIFEST}: manifest is not valid JSON") from None
+            manifest = None
+        if not isinstance(manifest, dict):
+            raise StoreError(
+                f"{self.uri}/{MANIFEST} is empty or not valid JSON, so this run cannot be resumed or read; "
+                f"start it over with --force-new (its units are redone), or restore {MANIFEST} from a copy")
+        return manifest
 
     def write_manifest(self, manifest: dict) -> None:
         sfs.write_bytes_atomic(self.fs, self.path(MANIFEST), json.dumps(manifest, indent=2, sort_keys=True).encode())
@@ -102,6 +142,9 @@ class ShardStore:
         Resuming is allowed only with the same fingerprint (config + inputs + checkpoints);
         anything else is refused unless `force_new`, which clears the old run first.
         """
+        # one writer per run: taken before anything is read or deleted, released by finalize/release
+        if self.lease is None:
+            self.lease = RunLease(self.fs, self.root, self.uri).acquire()
         existing = self.read_manifest()
         if existing is not None and not force_new:
             if existing.get("stage") != stage:
@@ -112,7 +155,7 @@ class ShardStore:
             if existing.get("fingerprint") != fingerprint:
                 raise StoreError(
                     f"{self.uri} was written with fingerprint {existing.get('fingerprint')} but this run's is "
-                    f"{fingerprint} (config, inputs or models differ); resume with the same settings, "
+                    f"{fingerprint} ({what_changed(existing, config, inputs)}); resume with the same settings, "
                     "or pass --force-new to start a new run there"
                 )
             self.sweep_temp(list(schemas))
@@ -163,14 +206,23 @@ class ShardStore:
         return n
 
     def clear(self, tables: Iterable[str]) -> None:
-        for name in list(tables) + [UNITS_DIR, SIDE_DIR]:
+        """Delete a run. Commit points go first (completion flag, markers, manifest), data last, so
+        a crash part-way leaves data without markers (never read, swept or overwritten on the next
+        run) and never markers without their data."""
+        p = self.path(COMPLETE)
+        if sfs.exists(self.fs, p):
+            self.fs.delete_file(p)
+        for name in [UNITS_DIR, SIDE_DIR]:
             d = self.path(name)
             if sfs.exists(self.fs, d):
                 self.fs.delete_dir(d)
-        for name in (MANIFEST, COMPLETE):
-            p = self.path(name)
-            if sfs.exists(self.fs, p):
-                self.fs.delete_file(p)
+        p = self.path(MANIFEST)
+        if sfs.exists(self.fs, p):
+            self.fs.delete_file(p)
+        for name in tables:
+            d = self.path(name)
+            if sfs.exists(self.fs, d):
+                self.fs.delete_dir(d)
 
     # ---- units ----------------------------------------------------------------------------
     def write_unit(self, unit: int, tables: Dict[str, pa.Table], fingerprint: str, extra: Optional[dict] = None) -> UnitRecord:
@@ -244,6 +296,7 @@ class ShardStore:
             problem = self.check_unit(rec, deep=deep)
             if problem:
                 self.redo_reasons[unit] = problem
+                self.unmark_complete()  # before the marker goes: never "complete" with a unit missing
                 self.fs.delete_file(self.marker_path(unit))
                 continue
             done[unit] = UnitRecord(unit=unit, files=rec["files"], extra=rec.get("extra", {}))
@@ -262,6 +315,7 @@ class ShardStore:
         self.write_manifest(manifest)
         if manifest["complete"]:
             sfs.write_bytes_atomic(self.fs, self.path(COMPLETE), manifest["fingerprint"].encode())
+        self.release()
         return manifest
 
     # ---- side tables ----------------------------------------------------------------------
@@ -310,6 +364,12 @@ class ShardStore:
             raise StoreError(f"{self.uri}/{problem}")
         with self.fs.open_input_file(self.path(rec["path"])) as fh:
             return pq.read_table(fh)
+
+    def unmark_complete(self) -> None:
+        """Withdraw `_COMPLETE` while units are being redone; finalize writes it again."""
+        p = self.path(COMPLETE)
+        if sfs.exists(self.fs, p):
+            self.fs.delete_file(p)
 
     def is_complete(self) -> bool:
         return sfs.exists(self.fs, self.path(COMPLETE))

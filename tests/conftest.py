@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import secrets
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,8 +19,15 @@ SAMPLE = ROOT / "corpus" / "sample" / "us_speeches_sample.jsonl.gz"
 SHARED = ROOT.parent / "shared"
 SHARED_DATA = SHARED / "data"
 
-# Ray 2.60 turns token auth on by default; every test cluster and client states its mode.
-os.environ["RAY_AUTH_MODE"] = "disabled"
+# Token auth stays on, the Ray way: RAY_AUTH_MODE=token plus RAY_AUTH_TOKEN_PATH, a fresh token
+# file per test session that every in-process Ray, `ray start` head, `ray job submit` and job client
+# here inherits; no test reads or writes the developer's ~/.ray/auth_token.
+RAY_TOKEN_PATH = Path(tempfile.mkdtemp(prefix="sentsim-ray-token-")) / "auth_token"  # dir is 0700
+RAY_TOKEN_PATH.write_text(secrets.token_hex(32))
+atexit.register(shutil.rmtree, RAY_TOKEN_PATH.parent, True)
+os.environ["RAY_AUTH_MODE"] = "token"
+os.environ["RAY_AUTH_TOKEN_PATH"] = str(RAY_TOKEN_PATH)
+os.environ.pop("RAY_AUTH_TOKEN", None)  # it would take precedence over the file
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -49,7 +59,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def speech_corpus(tmp_path_factory) -> Path:
     """The bundled sample (20 speeches, ~3.8K sentences) built in-process: sentences/ and chunks/."""
-    from corpus.build import build_corpus
+    from sentsim.corpus_job import build_corpus
 
     out = tmp_path_factory.mktemp("speech_corpus") / "corpus"
     build_corpus([str(SAMPLE)], str(out), overrides=["docs_per_unit=4"], executor="inline", quiet=True)
@@ -93,10 +103,15 @@ def sentsim_cli(*args, env=None, timeout=600, cwd=None) -> subprocess.CompletedP
 
 @pytest.fixture(scope="module")
 def ray_local():
-    """A module's own in-process Ray; address="local" never attaches to another cluster here."""
+    """A module's own in-process Ray; address="local" never attaches to another cluster here.
+
+    Bound to 127.0.0.1 like the local Ray sentsim starts; token auth as set above."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    from sentsim.runtime import loopback_only
+
+    with loopback_only():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
     yield ray
     ray.shutdown()
 

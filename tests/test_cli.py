@@ -1,8 +1,8 @@
 """The CLI's error contract: a user's mistake is one line and exit 2, even from inside Ray."""
 
 import pytest
-
 from conftest import sentsim_cli
+
 from sentsim.cli import _usage_line_in, _wrapped_usage_error
 from sentsim.errors import UsageError
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -102,11 +101,12 @@ def test_killed_run_resumes_from_checkpoint(tmp_path, corpus_dir):
     cmd = [sys.executable, "-m", "sentsim.cli", "train", "context", "--corpus", corpus_dir, "--direction", "fwd",
            "--out", str(out), *_sets(executor="inline", max_steps=100000, eval_every=100000, checkpoint_every=6)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    ck_dir = out / "runs" / "fwd" / "checkpoints"
+    from sentsim.training.loop import STATE_FILE, inline_checkpoint
+
     deadline = time.time() + 120
     try:
         while time.time() < deadline:
-            if ck_dir.is_dir() and any(p.name.startswith("step-") for p in ck_dir.iterdir()):
+            if inline_checkpoint(out / "runs" / "fwd") is not None:
                 break
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             time.sleep(0.5)
@@ -115,17 +115,15 @@ def test_killed_run_resumes_from_checkpoint(tmp_path, corpus_dir):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    from sentsim.context.train import latest_checkpoint
-
-    ck = latest_checkpoint(out / "runs" / "fwd")
-    resumed_from = json.loads((ck / "state.json").read_text())["step"]
+    ck = inline_checkpoint(out / "runs" / "fwd")
+    resumed_from = torch.load(ck / STATE_FILE, weights_only=True)["step"]
     assert resumed_from >= 6
     from sentsim.cli import main
 
     rc = main(["train", "context", "--corpus", corpus_dir, "--direction", "fwd", "--out", str(out),
                *_sets(executor="inline", max_steps=resumed_from + 5, eval_every=100000, checkpoint_every=6)])
     assert rc == 0
-    recs = [json.loads(x) for x in (out / "runs/fwd/metrics.jsonl").read_text().splitlines()]
+    recs = json.loads((out / "runs/fwd/history.json").read_text())
     assert [r["step"] for r in recs].count(0) == 1, "the initial evaluation is not redone on resume"
     assert recs[-1]["step"] == resumed_from + 5
     summary = json.loads((out / "train_summary.json").read_text())
@@ -136,7 +134,6 @@ def test_killed_run_resumes_from_checkpoint(tmp_path, corpus_dir):
 @pytest.fixture(scope="module")
 def ray_session():
     ray = pytest.importorskip("ray")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
     started = not ray.is_initialized()
     if started:
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -158,19 +155,6 @@ def test_ray_train_ddp_two_workers(tmp_path, corpus_dir, ray_session):
     assert set(run["final_eval"]) == {"right"}
     _, _, models = load_bundle(tmp_path / "m")
     assert set(models) == {"right"}
-    # the trained bundle served by a Ray actor with fractional CPUs equals local scoring
-    from sentsim.context.scorer import ContextScorer, scorer_actor
-
-    items = [("The vote was held.", ["It was late."], ["Then they left."]), ("", ["A."], ["B."])]
-    scfg = ScorerConfig(device="cpu", actor_num_cpus=0.5, torch_threads=1)
-    actor = scorer_actor(scfg).remote(str(tmp_path / "m"), scfg.model_dump())
-    out = ray_session.get(actor.score.remote(items))
-    local = ContextScorer(str(tmp_path / "m"), scfg).score(items)
-    import numpy as np
-
-    np.testing.assert_allclose(out["logprob"]["right"], local.logprob["right"], atol=1e-5)
-    assert out["dropped"] == local.dropped
-    ray_session.kill(actor)
 
 
 def test_cli_usage_errors(tmp_path, capsys):
@@ -256,8 +240,8 @@ def test_warm_start_cross_attention_from_self_attention(tmp_path, corpus_dir):
         "heldout_windows": 8})
     s = train_context(corpus_dir, str(tmp_path / "w"), cfg)
     assert s["runs"]["fwd"]["steps"] == 2
-    last = [json.loads(x) for x in (tmp_path / "w/runs/fwd/metrics.jsonl").read_text().splitlines()][-1]
-    assert last["lr"] == pytest.approx(1e-4) and last["lr_new"] == pytest.approx(1e-3)
+    last = json.loads((tmp_path / "w/runs/fwd/history.json").read_text())[-1]
+    assert last["lr_groups"] == pytest.approx([1e-4, 1e-3])
     # BART from a config has no pretrained self-attention to copy: refused by the schema, before any work
     with pytest.raises(ValidationError, match="needs model.arch=warm_start"):
         ContextTrainConfig.model_validate({"model": TINY_MODEL, "cross_attention_init": "self_attention"})

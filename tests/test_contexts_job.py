@@ -4,7 +4,6 @@ import json
 
 import pyarrow.dataset as ds
 import pytest
-
 from conftest import sentsim_cli
 from harvest_support import build_index_for
 

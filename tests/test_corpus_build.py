@@ -7,10 +7,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import sentsim_cli
-from corpus.build import build_corpus
+
 from corpus.documents import CHUNK_SCHEMA, SENT_BITS, SENTENCE_SCHEMA
+from sentsim.corpus_job import build_corpus
 from sentsim.errors import InputError, UsageError
 
 

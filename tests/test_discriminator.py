@@ -25,7 +25,7 @@ TRAIN_SETTINGS = [
 
 
 def _build(tmp: Path, name: str, lines: list[str]) -> Path:
-    from corpus.build import build_corpus
+    from sentsim.corpus_job import build_corpus
 
     src = tmp / f"{name}.jsonl.gz"
     with gzip.open(src, "wt", encoding="utf-8") as f:
@@ -93,8 +93,7 @@ def test_trained_head_ranks_contexts_per_sentence(trained, wiki_corpus):
     sentence ranks its own context well above the others, so rankings differ between sentences."""
     from sentsim.discriminator import Discriminator
     from sentsim.discriminator.data import window_centres
-    from sentsim.retrieval.corpus_view import SentenceTable
-    from sentsim.retrieval.corpus_view import ChunkTable
+    from sentsim.retrieval.corpus_view import ChunkTable, SentenceTable
     from sentsim.screening import ContextCache, expand_candidates, score_candidates
 
     d = Discriminator.load(trained, corpus=wiki_corpus)

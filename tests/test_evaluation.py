@@ -239,3 +239,41 @@ def test_model_scorer_for_surrogate_checkpoints(tmp_path, arch, tiny_year):
     with torch.no_grad():
         expected = model(tokenize(tok, arch, s1, s2, 64)).numpy()
     np.testing.assert_allclose(scorer.score_pairs(s1, s2), expected, atol=1e-5)
+
+
+def test_senteval_layout_and_the_average_says_what_it_covers(tmp_path, shared_data, capsys):
+    """SentEval ships STS/STS12-en-test and STS/STSBenchmark: both are found, and the Avg. line
+    names how many of the suite's tasks it averages and which are missing."""
+    import shutil
+
+    root = tmp_path / "downstream"
+    shutil.copytree(shared_data / "sts" / "STS2012-en-test", root / "STS" / "STS12-en-test")
+    (root / "STS" / "STSBenchmark").mkdir(parents=True)
+    shutil.copy(shared_data / "sts" / "stsbenchmark" / "sts-test.csv", root / "STS" / "STSBenchmark")
+    loaded, missing = discover_tasks(root)
+    assert [t.name for t in loaded] == ["STS12", "STSb"]
+    assert missing == ["STS13", "STS14", "STS15", "STS16", "SICK-R"]
+    assert main(["eval", "sts", "--tfidf", "--data", str(root)]) == 0
+    avg = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Avg.")]
+    assert avg and "mean of 2 of 7 tasks (missing: STS13, STS14, STS15, STS16, SICK-R)" in avg[0]
+    # a task the user names and that is absent is an error, not a shorter average
+    assert main(["eval", "sts", "--tfidf", "--data", str(root), "--tasks", "STSb,SICK-R"]) == 2
+    assert "SICK-R: not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", ["", "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n"])
+def test_empty_or_header_only_sick_is_one_line(tmp_path, content, capsys):
+    (tmp_path / "SICK").mkdir()
+    (tmp_path / "SICK" / "SICK_trial.txt").write_text(content, encoding="utf-8")
+    assert main(["eval", "sts", "--tfidf", "--data", str(tmp_path), "--tasks", "SICK-R"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sentsim: error:") and "SICK_trial.txt: no pairs" in err and "\n" not in err
+
+
+def test_non_utf8_sts_file_names_file_and_line(tmp_path, capsys):
+    d = tmp_path / "STS2012-en-test"
+    d.mkdir()
+    (d / "STS.input.x.txt").write_bytes("fine\tpair\ncaf\xe9\tbad\n".encode("latin-1"))
+    (d / "STS.gs.x.txt").write_text("1\n2\n", encoding="utf-8")
+    assert main(["eval", "sts", "--tfidf", "--data", str(tmp_path), "--tasks", "STS12"]) == 2
+    assert "STS.input.x.txt:2: not UTF-8" in capsys.readouterr().err

@@ -6,7 +6,6 @@ import shutil
 import numpy as np
 import pyarrow.dataset as ds
 import pytest
-
 from harvest_support import build_index_for, harvest_config, tiny_context_bundle
 
 pytestmark = pytest.mark.slow
@@ -138,17 +137,26 @@ def test_explicit_pairs_mode_and_null_reason(inputs, tmp_path):
 
 
 def test_bad_config_and_refusals(inputs, tmp_path):
+    from conftest import sentsim_cli
+
     from sentsim.errors import UsageError
     from sentsim.harvest.job import harvest
-    from conftest import sentsim_cli
 
     r = sentsim_cli("harvest", "--corpus", inputs["corpus"], "--out", tmp_path / "o", "--context-models",
                     inputs["bundle"], "--set", "metric=euclid", "--executor", "inline")
     assert r.returncode == 2 and "metric" in r.stderr and "Traceback" not in r.stderr
+    # GPU asks are checked against the Ray cluster's GPUs: here a local Ray with 1 logical GPU,
+    # whatever devices this machine has
+    import ray
+
     cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], tmp_path / "g",
-                         resources={"scoring": {"num_gpus": 1}})
-    with pytest.raises(UsageError, match="GPUs"):
-        harvest(cfg, executor="inline", quiet=True)
+                         resources={"scoring": {"num_gpus": 1, "min_actors": 2, "max_actors": 2}})
+    ray.init(address="local", num_cpus=1, num_gpus=1, include_dashboard=False)
+    try:
+        with pytest.raises(UsageError, match="ask for 2 GPUs but the cluster has 1"):
+            harvest(cfg, executor="ray", quiet=True)
+    finally:
+        ray.shutdown()
 
 
 def test_discriminator_terms_match_direct_scoring(inputs):
@@ -322,3 +330,12 @@ def test_resuming_a_harvest_from_before_context_ids_keeps_its_schema(inline_run,
     sents = ds.dataset(str(old / "sentences")).to_table()
     assert "context_ids" not in sents.column_names and sents.num_rows == ds.dataset(str(out / "sentences")).count_rows()
     assert pairs_of(old).equals(pairs_of(out))
+
+
+def test_remix_reads_harvests_with_the_removed_scorer_actor_settings():
+    """Harvests written while ScorerConfig had actor_num_cpus/gpus keep them in their manifest."""
+    from sentsim.harvest.remix import RemixConfig, resolve
+
+    manifest = {"config": {"scoring": {"actor_num_cpus": 1.0, "actor_num_gpus": 0.0, "lambda_fwd": 0.5}}}
+    lam, metric = resolve(RemixConfig(source="h", out="r"), manifest)
+    assert lam == {"disc": 1.0, "fwd": 0.5, "left": 1.0, "right": 1.0} and metric == "pearson"

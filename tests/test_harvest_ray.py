@@ -17,7 +17,6 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 import yaml
-
 from conftest import ROOT
 from harvest_support import build_index_for, harvest_config, tiny_context_bundle
 from test_ray_jobs import start_head, stop_head

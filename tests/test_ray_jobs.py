@@ -12,8 +12,8 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 import yaml
-
 from conftest import ROOT, free_port, sentsim_cli
+
 from storage import verify_store
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ def test_sigkill_midway_then_rerun_gives_the_uninterrupted_dataset(tmp_path, sam
     out = tmp_path / "killed"
     cmd = [str(BIN / "sentsim"), "corpus", "build", str(sample_path), "--out", str(out),
            "--set", "docs_per_unit=1", "--set", "max_in_flight=1"]
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    env = dict(os.environ)  # with the session's token (conftest): the local Ray runs with auth
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     units = out / "_units"
     deadline = time.time() + 240
@@ -90,7 +90,10 @@ def _start_head_once(tmp, num_cpus):
     more = {flag: free_port() for flag in ("object-manager-port", "node-manager-port", "ray-client-server-port",
                                            "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
                                            "runtime-env-agent-port")}
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PATH=f"{BIN}:{os.environ['PATH']}")
+    # RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH come from conftest: the head, its jobs and every
+    # client given this env share the session's token.
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")
+    assert env.get("RAY_AUTH_MODE") == "token" and env.get("RAY_AUTH_TOKEN_PATH")
     log = open(Path(tmp) / "ray_start.log", "wb")
     proc = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", f"--num-cpus={num_cpus}", f"--port={port}",
@@ -186,6 +189,10 @@ def test_cluster_yaml_passes_rays_validation():
     assert not types[raw["head_node_type"]]["resources"].get("GPU")
     assert any("make install" in c for c in raw["setup_commands"])
     assert all("127.0.0.1" in c for c in raw["head_start_ray_commands"] if "--head" in c)
+    # token auth on every node, all with the same token file
+    starts = [c for c in raw["head_start_ray_commands"] + raw["worker_start_ray_commands"] if "ray start" in c]
+    assert len(starts) == 2 and all("RAY_AUTH_MODE=token" in c for c in starts)
+    assert raw["file_mounts"].get("/home/ubuntu/.ray/auth_token") == "~/.ray/auth_token"
     broken = yaml.safe_load((ROOT / "ray_cluster.yaml").read_text())
     broken["available_node_types"]["gpu_worker"]["not_a_field"] = 1
     with pytest.raises(Exception):

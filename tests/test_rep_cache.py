@@ -12,7 +12,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
-
 from conftest import sentsim_cli
 from harvest_support import build_index_for
 
@@ -125,7 +124,7 @@ def test_partial_build_resumes_to_the_same_tables(speech_corpus, parts, built, t
 
 
 def test_cache_for_another_discriminator_or_corpus_is_refused(speech_corpus, parts, built, tmp_path):
-    from corpus.build import build_corpus
+    from sentsim.corpus_job import build_corpus
     from sentsim.discriminator import Discriminator
     from sentsim.errors import UsageError
     from sentsim.retrieval.corpus_view import corpus_fingerprint

@@ -18,7 +18,7 @@ from sentsim.retrieval.corpus_view import ChunkTable, SentenceTable
 
 def build_small_corpus(tmp: Path, docs: list[dict], name: str) -> Path:
     """A corpus via the real ingestion job from a handful of documents."""
-    from corpus.build import build_corpus
+    from sentsim.corpus_job import build_corpus
 
     src = tmp / f"{name}.jsonl.gz"
     with gzip.open(src, "wt", encoding="utf-8") as f:

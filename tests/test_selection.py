@@ -9,8 +9,15 @@ import pytest
 
 from sentsim.errors import UsageError
 from sentsim.retrieval.corpus_view import DOC_SHIFT, ChunkTable, SentenceTable
-from sentsim.screening import (ContextCache, ScreenConfig, Screener, expand_candidates, jaccard,
-                               score_candidates, select_diverse, word_set)
+from sentsim.screening import (
+    ContextCache,
+    ContextSetConfig,
+    expand_candidates,
+    jaccard,
+    score_candidates,
+    select_diverse,
+    word_set,
+)
 
 
 @pytest.fixture(scope="module")
@@ -138,9 +145,7 @@ def screening_parts(speech_corpus, tables, tmp_path_factory):
     return disc, ContextCache.load(tmp / "cache", disc), tmp / "idx"
 
 
-def test_screening_scores_and_selects_per_sentence(tables, screening_parts):
-    from sentsim.retrieval import open_retriever
-
+def test_screening_scores_and_selects_per_sentence(speech_corpus, tables, screening_parts):
     st, ch = tables
     disc, cache, idx = screening_parts
     # head-only scores for the same candidates differ between sentences, and so do their rankings
@@ -159,29 +164,56 @@ def test_screening_scores_and_selects_per_sentence(tables, screening_parts):
     ctx = cache.context_features(cands.centre_id, cands.left_ids, cands.right_ids)
     np.testing.assert_allclose(disc.score_projected(ctx, feats[0:1]), a, rtol=1e-4, atol=1e-4)
 
-    screener = Screener(open_retriever(idx), disc, cache, ch, st,
-                        ScreenConfig(size=30, chunks=300))
+    # the shipped screening (the harvest's and `sentsim contexts`' ContextSource) on real queries
+    source = _source(speech_corpus, idx, disc, cache, ContextSetConfig(size=30, retrieve_chunks=300))
     queries = [st.texts[200], st.texts[1500], "", "?!", "zzqx blorp"]
-    results = screener.screen(queries)
-    for res in results[:2]:
-        assert len(res.chunk_id) == 30 and res.shortfall == 0
-        assert len(set(res.chunk_id.tolist())) == 30
-        prev = [word_set(st.text(int(i) - 1)) for i in res.centre_id]
+    results = source.context_sets(queries)
+    for q, res in zip(queries[:2], results[:2]):
+        centres = [c.centre_id for c in res.contexts]
+        assert len(centres) == 30 and res.shortfall_reason is None
+        assert len({c.chunk_id for c in res.contexts}) == 30
+        prev = [word_set(st.text(int(i) - 1)) for i in centres]
         for x, y in itertools.combinations(prev, 2):
             assert jaccard(x, y) < 0.5
-        assert np.all(np.diff(res.discriminator_score) <= 0)
-        assert res.query not in [st.text(int(i)) for i in res.centre_id]  # its own slot is excluded
-    assert results[0].chunk_id.tolist() != results[1].chunk_id.tolist()
-    for res, note in zip(results[2:], ["empty query", "empty query", "no retrieved chunk"]):
-        assert len(res.chunk_id) == 0 and res.shortfall == 30 and res.note.startswith(note)
+        assert np.all(np.diff([c.log_p_disc for c in res.contexts]) <= 0)
+        assert q not in [st.text(int(i)) for i in centres]  # its own slot is excluded
+    assert [c.chunk_id for c in results[0].contexts] != [c.chunk_id for c in results[1].contexts]
+    for res, note in zip(results[2:], ["empty sentence", "empty sentence", "no retrieved chunk"]):
+        assert res.contexts == [] and res.shortfall_reason.startswith(note)
 
 
-def test_screener_refuses_mixed_corpora(tables, screening_parts):
+def test_query_centre_exclusion_is_a_setting(speech_corpus, tables, screening_parts):
+    """With exclude_query_centre off, a corpus sentence may be offered its own slot; on (the
+    default), never: the same retrieval, the same scores, one candidate fewer."""
+    st, _ = tables
+    disc, cache, idx = screening_parts
+    q = st.texts[200]
+    on = _source(speech_corpus, idx, disc, cache, ContextSetConfig(size=500, retrieve_chunks=300))
+    off = _source(speech_corpus, idx, disc, cache,
+                  ContextSetConfig(size=500, retrieve_chunks=300, exclude_query_centre=False))
+    a, b = on.context_sets([q])[0], off.context_sets([q])[0]
+    # the query's chunk is retrieved, so its own slot is a candidate unless excluded (one slot)
+    assert b.candidates - a.candidates == 1
+    assert all(st.text(c.centre_id).strip() != q.strip() for c in a.contexts)
+
+
+def _source(corpus, idx, disc, cache, cfg):
+    from sentsim.harvest.contexts import ContextSource
+    from sentsim.harvest.corpus_index import CorpusIndex
     from sentsim.retrieval import open_retriever
 
-    st, ch = tables
+    return ContextSource(CorpusIndex(str(corpus)), cfg, window=1, seed=0, retriever=open_retriever(idx),
+                         discriminator=disc, cache=cache)
+
+
+def test_screening_refuses_mixed_corpora(speech_corpus, screening_parts):
+    from sentsim.harvest.contexts import ContextSource
+    from sentsim.harvest.corpus_index import CorpusIndex
+    from sentsim.retrieval import open_retriever
+
     disc, cache, idx = screening_parts
     r = open_retriever(idx)
     r.corpus_fingerprint = "someone-else"
-    with pytest.raises(UsageError, match="different corpora"):
-        Screener(r, disc, cache, ch, st)
+    with pytest.raises(UsageError, match="index was made for another corpus"):
+        ContextSource(CorpusIndex(str(speech_corpus)), ContextSetConfig(), window=1, seed=0, retriever=r,
+                      discriminator=disc, cache=cache)

@@ -10,9 +10,9 @@ import time
 import pandas as pd
 import pyarrow.dataset as ds
 import pytest
-
 from conftest import free_port, sentsim_cli
-from corpus.build import build_corpus
+
+from sentsim.corpus_job import build_corpus
 from storage import ShardStore, verify_store
 
 
@@ -159,3 +159,56 @@ def test_s3_write_resume_and_verify(s3_server, sample_path, speech_corpus):
         f.write(b"garbage")
     r = sentsim_cli("store", "verify", uri, env=s3_server)
     assert r.returncode == 1 and "chunks/part-00001.parquet" in r.stderr
+
+
+def test_refused_resume_names_changed_keys_and_inputs(tmp_path):
+    import pyarrow as pa
+
+    from storage.store import StoreError
+
+    schemas = {"t": pa.schema([("x", pa.int64())])}
+    store = ShardStore(str(tmp_path / "run"))
+    store.open_run("s", "fp1", {"chunk": {"size": 8}, "seed": 0}, [{"name": "a.txt", "sha256": "aa"}], schemas)
+    with pytest.raises(StoreError) as err:
+        store.open_run("s", "fp2", {"chunk": {"size": 9}, "seed": 0}, [{"name": "a.txt", "sha256": "bb"}], schemas)
+    msg = str(err.value)
+    assert "chunk.size: 8 -> 9" in msg and "inputs.0.sha256" in msg and "seed" not in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("content", [b"", b"{not json", b"[1, 2]"])
+def test_broken_manifest_says_what_to_do(tmp_path, content):
+    from storage.store import StoreError
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "manifest.json").write_bytes(content)
+    with pytest.raises(StoreError, match="empty or not valid JSON.*--force-new"):
+        ShardStore(str(tmp_path / "run")).read_manifest()
+
+
+def test_clear_removes_commit_points_before_data(tmp_path, monkeypatch):
+    """A crash inside clear() never leaves markers (or _COMPLETE) whose data is gone."""
+    import pyarrow as pa
+
+    store = ShardStore(str(tmp_path / "run"))
+    schemas = {"t": pa.schema([("x", pa.int64())])}
+    store.open_run("s", "fp", {}, [], schemas, planned_units=1)
+    store.write_unit(0, {"t": pa.table({"x": [1]})}, "fp")
+    store.finalize(1, {})
+    assert store.is_complete()
+    class CrashOnData:  # the real filesystem, except that deleting the table's data crashes
+        def __init__(self, fs):
+            self.fs = fs
+
+        def __getattr__(self, name):
+            return getattr(self.fs, name)
+
+        def delete_dir(self, path):
+            if path.endswith("/t"):
+                raise OSError("crash while deleting the data")
+            self.fs.delete_dir(path)
+
+    monkeypatch.setattr(store, "fs", CrashOnData(store.fs))
+    with pytest.raises(OSError):
+        store.clear(["t"])
+    assert not store.is_complete() and store.markers() == {} and store.read_manifest() is None
+    assert (tmp_path / "run" / "t" / "part-00000.parquet").exists()  # only unreferenced data is left

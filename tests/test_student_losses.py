@@ -15,7 +15,6 @@ from sentsim.losses.phrase_reconstruction import IGNORE, PhraseReconstructionLos
 from sentsim.losses.rank_mse import RankMSELoss, hinge, pair_filter
 from sentsim.losses.rse_relational import RelationalContrastiveLoss, relational_similarity
 
-
 # ----------------------------------------------------------------------------- g() and Spearman
 
 

@@ -11,7 +11,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import sentsim_cli
 from harvest_support import build_index_for, harvest_config, tiny_context_bundle
 

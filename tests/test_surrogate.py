@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from sentsim.cli import main
@@ -37,8 +36,12 @@ def stsb_pairs(shared_data):
     return load_stsb(shared_data / "sts" / "stsbenchmark" / "sts-train.csv", "STSb-train").sets[0]
 
 
-def write_harvest(root: Path, s1, s2, score, split, shards: int = 2) -> Path:
-    """A harvest directory in the harvest job's format: pairs/part-NNNNN.parquet + manifest.json."""
+def write_harvest(root: Path, s1, s2, score, split, shards: int = 2, planned: int | None = None) -> Path:
+    """A harvest run in the harvest job's format, written through the shard store: manifest.json,
+    pairs/part-NNNNN.parquet and a completion marker per unit (readers trust only marked units).
+    `planned` > shards leaves the run incomplete."""
+    from storage import ShardStore
+
     n = len(s1)
     table = pa.table({
         "pair_id": pa.array(np.arange(n), pa.int64()),
@@ -50,11 +53,12 @@ def write_harvest(root: Path, s1, s2, score, split, shards: int = 2) -> Path:
         "rank_sim": pa.array(score, pa.float64()),
         "split": pa.array(split, pa.string()),
     })
-    (root / "pairs").mkdir(parents=True, exist_ok=True)
+    store = ShardStore(str(root))
+    store.open_run("harvest", "test-harvest", {}, [], {"pairs": table.schema}, planned_units=planned or shards)
     per = -(-n // shards) if n else 0
     for k in range(shards):
-        pq.write_table(table.slice(k * per, per), root / "pairs" / f"part-{k:05d}.parquet")
-    (root / "manifest.json").write_text(json.dumps({"pairs": n}))
+        store.write_unit(k, {"pairs": table.slice(k * per, per)}, "test-harvest")
+    store.finalize(planned or shards, {})
     return root
 
 
@@ -81,7 +85,6 @@ def tiny_cfg(**kw) -> SurrogateConfig:
 def ray_local():
     import ray
 
-    os.environ["RAY_AUTH_MODE"] = "disabled"
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
     yield
@@ -93,8 +96,11 @@ def ray_local():
 
 def test_empty_harvest(tmp_path, minilm):
     (tmp_path / "h" / "pairs").mkdir(parents=True)
-    with pytest.raises(UsageError, match="empty harvest, no pairs"):
+    with pytest.raises(UsageError, match="not a harvest run \\(no manifest.json\\)"):
         train_surrogate(tiny_cfg(), data=str(tmp_path / "h"), backbone=minilm, out=str(tmp_path / "o"))
+    write_harvest(tmp_path / "h0", [], [], [], [], shards=0, planned=2)
+    with pytest.raises(UsageError, match="empty harvest, no completed pairs"):
+        train_surrogate(tiny_cfg(), data=str(tmp_path / "h0"), backbone=minilm, out=str(tmp_path / "o"))
     write_harvest(tmp_path / "h2", [], [], [], [])
     with pytest.raises(UsageError, match="empty harvest, 2 shard"):
         train_surrogate(tiny_cfg(), data=str(tmp_path / "h2"), backbone=minilm, out=str(tmp_path / "o"))
@@ -146,14 +152,12 @@ def test_incomplete_harvest_is_named(tmp_path, stsb_pairs):
     from sentsim.surrogate.data import inspect_harvest
 
     h = tfidf_harvest(tmp_path / "h", stsb_pairs, n=50)
-    assert inspect_harvest(h).incomplete_note() is None  # no completion flag: nothing to say
-    (h / "manifest.json").write_text(json.dumps({"complete": False, "planned_units": 5}))
-    (h / "_units").mkdir()
-    for u in range(2):  # unit markers as the shard store writes them (only their count matters here)
-        (h / "_units" / f"{u:05d}.json").write_text(json.dumps({"unit": u, "files": {}}))
+    assert inspect_harvest(h).incomplete_note() is None  # a finished run: nothing to say
+    m = json.loads((h / "manifest.json").read_text())
+    (h / "manifest.json").write_text(json.dumps({**m, "complete": False, "planned_units": 5}))
     note = inspect_harvest(h).incomplete_note()
     assert "not complete (2/5 units written)" in note and "training on its 50 pairs" in note
-    (h / "manifest.json").write_text(json.dumps({"complete": True, "planned_units": 5}))
+    (h / "manifest.json").write_text(json.dumps({**m, "complete": True, "planned_units": 5}))
     assert inspect_harvest(h).incomplete_note() is None
 
 

@@ -20,7 +20,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from corpus.build import build_corpus
+    from sentsim.corpus_job import build_corpus
 
     overrides = list(args.overrides)
     if args.on_error:

@@ -24,7 +24,7 @@ class EvalStsConfig(Section):
 def add_arguments(parser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", metavar="PATH", help="sentence-transformers folder, cross-encoder or transformers encoder")
-    src.add_argument("--scores", metavar="FILE", help="scored pairs (.parquet/.csv/.jsonl with s1, s2, score, or a harvest pairs/ folder)")
+    src.add_argument("--scores", metavar="FILE", help="scored pairs (.parquet/.csv/.jsonl with s1, s2, score), or a harvest run (local or s3://: its completed pairs/ shards)")
     src.add_argument("--tfidf", action="store_true", help="the TF-IDF cosine baseline")
     parser.add_argument("--data", required=True, metavar="DIR", help="folder holding STS20xx-en-test/, stsbenchmark/, SICK/")
     parser.add_argument("--tasks", default=None, help="comma-separated subset, e.g. STSb,SICK-R")
@@ -35,8 +35,16 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from sentsim.evaluation import (PairFileScorer, TfidfScorer, discover_tasks, evaluate, format_table,
-                                    load_model_scorer, to_json, to_markdown)
+    from sentsim.evaluation import (
+        PairFileScorer,
+        TfidfScorer,
+        discover_tasks,
+        evaluate,
+        format_table,
+        load_model_scorer,
+        to_json,
+        to_markdown,
+    )
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     cfg = load_config(EvalStsConfig, args.config, args.overrides, batch_size=args.batch_size, tasks=tasks)

@@ -14,8 +14,8 @@ def add_arguments(p) -> None:
     p.add_argument("--discriminator", help="discriminator directory")
     p.add_argument("--context-models", nargs="+", help="context-model bundle folder(s)")
     p.add_argument("--pairs", dest="pairs_file", help="explicit mode: score these pairs instead of sampling")
-    p.add_argument("--out", help="output run directory (local path or s3://...)")
-    p.add_argument("--resume", action="store_true", help="continue the run at --out (the default when one exists)")
+    p.add_argument("--out", help="output run directory (local path or s3://...); an existing run there with the same "
+                                 "fingerprint is resumed, another is refused unless --force-new")
     add_run_arguments(p)
     add_config_arguments(p)
 

@@ -1,6 +1,6 @@
-"""`sentsim index build --corpus DIR --out DIR [--backend sklearn] [--workers N]`.
+"""`sentsim index build --corpus DIR --out DIR [--backend sklearn] [--num-workers N]`.
 
-`--workers 1` (the default) builds in this process, without Ray. With N >= 2 the sklearn backend
+`--num-workers 1` (the default) builds in this process, without Ray. With N >= 2 the sklearn backend
 counts n-grams and writes shards in N Ray tasks (on --address, RAY_ADDRESS or a local Ray) and
 writes the same index; the lucene backend indexes with N Anserini threads.
 """
@@ -23,7 +23,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--backend", choices=["sklearn", "lucene"], default=None,
                         help="retrieval backend (default: the config's, sklearn)")
     parser.add_argument("--shards", type=int, default=None, metavar="N", help="number of index shards (n_shards)")
-    parser.add_argument("--workers", type=int, default=1, metavar="N",
+    parser.add_argument("--num-workers", "--workers", dest="workers", type=int, default=1, metavar="N",
                         help="parallel build: N Ray tasks (sklearn) or N indexing threads (lucene); "
                              "1 (default) builds in this process without Ray")
     add_config_arguments(parser)
@@ -35,7 +35,7 @@ def run(args) -> int:
     if not Path(args.corpus).is_dir():
         raise UsageError(f"--corpus {args.corpus}: no such directory")
     if args.workers < 1:
-        raise UsageError(f"--workers must be at least 1 (got {args.workers})")
+        raise UsageError(f"--num-workers (--workers) must be at least 1 (got {args.workers})")
     cfg = load_config(IndexConfig, args.config, args.overrides, backend=args.backend, n_shards=args.shards)
     if cfg.backend == "sklearn" and args.workers > 1:
         from sentsim.runtime import init_ray

@@ -13,7 +13,11 @@ def add_arguments(p) -> None:
         p.add_argument(f"--lambda-{term}", type=float, metavar="X",
                        help=f"weight of the {what} term (default: the source harvest's)")
     p.add_argument("--metric", choices=["cosine", "pearson", "spearman"], help="Eq. 4 similarity (default: the source's)")
-    p.add_argument("--force-new", action="store_true", help="discard a run with other settings at --out")
+    p.add_argument("--force-new", action="store_true", help="discard a run with another fingerprint at --out")
+    # Recomputing a unit takes seconds: in-process by default, where a local Ray's start-up would cost more.
+    p.add_argument("--executor", choices=["ray", "inline"], default="inline",
+                   help="everything in this process (default), or Ray actor pools")
+    p.add_argument("--address", default=None, help="Ray cluster to attach to with --executor ray (default: RAY_ADDRESS or a local Ray)")
 
 
 def run(args) -> int:
@@ -28,7 +32,7 @@ def run(args) -> int:
     except ValidationError as exc:
         err = exc.errors()[0]
         raise UsageError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
-    m = remix(cfg, force_new=args.force_new)
+    m = remix(cfg, force_new=args.force_new, executor=args.executor, address=args.address)
     r = m["remix"]
     lam = ", ".join(f"{t} {r['weights'][t]:g}" for t in TERMS)
     print(f"remix: {r['pairs']} pairs ({r['null_scores']} null) from {args.source}, λ {lam}, metric {r['metric']} "

@@ -7,6 +7,7 @@ import os
 
 from sentsim.config import add_config_arguments, load_config
 from sentsim.errors import UsageError
+from sentsim.training.cli import add_force_new, add_num_workers
 
 COMMAND = ("train", "context")
 HELP = "train the seq2seq context models (paper 3.2.2) on a corpus; reports held-out perplexity and context-use gap"
@@ -20,6 +21,8 @@ def add_arguments(parser) -> None:
                         help="model directory; rerunning with the same --out resumes from the last checkpoint")
     parser.add_argument("--tokenizer-from", default="", metavar="DIR",
                         help="reuse the tokenizer of another context-model directory (so separate runs can be combined)")
+    add_num_workers(parser)
+    add_force_new(parser)
     add_config_arguments(parser)
 
 
@@ -31,9 +34,10 @@ def run(args) -> int:
         raise UsageError(f"--corpus {args.corpus}: not a directory")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out}: exists and is not a directory")
-    cfg = load_config(ContextTrainConfig, args.config, args.overrides, direction=args.direction)
+    cfg = load_config(ContextTrainConfig, args.config, args.overrides, direction=args.direction,
+                      num_workers=args.num_workers)
     summary = train_context(args.corpus, args.out, cfg, tokenizer_from=args.tokenizer_from,
-                            address=args.address or os.environ.get("RAY_ADDRESS"))
+                            address=args.address or os.environ.get("RAY_ADDRESS"), force_new=args.force_new)
     for name, r in summary["runs"].items():
         print(f"model {name}: {r['parameters']:,} parameters, {r['steps']} steps, "
               f"{r['tokens_seen']:,} tokens seen, {r['train_seconds']:.0f}s")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sentsim.config import add_config_arguments, load_config
 from sentsim.errors import UsageError
+from sentsim.training.cli import add_force_new, add_num_workers
 
 COMMAND = ("train", "discriminator")
 HELP = "train the BiLSTM coherence discriminator (Ray Train; held-out accuracy and AUC)"
@@ -14,8 +15,10 @@ HELP = "train the BiLSTM coherence discriminator (Ray Train; held-out accuracy a
 
 def add_arguments(parser) -> None:
     parser.add_argument("--corpus", required=True, metavar="DIR", help="corpus directory (sentences/, manifest.json)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="model directory to write")
-    parser.add_argument("--workers", type=int, default=None, metavar="N", help="Ray Train workers (train.num_workers)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="model directory to write; rerunning with the same --out resumes an unfinished run")
+    add_num_workers(parser)
+    add_force_new(parser)
     add_config_arguments(parser)
 
 
@@ -25,10 +28,10 @@ def run(args) -> int:
     if not Path(args.corpus).is_dir():
         raise UsageError(f"--corpus {args.corpus}: no such directory")
     overrides = list(args.overrides)
-    if args.workers is not None:
-        overrides.append(f"train.num_workers={args.workers}")
+    if args.num_workers is not None:
+        overrides.append(f"train.num_workers={args.num_workers}")
     job = load_config(DiscriminatorJob, args.config, overrides)
-    metrics = train_discriminator(args.corpus, args.out, job, address=args.address)
+    metrics = train_discriminator(args.corpus, args.out, job, address=args.address, force_new=args.force_new)
     keep = ("step", "heldout_accuracy", "heldout_auc", "heldout_auc_same_doc", "heldout_auc_random",
             "heldout_windows", "heldout_split", "world_size", "fit_seconds")
     print(json.dumps({k: metrics[k] for k in keep if k in metrics}))

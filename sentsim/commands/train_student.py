@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sentsim.config import load_config
-from sentsim.training.cli import add_training_arguments, training_overrides
+from sentsim.training.cli import add_training_arguments, backbone_or_default, training_overrides
 
 COMMAND = ("train", "student")
 HELP = "train a student encoder (rankencoder | rse | paser) from harvested shards"
@@ -27,8 +27,8 @@ def run(args) -> int:
     if args.triples:
         overrides.append(f"rse.triples={args.triples}")
     cfg = load_config(StudentConfig, args.config, overrides, objective=args.objective, **training_overrides(args))
-    s = train_student(cfg, data=args.data, backbone=args.backbone, out=args.out, address=args.address,
-                      executor=args.executor, restart=args.restart, eval_sts=args.eval_sts)
+    s = train_student(cfg, data=args.data, backbone=backbone_or_default(args.backbone), out=args.out, address=args.address,
+                      executor=args.executor, force_new=args.force_new, eval_sts=args.eval_sts)
     first, last = s["first_loss"], s["last_loss"]
     fmt = lambda x: "-" if x is None else f"{x:.4g}"  # noqa: E731
     print(f"{s['objective']}: {s['rows']} rows, {s['total_steps']} steps, loss {fmt(first)} -> {fmt(last)}; model: {s['model']}")

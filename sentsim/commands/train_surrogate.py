@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sentsim.config import load_config
-from sentsim.training.cli import add_training_arguments, training_overrides
+from sentsim.training.cli import add_training_arguments, backbone_or_default, training_overrides
 
 COMMAND = ("train", "surrogate")
 HELP = "train a surrogate (Siamese or cross-encoder) on harvested pair scores, optionally fine-tune on STS-B"
@@ -22,8 +22,8 @@ def run(args) -> int:
 
     cfg = load_config(SurrogateConfig, args.config, args.overrides, arch=args.arch, loss=args.loss,
                       **training_overrides(args))
-    summary = train_surrogate(cfg, data=args.data, backbone=args.backbone, out=args.out,
-                              finetune_sts=args.finetune_sts, address=args.address, restart=args.restart)
+    summary = train_surrogate(cfg, data=args.data, backbone=backbone_or_default(args.backbone), out=args.out,
+                              finetune_sts=args.finetune_sts, address=args.address, force_new=args.force_new)
     for st in summary["stages"]:
         first, last = st["first"], st["last"]
         print(f"{st['stage']}: {st['train_pairs']} pairs, {st['total_steps']} steps; "

@@ -2,11 +2,11 @@
 their training on corpus windows, and the batched scorer of Eq. 3. See README.md in this folder."""
 
 from sentsim.context.config import DIRECTIONS, ContextModelConfig, ContextTrainConfig, ScorerConfig
-from sentsim.context.scorer import ContextItem, ContextScorer, ContextScorerActor, ScoreResult, scorer_actor
+from sentsim.context.scorer import ContextItem, ContextScorer, ScoreResult
 
 __all__ = [
     "DIRECTIONS", "ContextModelConfig", "ContextTrainConfig", "ScorerConfig", "ContextItem", "ContextScorer",
-    "ContextScorerActor", "ScoreResult", "scorer_actor", "train_context",
+    "ScoreResult", "train_context",
 ]
 
 

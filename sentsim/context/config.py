@@ -127,10 +127,7 @@ class ScorerConfig(Section):
     device: str = "auto"  # auto = cuda if available
     autocast: Literal["auto", "bf16", "fp16", "off"] = "auto"  # bf16 on GPU, off on CPU
     torch_threads: int = Field(0, ge=0)  # execution; 1 on small shared CPU nodes
-    # Ray actor resources (ContextScorerActor): fractional GPUs share one device between actors;
-    # fractional CPUs let several actors share a CPU-only node.
-    actor_num_cpus: float = Field(1.0, ge=0)  # execution, not in the paper
-    actor_num_gpus: float = Field(0.0, ge=0)  # execution, not in the paper
+    # Where scoring runs (CPUs, GPU fractions, actors) is the harvest's resources.scoring.
 
     def enabled(self) -> dict:
         """Which Eq. 3 terms the ablation keeps (Table 8)."""

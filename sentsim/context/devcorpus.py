@@ -1,7 +1,7 @@
 """A small corpus from the first documents of ../shared/data/corpus files, for benchmarks.
 
 It slices the documents into a temporary JSONL file and runs the real ingestion
-(`corpus.build.build_corpus`, in-process), so benchmark corpora are exactly what users get.
+(`sentsim.corpus_job.build_corpus`, in-process), so benchmark corpora are exactly what users get.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ DEFAULT_SOURCE = Path(os.environ.get("SENTSIM_DEV_CORPUS_SRC")
 
 def write_dev_corpus(out: str | Path, source: str | Path | None = None, max_docs: int = 60,
                      files: tuple[str, ...] = ("us_speeches_docs.jsonl.gz",), **_ignored) -> Path:
-    from corpus.build import build_corpus
+    from sentsim.corpus_job import build_corpus
 
     out = Path(out)
     src = Path(source) if source else DEFAULT_SOURCE

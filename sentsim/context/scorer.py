@@ -366,38 +366,3 @@ class ContextScorer:
             max_t, max_s = nt, ns
         if cur:
             flush_dec(cur)
-
-
-# ------------------------------------------------------------------------------------------------ Ray
-
-
-class ContextScorerActor:
-    """Holds a `ContextScorer` in a Ray actor. Create with `scorer_actor(config)` so that its resources
-    (fractional `num_gpus` to pack several actors on one GPU, fractional `num_cpus` on CPU nodes) come
-    from `ScorerConfig.actor_num_gpus` / `actor_num_cpus`."""
-
-    def __init__(self, models, config: Optional[dict] = None):
-        cfg = ScorerConfig.model_validate(config or {})
-        if cfg.device == "auto" and cfg.actor_num_gpus == 0:
-            cfg = cfg.model_copy(update={"device": "cpu"})
-        self.scorer = ContextScorer(models, cfg)
-
-    def score(self, items) -> dict:
-        return self.scorer.score(items).as_dict()
-
-    def score_matrix(self, sentences, contexts, log_p_disc=None) -> dict:
-        return self.scorer.score_matrix(sentences, contexts, log_p_disc).as_dict()
-
-    def info(self) -> dict:
-        return {"directions": list(self.scorer.directions), "device": str(self.scorer.device),
-                "tokenizer_sha256": self.scorer.tokenizer.sha256}
-
-
-def scorer_actor(config: Optional[ScorerConfig] = None, **options):
-    """`ray.remote` actor class for `ContextScorerActor` with the config's fractional resources;
-    usage: `scorer_actor(cfg).remote(model_dir, cfg.model_dump())`."""
-    import ray
-
-    cfg = config or ScorerConfig()
-    opts = {"num_cpus": cfg.actor_num_cpus, "num_gpus": cfg.actor_num_gpus, **options}
-    return ray.remote(ContextScorerActor).options(**opts)

@@ -4,30 +4,34 @@
   1. tokenizer: byte-level BPE trained on the corpus' training documents (or the warm-start checkpoint's
      WordPiece, or `tokenizer_from`);
   2. one training run per model: with `model.layout=shared` (or a single direction) one run; with
-     `layout=separate` and `direction=all` three runs, one per direction. Each run is a Ray Train
-     `TorchTrainer` (DDP over `num_workers`, fractional CPUs per worker, GPU + bf16 autocast when
-     present), or the same loop in-process with `executor=inline`;
-  3. Adam(lr 1e-4, betas 0.9/0.999) with warm-up and an inverse-sqrt / linear / constant schedule;
-  4. every `eval_every` steps rank 0 measures, on held-out documents and per direction, the token
+     `layout=separate` and `direction=all` three runs, one per direction. Each run is the shared loop of
+     sentsim.training with `ContextTrainee` (Ray Train, DDP over `num_workers`, fractional CPUs per
+     worker, GPU + bf16 autocast when present; or the same loop in-process with `executor=inline`);
+  3. Adam(lr 1e-4, betas 0.9/0.999) with warm-up and an inverse-sqrt / linear / constant schedule
+     (transformers'); warm-start additions at lr * new_params_lr_scale;
+  4. batches: endless token-budget batches streamed from this worker's share of the training documents;
+  5. every `eval_every` steps rank 0 measures, on held-out documents and per direction, the token
      log-likelihood, perplexity and the **context-use gap** (held-out loss with the sources shuffled
-     across examples minus the loss with the true sources, nats/token), and writes a checkpoint;
-  5. a killed run resumes from its last checkpoint (model, optimiser, step, tokens seen) when started
-     again with the same `--out`; the data stream restarts with a step-dependent seed;
-  6. the final bundle (tokenizer.json, context.json, models/<name>/) is written to `out`.
+     across examples minus the loss with the true sources, nats/token), and writes a checkpoint (also
+     every `checkpoint_every`); `max_seconds` stops every worker together;
+  6. a killed run resumes from its last checkpoint (model, optimiser, schedule, step, tokens seen) when
+     started again with the same `--out`; the data stream restarts with a step-dependent seed. Other
+     settings against the same --out are refused (--force-new discards the earlier run);
+  7. the final bundle (tokenizer/, context.json, models/<name>/) is written to `out`, with
+     runs/<name>/history.json and train_summary.json.
 
-Checkpoints live in `out/runs/<name>/checkpoints/step-NNNNNNNN/` (written atomically by rank 0) and
-hold `model/` (safetensors), `optimizer.pt` (tensors only; read with `torch.load(weights_only=True)`)
-and `state.json`.
+Training state lives in `out/runs/<name>/` (ray/<name>/ for Ray Train, checkpoint/ inline) in the
+shared loop's checkpoint format: model/ (safetensors), state.pt (read with torch.load(weights_only=True)),
+history.json.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import shutil
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -35,11 +39,18 @@ import torch
 import torch.nn.functional as F
 
 from sentsim.context.config import DIRECTIONS, ContextTrainConfig
-from sentsim.context.model import (ContextModel, build_model, init_cross_attention_from_self, new_parameter_names,
-                                   save_bundle, warm_start_tokenizer)
+from sentsim.context.model import (
+    ContextModel,
+    build_model,
+    init_cross_attention_from_self,
+    new_parameter_names,
+    save_bundle,
+    warm_start_tokenizer,
+)
 from sentsim.context.tokenizer import ContextTokenizer, train_bpe
 from sentsim.context.windows import Example, build_example, iter_documents
 from sentsim.errors import UsageError
+from sentsim.training.loop import Trainee
 
 # --------------------------------------------------------------------------------------------------- data
 
@@ -165,11 +176,11 @@ def heldout_examples(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig
 # --------------------------------------------------------------------------------------------- evaluation
 
 
-def _loss_sum(model, exs, tok, budget, device, autocast_dtype) -> tuple[float, int]:
+def _loss_sum(model, exs, tok, budget, device, autocast) -> tuple[float, int]:
     total, n = 0.0, 0
     for b in token_batches(exs, budget):
         t = {k: v.to(device) for k, v in collate(b, tok.pad_id, tok.bos_id).items()}
-        with _autocast(device, autocast_dtype):
+        with autocast():
             logits = model(t["src"], t["src_slots"], t["src_mask"], t["dec_in"], t["dec_slots"])
         loss = F.cross_entropy(logits.float().transpose(1, 2), t["labels"], ignore_index=-100, reduction="sum")
         total += float(loss)
@@ -178,7 +189,7 @@ def _loss_sum(model, exs, tok, budget, device, autocast_dtype) -> tuple[float, i
 
 
 def evaluate(model: ContextModel, heldout: dict, tok: ContextTokenizer, budget: int, device=torch.device("cpu"),
-             autocast_dtype=None) -> dict:
+             autocast=nullcontext) -> dict:
     """Per direction: held-out loss (nats/token), token log-likelihood, perplexity, and the context-use gap
     = loss with every example's source taken from another example (a derangement) - loss with its own."""
     was = model.training
@@ -186,14 +197,14 @@ def evaluate(model: ContextModel, heldout: dict, tok: ContextTokenizer, budget: 
     out = {}
     with torch.inference_mode():
         for d, exs in heldout.items():
-            s, n = _loss_sum(model, exs, tok, budget, device, autocast_dtype)
+            s, n = _loss_sum(model, exs, tok, budget, device, autocast)
             perm = list(range(len(exs)))
             random.Random(99).shuffle(perm)
             shifted = perm[1:] + perm[:1]  # perm[i] gets the source of shifted[i] != perm[i]
             src_of = dict(zip(perm, shifted))
             shuf = [Example(exs[src_of[i]].src, exs[src_of[i]].src_slots, e.tgt, e.tgt_slots)
                     for i, e in enumerate(exs)]
-            s2, n2 = _loss_sum(model, shuf, tok, budget, device, autocast_dtype)
+            s2, n2 = _loss_sum(model, shuf, tok, budget, device, autocast)
             loss, loss_sh = s / max(n, 1), s2 / max(n2, 1)
             out[d] = {"loss": loss, "token_loglik": -loss, "perplexity": math.exp(min(loss, 50.0)),
                       "shuffled_loss": loss_sh, "context_gap": loss_sh - loss, "tokens": n, "windows": len(exs)}
@@ -201,63 +212,10 @@ def evaluate(model: ContextModel, heldout: dict, tok: ContextTokenizer, budget: 
     return out
 
 
-def _autocast(device, dtype):
-    if dtype is None or device.type != "cuda":
-        return torch.autocast(device.type, enabled=False)
-    return torch.autocast("cuda", dtype=dtype)
+# ------------------------------------------------------------------------------------- the shared loop
 
 
-# ------------------------------------------------------------------------------------------- checkpoints
-
-
-def latest_checkpoint(run_dir: Path) -> Optional[Path]:
-    d = Path(run_dir) / "checkpoints"
-    best, best_step = None, -1
-    if d.is_dir():
-        for c in d.iterdir():
-            st = c / "state.json"
-            if c.name.startswith("step-") and st.is_file():
-                try:
-                    step = json.loads(st.read_text())["step"]
-                except (ValueError, KeyError):
-                    continue
-                if step > best_step:
-                    best, best_step = c, step
-    return best
-
-
-def _save_checkpoint(run_dir: Path, model: ContextModel, opt, state: dict, keep: int = 2) -> Path:
-    ck = Path(run_dir) / "checkpoints"
-    ck.mkdir(parents=True, exist_ok=True)
-    final = ck / f"step-{state['step']:08d}"
-    tmp = ck / f".tmp-{state['step']:08d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save(tmp / "model")
-    torch.save(opt.state_dict(), tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps(state, indent=1))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    olds = sorted(p for p in ck.iterdir() if p.name.startswith("step-") and p != final)
-    for p in olds[:-max(keep - 1, 0)] if keep > 1 else olds:
-        shutil.rmtree(p, ignore_errors=True)
-    return final
-
-
-def _lr_at(step: int, cfg: ContextTrainConfig) -> float:
-    w = cfg.warmup_steps
-    if w and step < w:
-        return cfg.lr * (step + 1) / w
-    if cfg.schedule == "constant":
-        return cfg.lr
-    if cfg.schedule == "inverse_sqrt":
-        return cfg.lr * math.sqrt(max(w, 1) / max(step + 1, 1)) if w else cfg.lr / math.sqrt(step + 1)
-    # linear decay to 0 at max_steps
-    return cfg.lr * max(0.0, (cfg.max_steps - step) / max(1, cfg.max_steps - w))
-
-
-def _param_groups(model: ContextModel, cfg: ContextTrainConfig) -> list[dict]:
+def param_groups(model: ContextModel, cfg: ContextTrainConfig) -> list[dict]:
     """Pretrained weights at `lr`, warm-start additions at `lr * new_params_lr_scale`. The group layout is
     fixed by the config, so a resumed optimiser state always matches."""
     new = new_parameter_names(model)
@@ -265,167 +223,140 @@ def _param_groups(model: ContextModel, cfg: ContextTrainConfig) -> list[dict]:
     for n, p in model.named_parameters():
         if p.requires_grad:
             groups[n in new].append(p)
-    out = [{"params": groups[False], "lr_scale": 1.0}]
+    out = [{"params": groups[False], "lr": cfg.lr}]
     if new:
-        out.append({"params": groups[True], "lr_scale": cfg.new_params_lr_scale})
+        out.append({"params": groups[True], "lr": cfg.lr * cfg.new_params_lr_scale})
     return [g for g in out if g["params"]]
 
 
-# ------------------------------------------------------------------------------------------- train loop
+class ContextTrainee(Trainee):
+    """One context model in the shared loop: a step is the mean token cross-entropy of a token-budget
+    batch; evaluation is held-out loss, perplexity and context-use gap per direction (rank 0)."""
+
+    def __init__(self, model: ContextModel, cfg: ContextTrainConfig, tok: ContextTokenizer, corpus: str,
+                 directions: list[str], heldout: Optional[dict]):
+        super().__init__()
+        self.model = model
+        self.cfg, self.tok, self.corpus, self.directions, self.heldout = cfg, tok, corpus, directions, heldout
+        # without sentence positions the sentence-position table gets no gradient
+        self.find_unused_parameters = not cfg.model.sentence_position_embeddings
+        self.world = 1
+        self.tokens_seen = 0
+        self.target_tokens_seen = 0
+
+    def param_groups(self, lr: float) -> list[dict]:
+        return param_groups(self.model, self.cfg)
+
+    def batches(self, session, epoch: int, skip: int):
+        self.world = session.world
+        # endless; a resumed run restarts the stream with a step-dependent seed
+        return train_batches(self.corpus, self.tok, self.cfg, self.directions, session.rank, session.world,
+                             seed=self.cfg.seed + skip)
+
+    def forward(self, batch: dict, device):
+        n_tgt = int((batch["labels"] >= 0).sum())  # counted on the CPU batch: no device sync
+        self.tokens_seen += (int(batch["src_mask"].sum()) + n_tgt) * self.world
+        self.target_tokens_seen += n_tgt * self.world
+        b = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        logits = self.model(b["src"], b["src_slots"], b["src_mask"], b["dec_in"], b["dec_slots"])
+        loss = F.cross_entropy(logits.float().transpose(1, 2), b["labels"], ignore_index=-100)
+        return loss, {"tokens_seen": self.tokens_seen, "target_tokens_seen": self.target_tokens_seen}
+
+    def save(self, folder: Path) -> None:
+        self.model.save(folder / "model")
+
+    def extra_state(self) -> dict:
+        return {"tokens_seen": self.tokens_seen, "target_tokens_seen": self.target_tokens_seen}
+
+    def load_extra_state(self, state: dict) -> None:
+        self.tokens_seen = int(state.get("tokens_seen", 0))
+        self.target_tokens_seen = int(state.get("target_tokens_seen", 0))
+
+    def evaluate(self, device, autocast) -> dict:
+        if self.heldout is None:
+            return {}
+        return {"eval": evaluate(self.model, self.heldout, self.tok, self.cfg.batch_tokens, device, autocast)}
+
+    def describe(self, point: dict) -> str:
+        ev = point.get("eval") or {}
+        return f" tokens {point.get('tokens_seen', 0):,}" + "".join(
+            f" | {d} loss {e['loss']:.3f} gap {e['context_gap']:+.4f}" for d, e in ev.items())
+
+    def result(self) -> dict:
+        return {"tokens_seen": self.tokens_seen, "target_tokens_seen": self.target_tokens_seen}
 
 
-def train_loop(loop_config: dict) -> None:
-    """One worker's loop; runs under Ray Train (DDP) or in-process (`executor=inline`)."""
-    cfg = ContextTrainConfig.model_validate(loop_config["config"])
-    corpus, run_dir = loop_config["corpus"], Path(loop_config["run_dir"])
-    directions = loop_config["directions"]
-    use_ray = loop_config.get("ray", False)
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    rank, world = 0, 1
-    if use_ray:
-        import ray.train
-        import ray.train.torch
-
-        ctx = ray.train.get_context()
-        rank, world = ctx.get_world_rank(), ctx.get_world_size()
-        device = ray.train.torch.get_device()
-    else:
-        want_gpu = cfg.use_gpu == "yes" or (cfg.use_gpu == "auto" and torch.cuda.is_available())
-        device = torch.device("cuda" if want_gpu else "cpu")
-    amp = torch.bfloat16 if device.type == "cuda" else None
-    tok = ContextTokenizer.load(loop_config["tokenizer_dir"])
-
-    ck = latest_checkpoint(run_dir)
-    state = {"step": 0, "tokens_seen": 0, "target_tokens_seen": 0, "elapsed_s": 0.0, "history": []}
-    if ck is not None:
-        model = ContextModel.load(ck / "model", cfg.model, tok)
-        state = json.loads((ck / "state.json").read_text())
+def build_trainee(config: dict, session, ckpt: Optional[Path]) -> ContextTrainee:
+    """On the worker: the model from the checkpoint (resume) or built fresh; rank 0 also samples the
+    held-out windows."""
+    cfg = ContextTrainConfig.model_validate(config["cfg"])
+    tok = ContextTokenizer.load(config["tokenizer_dir"])
+    if ckpt is not None:
+        model = ContextModel.load(ckpt / "model", cfg.model, tok)
     else:
         model = build_model(cfg.model, tok, seed=cfg.seed)
         if cfg.cross_attention_from_self():
             init_cross_attention_from_self(model)
     if cfg.freeze_encoder:
         model.freeze_encoder()
-    model.to(device)
-    model.train()
-    raw_model = model
-    if use_ray and world > 1:
-        import ray.train.torch
-
-        model = ray.train.torch.prepare_model(
-            model, move_to_device=False,
-            parallel_strategy_kwargs={"find_unused_parameters": not cfg.model.sentence_position_embeddings})
-    opt = torch.optim.Adam(_param_groups(raw_model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                           weight_decay=cfg.weight_decay)
-    if ck is not None and (ck / "optimizer.pt").is_file():
-        saved = torch.load(ck / "optimizer.pt", map_location=device, weights_only=True)
-        if len(saved["param_groups"]) == len(opt.param_groups):
-            opt.load_state_dict(saved)
-        elif rank == 0:  # a checkpoint from before the warm-start parameter groups: keep weights, new Adam state
-            print(f"{ck}: optimiser state has {len(saved['param_groups'])} parameter group(s), this config "
-                  f"{len(opt.param_groups)}; resuming the weights with a fresh optimiser", flush=True)
-    heldout = heldout_examples(corpus, tok, cfg, directions) if rank == 0 else None
-    if rank == 0 and not state["history"]:
-        ev = evaluate(raw_model, heldout, tok, cfg.batch_tokens, device, amp)
-        state["history"].append({"step": 0, "tokens_seen": 0, "eval": ev})
-        _log(run_dir, {"step": 0, "eval": ev})
-
-    batches = train_batches(corpus, tok, cfg, directions, rank, world, seed=cfg.seed + state["step"])
-    start_step = state["step"]
-    t0 = time.perf_counter() - state["elapsed_s"]
-    run_t0 = time.perf_counter()
-    step = start_step
-    while step < cfg.max_steps:
-        b = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
-        for g in opt.param_groups:
-            g["lr"] = _lr_at(step, cfg) * g["lr_scale"]
-        with _autocast(device, amp):
-            logits = model(b["src"], b["src_slots"], b["src_mask"], b["dec_in"], b["dec_slots"])
-        loss = F.cross_entropy(logits.float().transpose(1, 2), b["labels"], ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_([p for p in raw_model.parameters() if p.requires_grad], cfg.grad_clip)
-        opt.step()
-        step += 1
-        n_tgt = int((b["labels"] >= 0).sum())
-        state["tokens_seen"] += (int(b["src_mask"].sum()) + n_tgt) * world
-        state["target_tokens_seen"] += n_tgt * world
-        stop = cfg.max_seconds and (time.perf_counter() - run_t0) >= cfg.max_seconds
-        if world > 1:
-            flag = torch.tensor([1.0 if stop else 0.0], device=device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            stop = bool(flag.item() > 0)
-        last = stop or step >= cfg.max_steps
-        if step % cfg.eval_every == 0 or step % cfg.checkpoint_every == 0 or last:
-            metrics = {"step": step, "train_loss": float(loss.detach()), "lr": opt.param_groups[0]["lr"],
-                       "lr_new": opt.param_groups[-1]["lr"],
-                       "tokens_seen": state["tokens_seen"], "target_tokens_seen": state["target_tokens_seen"]}
-            if rank == 0:
-                state["step"] = step
-                state["elapsed_s"] = time.perf_counter() - t0
-                metrics["elapsed_s"] = state["elapsed_s"]
-                if step % cfg.eval_every == 0 or last:
-                    metrics["eval"] = evaluate(raw_model, heldout, tok, cfg.batch_tokens, device, amp)
-                    state["history"].append({"step": step, "tokens_seen": state["tokens_seen"],
-                                             "elapsed_s": state["elapsed_s"], "eval": metrics["eval"]})
-                _save_checkpoint(run_dir, raw_model, opt, state)
-                _log(run_dir, metrics)
-            if use_ray:
-                import ray.train
-
-                flat = {"step": step, "train_loss": metrics["train_loss"]}
-                for d, ev in (metrics.get("eval") or {}).items():
-                    flat[f"{d}/loss"] = ev["loss"]
-                    flat[f"{d}/context_gap"] = ev["context_gap"]
-                ray.train.report(flat)
-        if stop:
-            break
-
-
-def _log(run_dir: Path, rec: dict) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "metrics.jsonl", "a") as fh:
-        fh.write(json.dumps(rec) + "\n")
+    directions = config["directions"]
+    heldout = heldout_examples(config["corpus"], tok, cfg, directions) if session.rank == 0 else None
+    return ContextTrainee(model, cfg, tok, config["corpus"], directions, heldout)
 
 
 # ------------------------------------------------------------------------------------------- driver
 
+# settings a resumed run may change (how long and how wide, not what is trained): left out of the fingerprint
+RESUMABLE = ("max_steps", "max_seconds", "eval_every", "checkpoint_every", "num_workers", "cpus_per_worker", "use_gpu",
+             "torch_threads", "executor", "heldout_windows")
 
-def _run(loop_config: dict, cfg: ContextTrainConfig, run_dir: Path, address: Optional[str]) -> None:
-    if cfg.executor == "inline":
-        train_loop({**loop_config, "ray": False})
-        return
-    import ray
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
-    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    gpus = ray.cluster_resources().get("GPU", 0)
-    use_gpu = cfg.use_gpu == "yes" or (cfg.use_gpu == "auto" and gpus >= cfg.num_workers)
-    res = {"CPU": cfg.cpus_per_worker}
-    if use_gpu:
-        res["GPU"] = 1
-    trainer = TorchTrainer(
-        train_loop,
-        train_loop_config={**loop_config, "ray": True},
-        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=use_gpu, resources_per_worker=res),
-        run_config=RunConfig(name="ray", storage_path=str(run_dir.resolve()),
-                             failure_config=FailureConfig(max_failures=2)),
-    )
-    trainer.fit()
+def loop_settings(cfg: ContextTrainConfig, name: str) -> dict:
+    return {
+        "label": f"context {name}", "verbose": True, "total_steps": cfg.max_steps, "epochs": 1, "seed": cfg.seed,
+        "batch_size": None, "drop_last": False, "shuffle_buffer": 0,
+        "optimizer": "adam", "lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "weight_decay": cfg.weight_decay,
+        "schedule": cfg.schedule, "warmup_steps": cfg.warmup_steps, "max_grad_norm": cfg.grad_clip,
+        "eval_every": cfg.eval_every, "checkpoint_every": cfg.checkpoint_every, "log_every": None,
+        "max_seconds": cfg.max_seconds, "bf16": True, "cpu_threads": cfg.torch_threads,
+        "use_gpu": {"auto": None, "yes": True, "no": False}[cfg.use_gpu],
+        "num_workers": cfg.num_workers, "cpus_per_worker": cfg.cpus_per_worker, "checkpoints_to_keep": 2,
+        "max_failures": 2,
+    }
+
+
+def _absolute_paths(cfg: ContextTrainConfig) -> ContextTrainConfig:
+    """Checkpoint paths in the config, made absolute on the driver: the Train workers read them from
+    their own working directory."""
+    from sentsim.runtime import absolute_local
+
+    m = cfg.model
+    paths = {k: absolute_local(getattr(m, k)) for k in ("warm_start_path", "pretrained_path") if getattr(m, k)}
+    return cfg.model_copy(update={"model": m.model_copy(update=paths)}) if paths else cfg
 
 
 def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = None, tokenizer_from: str = "",
-                  address: Optional[str] = None) -> dict:
+                  address: Optional[str] = None, force_new: bool = False) -> dict:
     """Train the context model(s) and write the bundle to `out`. Returns a summary (also `out/train_summary.json`)."""
-    cfg = config or ContextTrainConfig()
+    from sentsim.config import fingerprint
+    from sentsim.runtime import absolute_local
+    from sentsim.training.run import claim_out, fit, quiet_progress
+
+    out_arg = out
+    corpus, out, tokenizer_from = (absolute_local(p) if p else p for p in (corpus, out, tokenizer_from))
+    cfg = _absolute_paths(config or ContextTrainConfig())
     out_p = Path(out)
-    out_p.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    try:
+        from sentsim.retrieval.corpus_view import corpus_fingerprint
+
+        corpus_id = corpus_fingerprint(corpus)
+    except UsageError:
+        corpus_id = corpus  # no manifest: the parts are checked when read
+    what = {k: v for k, v in cfg.model_dump().items() if k not in RESUMABLE}
+    run_id = fingerprint("context", what, corpus_id, tokenizer_from)
+    claim_out(out_p, run_id, {"config": cfg.model_dump(), "corpus": corpus, "tokenizer_from": tokenizer_from},
+              force_new, out_arg, state=("runs", "tokenizer"))
     tok_dir = out_p / "tokenizer"
     if (tok_dir / "tokenizer.json").is_file():
         tok = ContextTokenizer.load(tok_dir)  # resuming: keep the tokenizer the checkpoints were trained with
@@ -440,25 +371,31 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
         runs = {"shared": dirs}
     else:
         runs = {d: [d] for d in dirs}
+    if cfg.executor == "ray":
+        from sentsim.runtime import init_ray
+
+        quiet_progress()
+        init_ray(address)
     summary = {"corpus": str(corpus), "config": cfg.model_dump(), "runs": {}}
     models, by_dir = {}, {}
     for name, rdirs in runs.items():
         run_dir = out_p / "runs" / name
-        loop_config = {"config": cfg.model_dump(), "corpus": str(corpus), "run_dir": str(run_dir),
-                       "directions": rdirs, "tokenizer_dir": str(tok_dir)}
-        _run(loop_config, cfg, run_dir, address)
-        ck = latest_checkpoint(run_dir)
-        if ck is None:
-            raise RuntimeError(f"training run {name} produced no checkpoint")
-        state = json.loads((ck / "state.json").read_text())
-        models[name] = ContextModel.load(ck / "model", cfg.model, tok)
+        config = {"build": build_trainee, "loop": loop_settings(cfg, name), "cfg": cfg.model_dump(),
+                  "corpus": str(corpus), "directions": rdirs, "tokenizer_dir": str(tok_dir)}
+        run = fit(config, name=name, out_dir=run_dir, executor=cfg.executor,
+                  hint="lower --set lr=... or raise warmup_steps",
+                  export=lambda d: ContextModel.load(d / "model", cfg.model, tok))
+        models[name] = run["model"]
         for d in rdirs:
             by_dir[d] = name
-        hist = state["history"]
+        hist = run["history"]
+        (run_dir / "history.json").write_text(json.dumps(hist, indent=1))
+        evals = [h for h in hist if h.get("eval")]
+        last = hist[-1] if hist else {}
         summary["runs"][name] = {
-            "directions": rdirs, "steps": state["step"], "tokens_seen": state["tokens_seen"],
-            "target_tokens_seen": state["target_tokens_seen"], "train_seconds": state["elapsed_s"],
-            "initial_eval": hist[0]["eval"] if hist else None, "final_eval": hist[-1]["eval"] if hist else None,
+            "directions": rdirs, "steps": last.get("step", 0), "tokens_seen": last.get("tokens_seen", 0),
+            "target_tokens_seen": last.get("target_tokens_seen", 0), "train_seconds": last.get("time_s", 0.0),
+            "initial_eval": evals[0]["eval"] if evals else None, "final_eval": evals[-1]["eval"] if evals else None,
             "parameters": models[name].n_parameters(),
         }
     summary["wall_seconds"] = time.perf_counter() - t0

@@ -17,17 +17,13 @@ its </s>. Both are reported per item. An empty target means the direction is *mi
 
 from __future__ import annotations
 
-import glob
-import os
 import zlib
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
-import pyarrow.parquet as pq
-
+from corpus.documents import SENT_BITS as DOC_SHIFT  # noqa: F401  (re-exported; the layout lives in corpus/)
+from corpus.documents import doc_key_of
 from sentsim.errors import UsageError
-
-DOC_SHIFT = 20  # sentence_id = (doc_key << 20) | sent_idx  (corpus contract)
 
 
 @dataclass
@@ -124,12 +120,14 @@ def build_example(
 # ----------------------------------------------------------------------------------------------- corpus
 
 
-def corpus_parts(corpus: str) -> list[str]:
-    d = os.path.join(corpus, "sentences")
-    parts = sorted(glob.glob(os.path.join(d, "part-*.parquet")))
-    if not parts:
+def open_sentences(corpus: str):
+    """The corpus run (local or s3://) with at least one completed sentences shard."""
+    from sentsim.retrieval.corpus_view import open_corpus
+
+    reader = open_corpus(corpus)
+    if not reader.files("sentences", required=False):
         raise UsageError(f"{corpus}: no sentences/part-*.parquet (is this a corpus built by `sentsim corpus build`?)")
-    return parts
+    return reader
 
 
 def doc_bucket(doc_key: int) -> int:
@@ -148,27 +146,25 @@ def iter_documents(
     new run). split: "train" | "heldout" | "all". Training documents are sharded over `world` workers."""
     cut = int(round(heldout_percent * 100))
     cur_key, cur_sid, run = None, None, []
-    for path in corpus_parts(corpus):
-        pf = pq.ParquetFile(path)
-        for batch in pf.iter_batches(columns=["sentence_id", "text"], batch_size=8192):
-            sids = batch.column(0).to_pylist()
-            texts = batch.column(1).to_pylist()
-            for sid, text in zip(sids, texts):
-                key = sid >> DOC_SHIFT
-                if key != cur_key or sid != cur_sid + 1:
-                    if run:
-                        yield run
-                    run = []
-                    cur_key = key
-                    b = doc_bucket(key)
-                    held = b < cut
-                    keep = split == "all" or (split == "heldout") == held
-                    if keep and split == "train" and world > 1:
-                        keep = (b % world) == rank
-                    cur_keep = keep
-                cur_sid = sid
-                if cur_keep:
-                    run.append(text or "")
+    for batch in open_sentences(corpus).iter_batches("sentences", ["sentence_id", "text"], batch_size=8192):
+        sids = batch.column(0).to_pylist()
+        texts = batch.column(1).to_pylist()
+        for sid, text in zip(sids, texts):
+            key = doc_key_of(sid)
+            if key != cur_key or sid != cur_sid + 1:
+                if run:
+                    yield run
+                run = []
+                cur_key = key
+                b = doc_bucket(key)
+                held = b < cut
+                keep = split == "all" or (split == "heldout") == held
+                if keep and split == "train" and world > 1:
+                    keep = (b % world) == rank
+                cur_keep = keep
+            cur_sid = sid
+            if cur_keep:
+                run.append(text or "")
     if run:
         yield run
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from corpus.documents import doc_key_of
 from sentsim.errors import UsageError
-from sentsim.retrieval.corpus_view import DOC_SHIFT
 
 
 def window_centres(ids: np.ndarray, window: int) -> np.ndarray:
@@ -29,7 +29,7 @@ def window_centres(ids: np.ndarray, window: int) -> np.ndarray:
 
 def doc_ranges(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per position: document start and end positions (sorted ids), and the doc key."""
-    docs = ids >> DOC_SHIFT
+    docs = doc_key_of(ids)
     starts = np.searchsorted(docs, docs, side="left")
     ends = np.searchsorted(docs, docs, side="right")
     return starts, ends, docs
@@ -41,7 +41,7 @@ def split_heldout(ids: np.ndarray, centres: np.ndarray, frac: float, seed: int) 
         raise UsageError(
             f"the corpus has {len(centres)} window(s) of consecutive sentences; the discriminator needs at least 2"
         )
-    docs = ids[centres] >> DOC_SHIFT
+    docs = doc_key_of(ids[centres])
     uniq = np.unique(docs)
     rng = np.random.default_rng(seed)
     if len(uniq) >= 2:

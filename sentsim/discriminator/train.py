@@ -1,22 +1,21 @@
-"""`sentsim train discriminator`: Ray Train (TorchTrainer) over the corpus windows.
+"""`sentsim train discriminator`: the shared training loop (sentsim.training, Ray Train) over the
+corpus windows.
 
 Every worker reads the corpus and the saved vocabulary itself (paths, not data, travel in the
 config), takes every world_size-th training window, and trains the same model under DDP (gloo
 on CPU) when there are several workers. Rank 0 evaluates held-out windows (whole held-out
 documents; the window tail when the corpus has one document) and reports accuracy and AUC,
-overall and per negative type. The final checkpoint holds model.safetensors and metrics.json.
+overall and per negative type. A checkpoint holds model.safetensors plus the loop's state.pt and
+history.json; OUT gets model.safetensors, vocab.json and config.json (metrics and history).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 from pydantic import Field
@@ -24,6 +23,7 @@ from pydantic import Field
 from sentsim.config import Section, fingerprint
 from sentsim.discriminator.model import ModelConfig
 from sentsim.errors import UsageError
+from sentsim.training.loop import Trainee
 
 
 class TrainConfig(Section):
@@ -89,14 +89,14 @@ def evaluate(model, data, window: int, same_doc_frac: float, seed: int, batch: i
     import torch
     from sklearn.metrics import roc_auc_score
 
+    from corpus.documents import doc_key_of
     from sentsim.discriminator.data import sample_negatives
-    from sentsim.retrieval.corpus_view import DOC_SHIFT
 
     held = data["held"]
     rng = np.random.default_rng(seed + 12345)
     negs = sample_negatives(held, data["ids"], data["starts"], data["ends"], same_doc_frac, rng)
     # which negatives came from the same document (for the per-type AUC)
-    same = (data["ids"][negs] >> DOC_SHIFT) == (data["ids"][held] >> DOC_SHIFT)
+    same = doc_key_of(data["ids"][negs]) == doc_key_of(data["ids"][held])
     was_training = model.training
     model.eval()
     pos, neg = [], []
@@ -123,180 +123,166 @@ def evaluate(model, data, window: int, same_doc_frac: float, seed: int, batch: i
     return out
 
 
-def train_loop(config: dict, report: Callable[[dict, Optional[str]], None] | None = None,
-               rank: int = 0, world: int = 1, wrap: Callable | None = None) -> None:
-    """The training loop; Ray Train calls `train_loop_per_worker` which supplies report/rank/wrap."""
-    import torch
+class DiscriminatorTrainee(Trainee):
+    """The discriminator in the shared loop: a step is BCE over a batch of windows (each with one
+    positive and one negative); evaluation is held-out accuracy and AUC, overall and per negative type."""
 
-    from sentsim.discriminator.data import sample_negatives
+    def __init__(self, model, data: dict, mcfg: ModelConfig, tcfg: TrainConfig):
+        super().__init__()
+        import torch
+
+        self.model = model
+        self.data, self.mcfg, self.tcfg = data, mcfg, tcfg
+        self.loss_fn = torch.nn.BCEWithLogitsLoss()
+        self.world = 1
+
+    def batches(self, session, epoch: int, skip: int):
+        """Every rank gets the same number of windows (DDP needs equal steps), shuffled per epoch;
+        each batch's negatives come from its own seed, so a resumed epoch skips without sampling."""
+        from sentsim.discriminator.data import sample_negatives
+
+        self.world = session.world
+        per = len(self.data["train"]) // session.world
+        mine = self.data["train"][session.rank::session.world][:per]
+        order = np.random.default_rng([self.tcfg.seed, epoch, session.rank]).permutation(mine)
+        bs = self.tcfg.batch_size
+        for i, lo in enumerate(range(0, per, bs)):
+            if i < skip:
+                continue
+            c = order[lo:lo + bs]
+            rng = np.random.default_rng([self.tcfg.seed, epoch, session.rank, i])
+            d = self.data
+            yield c, sample_negatives(c, d["ids"], d["starts"], d["ends"], self.tcfg.same_doc_frac, rng)
+
+    def forward(self, batch, device):
+        centres, negatives = batch
+        logits, y = _run_batch(self.model, self.data, centres, negatives, self.mcfg.window)
+        return self.loss_fn(logits.float(), y.float()), {}
+
+    def save(self, folder: Path) -> None:
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()},
+                  str(folder / "model.safetensors"))
+
+    def evaluate(self, device, autocast) -> dict:
+        return {**evaluate(self.model, self.data, self.mcfg.window, self.tcfg.same_doc_frac, self.tcfg.seed),
+                "heldout_split": self.data["split"], "train_windows": int(len(self.data["train"])),
+                "world_size": self.world}
+
+    def note(self) -> str:
+        return f"{len(self.data['train'])} training and {len(self.data['held'])} held-out windows"
+
+
+def build_trainee(config: dict, session, ckpt: Optional[Path]) -> DiscriminatorTrainee:
+    """On the worker: read the corpus and vocabulary (paths travel, not data); the weights from the
+    checkpoint (resume), or fresh with the driver's LSA embeddings."""
+    import torch
+    from safetensors.torch import load_file
+
     from sentsim.discriminator.model import CoherenceModel
 
     mcfg = ModelConfig.model_validate(config["model"])
     tcfg = TrainConfig.model_validate(config["train"])
-    torch.set_num_threads(max(1, int(config.get("threads", 1))))
-    torch.manual_seed(tcfg.seed)
     data = _load_worker_data(config["corpus"], config["vocab_path"], mcfg, tcfg)
+    if len(data["train"]) < session.world:
+        raise UsageError(f"{len(data['train'])} training windows cannot feed {session.world} workers")
+    torch.manual_seed(tcfg.seed)  # the same initial weights on every rank
     model = CoherenceModel(len(data["vocab"]), mcfg)
-    if config.get("embed_init_path"):
-        import torch as _t
-
+    if ckpt is not None:
+        model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
+    elif config.get("embed_init_path"):
         init = np.load(config["embed_init_path"], allow_pickle=False)
-        with _t.no_grad():
-            model.encoder.embed.weight.copy_(_t.from_numpy(init))
-    if wrap is not None:
-        model = wrap(model)
-    core = model.module if hasattr(model, "module") else model
-    opt = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-    mine = data["train"][rank::world]
-    if len(data["train"]) < world:
-        raise UsageError(f"{len(data['train'])} training windows cannot feed {world} workers")
-    # every rank runs the same number of steps (DDP needs it): the smallest shard decides
-    steps_per_epoch = max(1, math.ceil((len(data["train"]) // world) / tcfg.batch_size))
-    total = tcfg.max_steps or steps_per_epoch * tcfg.epochs
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=tcfg.lr, total_steps=total, pct_start=0.1)
-    eval_every = tcfg.eval_every or total
-    history = []
-    step, epoch, t0, losses = 0, 0, time.perf_counter(), []
-    if rank == 0 and config.get("eval_at_start", True):
-        history.append({"step": 0, "epoch": 0, **evaluate(core, data, mcfg.window, tcfg.same_doc_frac, tcfg.seed)})
-    model.train()
-    while step < total:
-        rng = np.random.default_rng(tcfg.seed * 1000 + epoch * 10 + rank)
-        order = rng.permutation(mine)
-        for lo in range(0, len(order), tcfg.batch_size):
-            if step >= total:
-                break
-            c = order[lo:lo + tcfg.batch_size]
-            if len(c) < tcfg.batch_size and len(order) >= tcfg.batch_size:
-                continue
-            n = sample_negatives(c, data["ids"], data["starts"], data["ends"], tcfg.same_doc_frac, rng)
-            logits, y = _run_batch(model, data, c, n, mcfg.window)
-            loss = loss_fn(logits, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
-            opt.step()
-            sched.step()
-            losses.append(float(loss.detach()))
-            step += 1
-            if step % eval_every == 0 or step == total:
-                final = step == total
-                metrics = {"step": step, "epoch": epoch, "train_loss": float(np.mean(losses[-50:])),
-                           "train_seconds": round(time.perf_counter() - t0, 2), "heldout_split": data["split"],
-                           "train_windows": int(len(data["train"])), "world_size": world}
-                if rank == 0:
-                    metrics.update(evaluate(core, data, mcfg.window, tcfg.same_doc_frac, tcfg.seed))
-                history.append(metrics)
-                ckpt_dir = None
-                if final and rank == 0:
-                    ckpt_dir = tempfile.mkdtemp(prefix="disc-ckpt-")
-                    from safetensors.torch import save_file
-
-                    save_file({k: v.detach().contiguous().cpu() for k, v in core.state_dict().items()},
-                              os.path.join(ckpt_dir, "model.safetensors"))
-                    Path(ckpt_dir, "metrics.json").write_text(json.dumps(history, indent=2))
-                if report is not None:
-                    report(metrics, ckpt_dir)
-        epoch += 1
-
-
-def train_loop_per_worker(config: dict) -> None:
-    import ray.train
-    import ray.train.torch
-
-    ctx = ray.train.get_context()
-    world, rank = ctx.get_world_size(), ctx.get_world_rank()
-
-    def report(metrics, ckpt_dir):
-        ckpt = ray.train.Checkpoint.from_directory(ckpt_dir) if ckpt_dir else None
-        ray.train.report(metrics, checkpoint=ckpt)
-
-    def wrap(model):
-        return ray.train.torch.prepare_model(model) if world > 1 else model
-
-    train_loop(config, report=report, rank=rank, world=world, wrap=wrap)
+        with torch.no_grad():
+            model.encoder.embed.weight.copy_(torch.from_numpy(init))
+    trainee = DiscriminatorTrainee(model, data, mcfg, tcfg)
+    trainee.world = session.world
+    return trainee
 
 
 # ---------------------------------------------------------------- driver side
 
-
-def ensure_ray(address: str | None = None, num_cpus: float | None = None) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address)
-    else:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
+# train settings a resumed run may change (how long and how wide): left out of the run's fingerprint
+RESUMABLE_TRAIN_KEYS = ("epochs", "max_steps", "eval_every", "num_workers", "cpus_per_worker")
 
 
 def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJob | None = None,
-                        address: str | None = None) -> dict:
-    """Build the vocabulary, train on Ray Train, save model + vocab + config into `out`."""
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
+                        address: str | None = None, force_new: bool = False) -> dict:
+    """Build the vocabulary, train through the shared loop on Ray Train, save model + vocab + config
+    into `out`. Training state lives in OUT/_train until the model is exported (a rerun with the same
+    --out resumes from its latest checkpoint)."""
+    from sentsim.discriminator.data import window_centres
     from sentsim.discriminator.io import save_config
     from sentsim.discriminator.vocab import Vocab
     from sentsim.retrieval.corpus_view import SentenceTable, corpus_fingerprint
+    from sentsim.runtime import absolute_local, init_ray
+    from sentsim.training.run import claim_out, fit, plan_steps, quiet_progress
 
     job = job or DiscriminatorJob()
-    corpus = Path(corpus).resolve()
-    out = Path(out).resolve()
+    out_arg = str(out)
+    corpus, out = absolute_local(str(corpus)), Path(absolute_local(str(out)))  # corpus may be s3://...
     corpus_fp = corpus_fingerprint(corpus)
     st = SentenceTable.load(corpus)
     if len(st) == 0:
         raise UsageError(f"{corpus}: the corpus has no sentences")
-    from sentsim.discriminator.data import window_centres
-
     n_windows = len(window_centres(st.ids, job.model.window))
     if n_windows < 2:
         raise UsageError(
             f"{corpus}: only {n_windows} window(s) of {2 * job.model.window + 1} consecutive sentences of one "
             f"document; the discriminator needs at least 2 (lower model.window or add documents)"
         )
+    tc = job.train
+    what = {"model": job.model.model_dump(),
+            "train": {k: v for k, v in tc.model_dump().items() if k not in RESUMABLE_TRAIN_KEYS}}
+    run_id = fingerprint("discriminator", what, corpus_fp)
+    state = out / "_train"
+    claim_out(state, run_id, {"job": job.model_dump(), "corpus": str(corpus)}, force_new, out_arg)
     vocab = Vocab.build(st.texts, job.model.vocab_size, job.model.min_count)
     if len(vocab) <= 3:
         vocab = Vocab.build(st.texts, job.model.vocab_size, 1)
-    out.mkdir(parents=True, exist_ok=True)
-    vocab.save(out / "vocab.json")
+    vocab.save(state / "vocab.json")  # out/vocab.json only with the model it belongs to
     init_path = None
     if job.model.embed_init == "lsa":
         from sentsim.discriminator.embed_init import lsa_embeddings
 
-        emb = lsa_embeddings([vocab.encode(t, job.model.max_tokens) for t in st.texts], len(vocab),
-                             job.model.embed_dim, seed=job.train.seed)
-        init_path = out / "_embed_init.npy"
-        np.save(init_path, emb, allow_pickle=False)
+        init_path = state / "embed_init.npy"
+        if not init_path.is_file():
+            emb = lsa_embeddings([vocab.encode(t, job.model.max_tokens) for t in st.texts], len(vocab),
+                                 job.model.embed_dim, seed=tc.seed)
+            np.save(init_path, emb, allow_pickle=False)
     del st
 
-    ensure_ray(address)
-    storage = out / "_ray_train"
-    shutil.rmtree(storage, ignore_errors=True)  # never resume a half-finished earlier run by accident
-    config = {"corpus": str(corpus), "vocab_path": str(out / "vocab.json"),
-              "model": job.model.model_dump(), "train": job.train.model_dump(),
-              "threads": max(1, int(job.train.cpus_per_worker)),
+    # the training windows, as each worker will split them (same seed, same rule): the plan's step count
+    from sentsim.discriminator.data import split_heldout
+
+    ids = SentenceTable.load(corpus).ids
+    train_c, _, _ = split_heldout(ids, window_centres(ids, job.model.window), tc.heldout_frac, tc.seed)
+    n_train = min(len(train_c), tc.max_train_windows or len(train_c))
+    per_epoch = plan_steps("discriminator", n_train, num_workers=tc.num_workers, batch_size=tc.batch_size, epochs=1,
+                           max_steps=0, drop_last=False)
+    total = tc.max_steps or per_epoch * tc.epochs
+    loop = {
+        "label": "discriminator", "verbose": True, "total_steps": total, "epochs": math.ceil(total / per_epoch),
+        "seed": tc.seed, "batch_size": tc.batch_size, "drop_last": False, "shuffle_buffer": 0,
+        # one-cycle shape (paper-free choice): 10% warm-up, cosine decay
+        "optimizer": "adamw", "lr": tc.lr, "betas": (0.9, 0.999), "weight_decay": tc.weight_decay,
+        "schedule": "cosine", "warmup_steps": int(0.1 * total), "max_grad_norm": tc.grad_clip,
+        "eval_every": tc.eval_every or total, "log_every": None, "bf16": False, "use_gpu": False,
+        "cpu_threads": max(1, int(tc.cpus_per_worker)), "num_workers": tc.num_workers,
+        "cpus_per_worker": tc.cpus_per_worker, "checkpoints_to_keep": 2,
+    }
+    config = {"build": build_trainee, "loop": loop, "corpus": str(corpus), "vocab_path": str(state / "vocab.json"),
+              "model": job.model.model_dump(), "train": tc.model_dump(),
               "embed_init_path": str(init_path) if init_path else None}
-    trainer = TorchTrainer(
-        train_loop_per_worker, train_loop_config=config,
-        scaling_config=ScalingConfig(num_workers=job.train.num_workers, use_gpu=False,
-                                     resources_per_worker={"CPU": job.train.cpus_per_worker}),
-        run_config=RunConfig(name=f"discriminator-{fingerprint(config)}", storage_path=str(storage)),
-    )
+    quiet_progress()
+    init_ray(address)
     t0 = time.perf_counter()
-    result = trainer.fit()
-    if result.checkpoint is None:
-        raise RuntimeError(f"discriminator training ended without a checkpoint: {result.error}")
-    with result.checkpoint.as_directory() as d:
-        shutil.copy(Path(d) / "model.safetensors", out / "model.safetensors")
-        history = json.loads((Path(d) / "metrics.json").read_text())
-    shutil.rmtree(storage, ignore_errors=True)
-    if init_path is not None:
-        init_path.unlink(missing_ok=True)
-    final = history[-1]
+    run = fit(config, name="discriminator", out_dir=state, hint="lower --set train.lr=...",
+              export=lambda d: shutil.copy(d / "model.safetensors", out / "model.safetensors"))
+    history = run["history"]
+    shutil.copy(state / "vocab.json", out / "vocab.json")
+    shutil.rmtree(state, ignore_errors=True)
+    final = dict(history[-1])
     final["fit_seconds"] = round(time.perf_counter() - t0, 2)
     save_config(out, job, corpus_fp, vocab, final, history)
     return final

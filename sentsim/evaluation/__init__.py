@@ -6,9 +6,9 @@
     print(format_table(report))
 """
 
-from sentsim.evaluation.datasets import StsSet, StsTask, discover_tasks, load_task, TASK_NAMES
+from sentsim.evaluation.datasets import TASK_NAMES, StsSet, StsTask, discover_tasks, load_task
 from sentsim.evaluation.evaluator import EvalReport, evaluate
-from sentsim.evaluation.report import format_table, to_markdown, to_json
+from sentsim.evaluation.report import format_table, to_json, to_markdown
 from sentsim.evaluation.scorers import (
     EmbeddingScorer,
     PairFileScorer,

@@ -6,6 +6,7 @@ Layouts (see ../shared/data/README.md):
   line, aligned; an empty gold line marks an unscored pair, which is skipped.
 - stsbenchmark/sts-{train,dev,test}.csv  TAB-separated genre, file, year, id, score, s1, s2 (+2
   optional source columns). Split on TAB only: CSV quoting corrupts rows with stray quotes.
+- SentEval's own layout is accepted too: STS/STS12-en-test/, STS/STSBenchmark/sts-test.csv.
 - SICK/SICK_test_annotated.txt  pair_ID, sentence_A, sentence_B, relatedness, entailment. When the
   test split is absent, the train and trial files are evaluated instead and the task says so.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from sentsim.errors import InputError, UsageError
+from sentsim.pairs_file import decode_text, parse_score, split_lines, stsb_fields
 
 # Folder names SentEval uses for the yearly sets; the README's layout.
 YEAR_DIRS = {f"STS{y - 2000}": f"STS{y}-en-test" for y in range(2012, 2017)}
@@ -58,34 +60,20 @@ class StsTask:
 
     def data_hash(self) -> str:
         """sha256 over the exact bytes read (names included), so a result pins its data."""
-        h = hashlib.sha256()
+        from pyarrow.fs import LocalFileSystem
+
+        from storage.fs import hash_into
+
+        h, local = hashlib.sha256(), LocalFileSystem()
         for f in sorted(self.files, key=lambda p: p.name):
             h.update(f.name.encode())
-            h.update(f.read_bytes())
+            hash_into(h, local, str(f.resolve()))
         return h.hexdigest()[:16]
 
 
 def _read_lines(path: Path) -> list[str]:
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = raw.decode("latin-1")  # a few SemEval releases are not UTF-8
-    # split on \n only: str.splitlines() would also split on \x85, \u2028 ... inside sentences
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
-
-
-def _parse_score(text: str, where: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise InputError(f"{where}: gold score {text!r} is not a number") from None
-    if not np.isfinite(value):
-        raise InputError(f"{where}: gold score {text!r} is not finite")
-    return value
+    """The file's lines; a file that is not UTF-8 is refused, naming the line (never guessed as latin-1)."""
+    return split_lines(decode_text(path))
 
 
 def load_senteval_pair(input_path: Path, gold_path: Path) -> StsSet:
@@ -107,7 +95,7 @@ def load_senteval_pair(input_path: Path, gold_path: Path) -> StsSet:
             raise InputError(f"{input_path}:{i}: expected sentence1<TAB>sentence2, found {len(cols)} column")
         s1.append(cols[0].strip())
         s2.append(cols[1].strip())
-        gold.append(_parse_score(g.strip(), f"{gold_path}:{i}"))
+        gold.append(parse_score(g.strip(), f"{gold_path}:{i}"))
     name = re.sub(r"^STS(20\d\d)?\.input\.", "", input_path.name)[: -len(".txt")]
     return StsSet(name, s1, s2, np.asarray(gold, dtype=np.float64), skipped)
 
@@ -133,12 +121,10 @@ def load_stsb(path: Path, task: str) -> StsTask:
     for i, line in enumerate(_read_lines(path), start=1):
         if not line.strip():
             continue
-        cols = line.split("\t")
-        if len(cols) < 7:
-            raise InputError(f"{path}:{i}: expected at least 7 TAB-separated fields, found {len(cols)}")
-        gold.append(_parse_score(cols[4], f"{path}:{i}"))
-        s1.append(cols[5].strip())
-        s2.append(cols[6].strip())
+        a, b, g = stsb_fields(line.split("\t"), f"{path}:{i}")
+        s1.append(a)
+        s2.append(b)
+        gold.append(g)
     if not gold:
         raise InputError(f"{path}: no pairs")
     return StsTask(task, [StsSet(path.stem, s1, s2, np.asarray(gold))], [path])
@@ -156,7 +142,9 @@ def load_sick_file(path: Path) -> StsSet:
             raise InputError(f"{path}:{i}: expected pair_ID, sentence_A, sentence_B, relatedness_score")
         s1.append(cols[1].strip())
         s2.append(cols[2].strip())
-        gold.append(_parse_score(cols[3], f"{path}:{i}"))
+        gold.append(parse_score(cols[3], f"{path}:{i}"))
+    if not gold:
+        raise InputError(f"{path}: no pairs (an empty or header-only SICK file)")
     return StsSet(path.stem, s1, s2, np.asarray(gold))
 
 
@@ -178,15 +166,18 @@ def load_sick(folder: Path) -> StsTask:
 
 def locate_task(root: Path, task: str) -> Path | None:
     """Where `task` lives under root; root may also be the task's own folder or file."""
+    # SentEval ships data/downstream/STS/STS12-en-test and STS/STSBenchmark: both layouts are accepted
     if task in YEAR_DIRS:
-        cand = root / YEAR_DIRS[task]
-        if cand.is_dir():
-            return cand
-        if root.name == YEAR_DIRS[task]:
+        short = YEAR_DIRS[task].replace("20", "", 1)  # SentEval's STS12-en-test
+        for cand in (root / YEAR_DIRS[task], root / short, root / "STS" / YEAR_DIRS[task], root / "STS" / short):
+            if cand.is_dir():
+                return cand
+        if root.name in (YEAR_DIRS[task], short):
             return root
         return None
     if task in STSB_SPLITS:
-        for cand in (root / "stsbenchmark" / STSB_SPLITS[task], root / STSB_SPLITS[task]):
+        for folder in ("stsbenchmark", "STSBenchmark", "STS/STSBenchmark", "."):
+            cand = root / folder / STSB_SPLITS[task]
             if cand.is_file():
                 return cand
         return None
@@ -229,6 +220,7 @@ def discover_tasks(root: str | Path, tasks: list[str] | None = None) -> tuple[li
             loaded.append(load_task(root, t))
     if not loaded:
         raise UsageError(
-            f"--data {root}: no STS data found (expected STS20xx-en-test/, stsbenchmark/ or SICK/ folders)"
+            f"--data {root}: no STS data found (expected STS20xx-en-test/, stsbenchmark/ or SICK/ folders, "
+            "or SentEval's STS/ folder)"
         )
     return loaded, missing

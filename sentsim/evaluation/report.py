@@ -9,6 +9,14 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
+def averaged_over(report) -> str:
+    """Which tasks the average covers, so an average over fewer tasks is never mistaken for the suite's."""
+    n = sum(t.spearman is not None for t in report.tasks)
+    total = len(report.tasks) + len(report.missing_tasks)
+    missing = f" (missing: {', '.join(report.missing_tasks)})" if report.missing_tasks else ""
+    return f"mean of {n} of {total} tasks{missing}"
+
+
 def format_table(report) -> str:
     """A fixed-width console table, one row per task, then the average."""
     info = report.scorer
@@ -16,7 +24,7 @@ def format_table(report) -> str:
     rows = [("task", "pairs", "scored", "Spearman", "Pearson", "note")]
     for t in report.tasks:
         rows.append((t.name, str(t.n), str(t.scored), _fmt(t.spearman), _fmt(t.pearson), t.note))
-    rows.append(("Avg.", "", "", _fmt(report.average), "", "Spearman x100, 'all' setting"))
+    rows.append(("Avg.", "", "", _fmt(report.average), "", f"Spearman x100, 'all' setting; {averaged_over(report)}"))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = [head]
     for j, r in enumerate(rows):
@@ -44,7 +52,7 @@ def to_markdown(report, title: str | None = None) -> str:
     ]
     for t in report.tasks:
         out.append(f"| {t.name} | {t.scored}/{t.n} | {_fmt(t.spearman)} | {_fmt(t.pearson)} | `{t.data_hash}` | {t.note} |")
-    out.append(f"| **Avg.** | | **{_fmt(report.average)}** | | | |")
+    out.append(f"| **Avg.** | | **{_fmt(report.average)}** | | | {averaged_over(report)} |")
     if report.missing_tasks:
         out += ["", f"Not evaluated (data not found): {', '.join(report.missing_tasks)}."]
     return "\n".join(out) + "\n"

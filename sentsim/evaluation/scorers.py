@@ -138,10 +138,12 @@ def _read_pair_table(path: Path):
         if path.is_dir():
             import pyarrow.parquet as pq
 
-            # a harvest run directory also holds sentences/, context_scores/ and _side/: its
-            # scored pairs are the pairs/ table
+            if (path / "manifest.json").is_file():  # a run: its completed pairs/ shards only
+                return _read_run_pairs(str(path))
+            # a hand-made folder: its pairs/ table when it has one (never dot-temp files)
             table_dir = path / "pairs" if (path / "pairs").is_dir() else path
             parts = sorted(table_dir.rglob("*.parquet"))
+            parts = [p for p in parts if not any(x.startswith(".") for x in p.relative_to(table_dir).parts)]
             if not parts:
                 raise UsageError(f"--scores {path}: a directory, but no *.parquet files under it")
             frames = []
@@ -167,6 +169,20 @@ def _read_pair_table(path: Path):
     raise UsageError(f"--scores {path}: unsupported file type; use .parquet, .csv, .tsv or .jsonl")
 
 
+def _read_run_pairs(uri: str):
+    """Scored pairs of a harvest run (local or s3://) through the shard store's reader: the units
+    with a completion marker, never a killed writer's leftovers."""
+    from storage import RunReader
+
+    reader = RunReader(uri, what="--scores")
+    if not reader.files("pairs", required=False):
+        raise UsageError(f"--scores {uri}: a run, but it has no completed pairs/ shards")
+    try:
+        return reader.read_table("pairs", ["s1", "s2", "score"]).to_pandas()
+    except InputError as exc:
+        raise InputError(f"--scores {exc}") from None
+
+
 class PairFileScorer(Scorer):
     """Scores looked up in a file of scored pairs (s1, s2, score), e.g. Origin scores from a
     `--pairs` harvest. A pair matches in either order; pairs absent from the file (or with a
@@ -175,10 +191,13 @@ class PairFileScorer(Scorer):
     kind = "pair-file"
 
     def __init__(self, path: str | Path):
-        path = Path(path)
-        if not path.exists():
-            raise UsageError(f"--scores {path}: no such file")
-        df = _read_pair_table(path)
+        if "://" in str(path):  # a run in an object store (s3://...)
+            df = _read_run_pairs(str(path))
+        else:
+            path = Path(path)
+            if not path.exists():
+                raise UsageError(f"--scores {path}: no such file")
+            df = _read_pair_table(path)
         missing = [c for c in ("s1", "s2", "score") if c not in df.columns]
         if missing:
             raise InputError(f"--scores {path}: missing column(s) {', '.join(missing)}; found {', '.join(map(str, df.columns))}")

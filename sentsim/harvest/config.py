@@ -9,6 +9,8 @@ from pydantic import Field, model_validator
 from sentsim.config import Section
 from sentsim.context.config import ScorerConfig
 from sentsim.harvest.similarity import METRICS
+from sentsim.pipeline import StageResources  # noqa: F401  (re-exported: jobs' configs import it from here)
+from sentsim.screening.config import ContextSetConfig  # noqa: F401  (the harvest's `contexts:` section)
 
 
 class AnchorConfig(Section):
@@ -25,30 +27,9 @@ class PartnerConfig(Section):
     neighbour_chunks: int = Field(16, ge=1, description="retrieved chunks to draw neighbours from")
 
 
-class ContextSetConfig(Section):
-    # 003 §3.3: |C_s| = 500, 20K retrieved chunks, one context per chunk, Jaccard < 0.5.
-    size: int = Field(500, ge=1, description="|C_s|")
-    retrieve_chunks: int = Field(20_000, ge=1, description="chunks retrieved per sentence by TF-IDF bigrams")
-    jaccard: float = Field(0.5, gt=0.0, le=1.0, description="max Jaccard of a new context's (i-1)-th sentence vs chosen ones")
-    one_per_chunk: bool = Field(True, description="each chunk contributes at most one context")
-    # Table 8 / §5.5 ablation: random contexts instead of retrieval + discriminator screening.
-    mode: Literal["screened", "random"] = "screened"
-    # 003 §3.3: "we cache sentence representations in advance, and compute model scores in the
-    # last neural layer". A `sentsim cache build` run to reuse across jobs; when unset, a job with
-    # a discriminator builds its own under <out>/rep_cache (resumable) before screening.
-    rep_cache: Optional[str] = Field(None, description="discriminator representation cache (a `sentsim cache build` run)")
-
-
-class StageResources(Section):
-    """Per-stage actor resources (fractional CPUs so a 2-CPU node does not starve Ray Data's reads)."""
-
-    num_cpus: float = Field(0.5, ge=0)
-    num_gpus: float = Field(0.0, ge=0)
-    min_actors: int = Field(1, ge=1)
-    max_actors: int = Field(1, ge=1)
-
-
 class HarvestResources(Section):
+    """`resources.<stage>` of the harvest's three stages: the one place their actors' resources are set."""
+
     contexts: StageResources = StageResources()
     scoring: StageResources = StageResources()
     rank: StageResources = StageResources(num_cpus=0.25)
@@ -99,6 +80,6 @@ class HarvestConfig(Section):
         for k in ("out", "resources"):
             d.pop(k)
         d["contexts"].pop("rep_cache")  # where the cache lies is not semantic; its identity is (job.py)
-        for k in ("device", "torch_threads", "actor_num_cpus", "actor_num_gpus", "batch_tokens"):
+        for k in ("device", "torch_threads", "batch_tokens"):
             d["scoring"].pop(k, None)
         return d

@@ -5,7 +5,7 @@
 the discriminator's log p(y=1 | s, c), then the greedy diverse selection. The discriminator runs
 its LSTM on the query only: every context is scored from the corpus representation cache
 (`sentsim.screening.ContextCache`, built once per corpus and discriminator by cache_job.py) by
-the head alone (`sentsim.screening.score_candidates`), as 003 §3.3 prescribes. In `random` mode
+the head alone (`sentsim.screening.score_windows`), as 003 §3.3 prescribes. In `random` mode
 (the paper's ablation): contexts around random corpus sentences, seeded by the sentence text.
 """
 
@@ -74,8 +74,13 @@ class ContextSource:
             if cache is None:
                 cache = ContextCache.build(discriminator, corpus.sentences)
             check_meta(cache.meta, discriminator, "representation cache")
-            if cache.meta.get("corpus_fingerprint") not in (None, corpus.fingerprint):
-                raise UsageError("the representation cache was made for another corpus; rebuild it")
+            made_for = {"representation cache": cache.meta.get("corpus_fingerprint"),
+                        "discriminator": getattr(discriminator, "corpus_fingerprint", None),
+                        "index": getattr(retriever, "corpus_fingerprint", None)}
+            other = sorted(k for k, v in made_for.items() if v not in (None, corpus.fingerprint))
+            if other:
+                raise UsageError(f"the {', '.join(other)} was made for another corpus than {corpus.path}; "
+                                 "rebuild it for this corpus")
             self.cache = cache
             self.expand_window = max(window, discriminator.window)
 
@@ -83,7 +88,7 @@ class ContextSource:
     def _log_p(self, features: np.ndarray, centre_ids: np.ndarray) -> np.ndarray:
         """log p(y=1 | s, c) of one sentence (features from disc.project_sentences) in the
         discriminator windows around `centre_ids`."""
-        from sentsim.screening.screen import score_windows
+        from sentsim.screening.score import score_windows
 
         centre_ids = np.asarray(centre_ids, dtype=np.int64)
         left, right = window_ids(centre_ids, self.disc.window)
@@ -129,9 +134,16 @@ class ContextSource:
                 for i, t in enumerate(texts)]
 
     def _screened(self, text: str, chunk_ids: np.ndarray, scores: np.ndarray, features=None) -> ContextSet:
+        if not word_set(text):
+            return ContextSet([], 0, "empty sentence (no words)")
         cands = self._expand(chunk_ids, scores)
+        if self.cfg.exclude_query_centre and cands:
+            query = text.strip()
+            own = self.corpus.texts([c.centre_id for c in cands])
+            cands = [c for c, t in zip(cands, own) if t is None or t.strip() != query]
         if not cands:
-            reason = "no retrieved chunk" if text.strip() else "empty sentence"
+            reason = "no retrieved chunk" if int((np.asarray(chunk_ids) >= 0).sum()) == 0 else \
+                "retrieved chunks give no full window"
             return ContextSet([], 0, reason)
         if self.disc is not None:
             primary = self._log_p(features, np.array([c.centre_id for c in cands], dtype=np.int64))

@@ -10,20 +10,21 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from corpus.documents import SENT_BITS
-from sentsim.retrieval.corpus_view import ChunkTable, SentenceTable, corpus_fingerprint, read_table
+from corpus.documents import doc_key_of, same_doc, sentence_id_of
+from sentsim.retrieval.corpus_view import ChunkTable, SentenceTable, open_corpus, read_table
 
 
 class CorpusIndex:
     def __init__(self, corpus: str):
         self.path = corpus
-        self.fingerprint = corpus_fingerprint(corpus)
+        reader = open_corpus(corpus)  # local or s3://; only units with a completion marker
+        self.fingerprint = reader.fingerprint
         # one read of the sentence shards serves both the texts and the token counts
-        t = read_table(corpus, "sentences", ["sentence_id", "text", "n_tokens"])
+        t = read_table(reader, "sentences", ["sentence_id", "text", "n_tokens"])
         ids = t.column("sentence_id").to_numpy().astype(np.int64)
         self.sentences = SentenceTable(ids, t.column("text").to_pylist())
         self.n_tokens = t.column("n_tokens").to_numpy()[np.argsort(ids, kind="stable")]
-        self.chunks = ChunkTable.load(corpus)
+        self.chunks = ChunkTable.load(reader)
 
     @property
     def ids(self) -> np.ndarray:
@@ -39,10 +40,14 @@ class CorpusIndex:
 
     def doc_members(self, sid: int) -> np.ndarray:
         """All sentence ids of the document holding `sid` (ids share the high bits)."""
-        doc = sid >> SENT_BITS
-        lo = np.searchsorted(self.ids, doc << SENT_BITS)
-        hi = np.searchsorted(self.ids, (doc + 1) << SENT_BITS)
+        doc = doc_key_of(sid)
+        lo = np.searchsorted(self.ids, sentence_id_of(doc, 0))
+        hi = np.searchsorted(self.ids, sentence_id_of(doc + 1, 0))
         return self.ids[lo:hi]
+
+    @staticmethod
+    def same_doc(a: int, b: int) -> bool:
+        return bool(same_doc(a, b))
 
     def chunk(self, chunk_id: int) -> Optional[Tuple[int, int]]:
         r = int(self.chunks.rows(np.array([chunk_id]))[0])
@@ -50,9 +55,8 @@ class CorpusIndex:
 
     def window(self, centre: int, w: int) -> Tuple[List[str], List[str]]:
         """The w sentences before and after `centre` within its document (fewer at the edges)."""
-        doc = centre >> SENT_BITS
-        left_ids = [i for i in range(centre - w, centre) if i >= 0 and (i >> SENT_BITS) == doc]
-        right_ids = [i for i in range(centre + 1, centre + w + 1) if (i >> SENT_BITS) == doc]
+        left_ids = [i for i in range(centre - w, centre) if i >= 0 and same_doc(i, centre)]
+        right_ids = [i for i in range(centre + 1, centre + w + 1) if same_doc(i, centre)]
         left = [t for t in self.texts(left_ids) if t is not None] if left_ids else []
         right = [t for t in self.texts(right_ids) if t is not None] if right_ids else []
         return left, right

@@ -17,19 +17,21 @@ those pairs as approximate.
 
 from __future__ import annotations
 
-import sys
+import functools
 from pathlib import Path
-from typing import Literal, Optional
+from typing import List, Literal, Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from sentsim.config import Section, fingerprint
+from sentsim.config import Section
 from sentsim.context.scorer import TERMS  # the Eq. 3 terms: disc, fwd, left, right
 from sentsim.errors import UsageError
+from sentsim.executor import ShardedJob, execute
 from sentsim.harvest.similarity import pair_similarity
+from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
 
 STAGE = "harvest-remix"
 
@@ -44,6 +46,7 @@ class RemixConfig(Section):
     lambda_right: Optional[float] = Field(None, ge=0, description="λ4, log p(c> | c<, s) per token")
     metric: Optional[Literal["cosine", "pearson", "spearman"]] = Field(
         None, description="Eq. 4 similarity; unset = the source's (double-centred cannot be remixed)")
+    resources: StageResources = StageResources()  # the remix actors' resources (--executor ray)
 
 
 def resolve(cfg: RemixConfig, manifest: dict) -> tuple[dict, str]:
@@ -51,7 +54,9 @@ def resolve(cfg: RemixConfig, manifest: dict) -> tuple[dict, str]:
     from sentsim.context.config import ScorerConfig
 
     src = manifest.get("config", {})
-    scoring = ScorerConfig(**src.get("scoring", {}))
+    # harvests from before the scorer's actor settings were removed still carry them
+    legacy = ("actor_num_cpus", "actor_num_gpus")
+    scoring = ScorerConfig(**{k: v for k, v in src.get("scoring", {}).items() if k not in legacy})
     on, src_lam = scoring.enabled(), scoring.weights()
     lam = {}
     for t in TERMS:
@@ -136,10 +141,11 @@ def _read_unit(store, record) -> dict:
 
 def _gold_spearman(root: str) -> Optional[tuple[float, int]]:
     """Spearman x 100 of score vs gold over a run's pairs, when it has gold labels (a --pairs harvest)."""
-    import pyarrow.dataset as ds
     from scipy.stats import spearmanr
 
-    t = ds.dataset(f"{root}/pairs", format="parquet").to_table(columns=["score", "gold"]).to_pandas().dropna()
+    from storage import RunReader
+
+    t = RunReader(root).read_table("pairs", ["score", "gold"]).to_pandas().dropna()  # marked units only
     if len(t) < 2:
         return None
     return float(spearmanr(t.score, t.gold).statistic * 100), len(t)
@@ -148,12 +154,11 @@ def _gold_spearman(root: str) -> Optional[tuple[float, int]]:
 def _checked_units(src, manifest: dict) -> dict:
     """The source's units, each checked against its checksums; read-only (a bad unit is an error
     here, where the harvest itself would quietly redo it)."""
+    from storage import RunReader
     from storage.store import UnitRecord
 
     units = {}
-    for u, rec in src.markers().items():
-        if rec.get("fingerprint") != manifest["fingerprint"]:
-            continue
+    for u, rec in RunReader(src.uri).units().items():  # this run's markers, within its planned units
         problem = src.check_unit(rec, deep=True)
         if problem:
             raise UsageError(f"{src.uri}: {problem}; run `sentsim store verify` and resume the harvest")
@@ -161,7 +166,29 @@ def _checked_units(src, manifest: dict) -> dict:
     return units
 
 
-def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False) -> dict:
+class RemixStage(Stage):
+    """Reads one source unit, recomputes it (`remix_unit`) and writes it to the remix run."""
+
+    name = "remix"
+
+    def __init__(self, source: str, out: str, fp: str, lam: dict, metric: str):
+        self.source, self.out, self.fp, self.lam, self.metric = source, out, fp, lam, metric
+
+    def process(self, items: List[dict]) -> List[dict]:
+        from storage import ShardStore
+
+        src, dst = ShardStore(self.source), ShardStore(self.out)
+        out = []
+        for item in items:
+            tables, counts = remix_unit(_read_unit(src, item["record"]), self.lam, self.metric)
+            dst.write_unit(item["unit"], tables, self.fp, counts)
+            out.append({"unit": item["unit"], **counts})
+        return out
+
+
+def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False, executor: str = "inline",
+          address: Optional[str] = None) -> dict:
+    """Seconds of arithmetic per unit: in-process by default, where starting Ray would cost more."""
     from sentsim.harvest.stages import CONTEXT_SCORE_SCHEMA, PAIR_SCHEMA, sentence_schema_of
     from storage import ShardStore
 
@@ -187,33 +214,33 @@ def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False) -> dic
         check_terms(cfg, _read_unit(src, units[min(units)]))
 
     schemas = {"pairs": PAIR_SCHEMA, "sentences": sentence_schema_of(manifest), "context_scores": CONTEXT_SCORE_SCHEMA}
-    fp = fingerprint(STAGE, manifest["fingerprint"], lam, metric)
     settings = {"source": cfg.source, "source_fingerprint": manifest["fingerprint"], "weights": lam, "metric": metric}
     # the source's config travels with the run (training and eval read it), the remix's settings on top
     config = dict(manifest.get("config", {}), remix=settings, metric=metric)
     config["scoring"] = dict(config.get("scoring", {}), **{f"lambda_{t}": lam[t] for t in TERMS})
-    out = ShardStore(cfg.out)
-    out.open_run(STAGE, fp, config, [{"harvest": cfg.source, "fingerprint": manifest["fingerprint"]}],
-                 schemas, planned_units=planned, force_new=force_new)
-    done = out.completed_units(fp, deep=True)
-    if done and not quiet:
-        print(f"[remix] {len(done)} unit(s) already complete in {cfg.out}", file=sys.stderr)
-    totals = dict.fromkeys(("pairs", "null_scores", "approximate", "rescored"), 0)
-    for u in sorted(units):
-        if u in done:
-            counts = done[u].extra
-        else:
-            tables, counts = remix_unit(_read_unit(src, units[u]), lam, metric)
-            out.write_unit(u, tables, fp, counts)
-        for k in totals:
-            totals[k] += int(counts.get(k, 0))
-    written = out.side_records()
-    for name in src.side_records():  # rank_anchors: students read the anchors from the run
-        if name not in written:
-            out.write_side_table(name, src.read_side_table(name), fp)
-    summary = dict(settings, **totals)
-    for label, root in (("source", cfg.source), ("remix", cfg.out)):
-        g = _gold_spearman(root) if "://" not in root else None
-        if g is not None:
-            summary[f"{label}_spearman_vs_gold"], summary["gold_pairs"] = round(g[0], 2), g[1]
-    return out.finalize(planned, {"remix": summary})
+
+    def summary(ctx) -> dict:
+        totals = dict.fromkeys(("pairs", "null_scores", "approximate", "rescored"), 0)
+        for u, m in ctx.store.markers().items():
+            if u in units and m.get("fingerprint") == ctx.fp:
+                for k in totals:
+                    totals[k] += int(m.get("extra", {}).get(k, 0))
+        written = ctx.store.side_records()
+        for name in src.side_records():  # rank_anchors: students read the anchors from the run
+            if name not in written:
+                ctx.store.write_side_table(name, src.read_side_table(name), ctx.fp)
+        out = dict(settings, **totals)
+        for label, root in (("source", cfg.source), ("remix", cfg.out)):
+            g = _gold_spearman(root) if "://" not in root else None
+            if g is not None:
+                out[f"{label}_spearman_vs_gold"], out["gold_pairs"] = round(g[0], 2), g[1]
+        return {"remix": out}
+
+    job = ShardedJob(
+        stage=STAGE, out=cfg.out, fingerprint_parts=(STAGE, manifest["fingerprint"], lam, metric), config=config,
+        inputs=[{"harvest": cfg.source, "fingerprint": manifest["fingerprint"]}], tables=schemas,
+        units=[{"unit": u, "record": units[u]} for u in sorted(units)],
+        stages=lambda ctx: [StageSpec(functools.partial(RemixStage, cfg.source, cfg.out, ctx.fp, lam, metric),
+                                      Resources.of(cfg.resources))],
+        summary=summary, count="pairs", deep=True)
+    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet)

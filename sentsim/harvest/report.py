@@ -6,14 +6,18 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pyarrow.dataset as ds
+import pyarrow as pa
 
-from storage import ShardStore
+from storage import RunReader
 
 
 def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
-    store = ShardStore(out)
-    t = ds.dataset(f"{store.root}/pairs", filesystem=store.fs).to_table(columns=["score", "rank_sim", "split", "null_reason", "kind"])
+    reader = RunReader(out)
+    store = reader.store
+    # only the units with a completion marker of this run: never a killed writer's leftovers
+    cols = ["score", "rank_sim", "split", "null_reason", "kind"]
+    t = reader.read_table("pairs", cols) if reader.files("pairs", required=False) else \
+        pa.table({c: pa.array([], pa.float64() if c in ("score", "rank_sim") else pa.string()) for c in cols})
     score = np.array([np.nan if v is None else v for v in t.column("score").to_pylist()], dtype=float)
     rank = np.array([np.nan if v is None else v for v in t.column("rank_sim").to_pylist()], dtype=float)
     split = np.array(t.column("split").to_pylist(), dtype=object)
@@ -37,7 +41,7 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
         from scipy.stats import spearmanr
 
         corr = float(spearmanr(score[ok], rank[ok]).statistic)
-    units = store.markers()
+    units = reader.units()
     scored = sum(m.get("extra", {}).get("scored_items", 0) for m in units.values())
     stage_s = {}
     for m in units.values():

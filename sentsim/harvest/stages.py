@@ -1,4 +1,4 @@
-"""The harvest's stages. Each declares its resources; `job.py` composes them into a list.
+"""The harvest's stages; `job.py` composes them into a list, each with `resources.<name>` of its config.
 
     ContextStage (CPU)  partners for each anchor, context sets C_s, discriminator terms (head
                         only, from the representation cache each actor loads once)
@@ -19,7 +19,7 @@ import pyarrow as pa
 from sentsim.harvest.config import HarvestConfig
 from sentsim.harvest.pairs import owned_pairs, pair_id, pair_split, sample_partners
 from sentsim.harvest.similarity import pair_similarity
-from sentsim.pipeline import Resources, Stage
+from sentsim.pipeline import Stage
 
 DIRS = ("fwd", "left", "right")
 EXPLICIT_ID_BIT = 1 << 62  # ids of sentences given by a pairs file (not from the corpus)
@@ -58,10 +58,6 @@ def text_id(text: str) -> int:
     return EXPLICIT_ID_BIT | (h & (EXPLICIT_ID_BIT - 1))
 
 
-def _res(r) -> Resources:
-    return Resources(num_cpus=r.num_cpus, num_gpus=r.num_gpus, batch_size=1, min_actors=r.min_actors, max_actors=r.max_actors)
-
-
 class ContextStage(Stage):
     name = "contexts"
 
@@ -69,7 +65,6 @@ class ContextStage(Stage):
         self.cfg = cfg
         self.window = window
         self.rep_cache = rep_cache  # the discriminator's representation cache run (job.py builds it)
-        self.resources = _res(cfg.resources.contexts)
 
     def setup(self) -> None:
         from sentsim.harvest.contexts import ContextSource
@@ -106,7 +101,7 @@ class ContextStage(Stage):
                     if ch is None:
                         continue
                     first, n = ch
-                    if (first >> 20) == (a >> 20):
+                    if self.corpus.same_doc(first, a):
                         continue
                     cand = list(range(first, first + n))
                     ov = [len(words & set((t or "").lower().split())) for t in self.corpus.texts(cand)]
@@ -165,7 +160,6 @@ class ScoreStage(Stage):
     def __init__(self, cfg: HarvestConfig, reference_texts: List[str]):
         self.cfg = cfg
         self.reference_texts = reference_texts
-        self.resources = _res(cfg.resources.scoring)
 
     def setup(self) -> None:
         import torch
@@ -260,7 +254,6 @@ class RankAndWriteStage(Stage):
         self.sentence_schema = sentence_schema
         self.anchor_ids = anchor_ids
         self.anchor_texts = anchor_texts
-        self.resources = _res(cfg.resources.rank)
 
     def setup(self) -> None:
         self.targets = None

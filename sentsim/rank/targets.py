@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
-import pyarrow.dataset as ds
 
 from sentsim.errors import UsageError
 from sentsim.rank.vectors import RankCodec, ranks_from_similarities
@@ -31,14 +30,17 @@ def checkpoint_hash(path: str) -> str:
     p = Path(path)
     if not p.exists():
         raise UsageError(f"{path}: no such model checkpoint")
+    from pyarrow.fs import LocalFileSystem
+
+    from storage.fs import hash_into
+
+    local = LocalFileSystem()
     h = hashlib.sha256()
     files = sorted(x for x in (p.rglob("*") if p.is_dir() else [p]) if x.is_file())
     for f in files:
         if f.suffix in (".safetensors", ".json", ".txt", ".model", ".bin") or f.name == "tokenizer.json":
             h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
-            with open(f, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 22), b""):
-                    h.update(block)
+            hash_into(h, local, str(f))
     return h.hexdigest()[:16]
 
 
@@ -65,7 +67,9 @@ def _cuda() -> bool:
 
 def sample_anchors(corpus: str, n: int, seed: int, min_tokens: int = 3) -> tuple[np.ndarray, list[str]]:
     """A seeded sample of n corpus sentences (ids sorted, so the set is order-independent)."""
-    table = ds.dataset(f"{corpus}/sentences").to_table(columns=["sentence_id", "text", "n_tokens"])
+    from sentsim.retrieval.corpus_view import read_table
+
+    table = read_table(corpus, "sentences", ["sentence_id", "text", "n_tokens"])  # marked shards only, local or s3
     ids = table.column("sentence_id").to_numpy()
     ok = table.column("n_tokens").to_numpy() >= min_tokens
     pool = np.sort(ids[ok])

@@ -1,57 +1,51 @@
-"""Read-only access to a corpus directory (the ingestion job's layout), shared by retrieval,
-the discriminator and screening.
+"""Read-only access to a corpus run (the ingestion job's layout, local or s3://), shared by
+retrieval, the discriminator, screening and the harvest.
 
 Layout: `sentences/part-*.parquet` (sentence_id, doc_id, para_idx, sent_idx, text, n_tokens),
 `chunks/part-*.parquet` (chunk_id, doc_id, first_sentence_id, n_sentences), `manifest.json`
-with a "fingerprint". `sentence_id = (doc_key << 20) | sent_idx`, so within a document the
-neighbours of a sentence are id-1 and id+1 and its document is `sentence_id >> 20`.
+with a "fingerprint". Shards are read through storage.RunReader: only units with a completion
+marker. Sentence ids follow corpus.documents (SENT_BITS): within a document the neighbours of a
+sentence are id-1 and id+1.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from corpus.documents import SENT_BITS as DOC_SHIFT  # noqa: F401  (re-exported: the id layout's one home)
 from sentsim.errors import UsageError
 
-DOC_SHIFT = 20
 
+def open_corpus(corpus: str | Path):
+    """A RunReader over a corpus run; anything else is a one-line UsageError naming it."""
+    from storage import RunReader, StoreError
 
-def _parts(corpus: str | Path, sub: str) -> list[Path]:
-    d = Path(corpus) / sub
-    if not d.is_dir():
-        raise UsageError(f"{corpus}: not a corpus directory (no {sub}/ folder)")
-    parts = sorted(d.glob("part-*.parquet"))
-    if not parts:
-        raise UsageError(f"{d}: no part-*.parquet shards")
-    return parts
+    try:
+        reader = RunReader(str(corpus), manifest_required=False)
+    except StoreError as exc:
+        raise UsageError(str(exc).replace(": no such directory", ": not a corpus directory (no such directory)")) from None
+    if not reader.manifest:
+        raise UsageError(f"{corpus}: not a corpus directory (no manifest.json)")
+    return reader
 
 
 def corpus_fingerprint(corpus: str | Path) -> str:
-    p = Path(corpus) / "manifest.json"
-    if not p.is_file():
-        raise UsageError(f"{corpus}: not a corpus directory (no manifest.json)")
-    try:
-        fp = json.loads(p.read_text(encoding="utf-8")).get("fingerprint")
-    except json.JSONDecodeError:
-        raise UsageError(f"{p}: not valid JSON") from None
+    fp = open_corpus(corpus).fingerprint
     if not isinstance(fp, str) or not fp:
-        raise UsageError(f"{p}: has no \"fingerprint\" string")
+        raise UsageError(f"{corpus}/manifest.json: has no \"fingerprint\" string")
     return fp
 
 
-def read_table(corpus: str | Path, sub: str, columns: list[str]) -> pa.Table:
-    tables = []
-    for part in _parts(corpus, sub):
-        try:
-            tables.append(pq.read_table(part, columns=columns))
-        except (KeyError, pa.ArrowInvalid) as exc:
-            raise UsageError(f"{part}: cannot read columns {columns}: {exc}") from None
-    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+def read_table(corpus, sub: str, columns: list[str]) -> pa.Table:
+    """`corpus`: a path, URI or an open RunReader (saves re-reading the markers)."""
+    reader = corpus if hasattr(corpus, "files") else open_corpus(corpus)
+    if not reader.files(sub, required=False):
+        raise UsageError(f"{reader.uri}/{sub}: no completed part-*.parquet shards (is this a corpus built by "
+                         "`sentsim corpus build`?)")
+    return reader.read_table(sub, columns)
 
 
 class SentenceTable:

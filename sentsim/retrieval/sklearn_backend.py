@@ -56,8 +56,15 @@ from sklearn.preprocessing import normalize
 from sentsim.config import fingerprint
 from sentsim.errors import UsageError
 from sentsim.retrieval.base import (
-    INDEX_MANIFEST, Hits, IndexConfig, Retriever, check_fingerprint, check_queries, merge_topk,
-    read_index_manifest, topk_sparse_rows,
+    INDEX_MANIFEST,
+    Hits,
+    IndexConfig,
+    Retriever,
+    check_fingerprint,
+    check_queries,
+    merge_topk,
+    read_index_manifest,
+    topk_sparse_rows,
 )
 from sentsim.retrieval.corpus_view import ChunkTable, SentenceTable, chunk_texts, corpus_fingerprint
 

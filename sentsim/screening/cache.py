@@ -143,28 +143,22 @@ class ContextCache:
     @classmethod
     def from_store(cls, uri: str, disc=None) -> "ContextCache":
         """Load a complete cache run (see cache_job.py) into memory; sentence ids ascending."""
-        import pyarrow.dataset as pads
+        from storage import RunReader
 
-        from storage import ShardStore
-
-        store = ShardStore(uri)
-        manifest = store.read_manifest()
-        if manifest is None or manifest.get("stage") != STORE_STAGE:
+        reader = RunReader(uri, manifest_required=False)
+        manifest = reader.manifest
+        if manifest.get("stage") != STORE_STAGE:
             raise UsageError(f"{uri}: not a representation cache run (no {STORE_STAGE} manifest.json)")
-        if not store.is_complete():
+        if not reader.is_complete():
             raise UsageError(f"{uri}: the representation cache is incomplete; finish it with `sentsim cache build`")
         meta = dict(manifest.get("cache") or {})
         if meta.get("format") != FORMAT:
             raise UsageError(f"{uri}: unknown cache format {meta.get('format')!r}")
         check_meta(meta, disc, uri)
-        # read exactly the files the run's markers vouch for, nothing else lying in the folders
-        fp = manifest["fingerprint"]
-        recs = [r for u, r in sorted(store.markers().items())
-                if r.get("fingerprint") == fp and u < int(manifest["planned_units"])]
 
+        # the reader yields exactly the files the run's markers vouch for, nothing else in the folders
         def table(name: str, key: str):
-            paths = [store.path(r["files"][name]["path"]) for r in recs]
-            return pads.dataset(paths, filesystem=store.fs, format="parquet").to_table().sort_by(key)
+            return reader.dataset(name).to_table().sort_by(key)
 
         reps, centres = table("reps", "sentence_id"), table("centres", "centre_id")
         meta.update(n_sentences=reps.num_rows, n_centres=centres.num_rows)

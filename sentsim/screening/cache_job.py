@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import sys
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -29,8 +27,8 @@ from pydantic import Field
 
 from sentsim.config import Section, fingerprint
 from sentsim.errors import UsageError
-from sentsim.harvest.config import StageResources
-from sentsim.pipeline import Resources, Stage, run_pipeline
+from sentsim.executor import ShardedJob, execute
+from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
 from sentsim.screening.cache import FORMAT, STORE_STAGE, store_schemas
 from storage import ShardStore
 
@@ -79,8 +77,6 @@ class CacheStage(Stage):
 
     def __init__(self, cfg: RepCacheConfig, fp: str):
         self.cfg, self.fp = cfg, fp
-        r = cfg.resources
-        self.resources = Resources(r.num_cpus, r.num_gpus, 1, r.min_actors, r.max_actors)
 
     def setup(self) -> None:
         from sentsim.discriminator import Discriminator
@@ -123,35 +119,26 @@ def build_rep_cache(cfg: RepCacheConfig, executor: str = "ray", force_new: bool 
     corpus_fp = corpus_fingerprint(cfg.corpus)
     disc = Discriminator.load(cfg.discriminator, corpus=cfg.corpus)  # refuses another corpus's model
     identity = cache_identity(corpus_fp, cfg.discriminator)
-    fp = fingerprint(identity, cfg.sentences_per_unit)
-    store = ShardStore(cfg.out)
-    old = store.read_manifest()
+    old = ShardStore(cfg.out).read_manifest()
     if old is not None and not force_new and old.get("stage") == STORE_STAGE and old.get("identity") != identity:
         raise UsageError(f"{cfg.out}: this representation cache was built for another corpus or discriminator; "
                          "choose another --out or pass --force-new to rebuild it")
     ids = np.sort(read_table(cfg.corpus, "sentences", ["sentence_id"]).column("sentence_id").to_numpy().astype(np.int64))
-    units = plan_units(ids, cfg.sentences_per_unit)
     meta = {"format": FORMAT, "corpus_fingerprint": corpus_fp, "discriminator_fingerprint": disc.config.get("fingerprint"),
             "window": disc.window, "rep_dim": disc.rep_dim, "core_dim": disc.model.head.context_core_dim}
-    store.open_run(STORE_STAGE, fp, cfg.model_dump(), [{"corpus": cfg.corpus, "fingerprint": corpus_fp, "sentences": len(ids)}],
-                   store_schemas(meta["rep_dim"], meta["core_dim"]), planned_units=len(units), force_new=force_new,
-                   extra={"identity": identity, "cache": meta})
-    done = store.completed_units(fp)
-    pending = [u for u in units if u["unit"] not in done]
-    stream = open(os.devnull, "w") if quiet else sys.stderr
-    if pending:
-        if executor == "ray":
-            from sentsim.runtime import init_ray
 
-            init_ray(address)
-        t0, n = time.time(), 0
-        for r in run_pipeline(pending, [functools.partial(CacheStage, cfg, fp)], executor=executor):
-            n += r["sentences"]
-            print(f"[rep_cache] unit {r['unit']:05d} | {n:,} sentences | {n / (time.time() - t0):,.1f} sent/s",
-                  file=stream, flush=True)
-    markers = store.markers()
-    count = lambda k: sum(m.get("extra", {}).get(k, 0) for u, m in markers.items() if m.get("fingerprint") == fp)  # noqa: E731
-    return store.finalize(len(units), {"counts": {"sentences": count("sentences"), "centres": count("centres")}})
+    def summary(ctx) -> dict:
+        markers = ctx.store.markers()
+        count = lambda k: sum(m.get("extra", {}).get(k, 0) for m in markers.values() if m.get("fingerprint") == ctx.fp)  # noqa: E731
+        return {"counts": {"sentences": count("sentences"), "centres": count("centres")}}
+
+    job = ShardedJob(
+        stage=STORE_STAGE, out=cfg.out, fingerprint_parts=(identity, cfg.sentences_per_unit), config=cfg.model_dump(),
+        inputs=[{"corpus": cfg.corpus, "fingerprint": corpus_fp, "sentences": len(ids)}],
+        tables=store_schemas(meta["rep_dim"], meta["core_dim"]), units=plan_units(ids, cfg.sentences_per_unit),
+        stages=lambda ctx: [StageSpec(functools.partial(CacheStage, cfg, ctx.fp), Resources.of(cfg.resources))],
+        summary=summary, count="sentences", open_extra={"identity": identity, "cache": meta})
+    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet)
 
 
 def rep_cache_uri(rep_cache: Optional[str], out: str) -> str:

@@ -21,56 +21,51 @@ TRIPLE_SCHEMA = pa.schema([("s_i", pa.string()), ("relation", pa.string()), ("s_
                            ("hard_negative", pa.string())])
 
 
-def harvest_root(data: str) -> Path:
-    root = Path(data)
-    if not root.is_dir():
-        raise UsageError(f"--data {data}: no such directory")
-    return root
+def harvest_root(data: str):
+    """The harvest run (local or s3://) as a storage.RunReader; str() of it is its URI."""
+    from sentsim.surrogate.data import open_harvest
+
+    return open_harvest(data)
 
 
-def read_manifest(root: Path) -> dict:
-    f = root / "manifest.json"
-    if not f.is_file():
+def read_manifest(root) -> dict:
+    if not root.manifest:
         raise UsageError(f"--data {root}: no manifest.json (not a harvest output)")
-    try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError:
-        raise InputError(f"{f}: not valid JSON") from None
+    return root.manifest
 
 
-def shard_files(root: Path, table: str) -> list[Path]:
-    files = sorted((root / table).glob("*.parquet")) if (root / table).is_dir() else []
+def shard_files(root, table: str) -> list[str]:
+    """Exactly the table's completed shards (a unit marker names each)."""
+    files = root.files(table, required=False)
     if not files:
-        raise UsageError(f"--data {root}: no {table}/*.parquet shards")
+        raise UsageError(f"--data {root}: no completed {table}/*.parquet shards")
     return files
 
 
-def read_table(root: Path, table: str, columns: list[str]) -> pa.Table:
-    parts = []
-    for f in shard_files(root, table):
-        try:
-            names = pq.read_schema(f).names
-        except Exception as exc:
-            raise InputError(f"{f}: not a readable Parquet file ({exc})") from None
-        missing = [c for c in columns if c not in names]
-        if missing:
-            raise InputError(f"{f}: missing column(s) {', '.join(missing)}")
-        parts.append(pq.read_table(f, columns=columns))
-    return pa.concat_tables(parts).combine_chunks()
+def read_table(root, table: str, columns: list[str]) -> pa.Table:
+    shard_files(root, table)
+    return root.read_table(table, columns)
 
 
-def scored_pairs(root: Path, split: Optional[str] = "train") -> pa.Table:
+def scored_pairs(root, split: Optional[str] = "train") -> pa.Table:
+    """Scored pairs of `split`. A harvest with too few scored dev pairs gets a dev set carved out of
+    train (the surrogate's rule, sentsim.surrogate.data.plan_dev_carve), printed once when dev is read."""
+    from sentsim.surrogate.data import MIN_DEV_PAIRS, carve_note, keep_split, plan_dev_carve
+
     t = read_table(root, "pairs", ["s1", "s2", "score", "split"])
-    keep = pc.is_valid(t["score"])
-    if split:
-        keep = pc.and_(keep, pc.equal(t["split"], split))
-    return t.filter(keep)
+    if not split:
+        return t.filter(pc.is_valid(t["score"]))
+    have = {s: keep_split(t, s).num_rows for s in ("dev", "test")}
+    carve = plan_dev_carve(keep_split(t, "train").select(["s1", "s2"]), have) if min(have.values()) < MIN_DEV_PAIRS else None
+    if carve and split == "dev":
+        print(carve_note(carve))
+    return keep_split(t, split, carve)
 
 
 # ----------------------------------------------------------------------------- RankEncoder
 
 
-def rank_settings(manifest: dict, root: Path) -> dict:
+def rank_settings(manifest: dict, root) -> dict:
     rank = (manifest.get("config") or {}).get("rank") or {}
     if not rank.get("enabled", True):
         raise UsageError(f"--data {root}: the harvest ran with rank.enabled=false, so it holds no rank vectors")
@@ -79,7 +74,7 @@ def rank_settings(manifest: dict, root: Path) -> dict:
     return rank
 
 
-def rank_sentences(root: Path, manifest: dict) -> tuple[pa.Table, int]:
+def rank_sentences(root, manifest: dict) -> tuple[pa.Table, int]:
     """(table of text, rank_codes; the number of anchors). Rows without rank codes are an error."""
     from sentsim.rank import RankCodec
 
@@ -105,23 +100,33 @@ def rank_sentences(root: Path, manifest: dict) -> tuple[pa.Table, int]:
     return t.select(["text", "rank_codes"]), n
 
 
-def recover_anchors(manifest: dict, root: Path) -> tuple[np.ndarray, list[str]]:
+def recover_anchors(manifest: dict, root) -> tuple[np.ndarray, list[str]]:
     """The harvest's anchor sentences: the run's `rank_anchors` side table when it has one (harvests
     from this version on), else re-sampled exactly as older harvests did (seed + 1 over the corpus)."""
     from sentsim.harvest.job import ANCHORS_TABLE
     from sentsim.rank.targets import sample_anchors
     from storage import ShardStore
 
-    stored = ShardStore(str(root)).read_side_table(ANCHORS_TABLE, fingerprint=manifest.get("fingerprint"))
+    store = root.store if hasattr(root, "store") else ShardStore(str(root))
+    stored = store.read_side_table(ANCHORS_TABLE, fingerprint=manifest.get("fingerprint"))
     if stored is not None:
         return stored.column("sentence_id").to_numpy(), stored.column("text").to_pylist()
     cfg = manifest.get("config") or {}
     corpus = cfg.get("corpus")
-    if not corpus or not Path(corpus, "sentences").is_dir():
+    if not corpus or not _corpus_reachable(corpus):
         raise UsageError(f"--data {root}: the harvest's corpus {corpus!r} is not reachable, so its anchor sentences "
                          "cannot be recovered (needed to check the rank vectors and for RankEncoder inference); "
                          "set rankencoder.check_sentences=0 to train without the check")
     return sample_anchors(corpus, int(cfg["rank"]["n_anchors"]), seed=int(cfg.get("seed", 0)) + 1)
+
+
+def _corpus_reachable(corpus: str) -> bool:
+    from sentsim.retrieval.corpus_view import open_corpus
+
+    try:
+        return bool(open_corpus(corpus).files("sentences", required=False))
+    except UsageError:
+        return False
 
 
 def harvest_base_encoder(manifest: dict) -> str:
@@ -130,7 +135,7 @@ def harvest_base_encoder(manifest: dict) -> str:
     return ((manifest.get("config") or {}).get("rank") or {}).get("encoder") or default_base_encoder()
 
 
-def check_anchor_set(root: Path, manifest: dict, sentences: pa.Table, n_check: int,
+def check_anchor_set(root, manifest: dict, sentences: pa.Table, n_check: int,
                      base_encoder: Optional[str] = None, min_rho: float = 0.98) -> tuple[np.ndarray, list[str]]:
     """Prove that the stored rank vectors are the base encoder's ranks over the harvest's anchors:
     re-compute `n_check` of them and compare (Spearman of stored vs fresh ranks >= min_rho).

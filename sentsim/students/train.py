@@ -26,7 +26,15 @@ from sentsim.config import fingerprint
 from sentsim.errors import UsageError
 from sentsim.students.config import StudentConfig
 from sentsim.training.config import RESUMABLE_KEYS
-from sentsim.training.run import TrainingDiverged, claim_out, fit, loop_settings, plan_steps, quiet_progress, write_curves
+from sentsim.training.run import (
+    TrainingDiverged,
+    claim_out,
+    fit,
+    loop_settings,
+    plan_steps,
+    quiet_progress,
+    write_curves,
+)
 
 __all__ = ["TrainingDiverged", "evaluate_student", "train_student"]
 
@@ -181,7 +189,7 @@ def _export(ckpt_dir: Path, out: Path, cfg: StudentConfig) -> Path:
 
 
 def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out: str, address: Optional[str] = None,
-                  executor: str = "ray", restart: bool = False, eval_sts: Optional[str] = None,
+                  executor: str = "ray", force_new: bool = False, eval_sts: Optional[str] = None,
                   verbose: bool = True) -> dict:
     """Validate, train, export; returns the run summary (also OUT/summary.json)."""
     from sentsim.runtime import absolute_local
@@ -213,7 +221,7 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
     what = {k: v for k, v in cfg.model_dump().items() if k not in RESUMABLE_KEYS}
     run_id = fingerprint("student", what, bb, data, spec["counts"])
     claim_out(out_dir, run_id, {"config": cfg.model_dump(), "backbone": bb, "data": data, "counts": spec["counts"]},
-              restart, out)
+              force_new, out)
     spec.update(backbone=bb["path"], total_steps=total)
     loop = loop_settings(cfg, label=f"student {cfg.objective}", total_steps=total, verbose=verbose, drop_last=True,
                          shuffle_buffer=max(cfg.batch_size * 4, 1000))
@@ -228,7 +236,7 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
 
         init_ray(address)
         datasets = {"train": ray.data.from_arrow(table)}
-    run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "spec": spec}, cfg, name=cfg.objective,
+    run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "spec": spec}, name=cfg.objective,
               out_dir=out_dir, datasets=datasets, executor=executor, export=lambda d: _export(d, out_dir, cfg))
     history, model_dir, rv = run["history"], run["model"], run["result"]
     write_curves(history, out_dir / "curves", cfg.objective, f"student {cfg.objective} ({cfg.init})", [

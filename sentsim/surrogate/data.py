@@ -1,92 +1,186 @@
 """Harvested pair shards: checked up front on the driver, then streamed to the trainers with ray.data.
 
-A harvest directory holds `pairs/part-NNNNN.parquet` (pair_id, s1_id, s2_id, s1, s2, score,
-rank_sim, split, ...) and `manifest.json`. `score` is the Origin similarity (paper eq. 4); null
-means not scored. `split` is train/dev/test (the paper splits 98/1/1, section 3.4).
+A harvest run (local or s3://) holds `pairs/part-NNNNN.parquet` (pair_id, s1_id, s2_id, s1, s2, score,
+rank_sim, split, ...) and `manifest.json`, read through storage.RunReader: only units with a
+completion marker. `score` is the Origin similarity (paper eq. 4); null means not scored. `split`
+is train/dev/test (the paper splits 98/1/1, section 3.4). A small harvest has (almost) no dev pairs
+at 1%: then a dev set is carved out of train (see plan_dev_carve).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from sentsim.errors import InputError, UsageError
 
 SPLITS = ("train", "dev", "test")
 NEEDED = ("s1", "s2", "score", "split")
+MIN_DEV_PAIRS = 16  # fewer scored dev (or test) pairs than this: carve the rest out of train
+CARVE_SEED = 0
 
 
 @dataclass
 class HarvestInfo:
-    root: Path
-    files: list[Path]
+    root: str
+    files: list[str]  # paths inside reader.fs: exactly the completed pairs shards
     rows: int
-    scored: dict[str, int]  # non-null scores per split
+    scored: dict[str, int]  # non-null scores per split (after any dev carve)
     score_range: tuple[float, float]
     manifest: dict = field(default_factory=dict)
+    reader: object = None  # storage.RunReader
+    carve: Optional[dict] = None  # plan_dev_carve's plan, None when the harvest's own dev split is used
 
     def incomplete_note(self) -> str | None:
-        return incomplete_harvest_note(self.root, f"its {self.rows} pairs")
+        return incomplete_harvest_note(self.reader or self.root, f"its {self.rows} pairs")
 
     def summary(self) -> dict:
-        return {"root": str(self.root), "files": len(self.files), "rows": self.rows, "scored": self.scored,
-                "score_min": self.score_range[0], "score_max": self.score_range[1]}
+        out = {"root": str(self.root), "files": len(self.files), "rows": self.rows, "scored": self.scored,
+               "score_min": self.score_range[0], "score_max": self.score_range[1]}
+        if self.carve:
+            out["carved"] = self.carve["n"]
+        return out
 
 
-def incomplete_harvest_note(root: str | Path, what: str) -> str | None:
+def open_harvest(data: str):
+    """A RunReader over a harvest run; a missing folder or manifest is a one-line UsageError."""
+    from storage import RunReader, StoreError
+
+    try:
+        return RunReader(str(data), what="--data", manifest_required=False)
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def incomplete_harvest_note(root, what: str) -> str | None:
     """Set when the harvest is still running or stopped part-way: training uses what is there.
-    One wording for surrogate and student training."""
+    One wording for surrogate and student training. `root`: a RunReader, path or URI."""
     from storage import open_store
 
-    note = open_store(str(root)).incomplete_note()
+    store = root.store if hasattr(root, "store") else open_store(str(root))
+    note = store.incomplete_note()
     return f"note: harvest {note}; training on {what}. Resume the harvest to add the rest." if note else None
 
 
-def inspect_harvest(root: str | Path) -> HarvestInfo:
+# ----------------------------------------------------------------------------- dev carve
+
+
+def _pair_hash(table, seed: int):
+    """A seeded 64-bit hash of each row's (s1, s2): which rows are carved depends on the pair
+    alone, never on shard order or worker count."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow.compute as pc
+
+    joined = pc.binary_join_element_wise(pc.fill_null(table["s1"], ""), pc.fill_null(table["s2"], ""), "\x1f")
+    arr = np.asarray(joined.to_pylist(), dtype=object)
+    return pd.util.hash_array(arr, hash_key=f"sentsimdev{seed % 10**6:06d}", categorize=False)
+
+
+EVAL_SPLITS = ("dev", "test")
+
+
+def plan_dev_carve(train_pairs, have, seed: int = CARVE_SEED) -> Optional[dict]:
+    """When a harvest has fewer than MIN_DEV_PAIRS scored dev (or test) pairs, move the scored train
+    pairs with the smallest seeded hashes (at most a fifth of train per split) into it: dev takes the
+    lowest hashes, test the next ones. `train_pairs`: a table (s1, s2) of the scored train rows;
+    `have`: scored rows per split (an int means dev alone). None: nothing to carve."""
+    import numpy as np
+
+    have = {"dev": have, "test": MIN_DEV_PAIRS} if isinstance(have, int) else dict(have)
+    want = {s: min(max(MIN_DEV_PAIRS - have.get(s, 0), 0), train_pairs.num_rows // 5) for s in EVAL_SPLITS}
+    want = {s: (n if have.get(s, 0) + n >= 2 else 0) for s, n in want.items()}
+    if not any(want.values()):
+        return None
+    h = np.sort(_pair_hash(train_pairs, seed))
+    bounds, n, start = {}, {}, 0
+    for split in EVAL_SPLITS:
+        if not want[split]:
+            continue
+        lo = None if start == 0 else int(h[start - 1])
+        hi = int(h[start + want[split] - 1])
+        bounds[split] = (lo, hi)
+        n[split] = int(((h <= hi) & (h > lo if lo is not None else True)).sum())
+        start += want[split]
+    return {"seed": seed, "bounds": bounds, "n": n, "train": train_pairs.num_rows,
+            "have": {s: have.get(s, 0) for s in EVAL_SPLITS}}
+
+
+def carve_note(carve: dict) -> str:
+    had = " and ".join(f"{carve['have'][s]} scored {s}" for s in EVAL_SPLITS if s in carve["n"])
+    moved = " and ".join(f"{n} {s}" for s, n in carve["n"].items())
+    kept = carve["train"] - sum(carve["n"].values())
+    return (f"note: the harvest has {had} pair(s); carved {moved} pairs out of its {carve['train']} train pairs "
+            f"(seed {carve['seed']}, by a hash of the pair), training on the other {kept}")
+
+
+def carved_mask(table, carve: Optional[dict], split: str):
+    """Rows of `table` (s1, s2, score, split) that the carve moves from train into `split`."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not carve or table.num_rows == 0 or split not in carve["bounds"]:
+        return pa.array(np.zeros(table.num_rows, bool))
+    in_train = pc.and_(pc.equal(table["split"], "train"), pc.is_valid(table["score"])).fill_null(False)
+    h = _pair_hash(table, carve["seed"])
+    lo, hi = carve["bounds"][split]
+    sel = (h <= np.uint64(hi)) & ((h > np.uint64(lo)) if lo is not None else True)
+    return pc.and_(in_train, pa.array(np.asarray(sel, bool)))
+
+
+def keep_split(table, split: str, carve: Optional[dict] = None):
+    """The scored rows of `split`, after the carve when there is one."""
+    import pyarrow.compute as pc
+
+    keep = pc.and_(pc.equal(table["split"], split), pc.is_valid(table["score"])).fill_null(False)
+    if carve:
+        if split == "train":
+            for s in carve["bounds"]:
+                keep = pc.and_(keep, pc.invert(carved_mask(table, carve, s)))
+        elif split in carve["bounds"]:
+            keep = pc.or_(keep, carved_mask(table, carve, split))
+    return table.filter(keep)
+
+
+# ----------------------------------------------------------------------------- the surrogate's reader
+
+
+def inspect_harvest(root: str | Path, seed: int = CARVE_SEED) -> HarvestInfo:
     """Validate a harvest before any worker starts; every problem is a UsageError naming the file."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
-    root = Path(root)
-    if not root.is_dir():
-        raise UsageError(f"--data {root}: no such directory")
-    pairs = root / "pairs"
-    files = sorted(pairs.glob("*.parquet")) if pairs.is_dir() else []
+    reader = open_harvest(str(root))
+    if not reader.manifest:
+        raise UsageError(f"--data {reader.uri}: not a harvest run (no manifest.json)")
+    files = reader.files("pairs", required=False)
     if not files:
-        raise UsageError(f"--data {root}: empty harvest, no pairs/*.parquet shards")
-    manifest = {}
-    if (root / "manifest.json").is_file():
-        try:
-            manifest = json.loads((root / "manifest.json").read_text())
-        except json.JSONDecodeError:
-            raise InputError(f"{root / 'manifest.json'}: not valid JSON") from None
+        raise UsageError(f"--data {reader.uri}: empty harvest, no completed pairs/*.parquet shards")
 
     rows = 0
     scored = dict.fromkeys(SPLITS, 0)
     lo, hi = math.inf, -math.inf
     for f in files:
-        try:
-            schema = pq.read_schema(f)
-        except Exception as exc:
-            raise InputError(f"{f}: not a readable Parquet file ({exc})") from None
+        schema = _schema(reader, f)
+        shown = reader.display(f)
         missing = [c for c in NEEDED if c not in schema.names]
         if missing:
-            raise InputError(f"{f}: missing column(s) {', '.join(missing)}")
+            raise InputError(f"{shown}: missing column(s) {', '.join(missing)}")
         if not pa.types.is_floating(schema.field("score").type) and not pa.types.is_integer(schema.field("score").type):
-            raise InputError(f"{f}: column score has type {schema.field('score').type}, expected float")
-        table = pq.read_table(f, columns=["score", "split"])  # two narrow columns: cheap at any size
+            raise InputError(f"{shown}: column score has type {schema.field('score').type}, expected float")
+        table = reader.read_file(f, ["score", "split"])  # two narrow columns: cheap at any size
         rows += table.num_rows
         score = table["score"].cast(pa.float64())
         bad_split = pc.unique(table["split"].filter(pc.invert(pc.is_in(table["split"], pa.array(SPLITS))))).to_pylist()
         if bad_split:
-            raise InputError(f"{f}: split must be train, dev or test; found {bad_split[:3]}")
+            raise InputError(f"{shown}: split must be train, dev or test; found {bad_split[:3]}")
         finite = pc.is_finite(score)
         n_nonfinite = int(pc.sum(pc.invert(finite.fill_null(True))).as_py() or 0)
         if n_nonfinite:
-            raise InputError(f"{f}: {n_nonfinite} score(s) are NaN or infinite (null is the way to mark 'not scored')")
+            raise InputError(f"{shown}: {n_nonfinite} score(s) are NaN or infinite (null is the way to mark 'not scored')")
         valid = pc.is_valid(score)
         for s in SPLITS:
             scored[s] += int(pc.sum(pc.and_(valid, pc.equal(table["split"], s))).as_py() or 0)
@@ -94,53 +188,62 @@ def inspect_harvest(root: str | Path) -> HarvestInfo:
             mm = pc.min_max(score)
             lo, hi = min(lo, mm["min"].as_py()), max(hi, mm["max"].as_py())
     if rows == 0:
-        raise UsageError(f"--data {root}: empty harvest, {len(files)} shard(s) but no rows")
+        raise UsageError(f"--data {reader.uri}: empty harvest, {len(files)} shard(s) but no rows")
     if sum(scored.values()) == 0:
-        raise UsageError(f"--data {root}: all {rows} scores are null; the harvest has not been scored")
+        raise UsageError(f"--data {reader.uri}: all {rows} scores are null; the harvest has not been scored")
+    carve = None
+    if min(scored["dev"], scored["test"]) < MIN_DEV_PAIRS and scored["train"]:
+        # only small harvests get here (1% of the pairs is under MIN_DEV_PAIRS): reading train's texts is cheap
+        pairs = reader.read_table("pairs", list(NEEDED))
+        carve = plan_dev_carve(keep_split(pairs, "train").select(["s1", "s2"]), scored, seed)
+        if carve:
+            for split, n in carve["n"].items():
+                scored["train"] -= n
+                scored[split] += n
+            print(carve_note(carve))
     empty = [s for s in SPLITS if scored[s] == 0]
     if empty:
         raise UsageError(
-            f"--data {root}: split {', '.join(repr(s) for s in empty)} has no scored rows "
+            f"--data {reader.uri}: split {', '.join(repr(s) for s in empty)} has no scored rows "
             f"(scored rows per split: {scored}); training needs train, dev and test"
         )
-    return HarvestInfo(root, files, rows, scored, (lo, hi), manifest)
+    return HarvestInfo(reader.uri, files, rows, scored, (lo, hi), reader.manifest, reader, carve)
+
+
+def _schema(reader, path: str):
+    import pyarrow.parquet as pq
+
+    return reader.guarded(path, lambda: pq.read_schema(path, filesystem=reader.fs))
 
 
 def harvest_datasets(info: HarvestInfo, eval_max_pairs: int) -> dict:
     """ray.data Datasets per split, unscored rows dropped.
 
-    train is streamed from the shards by Ray Data tasks. dev and test are capped at
-    `eval_max_pairs` for the evaluations, so the driver reads just that many rows with pyarrow
-    and hands them over as in-memory datasets: at 1% of a 100M-pair harvest (section 3.4) the
-    full dev split would be a million pairs, and tiny reads are where Ray Data's per-execution
-    start-up cost dominates.
+    train is streamed by Ray Data tasks from exactly the completed shards (local or s3://). dev
+    and test are capped at `eval_max_pairs` for the evaluations, so the driver reads just that many
+    rows with pyarrow and hands them over as in-memory datasets: at 1% of a 100M-pair harvest
+    (section 3.4) the full dev split would be a million pairs, and tiny reads are where Ray Data's
+    per-execution start-up cost dominates.
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
     import ray.data
 
-    base = ray.data.read_parquet([str(f) for f in info.files]).select_columns(list(NEEDED))
-    out = {"train": base.map_batches(_keep_split, fn_kwargs={"split": "train"}, batch_format="pyarrow")}
+    reader = info.reader or open_harvest(info.root)
+    base = reader.ray_dataset("pairs", NEEDED)
+    out = {"train": base.map_batches(keep_split, fn_kwargs={"split": "train", "carve": info.carve},
+                                     batch_format="pyarrow")}
     kept: dict[str, list] = {"dev": [], "test": []}
-    for f in info.files:
+    for batch in reader.iter_batches("pairs", list(NEEDED), batch_size=65536):
         if all(sum(t.num_rows for t in v) >= eval_max_pairs for v in kept.values()):
             break
-        pf = pq.ParquetFile(f)
-        for batch in pf.iter_batches(batch_size=65536, columns=list(NEEDED)):
-            table = pa.Table.from_batches([batch])
-            for split, parts in kept.items():
-                have = sum(t.num_rows for t in parts)
-                if have < eval_max_pairs:
-                    parts.append(_keep_split(table, split).slice(0, eval_max_pairs - have))
+        table = pa.Table.from_batches([batch])
+        for split, parts in kept.items():
+            have = sum(t.num_rows for t in parts)
+            if have < eval_max_pairs:
+                parts.append(keep_split(table, split, info.carve).slice(0, eval_max_pairs - have))
     for split, parts in kept.items():
         out[split] = ray.data.from_arrow(pa.concat_tables(parts).combine_chunks())
     return out
-
-
-def _keep_split(table, split: str):
-    import pyarrow.compute as pc
-
-    return table.filter(pc.and_(pc.equal(table["split"], split), pc.is_valid(table["score"])))
 
 
 def stsb_datasets(stsb_dir: str | Path) -> tuple[dict, dict]:

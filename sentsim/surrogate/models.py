@@ -98,8 +98,15 @@ def build_model(arch: str, backbone: str, init: str, scratch: dict | None = None
     """(model, tokenizer). init="scratch" builds a small BERT with random weights around the
     backbone's tokenizer (the paper trains a surrogate from scratch too, section 3.4)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import (AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer, BertConfig,
-                              BertForSequenceClassification, BertModel)
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        BertConfig,
+        BertForSequenceClassification,
+        BertModel,
+    )
 
     p = resolve_backbone(backbone)
     tok = AutoTokenizer.from_pretrained(str(p))

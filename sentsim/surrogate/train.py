@@ -20,7 +20,15 @@ from sentsim.config import fingerprint
 from sentsim.errors import UsageError
 from sentsim.surrogate.config import SurrogateConfig
 from sentsim.training.config import RESUMABLE_KEYS
-from sentsim.training.run import TrainingDiverged, claim_out, fit, loop_settings, plan_steps, quiet_progress, write_curves
+from sentsim.training.run import (
+    TrainingDiverged,
+    claim_out,
+    fit,
+    loop_settings,
+    plan_steps,
+    quiet_progress,
+    write_curves,
+)
 
 __all__ = ["TrainingDiverged", "run_stage", "train_surrogate"]
 
@@ -36,7 +44,7 @@ def run_stage(name: str, datasets: dict, n_train: int, spec: dict, cfg: Surrogat
     loop = loop_settings(cfg, label=label, total_steps=total, epochs=spec["epochs"], batch_size=spec["batch_size"],
                          lr=spec["lr"], eval_every=spec["eval_every"], shuffle_buffer=cfg.shuffle_buffer)
     model_dir = out / ("model" if name == "harvest" else "model-sts")
-    run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "stage": spec}, cfg, name=name,
+    run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "stage": spec}, name=name,
               out_dir=out, datasets=datasets, hint="training stopped (check the scores' scale, or lower --set lr=...)",
               export=lambda d: export_model(d / "model", model_dir, cfg.arch, cfg.max_seq_length))
     history = run["history"]
@@ -49,7 +57,7 @@ def run_stage(name: str, datasets: dict, n_train: int, spec: dict, cfg: Surrogat
 
 
 def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, out: str,
-                    finetune_sts: str | None = None, address: str | None = None, restart: bool = False) -> dict:
+                    finetune_sts: str | None = None, address: str | None = None, force_new: bool = False) -> dict:
     """Validate every input, then run the stages. Returns the run summary (also OUT/summary.json)."""
     import json
 
@@ -78,7 +86,7 @@ def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, ou
     what = {k: v for k, v in cfg.model_dump().items() if k not in RESUMABLE_KEYS}
     run_id = fingerprint(what, harvest.summary() if harvest else None, bb, finetune_sts)
     claim_out(out_dir, run_id, {"config": cfg.model_dump(), "backbone": bb, "data": harvest.summary() if harvest else None,
-                                "finetune_sts": finetune_sts}, restart, out)
+                                "finetune_sts": finetune_sts}, force_new, out)
 
     from sentsim.runtime import init_ray
 

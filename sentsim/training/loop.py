@@ -3,20 +3,25 @@
 `train_loop(config)` runs on each Ray Train worker (TorchTrainer, DDP over the workers) or, with
 config["ray"] false, in the calling process. What is trained is a `Trainee`, built on the worker by
 config["build"](config, session, checkpoint_dir): an nn.Module whose forward(batch, device) is one
-step's (loss, metrics), plus how to save itself, evaluate on dev data and describe a log line.
+step's (loss, metrics), plus how to save itself, evaluate on held-out data and describe a log line.
+A trainee may also supply its own batches (`Trainee.batches`); otherwise the loop reads the Ray
+dataset shard "train" (or, inline, the table it was given).
 
-The loop owns the rest: AdamW over the trainee's parameter groups, linear warm-up/decay, bf16
-autocast on GPUs, gradient clipping, a finite-loss check every rank agrees on, history points every
-`log_every` steps, dev evaluation and a checkpoint every `eval_every` steps, and resume from the
-latest checkpoint (weights, optimizer, schedule, position in the epoch, history).
+The loop owns the rest: Adam or AdamW over the trainee's parameter groups (each group keeps its own
+lr), a transformers schedule by name (linear, cosine, inverse_sqrt, constant; with warm-up), bf16
+autocast on GPUs, gradient clipping, a finite-loss check and a wall-clock stop every rank agrees on,
+history points every `log_every` steps, evaluation and a checkpoint every `eval_every` steps (and a
+checkpoint alone every `checkpoint_every`), and resume from the latest checkpoint (weights,
+optimizer, schedule, position in the epoch, history).
 
 A checkpoint folder holds what `Trainee.save` writes (model/ as safetensors, side files), state.pt
-(optimizer, scheduler, position and the trainee's extra tensors, read back with
+(optimizer, scheduler, position and the trainee's extra state, read back with
 torch.load(weights_only=True): nothing is unpickled) and history.json.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -24,12 +29,12 @@ import tempfile
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import numpy as np
 from torch import nn
 
-from sentsim.training.run import quiet_progress
+from sentsim.training.common import quiet_progress
 
 STATE_FILE = "state.pt"
 HISTORY_FILE = "history.json"
@@ -45,7 +50,14 @@ class Trainee(nn.Module):
     find_unused_parameters = False
 
     def param_groups(self, lr: float) -> list[dict]:
+        """Optimizer groups; a group's own "lr" is kept (the schedule scales every group alike)."""
         return [{"params": [p for p in self.parameters() if p.requires_grad], "lr": lr}]
+
+    def batches(self, session, epoch: int, skip: int) -> Optional[Iterable]:
+        """This worker's batches of `epoch` without the first `skip` (a resumed run), for a trainee that
+        reads its own data (session.rank/world say which share is its own); may be endless. None: the
+        loop reads the Ray dataset shard "train" (inline: the table it was given)."""
+        return None
 
     def save(self, folder: Path) -> None:
         """Write folder/model (a transformers checkpoint) and any side files the export needs."""
@@ -75,17 +87,24 @@ class Trainee(nn.Module):
         return {}
 
 
-def linear_schedule(total: int, warmup_ratio: float):
-    """Learning-rate factor: linear warm-up over warmup_ratio * total steps (none at 0, as SimCSE),
-    then linear decay to zero at `total` (the usual BERT fine-tuning schedule)."""
-    warm = int(warmup_ratio * total)
+# schedule names of the loop -> transformers' (a constant schedule still warms up)
+SCHEDULES = {"linear": "linear", "cosine": "cosine", "inverse_sqrt": "inverse_sqrt", "constant": "constant_with_warmup"}
 
-    def factor(s: int) -> float:
-        if s < warm:
-            return (s + 1) / warm
-        return max(0.0, (total - s) / max(1, total - warm))
 
-    return factor
+def make_optimizer(groups: list[dict], L: dict):
+    import torch
+
+    kind = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}[L.get("optimizer", "adamw")]
+    return kind(groups, lr=L["lr"], betas=tuple(L.get("betas") or (0.9, 0.999)), weight_decay=L["weight_decay"])
+
+
+def make_schedule(opt, L: dict):
+    """transformers' schedule by name: warm-up over `warmup_steps` (none at 0), then linear or cosine
+    decay to zero at total_steps, inverse square root, or constant."""
+    from transformers import get_scheduler
+
+    return get_scheduler(SCHEDULES[L.get("schedule", "linear")], opt, num_warmup_steps=int(L.get("warmup_steps") or 0),
+                         num_training_steps=L["total_steps"])
 
 
 # ----------------------------------------------------------------------------- sessions
@@ -137,15 +156,19 @@ class RaySession:
             batch_size=L["batch_size"], batch_format="numpy", drop_last=L["drop_last"],
             local_shuffle_buffer_size=L["shuffle_buffer"] or None, local_shuffle_seed=L["seed"] + epoch)
 
-    def all_finite(self, loss) -> bool:
+    def check(self, loss, stop: bool) -> tuple[bool, bool]:
+        """(every rank's loss is finite, some rank wants to stop): every rank must stop together, or
+        DDP would hang."""
         import torch
 
-        bad = torch.tensor([0.0 if torch.isfinite(loss) else 1.0], device=self.device)
+        flags = torch.stack([(~torch.isfinite(loss.detach())).float().reshape(()),
+                             torch.tensor(float(stop), device=loss.device)])
         if self.world > 1:
             import torch.distributed as dist
 
-            dist.all_reduce(bad)  # every rank must stop together, or DDP would hang
-        return bad.item() == 0
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        bad, halt = flags.tolist()
+        return bad == 0, halt > 0
 
     def report(self, point: dict, save) -> None:
         """Every worker reports (Ray Train synchronises on it); rank 0 attaches the checkpoint."""
@@ -154,9 +177,10 @@ class RaySession:
         if self.rank != 0:
             ray.train.report({}, checkpoint=None)
             return
+        flat = {k: v for k, v in point.items() if isinstance(v, (int, float, str))}  # nested ones stay in history
         with tempfile.TemporaryDirectory() as tmp:
             save(Path(tmp))
-            ray.train.report(point, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+            ray.train.report(flat, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
     def stop(self, info: dict) -> None:
         import ray.train
@@ -205,10 +229,10 @@ class InlineSession:
         for i in range(0, end, bs):
             yield table.take(pa.array(order[i:i + bs])).to_pydict()
 
-    def all_finite(self, loss) -> bool:
+    def check(self, loss, stop: bool) -> tuple[bool, bool]:
         import torch
 
-        return bool(torch.isfinite(loss))
+        return bool(torch.isfinite(loss)), stop
 
     def report(self, point: dict, save) -> None:
         """Write checkpoint.tmp, then swap it in by renames: a kill at any moment leaves a whole one."""
@@ -261,9 +285,9 @@ def train_loop(config: dict):
     wrapped = session.wrap(trainee)
     groups = trainee.param_groups(L["lr"])
     params = [p for g in groups for p in g["params"]]
-    opt = torch.optim.AdamW(groups, lr=L["lr"], weight_decay=L["weight_decay"])
+    opt = make_optimizer(groups, L)
     total = L["total_steps"]
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_schedule(total, L["warmup_ratio"]))
+    sched = make_schedule(opt, L)
     if state is not None:
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -285,6 +309,10 @@ def train_loop(config: dict):
     def evaluate() -> dict:
         return trainee.evaluate(device, autocast) if rank0 else {}
 
+    def lrs() -> dict:
+        last = sched.get_last_lr()
+        return {"lr": last[0], **({"lr_groups": list(last)} if len(last) > 1 else {})}
+
     def save_at(epoch: int, in_epoch: int):
         def save(folder: Path) -> None:
             trainee.save(folder)
@@ -296,36 +324,41 @@ def train_loop(config: dict):
     if step == 0 and rank0 and not history:
         history.append({"step": 0, "epoch": 0, "train_loss": None, "lr": 0.0, **evaluate(), "time_s": 0.0})
     t0 = time.perf_counter() - ((history[-1].get("time_s") or 0.0) if history else 0.0)  # resumed: the clock continues
+    t_run = time.perf_counter()  # max_seconds counts this process's training only
+    max_seconds, ckpt_every = L.get("max_seconds") or 0, L.get("checkpoint_every") or 0
     running, n_running, last_metrics = 0.0, 0, {}
     last_saved = step if state else -1
-    epoch = epoch0
+    epoch, in_epoch, stop = epoch0, skip, False
     for epoch in range(epoch0, L["epochs"]):
-        if step >= total:
+        if step >= total or stop:
             break
-        in_epoch = 0
-        for batch in session.batches(config, epoch):
-            if in_epoch < skip:  # resumed mid-epoch: pass over the batches already trained on
-                in_epoch += 1
-                continue
+        own = trainee.batches(session, epoch, skip)
+        source = own if own is not None else itertools.islice(session.batches(config, epoch), skip, None)
+        in_epoch = skip  # resumed mid-epoch: the batches already trained on are passed over
+        for batch in source:
             opt.zero_grad(set_to_none=True)  # before the forward: gradient caching (RSE) accumulates inside it
             with autocast():
                 loss, metrics = wrapped(batch, device)
             step += 1
             in_epoch += 1
-            if not session.all_finite(loss):
+            finite, stop = session.check(loss, bool(max_seconds) and time.perf_counter() - t_run >= max_seconds)
+            if not finite:
                 info = {"nan_step": step, "nan_value": str(float(loss.detach().cpu()))}
                 session.stop(info)
                 return {**info, "history": history} if rank0 else None
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, L["max_grad_norm"])
+            if L.get("max_grad_norm"):
+                torch.nn.utils.clip_grad_norm_(params, L["max_grad_norm"])
             opt.step()
             sched.step()
             running += float(loss.detach())
             n_running += 1
             last_metrics = metrics
-            at_eval = step % L["eval_every"] == 0 or step >= total
-            if at_eval or (L.get("log_every") and step % L["log_every"] == 0):
-                point = {"step": step, "epoch": epoch, "train_loss": running / n_running, "lr": sched.get_last_lr()[0],
+            last = stop or step >= total
+            at_eval = step % L["eval_every"] == 0 or last
+            at_save = at_eval or (ckpt_every and step % ckpt_every == 0)
+            if at_save or (L.get("log_every") and step % L["log_every"] == 0):
+                point = {"step": step, "epoch": epoch, "train_loss": running / n_running, **lrs(),
                          **metrics, "time_s": round(time.perf_counter() - t0, 2)}
                 if at_eval:
                     point.update(evaluate())
@@ -334,17 +367,17 @@ def train_loop(config: dict):
                     if verbose:
                         print(f"[{label}] step {step}/{total} loss {point['train_loss']:.4g}{trainee.describe(point)}",
                               flush=True)
-                if at_eval:
+                if at_save:
                     session.report(point, save_at(epoch, in_epoch))
                     last_saved = step
                 running, n_running = 0.0, 0
-            if step >= total:
+            if last:
                 break
         skip = 0
     if last_saved != step:  # the data ran out before total_steps (e.g. an uneven estimate)
         point = {"step": step, "epoch": epoch, "train_loss": running / n_running if n_running else None,
-                 "lr": sched.get_last_lr()[0], **last_metrics, "time_s": round(time.perf_counter() - t0, 2), **evaluate()}
+                 **lrs(), **last_metrics, "time_s": round(time.perf_counter() - t0, 2), **evaluate()}
         if rank0:
             history.append(point)
-        session.report(point, save_at(epoch, 0))
+        session.report(point, save_at(epoch, in_epoch))
     return {"history": history, "step": step, **trainee.result()} if rank0 else None

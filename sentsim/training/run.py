@@ -19,32 +19,24 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from sentsim.errors import UsageError
+from sentsim.training.common import quiet_progress, use_gpu
 
-
-def quiet_progress() -> None:
-    """Per-step progress bars from ray.data and transformers would bury the curves in job logs."""
-    try:
-        from ray.data import DataContext
-
-        DataContext.get_current().enable_progress_bars = False
-    except ImportError:
-        pass
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+__all__ = ["TrainingDiverged", "claim_out", "fit", "loop_settings", "plan_steps", "quiet_progress", "use_gpu",
+           "write_curves"]
 
 
 class TrainingDiverged(UsageError):
     """The loss stopped being finite; the message names the run and the step."""
 
 
-def claim_out(out_dir: Path, run_id: str, record: dict, restart: bool, out_arg: str) -> None:
-    """Refuse an --out that holds checkpoints of a run with other settings (unless --restart, which
-    discards them); then record this run's fingerprint and settings in OUT/run.json."""
+def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg: str,
+              state: tuple[str, ...] = ("ray", "checkpoint", "checkpoint.old")) -> None:
+    """Refuse an --out that holds training state (`state`: names under it) of a run with other
+    settings, unless --force-new, which discards that state; then record this run's fingerprint and
+    settings in OUT/run.json."""
     run_file = out_dir / "run.json"
-    state_dirs = [out_dir / "ray", out_dir / "checkpoint", out_dir / "checkpoint.old"]
-    if restart:
+    state_dirs = [out_dir / n for n in state]
+    if force_new:
         for d in state_dirs:
             if d.exists():
                 shutil.rmtree(d)
@@ -52,7 +44,7 @@ def claim_out(out_dir: Path, run_id: str, record: dict, restart: bool, out_arg: 
         prev = json.loads(run_file.read_text()).get("fingerprint")
         if prev != run_id:
             raise UsageError(f"--out {out_arg} holds a run with other settings (fingerprint {prev}, now {run_id}); "
-                             "use a new --out, or --restart to discard it")
+                             "use a new --out, or --force-new to discard it")
     out_dir.mkdir(parents=True, exist_ok=True)
     run_file.write_text(json.dumps({"fingerprint": run_id, **record}, indent=2))
 
@@ -69,66 +61,68 @@ def plan_steps(label: str, n_rows: int, *, num_workers: int, batch_size: int, ep
     return min(total, max_steps) if max_steps else total
 
 
-def use_gpu(cfg) -> bool:
-    import ray
-
-    if cfg.use_gpu is not None:
-        return cfg.use_gpu
-    return ray.cluster_resources().get("GPU", 0) >= cfg.num_workers
-
-
 def loop_settings(cfg, *, label: str, total_steps: int, verbose: bool = True, **over) -> dict:
-    """config["loop"] for train_loop from a TrainingSection; `over` replaces per-stage values."""
-    keys = ("epochs", "batch_size", "lr", "weight_decay", "warmup_ratio", "max_grad_norm", "eval_every", "seed",
-            "use_gpu", "bf16")
+    """config["loop"] for train_loop from a TrainingSection; `over` replaces per-stage values. It also
+    carries the Ray resources `fit` asks for (num_workers, cpus_per_worker, use_gpu, checkpoints_to_keep)."""
+    keys = ("epochs", "batch_size", "lr", "weight_decay", "max_grad_norm", "eval_every", "seed", "use_gpu", "bf16",
+            "num_workers", "cpus_per_worker", "checkpoints_to_keep")
     loop = {k: getattr(cfg, k) for k in keys}
     loop.update(label=label, total_steps=total_steps, verbose=verbose, log_every=getattr(cfg, "log_every", None),
-                cpu_threads=max(1, int(round(cfg.cpus_per_worker))), drop_last=False, shuffle_buffer=0)
+                cpu_threads=max(1, int(round(cfg.cpus_per_worker))), drop_last=False, shuffle_buffer=0,
+                optimizer="adamw", schedule="linear", warmup_steps=int(cfg.warmup_ratio * total_steps))
     loop.update(over)
     return loop
 
 
-def fit(loop_config: dict, cfg, *, name: str, out_dir: Path, datasets: dict, export: Callable[[Path], Path],
+def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path], Path], datasets: Optional[dict] = None,
         executor: str = "ray", hint: str = "lower --set lr=...") -> dict:
-    """Train, then export the final checkpoint with `export(checkpoint_dir) -> model_dir`.
+    """Train, then export the final checkpoint with `export(checkpoint_dir) -> model_dir`. The only
+    place sentsim builds a TorchTrainer.
 
-    `datasets`: for Ray, ray.data Datasets ("train" is split between the workers); inline, {"train":
-    a pyarrow Table}. Returns {"model", "history", "gpu", "result"} (result: rank 0's return value).
-    Raises TrainingDiverged when the loss stopped being finite.
+    `out_dir`: where the training state lives (Ray: OUT/ray/<name>, inline: OUT/checkpoint); made
+    absolute here, since the Train workers run in their own working directory. `datasets`: for Ray,
+    ray.data Datasets ("train" is split between the workers); inline, {"train": a pyarrow Table}; none
+    for a trainee that reads its own batches. Resources come from loop_config["loop"] (num_workers,
+    cpus_per_worker, use_gpu, checkpoints_to_keep, max_failures). Returns {"model", "history", "gpu",
+    "result"} (result: rank 0's return value). Raises TrainingDiverged when the loss stopped being finite.
     """
     from sentsim.training.loop import HISTORY_FILE, inline_checkpoint, train_loop  # torch: worker-side, imported late
 
-    label = loop_config["loop"]["label"]
+    L = loop_config["loop"]
+    label = L["label"]
+    datasets = datasets or {}
+    out_dir = Path(out_dir).absolute()
     t0 = time.perf_counter()
     if executor == "inline":
         gpu = False
-        rv = train_loop({**loop_config, "ray": False, "out": str(out_dir), "table": datasets["train"]}) or {}
+        rv = train_loop({**loop_config, "ray": False, "out": str(out_dir), "table": datasets.get("train")}) or {}
         ckpt = inline_checkpoint(out_dir)
         checkpoint = None if ckpt is None else nullcontext(str(ckpt))
     else:
         import ray.train
         from ray.train.torch import TorchTrainer
 
-        gpu = use_gpu(cfg)
+        gpu = use_gpu(L.get("use_gpu"), L["num_workers"])
         loop_config = {**loop_config, "ray": True, "out": str(out_dir)}
-        loop_config["loop"] = {**loop_config["loop"], "use_gpu": gpu}
-        resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if gpu else {})}
+        loop_config["loop"] = {**L, "use_gpu": gpu}
+        resources = {"CPU": L["cpus_per_worker"], **({"GPU": 1} if gpu else {})}
         trainer = TorchTrainer(
             train_loop,
             train_loop_config=loop_config,
-            scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=gpu,
+            scaling_config=ray.train.ScalingConfig(num_workers=L["num_workers"], use_gpu=gpu,
                                                    resources_per_worker=resources),
             run_config=ray.train.RunConfig(
-                name=name, storage_path=str((out_dir / "ray").resolve()),
-                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoints_to_keep)),
+                name=name, storage_path=str(out_dir / "ray"),
+                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=L.get("checkpoints_to_keep", 2)),
+                failure_config=ray.train.FailureConfig(max_failures=L.get("max_failures", 0))),
             datasets=datasets,
             # only train is sharded; every worker sees the (capped) dev and test splits whole
-            dataset_config=ray.train.DataConfig(datasets_to_split=["train"]),
+            dataset_config=ray.train.DataConfig(datasets_to_split=[k for k in ("train",) if k in datasets]),
         )
         result = trainer.fit()
         rv = result.return_value or {}
         checkpoint = None if result.checkpoint is None else result.checkpoint.as_directory()
-        if loop_config["loop"].get("verbose", True):
+        if L.get("verbose", True):
             print(f"[{label}] Ray Train run finished in {time.perf_counter() - t0:.0f}s", flush=True)
     if rv.get("nan_step"):
         raise TrainingDiverged(f"{label}: the training loss became {rv['nan_value']} at step {rv['nan_step']}; {hint}")

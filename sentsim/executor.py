@@ -1,0 +1,242 @@
+"""One executor for every sharded job: corpus build, rep cache, contexts, harvest, remix.
+
+A job only declares what it is, as a `ShardedJob`: its stage name, fingerprint parts, inputs,
+table schemas, planned units and stage specs (each with the resources its config gives it), and
+its own summary. `execute` does the rest the same way for all of them:
+
+    open the run or resume it (printing what is done and which units will be redone)
+    start Ray (`sentsim.runtime.init_ray`) when there is work, refuse GPU asks the cluster lacks
+    run the stages over the pending units (`run_pipeline`), one progress line per unit
+    finalize the manifest with the job's summary
+
+Units are dicts with a `unit` number. A list of units is run as one Ray Data pass; units that
+arrive from a generator (the corpus build streams its inputs) run in windows of `job.window`, so
+that the driver never holds more than a window of them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
+
+from sentsim.config import fingerprint
+from sentsim.errors import UsageError
+from sentsim.pipeline import PLACEMENT_KEY, StageSpec, run_pipeline
+
+EXECUTORS = ("ray", "inline")
+
+
+@dataclass
+class ShardedJob:
+    stage: str  # the manifest's stage, and the label of the progress lines
+    out: str
+    fingerprint_parts: Sequence  # fingerprint(*parts) is the run's fingerprint
+    config: dict  # resolved config, stored in the manifest
+    inputs: List[dict]
+    tables: Dict[str, object]  # table name -> pyarrow schema
+    units: Iterable[dict]  # a list (planned up front) or a generator (planned while streaming)
+    stages: Callable[["RunContext"], List[StageSpec]]  # built once there is work, after Ray is up
+    summary: Callable[["RunContext"], dict] = lambda ctx: {}  # the manifest's counts; may raise
+    prepare: Optional[Callable[["RunContext"], None]] = None  # after the GPU check, before the first unit
+    on_result: Optional[Callable[[dict], bool]] = None  # True: start no further units
+    count: str = "items"  # the key of a stage result that the progress line counts, and its noun
+    detail: Optional[Callable[[dict], str]] = None  # a job's own tail of a progress line
+    gauges: Optional[str] = None  # publish progress as Ray metrics named <gauges>_<name>
+    deep: bool = False  # resume re-checks each done unit's checksums
+    open_extra: Optional[dict] = None  # extra manifest keys at open_run
+    window: Optional[int] = None  # units per Ray Data pass when units are a generator
+
+    @property
+    def fp(self) -> str:
+        return fingerprint(*self.fingerprint_parts)
+
+
+@dataclass
+class RunContext:
+    job: ShardedJob
+    fp: str
+    store: object
+    manifest: dict
+    executor: str
+    address: Optional[str]
+    force_new: bool
+    quiet: bool
+    done: dict = field(default_factory=dict)
+    planned: int = 0
+    progress: Optional["Progress"] = None
+    wall: float = 0.0
+    specs: Optional[List[StageSpec]] = None
+    actors: Dict[str, list] = field(default_factory=dict)  # stage -> distinct placements seen this run
+
+    def note_placement(self, result: dict) -> None:
+        for stage, where in (result.pop(PLACEMENT_KEY, None) or {}).items():
+            seen = self.actors.setdefault(stage, [])
+            if where not in seen:
+                seen.append(where)
+
+
+class Progress:
+    """One progress line per finished unit: units done of planned, rows, rate and ETA. With
+    `gauges`, the same numbers as Ray application metrics (the dashboard's Metrics view and
+    Prometheus show them, tagged by run)."""
+
+    def __init__(self, label: str, total: Optional[int], already: int, noun: str, stream=sys.stderr,
+                 gauges: Optional[str] = None, run: str = "", detail: Optional[Callable[[dict], str]] = None):
+        self.label, self.total, self.already, self.noun = label, total, already, noun
+        self.done, self.rows = 0, 0
+        self.t0 = time.time()
+        self.stream = stream
+        self.detail = detail
+        self.stage_seconds: Dict[str, float] = {}
+        self.gauges = {}
+        if gauges:
+            import ray
+
+            if ray.is_initialized():
+                from ray.util.metrics import Gauge
+
+                for name, what in (("units_done", "completed work units (resumed ones included)"),
+                                   ("units_planned", "planned work units"),
+                                   (f"{noun}_written", f"{noun} written by this run"),
+                                   (f"{noun}_per_second", f"{noun} per second since start"),
+                                   ("eta_seconds", "estimated seconds left")):
+                    g = Gauge(f"{gauges}_{name}", description=what, tag_keys=("run",))
+                    g.set_default_tags({"run": run})
+                    self.gauges[name] = g
+                if total is not None:
+                    self.gauges["units_planned"].set(total)
+                self.gauges["units_done"].set(already)
+
+    def update(self, r: dict) -> None:
+        self.done += 1
+        self.rows += int(r.get(self.noun, 0))
+        for k, v in (r.get("timing") or {}).items():
+            self.stage_seconds[k] = self.stage_seconds.get(k, 0.0) + v
+        el = max(time.time() - self.t0, 1e-9)
+        units = f"{self.already + self.done}/{self.total} units" if self.total is not None else f"{self.done} units"
+        line = (f"[{self.label}] unit {r['unit']:05d} | {units} | {self.rows:,} {self.noun} "
+                f"| {self.rows / el:,.1f} {self.noun}/s")
+        values = {"units_done": self.already + self.done, f"{self.noun}_written": self.rows,
+                  f"{self.noun}_per_second": self.rows / el}
+        if self.total is not None:
+            eta = el / self.done * max(0, self.total - self.already - self.done)
+            line += f" | ETA {eta:,.0f}s"
+            values["eta_seconds"] = eta
+        for name, v in values.items():
+            if name in self.gauges:
+                self.gauges[name].set(v)
+        if self.detail:
+            line += f" | {self.detail(r)}"
+        print(line, file=self.stream, flush=True)
+
+
+def check_gpus(specs: Sequence[StageSpec], executor: str) -> None:
+    """Refuse stages that ask for more GPUs than the Ray cluster has (min_actors of each at once).
+    In-process (`inline`) nothing is placed, so there is nothing to check."""
+    want = sum(s.resources.num_gpus * s.resources.min_actors for s in specs)
+    if want <= 0 or executor != "ray":
+        return
+    import ray
+
+    have = ray.cluster_resources().get("GPU", 0)
+    if want > have:
+        raise UsageError(f"resources ask for {want:g} GPUs but the cluster has {have:g}; "
+                         "lower resources.*.num_gpus or min_actors, or add GPU nodes")
+
+
+def execute(job: ShardedJob, executor: str = "ray", address: Optional[str] = None, force_new: bool = False,
+            quiet: bool = False, max_units: Optional[int] = None) -> dict:
+    """Open or resume `job`'s run, run its pending units (at most `max_units` of them), finalize.
+
+    Returns the final manifest, plus `this_run` (not stored): the wall time, units run and the
+    distinct actors each stage ran on (pid, node, CUDA_VISIBLE_DEVICES).
+    """
+    from storage import ShardStore
+
+    if executor not in EXECUTORS:
+        raise UsageError(f"unknown executor {executor!r} (ray or inline)")
+    fp = job.fp
+    listed = isinstance(job.units, Sequence)
+    units = job.units
+    if listed and not units:
+        raise UsageError(f"{job.stage}: nothing to do (0 units planned); refusing to write an empty run at {job.out}")
+    if not listed:  # peek: a stream that yields no unit (an empty input) is refused before any write
+        units = iter(units)
+        first = next(units, None)
+        if first is None:
+            raise UsageError(f"{job.stage}: the inputs hold nothing to process; refusing to write an empty run "
+                             f"at {job.out}")
+        units = _chain_first(first, units)
+    store = ShardStore(job.out)
+    try:
+        return _execute(job, store, fp, listed, units, executor, address, force_new, quiet, max_units)
+    finally:
+        store.release()  # the run's lease: free again for the next writer, whatever happened
+
+
+def _chain_first(first: dict, rest):
+    yield first
+    yield from rest
+
+
+def _execute(job: ShardedJob, store, fp: str, listed: bool, units, executor: str, address: Optional[str],
+             force_new: bool, quiet: bool, max_units: Optional[int]) -> dict:
+    stream = open(os.devnull, "w") if quiet else sys.stderr
+    manifest = store.open_run(job.stage, fp, job.config, job.inputs, job.tables,
+                              planned_units=len(job.units) if listed else None, force_new=force_new,
+                              **({"extra": job.open_extra} if job.open_extra else {}))
+    ctx = RunContext(job, fp, store, manifest, executor, address, force_new, quiet)
+    ctx.done = store.completed_units(fp, deep=job.deep)
+    for u, why in sorted((getattr(store, "redo_reasons", None) or {}).items()):
+        print(f"[{job.stage}] unit {u:05d} will be redone: {why}", file=stream, flush=True)
+    if ctx.done:
+        todo = f", {sum(u['unit'] not in ctx.done for u in job.units)} to do" if listed else ""
+        print(f"[{job.stage}] resuming {job.out}: {len(ctx.done)} already complete{todo}", file=stream, flush=True)
+
+    stopped = False
+    started = False
+
+    def run(window: List[dict]) -> None:
+        nonlocal stopped, started
+        if not started:  # Ray, the stages and their GPUs only once there is work
+            started = True
+            if executor == "ray":
+                from sentsim.runtime import init_ray
+
+                init_ray(address)
+            ctx.specs = job.stages(ctx)
+            check_gpus(ctx.specs, executor)
+            if job.prepare:
+                job.prepare(ctx)
+            ctx.progress = Progress(job.stage, len(job.units) if listed else None, len(ctx.done), job.count,
+                                    stream=stream, gauges=job.gauges, run=job.out, detail=job.detail)
+        for r in run_pipeline(window, ctx.specs, executor=executor):
+            ctx.note_placement(r)
+            ctx.progress.update(r)
+            if job.on_result and job.on_result(r):
+                stopped = True
+
+    t0 = time.time()
+    window: List[dict] = []
+    budget = max_units if max_units is not None else -1
+    size = None if listed else max(1, job.window or 1)
+    for u in units:
+        ctx.planned = max(ctx.planned, u["unit"] + 1)  # a stream keeps planning after a stop
+        if u["unit"] in ctx.done or stopped or budget == 0:
+            continue
+        window.append(u)
+        budget -= 1
+        if size is not None and len(window) >= size:
+            run(window)
+            window = []
+    if window:
+        run(window)
+    ctx.wall = time.time() - t0
+    if listed:
+        ctx.planned = len(job.units)
+    manifest = store.finalize(ctx.planned, job.summary(ctx))
+    return dict(manifest, this_run={"wall_seconds": ctx.wall, "units": ctx.progress.done if ctx.progress else 0,
+                                    job.count: ctx.progress.rows if ctx.progress else 0, "actors": ctx.actors})

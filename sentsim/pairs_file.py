@@ -1,0 +1,193 @@
+"""Sentence-pair files, in every format the commands accept: the one reader of STS-B lines.
+
+`read_pairs_file(path)` returns [(s1, s2, gold or None)] from
+- STS-B TSV (genre, file, year, id, score, s1, s2[, source columns]: split on TAB only, no quoting);
+- TSV or comma CSV with a header line naming the sentence columns (s1/s2, sentence1/sentence2,
+  sentence_A/sentence_B) and optionally a gold column (gold, score, label, similarity,
+  relatedness_score), found by name; CSV is parsed with the csv module (quotes, embedded commas);
+- header-less TSV: s1<TAB>s2[<TAB>gold];
+- JSONL objects with s1, s2[, gold]; Parquet with columns s1, s2[, gold].
+Every problem is an InputError naming the file and, where there is one, the line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+from sentsim.errors import InputError, UsageError
+
+Pair = Tuple[str, str, Optional[float]]
+
+S1_NAMES = ("s1", "sentence1", "sentence_a", "sentence 1", "text1", "text_a")
+S2_NAMES = ("s2", "sentence2", "sentence_b", "sentence 2", "text2", "text_b")
+GOLD_NAMES = ("gold", "score", "label", "similarity", "relatedness_score", "relatedness")
+
+
+def parse_score(text: str, where: str) -> float:
+    """A finite gold score, or an InputError naming `where` (file:line)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(f"{where}: score {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise InputError(f"{where}: score {text!r} is not finite")
+    return value
+
+
+def stsb_fields(cols: Sequence[str], where: str) -> Pair:
+    """(s1, s2, gold) of one STS-B line already split on TAB (7 fields, some lines carry 2 more)."""
+    if len(cols) < 7:
+        raise InputError(f"{where}: expected at least 7 TAB-separated fields (STS-B), found {len(cols)}")
+    return cols[5].strip(), cols[6].strip(), parse_score(cols[4].strip(), where)
+
+
+def is_stsb_line(cols: Sequence[str]) -> bool:
+    if len(cols) < 7:
+        return False
+    try:
+        float(cols[4])
+    except ValueError:
+        return False
+    return True
+
+
+def decode_text(path: Path) -> str:
+    """UTF-8 text, or an InputError naming the first line that is not UTF-8."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise InputError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8") from None
+
+
+def split_lines(text: str) -> List[str]:
+    # split on \n only: str.splitlines() would also split on \x85, \u2028 ... inside sentences
+    out = text.split("\n")
+    if out and out[-1] == "":
+        out.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in out]
+
+
+def _header_columns(cols: Sequence[str]) -> Optional[Tuple[int, int, Optional[int]]]:
+    """(s1, s2, gold) column positions when `cols` is a header line, else None."""
+    names = [c.strip().lower() for c in cols]
+
+    def find(options):
+        return next((i for i, n in enumerate(names) if n in options), None)
+
+    i1, i2 = find(S1_NAMES), find(S2_NAMES)
+    if i1 is None or i2 is None:
+        return None
+    return i1, i2, find(GOLD_NAMES)
+
+
+def _rows_with_header(rows: List[Tuple[int, List[str]]], path: str, header) -> List[Pair]:
+    i1, i2, ig = header
+    need = max(i for i in header if i is not None) + 1
+    out = []
+    for n, cols in rows:
+        if len(cols) < need:
+            raise InputError(f"{path}:{n}: expected {need} columns as named in the header, found {len(cols)}")
+        gold = None
+        if ig is not None and cols[ig].strip() != "":
+            gold = parse_score(cols[ig].strip(), f"{path}:{n}")
+        out.append((cols[i1].strip(), cols[i2].strip(), gold))
+    return out
+
+
+def _delimited(text: str, path: str, delimiter: str) -> List[Pair]:
+    if delimiter == "\t":  # TAB files are never quoted (STS-B's sentences hold quote characters)
+        rows = [(n, line.split("\t")) for n, line in enumerate(split_lines(text), 1) if line.strip()]
+    else:
+        reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+        rows = []
+        try:
+            for cols in reader:
+                if any(c.strip() for c in cols):
+                    rows.append((reader.line_num, cols))
+        except csv.Error as exc:
+            raise InputError(f"{path}:{reader.line_num}: not valid CSV ({exc})") from None
+    if not rows:
+        return []
+    header = _header_columns(rows[0][1])
+    if header is not None:
+        return _rows_with_header(rows[1:], path, header)
+    out = []
+    for n, cols in rows:
+        where = f"{path}:{n}"
+        if is_stsb_line(cols):
+            out.append(stsb_fields(cols, where))
+        elif len(cols) == 2:
+            out.append((cols[0].strip(), cols[1].strip(), None))
+        elif len(cols) == 3:
+            out.append((cols[0].strip(), cols[1].strip(), parse_score(cols[2].strip(), where)))
+        else:
+            sep = "TAB" if delimiter == "\t" else "comma"
+            raise InputError(f"{where}: expected s1 and s2 separated by {sep} (or a header line naming "
+                             f"s1 and s2), found {len(cols)} column(s)")
+    return out
+
+
+def _jsonl(text: str, path: str) -> List[Pair]:
+    out = []
+    for n, line in enumerate(split_lines(text), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            s1, s2 = obj["s1"], obj["s2"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise InputError(f"{path}:{n}: expected a JSON object with s1 and s2") from None
+        if not isinstance(s1, str) or not isinstance(s2, str):
+            raise InputError(f"{path}:{n}: s1 and s2 must be strings")
+        gold = obj.get("gold")
+        if gold is not None:
+            if isinstance(gold, bool) or not isinstance(gold, (int, float)):
+                raise InputError(f"{path}:{n}: gold must be a number")
+            gold = parse_score(str(gold), f"{path}:{n}")
+        out.append((s1, s2, gold))
+    return out
+
+
+def _parquet(p: Path) -> List[Pair]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        t = pq.read_table(p)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{p}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+    if not {"s1", "s2"} <= set(t.column_names):
+        raise InputError(f"{p}: needs columns s1 and s2 (has {', '.join(t.column_names) or 'none'})")
+    gold = t.column("gold").to_pylist() if "gold" in t.column_names else [None] * t.num_rows
+    rows = list(zip(t.column("s1").to_pylist(), t.column("s2").to_pylist(), gold))
+    for i, (a, b, _) in enumerate(rows):
+        if not isinstance(a, str) or not isinstance(b, str):
+            raise InputError(f"{p}: row {i}: s1 and s2 must be non-null strings")
+    return rows
+
+
+def read_pairs_file(path: str) -> List[Pair]:
+    """All pairs of `path`; refuses a missing, unreadable or empty file with a one-line error."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{path}: pairs file not found")
+    name = p.name.lower()
+    if name.endswith(".parquet"):
+        rows = _parquet(p)
+    else:
+        text = decode_text(p)
+        if name.endswith(".jsonl"):
+            rows = _jsonl(text, str(path))
+        else:
+            first = next((ln for ln in split_lines(text) if ln.strip()), "")
+            rows = _delimited(text, str(path), "\t" if "\t" in first or "," not in first else ",")
+    if not rows:
+        raise InputError(f"{path}: no pairs")
+    return rows

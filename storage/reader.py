@@ -1,0 +1,163 @@
+"""RunReader: the one way to read a run written through the shard store, local or s3://.
+
+A table's shards are exactly the files named by completion markers of this run (same fingerprint,
+unit below planned_units): a killed writer's dot-temp file, a shard whose marker was never written
+and a marker left by another run are never read.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Dict, List, Optional, Sequence
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from sentsim.errors import InputError
+from storage import fs as sfs
+from storage.store import MANIFEST, ShardStore, StoreError
+
+
+class RunReader:
+    """Read-only view of one run. `what` prefixes error messages (e.g. "--data", "--corpus")."""
+
+    def __init__(self, uri: str, *, what: str = "", manifest_required: bool = True):
+        self.uri = str(uri).rstrip("/")
+        self.what = what
+        self.store = ShardStore(self.uri)
+        self.fs, self.root = self.store.fs, self.store.root
+        self._where = f"{what} {self.uri}".strip()
+        info = self.fs.get_file_info(self.root)
+        if info.type == pafs.FileType.NotFound:
+            raise StoreError(f"{self._where}: no such directory")
+        self.manifest: dict = self.store.read_manifest() or {}
+        if manifest_required and not self.manifest:
+            raise StoreError(f"{self._where}: not a sentsim run directory (no {MANIFEST})")
+        self._units: Optional[Dict[int, dict]] = None
+
+    def __str__(self) -> str:
+        return self.uri
+
+    # ---- units -------------------------------------------------------------------------------
+    @property
+    def fingerprint(self) -> Optional[str]:
+        return self.manifest.get("fingerprint")
+
+    @property
+    def planned_units(self) -> Optional[int]:
+        p = self.manifest.get("planned_units")
+        return int(p) if p is not None else None
+
+    def units(self) -> Dict[int, dict]:
+        """Markers of this run's completed units, by unit number (read once, then cached)."""
+        if self._units is None:
+            fp, planned = self.fingerprint, self.planned_units
+            self._units = {u: rec for u, rec in sorted(self.store.markers().items())
+                           if rec.get("fingerprint") == fp and (planned is None or u < planned)}
+        return self._units
+
+    def progress(self) -> tuple:
+        """(completed units, planned units or None)."""
+        return len(self.units()), self.planned_units
+
+    def is_complete(self) -> bool:
+        return self.store.is_complete()
+
+    def incomplete_note(self) -> Optional[str]:
+        return self.store.incomplete_note()
+
+    # ---- tables ------------------------------------------------------------------------------
+    def tables(self) -> List[str]:
+        names = set(self.manifest.get("tables") or {})
+        for rec in self.units().values():
+            names.update(rec.get("files", {}))
+        return sorted(names)
+
+    def files(self, table: str, required: bool = True) -> List[str]:
+        """Paths (inside `self.fs`) of the table's completed shards, in unit order."""
+        out = [self.store.path(rec["files"][table]["path"]) for rec in self.units().values() if table in rec.get("files", {})]
+        if not out and required:
+            raise StoreError(f"{self._where}: no completed {table}/ shards (no unit marker names one)")
+        return out
+
+    def file_uris(self, table: str) -> List[str]:
+        """The same files as URIs a user can paste (s3://bucket/run/pairs/part-00000.parquet)."""
+        return [f"{self.uri}/{rec['files'][table]['path']}" for rec in self.units().values() if table in rec.get("files", {})]
+
+    def rows(self, table: str) -> int:
+        """Row count from the markers alone (no Parquet read)."""
+        return sum(int(rec["files"][table]["rows"]) for rec in self.units().values() if table in rec.get("files", {}))
+
+    def schema(self, table: str) -> pa.Schema:
+        files = self.files(table)
+        return self.guarded(files[0], lambda: pq.read_schema(files[0], filesystem=self.fs))
+
+    def dataset(self, table: str) -> pads.Dataset:
+        """A pyarrow dataset over exactly the completed shards."""
+        files = self.files(table)
+        return self.guarded(files[0], lambda: pads.dataset(files, filesystem=self.fs, format="parquet"))
+
+    def read_table(self, table: str, columns: Optional[Sequence[str]] = None) -> pa.Table:
+        """The whole table (or some columns) as one pyarrow Table; a missing column names the shard."""
+        parts = [self.read_file(f, columns) for f in self.files(table)]
+        return pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
+
+    def read_file(self, path: str, columns: Optional[Sequence[str]] = None) -> pa.Table:
+        def read():
+            with self.fs.open_input_file(path) as fh:
+                pf = pq.ParquetFile(fh)
+                if columns is not None:
+                    missing = [c for c in columns if c not in pf.schema_arrow.names]
+                    if missing:
+                        raise InputError(f"{self.display(path)}: missing column(s) {', '.join(missing)}")
+                return pf.read(columns=list(columns) if columns is not None else None)
+        return self.guarded(path, read)
+
+    def iter_batches(self, table: str, columns: Optional[Sequence[str]] = None, batch_size: int = 8192):
+        """Record batches shard by shard, in unit order (streaming: one shard open at a time)."""
+        for path in self.files(table):
+            with self.fs.open_input_file(path) as fh:
+                pf = self.guarded(path, lambda: pq.ParquetFile(fh))
+                yield from pf.iter_batches(columns=list(columns) if columns is not None else None, batch_size=batch_size)
+
+    def ray_dataset(self, table: str, columns: Optional[Sequence[str]] = None, **kw):
+        """A ray.data dataset over exactly the completed shards (Ray Train streams from it)."""
+        import ray.data
+
+        return ray.data.read_parquet(self.files(table), filesystem=self.fs, columns=list(columns) if columns else None,
+                                     **kw)
+
+    # ---- side tables and run files ------------------------------------------------------------
+    def side_table(self, name: str) -> Optional[pa.Table]:
+        return self.store.read_side_table(name, fingerprint=self.fingerprint)
+
+    def read_json(self, name: str) -> Optional[dict]:
+        p = self.store.path(name)
+        if not sfs.exists(self.fs, p):
+            return None
+        try:
+            return json.loads(sfs.read_bytes(self.fs, p))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise InputError(f"{self.uri}/{name}: not valid JSON") from None
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def display(self, path: str) -> str:
+        rel = path[len(self.root):].lstrip("/") if path.startswith(self.root) else path
+        return f"{self.uri}/{rel}"
+
+    def guarded(self, path: str, fn):
+        """Run a read; a missing or corrupt shard becomes one line naming it, not a traceback."""
+        try:
+            return fn()
+        except (InputError, StoreError):
+            raise
+        except FileNotFoundError:
+            raise StoreError(f"{self.display(path)}: missing (its unit marker names it; run `sentsim store verify`)") from None
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"{self.display(path)}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+
+
+def open_run(uri: str, *, what: str = "", manifest_required: bool = True) -> RunReader:
+    return RunReader(uri, what=what, manifest_required=manifest_required)

@@ -1,0 +1,155 @@
+"""The one executor of sharded jobs, and stage resources from config honoured on Ray.
+
+The Ray tests run on this module's own local Ray with 2 logical GPUs (`num_gpus=2` works on a
+CPU machine: Ray only counts them and sets CUDA_VISIBLE_DEVICES for the actors it places).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+from harvest_support import build_index_for, harvest_config, tiny_context_bundle
+
+SCHEMA = pa.schema([("unit", pa.int64()), ("x", pa.int64())])
+
+
+class _Write:
+    """A stage that writes its unit's one-row shard, as every job's last stage does."""
+
+    name = "write"
+
+    def __init__(self, out, fp):
+        self.out, self.fp = out, fp
+
+    def setup(self):
+        pass
+
+    def process(self, items):
+        from storage import ShardStore
+
+        for it in items:
+            ShardStore(self.out).write_unit(it["unit"], {"t": pa.table({"unit": [it["unit"]], "x": [it["x"]]},
+                                                                          schema=SCHEMA)}, self.fp, {"x": it["x"]})
+        return [{"unit": it["unit"], "rows": 1, "x": it["x"]} for it in items]
+
+
+def _job(out, units, **more):
+    from sentsim.executor import ShardedJob
+    from sentsim.pipeline import Resources, StageSpec
+
+    return ShardedJob(stage="toy", out=str(out), fingerprint_parts=("toy", 1), config={}, inputs=[], tables={"t": SCHEMA},
+                      units=units, stages=lambda ctx: [StageSpec(functools.partial(_Write, str(out), ctx.fp),
+                                                                 Resources(num_cpus=0.25))],
+                      summary=lambda ctx: {"n": ctx.planned}, count="rows", **more)
+
+
+def test_resume_max_units_and_progress(tmp_path, capsys):
+    from sentsim.executor import execute
+
+    units = [{"unit": u, "x": u * u} for u in range(5)]
+    m = execute(_job(tmp_path / "r", units), executor="inline", max_units=2)
+    assert (m["completed_units"], m["complete"], m["this_run"]["units"]) == (2, False, 2)
+    err = capsys.readouterr().err
+    assert "[toy] unit 00001 | 2/5 units | 2 rows" in err and "ETA" in err
+    m = execute(_job(tmp_path / "r", units), executor="inline")
+    assert m["complete"] and m["n"] == 5 and m["this_run"]["units"] == 3
+    err = capsys.readouterr().err
+    assert "[toy] resuming" in err and "2 already complete, 3 to do" in err
+    # nothing left: no stage is built, nothing runs
+    m = execute(_job(tmp_path / "r", units), executor="inline")
+    assert m["complete"] and m["this_run"]["units"] == 0
+
+
+def test_streamed_units_run_in_windows_and_stop_on_request(tmp_path):
+    from sentsim.executor import execute
+
+    seen = []
+
+    def units():
+        for u in range(7):
+            seen.append(u)
+            yield {"unit": u, "x": u}
+
+    stop = lambda r: r["unit"] == 2  # noqa: E731
+    m = execute(_job(tmp_path / "s", units(), window=3, on_result=stop), executor="inline")
+    # planning goes on to the end (the planned count is right) but no unit after the stop starts
+    assert seen == list(range(7)) and m["planned_units"] == 7 and m["completed_units"] == 3
+
+
+@pytest.fixture(scope="module")
+def ray_2gpu():
+    import ray
+
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, ignore_reinit_error=True)
+    # Ray Data starts a pool's min_actors without waiting for them, and on these tiny inputs the
+    # first actor up would do every unit; waiting for the whole pool makes "each actor works" testable.
+    ctx = ray.data.DataContext.get_current()
+    saved, ctx.wait_for_min_actors_s = ctx.wait_for_min_actors_s, 300
+    yield ray
+    ctx.wait_for_min_actors_s = saved
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def inputs(speech_corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("exec")
+    return {"corpus": speech_corpus, "index": build_index_for(speech_corpus, root / "index"),
+            "bundle": tiny_context_bundle(speech_corpus, root / "ctx")}
+
+
+def test_contexts_runs_the_configured_actor_pool(inputs, ray_2gpu, tmp_path):
+    """`resources.max_actors=2` of `sentsim contexts` gives 2 screening actors that both work."""
+    from sentsim.config import load_config
+    from sentsim.screening_job import ScreenConfig, screen_contexts
+
+    cfg = load_config(ScreenConfig, None, ["sample=48", "per_unit=4", "contexts.size=5", "contexts.retrieve_chunks=40",
+                                           "resources.num_cpus=0.5", "resources.min_actors=2",
+                                           "resources.max_actors=2"],
+                      corpus=str(inputs["corpus"]), index=str(inputs["index"]), out=str(tmp_path / "c"))
+    m = screen_contexts(cfg, executor="ray", quiet=True)
+    assert m["complete"] and m["counts"]["sentences"] == 48
+    actors = m["this_run"]["actors"]["screen"]
+    assert len({a["pid"] for a in actors}) == 2, actors
+
+
+def test_scoring_actors_get_their_gpu_fractions(inputs, ray_2gpu, tmp_path):
+    """4 scoring actors at 0.5 GPU on 2 GPUs: two share each device, and each actor sees only the
+    device Ray gave it, recorded from inside the stage."""
+    from sentsim.harvest.job import harvest
+
+    cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], tmp_path / "h",
+                         anchors={"n": 24, "per_unit": 2}, rank={"enabled": False},
+                         resources={"contexts": {"num_cpus": 0.25}, "rank": {"num_cpus": 0.25},
+                                    "scoring": {"num_cpus": 0.25, "num_gpus": 0.5, "min_actors": 4, "max_actors": 4}})
+    m = harvest(cfg, executor="ray", quiet=True)
+    assert m["complete"]
+    scoring = m["this_run"]["actors"]["scoring"]
+    assert len({a["pid"] for a in scoring}) == 4, scoring
+    per_device = Counter(a["cuda_visible_devices"] for a in scoring)
+    assert per_device == {"0": 2, "1": 2}, scoring
+    # the CPU-only stages get no device
+    assert all(a["cuda_visible_devices"] in (None, "") for a in m["this_run"]["actors"]["contexts"])
+
+
+def test_gpu_asks_beyond_the_cluster_are_refused(inputs, ray_2gpu, tmp_path):
+    from sentsim.errors import UsageError
+    from sentsim.harvest.job import harvest
+
+    cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], tmp_path / "g",
+                         resources={"scoring": {"num_gpus": 1, "min_actors": 3, "max_actors": 3}})
+    with pytest.raises(UsageError, match="ask for 3 GPUs but the cluster has 2"):
+        harvest(cfg, executor="ray", quiet=True)
+    assert not list((tmp_path / "g").glob("_units/*.json"))  # refused before any unit ran
+
+
+def test_progress_line_without_a_plan():
+    from sentsim.executor import Progress
+
+    buf = io.StringIO()
+    p = Progress("corpus", None, 0, "sentences", stream=buf, detail=lambda r: "x")
+    p.update({"unit": 3, "sentences": 10})
+    assert buf.getvalue().startswith("[corpus] unit 00003 | 1 units | 10 sentences |") and "ETA" not in buf.getvalue()

