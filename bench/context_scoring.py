@@ -91,7 +91,8 @@ def main(argv=None) -> int:
         model_src = (cfg, tok, {"fwd": model, "left": model, "right": model})
         model_desc = (f"BART from config, d_model {cfg.d_model}, {cfg.encoder_layers}+{cfg.decoder_layers} layers, "
                       f"ffn {cfg.ffn_dim}, BPE vocab {tok.vocab_size}, one shared model with direction tags, "
-                      f"{model.n_parameters() / 1e6:.2f}M parameters (random weights: throughput does not depend on them)")
+                      f"{model.n_parameters() / 1e6:.2f}M parameters "
+                      "(random weights: throughput does not depend on them)")
         k = cfg.context_sentences
     windows = [w for d in docs for w in windows_of(d, k) if w[0] and w[2] and w[1]]
     step = max(1, len(windows) // (args.sentences + args.contexts))
@@ -130,7 +131,8 @@ def main(argv=None) -> int:
             "budget": budget, "items": n_items, "seconds": best, "items_per_s": n_items / best,
             "target_tokens_per_s": st["target_tokens"] / best, "target_tokens": st["target_tokens"],
             "encoder_rows": st["encoder_rows"], "decoder_rows": st["decoder_rows"],
-            "model_gflop": flops / 1e9, "model_flops_per_s": flops / best, "mfu": flops / best / peak, "matmul_flops_per_s": peak,
+            "model_gflop": flops / 1e9, "model_flops_per_s": flops / best, "mfu": flops / best / peak,
+            "matmul_flops_per_s": peak,
             "padding_fraction": st["padding_fraction"],
             "decoder_padding": 1 - st["decoder_real_tokens"] / max(st["decoder_padded_tokens"], 1),
             "encoder_padding": 1 - st["encoder_real_tokens"] / max(st["encoder_padded_tokens"], 1),
@@ -144,18 +146,21 @@ def main(argv=None) -> int:
         f"- Model: {model_desc}.",
         f"- Workload: {len(sentences)} sentences x {len(contexts)} contexts (k=1 sentence each side) = {n_items} "
         f"items, all three directions of Eq. 3 per item; corpus windows from us_speeches.",
-        f"- Dense matmul, same run ({'bf16 8192^3' if gpu else 'fp32 1024^3'}): {peak_before / 1e9:.1f} GFLOP/s at the start; "
+        f"- Dense matmul, same run ({'bf16 8192^3' if gpu else 'fp32 1024^3'}): "
+        f"{peak_before / 1e9:.1f} GFLOP/s at the start; "
         f"each row's MFU uses the mean of that and a re-measurement right after the row's timing.",
         "- Model FLOPs are counted by `torch.utils.flop_counter` over one full scoring pass (padding included).",
         "",
-        "| token budget | items/s | target tokens/s | model GFLOP/pass | model GFLOP/s | matmul GFLOP/s | MFU vs matmul | padding (all / enc / dec) | encoder rows / decoder rows |",
+        "| token budget | items/s | target tokens/s | model GFLOP/pass | model GFLOP/s | matmul GFLOP/s "
+        "| MFU vs matmul | padding (all / enc / dec) | encoder rows / decoder rows |",
         "|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['budget']} | {r['items_per_s']:.0f} | {r['target_tokens_per_s']:.0f} | {r['model_gflop']:.2f} | "
-            f"{r['model_flops_per_s'] / 1e9:.1f} | {r['matmul_flops_per_s'] / 1e9:.1f} | {100 * r['mfu']:.1f}% | {r['padding_fraction']:.3f} / "
-            f"{r['encoder_padding']:.3f} / {r['decoder_padding']:.3f} | {r['encoder_rows']:.0f} / {r['decoder_rows']:.0f} |")
+            f"{r['model_flops_per_s'] / 1e9:.1f} | {r['matmul_flops_per_s'] / 1e9:.1f} | {100 * r['mfu']:.1f}% | "
+            f"{r['padding_fraction']:.3f} / {r['encoder_padding']:.3f} / {r['decoder_padding']:.3f} | "
+            f"{r['encoder_rows']:.0f} / {r['decoder_rows']:.0f} |")
     lines.append("")
     append_results(args.out, lines)
     return 0

@@ -56,18 +56,22 @@ def main(argv=None) -> int:
     for name, r in summary["runs"].items():
         m = cfg.model
         arch = (f"BART d_model {m.d_model}, {m.encoder_layers}+{m.decoder_layers} layers, ffn {m.ffn_dim}, "
-                f"vocab {m.vocab_size}" if m.arch == "bart" else "EncoderDecoderModel warm-started from all-MiniLM-L6-v2")
+                f"vocab {m.vocab_size}" if m.arch == "bart"
+                else "EncoderDecoderModel warm-started from all-MiniLM-L6-v2")
         lines += [
             f"### {args.label or name}: {dev}",
             "",
-            f"- Model: {arch}, layout {m.layout}, window k={m.context_sentences}, {r['parameters'] / 1e6:.2f}M parameters.",
+            f"- Model: {arch}, layout {m.layout}, window k={m.context_sentences}, "
+            f"{r['parameters'] / 1e6:.2f}M parameters.",
             f"- Optimiser: Adam lr {cfg.lr} betas ({cfg.beta1}, {cfg.beta2}), warm-up {cfg.warmup_steps}, "
             f"{cfg.schedule}; {cfg.batch_tokens} tokens per batch.",
             f"- Steps {r['steps']}, tokens seen {r['tokens_seen']:,} (target tokens {r['target_tokens_seen']:,}), "
             f"training time {r['train_seconds']:.0f} s, wall time {wall:.0f} s incl. tokenizer and evaluation.",
-            f"- Corpus: {args.corpus}; held-out: {cfg.heldout_percent}% of documents, {cfg.heldout_windows} windows per direction.",
+            f"- Corpus: {args.corpus}; held-out: {cfg.heldout_percent}% of documents, "
+            f"{cfg.heldout_windows} windows per direction.",
             "",
-            "| direction | held-out loss (nats/token) | perplexity | loss, contexts shuffled | context-use gap (nats/token) | initial loss |",
+            "| direction | held-out loss (nats/token) | perplexity | loss, contexts shuffled "
+            "| context-use gap (nats/token) | initial loss |",
             "|---|---:|---:|---:|---:|---:|",
         ]
         for d, ev in r["final_eval"].items():

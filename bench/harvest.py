@@ -80,7 +80,8 @@ def main() -> None:
     ap.add_argument("--anchors", type=int, default=12)
     ap.add_argument("--context-models", nargs="*")
     ap.add_argument("--small", action="store_true", help="a d_model-64 model instead of the reference size")
-    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads for scoring, split over the actors")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(),
+                    help="torch threads for scoring, split over the actors")
     ap.add_argument("--actors", default="1,2", help="Ray configurations to time: scoring actors, comma-separated")
     ap.add_argument("--no-inline", action="store_true",
                     help="skip the in-process baseline (ratios are then against the first Ray configuration)")
@@ -148,7 +149,8 @@ def main() -> None:
              f"Command: `{' '.join(sys.argv)}` ({args.runs} runs each; |C_s| = 32; {args.anchors} anchors, "
              f"5 partners each; context model {bundle}; {args.threads} torch threads for scoring, split over the "
              "scoring actors); wall time of the harvest call, Ray already started.", "",
-             f"| configuration | pairs | median wall (s) | pairs/hour | scored items/s | peak RSS (MiB) | vs {rows[0][0]} |",
+             "| configuration | pairs | median wall (s) | pairs/hour | scored items/s | peak RSS (MiB) "
+             f"| vs {rows[0][0]} |",
              "|---|---|---|---|---|---|---|"]
     for label, pairs, w, ph, ips, peak in rows:
         lines.append(f"| {label} | {pairs} | {w:.1f} | {ph:,.0f} | {ips:,.1f} | {peak:.0f} | {ph / base:.2f} |")

@@ -54,20 +54,24 @@ def main() -> None:
         walls, peaks, sents = [], [], 0
         for r in range(args.runs):
             out = work / f"run-{scale}-{r}"
-            wall, peak, _ = run_measured([sentsim, "corpus", "build", *inputs, "--out", str(out), "--executor", args.executor], env)
+            wall, peak, _ = run_measured(
+                [sentsim, "corpus", "build", *inputs, "--out", str(out), "--executor", args.executor], env)
             sents = json.loads((out / "manifest.json").read_text())["counts"]["sentences"]
             walls.append(wall)
             peaks.append(peak)
             shutil.rmtree(out)
-            print(f"scale {scale}x run {r}: {sents:,} sentences in {wall:.1f}s, peak {peak / 2**20:.0f} MiB", flush=True)
+            print(f"scale {scale}x run {r}: {sents:,} sentences in {wall:.1f}s, peak {peak / 2**20:.0f} MiB",
+                  flush=True)
         rows.append((scale, sents, median(walls), sents / median(walls), median(peaks) / 2**20, max(peaks) / 2**20))
     base = rows[0]
     lines = [
-        "| input | sentences | median wall (s) | sentences/s | peak RSS median (MiB) | peak RSS max (MiB) | peak vs 1x |",
+        "| input | sentences | median wall (s) | sentences/s | peak RSS median (MiB) | peak RSS max (MiB) "
+        "| peak vs 1x |",
         "|---|---|---|---|---|---|---|",
     ]
     for scale, sents, wall, rate, peak, pmax in rows:
-        lines.append(f"| {scale}x | {sents:,} | {wall:.1f} | {rate:,.0f} | {peak:.0f} | {pmax:.0f} | {peak / base[4]:.2f} |")
+        lines.append(f"| {scale}x | {sents:,} | {wall:.1f} | {rate:,.0f} | {peak:.0f} | {pmax:.0f} "
+                     f"| {peak / base[4]:.2f} |")
     report = "\n".join(
         [f"Machine: {machine()}", f"Command: `{' '.join(sys.argv)}` ({args.runs} runs each, executor {args.executor}, "
          f"first {args.docs} Gutenberg books per input file)", "", *lines, ""]

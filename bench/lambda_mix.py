@@ -35,7 +35,8 @@ def main() -> int:
             m = remix(RemixConfig(source=args.harvest, out=f"{tmp}/{i}", lambda_fwd=f, lambda_left=left,
                                   lambda_right=right), quiet=True)["remix"]
             if "remix_spearman_vs_gold" not in m:
-                sys.exit(f"{args.harvest}: no pairs with both a score and a gold label (use a --pairs harvest of a labelled set)")
+                sys.exit(f"{args.harvest}: no pairs with both a score and a gold label "
+                         "(use a --pairs harvest of a labelled set)")
             lines.append(f"| {f:g}, {left:g}, {right:g} | {m['remix_spearman_vs_gold']:.2f} | {m['gold_pairs']} | "
                          f"{m['approximate']} |")
     text = f"{args.harvest}\n\n" + "\n".join(lines) + "\n"

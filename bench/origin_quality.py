@@ -39,7 +39,8 @@ def bootstrap(pred, gold, n=1000, seed=0):
         i = rng.integers(0, len(pred), len(pred))
         stats.append(spearmanr(pred[i], gold[i]).statistic * 100)
     # a resample with constant predictions has no Spearman (nan): leave it out of the interval
-    return spearmanr(pred, gold).statistic * 100, np.nanpercentile(stats, 2.5), np.nanpercentile(stats, 97.5), int(ok.sum())
+    return (spearmanr(pred, gold).statistic * 100, np.nanpercentile(stats, 2.5), np.nanpercentile(stats, 97.5),
+            int(ok.sum()))
 
 
 def main() -> None:
@@ -82,7 +83,8 @@ def main() -> None:
     rows.append(("Origin (screened C_s, pearson metric)",) + bootstrap(origin.score.to_numpy(dtype=float), gold))
     for d in ("fwd", "left", "right"):
         rows.append((f"  component: {d} direction only",) + bootstrap(origin[f"sim_{d}"].to_numpy(dtype=float), gold))
-    rows.append(("Random-context ablation (same |C_s|)",) + bootstrap(rand.score.to_numpy(dtype=float), rand.gold.to_numpy()))
+    rows.append(("Random-context ablation (same |C_s|)",)
+                + bootstrap(rand.score.to_numpy(dtype=float), rand.gold.to_numpy()))
     # pair-independent control from the stored per-(sentence, context) scores
     cs = ds.dataset(str(work / "screened" / "context_scores")).to_table().to_pandas()
     by_s = cs.groupby("sentence_id").S.std()
@@ -94,7 +96,8 @@ def main() -> None:
     from types import SimpleNamespace
 
     tf.begin_task(SimpleNamespace(sets=[SimpleNamespace(s1=list(origin.s1), s2=list(origin.s2))]))
-    rows.append(("TF-IDF cosine baseline",) + bootstrap(np.asarray(tf.score_pairs(list(origin.s1), list(origin.s2))), gold))
+    rows.append(("TF-IDF cosine baseline",)
+                + bootstrap(np.asarray(tf.score_pairs(list(origin.s1), list(origin.s2))), gold))
     gaps = []
     for m in args.context_models:  # the issue asks for the context models' context-use gap alongside
         runs = (json.loads((Path(m) / "context.json").read_text()).get("trained") or {}).get("runs") or {}
@@ -111,7 +114,8 @@ def main() -> None:
     report = "\n".join(out) + "\n"
     print(report)
     Path(args.out).write_text(report)
-    (Path(args.out).with_suffix(".json")).write_text(json.dumps([dict(zip(("scorer", "spearman", "lo", "hi", "n"), r)) for r in rows], indent=1))
+    (Path(args.out).with_suffix(".json")).write_text(
+        json.dumps([dict(zip(("scorer", "spearman", "lo", "hi", "n"), r)) for r in rows], indent=1))
 
 
 if __name__ == "__main__":

@@ -195,11 +195,13 @@ def main() -> None:
                 ids, _ = lr.search(queries, k)
                 dt = time.perf_counter() - t
                 lucene_rows.append({"similarity": sim, "k": k, "qps": len(queries) / dt, "build_s": build_s,
-                                    "size_mb": man["size_bytes"] / 2 ** 20, "mean_hits": float((ids >= 0).sum(1).mean())})
+                                    "size_mb": man["size_bytes"] / 2 ** 20,
+                                    "mean_hits": float((ids >= 0).sum(1).mean())})
                 print(json.dumps({"lucene": lucene_rows[-1]}), flush=True)
             if sim == "classic":
                 l_ids, _ = lr.search(queries, 10)
-                s_ids, _ = open_retriever(ROOT / "bench" / "out" / f"index_g{args.books}_s{shards0}").search(queries, 10)
+                s_ids, _ = open_retriever(
+                    ROOT / "bench" / "out" / f"index_g{args.books}_s{shards0}").search(queries, 10)
                 has = l_ids[:, 0] >= 0
                 classic_agreement = {
                     "queries": int(has.sum()),
@@ -217,7 +219,8 @@ def main() -> None:
     lines = [
         "# Retrieval and screening benchmark",
         "",
-        f"Command: `.venv/bin/python bench/retrieval.py --books {args.books} --queries {args.queries} --shards {args.shards} "
+        f"Command: `.venv/bin/python bench/retrieval.py --books {args.books} --queries {args.queries} "
+        f"--shards {args.shards} "
         f"--workers {args.workers}`  ",
         f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), shared with other jobs "
         f"(load average at the end: {os.getloadavg()[0]:.1f}); torch/BLAS threads: {args.threads}. Numbers are noisy.",
@@ -232,9 +235,12 @@ def main() -> None:
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r_ in rows:
-        lines.append(f"| {r_['shards']} | {r_['k']:,} | {r_['qps']:.1f} | {r_['mean_hits']:.0f} | {r_['build_s']:.1f} | "
-                     f"{r_['load_s']:.2f} | {r_['size_mb']:.1f} | {r_['vocab']:,} |")
-    lines += ["", "In one process 4 shards are slower than 1: each shard runs its own sparse product and top-k, then the shard results are merged. Sharding is there so that the index can be spread over Ray actors (`open_retriever(..., ray_actors=N)`) when it does not fit one machine; there the shards run in parallel."]
+        lines.append(f"| {r_['shards']} | {r_['k']:,} | {r_['qps']:.1f} | {r_['mean_hits']:.0f} | "
+                     f"{r_['build_s']:.1f} | {r_['load_s']:.2f} | {r_['size_mb']:.1f} | {r_['vocab']:,} |")
+    lines += ["", "In one process 4 shards are slower than 1: each shard runs its own sparse product and top-k, "
+              "then the shard results are merged. Sharding is there so that the index can be spread over Ray actors "
+              "(`open_retriever(..., ray_actors=N)`) when it does not fit one machine; "
+              "there the shards run in parallel."]
     if build_rows:
         lines += [
             "",
@@ -246,7 +252,8 @@ def main() -> None:
             "|---:|---:|---:|:---:|",
         ]
         for b_ in build_rows:
-            lines.append(f"| {b_['workers']} | {b_['build_s']:.1f} | {b_['vocab']:,} | {'yes' if b_['same_vocab'] else 'NO'} |")
+            lines.append(f"| {b_['workers']} | {b_['build_s']:.1f} | {b_['vocab']:,} | "
+                         f"{'yes' if b_['same_vocab'] else 'NO'} |")
     if lucene_rows:
         lines += [
             "",
@@ -263,7 +270,8 @@ def main() -> None:
         if classic_agreement:
             lines += [
                 "",
-                f"Lucene classic against the default sklearn cosine TF-IDF on the {classic_agreement['queries']} queries "
+                "Lucene classic against the default sklearn cosine TF-IDF on the "
+                f"{classic_agreement['queries']} queries "
                 f"with a hit: the same top hit for {100 * classic_agreement['top1']:.0f}%, "
                 f"{100 * classic_agreement['overlap']:.0f}% of the top 10 shared. (The sklearn backend's "
                 "`similarity: classic` reproduces Lucene's classic scores; tests/test_retrieval.py checks it.)",
@@ -283,13 +291,16 @@ def main() -> None:
             "",
             "## Screening (discriminator head only, from cached reps)",
             "",
-            f"Paper-size head (BiLSTM hidden 300 so D = 600, head 256, window 1), {scr['candidates']:,} candidate contexts "
-            f"(20K chunks x 8 slots) for one query sentence, against a cache of {scr['corpus_sentences']:,} corpus sentences "
-            "(random reps: the cost does not depend on the values). Per candidate the head does one dot product over the "
+            "Paper-size head (BiLSTM hidden 300 so D = 600, head 256, window 1), "
+            f"{scr['candidates']:,} candidate contexts (20K chunks x 8 slots) for one query sentence, "
+            f"against a cache of {scr['corpus_sentences']:,} corpus sentences "
+            "(random reps: the cost does not depend on the values). "
+            "Per candidate the head does one dot product over the "
             "cached context row [g, l, r] (513 floats) and two cosines with gathered unit reps (600 floats each):",
             "",
             f"- {scr['per_s']:,.0f} candidate contexts scored per second ({scr['seconds']:.2f} s per query sentence)",
-            f"- about {scr['flops'] / 1e9:.2f} GFLOP/s, {100 * scr['flops'] / peak:.1f}% of a measured dense-GEMM peak of "
+            f"- about {scr['flops'] / 1e9:.2f} GFLOP/s, {100 * scr['flops'] / peak:.1f}% "
+            "of a measured dense-GEMM peak of "
             f"{peak / 1e9:.1f} GFLOP/s on {args.threads} thread(s): the work is memory-bound (about 7 KB of cached "
             "floats read per candidate), not arithmetic.",
         ]

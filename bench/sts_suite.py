@@ -73,7 +73,8 @@ def speed(model_path: str, sentences: list[str], batch_size: int, rounds: int = 
         # per-round ratio against encode in the same round, then its median: both sides saw the same load
         ratios = [b / t for b, t in zip(base, ts)]
         out["rows"][name] = {"sentences": len(sentences), "rounds": rounds, "seconds_median": round(med, 2),
-                             "seconds_all": [round(t, 2) for t in ts], "sentences_per_s": round(len(sentences) / med, 1),
+                             "seconds_all": [round(t, 2) for t in ts],
+                             "sentences_per_s": round(len(sentences) / med, 1),
                              "speed_ratio_vs_encode": round(float(np.median(ratios)), 3)}
     a = reference.encode(sentences[:200], batch_size=batch_size)
     b = surrogate.encode(sentences[:200], batch_size=batch_size)
@@ -110,7 +111,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     import torch
 
-    env = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU, torch threads {torch.get_num_threads()}, no GPU"
+    env = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU, "
+           f"torch threads {torch.get_num_threads()}, no GPU")
     if not args.no_speed:
         stsb = next(t for t in tasks if t.name == "STSb")
         sentences = list(dict.fromkeys(stsb.sets[0].s1 + stsb.sets[0].s2))[: args.speed_sentences]
@@ -137,7 +139,8 @@ def main() -> int:
     for spec in args.model + args.scores:
         if "=" not in spec:
             ap.error(f"{spec!r}: expected LABEL=PATH")
-    runs += [(lbl, load_model_scorer(path, args.batch_size, "cpu")) for lbl, path in (m.split("=", 1) for m in args.model)]
+    runs += [(lbl, load_model_scorer(path, args.batch_size, "cpu"))
+             for lbl, path in (m.split("=", 1) for m in args.model)]
     runs += [(lbl, PairFileScorer(path)) for lbl, path in (m.split("=", 1) for m in args.scores)]
     reports = []
     for label, scorer in runs:

@@ -52,7 +52,8 @@ def rank_only_harvest(out: Path, n_anchors: int, n_sentences: int, seed: int = 0
     t0 = time.perf_counter()
     targets = RankTargets(default_base_encoder(), anchor_ids, anchor_texts, bits=16, device="cpu")
     codes = targets.codes(t.text.tolist())
-    print(f"[bench] rank codes for {len(t)} sentences over {n_anchors} anchors in {time.perf_counter() - t0:.0f}s", flush=True)
+    print(f"[bench] rank codes for {len(t)} sentences over {n_anchors} anchors in {time.perf_counter() - t0:.0f}s",
+          flush=True)
     (out / "sentences").mkdir(parents=True, exist_ok=True)
     (out / "pairs").mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pydict({
@@ -69,8 +70,9 @@ def rank_only_harvest(out: Path, n_anchors: int, n_sentences: int, seed: int = 0
     pq.write_table(pa.Table.from_pydict({
         "pair_id": list(range(n)), "s1_id": ids[i].tolist(), "s2_id": ids[j].tolist(),
         "s1": [texts[k] for k in i], "s2": [texts[k] for k in j], "kind": ["random"] * n, "score": [None] * n,
-        "null_reason": ["rank-only bench harvest: no context scores"] * n, "sim_fwd": [None] * n, "sim_left": [None] * n,
-        "sim_right": [None] * n, "sim_disc": [None] * n, "n_ctx_s1": [0] * n, "n_ctx_s2": [0] * n,
+        "null_reason": ["rank-only bench harvest: no context scores"] * n, "sim_fwd": [None] * n,
+        "sim_left": [None] * n, "sim_right": [None] * n, "sim_disc": [None] * n, "n_ctx_s1": [0] * n,
+        "n_ctx_s2": [0] * n,
         "rank_sim": rs.tolist(), "split": ["train"] * n, "gold": [None] * n}, schema=PAIR_SCHEMA),
         out / "pairs" / "part-00000.parquet")
     (out / "manifest.json").write_text(json.dumps({
@@ -91,7 +93,8 @@ def similar_view(tasks):
         return None
     st = stsb.sets[0]
     keep = np.asarray(st.gold) / 5.0 >= 0.67
-    sub = StsSet("similar", [a for a, k in zip(st.s1, keep) if k], [b for b, k in zip(st.s2, keep) if k], np.asarray(st.gold)[keep])
+    sub = StsSet("similar", [a for a, k in zip(st.s1, keep) if k], [b for b, k in zip(st.s2, keep) if k],
+                 np.asarray(st.gold)[keep])
     task = StsTask("STSb-similar", [sub], stsb.files, f"STS-B test, gold/5 >= 0.67 ({len(sub)} pairs), 004 §5.4")
     return task
 
@@ -109,7 +112,8 @@ def table(rows) -> str:
         by = {t.name: t.spearman for t in rep.tasks}
         vals = [by.get(n) for n in names]
         avg = sum(v for v in vals if v is not None) / max(1, sum(v is not None for v in vals))
-        out.append(f"| {label} | " + " | ".join(fmt(v) for v in vals) + f" | {fmt(avg)} | {fmt(by.get('STSb-similar'))} |")
+        out.append(f"| {label} | " + " | ".join(fmt(v) for v in vals)
+                   + f" | {fmt(avg)} | {fmt(by.get('STSb-similar'))} |")
     return "\n".join(out) + "\n"
 
 
@@ -163,7 +167,8 @@ def main() -> int:
 
     anchor_texts = recover_anchors(json.loads((harvest / "manifest.json").read_text()), harvest)[1]
     base = RankEncoderScorer(minilm, 0.1, anchors=anchor_texts)
-    evaluate_all("all-MiniLM-L6-v2 (start)", [("Eq. 7 with E1 = E2 (no training)", base), ("cosine", base.base)], tasks, rows, results)
+    evaluate_all("all-MiniLM-L6-v2 (start)", [("Eq. 7 with E1 = E2 (no training)", base), ("cosine", base.base)],
+                 tasks, rows, results)
     common = [f"batch_size={args.batch_size}", f"max_steps={args.steps}", "log_every=5", f"eval_every={args.steps}",
               "lr=3e-5", "max_seq_length=32"]
     for objective in args.objectives.split(","):
@@ -190,8 +195,10 @@ def main() -> int:
         losses = [h["train_loss"] for h in s["history"] if h.get("train_loss") is not None]
         runs[objective] = {"train_seconds": round(train_s, 1), "steps": s["total_steps"], "rows": s["rows"],
                            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-                           "empty_filter_batches": s.get("empty_filter_batches"), "counts": s["counts"], "skips": s["skips"]}
-        print(f"[bench] {objective}: {s['total_steps']} steps in {train_s:.0f}s, loss {losses[0]:.4g} -> {losses[-1]:.4g}", flush=True)
+                           "empty_filter_batches": s.get("empty_filter_batches"), "counts": s["counts"],
+                           "skips": s["skips"]}
+        print(f"[bench] {objective}: {s['total_steps']} steps in {train_s:.0f}s, "
+              f"loss {losses[0]:.4g} -> {losses[-1]:.4g}", flush=True)
         if objective == "rankencoder-scratch":
             # the starting point: the same random init, untrained, exported the same way
             from sentsim.surrogate.models import build_model, export_model, save_hf
@@ -213,11 +220,15 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     hm = json.loads((harvest / "manifest.json").read_text())
+    harvest_desc = ('rank-only bench harvest: sample-corpus sentences, rank codes over ' + str(anchors)
+                    + ' anchors under all-MiniLM-L6-v2 (E1), no context scores'
+                    if hm.get('fingerprint') == 'bench-rank-only' else hm.get('fingerprint'))
     md = ["# Student encoders vs their starting points", "",
           "Produced by `bench/students.py`; Spearman x100, 'all' setting (sentsim.evaluation). "
           "STSb-similar is the RankEncoder similar-pairs view (004 §5.4): STS-B test pairs with gold/5 >= 0.67.", "",
-          f"- harvest: `{harvest}` ({'rank-only bench harvest: sample-corpus sentences, rank codes over ' + str(anchors) + ' anchors under all-MiniLM-L6-v2 (E1), no context scores' if hm.get('fingerprint') == 'bench-rank-only' else hm.get('fingerprint')})",
-          f"- training: {args.steps} steps, batch {args.batch_size}, max_seq_length 32, lr 3e-5 (scratch 5e-4), CPU only, inline executor",
+          f"- harvest: `{harvest}` ({harvest_desc})",
+          f"- training: {args.steps} steps, batch {args.batch_size}, max_seq_length 32, lr 3e-5 (scratch 5e-4), "
+          "CPU only, inline executor",
           f"- tasks: {', '.join(t.name for t in tasks)}" + (f"; not found: {', '.join(missing)}" if missing else ""),
           f"- wall time: {time.perf_counter() - t_all:.0f}s on {os.cpu_count()} shared CPU cores", "",
           table(rows), "", "| run | steps | train s | loss first -> last | notes |", "|---|---:|---:|---|---|"]
@@ -227,7 +238,8 @@ def main() -> int:
             note = f"triples {r['counts']['per_relation']}"
         if r["skips"].get("no_phrase"):
             note = f"no-phrase skips {r['skips']['no_phrase']['count']}"
-        md.append(f"| {k} | {r['steps']} | {r['train_seconds']} | {r['loss_first']:.4g} -> {r['loss_last']:.4g} | {note} |")
+        md.append(f"| {k} | {r['steps']} | {r['train_seconds']} | {r['loss_first']:.4g} -> {r['loss_last']:.4g} "
+                  f"| {note} |")
     (out / "students.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     (out / "students.json").write_text(json.dumps({"runs": runs, "eval": results}, indent=2), encoding="utf-8")
     print(f"[bench] wrote {out / 'students.md'} ({time.perf_counter() - t_all:.0f}s)", flush=True)

@@ -18,11 +18,14 @@ class ChunkConfig(Section):
 
 class CorpusConfig(Section):
     chunk: ChunkConfig = ChunkConfig()
-    on_error: Literal["fail", "skip"] = Field("fail", description="bad document: stop with exit 2, or skip and count it")
+    on_error: Literal["fail", "skip"] = Field("fail",
+                                              description="bad document: stop with exit 2, or skip and count it")
     max_sentence_tokens: int = Field(200, ge=1, description="longer sentences are cut to this many words and counted")
-    max_paragraph_chars: int = Field(200_000, ge=1, description="a longer paragraph is bad input (e.g. 1 MB with no punctuation)")
+    max_paragraph_chars: int = Field(200_000, ge=1,
+                                     description="a longer paragraph is bad input (e.g. 1 MB with no punctuation)")
     docs_per_unit: int = Field(16, ge=1, description="documents per work unit (one shard, one completion marker)")
-    unit_bytes: int = Field(2_000_000, ge=1_000, description="raw input bytes per work unit, whichever limit comes first")
+    unit_bytes: int = Field(2_000_000, ge=1_000,
+                            description="raw input bytes per work unit, whichever limit comes first")
     text_column: str = Field("text", description="Parquet inputs: the column holding document text or paragraphs")
     id_column: str | None = Field(None, description="Parquet inputs: optional column with document ids")
     max_in_flight: int | None = Field(None, ge=1, description="units held by the driver and sent to Ray at once "

@@ -1,4 +1,5 @@
-"""Ray job: `ray job submit --working-dir . -- python jobs/build_rep_cache.py --corpus ... --discriminator ... --out ...`."""
+"""Ray job: `ray job submit --working-dir . -- python jobs/build_rep_cache.py --corpus ... --discriminator ...
+--out ...`."""
 
 import os
 import sys

@@ -1,4 +1,5 @@
-"""Ray job: `ray job submit --working-dir . -- python jobs/train_context_model.py ...` (the flags of `sentsim train context`)."""
+"""Ray job: `ray job submit --working-dir . -- python jobs/train_context_model.py ...`
+(the flags of `sentsim train context`)."""
 
 import os
 import sys

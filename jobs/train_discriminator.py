@@ -1,4 +1,5 @@
-"""Ray job: `ray job submit --working-dir . -- python jobs/train_discriminator.py ...` (the flags of `sentsim train discriminator`)."""
+"""Ray job: `ray job submit --working-dir . -- python jobs/train_discriminator.py ...`
+(the flags of `sentsim train discriminator`)."""
 
 import os
 import sys

@@ -1,4 +1,5 @@
-"""Ray job: `ray job submit --working-dir . -- python jobs/train_student.py ...` (the flags of `sentsim train student`)."""
+"""Ray job: `ray job submit --working-dir . -- python jobs/train_student.py ...`
+(the flags of `sentsim train student`)."""
 
 import os
 import sys

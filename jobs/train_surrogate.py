@@ -1,4 +1,5 @@
-"""Ray job: `ray job submit --working-dir . -- python jobs/train_surrogate.py ...` (the flags of `sentsim train surrogate`)."""
+"""Ray job: `ray job submit --working-dir . -- python jobs/train_surrogate.py ...`
+(the flags of `sentsim train surrogate`)."""
 
 import os
 import sys

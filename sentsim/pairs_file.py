@@ -63,7 +63,8 @@ def decode_text(path: Path) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[:exc.start].count(b"\n") + 1
-        raise InputError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8") from None
+        raise InputError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); "
+                         "save the file as UTF-8") from None
 
 
 def split_lines(text: str) -> List[str]:

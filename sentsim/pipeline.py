@@ -13,6 +13,7 @@ dicts: our own objects, produced and consumed inside this pipeline only.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 from dataclasses import dataclass
@@ -156,8 +157,12 @@ def run_pipeline(items: Sequence[dict], stages: Sequence[StageSpec], executor: s
             yield from batch
         return
     import ray
-    from ray.data import ActorPoolStrategy
+    from ray.data import ActorPoolStrategy, DataContext
 
+    # our one progress printer (sentsim.executor) speaks for the run; Ray Data's per-dataset INFO
+    # lines and progress bars would bury it in a job's log (the dashboard still shows them)
+    DataContext.get_current().enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
     col = np.empty(len(items), dtype=object)
     col[:] = [pickle.dumps(x, protocol=5) for x in items]
     ds = ray.data.from_items([{"item": b} for b in col], override_num_blocks=max(1, len(items)))

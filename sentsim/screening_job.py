@@ -42,7 +42,8 @@ class ScreenConfig(Section):
     index: str
     out: str
     discriminator: Optional[str] = None
-    sentences: Optional[str] = Field(None, description="file of sentences (one per line, or TAB-separated pairs); default: sample the corpus")
+    sentences: Optional[str] = Field(None, description="file of sentences (one per line, or TAB-separated pairs); "
+                                                       "default: sample the corpus")
     sample: int = Field(1000, ge=1, description="corpus sentences to screen when no file is given")
     seed: int = 0
     window: int = Field(1, ge=1, le=8, description="sentences on each side of a context")

@@ -173,7 +173,8 @@ def _s3_put_if_absent(path: str, data: bytes) -> bool:
     from botocore.exceptions import ClientError
 
     bucket, _, key = path.partition("/")
-    client = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
+    client = boto3.client("s3",
+                          endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
                           region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
     try:
         client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")

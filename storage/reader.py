@@ -77,14 +77,16 @@ class RunReader:
 
     def files(self, table: str, required: bool = True) -> List[str]:
         """Paths (inside `self.fs`) of the table's completed shards, in unit order."""
-        out = [self.store.path(rec["files"][table]["path"]) for rec in self.units().values() if table in rec.get("files", {})]
+        out = [self.store.path(rec["files"][table]["path"])
+               for rec in self.units().values() if table in rec.get("files", {})]
         if not out and required:
             raise StoreError(f"{self._where}: no completed {table}/ shards (no unit marker names one)")
         return out
 
     def file_uris(self, table: str) -> List[str]:
         """The same files as URIs a user can paste (s3://bucket/run/pairs/part-00000.parquet)."""
-        return [f"{self.uri}/{rec['files'][table]['path']}" for rec in self.units().values() if table in rec.get("files", {})]
+        return [f"{self.uri}/{rec['files'][table]['path']}"
+                for rec in self.units().values() if table in rec.get("files", {})]
 
     def rows(self, table: str) -> int:
         """Row count from the markers alone (no Parquet read)."""
@@ -120,7 +122,8 @@ class RunReader:
         for path in self.files(table):
             with self.fs.open_input_file(path) as fh:
                 pf = self.guarded(path, lambda: pq.ParquetFile(fh))
-                yield from pf.iter_batches(columns=list(columns) if columns is not None else None, batch_size=batch_size)
+                yield from pf.iter_batches(columns=list(columns) if columns is not None else None,
+                                           batch_size=batch_size)
 
     def ray_dataset(self, table: str, columns: Optional[Sequence[str]] = None, **kw):
         """A ray.data dataset over exactly the completed shards (Ray Train streams from it)."""
@@ -154,9 +157,11 @@ class RunReader:
         except (InputError, StoreError):
             raise
         except FileNotFoundError:
-            raise StoreError(f"{self.display(path)}: missing (its unit marker names it; run `sentsim store verify`)") from None
+            raise StoreError(f"{self.display(path)}: missing "
+                             "(its unit marker names it; run `sentsim store verify`)") from None
         except (OSError, pa.ArrowException) as exc:
-            raise InputError(f"{self.display(path)}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+            raise InputError(f"{self.display(path)}: not a readable Parquet file "
+                             f"({type(exc).__name__}: {exc})") from None
 
 
 def open_run(uri: str, *, what: str = "", manifest_required: bool = True) -> RunReader:

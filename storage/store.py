@@ -225,7 +225,8 @@ class ShardStore:
                 self.fs.delete_dir(d)
 
     # ---- units ----------------------------------------------------------------------------
-    def write_unit(self, unit: int, tables: Dict[str, pa.Table], fingerprint: str, extra: Optional[dict] = None) -> UnitRecord:
+    def write_unit(self, unit: int, tables: Dict[str, pa.Table], fingerprint: str,
+                   extra: Optional[dict] = None) -> UnitRecord:
         """Write every table of one unit atomically, then its completion marker (last)."""
         files = {}
         for table, data in tables.items():
@@ -306,7 +307,8 @@ class ShardStore:
         """Record counts in the manifest and mark the run complete if every unit is done."""
         manifest = self.read_manifest() or {}
         markers = self.markers()
-        done = [u for u in range(planned_units) if u in markers and markers[u].get("fingerprint") == manifest.get("fingerprint")]
+        done = [u for u in range(planned_units)
+                if u in markers and markers[u].get("fingerprint") == manifest.get("fingerprint")]
         manifest.update(summary)
         manifest["planned_units"] = planned_units
         manifest["completed_units"] = len(done)
@@ -331,7 +333,8 @@ class ShardStore:
         sfs.write_bytes_atomic(self.fs, self.side_path(name), blob)
         record = {"name": name, "path": f"{SIDE_DIR}/{name}.parquet", "rows": data.num_rows, "bytes": len(blob),
                   "sha256": hashlib.sha256(blob).hexdigest(), "fingerprint": fingerprint, "written": _now()}
-        sfs.write_bytes_atomic(self.fs, self.path(SIDE_DIR, f"{name}.json"), json.dumps(record, sort_keys=True).encode())
+        sfs.write_bytes_atomic(self.fs, self.path(SIDE_DIR, f"{name}.json"),
+                               json.dumps(record, sort_keys=True).encode())
         return record
 
     def side_records(self) -> Dict[str, dict]:

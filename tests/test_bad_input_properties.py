@@ -24,8 +24,9 @@ tsv_lines = st.lists(st.lists(text_cell, min_size=0, max_size=9).map("\t".join),
 csv_lines = st.lists(st.lists(st.text(alphabet=string.printable, max_size=12), max_size=5).map(",".join),
                      max_size=6).map("\n".join)
 json_values = st.recursive(st.none() | st.booleans() | st.floats(allow_nan=True) | st.integers() | st.text(max_size=8),
-                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(["s1", "s2", "gold", "x"]),
-                                                                                c, max_size=4), max_leaves=8)
+                           lambda c: st.lists(c, max_size=3)
+                           | st.dictionaries(st.sampled_from(["s1", "s2", "gold", "x"]), c, max_size=4),
+                           max_leaves=8)
 jsonl_lines = st.lists(json_values.map(json.dumps), max_size=5).map("\n".join)
 
 

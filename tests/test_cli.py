@@ -37,4 +37,5 @@ def test_unknown_command_and_missing_args_exit_2():
     assert r.returncode == 2 and "--out" in r.stderr
     r = sentsim_cli("store", "verify", "/nonexistent/run")
     assert r.returncode == 2
-    assert r.stderr.strip() == "sentsim: error: /nonexistent/run: no manifest.json here; is this a sentsim run directory?"
+    assert r.stderr.strip() == ("sentsim: error: /nonexistent/run: no manifest.json here; "
+                                "is this a sentsim run directory?")

@@ -80,7 +80,7 @@ def test_shared_encoder_output(bundle, items):
     ctxs = [(it.left, it.right) for it in items[10:14]]
     res = scorer.score_matrix(sents, ctxs)
     # fwd only: one encoder pass per distinct context, one decoder pass per (sentence, context)
-    assert res.stats["encoder_rows"] == len({(tuple(l), tuple(r)) for l, r in ctxs})
+    assert res.stats["encoder_rows"] == len({(tuple(left), tuple(right)) for left, right in ctxs})
     assert res.stats["decoder_rows"] == len(sents) * len(ctxs)
     one = scorer.score([ContextItem(sents[3], *ctxs[2])])
     assert res.score.reshape(len(sents), len(ctxs))[3, 2] == pytest.approx(one.score[0], abs=1e-4)

@@ -30,7 +30,8 @@ def test_context_sets_obey_diversity_rules(speech_corpus, index, tmp_path):
     for sid, g in ctx.groupby("sentence_id"):
         assert list(g["rank"]) == list(range(len(g))) and len(g) <= 20
         assert g.chunk_id.is_unique  # at most one context per chunk
-        lefts = [set((corpus.text(c - 1) or "").lower().split()) if corpus.text(c - 1) and (c - 1) >> 20 == c >> 20 else set()
+        lefts = [set((corpus.text(c - 1) or "").lower().split())
+                 if corpus.text(c - 1) and (c - 1) >> 20 == c >> 20 else set()
                  for c in g.centre_id]
         for i in range(len(lefts)):
             for j in range(i):

@@ -30,7 +30,7 @@ def test_sample_corpus_schema_and_order(speech_corpus, sample_path):
     ids = sents.column("sentence_id").to_numpy()
     assert len(set(ids)) == len(ids)
     # Document order is kept: documents appear in input order, sentences in reading order.
-    docs = [json.loads(l)["id"] for l in gzip.open(sample_path, "rt")]
+    docs = [json.loads(line)["id"] for line in gzip.open(sample_path, "rt")]
     seen = list(dict.fromkeys(sents.column("doc_id").to_pylist()))
     assert seen == docs
     df = sents.to_pandas()
@@ -65,7 +65,8 @@ def test_ids_stable_across_runs_and_unit_sizes(tmp_path, sample_path, speech_cor
 
 def test_chunk_size_and_stride(tmp_path, sample_path):
     out = tmp_path / "c"
-    build_corpus([str(sample_path)], str(out), overrides=["chunk.size=4", "chunk.stride=2"], executor="inline", quiet=True)
+    build_corpus([str(sample_path)], str(out), overrides=["chunk.size=4", "chunk.stride=2"], executor="inline",
+                 quiet=True)
     ch = read(out, "chunks").to_pandas()
     assert ch.n_sentences.max() == 4
     d0 = ch[ch.doc_id == ch.doc_id.iloc[0]]
@@ -80,10 +81,12 @@ def test_text_and_parquet_inputs(tmp_path):
         pa.table({"body": ["One doc. Two sentences.", "Para one.\n\nPara two."], "key": ["a", "b"]}), pq_file
     )
     out = tmp_path / "mixed"
-    build_corpus([str(txt), str(pq_file)], str(out), overrides=["text_column=body", "id_column=key"], executor="inline", quiet=True)
+    build_corpus([str(txt), str(pq_file)], str(out), overrides=["text_column=body", "id_column=key"],
+                 executor="inline", quiet=True)
     df = read(out, "sentences").to_pandas()
     essay = df[df.doc_id == "essay.txt:1"]
-    assert list(essay.text) == ["First line of a paragraph wrapped here.", "Second sentence!", "New paragraph.", "Done."]
+    assert list(essay.text) == ["First line of a paragraph wrapped here.", "Second sentence!", "New paragraph.",
+                                "Done."]
     assert list(essay.para_idx) == [0, 0, 1, 1]
     assert list(df[df.doc_id == "b"].para_idx) == [0, 1]
     assert set(df.doc_id) == {"essay.txt:1", "a", "b"}
@@ -113,7 +116,7 @@ def test_bad_jsonl_fails_with_one_line_naming_file_and_line(tmp_path, reason):
     src.write_bytes(BAD_LINES[reason])
     r = sentsim_cli("corpus", "build", src, "--out", tmp_path / "o", "--executor", "inline")
     assert r.returncode == 2, r.stderr
-    lines = [l for l in r.stderr.splitlines() if l.startswith("sentsim: error")]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("sentsim: error")]
     assert len(lines) == 1 and "Traceback" not in r.stderr
     assert "bad.jsonl:2" in lines[0] and reason in lines[0]
 
@@ -163,7 +166,8 @@ def test_other_fingerprint_refused_unless_force_new(tmp_path, sample_path):
     build_corpus([str(sample_path)], str(out), executor="inline", quiet=True)
     r = sentsim_cli("corpus", "build", sample_path, "--out", out, "--executor", "inline", "--chunk-size", "5")
     assert r.returncode == 2 and "fingerprint" in r.stderr and "--force-new" in r.stderr
-    r = sentsim_cli("corpus", "build", sample_path, "--out", out, "--executor", "inline", "--chunk-size", "5", "--force-new")
+    r = sentsim_cli("corpus", "build", sample_path, "--out", out, "--executor", "inline", "--chunk-size", "5",
+                    "--force-new")
     assert r.returncode == 0, r.stderr
     assert read(out, "chunks").column("n_sentences").to_numpy().max() == 5
 
@@ -178,3 +182,22 @@ def test_every_subcommand_has_help():
         r = sentsim_cli(group, cmd, "--help")
         assert r.returncode == 0 and "usage" in r.stdout
     assert parser.prog == "sentsim"
+
+
+@pytest.mark.parametrize("content,extra,message", [
+    (b"", [], "the inputs hold nothing to process"),
+    (b'{"id": "a", "paragraphs": ["   "]}\n{"id": "b", "paragraphs": []}\n', ["--set", "on_error=skip"],
+     "no document could be ingested"),
+])
+def test_empty_corpus_is_refused_and_never_complete(tmp_path, content, extra, message):
+    """0 documents is a user's mistake: exit 2 with one line, and no run marked complete (an empty
+    input is refused before anything is written)."""
+    src = tmp_path / "docs.jsonl"
+    src.write_bytes(content)
+    out = tmp_path / "corpus"
+    r = sentsim_cli("corpus", "build", src, "--out", out, "--executor", "inline", *extra)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+    assert [ln for ln in r.stderr.splitlines() if message in ln][0].startswith("sentsim: error: ")
+    assert not (out / "_COMPLETE").exists()
+    if not content:
+        assert not out.exists()

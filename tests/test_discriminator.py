@@ -76,7 +76,8 @@ def test_saved_model_loads_and_refuses_another_corpus(trained, wiki_corpus, spee
     d = Discriminator.load(trained, corpus=wiki_corpus)
     reps = d.encode(["The river floods every spring.", "", "?!"])
     assert reps.shape == (3, 128) and np.isfinite(reps).all()
-    np.testing.assert_allclose(reps, Discriminator.load(trained).encode(["The river floods every spring.", "", "?!"]), atol=1e-6)
+    np.testing.assert_allclose(reps, Discriminator.load(trained).encode(["The river floods every spring.", "", "?!"]),
+                               atol=1e-6)
     with pytest.raises(UsageError, match="built for corpus"):
         Discriminator.load(trained, corpus=speech_corpus)
     broken = tmp_path / "broken"
@@ -116,8 +117,9 @@ def test_trained_head_ranks_contexts_per_sentence(trained, wiki_corpus):
 
 
 def test_corpus_without_windows_is_a_usage_error(tmp_path, capsys):
-    corpus = _build(tmp_path, "tiny", [json.dumps({"id": "a", "paragraphs": ["Only one sentence here."]}) + "\n",
-                                       json.dumps({"id": "b", "paragraphs": ["Two sentences. Still too short."]}) + "\n"])
+    corpus = _build(tmp_path, "tiny", [
+        json.dumps({"id": "a", "paragraphs": ["Only one sentence here."]}) + "\n",
+        json.dumps({"id": "b", "paragraphs": ["Two sentences. Still too short."]}) + "\n"])
     rc = cli_main(["train", "discriminator", "--corpus", str(corpus), "--out", str(tmp_path / "m")])
     err = capsys.readouterr().err
     assert rc == 2 and "window" in err and "Traceback" not in err

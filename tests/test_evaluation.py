@@ -108,7 +108,8 @@ def test_scores_from_a_harvest_directory(tiny_year, tmp_path):
     # the run's other tables sit beside pairs/ and are not pair scores
     for table in ("sentences", "context_scores", "_side"):
         (tmp_path / "harvest" / table).mkdir()
-        pd.DataFrame({"sentence_id": [1, 2], "S": [-3.0, -4.0]}).to_parquet(tmp_path / "harvest" / table / "part-00000.parquet")
+        pd.DataFrame({"sentence_id": [1, 2], "S": [-3.0, -4.0]}).to_parquet(
+            tmp_path / "harvest" / table / "part-00000.parquet")
     t = evaluate(PairFileScorer(tmp_path / "harvest"), discover_tasks(tiny_year, ["STS13"])[0]).task("STS13")
     assert t.scored == 5 and t.spearman == pytest.approx(90.0)
     # the pairs/ folder itself works too

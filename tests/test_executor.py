@@ -41,7 +41,8 @@ def _job(out, units, **more):
     from sentsim.executor import ShardedJob
     from sentsim.pipeline import Resources, StageSpec
 
-    return ShardedJob(stage="toy", out=str(out), fingerprint_parts=("toy", 1), config={}, inputs=[], tables={"t": SCHEMA},
+    return ShardedJob(stage="toy", out=str(out), fingerprint_parts=("toy", 1), config={}, inputs=[],
+                      tables={"t": SCHEMA},
                       units=units, stages=lambda ctx: [StageSpec(functools.partial(_Write, str(out), ctx.fp),
                                                                  Resources(num_cpus=0.25))],
                       summary=lambda ctx: {"n": ctx.planned}, count="rows", **more)
@@ -153,3 +154,15 @@ def test_progress_line_without_a_plan():
     p = Progress("corpus", None, 0, "sentences", stream=buf, detail=lambda r: "x")
     p.update({"unit": 3, "sentences": 10})
     assert buf.getvalue().startswith("[corpus] unit 00003 | 1 units | 10 sentences |") and "ETA" not in buf.getvalue()
+
+
+def test_no_empty_run_is_written(tmp_path):
+    """0 planned units (a list) or a stream that yields none: refused before anything is written."""
+    from sentsim.errors import UsageError
+    from sentsim.executor import execute
+
+    for units in ([], iter(())):
+        out = tmp_path / ("list" if isinstance(units, list) else "stream")
+        with pytest.raises(UsageError, match="empty run"):
+            execute(_job(str(out), units), executor="inline", quiet=True)
+        assert not out.exists()

@@ -59,4 +59,5 @@ def test_partner_sampling_is_seeded_and_mixed():
     assert all(100 <= p < 130 for p, k in a if k == "same-doc")
     assert a != sample_partners(105, 8, doc, corpus, [500, 501], 2, 3, 4)
     # a pair between two anchors belongs to the smaller anchor only
-    assert owned_pairs(50, [(10, "random"), (60, "random"), (70, "random")], {10, 50, 60}) == [(60, "random"), (70, "random")]
+    assert owned_pairs(50, [(10, "random"), (60, "random"), (70, "random")], {10, 50, 60}) == [
+        (60, "random"), (70, "random")]

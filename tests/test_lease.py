@@ -68,7 +68,8 @@ def test_dead_holder_on_this_host_is_taken_over(tmp_path, capsys):
 
 
 def test_stale_lease_from_another_host_is_taken_over(tmp_path):
-    (tmp_path / LEASE).write_text(json.dumps({"host": "elsewhere", "pid": 1, "token": "t", "heartbeat": time.time() - 60}))
+    (tmp_path / LEASE).write_text(
+        json.dumps({"host": "elsewhere", "pid": 1, "token": "t", "heartbeat": time.time() - 60}))
     with pytest.raises(LeaseHeld, match="on host elsewhere"):
         lease(tmp_path, stale_after=120).acquire()
     new = lease(tmp_path, stale_after=30).acquire()

@@ -41,7 +41,8 @@ def test_header_lines_name_the_columns(tmp_path):
 
 def test_jsonl_and_parquet(tmp_path):
     rows = [{"s1": "a", "s2": "b", "gold": 2}, {"s1": "c", "s2": "d"}]
-    assert read_pairs_file(write(tmp_path, "p.jsonl", "\n".join(map(json.dumps, rows)))) == [("a", "b", 2.0), ("c", "d", None)]
+    assert read_pairs_file(write(tmp_path, "p.jsonl", "\n".join(map(json.dumps, rows)))) == [
+        ("a", "b", 2.0), ("c", "d", None)]
     p = tmp_path / "p.parquet"
     pq.write_table(pa.table({"s1": ["a"], "s2": ["b"], "gold": [1.0]}), p)
     assert read_pairs_file(str(p)) == [("a", "b", 1.0)]

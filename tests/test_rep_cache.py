@@ -148,7 +148,8 @@ def test_cache_for_another_discriminator_or_corpus_is_refused(speech_corpus, par
     with gzip.open(src, "wt", encoding="utf-8") as f:
         for i in range(3):
             f.write(json.dumps({"id": f"d{i}", "paragraphs": [
-                f"Document {i} starts here. It has a second sentence. A third one follows. And a fourth ends it."]}) + "\n")
+                f"Document {i} starts here. It has a second sentence. "
+                "A third one follows. And a fourth ends it."]}) + "\n")
     small = tmp_path / "small"
     build_corpus([str(src)], str(small), executor="inline", quiet=True)
     small_disc = save_untrained_discriminator(small, tmp_path / "small_disc")
@@ -254,7 +255,8 @@ def test_harvest_builds_the_cache_first_and_scores_from_it(speech_corpus, parts,
                          anchors={"n": 4, "per_unit": 2}, rank={"enabled": False})
     h = model_hashes(cfg)
     assert h["rep_cache"] == cache_identity(corpus_fingerprint(speech_corpus), str(parts["disc"]))
-    assert model_hashes(cfg.model_copy(update={"discriminator": str(parts["other_disc"])}))["rep_cache"] != h["rep_cache"]
+    assert (model_hashes(cfg.model_copy(update={"discriminator": str(parts["other_disc"])}))["rep_cache"]
+            != h["rep_cache"])
     m = harvest(cfg, executor="inline", quiet=True)
     assert m["complete"]
     cache_m = json.loads((out / "rep_cache" / "manifest.json").read_text())

@@ -182,7 +182,8 @@ def test_cli_index_build(speech_corpus, tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["n_shards"] == 2 and summary["n_chunks"] > 100
     assert cli_main(["index", "build", "--corpus", str(tmp_path / "missing"), "--out", str(out)]) == 2
-    assert cli_main(["index", "build", "--corpus", str(speech_corpus), "--out", str(out), "--set", "ngrams=trigram"]) == 2
+    assert cli_main(["index", "build", "--corpus", str(speech_corpus), "--out", str(out),
+                     "--set", "ngrams=trigram"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "ngrams" in err
     # an occupied directory that is not an index is refused

@@ -66,7 +66,8 @@ def test_surrogate_and_student_train_from_s3(s3_harvest, capsys):
                                               eval_max_pairs=20))
     summary = train_surrogate(cfg, data=out, backbone=_minilm(), out=str(tmp / "surrogate"))
     st = summary["stages"][0]
-    assert 1 <= st["total_steps"] <= 3 and st["train_pairs"] == info.scored["train"]  # few rows: one epoch may end first
+    # few rows: one epoch may end first
+    assert 1 <= st["total_steps"] <= 3 and st["train_pairs"] == info.scored["train"]
     assert (tmp / "surrogate" / "model").is_dir() or __import__("os").path.isdir(st["model"])
     scfg = load_config(StudentConfig, None, ["batch_size=8", "max_steps=3", "log_every=1", "eval_every=1000",
                                              "rankencoder.check_sentences=2"], objective="rankencoder")

@@ -43,7 +43,8 @@ def check_selection(sel, scores, chunk_ids, prev_tokens, size, max_jaccard, tieb
     for i in range(len(scores)):
         if i in chosen or np.isnan(scores[i]):
             continue
-        earlier = [j for j in sel if (scores[j], 0 if tiebreak is None else tiebreak[j]) >= (scores[i], 0 if tiebreak is None else tiebreak[i])]
+        earlier = [j for j in sel if (scores[j], 0 if tiebreak is None else tiebreak[j])
+                   >= (scores[i], 0 if tiebreak is None else tiebreak[i])]
         broke = any(chunk_ids[j] == chunk_ids[i] for j in earlier) or any(
             jaccard(prev_tokens[j], prev_tokens[i]) >= max_jaccard for j in earlier)
         assert broke, f"candidate {i} was skipped without a reason"
@@ -72,7 +73,8 @@ def test_near_duplicate_previous_sentences_are_rejected():
     chunk = np.array([1, 2, 3, 4, 5, 6, 1])
     scores = np.array([9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 10.0])
     sel = select_diverse(scores, chunk, prev, size=10, max_jaccard=0.5)
-    # 6 (best, chunk 1) blocks 0 (same chunk); 1 vs 6: 2/9 < .5 -> kept; 2 duplicates 1? J(base, base-1+1)=7/9 -> rejected;
+    # 6 (best, chunk 1) blocks 0 (same chunk); 1 vs 6: 2/9 < .5 -> kept;
+    # 2 duplicates 1? J(base, base-1+1)=7/9 -> rejected;
     # 3 kept; 4 (empty) kept once, 5 (empty again, J=1) rejected
     assert sel.tolist() == [6, 1, 3, 4]
     check_selection(sel, scores, chunk, prev, 10, 0.5)
@@ -82,7 +84,8 @@ def test_near_duplicate_previous_sentences_are_rejected():
     # size, NaN scores and tiebreak
     assert select_diverse(scores, chunk, prev, size=2).tolist() == [6, 1]
     assert select_diverse(np.array([np.nan, 1.0]), np.array([1, 2]), [{"a"}, {"b"}]).tolist() == [1]
-    assert select_diverse(np.array([1.0, 1.0]), np.array([1, 2]), [{"a"}, {"b"}], tiebreak=np.array([0.1, 0.9])).tolist() == [1, 0]
+    assert select_diverse(np.array([1.0, 1.0]), np.array([1, 2]), [{"a"}, {"b"}],
+                          tiebreak=np.array([0.1, 0.9])).tolist() == [1, 0]
     assert select_diverse(np.array([]), np.array([]), [], size=5).tolist() == []
 
 

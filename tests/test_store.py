@@ -35,10 +35,10 @@ def test_verify_ok_then_names_truncated_and_edited_shards(run_copy):
     edited.write_bytes(bytes(blob))
     r = sentsim_cli("store", "verify", run_copy)
     assert r.returncode == 1
-    bad = [l for l in r.stderr.splitlines() if l.startswith("BAD")]
+    bad = [line for line in r.stderr.splitlines() if line.startswith("BAD")]
     assert len(bad) == 2
-    assert any("sentences/part-00001.parquet" in l and "truncated" in l for l in bad)
-    assert any("chunks/part-00002.parquet" in l and "checksum" in l for l in bad)
+    assert any("sentences/part-00001.parquet" in line and "truncated" in line for line in bad)
+    assert any("chunks/part-00002.parquet" in line and "checksum" in line for line in bad)
 
 
 def test_verify_flags_orphans_missing_and_foreign_dirs(run_copy, tmp_path):

@@ -134,14 +134,16 @@ def test_rse_trains_with_all_relation_sources_and_scores_relationally(harvest_di
              "s_j": f"Person {i} walks.", "hard_negative": f"Person {i} is sitting."} for i in range(12)]
     triples.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     s = _train("rse", harvest_dir, tiny_backbone, tmp_path / "rse",
-               rse={"triples": str(triples), "grad_cache_chunk": 12, "inference_weights": {"entailment": 1.0, "same-sent": 0.5}})
+               rse={"triples": str(triples), "grad_cache_chunk": 12,
+                    "inference_weights": {"entailment": 1.0, "same-sent": 0.5}})
     _falls(s)
     per = s["counts"]["per_relation"]
     assert set(per) == {"context-similar", "same-sent", "entailment"} and per["entailment"] == 12
     _reload(s["model"], 64)
     rel = json.loads((tmp_path / "rse" / "model" / "relations.json").read_text())
     assert rel["relations"] == ["context-similar", "same-sent", "entailment"]
-    assert np.asarray(rel["vectors"]).shape == (3, 64) and np.abs(np.asarray(rel["vectors"])).max() > 0.05  # learned at lr 1e-2
+    # learned at lr 1e-2
+    assert np.asarray(rel["vectors"]).shape == (3, 64) and np.abs(np.asarray(rel["vectors"])).max() > 0.05
     mixed = evaluate(RelationalScorer(s["model"]), [_tiny_sts_task()])
     assert mixed.scorer["pooling"].endswith("{'entailment': 1.0, 'same-sent': 0.5}")
     one = RelationalScorer(s["model"], relation="same-sent")
@@ -151,7 +153,8 @@ def test_rse_trains_with_all_relation_sources_and_scores_relationally(harvest_di
 
 def test_rse_rejects_unknown_relations_in_the_triples_file(harvest_dir, tiny_backbone, tmp_path):
     triples = tmp_path / "t.jsonl"
-    triples.write_text('{"s_i": "a", "relation": "entailment", "s_j": "b"}\n{"s_i": "a", "relation": "nope", "s_j": "b"}\n')
+    triples.write_text('{"s_i": "a", "relation": "entailment", "s_j": "b"}\n'
+                       '{"s_i": "a", "relation": "nope", "s_j": "b"}\n')
     r = sentsim_cli("train", "student", "--objective", "rse", "--executor", "inline", "--data", harvest_dir,
                     "--backbone", tiny_backbone, "--out", tmp_path / "o", "--triples", triples,
                     "--set", "rse.relations=[entailment]")
@@ -230,8 +233,8 @@ def test_killed_inline_run_resumes_from_its_checkpoint(harvest_dir, tiny_backbon
     from sentsim.training.loop import inline_checkpoint
 
     out = tmp_path / "killed"
-    cmd = [sys.executable, str(ROOT / "jobs" / "train_student.py"), "--objective", "rankencoder", "--executor", "inline",
-           "--data", str(harvest_dir), "--backbone", str(tiny_backbone), "--out", str(out),
+    cmd = [sys.executable, str(ROOT / "jobs" / "train_student.py"), "--objective", "rankencoder",
+           "--executor", "inline", "--data", str(harvest_dir), "--backbone", str(tiny_backbone), "--out", str(out),
            "--set", "batch_size=8", "--set", "lr=1e-3", "--set", "log_every=1", "--set", "eval_every=2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd + ["--epochs", "200"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)

@@ -173,12 +173,14 @@ def test_siamese_from_scratch_learns_the_teacher_and_resumes(tmp_path, stsb_pair
     out = tmp_path / "run"
     # two DDP workers; stop at step 20, then run again to step 30 (on one worker: the worker
     # count may change between runs): it resumes from the checkpoint
-    first = train_surrogate(tiny_cfg(num_workers=2, epochs=10, max_steps=20), data=str(h), backbone=minilm, out=str(out))
+    first = train_surrogate(tiny_cfg(num_workers=2, epochs=10, max_steps=20), data=str(h), backbone=minilm,
+                            out=str(out))
     hist1 = json.loads((out / "curves" / "harvest.json").read_text())
     assert [p["step"] for p in hist1] == [0, 10, 20]
     assert first["stages"][0]["train_pairs"] == 480
 
-    train_surrogate(tiny_cfg(num_workers=1, cpus_per_worker=1.0, epochs=10, max_steps=30), data=str(h), backbone=minilm, out=str(out))
+    train_surrogate(tiny_cfg(num_workers=1, cpus_per_worker=1.0, epochs=10, max_steps=30), data=str(h),
+                    backbone=minilm, out=str(out))
     hist = json.loads((out / "curves" / "harvest.json").read_text())
     assert [p["step"] for p in hist] == [0, 10, 20, 30]  # continued from the checkpoint, not restarted
     assert hist[:3] == hist1

@@ -40,8 +40,8 @@ def _run(cwd: Path, *args):
 
 def test_train_discriminator_relative_paths(tmp_path, speech_corpus):
     corpus = os.path.relpath(speech_corpus, tmp_path)
-    sets = ["model.embed_dim=16", "model.hidden=16", "model.head_dim=16", "model.max_tokens=16", "model.embed_init=random",
-            "train.max_steps=2", "train.batch_size=8", "train.max_heldout_windows=32"]
+    sets = ["model.embed_dim=16", "model.hidden=16", "model.head_dim=16", "model.max_tokens=16",
+            "model.embed_init=random", "train.max_steps=2", "train.batch_size=8", "train.max_heldout_windows=32"]
     r = _run(tmp_path, "train", "discriminator", "--corpus", corpus, "--out", "disc", "--num-workers", "1",
              *[x for s in sets for x in ("--set", s)])
     out = tmp_path / "disc"

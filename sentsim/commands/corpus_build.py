@@ -13,7 +13,8 @@ HELP = "split documents (JSONL[.gz], text, Parquet) into sentence and chunk Parq
 def add_arguments(p) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="input files, read in the order given")
     p.add_argument("--out", required=True, help="run directory (local path or s3://...)")
-    p.add_argument("--on-error", choices=["fail", "skip"], default=None, help="bad documents: stop (exit 2) or skip and count")
+    p.add_argument("--on-error", choices=["fail", "skip"], default=None,
+                   help="bad documents: stop (exit 2) or skip and count")
     p.add_argument("--chunk-size", type=int, default=None, help="sentences per chunk (default 8)")
     add_run_arguments(p)
     add_config_arguments(p)
@@ -37,7 +38,8 @@ def run(args) -> int:
         f"corpus: {c['documents']:,} documents, {c['sentences']:,} sentences, {c['chunks']:,} chunks "
         f"in {manifest['completed_units']} shards -> {args.out}"
     )
-    print(f"        {sk} documents skipped, {c['truncated_sentences']} sentences truncated, fingerprint {manifest['fingerprint']}")
+    print(f"        {sk} documents skipped, {c['truncated_sentences']} sentences truncated, "
+          f"fingerprint {manifest['fingerprint']}")
     return 0 if manifest["complete"] else 1
 
 

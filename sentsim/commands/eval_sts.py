@@ -23,10 +23,14 @@ class EvalStsConfig(Section):
 
 def add_arguments(parser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", metavar="PATH", help="sentence-transformers folder, cross-encoder or transformers encoder")
-    src.add_argument("--scores", metavar="FILE", help="scored pairs (.parquet/.csv/.jsonl with s1, s2, score), or a harvest run (local or s3://: its completed pairs/ shards)")
+    src.add_argument("--model", metavar="PATH",
+                     help="sentence-transformers folder, cross-encoder or transformers encoder")
+    src.add_argument("--scores", metavar="FILE",
+                     help="scored pairs (.parquet/.csv/.jsonl with s1, s2, score), "
+                          "or a harvest run (local or s3://: its completed pairs/ shards)")
     src.add_argument("--tfidf", action="store_true", help="the TF-IDF cosine baseline")
-    parser.add_argument("--data", required=True, metavar="DIR", help="folder holding STS20xx-en-test/, stsbenchmark/, SICK/")
+    parser.add_argument("--data", required=True, metavar="DIR",
+                        help="folder holding STS20xx-en-test/, stsbenchmark/, SICK/")
     parser.add_argument("--tasks", default=None, help="comma-separated subset, e.g. STSb,SICK-R")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
@@ -59,7 +63,8 @@ def run(args) -> int:
     if args.scores and all(t.scored == 0 for t in report.tasks):
         raise UsageError(f"--scores {args.scores}: none of its pairs match a pair of the evaluated tasks")
     print(format_table(report))
-    for path, text in ((args.json, to_json(report) if args.json else ""), (args.markdown, to_markdown(report) if args.markdown else "")):
+    for path, text in ((args.json, to_json(report) if args.json else ""),
+                       (args.markdown, to_markdown(report) if args.markdown else "")):
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(text, encoding="utf-8")

@@ -18,7 +18,8 @@ HELP = "build a TF-IDF n-gram retrieval index over the corpus chunks (sharded, s
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--corpus", required=True, metavar="DIR", help="corpus directory (sentences/, chunks/, manifest.json)")
+    parser.add_argument("--corpus", required=True, metavar="DIR",
+                        help="corpus directory (sentences/, chunks/, manifest.json)")
     parser.add_argument("--out", required=True, metavar="DIR", help="index directory to write")
     parser.add_argument("--backend", choices=["sklearn", "lucene"], default=None,
                         help="retrieval backend (default: the config's, sklearn)")

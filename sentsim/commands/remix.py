@@ -9,15 +9,18 @@ HELP = "re-weigh a finished harvest's Eq. 3 terms (or change the Eq. 4 metric) i
 def add_arguments(p) -> None:
     p.add_argument("source", metavar="HARVEST", help="a finished harvest run directory")
     p.add_argument("--out", required=True, help="output run directory (a harvest like any other)")
-    for term, what in (("disc", "discriminator"), ("fwd", "forward"), ("left", "left-context"), ("right", "right-context")):
+    for term, what in (("disc", "discriminator"), ("fwd", "forward"), ("left", "left-context"),
+                       ("right", "right-context")):
         p.add_argument(f"--lambda-{term}", type=float, metavar="X",
                        help=f"weight of the {what} term (default: the source harvest's)")
-    p.add_argument("--metric", choices=["cosine", "pearson", "spearman"], help="Eq. 4 similarity (default: the source's)")
+    p.add_argument("--metric", choices=["cosine", "pearson", "spearman"],
+                   help="Eq. 4 similarity (default: the source's)")
     p.add_argument("--force-new", action="store_true", help="discard a run with another fingerprint at --out")
     # Recomputing a unit takes seconds: in-process by default, where a local Ray's start-up would cost more.
     p.add_argument("--executor", choices=["ray", "inline"], default="inline",
                    help="everything in this process (default), or Ray actor pools")
-    p.add_argument("--address", default=None, help="Ray cluster to attach to with --executor ray (default: RAY_ADDRESS or a local Ray)")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster to attach to with --executor ray (default: RAY_ADDRESS or a local Ray)")
 
 
 def run(args) -> int:
@@ -38,7 +41,8 @@ def run(args) -> int:
     print(f"remix: {r['pairs']} pairs ({r['null_scores']} null) from {args.source}, λ {lam}, metric {r['metric']} "
           f"-> {args.out}")
     if r["approximate"]:
-        print(f"  {r['approximate']} pairs approximate: the source predates sentences.context_ids, so their vectors run "
+        print(f"  {r['approximate']} pairs approximate: the source predates sentences.context_ids, "
+              "so their vectors run "
               "over the contexts both sentences were scored in within their unit")
     if "remix_spearman_vs_gold" in r:
         print(f"  Spearman x 100 vs gold on {r['gold_pairs']} pairs: source {r['source_spearman_vs_gold']:.2f}, "

@@ -20,7 +20,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="model directory; rerunning with the same --out resumes from the last checkpoint")
     parser.add_argument("--tokenizer-from", default="", metavar="DIR",
-                        help="reuse the tokenizer of another context-model directory (so separate runs can be combined)")
+                        help="reuse the tokenizer of another context-model directory "
+                             "(so separate runs can be combined)")
     add_num_workers(parser)
     add_force_new(parser)
     add_config_arguments(parser)

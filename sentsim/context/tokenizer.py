@@ -119,7 +119,8 @@ def seq2seq_from_checkpoint(path: str | Path) -> ContextTokenizer:
     tok = Tokenizer.from_file(str(p))
     missing = [t for t in BART_SPECIALS.values() if tok.token_to_id(t) is None]
     if any(t not in ("<fwd>", "<left>", "<right>") for t in missing):
-        raise UsageError(f"pretrained checkpoint {path}: tokenizer lacks {missing} (expected BART's <s> </s> <pad> <unk> <mask>)")
+        raise UsageError(f"pretrained checkpoint {path}: tokenizer lacks {missing} "
+                         "(expected BART's <s> </s> <pad> <unk> <mask>)")
     if missing:
         tok.add_special_tokens(missing)
     return ContextTokenizer(tok, BART_SPECIALS)

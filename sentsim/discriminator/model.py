@@ -114,10 +114,10 @@ class InteractionHead(nn.Module):
 
     def project_context_core(self, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
         """left, right [m, w, D] -> [m, 1 + 2d]: context-only score g(c), l, r."""
-        l = torch.tanh(self.left(left.flatten(1)))
+        lproj = torch.tanh(self.left(left.flatten(1)))
         r = torch.tanh(self.right(right.flatten(1)))
-        g = self.ctx_mlp(torch.cat([l, r, l * r], dim=-1))
-        return torch.cat([g, l, r], dim=-1)
+        g = self.ctx_mlp(torch.cat([lproj, r, lproj * r], dim=-1))
+        return torch.cat([g, lproj, r], dim=-1)
 
     @staticmethod
     def side_direction(unit_reps: torch.Tensor) -> torch.Tensor:
@@ -139,11 +139,11 @@ class InteractionHead(nn.Module):
     def score_projected(self, ctx: torch.Tensor, sent: torch.Tensor) -> torch.Tensor:
         """ctx [m, 1+2d+2D]; sent [m, 1+d+D] or [1, 1+d+D] -> logits [m]."""
         d, D = self.d, self.D
-        g, l, r = ctx[:, 0], ctx[:, 1:1 + d], ctx[:, 1 + d:1 + 2 * d]
+        g, lproj, r = ctx[:, 0], ctx[:, 1:1 + d], ctx[:, 1 + d:1 + 2 * d]
         ln, rn = ctx[:, 1 + 2 * d:1 + 2 * d + D], ctx[:, 1 + 2 * d + D:]
         p, v, hn = sent[:, 0], sent[:, 1:1 + d], sent[:, 1 + d:]
         qa, qb = v * self.bil_left, v * self.bil_right
-        inter = (l * qa).sum(-1) + (r * qb).sum(-1)
+        inter = (lproj * qa).sum(-1) + (r * qb).sum(-1)
         cos = self.cos_weight[0] * (ln * hn).sum(-1) + self.cos_weight[1] * (rn * hn).sum(-1)
         return g + p + inter + cos
 

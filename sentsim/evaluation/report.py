@@ -51,7 +51,8 @@ def to_markdown(report, title: str | None = None) -> str:
         "|---|---:|---:|---:|---|---|",
     ]
     for t in report.tasks:
-        out.append(f"| {t.name} | {t.scored}/{t.n} | {_fmt(t.spearman)} | {_fmt(t.pearson)} | `{t.data_hash}` | {t.note} |")
+        out.append(f"| {t.name} | {t.scored}/{t.n} | {_fmt(t.spearman)} | {_fmt(t.pearson)} | `{t.data_hash}` "
+                   f"| {t.note} |")
     out.append(f"| **Avg.** | | **{_fmt(report.average)}** | | | {averaged_over(report)} |")
     if report.missing_tasks:
         out += ["", f"Not evaluated (data not found): {', '.join(report.missing_tasks)}."]
@@ -80,7 +81,8 @@ def suite_markdown(reports: list[tuple[str, object]]) -> str:
         out.append(f"| {label} | " + " | ".join(cells) + f" | {_fmt(rep.average)}{' †' if partial else ''} |")
     text = "\n".join(out) + "\n"
     if any_partial:
-        text += "\n(k/n): Spearman over the k of the task's n pairs that were scored. † averages tasks scored in part.\n"
+        text += ("\n(k/n): Spearman over the k of the task's n pairs that were scored. "
+                 "† averages tasks scored in part.\n")
     return text
 
 

@@ -200,7 +200,8 @@ class PairFileScorer(Scorer):
             df = _read_pair_table(path)
         missing = [c for c in ("s1", "s2", "score") if c not in df.columns]
         if missing:
-            raise InputError(f"--scores {path}: missing column(s) {', '.join(missing)}; found {', '.join(map(str, df.columns))}")
+            raise InputError(f"--scores {path}: missing column(s) {', '.join(missing)}; "
+                             f"found {', '.join(map(str, df.columns))}")
         df = df[["s1", "s2", "score"]].dropna()
         if df.empty:
             raise InputError(f"--scores {path}: no rows with a score")
@@ -214,7 +215,8 @@ class PairFileScorer(Scorer):
         self.path = str(path)
 
     def info(self) -> dict:
-        return {"kind": self.kind, "model": self.path, "pooling": "n/a (precomputed scores)", "pairs_in_file": len(self.table)}
+        return {"kind": self.kind, "model": self.path, "pooling": "n/a (precomputed scores)",
+                "pairs_in_file": len(self.table)}
 
     def score_pairs(self, s1, s2) -> np.ndarray:
         out = np.full(len(s1), np.nan)

@@ -48,7 +48,8 @@ class HarvestConfig(Section):
     index: Optional[str] = None
     discriminator: Optional[str] = None
     context_models: list[str] = Field(default_factory=list, description="one or more context-model bundle folders")
-    pairs_file: Optional[str] = Field(None, description="explicit mode: score these pairs (TSV/CSV/JSONL/Parquet with s1, s2)")
+    pairs_file: Optional[str] = Field(
+        None, description="explicit mode: score these pairs (TSV/CSV/JSONL/Parquet with s1, s2)")
     pairs_per_unit: int = Field(64, ge=1, description="explicit mode: pairs per work unit")
     seed: int = 0
     anchors: AnchorConfig = AnchorConfig()
@@ -58,7 +59,8 @@ class HarvestConfig(Section):
     # Eq. 4 similarity of v_s1 and v_s2. 003 uses plain cosine; `pearson` (centred) is the default
     # because raw log-probability vectors give cosine ~1.0 for every pair (see README).
     metric: Literal["cosine", "pearson", "spearman", "double-centred"] = "pearson"
-    reference_sentences: int = Field(8, ge=0, description="sentences whose mean score per context is the context effect (double-centred)")
+    reference_sentences: int = Field(
+        8, ge=0, description="sentences whose mean score per context is the context effect (double-centred)")
     splits: Tuple[float, float, float] = (0.98, 0.01, 0.01)  # 003 §4: 98/1/1 train/dev/test
     rank: RankConfig = RankConfig()
     resources: HarvestResources = HarvestResources()

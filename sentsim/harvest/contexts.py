@@ -152,12 +152,14 @@ class ContextSource:
         else:
             primary = np.array([c.retrieval_score for c in cands])  # retrieval order, then slot order
         picked = select_diverse(
-            primary, np.array([c.chunk_id for c in cands]), [word_set(c.left[-1]) if c.left else frozenset() for c in cands],
+            primary, np.array([c.chunk_id for c in cands]),
+            [word_set(c.left[-1]) if c.left else frozenset() for c in cands],
             size=self.cfg.size, max_jaccard=self.cfg.jaccard, one_per_chunk=self.cfg.one_per_chunk,
             tiebreak=np.array([c.retrieval_score for c in cands]),
         )
         chosen = [cands[i] for i in picked]
-        short = None if len(chosen) >= self.cfg.size else f"only {len(chosen)} diverse contexts among {len(cands)} candidates"
+        short = (None if len(chosen) >= self.cfg.size
+                 else f"only {len(chosen)} diverse contexts among {len(cands)} candidates")
         return ContextSet(chosen, len(cands), short)
 
     def _random(self, text: str) -> ContextSet:

@@ -43,7 +43,8 @@ def plan(cfg: HarvestConfig, corpus) -> tuple[list, dict]:
         pairs = read_pairs_file(cfg.pairs_file)
         units = [{"unit": u, "pairs": pairs[i:i + cfg.pairs_per_unit]}
                  for u, i in enumerate(range(0, len(pairs), cfg.pairs_per_unit))]
-        return units, {"pairs_file": cfg.pairs_file, "pairs_file_sha256": sha256_path(cfg.pairs_file)[:16], "pairs": len(pairs)}
+        return units, {"pairs_file": cfg.pairs_file, "pairs_file_sha256": sha256_path(cfg.pairs_file)[:16],
+                       "pairs": len(pairs)}
     ok = corpus.ids[corpus.n_tokens >= cfg.anchors.min_tokens]
     if len(ok) == 0:
         raise UsageError(f"{cfg.corpus}: no sentence has {cfg.anchors.min_tokens} or more words to use as an anchor")
@@ -100,7 +101,8 @@ def harvest(
         if cfg.rank.enabled:
             anchor_ids, anchor_texts = run_anchors(cfg, ctx.store, ctx.fp)
         rng = np.random.default_rng(cfg.seed + 2)
-        refs = list(corpus.texts(rng.choice(corpus.ids, size=min(cfg.reference_sentences, len(corpus.ids)), replace=False)))
+        refs = list(corpus.texts(rng.choice(corpus.ids, size=min(cfg.reference_sentences, len(corpus.ids)),
+                                            replace=False)))
         # a run resumed from before sentences.context_ids keeps one schema across its shards
         sentence_schema = sentence_schema_of(ctx.manifest)
         r = cfg.resources

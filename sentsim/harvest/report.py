@@ -61,7 +61,8 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
         "stage_seconds": stage_s,
         "stage_items_per_second": {k: (scored / v if v else None) for k, v in stage_s.items()},
         "this_run": {"wall_seconds": wall, "units": progress.done, "pairs": progress.rows},
-        "bytes_per_sentence_rank_codes": next((m.get("extra", {}).get("bytes_per_sentence") for m in units.values()), None),
+        "bytes_per_sentence_rank_codes": next(
+            (m.get("extra", {}).get("bytes_per_sentence") for m in units.values()), None),
     }
     store.fs.create_dir(store.root, recursive=True)
     with store.fs.open_output_stream(f"{store.root}/report.json") as f:

@@ -131,7 +131,8 @@ class ContextStage(Stage):
                 sids = sorted(texts)
             # the discriminator's LSTM runs once per sentence of the unit: its features serve the
             # sentence's own screening and every cross term below
-            feats = self.source.sentence_features([texts[s] for s in sids]) if self.source.disc is not None and sids else None
+            feats = (self.source.sentence_features([texts[s] for s in sids])
+                     if self.source.disc is not None and sids else None)
             csets = dict(zip(sids, self.source.context_sets([texts[s] for s in sids], feats)))
             row_of = {s: i for i, s in enumerate(sids)}
             # discriminator terms for cross pairs: the score of s in the *partner's* contexts
@@ -284,7 +285,8 @@ class RankAndWriteStage(Stage):
             cols = {k: [] for k in PAIR_SCHEMA.names}
             for r, rs in zip(rows, rsim):
                 r = dict(r, s1=texts[r["s1_id"]], s2=texts[r["s2_id"]], rank_sim=None if rs is None else float(rs),
-                         pair_id=pair_id(r["s1_id"], r["s2_id"]), split=pair_split(r["s1_id"], r["s2_id"], self.cfg.splits))
+                         pair_id=pair_id(r["s1_id"], r["s2_id"]),
+                         split=pair_split(r["s1_id"], r["s2_id"], self.cfg.splits))
                 for k in PAIR_SCHEMA.names:
                     cols[k].append(r.get(k))
             pairs_t = pa.Table.from_pydict(cols, schema=PAIR_SCHEMA).sort_by("pair_id")
@@ -295,7 +297,8 @@ class RankAndWriteStage(Stage):
                 "rank_codes": [None if codes is None else codes[pos[s]].astype(np.uint32).tolist() for s in sids],
                 "context_ids": [item["csets"][s][2] for s in sids],
             }
-            sent_t = pa.Table.from_pydict({k: sent_cols[k] for k in self.sentence_schema.names}, schema=self.sentence_schema)
+            sent_t = pa.Table.from_pydict({k: sent_cols[k] for k in self.sentence_schema.names},
+                                          schema=self.sentence_schema)
             cs = sorted(item["context_scores"], key=lambda x: (x[0], x[1]))
             ctx_t = pa.Table.from_pydict(
                 {k: [x[i] for x in cs] for i, k in enumerate(CONTEXT_SCORE_SCHEMA.names)}, schema=CONTEXT_SCORE_SCHEMA)

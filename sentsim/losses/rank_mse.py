@@ -3,9 +3,10 @@
 | inputs                                | labels                                  | source                           |
 |---------------------------------------|-----------------------------------------|----------------------------------|
 | sentence vectors E2(x_i) [m, d] of    | u_i = g(rank vector of x_i) [m, n]      | RankEncoder 004 §3.4 Eq. 4,      |
-| the encoder in training (one view)    | from the harvest's stored rank codes;   | §3.5 Eq. 6 (filter tau_l <= u_i.u_j |
-|                                       | u_i.u_j is Spearman of the two          | <= tau_u, 0.5 / 0.8, §4.3), and  |
-|                                       | sentences' anchor similarities under E1 | §3.4 Eq. 5 (hinge, lambda 0.05)  |
+| the encoder in training (one view)    | from the harvest's stored rank codes;   | §3.5 Eq. 6 (filter tau_l <=      |
+|                                       | u_i.u_j is Spearman of the two          | u_i.u_j <= tau_u, 0.5 / 0.8,     |
+|                                       | sentences' anchor similarities under E1 | §4.3), and §3.4 Eq. 5 (hinge,    |
+|                                       |                                         | lambda 0.05)                     |
 
 l_r = sum over in-batch pairs i != j with tau_l <= u_i.u_j <= tau_u of (u_i.u_j - cos(E2 x_i, E2 x_j))^2,
       divided by the number of such pairs (Eq. 6). Pairs are unordered (i < j): both orders carry the

@@ -26,7 +26,8 @@ def open_corpus(corpus: str | Path):
     try:
         reader = RunReader(str(corpus), manifest_required=False)
     except StoreError as exc:
-        raise UsageError(str(exc).replace(": no such directory", ": not a corpus directory (no such directory)")) from None
+        raise UsageError(
+            str(exc).replace(": no such directory", ": not a corpus directory (no such directory)")) from None
     if not reader.manifest:
         raise UsageError(f"{corpus}: not a corpus directory (no manifest.json)")
     return reader

@@ -120,7 +120,8 @@ def build_lucene_index(corpus: str | Path, out: str | Path, cfg: IndexConfig, th
     manifest = {
         "format": FORMAT, "backend": "lucene", "config": cfg.model_dump(), "corpus": str(corpus),
         "corpus_fingerprint": corpus_fp, "fingerprint": fingerprint(cfg.semantic(), corpus_fp),
-        "n_chunks": int(len(chunks)), "vocab_size": None, "similarity": cfg.scoring, "build_workers": int(threads), "shards": [{"path": "lucene", "n_chunks": int(len(chunks))}],
+        "n_chunks": int(len(chunks)), "vocab_size": None, "similarity": cfg.scoring, "build_workers": int(threads),
+        "shards": [{"path": "lucene", "n_chunks": int(len(chunks))}],
         "build_seconds": round(time.perf_counter() - t0, 3),
     }
     (out / INDEX_MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")

@@ -349,7 +349,8 @@ def _build_ray(corpus, out: Path, cfg: IndexConfig, texts: list[str], chunks: Ch
     tasks = []
     for s in range(len(bounds) - 1):
         lo, hi = int(bounds[s]), int(bounds[s + 1])
-        pieces = [(refs[i][1], colmaps[i], parts[i][3]) for i in range(len(cuts) - 1) if cuts[i] >= lo and cuts[i + 1] <= hi]
+        pieces = [(refs[i][1], colmaps[i], parts[i][3])
+                  for i in range(len(cuts) - 1) if cuts[i] >= lo and cuts[i + 1] <= hi]
         tasks.append(write.remote(str(out.resolve()), s, pieces, idf_ref, cfg_dict, stats.avgdl,
                                   chunks.chunk_ids[lo:hi]))
     shards = ray.get(tasks)

@@ -123,9 +123,11 @@ def build_rep_cache(cfg: RepCacheConfig, executor: str = "ray", force_new: bool 
     if old is not None and not force_new and old.get("stage") == STORE_STAGE and old.get("identity") != identity:
         raise UsageError(f"{cfg.out}: this representation cache was built for another corpus or discriminator; "
                          "choose another --out or pass --force-new to rebuild it")
-    ids = np.sort(read_table(cfg.corpus, "sentences", ["sentence_id"]).column("sentence_id").to_numpy().astype(np.int64))
-    meta = {"format": FORMAT, "corpus_fingerprint": corpus_fp, "discriminator_fingerprint": disc.config.get("fingerprint"),
-            "window": disc.window, "rep_dim": disc.rep_dim, "core_dim": disc.model.head.context_core_dim}
+    ids = np.sort(
+        read_table(cfg.corpus, "sentences", ["sentence_id"]).column("sentence_id").to_numpy().astype(np.int64))
+    meta = {"format": FORMAT, "corpus_fingerprint": corpus_fp,
+            "discriminator_fingerprint": disc.config.get("fingerprint"), "window": disc.window,
+            "rep_dim": disc.rep_dim, "core_dim": disc.model.head.context_core_dim}
 
     def summary(ctx) -> dict:
         markers = ctx.store.markers()

@@ -70,7 +70,8 @@ def expand_candidates(chunk_ids: np.ndarray, retrieval_scores: np.ndarray, chunk
         same_doc = (ids >> DOC_SHIFT) == doc[:, None]
         pos = np.searchsorted(sentence_ids, ids)
         pos_c = np.minimum(pos, max(len(sentence_ids) - 1, 0))
-        present = (pos < len(sentence_ids)) & (sentence_ids[pos_c] == ids) if len(sentence_ids) else np.zeros(ids.shape, bool)
+        present = ((pos < len(sentence_ids)) & (sentence_ids[pos_c] == ids) if len(sentence_ids)
+                   else np.zeros(ids.shape, bool))
         ok &= (same_doc & present & (ids >= 0)).all(axis=1)
     # the centre itself must exist too (slot inside the chunk but missing from the corpus)
     pos = np.searchsorted(sentence_ids, centre)

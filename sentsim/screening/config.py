@@ -14,7 +14,8 @@ class ContextSetConfig(Section):
     # 003 §3.3: |C_s| = 500, 20K retrieved chunks, one context per chunk, Jaccard < 0.5.
     size: int = Field(500, ge=1, description="|C_s|")
     retrieve_chunks: int = Field(20_000, ge=1, description="chunks retrieved per sentence by TF-IDF bigrams")
-    jaccard: float = Field(0.5, gt=0.0, le=1.0, description="max Jaccard of a new context's (i-1)-th sentence vs chosen ones")
+    jaccard: float = Field(0.5, gt=0.0, le=1.0,
+                           description="max Jaccard of a new context's (i-1)-th sentence vs chosen ones")
     one_per_chunk: bool = Field(True, description="each chunk contributes at most one context")
     # A corpus sentence would otherwise be offered its own slot: the window it came from, which
     # every context model scores far above any other context.
@@ -24,4 +25,5 @@ class ContextSetConfig(Section):
     # 003 §3.3: "we cache sentence representations in advance, and compute model scores in the
     # last neural layer". A `sentsim cache build` run to reuse across jobs; when unset, a job with
     # a discriminator builds its own under <out>/rep_cache (resumable) before screening.
-    rep_cache: Optional[str] = Field(None, description="discriminator representation cache (a `sentsim cache build` run)")
+    rep_cache: Optional[str] = Field(None,
+                                     description="discriminator representation cache (a `sentsim cache build` run)")

@@ -27,7 +27,8 @@ def score_windows(disc, cache, sentence_features: np.ndarray, centre_ids: np.nda
     d = head.d
     f = np.asarray(sentence_features, np.float32).reshape(-1)
     p, v, hn = float(f[0]), f[1:1 + d], f[1 + d:]
-    q = np.concatenate([[1.0], v * head.bil_left.detach().numpy(), v * head.bil_right.detach().numpy()]).astype(np.float32)
+    q = np.concatenate([[1.0], v * head.bil_left.detach().numpy(),
+                        v * head.bil_right.detach().numpy()]).astype(np.float32)
     a_l, a_r = (float(x) for x in head.cos_weight.detach().numpy())
     out = np.empty(len(centre_ids), dtype=np.float32)
     for lo in range(0, len(centre_ids), batch):

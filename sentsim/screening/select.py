@@ -47,7 +47,8 @@ def select_diverse(scores: np.ndarray, chunk_ids: np.ndarray, prev_tokens: Seque
     chunk_ids = np.asarray(chunk_ids)
     m = len(scores)
     if len(chunk_ids) != m or len(prev_tokens) != m:
-        raise UsageError(f"scores ({m}), chunk_ids ({len(chunk_ids)}) and prev_tokens ({len(prev_tokens)}) differ in length")
+        raise UsageError(f"scores ({m}), chunk_ids ({len(chunk_ids)}) and prev_tokens ({len(prev_tokens)}) "
+                         "differ in length")
     if size < 0:
         raise UsageError(f"size must be >= 0 (got {size})")
     if not 0.0 < max_jaccard <= 1.0:

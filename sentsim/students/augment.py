@@ -15,7 +15,8 @@ import torch
 class EmbeddingSynonyms:
     def __init__(self, tok, embeddings: torch.Tensor, max_vocab: int = 30000):
         vocab = tok.get_vocab()
-        words = [(w, i) for w, i in vocab.items() if w.isalpha() and w.islower() and len(w) > 2 and i < embeddings.shape[0]]
+        words = [(w, i) for w, i in vocab.items()
+                 if w.isalpha() and w.islower() and len(w) > 2 and i < embeddings.shape[0]]
         words.sort(key=lambda x: x[1])
         words = words[:max_vocab]
         self.words = [w for w, _ in words]

@@ -56,7 +56,8 @@ def scored_pairs(root, split: Optional[str] = "train") -> pa.Table:
     if not split:
         return t.filter(pc.is_valid(t["score"]))
     have = {s: keep_split(t, s).num_rows for s in ("dev", "test")}
-    carve = plan_dev_carve(keep_split(t, "train").select(["s1", "s2"]), have) if min(have.values()) < MIN_DEV_PAIRS else None
+    carve = (plan_dev_carve(keep_split(t, "train").select(["s1", "s2"]), have)
+             if min(have.values()) < MIN_DEV_PAIRS else None)
     if carve and split == "dev":
         print(carve_note(carve))
     return keep_split(t, split, carve)
@@ -268,7 +269,8 @@ def rse_triples(root: Optional[Path], cfg) -> tuple[pa.Table, list[str], dict]:
     for r, tail in zip(table["relation"].to_pylist(), table["s_j"].to_pylist()):
         by_rel.setdefault(r, []).append(tail)
     hard = table["hard_negative"].to_pylist()
-    for i, (r, head, tail) in enumerate(zip(table["relation"].to_pylist(), table["s_i"].to_pylist(), table["s_j"].to_pylist())):
+    for i, (r, head, tail) in enumerate(zip(table["relation"].to_pylist(), table["s_i"].to_pylist(),
+                                            table["s_j"].to_pylist())):
         if hard[i] is None:
             pool = by_rel[r]
             for _ in range(4):

@@ -7,7 +7,8 @@ train pairs (s1, s2, score).
 Loss per batch of m sentences (encoded twice; dropout makes the two views differ):
     l_cl  = InfoNCE(view 1, view 2), in-batch negatives, tau 0.05          (§3.1 Eq. 1, SimCSE)
     u_i   = g(decoded rank codes of x_i); u_i.u_j = Spearman under E1      (§3.2 Eq. 2-3)
-    l_r   = mean over pairs i<j with 0.5 <= u_i.u_j <= 0.8 of (u_i.u_j - cos(E2 x_i, E2 x_j))^2   (§3.4 Eq. 4, §3.5 Eq. 6)
+    l_r   = mean over pairs i<j with 0.5 <= u_i.u_j <= 0.8 of (u_i.u_j - cos(E2 x_i, E2 x_j))^2
+                                                                           (§3.4 Eq. 4, §3.5 Eq. 6)
     total = max(0.05 * l_r, l_cl)                                          (§3.4 Eq. 5)
           + score_weight * mean (cos(E2 s1, E2 s2) - harvested score)^2    (issue 7, optional; 003 §3.4's L2)
 A batch whose filter keeps no pair contributes l_cl alone and is counted (`empty_filter_batches`).
@@ -63,7 +64,8 @@ class RankEncoderObjective(Objective):
         metrics = {"l_cl": float(l_cl.detach()), "l_r": None if l_r is None else float(l_r.detach()),
                    "pairs_kept": kept, "empty_filter_batches": self.empty_filter_batches}
         if rc.score_weight > 0 and self.pairs is not None and len(self.pairs["score"]):
-            idx = self._rng.choice(len(self.pairs["score"]), size=min(rc.score_batch_size, len(self.pairs["score"])), replace=False)
+            idx = self._rng.choice(len(self.pairs["score"]), size=min(rc.score_batch_size, len(self.pairs["score"])),
+                                   replace=False)
             s1 = [self.pairs["s1"][i] for i in idx]
             s2 = [self.pairs["s2"][i] for i in idx]
             w = self.model.embed(**tokenize(self.tok, s1 + s2, self.cfg.max_seq_length, device))
@@ -89,7 +91,8 @@ class RankEncoderObjective(Objective):
         if self.anchors is not None:
             ids, texts = self.anchors
             (folder / ANCHORS_FILE).write_text(json.dumps(
-                {"lambda_inf": self.cfg.rankencoder.lambda_inf, "anchor_ids": [int(i) for i in ids], "anchors": list(texts)}))
+                {"lambda_inf": self.cfg.rankencoder.lambda_inf, "anchor_ids": [int(i) for i in ids],
+                 "anchors": list(texts)}))
 
 
 # ----------------------------------------------------------------------------- inference

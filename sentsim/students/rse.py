@@ -78,7 +78,8 @@ class RSEObjective(Objective):
         states, reps = [], []
         with torch.no_grad():
             for p in pieces:
-                states.append((torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None))
+                states.append((torch.get_rng_state(),
+                               torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None))
                 reps.append(self.model.embed(**tokenize(self.tok, p, self.cfg.max_seq_length, device)))
         leaf = torch.cat(reps).detach().requires_grad_(True)
         loss = self.loss_on(leaf, rel, mask, n)

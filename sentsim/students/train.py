@@ -138,8 +138,9 @@ def build_objective(cfg: StudentConfig, backbone: str, init: str, spec: dict):
         torch.manual_seed(cfg.seed)
         if init == "scratch":
             s = cfg.scratch
-            mlm = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=s.hidden_size, num_hidden_layers=s.num_layers,
-                                             num_attention_heads=s.num_heads, intermediate_size=s.intermediate_size,
+            mlm = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=s.hidden_size,
+                                             num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads,
+                                             intermediate_size=s.intermediate_size,
                                              pad_token_id=tok.pad_token_id or 0))
         else:
             mlm = AutoModelForMaskedLM.from_pretrained(str(p))  # the MLM head is new if the checkpoint lacks it
@@ -240,7 +241,8 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
               out_dir=out_dir, datasets=datasets, executor=executor, export=lambda d: _export(d, out_dir, cfg))
     history, model_dir, rv = run["history"], run["model"], run["result"]
     write_curves(history, out_dir / "curves", cfg.objective, f"student {cfg.objective} ({cfg.init})", [
-        ("train loss", [("train_loss", None)], False), ("dev Spearman x100 vs harvested scores", [("dev_spearman", None)], False)])
+        ("train loss", [("train_loss", None)], False),
+        ("dev Spearman x100 vs harvested scores", [("dev_spearman", None)], False)])
     losses = [h["train_loss"] for h in history if h.get("train_loss") is not None]
     summary = {"fingerprint": run_id, "objective": cfg.objective, "model": str(model_dir), "rows": n_rows,
                "total_steps": total, "gpu": run["gpu"], "seconds": round(time.perf_counter() - t0, 1),

@@ -180,7 +180,8 @@ def inspect_harvest(root: str | Path, seed: int = CARVE_SEED) -> HarvestInfo:
         finite = pc.is_finite(score)
         n_nonfinite = int(pc.sum(pc.invert(finite.fill_null(True))).as_py() or 0)
         if n_nonfinite:
-            raise InputError(f"{shown}: {n_nonfinite} score(s) are NaN or infinite (null is the way to mark 'not scored')")
+            raise InputError(f"{shown}: {n_nonfinite} score(s) are NaN or infinite "
+                             "(null is the way to mark 'not scored')")
         valid = pc.is_valid(score)
         for s in SPLITS:
             scored[s] += int(pc.sum(pc.and_(valid, pc.equal(table["split"], s))).as_py() or 0)

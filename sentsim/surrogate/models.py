@@ -52,9 +52,11 @@ def check_backbone(path: str, init: str) -> dict:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"--backbone {path}: no usable tokenizer ({type(exc).__name__}: {exc})") from None
     if init == "pretrained":
-        weights = [f for f in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json") if (p / f).is_file()]
+        weights = [f for f in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
+                   if (p / f).is_file()]
         if not weights:
-            raise UsageError(f"--backbone {path}: no weights (model.safetensors); use --init scratch to train from random weights")
+            raise UsageError(f"--backbone {path}: no weights (model.safetensors); "
+                             "use --init scratch to train from random weights")
     return {"path": str(p), "model_type": config.model_type, "vocab_size": len(tok),
             "hidden_size": getattr(config, "hidden_size", None)}
 
@@ -160,7 +162,8 @@ def export_model(hf_dir: Path, out: Path, arch: str, max_seq_length: int) -> Pat
     if arch == "cross":
         from sentence_transformers import CrossEncoder
 
-        ce = CrossEncoder(str(hf_dir), num_labels=1, max_length=max_seq_length, activation_fn=nn.Identity(), device="cpu")
+        ce = CrossEncoder(str(hf_dir), num_labels=1, max_length=max_seq_length, activation_fn=nn.Identity(),
+                          device="cpu")
         ce.save(str(out))
         return out
     from sentence_transformers import SentenceTransformer

@@ -85,7 +85,8 @@ def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, ou
     out_dir = Path(out)
     what = {k: v for k, v in cfg.model_dump().items() if k not in RESUMABLE_KEYS}
     run_id = fingerprint(what, harvest.summary() if harvest else None, bb, finetune_sts)
-    claim_out(out_dir, run_id, {"config": cfg.model_dump(), "backbone": bb, "data": harvest.summary() if harvest else None,
+    claim_out(out_dir, run_id, {"config": cfg.model_dump(), "backbone": bb,
+                                "data": harvest.summary() if harvest else None,
                                 "finetune_sts": finetune_sts}, force_new, out)
 
     from sentsim.runtime import init_ray
@@ -97,13 +98,14 @@ def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, ou
     if harvest:
         spec = {"backbone": bb["path"], "init": cfg.init, "epochs": cfg.epochs, "batch_size": cfg.batch_size,
                 "lr": cfg.lr, "eval_every": cfg.eval_every, "max_steps": cfg.max_steps}
-        stages.append(run_stage("harvest", harvest_datasets(harvest, cfg.eval_max_pairs), harvest.scored["train"], spec, cfg, out_dir))
+        stages.append(run_stage("harvest", harvest_datasets(harvest, cfg.eval_max_pairs), harvest.scored["train"],
+                                spec, cfg, out_dir))
         current_backbone, current_init = stages[-1]["model"], "pretrained"
     if finetune_sts:
         ds, counts = stsb_datasets(finetune_sts)
         ft = cfg.finetune
-        spec = {"backbone": str(current_backbone), "init": current_init, "epochs": ft.epochs, "batch_size": ft.batch_size,
-                "lr": ft.lr, "eval_every": ft.eval_every, "max_steps": ft.max_steps}
+        spec = {"backbone": str(current_backbone), "init": current_init, "epochs": ft.epochs,
+                "batch_size": ft.batch_size, "lr": ft.lr, "eval_every": ft.eval_every, "max_steps": ft.max_steps}
         stages.append(run_stage("finetune-sts", ds, counts["train"], spec, cfg, out_dir))
     summary = {"fingerprint": run_id, "stages": stages}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

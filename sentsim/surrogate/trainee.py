@@ -36,7 +36,8 @@ def predict(model, tok, arch: str, s1, s2, max_len: int, batch_size: int, device
     with torch.no_grad(), autocast():
         if arch == "cross":
             for i in range(0, len(s1), batch_size):
-                out.append(model(tokenize(tok, "cross", s1[i:i + batch_size], s2[i:i + batch_size], max_len, device)).float().cpu())
+                out.append(model(tokenize(tok, "cross", s1[i:i + batch_size], s2[i:i + batch_size], max_len,
+                                          device)).float().cpu())
             model.train()
             return torch.cat(out).numpy().astype(np.float64)
         uniq = sorted(set(s1) | set(s2), key=len)  # length-sorted: less padding per batch

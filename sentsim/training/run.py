@@ -142,7 +142,8 @@ def write_curves(history: list[dict], folder: Path, name: str, title: str,
     (folder / f"{name}.json").write_text(json.dumps(history, indent=2))
     series = []
     for ylabel, keys, log in panels:
-        lines = [(legend, [(h["step"], h[k]) for h in history if isinstance(h.get(k), (int, float))]) for k, legend in keys]
+        lines = [(legend, [(h["step"], h[k]) for h in history if isinstance(h.get(k), (int, float))])
+                 for k, legend in keys]
         lines = [(legend, pts) for legend, pts in lines if pts]
         if lines:
             series.append((ylabel, lines, log))
