@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # batch jobs: per-file download/loading bars from huggingface_hub and transformers only bury the
+    # progress lines in a job's log (set the variable to 0 to see them)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -64,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         # A user's mistake found inside a Ray task, actor or Train worker arrives wrapped in
         # Ray's own error types; unwrap it so it still prints as one line.
-        msg = _wrapped_usage_error(exc)
+        msg = _wrapped_usage_error(exc) or _object_store_error(exc, argv)
         if msg is None or os.environ.get("SENTSIM_DEBUG"):
             raise
         line = msg.splitlines()[0] if msg else repr(exc)
@@ -91,6 +94,16 @@ def _wrapped_usage_error(exc: BaseException):
         exc = exc.__cause__ or (cause if isinstance(cause, BaseException) else None)
     # Ray Train reports worker failures as text only.
     return _usage_line_in(text)
+
+
+def _object_store_error(exc: BaseException, argv: Sequence[str]):
+    """An object store that cannot be reached or refuses us is a setup problem, not a bug: one line
+    that says which settings pyarrow's S3 client reads."""
+    if not isinstance(exc, OSError) or not any("://" in a for a in argv):
+        return None
+    first = (str(exc).splitlines() or [repr(exc)])[0]
+    return (f"cannot use the object store ({first}); set AWS_ENDPOINT_URL (for a non-AWS or local S3), "
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and AWS_DEFAULT_REGION (see README: runs on object storage)")
 
 
 def _usage_line_in(text: str):

@@ -46,7 +46,7 @@ def show_pairs(harvest: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
-    ap.add_argument("--sts", default=str(SHARED_STS),
+    ap.add_argument("--sts", default=os.path.relpath(SHARED_STS),
                     help="STS data folder for `eval sts` (default ../shared/data/sts)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

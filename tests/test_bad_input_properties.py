@@ -113,3 +113,26 @@ def test_sts_readers(tmp_path_factory, data, layout):
         assert "\n" not in str(exc)
         return
     assert t.n_pairs > 0 or layout == "year"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(st.binary(max_size=300), jsonl_lines.map(str.encode)),
+       ext=st.sampled_from([".jsonl", ".txt", ".parquet"]), skip=st.booleans())
+def test_corpus_build_random_input(tmp_path_factory, data, ext, skip):
+    """Random bytes or JSON lines as a corpus input: a corpus, or exit 2 with one line; and never a
+    `_COMPLETE` run after a failure."""
+    from sentsim.corpus_job import build_corpus
+
+    tmp = tmp_path_factory.mktemp("corpus")
+    src = tmp / f"docs{ext}"
+    src.write_bytes(data)
+    out = tmp / "out"
+    count("corpus build")
+    try:
+        m = build_corpus([str(src)], str(out), overrides=["on_error=skip"] if skip else [], executor="inline",
+                         quiet=True)
+    except UsageError as exc:
+        assert "\n" not in str(exc)
+        assert not (out / "_COMPLETE").exists()
+        return
+    assert m["complete"] and m["counts"]["documents"] > 0 and (out / "_COMPLETE").exists()

@@ -48,6 +48,20 @@ def test_pair_ids_and_splits_are_stable_and_symmetric():
     assert 0.975 < frac["train"] < 0.985 and 0.007 < frac["dev"] < 0.013 and 0.007 < frac["test"] < 0.013
 
 
+def test_pair_ids_splits_and_partners_are_pinned():
+    """Values pinned across processes and releases: a change of hash, seed handling or sampling order
+    would silently move pairs between splits of a resumed harvest, so it must fail here."""
+    assert pair_id(3, 9) == 205522977786342775
+    assert pair_id(1 << 20 | 5, 2 << 20 | 7) == 1903620711508069425
+    assert [i for i in range(400) if pair_split(i, i + 7) != "train"][:6] == [10, 16, 49, 73, 82, 232]
+    assert pair_split(10, 17) == "test" and pair_split(232, 239) == "dev"
+    corpus = np.arange(1000, dtype=np.int64)
+    doc = np.arange(100, 130, dtype=np.int64)
+    assert sample_partners(105, 7, doc, corpus, [500, 501, 105, 502], 2, 3, 4) == [
+        (500, "neighbour"), (501, "neighbour"), (115, "same-doc"), (117, "same-doc"), (124, "same-doc"),
+        (617, "random"), (868, "random"), (720, "random"), (541, "random")]
+
+
 def test_partner_sampling_is_seeded_and_mixed():
     corpus = np.arange(1000, dtype=np.int64)
     doc = np.arange(100, 130, dtype=np.int64)

@@ -110,3 +110,17 @@ def test_one_writer_per_run_on_s3(s3_server, tmp_path):  # noqa: F811
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
                        env={**os.environ, **s3_server})
     assert r.returncode == 0, r.stderr
+
+
+def test_unreachable_object_store_is_one_line(tmp_path):
+    """No S3 server at the configured endpoint: exit 2 and one line naming the settings, no traceback."""
+    import os
+
+    from conftest import free_port, sentsim_cli
+
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "x",
+           "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    r = sentsim_cli("store", "verify", "s3://nobucket/run", env={**os.environ, **env}, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    err = [ln for ln in r.stderr.splitlines() if ln.startswith("sentsim: error:")]
+    assert len(err) == 1 and "AWS_ENDPOINT_URL" in err[0]
