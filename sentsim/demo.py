@@ -78,7 +78,7 @@ def main() -> None:
         print(f"\n(eval sts skipped: no STS data at {args.sts}; pass --sts DIR)")
     # One student objective: RankEncoder (004) on the harvest's rank-vector targets.
     step("student", ["train", "student", "--objective", "rankencoder", "--data", harvest, "--out", student,
-                     "--max-steps", "10", "--set", "batch_size=16"])
+                     "--max-steps", "10", "--set", "batch_size=16", "--set", "log_every=2"])
     print(f"\ndemo: done in {time.time() - t_all:.0f}s; outputs under {out}/ "
           f"(harvest report: {harvest}/report.png)")
 

@@ -104,16 +104,18 @@ def _queries(cfg: ScreenConfig, corpus) -> tuple[list, list]:
     from sentsim.harvest.stages import text_id
 
     if cfg.sentences:
-        from sentsim.pairs_file import decode_text, read_pairs_file, split_lines
+        from sentsim.pairs_file import decode_text, is_stsb_line, split_lines, stsb_fields
 
         p = Path(cfg.sentences)
         if not p.is_file():
             raise UsageError(f"{cfg.sentences}: sentence file not found")
-        lines = [ln for ln in split_lines(decode_text(p)) if ln.strip()]
-        if any("\t" in ln for ln in lines):  # a pairs file (STS-B, s1/s2 TSV, ...): both sentences of each pair
-            texts = [t for a, b, _ in read_pairs_file(str(p)) for t in (a, b)]
-        else:  # one sentence per line
-            texts = lines
+        texts: list = []
+        for n, line in enumerate(split_lines(decode_text(p)), 1):
+            cols = line.split("\t")
+            if is_stsb_line(cols):  # an STS-B line: its two sentences
+                texts.extend(stsb_fields(cols, f"{p}:{n}")[:2])
+            else:  # a sentence, or TAB-separated sentences (a pairs file)
+                texts.extend(cols[:2])
         texts = list(dict.fromkeys(t.strip() for t in texts if t.strip()))
         if not texts:
             raise UsageError(f"{cfg.sentences}: no sentences")

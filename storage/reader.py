@@ -129,8 +129,8 @@ class RunReader:
         """A ray.data dataset over exactly the completed shards (Ray Train streams from it)."""
         import ray.data
 
-        return ray.data.read_parquet(self.files(table), filesystem=self.fs, columns=list(columns) if columns else None,
-                                     **kw)
+        ds = ray.data.read_parquet(self.files(table), filesystem=self.fs, **kw)
+        return ds.select_columns(list(columns)) if columns else ds
 
     # ---- side tables and run files ------------------------------------------------------------
     def side_table(self, name: str) -> Optional[pa.Table]:

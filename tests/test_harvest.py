@@ -339,3 +339,34 @@ def test_remix_reads_harvests_with_the_removed_scorer_actor_settings():
     manifest = {"config": {"scoring": {"actor_num_cpus": 1.0, "actor_num_gpus": 0.0, "lambda_fwd": 0.5}}}
     lam, metric = resolve(RemixConfig(source="h", out="r"), manifest)
     assert lam == {"disc": 1.0, "fwd": 0.5, "left": 1.0, "right": 1.0} and metric == "pearson"
+
+
+def test_anchors_that_partner_each_other_give_each_pair_once(inputs, tmp_path):
+    """A corpus of 2 short documents with every sentence an anchor: every partner is an anchor too,
+    so each unordered pair is proposed by both of its anchors, often in different units. Each must
+    be written exactly once (the smaller anchor owns it); a harvest that stopped calling
+    `owned_pairs` would write most pairs twice."""
+    from sentsim.corpus_job import build_corpus
+    from sentsim.harvest.job import harvest
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("\n".join(json.dumps({"id": f"d{d}", "paragraphs": [" ".join(
+        f"Sentence number {i} of document {d} talks about topic {i % 3} today." for i in range(6))]})
+        for d in range(2)) + "\n")
+    corpus = tmp_path / "corpus"
+    build_corpus([str(docs)], str(corpus), executor="inline", quiet=True)
+    out = tmp_path / "run"
+    from sentsim.harvest.config import HarvestConfig
+
+    cfg = HarvestConfig.model_validate(dict(
+        corpus=str(corpus), context_models=[str(inputs["bundle"])], out=str(out), seed=3,
+        anchors={"n": 12, "per_unit": 3, "min_tokens": 1}, partners={"neighbours": 0, "same_doc": 3, "random": 3},
+        contexts={"mode": "random", "size": 4}, rank={"enabled": False}, scoring={"batch_tokens": 2048}))
+    m = harvest(cfg, executor="inline", quiet=True)
+    assert m["complete"] and m["completed_units"] == 4
+    t = pairs_of(out).to_pandas()
+    anchors = set(t.s1_id) | set(t.s2_id)
+    assert len(anchors) == 12  # every sentence is an anchor, and every pair joins two of them
+    keys = [tuple(sorted(p)) for p in zip(t.s1_id, t.s2_id)]
+    assert len(keys) == len(set(keys)) and len(t) == t.pair_id.nunique()
+    assert len(keys) > 12  # many pairs, each proposed from both ends

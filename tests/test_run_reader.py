@@ -143,13 +143,14 @@ def test_backbone_defaults_to_the_bundled_minilm(monkeypatch):
 
     from sentsim.commands import train_student, train_surrogate
     from sentsim.rank.targets import default_base_encoder
+    from sentsim.training.cli import backbone_or_default
 
     for mod in (train_surrogate, train_student):
         p = argparse.ArgumentParser()
         mod.add_arguments(p)
         args = p.parse_args(["--data", "h", "--out", "o"])
         assert args.backbone is None
-        assert train_surrogate.resolve_default_backbone(args.backbone) == default_base_encoder()
+        assert backbone_or_default(args.backbone) == default_base_encoder()
         assert (__import__("pathlib").Path(default_base_encoder()) / "config.json").is_file()
         assert p.parse_args(["--out", "o", "--backbone", "x"]).backbone == "x"
 

@@ -33,8 +33,9 @@ def run(args) -> int:
                       address=args.address, executor=args.executor, force_new=args.force_new, eval_sts=args.eval_sts)
     first, last = s["first_loss"], s["last_loss"]
     fmt = lambda x: "-" if x is None else f"{x:.4g}"  # noqa: E731
-    print(f"{s['objective']}: {s['rows']} rows, {s['total_steps']} steps, loss {fmt(first)} -> {fmt(last)}; "
-          f"model: {s['model']}")
+    # one logged point (a run shorter than log_every) is the mean over the run, not a start and an end
+    loss = f"{fmt(first)} -> {fmt(last)}" if s.get("loss_points", 2) > 1 else f"{fmt(last)} (mean over the run)"
+    print(f"{s['objective']}: {s['rows']} rows, {s['total_steps']} steps, loss {loss}; model: {s['model']}")
     if s.get("empty_filter_batches") is not None:
         print(f"batches where the pair filter kept no pair (l_cl only): {s['empty_filter_batches']}")
     for k, v in s["skips"].items():

@@ -248,6 +248,7 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
                "total_steps": total, "gpu": run["gpu"], "seconds": round(time.perf_counter() - t0, 1),
                "counts": spec["counts"], "skips": spec["skips"], "empty_filter_batches": rv.get("empty_filter_batches"),
                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+               "loss_points": len(losses),
                "history": history}
     if eval_sts:
         summary["eval"] = evaluate_student(cfg, str(model_dir), eval_sts, out_dir)
