@@ -16,7 +16,7 @@ def test_usage_error_raised_in_a_ray_task_is_unwrapped():
 
     ray.init(address="local", num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
     try:
-        with pytest.raises(Exception) as exc:
+        with pytest.raises(ray.exceptions.RayTaskError) as exc:
             ray.get(bad.remote())
     finally:
         ray.shutdown()

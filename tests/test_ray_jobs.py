@@ -195,5 +195,7 @@ def test_cluster_yaml_passes_rays_validation():
     assert raw["file_mounts"].get("/home/ubuntu/.ray/auth_token") == "~/.ray/auth_token"
     broken = yaml.safe_load((ROOT / "ray_cluster.yaml").read_text())
     broken["available_node_types"]["gpu_worker"]["not_a_field"] = 1
-    with pytest.raises(Exception):
+    import jsonschema
+
+    with pytest.raises(jsonschema.ValidationError, match="not_a_field"):
         validate_config(prepare_config(broken))
