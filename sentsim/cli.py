@@ -14,7 +14,7 @@ from sentsim.errors import UsageError
 
 GROUP_HELP = {
     "corpus": "ingest documents into sentence and chunk shards",
-    "store": "inspect and verify shard stores",
+    "store": "inspect, verify and compact shard stores",
     "index": "build retrieval indexes over corpus chunks",
     "train": "train models (discriminator, context, surrogate, student)",
     "eval": "evaluate models and scored pairs",

@@ -11,7 +11,8 @@ its own summary. `execute` does the rest the same way for all of them:
 
 Units are dicts with a `unit` number. A list of units is run as one Ray Data pass; units that
 arrive from a generator (the corpus build streams its inputs) run in windows of `job.window`, so
-that the driver never holds more than a window of them.
+that the driver never holds more than a window of them. A `UnitPlan` (units computed from their
+number, the harvest's) is one streamed pass too: the driver keeps the pending unit numbers only.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
+import numpy as np
+
 from sentsim.config import fingerprint
 from sentsim.errors import UsageError
-from sentsim.pipeline import PLACEMENT_KEY, StageSpec, run_pipeline
+from sentsim.pipeline import PLACEMENT_KEY, StageSpec, UnitPlan, run_pipeline
 
 EXECUTORS = ("ray", "inline")
 
@@ -192,8 +195,13 @@ def _execute(job: ShardedJob, store, fp: str, listed: bool, units, executor: str
     ctx.done = store.completed_units(fp, deep=job.deep)
     for u, why in sorted((getattr(store, "redo_reasons", None) or {}).items()):
         print(f"[{job.stage}] unit {u:05d} will be redone: {why}", file=stream, flush=True)
+    plan = job.units if isinstance(job.units, UnitPlan) else None
+    pending = None
+    if plan is not None:  # a plan: pending units by number, never a list of unit dicts here
+        pending = plan.numbers[~np.isin(plan.numbers, np.fromiter(ctx.done, np.int64, len(ctx.done)))]
     if ctx.done:
-        todo = f", {sum(u['unit'] not in ctx.done for u in job.units)} to do" if listed else ""
+        todo = (f", {len(pending)} to do" if pending is not None
+                else f", {sum(u['unit'] not in ctx.done for u in job.units)} to do" if listed else "")
         print(f"[{job.stage}] resuming {job.out}: {len(ctx.done)} already complete{todo}", file=stream, flush=True)
 
     stopped = False
@@ -214,6 +222,8 @@ def _execute(job: ShardedJob, store, fp: str, listed: bool, units, executor: str
             ctx.progress = Progress(job.stage, len(job.units) if listed else None, len(ctx.done), job.count,
                                     stream=stream, gauges=job.gauges, run=job.out, detail=job.detail)
         for r in run_pipeline(window, ctx.specs, executor=executor):
+            if store.lease is not None:
+                store.lease.check()  # another writer took the run over (stale lease): stop here, exit 2
             ctx.note_placement(r)
             ctx.progress.update(r)
             if job.on_result and job.on_result(r):
@@ -223,6 +233,12 @@ def _execute(job: ShardedJob, store, fp: str, listed: bool, units, executor: str
     window: List[dict] = []
     budget = max_units if max_units is not None else -1
     size = None if listed else max(1, job.window or 1)
+    if plan is not None:  # one streamed pass over the pending units (run_pipeline builds them on Ray)
+        units = ()
+        if budget >= 0:
+            pending = pending[:budget]
+        if len(pending):
+            run(plan.subset(pending))
     for u in units:
         ctx.planned = max(ctx.planned, u["unit"] + 1)  # a stream keeps planning after a stop
         if u["unit"] in ctx.done or stopped or budget == 0:
@@ -237,6 +253,8 @@ def _execute(job: ShardedJob, store, fp: str, listed: bool, units, executor: str
     ctx.wall = time.time() - t0
     if listed:
         ctx.planned = len(job.units)
+    if store.lease is not None:
+        store.lease.check()  # never finalize a run that another writer now holds
     manifest = store.finalize(ctx.planned, job.summary(ctx))
     return dict(manifest, this_run={"wall_seconds": ctx.wall, "units": ctx.progress.done if ctx.progress else 0,
                                     job.count: ctx.progress.rows if ctx.progress else 0, "actors": ctx.actors})

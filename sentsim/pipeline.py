@@ -141,6 +141,77 @@ def pool_size(res: Resources) -> tuple[int, int]:
     return res.min_actors, max(res.min_actors, min(fits) if fits else res.min_actors)
 
 
+class UnitPlan(Sequence):
+    """Units computed from their number, `make(u) -> dict`: the driver keeps what `make` needs once
+    (e.g. the sorted anchor ids) and the numbers of the units to run, never a list of unit dicts.
+    On Ray the unit dicts are built inside the pipeline (`_UnitSource`), a few at a time; `make`
+    must therefore be picklable (a module-level class instance, not a closure)."""
+
+    def __init__(self, n: int, make: Callable[[int], dict], numbers: Optional[np.ndarray] = None):
+        self.n = int(n)
+        self.make = make
+        self.numbers = np.arange(self.n, dtype=np.int64) if numbers is None else np.asarray(numbers, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.subset(self.numbers[i])
+        return self.make(int(self.numbers[i]))
+
+    def __iter__(self):
+        for u in self.numbers:
+            yield self.make(int(u))
+
+    def subset(self, numbers) -> "UnitPlan":
+        """The same plan restricted to these unit numbers (pending ones, a budget)."""
+        return UnitPlan(self.n, self.make, np.asarray(numbers, np.int64))
+
+
+# read tasks of a UnitPlan on Ray: enough for load balancing over many actors, few enough that the
+# driver's per-task bookkeeping stays small at a million units
+UNIT_READ_TASKS = 4096
+
+
+def _read_units(make_ref, numbers: np.ndarray):
+    """One read task: the unit dicts of `numbers`, built here, one block each (one unit per block
+    as with `from_items(override_num_blocks=len(items))`)."""
+    import pyarrow as pa
+    import ray
+
+    make = ray.get(make_ref)
+    for u in numbers:
+        yield pa.table({"item": pa.array([pickle.dumps(make(int(u)), protocol=5)], pa.binary())})
+
+
+def _unit_dataset(plan: UnitPlan):
+    """A ray.data dataset of a UnitPlan's pickled units, built in read tasks from the unit numbers."""
+    import functools as ft
+
+    import ray
+    from ray.data.block import BlockMetadata
+    from ray.data.datasource import Datasource, ReadTask
+
+    make_ref = ray.put(plan.make)  # once in the object store, not once per read task
+    numbers = plan.numbers
+
+    class _UnitSource(Datasource):
+        def estimate_inmemory_data_size(self):
+            return None
+
+        def get_read_tasks(self, parallelism, per_task_row_limit=None, data_context=None):
+            parts = np.array_split(numbers, max(1, min(len(numbers), parallelism)))
+            return [ReadTask(ft.partial(_read_units, make_ref, part),
+                             BlockMetadata(num_rows=len(part), size_bytes=None, input_files=None, exec_stats=None))
+                    for part in parts if len(part)]
+
+    # building a unit dict takes microseconds: read tasks ask for no CPU, so that stage actors holding
+    # every CPU of the cluster can never starve them (from_items needed no task at all)
+    return ray.data.read_datasource(_UnitSource(), override_num_blocks=max(1, min(len(numbers), UNIT_READ_TASKS)),
+                                    num_cpus=0, concurrency=2)
+
+
 def run_pipeline(items: Sequence[dict], stages: Sequence[StageSpec], executor: str = "ray") -> Iterator[dict]:
     """Yield the last stage's outputs as they complete (streaming; order not guaranteed on Ray)."""
     if executor == "inline":
@@ -163,9 +234,12 @@ def run_pipeline(items: Sequence[dict], stages: Sequence[StageSpec], executor: s
     # lines and progress bars would bury it in a job's log (the dashboard still shows them)
     DataContext.get_current().enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
-    col = np.empty(len(items), dtype=object)
-    col[:] = [pickle.dumps(x, protocol=5) for x in items]
-    ds = ray.data.from_items([{"item": b} for b in col], override_num_blocks=max(1, len(items)))
+    if isinstance(items, UnitPlan):  # streamed: unit dicts are built in read tasks, never on the driver
+        ds = _unit_dataset(items)
+    else:
+        col = np.empty(len(items), dtype=object)
+        col[:] = [pickle.dumps(x, protocol=5) for x in items]
+        ds = ray.data.from_items([{"item": b} for b in col], override_num_blocks=max(1, len(items)))
     for spec in stages:
         res, name = spec.resources, spec.name
         lo, hi = pool_size(res)

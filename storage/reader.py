@@ -36,6 +36,7 @@ class RunReader:
         if manifest_required and not self.manifest:
             raise StoreError(f"{self._where}: not a sentsim run directory (no {MANIFEST})")
         self._units: Optional[Dict[int, dict]] = None
+        self._compaction: Optional[dict] = None
 
     def __str__(self) -> str:
         return self.uri
@@ -75,18 +76,32 @@ class RunReader:
             names.update(rec.get("files", {}))
         return sorted(names)
 
+    def compaction(self) -> dict:
+        """The committed `sentsim store compact` of this run ({} if none): table -> its file records."""
+        if self._compaction is None:
+            from storage.compact import read_compaction
+
+            self._compaction = (read_compaction(self.store, self.fingerprint) or {}) if self.manifest else {}
+        return self._compaction
+
+    def _rel_paths(self, table: str) -> List[str]:
+        """The table's files relative to the run: the compacted ones once a compaction is committed
+        (the same rows, in the same unit order), else each completed unit's shard."""
+        compacted = self.compaction().get("tables", {})
+        if table in compacted:
+            return [rec["path"] for rec in compacted[table]]
+        return [rec["files"][table]["path"] for rec in self.units().values() if table in rec.get("files", {})]
+
     def files(self, table: str, required: bool = True) -> List[str]:
         """Paths (inside `self.fs`) of the table's completed shards, in unit order."""
-        out = [self.store.path(rec["files"][table]["path"])
-               for rec in self.units().values() if table in rec.get("files", {})]
+        out = [self.store.path(p) for p in self._rel_paths(table)]
         if not out and required:
             raise StoreError(f"{self._where}: no completed {table}/ shards (no unit marker names one)")
         return out
 
     def file_uris(self, table: str) -> List[str]:
         """The same files as URIs a user can paste (s3://bucket/run/pairs/part-00000.parquet)."""
-        return [f"{self.uri}/{rec['files'][table]['path']}"
-                for rec in self.units().values() if table in rec.get("files", {})]
+        return [f"{self.uri}/{p}" for p in self._rel_paths(table)]
 
     def rows(self, table: str) -> int:
         """Row count from the markers alone (no Parquet read)."""

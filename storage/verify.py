@@ -10,6 +10,8 @@ import pyarrow.parquet as pq
 from storage import fs as sfs
 from storage.store import ShardStore, StoreError, schema_signature
 
+COMPACT = "_compact"
+
 
 def verify_store(uri: str) -> List[str]:
     """Every problem found, one line each, naming the shard. Empty means the run checks out."""
@@ -22,6 +24,10 @@ def verify_store(uri: str) -> List[str]:
     tables = manifest.get("tables", {})
     markers = store.markers()
     claimed = set()
+    from storage.compact import read_compaction
+
+    compaction = read_compaction(store, fp) or {}
+    compacted = compaction.get("tables", {})  # tables whose rows now live in _compact/ (store compact)
     for unit, rec in sorted(markers.items()):
         if rec.get("fingerprint") != fp:
             problems.append(f"unit {unit:05d}: marker from another run (fingerprint {rec.get('fingerprint')})")
@@ -29,6 +35,10 @@ def verify_store(uri: str) -> List[str]:
         for table, f in rec["files"].items():
             claimed.add(f["path"])
             p = store.path(f["path"])
+            if table in compacted:
+                if sfs.exists(store.fs, p):
+                    problems.append(f"{f['path']}: left over from compaction; run `sentsim store compact` again")
+                continue
             info = store.fs.get_file_info(p)
             if info.type == pafs.FileType.NotFound:
                 problems.append(f"{f['path']}: missing")
@@ -51,6 +61,20 @@ def verify_store(uri: str) -> List[str]:
             expected = tables.get(table)
             if expected is not None and schema_signature(table_data.schema) != expected:
                 problems.append(f"{f['path']}: schema differs from the manifest's '{table}' schema")
+    for table, recs in sorted(compacted.items()):
+        want = sum(int(m["files"][table]["rows"]) for m in markers.values()
+                   if m.get("fingerprint") == fp and table in m.get("files", {}))
+        if sum(int(r["rows"]) for r in recs) != want:
+            problems.append(f"{COMPACT}/{table}: {sum(int(r['rows']) for r in recs)} rows, the markers say {want}")
+        for r in recs:
+            p = store.path(r["path"])
+            if not sfs.exists(store.fs, p):
+                problems.append(f"{r['path']}: missing")
+            elif sfs.sha256_file(store.fs, p)[0] != r["sha256"]:
+                problems.append(f"{r['path']}: checksum mismatch (edited or corrupt)")
+            elif tables.get(table) is not None and schema_signature(pq.read_schema(
+                    p, filesystem=store.fs)) != tables[table]:
+                problems.append(f"{r['path']}: schema differs from the manifest's '{table}' schema")
     # Shards without a marker: half-written units or files dropped in by hand.
     for table in tables:
         d = store.path(table)

@@ -178,7 +178,7 @@ def test_every_subcommand_has_help(capsys):
     from sentsim.cli import _command_modules, main
 
     commands = [tuple(m.COMMAND) for m in _command_modules()]
-    assert len(commands) == 12 and ("train", "context") in commands and ("harvest",) in commands
+    assert len(commands) == 13 and ("train", "context") in commands and ("harvest",) in commands
     for cmd in commands:
         with pytest.raises(SystemExit) as done:
             main([*cmd, "--help"])

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal, Optional, Tuple
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sentsim.config import Section
 from sentsim.context.config import ScorerConfig
@@ -40,6 +41,25 @@ class RankConfig(Section):
     encoder: Optional[str] = Field(None, description="base encoder E1 folder; default: the bundled all-MiniLM-L6-v2")
     n_anchors: int = Field(100_000, ge=2, description="anchor corpus size (004 §4.1: 100,000 sentences)")
     bits: Literal[8, 16, 32] = 16
+    # What each sentence row keeps (issue 16): `codes`, n_anchors * bits / 8 bytes of rank codes (200 KB at
+    # 100K anchors); `vectors`, E1's float16 vector (2 * dim bytes: 768 for MiniLM) plus the anchor matrix once
+    # per run (side table rank_anchors), ranks computed where used; `auto` (default), the smaller of the two, so
+    # codes for small anchor sets (<= 384 with MiniLM at 16 bits) and vectors at 004's 100K. `auto` stays out of
+    # the fingerprint (semantic()): runs from before this key resume, keeping their codes (stages.py).
+    storage: Literal["auto", "vectors", "codes"] = "auto"
+
+
+class GroupingConfig(Section):
+    """Grouped scoring (sentsim/harvest/grouping.py; issue 15, not in paper 003): every sentence of a group
+    is scored against the union of the group's context sets, and each pair keeps three Eq. 4 similarities:
+    (a) paper, over C_s1 + C_s2; (b) union, over the whole union; (c) centred, over the union after
+    removing each context's mean over the group. Costs more items per pair than the paper's 4·|C_s|."""
+
+    enabled: bool = False  # off = 003 §3.3 as published
+    # --pairs runs: pairs per group, grouped by TF-IDF neighbourhood within a unit. A corpus harvest's
+    # group is an anchor and its partners.
+    pairs_per_group: int = Field(4, ge=1)
+    score: Literal["paper", "union", "centred"] = "paper"  # which variant fills the `score` column
 
 
 class HarvestConfig(Section):
@@ -62,8 +82,21 @@ class HarvestConfig(Section):
     reference_sentences: int = Field(
         8, ge=0, description="sentences whose mean score per context is the context effect (double-centred)")
     splits: Tuple[float, float, float] = (0.98, 0.01, 0.01)  # 003 §4: 98/1/1 train/dev/test
+    # The context_scores table (every scored (sentence, context) term, float32: 36 bytes per item before
+    # compression) is what `sentsim remix` re-weighs Eq. 3 from. At |C_s| = 500 a pair needs ~2,000 items,
+    # the largest table of a harvest by far (issue 16); `none` keeps no such table when λ are settled
+    # and no remix is wanted (remix refuses such a harvest). `all` stays out of the fingerprint.
+    keep_context_scores: Literal["all", "none"] = "all"
     rank: RankConfig = RankConfig()
+    grouping: GroupingConfig = GroupingConfig()
     resources: HarvestResources = HarvestResources()
+
+    @field_validator("corpus", "out", "index", "discriminator", "pairs_file", "context_models")
+    @classmethod
+    def _home(cls, v):
+        """`~/...` in a config file (configs/teacher.yaml points into the user cache) means the home folder."""
+        expand = lambda p: os.path.expanduser(p) if isinstance(p, str) and p.startswith("~") else p  # noqa: E731
+        return [expand(p) for p in v] if isinstance(v, list) else expand(v)
 
     @model_validator(mode="after")
     def _check(self):
@@ -82,6 +115,12 @@ class HarvestConfig(Section):
         for k in ("out", "resources"):
             d.pop(k)
         d["contexts"].pop("rep_cache")  # where the cache lies is not semantic; its identity is (job.py)
+        if not self.grouping.enabled:  # runs from before grouping existed keep their fingerprint
+            d.pop("grouping")
         for k in ("device", "torch_threads", "batch_tokens"):
             d["scoring"].pop(k, None)
+        if d.get("keep_context_scores") == "all":  # the default: fingerprints of earlier versions stay
+            d.pop("keep_context_scores")
+        if d["rank"].get("storage") == "auto":  # default-config fingerprints stay those of earlier versions
+            d["rank"].pop("storage")
         return d

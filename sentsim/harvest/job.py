@@ -20,15 +20,16 @@ from sentsim.executor import ShardedJob, execute
 from sentsim.harvest.config import HarvestConfig
 from sentsim.harvest.stages import (
     CONTEXT_SCORE_SCHEMA,
-    PAIR_SCHEMA,
     SENTENCE_SCHEMA,
     ContextStage,
     RankAndWriteStage,
     ScoreStage,
+    context_score_schema_of,
+    pair_schema,
     sentence_schema_of,
 )
 from sentsim.pairs_file import read_pairs_file
-from sentsim.pipeline import Resources, StageSpec
+from sentsim.pipeline import Resources, StageSpec, UnitPlan
 from sentsim.screening.cache_job import ensure_rep_cache, rep_cache_uri
 from storage import ShardStore
 from storage.fs import sha256_path
@@ -37,23 +38,53 @@ STAGE = "harvest"
 ANCHORS_TABLE = "rank_anchors"  # side table: the anchor sentences behind every rank vector
 
 
-def plan(cfg: HarvestConfig, corpus) -> tuple[list, dict]:
-    """Units of work: shards of anchors (or of explicit pairs). Pure function of the config."""
+class AnchorUnits:
+    """Unit u of a corpus harvest: its own slice of the sorted anchor ids, nothing else. The seed
+    that picks its partners is the config's (pairs.anchor_rng(seed, anchor)), and whether a partner
+    is another anchor is looked up in the one sorted anchor array ContextStage holds per actor."""
+
+    def __init__(self, anchors: np.ndarray, per_unit: int):
+        self.anchors, self.per_unit = anchors, per_unit
+
+    def __call__(self, u: int) -> dict:
+        return {"unit": u, "anchors": self.anchors[u * self.per_unit:(u + 1) * self.per_unit].tolist(), "pairs": None}
+
+
+class PairUnits:
+    """Unit u of an explicit (--pairs) harvest: its slice of the pairs file's rows."""
+
+    def __init__(self, pairs: list, per_unit: int):
+        self.pairs, self.per_unit = pairs, per_unit
+
+    def __call__(self, u: int) -> dict:
+        return {"unit": u, "pairs": self.pairs[u * self.per_unit:(u + 1) * self.per_unit]}
+
+
+def plan_anchors(cfg: HarvestConfig, corpus) -> Optional[np.ndarray]:
+    """The harvest's anchor ids, sorted int64 (None in explicit mode). Pure function of the config."""
     if cfg.pairs_file:
-        pairs = read_pairs_file(cfg.pairs_file)
-        units = [{"unit": u, "pairs": pairs[i:i + cfg.pairs_per_unit]}
-                 for u, i in enumerate(range(0, len(pairs), cfg.pairs_per_unit))]
-        return units, {"pairs_file": cfg.pairs_file, "pairs_file_sha256": sha256_path(cfg.pairs_file)[:16],
-                       "pairs": len(pairs)}
+        return None
     ok = corpus.ids[corpus.n_tokens >= cfg.anchors.min_tokens]
     if len(ok) == 0:
         raise UsageError(f"{cfg.corpus}: no sentence has {cfg.anchors.min_tokens} or more words to use as an anchor")
     rng = np.random.default_rng(cfg.seed)
     n = min(cfg.anchors.n, len(ok))
-    anchors = np.sort(rng.choice(ok, size=n, replace=False)).tolist()
-    units = [{"unit": u, "anchors": anchors[i:i + cfg.anchors.per_unit], "all_anchors": anchors, "pairs": None}
-             for u, i in enumerate(range(0, len(anchors), cfg.anchors.per_unit))]
-    return units, {"anchors": n}
+    return np.sort(rng.choice(ok, size=n, replace=False)).astype(np.int64)
+
+
+def plan(cfg: HarvestConfig, corpus) -> tuple[UnitPlan, dict]:
+    """Units of work: shards of anchors (or of explicit pairs). Pure function of the config.
+
+    O(units): a UnitPlan computes unit u's dict from u, so nothing here grows as units x anchors.
+    """
+    if cfg.pairs_file:
+        pairs = read_pairs_file(cfg.pairs_file)
+        n_units = -(-len(pairs) // cfg.pairs_per_unit)
+        return UnitPlan(n_units, PairUnits(pairs, cfg.pairs_per_unit)), {
+            "pairs_file": cfg.pairs_file, "pairs_file_sha256": sha256_path(cfg.pairs_file)[:16], "pairs": len(pairs)}
+    anchors = plan_anchors(cfg, corpus)
+    n_units = -(-len(anchors) // cfg.anchors.per_unit)
+    return UnitPlan(n_units, AnchorUnits(anchors, cfg.anchors.per_unit)), {"anchors": len(anchors)}
 
 
 def uses_rep_cache(cfg: HarvestConfig) -> bool:
@@ -107,9 +138,13 @@ def harvest(
         sentence_schema = sentence_schema_of(ctx.manifest)
         r = cfg.resources
         return [
-            StageSpec(functools.partial(ContextStage, cfg, window, rep_cache), Resources.of(r.contexts)),
+            # the sorted anchor ids go to each context actor once (pair ownership), not with every unit
+            StageSpec(functools.partial(ContextStage, cfg, window, rep_cache, units.make.anchors
+                                        if isinstance(units.make, AnchorUnits) else None), Resources.of(r.contexts)),
             StageSpec(functools.partial(ScoreStage, cfg, refs), Resources.of(r.scoring)),
-            StageSpec(functools.partial(RankAndWriteStage, cfg, ctx.fp, anchor_ids, anchor_texts, sentence_schema),
+            # a run resumed from before float32 context scores keeps float64 (None: it keeps none)
+            StageSpec(functools.partial(RankAndWriteStage, cfg, ctx.fp, anchor_ids, anchor_texts, sentence_schema,
+                                        context_score_schema_of(ctx.manifest)),
                       Resources.of(r.rank)),
         ]
 
@@ -122,7 +157,8 @@ def harvest(
     job = ShardedJob(
         stage=STAGE, out=cfg.out, fingerprint_parts=(STAGE, cfg.semantic(), corpus.fingerprint, plan_info, hashes),
         config=cfg.model_dump(), inputs=[{"corpus": cfg.corpus, "fingerprint": corpus.fingerprint, **plan_info}],
-        tables={"pairs": PAIR_SCHEMA, "sentences": SENTENCE_SCHEMA, "context_scores": CONTEXT_SCORE_SCHEMA},
+        tables={"pairs": pair_schema(cfg.grouping.enabled), "sentences": SENTENCE_SCHEMA,
+                **({"context_scores": CONTEXT_SCORE_SCHEMA} if cfg.keep_context_scores == "all" else {})},
         units=units, stages=stages, prepare=prepare, summary=lambda ctx: {"plan": plan_info}, count="pairs",
         detail=lambda r: f"nulls {r['null_scores']}", gauges="sentsim_harvest", deep=True)
     m = execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet, max_units=max_units)
@@ -134,19 +170,45 @@ def harvest(
 def run_anchors(cfg: HarvestConfig, store: ShardStore, fp: str) -> tuple[np.ndarray, list]:
     """The rank-vector anchor set (004 §3.2), sampled once and stored with the run as the side
     table `rank_anchors`, so students read the exact anchors back instead of re-sampling the corpus
-    (which may have moved or changed). A resumed run reuses the stored set."""
+    (which may have moved or changed). A resumed run reuses the stored set.
+
+    With rank.storage=vectors the table also holds each anchor's E1 vector (`vector`, float16): the
+    anchor matrix, encoded here once per run, from which rank actors and students compute ranks."""
     import pyarrow as pa
 
-    from sentsim.rank.targets import sample_anchors
+    from sentsim.harvest.stages import rank_storage_of, sentence_schema_of
+    from sentsim.rank.targets import default_base_encoder, embed_texts, sample_anchors
 
+    vectors = rank_storage_of(cfg, sentence_schema_of(store.read_manifest() or {})) == "vectors"
     stored = store.read_side_table(ANCHORS_TABLE, fingerprint=fp)
-    if stored is not None:
+    if stored is not None and (not vectors or "vector" in stored.column_names):
         return stored.column("sentence_id").to_numpy(), stored.column("text").to_pylist()
-    ids, texts = sample_anchors(cfg.corpus, cfg.rank.n_anchors, seed=cfg.seed + 1)
-    table = pa.table({"anchor": pa.array(np.arange(len(ids)), pa.int32()), "sentence_id": pa.array(ids, pa.int64()),
-                      "text": pa.array(texts, pa.string())})
-    store.write_side_table(ANCHORS_TABLE, table, fp)
+    if stored is not None:  # the same anchors, still without their vectors: no unit can have used them yet
+        ids, texts = stored.column("sentence_id").to_numpy(), stored.column("text").to_pylist()
+    else:
+        ids, texts = sample_anchors(cfg.corpus, cfg.rank.n_anchors, seed=cfg.seed + 1)
+    cols = {"anchor": pa.array(np.arange(len(ids)), pa.int32()), "sentence_id": pa.array(ids, pa.int64()),
+            "text": pa.array(texts, pa.string())}
+    if vectors:
+        v = embed_texts(cfg.rank.encoder or default_base_encoder(), texts).astype(np.float16)
+        cols["vector"] = pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), v.shape[1]).cast(
+            pa.list_(pa.float16()))
+    store.write_side_table(ANCHORS_TABLE, pa.table(cols), fp)
     return ids, texts
+
+
+def stored_anchor_vectors(store: ShardStore, fp: Optional[str], where: Optional[str] = None) -> np.ndarray:
+    """The run's anchor matrix [n_anchors, dim] (float16) from its `rank_anchors` side table; a run
+    without one (missing, from another run, or written without vectors) is one UsageError line."""
+    from sentsim.rank.targets import anchor_matrix
+
+    where = where or store.uri
+    table = store.read_side_table(ANCHORS_TABLE, fingerprint=fp)
+    if table is None:
+        raise UsageError(f"{where}: rank.storage=vectors but _side/{ANCHORS_TABLE}.parquet is missing or from another "
+                         "run, so the anchor matrix behind its base vectors is unknown; re-run the harvest "
+                         "(--force-new) or restore that side table")
+    return anchor_matrix(table, f"{where}/_side/{ANCHORS_TABLE}.parquet")
 
 
 def load_harvest_config(path: Optional[str], overrides: Sequence[str], **explicit) -> HarvestConfig:

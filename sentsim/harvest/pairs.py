@@ -78,7 +78,24 @@ def sample_partners(
     return chosen
 
 
-def owned_pairs(anchor: int, partners: List[Tuple[int, str]], anchors: Set[int]) -> List[Tuple[int, str]]:
+def is_anchor(sorted_anchors: np.ndarray, ids) -> np.ndarray:
+    """Membership of `ids` in a sorted int64 array of anchor ids, by binary search: one array per
+    actor serves every unit (a set per unit would cost units x anchors)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if len(sorted_anchors) == 0 or ids.size == 0:
+        return np.zeros(ids.shape, dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_anchors, ids), len(sorted_anchors) - 1)
+    return sorted_anchors[pos] == ids
+
+
+def owned_pairs(anchor: int, partners: List[Tuple[int, str]], anchors) -> List[Tuple[int, str]]:
     """Drop (a, p) when p is also an anchor with a smaller id: that anchor's unit owns the pair, if it
-    sampled it. Keeps the harvest free of duplicates without units talking to each other."""
-    return [(p, k) for p, k in partners if not (p in anchors and p < anchor)]
+    sampled it. Keeps the harvest free of duplicates without units talking to each other.
+
+    `anchors`: the run's anchor ids as a sorted int64 array (any other collection is sorted first)."""
+    if not partners:
+        return []
+    if not isinstance(anchors, np.ndarray):
+        anchors = np.asarray(sorted(anchors), dtype=np.int64)
+    member = is_anchor(anchors, [p for p, _ in partners])
+    return [(p, k) for (p, k), m in zip(partners, member) if not (m and p < anchor)]

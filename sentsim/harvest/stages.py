@@ -38,19 +38,67 @@ SENTENCE_SCHEMA = pa.schema([
     # C_s itself (context ids, in order): a pair's Eq. 4 vectors run over C_s1 + C_s2, which
     # `sentsim remix` needs to recompute scores exactly from context_scores.
     ("context_ids", pa.list_(pa.int64())),
+    # rank.storage=vectors (issue 16): E1's float16 vector, from which ranks over the run's anchor
+    # matrix (side table rank_anchors) are computed where used; rank_codes is then null, and
+    # base_vector is null in a codes run. A run opened before this column existed writes codes.
+    ("base_vector", pa.list_(pa.float16())),
 ])
 # Harvests written before context_ids existed; a resumed one keeps writing its own schema.
-LEGACY_SENTENCE_SCHEMA = SENTENCE_SCHEMA.remove(SENTENCE_SCHEMA.get_field_index("context_ids"))
+LEGACY_SENTENCE_SCHEMA = pa.schema([f for f in SENTENCE_SCHEMA if f.name not in ("context_ids", "base_vector")])
 
 
 def sentence_schema_of(manifest: dict) -> pa.Schema:
-    """The sentences schema a run was opened with: runs from before context_ids keep theirs."""
-    names = [f[0] for f in manifest.get("tables", {}).get("sentences", [["context_ids"]])]
-    return SENTENCE_SCHEMA if "context_ids" in names else LEGACY_SENTENCE_SCHEMA
+    """The sentences schema a run was opened with: runs from before context_ids (or base_vector)
+    keep theirs, the current schema less the columns their manifest lacks."""
+    tables = manifest.get("tables", {})
+    if "sentences" not in tables:
+        return SENTENCE_SCHEMA
+    names = {f[0] for f in tables["sentences"]}
+    return pa.schema([f for f in SENTENCE_SCHEMA if f.name in names])
+
+
+def rank_storage_of(cfg: HarvestConfig, sentence_schema: pa.Schema) -> str:
+    """'codes' or 'vectors' for this run's rank targets: rank.storage resolved against E1's dimension
+    (loaded only for `auto`), except that a run whose sentences schema has no base_vector keeps its codes."""
+    from sentsim.rank import resolve_storage
+
+    if "base_vector" not in sentence_schema.names:
+        return "codes"
+    dim = 0
+    if cfg.rank.storage == "auto":
+        from sentsim.rank.targets import default_base_encoder, encoder_dim
+
+        dim = encoder_dim(cfg.rank.encoder or default_base_encoder())
+    return resolve_storage(cfg.rank.storage, cfg.rank.n_anchors, cfg.rank.bits, dim)
+# Every scored (sentence, context) term, so `sentsim remix` can re-weigh Eq. 3 without scoring again.
+# float32 (issue 16): 2 x 8 + 5 x 4 = 36 bytes per item before compression, where float64 took 56;
+# the terms are per-token log-probabilities from a float32 (or bf16) model, so float32 drops only
+# digits below the model's own resolution (a remix moves scores by ~1e-7; bench/results/scale.md).
+# harvest keep_context_scores=none writes no such table at all.
 CONTEXT_SCORE_SCHEMA = pa.schema([
     ("sentence_id", pa.int64()), ("context_id", pa.int64()),
-    ("fwd", pa.float64()), ("left", pa.float64()), ("right", pa.float64()), ("disc", pa.float64()), ("S", pa.float64()),
+    ("fwd", pa.float32()), ("left", pa.float32()), ("right", pa.float32()), ("disc", pa.float32()), ("S", pa.float32()),
 ])
+# Harvests opened before float32 context scores; a resumed one keeps writing its own schema.
+LEGACY_CONTEXT_SCORE_SCHEMA = pa.schema([
+    f if f.type != pa.float32() else pa.field(f.name, pa.float64()) for f in CONTEXT_SCORE_SCHEMA])
+
+
+def context_score_schema_of(manifest: dict) -> Optional[pa.Schema]:
+    """The context_scores schema a run was opened with: float64 for runs from before float32, None
+    for a run that keeps none (keep_context_scores=none), else the current one."""
+    tables = manifest.get("tables", {})
+    if "context_scores" not in tables:
+        return None if "pairs" in tables else CONTEXT_SCORE_SCHEMA
+    types = {f[0]: f[1] for f in tables["context_scores"]}
+    return LEGACY_CONTEXT_SCORE_SCHEMA if types.get("S") == "double" else CONTEXT_SCORE_SCHEMA
+
+
+def pair_schema(grouped: bool) -> pa.Schema:
+    """The pairs table: grouped harvests add the group id and the three Eq. 4 variants (grouping.py)."""
+    from sentsim.harvest.grouping import GROUP_FIELDS
+
+    return pa.schema(list(PAIR_SCHEMA) + [pa.field(n, t) for n, t in GROUP_FIELDS]) if grouped else PAIR_SCHEMA
 
 
 def text_id(text: str) -> int:
@@ -61,10 +109,14 @@ def text_id(text: str) -> int:
 class ContextStage(Stage):
     name = "contexts"
 
-    def __init__(self, cfg: HarvestConfig, window: int, rep_cache: Optional[str] = None):
+    def __init__(self, cfg: HarvestConfig, window: int, rep_cache: Optional[str] = None,
+                 anchors: Optional[np.ndarray] = None):
         self.cfg = cfg
         self.window = window
         self.rep_cache = rep_cache  # the discriminator's representation cache run (job.py builds it)
+        # every anchor of the run, sorted: given once per actor, so a unit carries only its own anchors
+        self.anchors = (np.sort(np.asarray(anchors, dtype=np.int64)) if anchors is not None
+                        else np.zeros(0, dtype=np.int64))
 
     def setup(self) -> None:
         from sentsim.harvest.contexts import ContextSource
@@ -87,7 +139,7 @@ class ContextStage(Stage):
         self.retriever = retriever
         self.source = ContextSource(self.corpus, cfg.contexts, self.window, cfg.seed, retriever, disc, cache)
 
-    def _partners(self, anchors: List[int], anchor_set: set) -> List[tuple]:
+    def _partners(self, anchors: List[int]) -> List[tuple]:
         p = self.cfg.partners
         texts = self.corpus.texts(anchors)
         neigh: List[List[int]] = [[] for _ in anchors]
@@ -110,7 +162,7 @@ class ContextStage(Stage):
         for a, nb in zip(anchors, neigh):
             parts = sample_partners(a, self.cfg.seed, self.corpus.doc_members(a), self.corpus.ids, nb,
                                     p.neighbours, p.same_doc, p.random)
-            for q, kind in owned_pairs(a, parts, anchor_set):
+            for q, kind in owned_pairs(a, parts, self.anchors):
                 out.append((a, q, kind, None))
         return out
 
@@ -119,7 +171,7 @@ class ContextStage(Stage):
         for item in items:
             t0 = time.perf_counter()
             if item.get("pairs") is None:
-                pairs = self._partners(item["anchors"], set(item["all_anchors"]))
+                pairs = self._partners(item["anchors"])
                 sids = sorted({s for a, b, _, _ in pairs for s in (a, b)} | set(item["anchors"]))
                 texts = dict(zip(sids, self.corpus.texts(sids)))
             else:  # explicit mode: (s1_text, s2_text, gold)
@@ -187,6 +239,12 @@ class ScoreStage(Stage):
                 for s in (a, b):
                     for k in keys:
                         need.setdefault((s, k), None)
+            grouping = self._groups(item) if self.cfg.grouping.enabled else None
+            if grouping is not None:  # and each group's sentences against the group's whole union
+                from sentsim.harvest.grouping import needed
+
+                for key in needed(grouping[0], grouping[1], grouping[2]):
+                    need.setdefault(key, None)
             refs = self.reference_texts if self.cfg.metric == "double-centred" else []
             ref_keys = [(("ref", i), k) for i in range(len(refs)) for k in ctx_by_key]
             combos = list(need) + ref_keys
@@ -206,11 +264,22 @@ class ScoreStage(Stage):
             if refs:
                 for k in ctx_by_key:
                     effect[k] = float(np.nanmean([S[(("ref", i), k)] for i in range(len(refs))]))
+            variants = None
+            if grouping is not None:
+                from sentsim.harvest.grouping import group_scores
+
+                variants = group_scores(grouping[0], grouping[1], grouping[2], lambda s, k: S[(s, k)],
+                                        self.cfg.metric)
             rows = []
-            for a, b, kind, gold in item["pairs"]:
+            for i_pair, (a, b, kind, gold) in enumerate(item["pairs"]):
                 keys = [c.key for c in csets[a].contexts] + [c.key for c in csets[b].contexts]
                 row = {"s1_id": a, "s2_id": b, "kind": kind, "gold": gold,
                        "n_ctx_s1": len(csets[a].contexts), "n_ctx_s2": len(csets[b].contexts)}
+                if variants is not None:
+                    v = variants[i_pair]
+                    row["group_id"] = grouping[3][i_pair]
+                    for name, x in v.items():
+                        row[f"score_{name}"] = float(x) if np.isfinite(x) else None
                 if not keys:
                     row.update(score=None, null_reason="no contexts for either sentence: "
                                + "; ".join(filter(None, [csets[a].shortfall_reason, csets[b].shortfall_reason])))
@@ -222,6 +291,8 @@ class ScoreStage(Stage):
                 v2 = np.array([S[(b, k)] for k in keys], dtype=np.float64)
                 eff = np.array([effect[k] for k in keys]) if refs else None
                 score = pair_similarity(v1, v2, self.cfg.metric, eff)
+                if variants is not None and self.cfg.grouping.score != "paper":
+                    score = variants[i_pair][self.cfg.grouping.score]
                 row["score"] = None if not np.isfinite(score) else score
                 row["null_reason"] = None if np.isfinite(score) else "score vectors degenerate (constant or unscored)"
                 for d in DIRS:
@@ -245,27 +316,52 @@ class ScoreStage(Stage):
         return out
 
 
+    def _groups(self, item: dict) -> tuple:
+        """(pairs, group of each pair, C_s keys per sentence, run-unique group id of each pair)."""
+        from sentsim.harvest.grouping import neighbour_groups
+
+        pairs = [(a, b) for a, b, _, _ in item["pairs"]]
+        own = {s: [c.key for c in cs.contexts] for s, cs in item["csets"].items()}
+        if item.get("anchors"):  # a corpus harvest: the anchor (s1 of each of its pairs) and its partners
+            group_of = [a for a, _ in pairs]
+            ids = group_of
+        else:  # --pairs: TF-IDF neighbours within the unit; ids carry the unit so they are run-unique
+            texts = item["texts"]
+            group_of = neighbour_groups([(texts[a], texts[b]) for a, b in pairs], self.cfg.grouping.pairs_per_group)
+            ids = [(int(item["unit"]) << 20) | g for g in group_of]
+        return pairs, group_of, own, ids
+
+
 class RankAndWriteStage(Stage):
     name = "rank"
 
     def __init__(self, cfg: HarvestConfig, fp: str, anchor_ids: Optional[np.ndarray], anchor_texts: Optional[List[str]],
-                 sentence_schema: pa.Schema = SENTENCE_SCHEMA):
+                 sentence_schema: pa.Schema = SENTENCE_SCHEMA,
+                 context_schema: Optional[pa.Schema] = CONTEXT_SCORE_SCHEMA):
         self.cfg = cfg
         self.fp = fp
+        self.context_schema = context_schema  # None: this run keeps no context_scores table
         self.sentence_schema = sentence_schema
         self.anchor_ids = anchor_ids
         self.anchor_texts = anchor_texts
 
     def setup(self) -> None:
-        self.targets = None
+        self.targets = self.storage = None
         if self.cfg.rank.enabled:
-            from sentsim.rank.targets import RankTargets, default_base_encoder
+            from sentsim.rank.targets import BaseVectors, RankTargets, default_base_encoder
 
-            self.targets = RankTargets(self.cfg.rank.encoder or default_base_encoder(), self.anchor_ids,
-                                       self.anchor_texts, bits=self.cfg.rank.bits)
+            encoder = self.cfg.rank.encoder or default_base_encoder()
+            self.storage = rank_storage_of(self.cfg, self.sentence_schema)
+            if self.storage == "vectors":  # the anchor matrix: encoded once per run (job.run_anchors), read here
+                from sentsim.harvest.job import stored_anchor_vectors
+                from storage import ShardStore
+
+                self.targets = BaseVectors(encoder, stored_anchor_vectors(ShardStore(self.cfg.out), self.fp))
+            else:
+                self.targets = RankTargets(encoder, self.anchor_ids, self.anchor_texts, bits=self.cfg.rank.bits)
 
     def process(self, items: List[dict]) -> List[dict]:
-        from sentsim.rank import rank_similarity
+        from sentsim.rank import rank_similarity, spearman_of_ranks
         from storage import ShardStore
 
         out = []
@@ -273,42 +369,56 @@ class RankAndWriteStage(Stage):
             t0 = time.perf_counter()
             texts = item["texts"]
             sids = sorted(texts)
-            codes = self.targets.codes([texts[s] for s in sids]) if self.targets else None
+            vecs = codes = None  # float16 E1 vectors (rank.storage=vectors) or rank codes
+            if self.storage == "vectors":
+                vecs = self.targets.vectors([texts[s] for s in sids])
+            elif self.targets:
+                codes = self.targets.codes([texts[s] for s in sids])
             pos = {s: i for i, s in enumerate(sids)}
             rows = item["rows"]
-            if codes is not None and rows:
+            if vecs is not None and rows:  # ranks from the stored float16 vectors, as students compute them
+                ranks = self.targets.anchors.ranks(vecs)
+                rsim = spearman_of_ranks(ranks[[pos[r["s1_id"]] for r in rows]], ranks[[pos[r["s2_id"]] for r in rows]])
+            elif codes is not None and rows:
                 a = codes[[pos[r["s1_id"]] for r in rows]]
                 b = codes[[pos[r["s2_id"]] for r in rows]]
                 rsim = rank_similarity(a, b)
             else:
                 rsim = [None] * len(rows)
-            cols = {k: [] for k in PAIR_SCHEMA.names}
+            schema = pair_schema(self.cfg.grouping.enabled)
+            cols = {k: [] for k in schema.names}
             for r, rs in zip(rows, rsim):
                 r = dict(r, s1=texts[r["s1_id"]], s2=texts[r["s2_id"]], rank_sim=None if rs is None else float(rs),
                          pair_id=pair_id(r["s1_id"], r["s2_id"]),
                          split=pair_split(r["s1_id"], r["s2_id"], self.cfg.splits))
-                for k in PAIR_SCHEMA.names:
+                for k in schema.names:
                     cols[k].append(r.get(k))
-            pairs_t = pa.Table.from_pydict(cols, schema=PAIR_SCHEMA).sort_by("pair_id")
+            pairs_t = pa.Table.from_pydict(cols, schema=schema).sort_by("pair_id")
             sent_cols = {
                 "sentence_id": sids, "text": [texts[s] for s in sids],
                 "n_contexts": [item["csets"][s][0] for s in sids],
                 "shortfall": [item["csets"][s][1] for s in sids],
                 "rank_codes": [None if codes is None else codes[pos[s]].astype(np.uint32).tolist() for s in sids],
                 "context_ids": [item["csets"][s][2] for s in sids],
+                "base_vector": [None if vecs is None else vecs[pos[s]] for s in sids],
             }
             sent_t = pa.Table.from_pydict({k: sent_cols[k] for k in self.sentence_schema.names},
                                           schema=self.sentence_schema)
-            cs = sorted(item["context_scores"], key=lambda x: (x[0], x[1]))
-            ctx_t = pa.Table.from_pydict(
-                {k: [x[i] for x in cs] for i, k in enumerate(CONTEXT_SCORE_SCHEMA.names)}, schema=CONTEXT_SCORE_SCHEMA)
+            tables = {"pairs": pairs_t, "sentences": sent_t}
+            if self.context_schema is not None:
+                cs = sorted(item["context_scores"], key=lambda x: (x[0], x[1]))
+                tables["context_scores"] = pa.Table.from_pydict(
+                    {k: [x[i] for x in cs] for i, k in enumerate(self.context_schema.names)},
+                    schema=self.context_schema)
             item["timing"]["rank"] = time.perf_counter() - t0
             nulls = [r["null_reason"] for r in rows if r.get("score") is None]
             ShardStore(self.cfg.out).write_unit(
-                item["unit"], {"pairs": pairs_t, "sentences": sent_t, "context_scores": ctx_t}, self.fp,
+                item["unit"], tables, self.fp,
                 {"pairs": len(rows), "null_scores": len(nulls), "null_reasons": nulls[:50],
                  "scored_items": item["n_scored"], "timing": item["timing"],
-                 "bytes_per_sentence": self.targets.codec.bytes_per_sentence if self.targets else 0},
+                 "bytes_per_sentence": (self.targets.bytes_per_sentence if vecs is not None else
+                                        self.targets.codec.bytes_per_sentence if self.targets else 0),
+                 "rank_storage": self.storage},
             )
             out.append({"unit": item["unit"], "pairs": len(rows), "null_scores": len(nulls),
                         "scored_items": item["n_scored"], "timing": item["timing"]})

@@ -1,7 +1,9 @@
 """Building rank-vector targets: a base encoder E1, a sampled anchor corpus, and faiss.
 
-Resources: the encoder runs on GPU when there is one; anchors are encoded once per actor and
-held in a faiss inner-product index (vectors are L2-normalised, so inner product = cosine).
+Resources: the encoder runs on GPU when there is one. `rank.storage=codes` (`RankTargets`): anchors
+are encoded once per actor and held in a faiss inner-product index (vectors are L2-normalised, so
+inner product = cosine). `rank.storage=vectors` (`BaseVectors`): anchors are encoded once per run
+(`embed_texts`, stored in the run's side table) and each sentence keeps its float16 E1 vector.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from sentsim.errors import UsageError
-from sentsim.rank.vectors import RankCodec, ranks_from_similarities
+from sentsim.rank.vectors import AnchorMatrix, RankCodec, ranks_from_similarities, vector_bytes
 
 
 def default_base_encoder() -> str:
@@ -123,3 +125,60 @@ class RankTargets:
     def anchor_fingerprint(self) -> str:
         h = hashlib.sha256(self.anchor_ids.tobytes()).hexdigest()[:16]
         return f"{checkpoint_hash(self.encoder_path)}:{h}"
+
+
+def embed_texts(encoder_path: str, texts: Sequence[str], batch_size: int = 256, device: Optional[str] = None
+                ) -> np.ndarray:
+    """[m, dim] float32 L2-normalised E1 vectors."""
+    v = load_encoder(encoder_path, device).encode(list(texts), batch_size=batch_size, convert_to_numpy=True,
+                                                  normalize_embeddings=True, show_progress_bar=False)
+    return np.ascontiguousarray(v, dtype=np.float32).reshape(len(texts), -1)
+
+
+def encoder_dim(encoder_path: str) -> int:
+    return _dim(load_encoder(encoder_path))
+
+
+def _dim(encoder) -> int:
+    f = getattr(encoder, "get_embedding_dimension", None) or encoder.get_sentence_embedding_dimension
+    return int(f())
+
+
+class BaseVectors:
+    """`rank.storage=vectors`: each sentence's E1 vector (L2-normalised, stored as float16), and the
+    run's anchor matrix, from which `AnchorMatrix` computes ranks where they are used."""
+
+    def __init__(self, encoder_path: str, anchor_vectors: Optional[np.ndarray] = None, batch_size: int = 256,
+                 device: Optional[str] = None):
+        self.encoder_path = encoder_path
+        self.encoder = load_encoder(encoder_path, device)
+        self.batch_size = batch_size
+        self.dim = _dim(self.encoder)
+        self.anchors = None if anchor_vectors is None else AnchorMatrix(anchor_vectors, device=self.encoder.device)
+
+    @property
+    def bytes_per_sentence(self) -> int:
+        return vector_bytes(self.dim)
+
+    def vectors(self, texts: Sequence[str]) -> np.ndarray:
+        """[m, dim] float16: what the `base_vector` column stores (and what ranks are computed from)."""
+        if not len(texts):
+            return np.zeros((0, self.dim), dtype=np.float16)
+        v = self.encoder.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
+                                normalize_embeddings=True, show_progress_bar=False)
+        return np.asarray(v, dtype=np.float32).astype(np.float16)
+
+
+def anchor_matrix(table, where: str) -> np.ndarray:
+    """[n, dim] float16 from a `rank_anchors` side table's `vector` column, or one UsageError line."""
+    import pyarrow.compute as pc
+
+    if "vector" not in table.column_names:
+        raise UsageError(f"{where}: no anchor vectors (the run wrote rank codes, not rank.storage=vectors)")
+    col = table.column("vector").combine_chunks()
+    if col.null_count or len(col) < 2:
+        raise UsageError(f"{where}: {col.null_count} of {len(col)} anchor vectors are missing")
+    lengths = pc.unique(pc.list_value_length(col)).to_pylist()
+    if len(lengths) != 1 or not lengths[0]:
+        raise UsageError(f"{where}: anchor vectors of unequal lengths {sorted(lengths)[:4]}")
+    return np.asarray(col.flatten().to_numpy(zero_copy_only=False), dtype=np.float16).reshape(len(col), lengths[0])

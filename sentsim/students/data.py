@@ -76,11 +76,17 @@ def rank_settings(manifest: dict, root) -> dict:
 
 
 def rank_sentences(root, manifest: dict) -> tuple[pa.Table, int]:
-    """(table of text, rank_codes; the number of anchors). Rows without rank codes are an error."""
+    """(table of text and rank_codes, or of text and base_vector for a rank.storage=vectors run; the
+    number of anchors). Rows without rank codes (or base vectors) are an error."""
     from sentsim.rank import RankCodec
 
     rank = rank_settings(manifest, root)
     n = int(rank["n_anchors"])
+    shard_files(root, "sentences")
+    if "base_vector" in root.schema("sentences").names:
+        t = read_table(root, "sentences", ["sentence_id", "text", "base_vector"])
+        if t.num_rows and t["base_vector"].null_count < t.num_rows:
+            return vector_sentences(root, manifest, t)
     t = read_table(root, "sentences", ["sentence_id", "text", "rank_codes"])
     if t.num_rows == 0:
         raise UsageError(f"--data {root}: the sentences table is empty")
@@ -99,6 +105,28 @@ def rank_sentences(root, manifest: dict) -> tuple[pa.Table, int]:
     if top is not None and top > (n - 1) // codec.step:
         raise UsageError(f"--data {root}: rank code {top} is out of range for {n} anchors at {codec.bits} bits")
     return t.select(["text", "rank_codes"]), n
+
+
+def vector_sentences(root, manifest: dict, t: pa.Table) -> tuple[pa.Table, int]:
+    """rank.storage=vectors: every sentence has a base vector, of the anchor matrix's dimension."""
+    n_null = t["base_vector"].null_count
+    if n_null:
+        raise UsageError(f"--data {root}: {n_null} of {t.num_rows} sentence(s) have no base vector "
+                         "(rank.storage=vectors)")
+    dims = pc.unique(pc.list_value_length(t["base_vector"])).to_pylist()
+    anchors = anchor_vectors(root, manifest)
+    if dims != [anchors.shape[1]]:
+        raise UsageError(f"--data {root}: base vectors have {'/'.join(map(str, sorted(dims)))} dimensions but the "
+                         f"run's anchor matrix (_side/rank_anchors.parquet) has {anchors.shape[1]}; they come from "
+                         "another base encoder or another run")
+    return t.select(["text", "base_vector"]), int(anchors.shape[0])
+
+
+def anchor_vectors(root, manifest: dict) -> np.ndarray:
+    """The run's anchor matrix [n, dim] (float16), or one UsageError line naming what is wrong."""
+    from sentsim.harvest.job import stored_anchor_vectors
+
+    return stored_anchor_vectors(root.store, manifest.get("fingerprint"), where=f"--data {root}")
 
 
 def recover_anchors(manifest: dict, root) -> tuple[np.ndarray, list[str]]:
@@ -155,6 +183,9 @@ def check_anchor_set(root, manifest: dict, sentences: pa.Table, n_check: int,
     ids, texts = recover_anchors(manifest, root)
     if n_check <= 0:
         return ids, texts
+    if "base_vector" in sentences.column_names:
+        check_base_vectors(root, manifest, sentences, ids, texts, n_check, e1)
+        return ids, texts
     rank = manifest["config"]["rank"]
     targets = RankTargets(e1, ids, texts, bits=int(rank.get("bits", 16)), device="cpu")
     rng = np.random.default_rng(0)
@@ -169,6 +200,32 @@ def check_anchor_set(root, manifest: dict, sentences: pa.Table, n_check: int,
                          f"{len(ids)} anchors (Spearman stored vs recomputed as low as {worst:.3f}); they come "
                          "from another anchor set or another base encoder")
     return ids, texts
+
+
+def check_base_vectors(root, manifest: dict, sentences: pa.Table, ids, texts, n_check: int, e1: str,
+                       min_cos: float = 0.99) -> None:
+    """rank.storage=vectors: `n_check` stored sentence vectors and `n_check` rows of the anchor matrix
+    re-encoded with E1 must agree (cosine >= min_cos; float16 keeps about 0.9999), without encoding
+    every anchor as the codes check must."""
+    from sentsim.rank.targets import embed_texts
+
+    anchors = anchor_vectors(root, manifest)
+    if anchors.shape[0] != len(ids):
+        raise UsageError(f"--data {root}: the anchor matrix has {anchors.shape[0]} rows but the run has {len(ids)} "
+                         "anchor sentences; _side/rank_anchors.parquet is not this run's")
+    rng = np.random.default_rng(0)
+    pick = np.sort(rng.choice(sentences.num_rows, size=min(n_check, sentences.num_rows), replace=False))
+    pick_a = np.sort(rng.choice(len(ids), size=min(n_check, len(ids)), replace=False))
+    sample = sentences.take(pa.array(pick))
+    stored = np.concatenate([np.asarray(sample["base_vector"].to_pylist(), dtype=np.float32),
+                             anchors[pick_a].astype(np.float32)])
+    fresh = embed_texts(e1, sample["text"].to_pylist() + [texts[i] for i in pick_a], device="cpu")
+    cos = np.sum(stored * fresh, axis=1) / np.maximum(np.linalg.norm(stored, axis=1) * np.linalg.norm(fresh, axis=1),
+                                                       1e-12)
+    worst = float(cos.min()) if len(cos) else 1.0
+    if not worst >= min_cos:
+        raise UsageError(f"--data {root}: stored base vectors or anchor matrix do not match base encoder {e1} "
+                         f"(cosine stored vs recomputed as low as {worst:.3f}); they come from another base encoder")
 
 
 # ----------------------------------------------------------------------------- RSE

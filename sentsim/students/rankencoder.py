@@ -1,12 +1,14 @@
 """RankEncoder student (../shared/papers/004_*, sections 3.2-3.6).
 
 Inputs: the harvest's `sentences` shards (text, rank_codes: each sentence's ranks of the run's anchor
-set under base encoder E1, section 3.2 Eq. 2) and, for the optional regression term, the harvested
-train pairs (s1, s2, score).
+set under base encoder E1, section 3.2 Eq. 2; or, for a rank.storage=vectors harvest, base_vector: E1's
+float16 vector, ranked here against the run's anchor matrix with torch, sentsim.rank.AnchorMatrix) and,
+for the optional regression term, the harvested train pairs (s1, s2, score).
 
 Loss per batch of m sentences (encoded twice; dropout makes the two views differ):
     l_cl  = InfoNCE(view 1, view 2), in-batch negatives, tau 0.05          (§3.1 Eq. 1, SimCSE)
-    u_i   = g(decoded rank codes of x_i); u_i.u_j = Spearman under E1      (§3.2 Eq. 2-3)
+    u_i   = g(decoded rank codes of x_i, or ranks from its base vector); u_i.u_j = Spearman under E1
+                                                                           (§3.2 Eq. 2-3)
     l_r   = mean over pairs i<j with 0.5 <= u_i.u_j <= 0.8 of (u_i.u_j - cos(E2 x_i, E2 x_j))^2
                                                                            (§3.4 Eq. 4, §3.5 Eq. 6)
     total = max(0.05 * l_r, l_cl)                                          (§3.4 Eq. 5)
@@ -36,8 +38,10 @@ ANCHORS_FILE = "rank_anchors.json"
 class RankEncoderObjective(Objective):
     name = "rankencoder"
 
-    def __init__(self, model, tok, cfg, pairs=None):
+    def __init__(self, model, tok, cfg, pairs=None, rank_vectors=None):
         super().__init__(model, tok, cfg)
+        self.rank_vectors = rank_vectors  # {"data", "fingerprint"} of a rank.storage=vectors harvest, or None
+        self._anchors = None  # its AnchorMatrix, read from the run once per worker
         rc = cfg.rankencoder
         self.nce = InfoNCELoss(rc.temperature)
         self.rank = RankMSELoss(rc.tau_lower, rc.tau_upper)
@@ -56,7 +60,10 @@ class RankEncoderObjective(Objective):
         v = self.model.embed(**enc)
         v1, v2 = v[:m], v[m:]
         l_cl = self.nce(v1, v2)
-        u = torch.as_tensor(g_normalise(stack_lists(batch["rank_codes"]).astype(np.float64)), device=device)
+        if "base_vector" in batch:  # ranks on the fly: E1 vectors against the run's anchor matrix
+            u = self.anchor_matrix(device).targets(stack_lists(batch["base_vector"]).astype(np.float32))
+        else:
+            u = torch.as_tensor(g_normalise(stack_lists(batch["rank_codes"]).astype(np.float64)), device=device)
         l_r, kept = self.rank(v1, u)
         if l_r is None:
             self.empty_filter_batches += 1
@@ -76,6 +83,18 @@ class RankEncoderObjective(Objective):
             loss = loss + rc.score_weight * l_s
             metrics["l_score"] = float(l_s.detach())
         return loss, metrics
+
+    def anchor_matrix(self, device):
+        if self._anchors is None:
+            from sentsim.harvest.job import stored_anchor_vectors
+            from sentsim.rank import AnchorMatrix
+            from storage import ShardStore
+
+            if not self.rank_vectors:
+                raise ValueError("batches carry base_vector but the objective was given no rank_vectors source")
+            src = self.rank_vectors
+            self._anchors = AnchorMatrix(stored_anchor_vectors(ShardStore(src["data"]), src["fingerprint"]), device)
+        return self._anchors
 
     def extra_state(self) -> dict:
         return {**super().extra_state(), "empty_filter_batches": self.empty_filter_batches}
@@ -99,12 +118,10 @@ class RankEncoderObjective(Objective):
 
 
 def rank_vectors(vectors: np.ndarray, anchor_vectors: np.ndarray) -> np.ndarray:
-    """u = g(ranks of the anchors by cosine to each row), Eq. 2-3."""
-    from sentsim.rank import g_normalise, ranks_from_similarities
+    """u = g(ranks of the anchors by cosine to each row), Eq. 2-3 (sentsim.rank.AnchorMatrix, as in training)."""
+    from sentsim.rank import AnchorMatrix
 
-    a = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    b = anchor_vectors / np.maximum(np.linalg.norm(anchor_vectors, axis=1, keepdims=True), 1e-12)
-    return g_normalise(ranks_from_similarities(a @ b.T))
+    return AnchorMatrix(anchor_vectors).targets(vectors).cpu().numpy()
 
 
 def rankencoder_similarity(v1: np.ndarray, v2: np.ndarray, anchor_vectors: np.ndarray, lambda_inf: float) -> np.ndarray:

@@ -70,6 +70,8 @@ def prepare_data(cfg: StudentConfig, data: Optional[str], mask_token: str = "[MA
         if root is None:
             raise UsageError("--objective rankencoder needs --data HARVEST_DIR (its rank vectors)")
         table, n_anchors = D.rank_sentences(root, manifest)
+        if "base_vector" in table.column_names:  # rank.storage=vectors: workers read the run's anchor matrix
+            spec["rank_vectors"] = {"data": str(root), "fingerprint": manifest.get("fingerprint")}
         rc = cfg.rankencoder
         anchors = None
         if rc.check_sentences > 0 or rc.base_encoder:
@@ -153,7 +155,7 @@ def build_objective(cfg: StudentConfig, backbone: str, init: str, spec: dict):
     if cfg.objective == "rankencoder":
         from sentsim.students.rankencoder import RankEncoderObjective
 
-        obj = RankEncoderObjective(model, tok, cfg, spec.get("pairs"))
+        obj = RankEncoderObjective(model, tok, cfg, spec.get("pairs"), spec.get("rank_vectors"))
         if spec.get("anchors"):
             obj.anchors = spec["anchors"]
         return obj, tok

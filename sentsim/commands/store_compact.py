@@ -1,0 +1,26 @@
+"""sentsim store compact DIR [--target-mb 128]"""
+
+from __future__ import annotations
+
+from sentsim.errors import UsageError
+
+COMMAND = ("store", "compact")
+HELP = ("rewrite a complete run's per-unit shards into files of about --target-mb each; resumable, "
+        "readers see the same rows before and after")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("run_dir", metavar="DIR", help="a complete run directory (local path or s3://...)")
+    p.add_argument("--target-mb", type=float, default=128.0,
+                   help="target size of each compacted file in MB (default 128)")
+
+
+def run(args) -> int:
+    from storage.compact import compact_run
+
+    if not args.target_mb > 0:
+        raise UsageError(f"--target-mb must be positive, got {args.target_mb:g}")
+    r = compact_run(args.run_dir, target_bytes=int(args.target_mb * (1 << 20)))
+    files = ", ".join(f"{t} {n}" for t, n in sorted(r.get("files", {}).items()))
+    print(f"{args.run_dir}: {r['status']} ({files} file(s); {r.get('removed', 0)} per-unit shard(s) removed)")
+    return 0

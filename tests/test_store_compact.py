@@ -1,0 +1,154 @@
+"""`sentsim store compact`: per-unit shards rewritten into files of a target size, resumable, and
+readers (RunReader, pyarrow and ray.data through it) see exactly the same rows before and after."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import sentsim_cli
+
+A = pa.schema([("unit", pa.int64()), ("i", pa.int64()), ("text", pa.string())])
+B = pa.schema([("unit", pa.int64()), ("v", pa.float32())])
+
+
+def make_run(out, n_units=30, complete=True, stage="toy"):
+    """A run of two tables, unit u holding u % 7 + 1 rows of each (a unit of 0 rows in B too)."""
+    from storage import ShardStore
+
+    store = ShardStore(str(out))
+    store.open_run(stage, "fp1", {}, [], {"a": A, "b": B}, planned_units=n_units)
+    rng = np.random.default_rng(0)
+    for u in range(n_units if complete else n_units - 3):
+        k = u % 7 + 1
+        a = pa.table({"unit": [u] * k, "i": list(range(k)), "text": [f"u{u} row {i} " * 20 for i in range(k)]},
+                     schema=A)
+        b = pa.table({"unit": [u] * (k if u % 5 else 0), "v": rng.random(k if u % 5 else 0).astype(np.float32)},
+                     schema=B)
+        store.write_unit(u, {"a": a, "b": b}, "fp1", {"rows": k})
+    return store.finalize(n_units, {})
+
+
+def snapshot(run):
+    from storage import RunReader
+
+    r = RunReader(str(run))
+    return {t: r.read_table(t) for t in ("a", "b")}, {t: r.dataset(t).to_table() for t in ("a", "b")}
+
+
+def test_same_rows_before_and_after_through_pyarrow_and_ray(tmp_path, ray_local):
+    from storage import RunReader, verify_store
+    from storage.compact import compact_run
+
+    run = tmp_path / "run"
+    assert make_run(run)["complete"]
+    before, before_ds = snapshot(run)
+    ray_before = {t: RunReader(str(run)).ray_dataset(t).to_pandas() for t in ("a", "b")}
+    r = compact_run(str(run), target_bytes=4_000)
+    assert r["status"] == "compacted" and r["removed"] == 60
+    assert 1 < r["files"]["a"] < 30 and r["files"]["b"] < 30
+    after, after_ds = snapshot(run)
+    for t in ("a", "b"):
+        assert after[t].equals(before[t]) and after_ds[t].equals(before_ds[t])  # same rows, same order
+        got = RunReader(str(run)).ray_dataset(t).to_pandas()
+        key = ["unit", "i"] if t == "a" else ["unit", "v"]
+        assert got.sort_values(key).reset_index(drop=True).equals(
+            ray_before[t].sort_values(key).reset_index(drop=True))
+    reader = RunReader(str(run))
+    assert all("/_compact/a/" in f for f in reader.files("a")) and len(reader.files("a")) == r["files"]["a"]
+    assert reader.rows("a") == before["a"].num_rows and not list((run / "a").glob("*.parquet"))
+    assert verify_store(str(run)) == []
+    # once more: nothing to do
+    assert compact_run(str(run), target_bytes=4_000)["status"] == "already compacted"
+
+
+def test_killed_compaction_resumes_and_readers_never_see_a_mix(tmp_path):
+    from storage import verify_store
+    from storage.compact import compact_run
+
+    run = tmp_path / "run"
+    make_run(run)
+    before, _ = snapshot(run)
+    r = compact_run(str(run), target_bytes=4_000, stop_after=3)  # as if killed after 3 output files
+    assert r == {"status": "stopped", "written": 3}
+    (run / "_compact" / "a" / ".tmp-999-part-00003.parquet").write_bytes(b"half a file")  # killed mid-write
+    assert snapshot(run)[0]["a"].equals(before["a"]) and verify_store(str(run)) == []  # still the unit files
+    kept = {p.name: p.stat().st_mtime_ns for p in (run / "_compact" / "a").glob("part-*.parquet")}
+    assert len(kept) == 3
+    r = compact_run(str(run), target_bytes=1 << 20)  # another target: the begun plan is kept
+    assert r["status"] == "compacted" and r["written"] == sum(r["files"].values()) - 3
+    assert {p: (run / "_compact" / "a" / p).stat().st_mtime_ns for p in kept} == kept
+    assert not list((run / "_compact" / "a").glob(".tmp-*"))
+    after, _ = snapshot(run)
+    assert all(after[t].equals(before[t]) for t in ("a", "b"))
+    # killed while removing the unit files: a leftover is named by verify and removed by the next call
+    shutil.copy(run / "_compact" / "a" / "part-00000.parquet", run / "a" / "part-00000.parquet")
+    assert verify_store(str(run)) == ["a/part-00000.parquet: left over from compaction; run `sentsim store "
+                                      "compact` again"]
+    assert compact_run(str(run))["removed"] == 1 and verify_store(str(run)) == []
+    # a corrupt compacted file is named
+    f = run / "_compact" / "b" / "part-00000.parquet"
+    f.write_bytes(f.read_bytes()[:-10] + b"x" * 10)
+    assert verify_store(str(run)) == ["_compact/b/part-00000.parquet: checksum mismatch (edited or corrupt)"]
+
+
+def test_a_job_resumed_on_a_compacted_run_redoes_nothing(tmp_path):
+    from test_executor import _job
+
+    from sentsim.executor import execute
+    from storage import RunReader
+    from storage.compact import compact_run
+
+    units = [{"unit": u, "x": u * u} for u in range(6)]
+    execute(_job(tmp_path / "r", units), executor="inline", quiet=True)
+    before = RunReader(str(tmp_path / "r")).read_table("t")
+    compact_run(str(tmp_path / "r"), target_bytes=1)
+    assert compact_run(str(tmp_path / "r"), target_bytes=1)["files"] == {"t": 6}  # 1 byte: a unit per file
+    m = execute(_job(tmp_path / "r", units), executor="inline", quiet=True)
+    assert m["complete"] and m["this_run"]["units"] == 0
+    assert RunReader(str(tmp_path / "r")).read_table("t").equals(before)
+    # --force-new clears the compaction with the run
+    execute(_job(tmp_path / "r", units), executor="inline", quiet=True, force_new=True)
+    assert not (tmp_path / "r" / "_compact").exists()
+
+
+@pytest.mark.parametrize("case", ["missing", "not a run", "incomplete", "bad target"])
+def test_bad_input_is_one_line_exit_2(tmp_path, case):
+    run = tmp_path / "run"
+    args = [run]
+    if case == "not a run":
+        run.mkdir()
+        (run / "x.txt").write_text("hello")
+    elif case == "incomplete":
+        make_run(run, n_units=6, complete=False)
+    elif case == "bad target":
+        make_run(run, n_units=3)
+        args += ["--target-mb", "0"]
+    r = sentsim_cli("store", "compact", *args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    expected = {"missing": "no such directory", "not a run": "not a sentsim run directory",
+                "incomplete": "not complete", "bad target": "--target-mb must be positive"}[case]
+    assert expected in r.stderr
+    if case == "incomplete":
+        m = json.loads((run / "manifest.json").read_text())
+        assert not m["complete"] and not (run / "_compact").exists()
+
+
+def test_help_and_a_real_compaction_through_the_cli(tmp_path):
+    r = sentsim_cli("store", "compact", "--help")
+    assert r.returncode == 0 and "--target-mb" in r.stdout
+    make_run(tmp_path / "run", n_units=4)
+    r = sentsim_cli("store", "compact", tmp_path / "run")
+    assert r.returncode == 0 and "compacted (a 1, b 1 file(s); 8 per-unit shard(s) removed)" in r.stdout
+
+
+def test_remix_refuses_a_compacted_harvest_in_one_line(tmp_path):
+    from storage.compact import compact_run
+
+    make_run(tmp_path / "h", n_units=3, stage="harvest")
+    compact_run(str(tmp_path / "h"))
+    r = sentsim_cli("remix", tmp_path / "h", "--out", tmp_path / "re")
+    assert r.returncode == 2 and "compacted" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
