@@ -7,6 +7,11 @@
 - The holder rewrites its heartbeat every `stale_after / 5` seconds from a daemon thread. A lease
   whose heartbeat is older than `stale_after` (default 300 s, SENTSIM_LEASE_STALE_SECONDS), or whose
   holder is a dead process on this host, is stale and is taken over by the next writer, which says so.
+- A heartbeat never overwrites another holder's lease. On S3 it is a conditional PUT (`If-Match` on the
+  ETag this holder last wrote; a takeover is `If-Match` on the ETag of the stale lease it read), so a
+  holder whose lease was taken over gets 412 on its next heartbeat. On local disk the heartbeat reads
+  the file first and finds it naming another holder. Either way the holder stops beating, sets `lost`
+  (the reason), says so on stderr, and `check()` raises LeaseLost from then on.
 - Released (deleted) when the run ends, successfully or not.
 """
 
@@ -34,6 +39,10 @@ class LeaseHeld(UsageError):
     """Another live writer holds the run."""
 
 
+class LeaseLost(UsageError):
+    """This writer's lease was taken over (it was judged stale): another writer owns the run now."""
+
+
 def stale_after_default() -> float:
     return float(os.environ.get("SENTSIM_LEASE_STALE_SECONDS", "300"))
 
@@ -57,6 +66,8 @@ class RunLease:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.took_over: Optional[dict] = None
+        self.lost: Optional[str] = None  # why this holder no longer holds the lease, once it noticed
+        self._etag: Optional[str] = None  # S3: the ETag of the lease object this holder last wrote
 
     # ---- the record ----------------------------------------------------------------------
     def _record(self) -> bytes:
@@ -64,6 +75,11 @@ class RunLease:
                            "heartbeat": time.time(), "command": " ".join(sys.argv[:3])}).encode()
 
     def read(self) -> Optional[dict]:
+        if self._is_s3():
+            got = _s3_get(self.path)
+            if got is None:
+                return None
+            return _parse(got[0])
         if not sfs.exists(self.fs, self.path):
             return None
         try:
@@ -78,7 +94,8 @@ class RunLease:
         """True when this call created the lease; False when one exists."""
         data = self._record()
         if self._is_s3():
-            return _s3_put_if_absent(self.path, data)
+            self._etag = _s3_put(self.path, data, if_none_match="*")
+            return self._etag is not None
         parent = os.path.dirname(self.path)
         os.makedirs(parent, exist_ok=True)
         try:
@@ -89,12 +106,18 @@ class RunLease:
             f.write(data)
         return True
 
-    def _overwrite(self) -> None:
+    def _overwrite(self, if_match: Optional[str] = None) -> bool:
+        """Rewrite the lease with this holder's record. On S3 a conditional PUT on `if_match` (the ETag
+        the caller saw; None: only if there is no object): False when the object changed since, i.e.
+        someone else wrote the lease."""
         if self._is_s3():  # one PUT replaces the object whole
-            with self.fs.open_output_stream(self.path) as f:
-                f.write(self._record())
-        else:
-            sfs.write_bytes_atomic(self.fs, self.path, self._record())
+            etag = _s3_put(self.path, self._record(), if_match=if_match, if_none_match=None if if_match else "*")
+            if etag is None:
+                return False
+            self._etag = etag
+            return True
+        sfs.write_bytes_atomic(self.fs, self.path, self._record())
+        return True
 
     def _stale_reason(self, rec: dict) -> Optional[str]:
         if not rec:
@@ -114,9 +137,15 @@ class RunLease:
     # ---- acquire / release ---------------------------------------------------------------
     def acquire(self) -> "RunLease":
         if not self._create_exclusive():
-            rec = self.read() or {}
+            seen_etag = None
+            if self._is_s3():
+                got = _s3_get(self.path)
+                rec, seen_etag = (_parse(got[0]), got[1]) if got else ({}, None)
+                rec = rec or {}
+            else:
+                rec = self.read() or {}
             if rec.get("token") == self.token:
-                pass
+                self._etag = seen_etag  # already ours: the next heartbeat is conditional on this object
             else:
                 why = self._stale_reason(rec)
                 if why is None:
@@ -126,14 +155,15 @@ class RunLease:
                         f"(`{rec.get('command', '?')}`, last heartbeat {age:.0f}s ago); one writer per run. Wait for "
                         f"it to finish, or, if it is gone, run again after {self.stale_after:.0f}s without a heartbeat "
                         f"(SENTSIM_LEASE_STALE_SECONDS sets that) and this run takes the lease over")
-                self._overwrite()
-                if (self.read() or {}).get("token") != self.token:  # another writer took it over first
+                # on S3 only if the stale lease is still the one judged (If-Match on its ETag)
+                if not self._overwrite(if_match=seen_etag) or \
+                        (self.read() or {}).get("token") != self.token:  # another writer took it over first
                     raise LeaseHeld(f"{self.uri}: another writer took over the stale lease at the same moment")
                 self.took_over = {**rec, "reason": why}
                 if rec.get("pid") == os.getpid() and rec.get("host") == socket.gethostname():
                     pass  # our own earlier run: nothing to tell the user
                 else:
-                        print(f"note: {self.uri}: took over the lease of pid {rec.get('pid', '?')} on host "
+                    print(f"note: {self.uri}: took over the lease of pid {rec.get('pid', '?')} on host "
                           f"{rec.get('host', '?')} ({why})", file=sys.stderr, flush=True)
         self._thread = threading.Thread(target=self._beat, name="sentsim-lease", daemon=True)
         self._thread.start()
@@ -144,11 +174,35 @@ class RunLease:
         interval = max(0.5, self.stale_after / 5)
         while not self._stop.wait(interval):
             try:
-                if (self.read() or {}).get("token") != self.token:
-                    return  # taken over (judged dead): the newer writer owns the run now
-                self._overwrite()
+                self.heartbeat()
             except OSError:
                 pass  # a missed heartbeat is retried; staleness needs several in a row
+            if self.lost:
+                return
+
+    def heartbeat(self) -> bool:
+        """One heartbeat: rewrite the lease if this holder still holds it. False (and `lost` set, once,
+        with a line on stderr) when another writer took it over; the lease is then left alone."""
+        if self.lost:
+            return False
+        if self._is_s3():
+            # If-Match on the ETag this holder last wrote: a takeover changed the object, so 412
+            ok = self._overwrite(if_match=self._etag)
+            holder = None if ok else (self.read() or {})
+        else:
+            holder = self.read() or {}
+            ok = holder.get("token") == self.token and self._overwrite()
+        if not ok:
+            holder = holder or {}
+            self.lost = (f"{self.uri}: this writer's lease was taken over by pid {holder.get('pid', '?')} on host "
+                         f"{holder.get('host', '?')} (it judged this one stale); stopped writing the heartbeat")
+            print(f"error: {self.lost}", file=sys.stderr, flush=True)
+        return ok
+
+    def check(self) -> None:
+        """Raise LeaseLost once a heartbeat found the lease taken over."""
+        if self.lost:
+            raise LeaseLost(self.lost)
 
     def release(self) -> None:
         atexit.unregister(self.release)
@@ -156,7 +210,7 @@ class RunLease:
         if self._thread is not None:
             self._thread.join(timeout=5)
         try:
-            if (self.read() or {}).get("token") == self.token:
+            if not self.lost and (self.read() or {}).get("token") == self.token:
                 self.fs.delete_file(self.path)
         except OSError:
             pass
@@ -168,20 +222,50 @@ class RunLease:
         self.release()
 
 
-def _s3_put_if_absent(path: str, data: bytes) -> bool:
+def _parse(data: bytes) -> dict:
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}  # half-written or unreadable: judged by its age
+
+
+def _s3_client():
     import boto3
+
+    return boto3.client("s3",
+                        endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
+                        region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+
+
+def _s3_get(path: str) -> Optional[tuple]:
+    """(body, ETag) of the object, or None when there is none."""
     from botocore.exceptions import ClientError
 
     bucket, _, key = path.partition("/")
-    client = boto3.client("s3",
-                          endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
-                          region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
     try:
-        client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        resp = _s3_client().get_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        raise OSError(f"s3://{path}: {exc}") from None
+    return resp["Body"].read(), resp["ETag"]
+
+
+def _s3_put(path: str, data: bytes, if_match: Optional[str] = None, if_none_match: Optional[str] = None):
+    """One PUT, conditional on If-Match (the ETag the writer last saw) or If-None-Match: "*" (absent).
+    Returns the new ETag, or None when the condition failed (412; 409 when a concurrent conditional
+    write won, and 404 when If-Match names an object that is gone). The moto test server honours both
+    headers on put_object (moto >= 5.1 compares If-Match with the stored ETag), see tests/test_lease.py."""
+    from botocore.exceptions import ClientError
+
+    bucket, _, key = path.partition("/")
+    cond = {"IfMatch": if_match} if if_match else {"IfNoneMatch": if_none_match} if if_none_match else {}
+    try:
+        resp = _s3_client().put_object(Bucket=bucket, Key=key, Body=data, **cond)
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
-            return False
-        raise
-    return True
+        if code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey") or status in (404, 409, 412):
+            return None
+        raise OSError(f"s3://{path}: {exc}") from None
+    return resp["ETag"]

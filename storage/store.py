@@ -63,7 +63,9 @@ def _flatten(tree, prefix: str = "") -> Dict[str, object]:
 
 def what_changed(stored: dict, config: dict, inputs: List[dict], most: int = 6) -> str:
     """The config keys and inputs that differ from a stored manifest's, for a refused resume."""
-    old, new = _flatten(stored.get("config") or {}), _flatten(config or {})
+    # through JSON, as the stored side went: a tuple in the new config is the list it was stored as
+    old = _flatten(json.loads(json.dumps(stored.get("config") or {}, default=str)))
+    new = _flatten(json.loads(json.dumps(config or {}, default=str)))
     keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
     parts = [f"{k}: {old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r}" for k in keys[:most]]
     if len(keys) > most:
@@ -212,7 +214,7 @@ class ShardStore:
         p = self.path(COMPLETE)
         if sfs.exists(self.fs, p):
             self.fs.delete_file(p)
-        for name in [UNITS_DIR, SIDE_DIR]:
+        for name in [UNITS_DIR, SIDE_DIR, "_compact"]:  # _compact/manifest.json commits a compaction
             d = self.path(name)
             if sfs.exists(self.fs, d):
                 self.fs.delete_dir(d)
@@ -288,11 +290,17 @@ class ShardStore:
 
     def completed_units(self, fingerprint: str, deep: bool = True) -> Dict[int, UnitRecord]:
         """Units that are done and whose files still check out. A bad unit is left pending, to be redone."""
+        from storage.compact import compacted_units
+
         done: Dict[int, UnitRecord] = {}
         self.redo_reasons: Dict[int, str] = {}
+        compacted = compacted_units(self, fingerprint)  # their rows live in _compact/ (`sentsim store compact`)
         for unit, rec in self.markers().items():
             if rec.get("fingerprint") != fingerprint:
                 self.redo_reasons[unit] = "marker from another run"
+                continue
+            if unit in compacted:
+                done[unit] = UnitRecord(unit=unit, files=rec["files"], extra=rec.get("extra", {}))
                 continue
             problem = self.check_unit(rec, deep=deep)
             if problem:

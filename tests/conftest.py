@@ -101,6 +101,163 @@ def sentsim_cli(*args, env=None, timeout=600, cwd=None) -> subprocess.CompletedP
     )
 
 
+# ---- Ray clusters the tests start: loopback only, token auth on -------------------------------------
+
+# What makes `ray start` keep 127.0.0.1 as the node IP (Ray otherwise swaps it for this machine's
+# routable IP, and its GCS, raylet and agents then listen on all interfaces): Ray's single-node switch,
+# the one sentsim.runtime.loopback_only() sets for the in-process Ray. Every process of such a cluster
+# (its jobs too) and every driver that attaches to it needs it in its env: a driver without it
+# resolves "127.0.0.1:PORT" to the routable IP, where nothing listens.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def listening_sockets(pids):
+    """(process name, ip, port) of every TCP socket the given processes listen on."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            conns = proc.net_connections(kind="inet")
+            name = proc.name()
+        except psutil.NoSuchProcess:  # a worker that exited meanwhile
+            continue
+        out += [(name, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
+    return out
+
+
+def is_loopback(ip: str) -> bool:
+    import ipaddress
+
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    mapped = getattr(addr, "ipv4_mapped", None)  # [::ffff:127.0.0.1] on a dual-stack socket
+    return (mapped or addr).is_loopback
+
+
+def with_children(*pids):
+    """The given processes and all their descendants (a Ray node: gcs_server, raylet, agents, workers)."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            out += [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    return sorted(set(out))
+
+
+def assert_loopback_only(pids, servers=("gcs_server", "raylet")):
+    """No listening socket of these processes is bound beyond loopback (0.0.0.0, ::, a routable IP),
+    and the check did see Ray's own servers among them. Returns what listens."""
+    listening = listening_sockets(pids)
+    names = {name for name, _, _ in listening}
+    assert set(servers) <= names, f"Ray's servers not among the processes checked: {listening}"
+    exposed = [x for x in listening if not is_loopback(x[1])]
+    assert exposed == [], f"listening beyond loopback: {exposed}"
+    return listening
+
+
+def start_head(tmp, num_cpus=2):
+    """`ray start --head` on 127.0.0.1 with token auth; a start that fails (a port taken meanwhile, a
+    dashboard that died) is retried once. Checks that nothing of the head listens beyond loopback."""
+    try:
+        head = _start_head_once(Path(tmp) / "a", num_cpus)
+    except RuntimeError as first:
+        print(f"first ray head failed, retrying with other ports: {first}", file=sys.stderr)
+        head = _start_head_once(Path(tmp) / "b", num_cpus)
+    try:
+        head["listening"] = assert_loopback_only(with_children(head["proc"].pid))
+    except BaseException:
+        stop_head(head)
+        raise
+    return head
+
+
+def _start_head_once(tmp, num_cpus):
+    import time
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    port, dash, metrics = free_port(), free_port(), free_port()
+    # Every fixed-default port gets a free one too, so that a Ray already running on this machine
+    # (a developer's, or a local `ray.init()`) cannot make the head fail to bind.
+    more = {flag: free_port() for flag in ("object-manager-port", "node-manager-port", "ray-client-server-port",
+                                           "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                           "runtime-env-agent-port")}
+    # RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH come from above: the head, its jobs and every
+    # client given this env share the session's token. LOOPBACK_ENV keeps --node-ip-address 127.0.0.1.
+    bin_dir = Path(sys.executable).parent
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", **LOOPBACK_ENV)
+    assert env.get("RAY_AUTH_MODE") == "token" and env.get("RAY_AUTH_TOKEN_PATH")
+    log = open(Path(tmp) / "ray_start.log", "wb")
+    proc = subprocess.Popen(
+        [str(bin_dir / "ray"), "start", "--head", "--block", f"--num-cpus={num_cpus}", f"--port={port}",
+         "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+         "--include-dashboard=true", f"--metrics-export-port={metrics}", *(f"--{k}={v}" for k, v in more.items()),
+         f"--temp-dir={tmp}", "--disable-usage-stats"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    log.close()  # the child keeps its own descriptor
+    address = f"http://127.0.0.1:{dash}"
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    # The head answers before its job agent is ready ("No available agent to submit job"):
+    # wait until a trivial job has run end to end.
+    deadline = time.time() + 240
+    while True:
+        try:
+            client = JobSubmissionClient(address)
+            sid = client.submit_job(entrypoint="python -c pass")
+            while client.get_job_status(sid) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+                time.sleep(0.5)
+            break
+        except Exception:
+            if time.time() > deadline or proc.poll() is not None:
+                stop_head({"proc": proc})
+                raise RuntimeError("ray head did not come up; " + _head_logs(tmp)) from None
+            time.sleep(1)
+    return {"env": env, "address": address, "gcs": f"127.0.0.1:{port}", "proc": proc, "num_cpus": num_cpus,
+            "metrics": f"http://127.0.0.1:{metrics}/metrics"}
+
+
+def _head_logs(tmp, chars=1500):
+    """The tails of `ray start`'s output and of the dashboard's log, which say why a head is not up."""
+    parts = []
+    for name in ("ray_start.log", "session_latest/logs/dashboard.log"):
+        path = Path(tmp) / name
+        if path.is_file():
+            parts.append(f"--- {name}:\n" + path.read_text(errors="replace")[-chars:])
+    return "\n".join(parts) or "no logs"
+
+
+def stop_head(head):
+    """Stop exactly this head: `--block` keeps it in its own process group (`ray stop` would stop
+    every Ray cluster of the user on this machine)."""
+    import signal
+
+    proc = head["proc"]
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture(scope="session")
+def ray_head(tmp_path_factory):
+    """One `ray start --head` (2 CPUs, loopback, token auth) for the whole session, as a user would
+    start it, from this venv (a job's python comes from ray start's PATH). Shared by the job-submit,
+    auth and Ray-harvest tests: each head takes ~20 s of the 2 cores to come up."""
+    head = start_head(tmp_path_factory.mktemp("rayhead"))
+    yield head
+    stop_head(head)
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A module's own in-process Ray; address="local" never attaches to another cluster here.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -172,14 +173,21 @@ def test_cli_usage_errors(tmp_path, capsys):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_bf16_training(tmp_path, corpus_dir):
+def test_gpu_bf16_training(tmp_path, corpus_dir, capsys):
     from sentsim.context.train import train_context
+    from sentsim.hardware import bf16_native
 
+    if not bf16_native("cuda"):
+        pytest.skip("this GPU has no native bf16")
     cfg = ContextTrainConfig.model_validate({
         "model": TINY_MODEL, **TRAIN, "direction": "fwd", "executor": "inline", "use_gpu": "yes",
         "max_steps": 150, "eval_every": 150, "checkpoint_every": 150})
     s = train_context(corpus_dir, str(tmp_path / "g"), cfg)["runs"]["fwd"]
     assert s["final_eval"]["fwd"]["loss"] < s["initial_eval"]["fwd"]["loss"] - 1.0
+    # the loop's start-up line names the device it trained on and bf16 autocast: a run that fell
+    # back to the CPU (or to fp32) says "on cpu" (or no bf16) and fails here
+    out = capsys.readouterr().out
+    assert re.search(r"\[context fwd\] 1 worker\(s\) on cuda(:\d+)? bf16;", out), out[-2000:]
 
 
 def test_start_from_pretrained_bart_checkpoint(tmp_path, corpus_dir):

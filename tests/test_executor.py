@@ -166,3 +166,29 @@ def test_no_empty_run_is_written(tmp_path):
         with pytest.raises(UsageError, match="empty run"):
             execute(_job(str(out), units), executor="inline", quiet=True)
         assert not out.exists()
+
+
+def test_a_run_whose_lease_was_taken_over_stops_before_finalizing(tmp_path, monkeypatch):
+    """A holder judged stale and taken over notices on its next heartbeat; the executor then stops with
+    the one-line LeaseLost (exit 2 from the CLI) and does not finalize the new holder's run."""
+    import json
+
+    from sentsim.executor import execute
+    from storage.lease import LEASE, LeaseLost, RunLease
+
+    out = tmp_path / "r"
+    held = []
+    real_acquire = RunLease.acquire
+    monkeypatch.setattr(RunLease, "acquire", lambda self: held.append(self) or real_acquire(self))
+
+    def take_over(result):
+        if result["unit"] == 0:  # another writer replaces the lease, as a stale takeover does
+            rec = json.loads((out / LEASE).read_text())
+            (out / LEASE).write_text(json.dumps(dict(rec, token="someone-else", pid=4242, host="other-host")))
+        held[0].heartbeat()  # the beat the background thread sends every stale_after / 5 seconds
+        return False
+
+    with pytest.raises(LeaseLost, match="taken over by pid 4242 on host other-host"):
+        execute(_job(out, [{"unit": u, "x": u} for u in range(4)], on_result=take_over), executor="inline")
+    assert not (out / "_COMPLETE").exists()
+    assert json.loads((out / LEASE).read_text())["token"] == "someone-else"  # the new holder's lease stays

@@ -1,4 +1,5 @@
-"""One writer per run: the lease file on local disk (the S3 conditional PUT is in test_s3_chain.py)."""
+"""One writer per run: the lease file on local disk and on the moto S3 server (a second writer of a
+whole run on S3 is in test_s3_chain.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 
 import pyarrow.fs as pafs
 import pytest
+from test_store import s3_server  # noqa: F401  (the moto fixture, reused)
 
 from storage.lease import LEASE, LeaseHeld, RunLease
 
@@ -77,3 +79,72 @@ def test_stale_lease_from_another_host_is_taken_over(tmp_path):
         assert "no heartbeat for" in new.took_over["reason"]
     finally:
         new.release()
+
+
+def take_over_elsewhere(root: str, uri: str, fs: str = "f.LocalFileSystem()", env=None) -> dict:
+    """Another process judges the lease stale (stale_after=0) and takes it over, then keeps it (exits
+    without releasing): the record it wrote, as it printed it."""
+    code = (f"import json, os, pyarrow.fs as f; from storage.lease import RunLease; "
+            f"l = RunLease({fs}, {root!r}, {uri!r}, stale_after=0).acquire(); "
+            f"print(json.dumps({{'pid': os.getpid(), 'token': l.token}}), flush=True); os._exit(0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, **(env or {})})
+    assert r.returncode == 0 and "took over the lease of pid" in r.stderr, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_holder_whose_lease_was_taken_over_notices_on_its_next_heartbeat(tmp_path, capsys):
+    """Local disk: the heartbeat reads the file first; once it names another holder, the old holder
+    stops beating and marks itself lost instead of writing its record over the new holder's."""
+    from storage.lease import LeaseLost
+
+    holder = lease(tmp_path, stale_after=60).acquire()  # its own thread beats only every 12 s
+    try:
+        assert holder.heartbeat() and holder.lost is None
+        new = take_over_elsewhere(str(tmp_path), str(tmp_path))
+        assert not holder.heartbeat()
+        assert f"taken over by pid {new['pid']} on host {socket.gethostname()}" in holder.lost
+        assert "lease was taken over" in capsys.readouterr().err
+        with pytest.raises(LeaseLost, match="taken over"):
+            holder.check()
+        assert json.loads((tmp_path / LEASE).read_text())["token"] == new["token"]  # not overwritten
+    finally:
+        holder.release()
+    assert json.loads((tmp_path / LEASE).read_text())["token"] == new["token"]  # release left it alone
+
+
+def test_heartbeat_on_s3_is_a_conditional_put_and_a_taken_over_holder_notices(s3_server):  # noqa: F811
+    """S3 (the moto server): the heartbeat is a PUT with If-Match on the ETag this holder last wrote.
+    moto honours If-Match on put_object (412 PreconditionFailed when the ETag differs), checked here
+    first with plain boto3, so the takeover is noticed by the condition itself, not by a read."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    from storage.fs import resolve
+    from storage.lease import LeaseLost
+
+    s3 = boto3.client("s3")
+    s3.put_object(Bucket="sentsim", Key="cond/obj", Body=b"a")
+    etag = s3.head_object(Bucket="sentsim", Key="cond/obj")["ETag"]
+    with pytest.raises(ClientError) as refused:
+        s3.put_object(Bucket="sentsim", Key="cond/obj", Body=b"b", IfMatch='"0123456789abcdef0123456789abcdef"')
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    s3.put_object(Bucket="sentsim", Key="cond/obj", Body=b"c", IfMatch=etag)  # the right ETag: written
+    assert s3.get_object(Bucket="sentsim", Key="cond/obj")["Body"].read() == b"c"
+
+    uri = "s3://sentsim/lease/takeover"
+    fs, root = resolve(uri)
+    holder = RunLease(fs, root, uri, stale_after=60).acquire()
+    try:
+        first = holder._etag
+        assert first and holder.heartbeat() and holder._etag != first  # each beat is a new object
+        new = take_over_elsewhere(root, uri, fs=f"__import__('storage.fs').fs.resolve({uri!r})[0]", env=s3_server)
+        assert not holder.heartbeat()
+        assert f"taken over by pid {new['pid']}" in holder.lost
+        with pytest.raises(LeaseLost):
+            holder.check()
+        body = s3.get_object(Bucket="sentsim", Key=f"{root.partition('/')[2]}/{LEASE}")["Body"].read()
+        assert json.loads(body)["token"] == new["token"]  # the new holder's lease, untouched
+    finally:
+        holder.release()
+    assert holder.read()["token"] == new["token"]

@@ -1,6 +1,5 @@
 """Ray token auth stays on, and the local Ray sentsim starts listens on loopback only."""
 
-import ipaddress
 import os
 import shutil
 import subprocess
@@ -9,31 +8,11 @@ from pathlib import Path
 
 import pytest
 from conftest import RAY_TOKEN_PATH, ROOT
-from test_ray_jobs import BIN, start_head, stop_head
+from conftest import is_loopback as _is_loopback
+from conftest import listening_sockets as _listening
+from test_ray_jobs import BIN
 
 pytestmark = pytest.mark.slow
-
-
-def _listening(pids):
-    """(process name, ip, port) of every TCP socket the given processes listen on."""
-    import psutil
-
-    out = []
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            conns = proc.net_connections(kind="inet")
-            name = proc.name()
-        except psutil.NoSuchProcess:  # a worker that exited meanwhile
-            continue
-        out += [(name, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
-    return out
-
-
-def _is_loopback(ip: str) -> bool:
-    addr = ipaddress.ip_address(ip.split("%")[0])
-    mapped = getattr(addr, "ipv4_mapped", None)  # [::ffff:127.0.0.1] on a dual-stack socket
-    return (mapped or addr).is_loopback
 
 
 def test_local_ray_from_init_ray_listens_on_loopback_only_with_token_auth():
@@ -71,10 +50,13 @@ def test_local_ray_from_init_ray_listens_on_loopback_only_with_token_auth():
 
 
 @pytest.fixture(scope="module")
-def head(tmp_path_factory):
-    h = start_head(tmp_path_factory.mktemp("authhead"), num_cpus=1)
-    yield h
-    stop_head(h)
+def head(ray_head):
+    """The session's `ray start` head (conftest): token auth on, and start_head has already checked
+    that none of its sockets listens beyond loopback; checked again here, with its workers by now."""
+    from conftest import assert_loopback_only, with_children
+
+    assert_loopback_only(with_children(ray_head["proc"].pid))
+    return ray_head
 
 
 def _submit(head, env, sid, tmp_path):
@@ -156,7 +138,7 @@ def test_sentsim_attaches_with_the_token_and_is_refused_without(head, tmp_path):
 
     ok = attach(head["env"])
     assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
-    assert "CPU 1.0" in ok.stdout
+    assert f"CPU {float(head['num_cpus'])}" in ok.stdout
     refused = attach(_without_token(head["env"], tmp_path))
     assert refused.returncode == 3, refused.stdout[-2000:] + refused.stderr[-2000:]
     assert "cannot reach the Ray cluster" in refused.stdout and "RAY_AUTH_MODE=token" in refused.stdout

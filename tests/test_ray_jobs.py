@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 import yaml
-from conftest import ROOT, free_port, sentsim_cli
+from conftest import ROOT, sentsim_cli, start_head, stop_head  # noqa: F401  (the head helpers, for importers)
 
 from storage import verify_store
 
@@ -59,93 +59,6 @@ def test_sigkill_midway_then_rerun_gives_the_uninterrupted_dataset(tmp_path, sam
     # Same rows and ids as an uninterrupted run (built with other unit sizes, even).
     assert table(out, "sentences").equals(table(speech_corpus, "sentences"))
     assert table(out, "chunks").equals(table(speech_corpus, "chunks"))
-
-
-@pytest.fixture(scope="module")
-def ray_head(tmp_path_factory):
-    """`ray start --head` as a user would, from this venv (a job's python comes from ray start's PATH).
-
-    `--block` keeps the head in its own process group, so teardown stops exactly this cluster
-    (`ray stop` would stop every Ray cluster of the user on this machine).
-    """
-    head = start_head(tmp_path_factory.mktemp("ray"))
-    yield head
-    stop_head(head)
-
-
-def start_head(tmp, num_cpus=2):
-    """Start a head; a start that fails (a port taken meanwhile, a dashboard that died) is retried once."""
-    try:
-        return _start_head_once(Path(tmp) / "a", num_cpus)
-    except RuntimeError as first:
-        print(f"first ray head failed, retrying with other ports: {first}", file=sys.stderr)
-        return _start_head_once(Path(tmp) / "b", num_cpus)
-
-
-def _start_head_once(tmp, num_cpus):
-    tmp.mkdir(parents=True, exist_ok=True)
-    port, dash, metrics = free_port(), free_port(), free_port()
-    # Every fixed-default port gets a free one too, so that a Ray already running on this machine
-    # (a developer's, or a local `ray.init()`) cannot make the head fail to bind.
-    more = {flag: free_port() for flag in ("object-manager-port", "node-manager-port", "ray-client-server-port",
-                                           "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-                                           "runtime-env-agent-port")}
-    # RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH come from conftest: the head, its jobs and every
-    # client given this env share the session's token.
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")
-    assert env.get("RAY_AUTH_MODE") == "token" and env.get("RAY_AUTH_TOKEN_PATH")
-    log = open(Path(tmp) / "ray_start.log", "wb")
-    proc = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", f"--num-cpus={num_cpus}", f"--port={port}",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--include-dashboard=true",
-         f"--metrics-export-port={metrics}", *(f"--{k}={v}" for k, v in more.items()),
-         f"--temp-dir={tmp}", "--disable-usage-stats"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    log.close()  # the child keeps its own descriptor
-    address = f"http://127.0.0.1:{dash}"
-    from ray.job_submission import JobStatus, JobSubmissionClient
-
-    # The head answers before its job agent is ready ("No available agent to submit job"):
-    # wait until a trivial job has run end to end.
-    deadline = time.time() + 240
-    while True:
-        try:
-            client = JobSubmissionClient(address)
-            sid = client.submit_job(entrypoint="python -c pass")
-            while client.get_job_status(sid) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-                time.sleep(0.5)
-            break
-        except Exception:
-            if time.time() > deadline or proc.poll() is not None:
-                stop_head({"proc": proc})
-                raise RuntimeError("ray head did not come up; " + _head_logs(tmp)) from None
-            time.sleep(1)
-    return {"env": env, "address": address, "gcs": f"127.0.0.1:{port}", "proc": proc,
-            "metrics": f"http://127.0.0.1:{metrics}/metrics"}
-
-
-def _head_logs(tmp, chars=1500):
-    """The tails of `ray start`'s output and of the dashboard's log, which say why a head is not up."""
-    parts = []
-    for name in ("ray_start.log", "session_latest/logs/dashboard.log"):
-        path = Path(tmp) / name
-        if path.is_file():
-            parts.append(f"--- {name}:\n" + path.read_text(errors="replace")[-chars:])
-    return "\n".join(parts) or "no logs"
-
-
-def stop_head(head):
-    proc = head["proc"]
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def test_ray_job_submit_build_corpus(ray_head, tmp_path, sample_path):

