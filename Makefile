@@ -7,7 +7,7 @@ DEMO_OUT ?= demo_out
 
 LUCENE := $(VENV)/.lucene
 
-.PHONY: install lucene lint demo test bench clean
+.PHONY: install lucene lint demo test bench reference clean
 
 install: $(STAMP)
 
@@ -38,6 +38,11 @@ test: $(STAMP) $(LUCENE)
 
 bench: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run_all.py
+
+# The reference teacher (issue 15): corpus, index and context model from ../shared/data into
+# $${SENTSIM_CACHE:-~/.cache/sentsim}/reference. Resumable; hours on a CPU (README, "Reference teacher").
+reference: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/reference_teacher.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache

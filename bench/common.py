@@ -87,3 +87,20 @@ def append_results(path, lines: List[str]) -> None:
     with open(out, "a") as fh:
         fh.write(text)
     print(text, end="")
+
+
+def bootstrap(pred, gold, n=1000, seed=0):
+    """Spearman x 100 of pred against gold, its 95% bootstrap interval (n resamples), pairs used."""
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(seed)
+    ok = np.isfinite(pred)
+    pred, gold = pred[ok], gold[ok]
+    stats = []
+    for _ in range(n):
+        i = rng.integers(0, len(pred), len(pred))
+        stats.append(spearmanr(pred[i], gold[i]).statistic * 100)
+    # a resample with constant predictions has no Spearman (nan): leave it out of the interval
+    return (spearmanr(pred, gold).statistic * 100, np.nanpercentile(stats, 2.5), np.nanpercentile(stats, 97.5),
+            int(ok.sum()))

@@ -21,26 +21,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.dataset as ds
-from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
+from common import bootstrap, machine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 STSB = ROOT.parent / "shared" / "data" / "sts" / "stsbenchmark" / "sts-test.csv"
-
-
-def bootstrap(pred, gold, n=1000, seed=0):
-    rng = np.random.default_rng(seed)
-    ok = np.isfinite(pred)
-    pred, gold = pred[ok], gold[ok]
-    stats = []
-    for _ in range(n):
-        i = rng.integers(0, len(pred), len(pred))
-        stats.append(spearmanr(pred[i], gold[i]).statistic * 100)
-    # a resample with constant predictions has no Spearman (nan): leave it out of the interval
-    return (spearmanr(pred, gold).statistic * 100, np.nanpercentile(stats, 2.5), np.nanpercentile(stats, 97.5),
-            int(ok.sum()))
 
 
 def main() -> None:

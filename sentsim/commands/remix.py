@@ -15,6 +15,8 @@ def add_arguments(p) -> None:
                        help=f"weight of the {what} term (default: the source harvest's)")
     p.add_argument("--metric", choices=["cosine", "pearson", "spearman"],
                    help="Eq. 4 similarity (default: the source's)")
+    p.add_argument("--variant", choices=["paper", "union", "centred"],
+                   help="grouped harvests: the Eq. 4 variant that fills score (default: the source's grouping.score)")
     p.add_argument("--force-new", action="store_true", help="discard a run with another fingerprint at --out")
     # Recomputing a unit takes seconds: in-process by default, where a local Ray's start-up would cost more.
     p.add_argument("--executor", choices=["ray", "inline"], default="inline",
@@ -30,7 +32,7 @@ def run(args) -> int:
     from sentsim.harvest.remix import TERMS, RemixConfig, remix
 
     try:
-        cfg = RemixConfig(source=args.source, out=args.out, metric=args.metric,
+        cfg = RemixConfig(source=args.source, out=args.out, metric=args.metric, variant=args.variant,
                           **{f"lambda_{t}": getattr(args, f"lambda_{t}") for t in TERMS})
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -38,8 +40,9 @@ def run(args) -> int:
     m = remix(cfg, force_new=args.force_new, executor=args.executor, address=args.address)
     r = m["remix"]
     lam = ", ".join(f"{t} {r['weights'][t]:g}" for t in TERMS)
-    print(f"remix: {r['pairs']} pairs ({r['null_scores']} null) from {args.source}, λ {lam}, metric {r['metric']} "
-          f"-> {args.out}")
+    variant = f", Eq. 4 variant {m['config']['remix']['variant']}" if "variant" in m["config"]["remix"] else ""
+    print(f"remix: {r['pairs']} pairs ({r['null_scores']} null) from {args.source}, λ {lam}, metric {r['metric']}"
+          f"{variant} -> {args.out}")
     if r["approximate"]:
         print(f"  {r['approximate']} pairs approximate: the source predates sentences.context_ids, "
               "so their vectors run "

@@ -67,6 +67,9 @@ class ContextTrainConfig(Section):
     schedule: Literal["linear", "inverse_sqrt", "constant"] = "inverse_sqrt"  # Vaswani et al. 2017 (§3.2.2)
     max_steps: int = Field(2000, ge=1)  # §3.2.2 trains on 100B tokens; a budget here
     max_seconds: float = Field(0.0, ge=0)  # wall-clock stop in addition to max_steps (0 = none)
+    # stop once this many target tokens are trained on (003 Table 5 measures the model by its training
+    # tokens); 0 = no such stop. Counted over all workers.
+    max_target_tokens: int = Field(0, ge=0)
     batch_tokens: int = Field(4096, ge=64)  # token budget per batch (per worker); not given in §3.2.2
     # Not in §3.2.2: keep a warm-started (pretrained) encoder fixed and run it without gradients, which
     # roughly halves the cost of a step on CPU. Its sentence-position table then trains via the decoder only.
@@ -93,7 +96,10 @@ class ContextTrainConfig(Section):
     # Ray Train: DDP over `num_workers`; fractional CPUs per worker on small CPU nodes.
     num_workers: int = Field(1, ge=1)  # execution, not in the paper
     cpus_per_worker: float = Field(1.0, gt=0)  # execution, not in the paper
-    use_gpu: Literal["auto", "yes", "no"] = "auto"  # GPU + bf16 autocast when CUDA is present
+    use_gpu: Literal["auto", "yes", "no"] = "auto"  # GPU when CUDA is present
+    # bf16 autocast (not in §3.2.2; execution): "auto" = on GPUs and on CPUs with native bf16 (avx512_bf16,
+    # AMX; sentsim/hardware.py), fp32 elsewhere; SENTSIM_CPU_BF16=1 forces it on a CPU for an A/B.
+    bf16: Literal["auto", "off"] = "auto"
     torch_threads: int = Field(0, ge=0)  # 0 = torch default
     executor: Literal["ray", "inline"] = "ray"  # inline = the same loop in this process, no Ray (tests, debugging)
 
@@ -125,7 +131,8 @@ class ScorerConfig(Section):
     # Directions skipped entirely (not computed) when their λ is zero or ablated away.
     skip_disabled: bool = True  # execution, not in the paper
     device: str = "auto"  # auto = cuda if available
-    autocast: Literal["auto", "bf16", "fp16", "off"] = "auto"  # bf16 on GPU, off on CPU
+    # auto = bf16 on GPUs and on CPUs with native bf16 (avx512_bf16 / AMX, sentsim/hardware.py), else fp32
+    autocast: Literal["auto", "bf16", "fp16", "off"] = "auto"
     torch_threads: int = Field(0, ge=0)  # execution; 1 on small shared CPU nodes
     # Where scoring runs (CPUs, GPU fractions, actors) is the harvest's resources.scoring.
 

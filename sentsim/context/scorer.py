@@ -40,6 +40,7 @@ from sentsim.context.config import DIRECTIONS, ScorerConfig
 from sentsim.context.model import ContextModel, load_bundle
 from sentsim.context.windows import build_example
 from sentsim.errors import UsageError
+from sentsim.hardware import bf16_native
 
 TERMS = ("disc", "fwd", "left", "right")
 Context = Union[str, Sequence[str], None]
@@ -140,8 +141,8 @@ class ContextScorer:
         for m in {id(m): m for m in by_dir.values()}.values():
             m.to(self.device).eval()
         ac = self.config.autocast
-        if ac == "auto":
-            ac = "bf16" if self.device.type == "cuda" else "off"
+        if ac == "auto":  # bf16 where it is native: GPUs, and CPUs with avx512_bf16 / AMX (sentsim.hardware)
+            ac = "bf16" if bf16_native(self.device.type) else "off"
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(ac)
         self._tok_cache: dict[str, list[int]] = {}
 

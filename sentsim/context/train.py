@@ -285,6 +285,9 @@ class ContextTrainee(Trainee):
     def result(self) -> dict:
         return {"tokens_seen": self.tokens_seen, "target_tokens_seen": self.target_tokens_seen}
 
+    def budget_spent(self) -> bool:
+        return bool(self.cfg.max_target_tokens) and self.target_tokens_seen >= self.cfg.max_target_tokens
+
 
 def build_trainee(config: dict, session, ckpt: Optional[Path]) -> ContextTrainee:
     """On the worker: the model from the checkpoint (resume) or built fresh; rank 0 also samples the
@@ -308,7 +311,7 @@ def build_trainee(config: dict, session, ckpt: Optional[Path]) -> ContextTrainee
 
 # settings a resumed run may change (how long and how wide, not what is trained): left out of the fingerprint
 RESUMABLE = ("max_steps", "max_seconds", "eval_every", "checkpoint_every", "num_workers", "cpus_per_worker", "use_gpu",
-             "torch_threads", "executor", "heldout_windows")
+             "torch_threads", "executor", "heldout_windows", "bf16", "max_target_tokens")
 
 
 def loop_settings(cfg: ContextTrainConfig, name: str) -> dict:
@@ -318,7 +321,8 @@ def loop_settings(cfg: ContextTrainConfig, name: str) -> dict:
         "optimizer": "adam", "lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "weight_decay": cfg.weight_decay,
         "schedule": cfg.schedule, "warmup_steps": cfg.warmup_steps, "max_grad_norm": cfg.grad_clip,
         "eval_every": cfg.eval_every, "checkpoint_every": cfg.checkpoint_every, "log_every": None,
-        "max_seconds": cfg.max_seconds, "bf16": True, "cpu_threads": cfg.torch_threads,
+        "max_seconds": cfg.max_seconds, "bf16": cfg.bf16 == "auto", "cpu_bf16": True,
+        "cpu_threads": cfg.torch_threads,
         "use_gpu": {"auto": None, "yes": True, "no": False}[cfg.use_gpu],
         "num_workers": cfg.num_workers, "cpus_per_worker": cfg.cpus_per_worker, "checkpoints_to_keep": 2,
         "max_failures": 2,

@@ -13,6 +13,12 @@ context_scores (S recomputed) and side tables, and pairs with score and sim_* re
 Harvests written before `context_ids` existed are remixed over the contexts both sentences were
 scored in within their unit, which can include a few contexts of other pairs; the summary counts
 those pairs as approximate.
+
+The terms are stored as float32 (issue 16; float64 in older harvests, whose remix keeps float64):
+a remix is exact to the stored values, and a remix with the source's own weights reproduces the
+harvest's scores to float32 rounding of the terms (4.9e-8 on the bench harvest). A harvest run with
+keep_context_scores=none stored no terms and is refused, as is a compacted one (`sentsim store
+compact` removes the per-unit shards this reads).
 """
 
 from __future__ import annotations
@@ -46,6 +52,10 @@ class RemixConfig(Section):
     lambda_right: Optional[float] = Field(None, ge=0, description="λ4, log p(c> | c<, s) per token")
     metric: Optional[Literal["cosine", "pearson", "spearman"]] = Field(
         None, description="Eq. 4 similarity; unset = the source's (double-centred cannot be remixed)")
+    # Grouped harvests (grouping.enabled) keep three Eq. 4 variants; this picks the one in `score`.
+    # Unset = the source's grouping.score (sentsim/harvest/grouping.py).
+    variant: Optional[Literal["paper", "union", "centred"]] = Field(
+        None, description="grouped harvests: which Eq. 4 variant fills score (default: the source's)")
     resources: StageResources = StageResources()  # the remix actors' resources (--executor ray)
 
 
@@ -83,14 +93,26 @@ def check_terms(cfg: RemixConfig, first_unit: dict) -> None:
                              f"ablated); lambda_{t}={given:g} cannot weigh it in")
 
 
-def remix_unit(tables: dict, lam: dict, metric: str) -> tuple[dict, dict]:
-    """Recompute S and every pair's Eq. 4 similarity for one unit; returns (tables, counts)."""
+def resolve_variant(cfg: RemixConfig, manifest: dict) -> Optional[str]:
+    """The Eq. 4 variant of a grouped source (None for an ungrouped one, where asking for one is refused)."""
+    grouping = manifest.get("config", {}).get("grouping") or {}
+    if not grouping.get("enabled"):
+        if cfg.variant is not None:
+            raise UsageError(f"{cfg.source}: --variant needs a grouped harvest (grouping.enabled), which this is not")
+        return None
+    return cfg.variant or grouping.get("score", "paper")
+
+
+def remix_unit(tables: dict, lam: dict, metric: str, variant: Optional[str] = None) -> tuple[dict, dict]:
+    """Recompute S and every pair's Eq. 4 similarity for one unit (and, in a grouped harvest, the three
+    variants of each pair's group, `variant` filling `score`); returns (tables, counts)."""
     from sentsim.context.scorer import combine_terms
 
     cs, sent, pairs = tables["context_scores"], tables["sentences"], tables["pairs"]
     values = {t: cs.column(t).to_numpy(zero_copy_only=False).astype(np.float64) for t in TERMS}
     S, _ = combine_terms(values, dict.fromkeys(TERMS, True), lam)
-    cs = cs.set_column(cs.schema.get_field_index("S"), "S", pa.array(S, pa.float64()))
+    # S in the stored precision (float32 since issue 16, float64 in older harvests)
+    cs = cs.set_column(cs.schema.get_field_index("S"), "S", pa.array(S, cs.schema.field("S").type))
     row_of = {(s, k): i for i, (s, k) in enumerate(zip(cs.column("sentence_id").to_pylist(),
                                                       cs.column("context_id").to_pylist()))}
     by_sentence: dict = {}
@@ -124,6 +146,24 @@ def remix_unit(tables: dict, lam: dict, metric: str) -> tuple[dict, dict]:
             v = pair_similarity(values[t][idx1], values[t][idx2], metric)
             cols[f"sim_{t}"][i] = float(v) if np.isfinite(v) else None
         counts["rescored"] += 1
+    if variant is not None and own is not None:
+        from sentsim.harvest.grouping import group_scores
+
+        def s_of(s, k):
+            j = row_of.get((s, k))
+            return S[j] if j is not None else float("nan")
+
+        todo = [i for i in range(len(cols["pair_id"])) if cols["score"][i] is not None or
+                not (cols["null_reason"][i] or "").startswith("no contexts")]
+        found = group_scores([(cols["s1_id"][i], cols["s2_id"][i]) for i in todo],
+                             [cols["group_id"][i] for i in todo], own, s_of, metric)
+        for i, v in zip(todo, found):
+            for name, x in v.items():
+                cols[f"score_{name}"][i] = float(x) if np.isfinite(x) else None
+            if variant != "paper":
+                x = v[variant]
+                cols["score"][i] = float(x) if np.isfinite(x) else None
+                cols["null_reason"][i] = None if np.isfinite(x) else "score vectors degenerate (constant or unscored)"
     out_pairs = pa.Table.from_pydict(cols, schema=pairs.schema)
     return {"pairs": out_pairs, "sentences": sent, "context_scores": cs}, counts
 
@@ -171,8 +211,9 @@ class RemixStage(Stage):
 
     name = "remix"
 
-    def __init__(self, source: str, out: str, fp: str, lam: dict, metric: str):
+    def __init__(self, source: str, out: str, fp: str, lam: dict, metric: str, variant: Optional[str] = None):
         self.source, self.out, self.fp, self.lam, self.metric = source, out, fp, lam, metric
+        self.variant = variant
 
     def process(self, items: List[dict]) -> List[dict]:
         from storage import ShardStore
@@ -180,7 +221,7 @@ class RemixStage(Stage):
         src, dst = ShardStore(self.source), ShardStore(self.out)
         out = []
         for item in items:
-            tables, counts = remix_unit(_read_unit(src, item["record"]), self.lam, self.metric)
+            tables, counts = remix_unit(_read_unit(src, item["record"]), self.lam, self.metric, self.variant)
             dst.write_unit(item["unit"], tables, self.fp, counts)
             out.append({"unit": item["unit"], **counts})
         return out
@@ -189,7 +230,7 @@ class RemixStage(Stage):
 def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False, executor: str = "inline",
           address: Optional[str] = None) -> dict:
     """Seconds of arithmetic per unit: in-process by default, where starting Ray would cost more."""
-    from sentsim.harvest.stages import CONTEXT_SCORE_SCHEMA, PAIR_SCHEMA, sentence_schema_of
+    from sentsim.harvest.stages import context_score_schema_of, pair_schema, sentence_schema_of
     from storage import ShardStore
 
     if "://" not in cfg.source and not Path(cfg.source).is_dir():
@@ -205,6 +246,14 @@ def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False, execut
     if not manifest.get("complete"):
         raise UsageError(f"{src.incomplete_note() or cfg.source + ' is not complete'}; resume the harvest first, "
                          "so that the remix covers every unit")
+    if context_score_schema_of(manifest) is None:
+        raise UsageError(f"{cfg.source}: this harvest kept no context scores (keep_context_scores=none), so there "
+                         "is nothing to remix; harvest again with keep_context_scores=all")
+    from storage.compact import read_compaction
+
+    if read_compaction(src, manifest.get("fingerprint")):
+        raise UsageError(f"{cfg.source}: compacted (`sentsim store compact`), and remix reads the per-unit shards; "
+                         "remix a copy made before compacting")
     lam, metric = resolve(cfg, manifest)
     units = _checked_units(src, manifest)
     planned = manifest.get("planned_units") or len(units)
@@ -213,8 +262,11 @@ def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False, execut
     if units:
         check_terms(cfg, _read_unit(src, units[min(units)]))
 
-    schemas = {"pairs": PAIR_SCHEMA, "sentences": sentence_schema_of(manifest), "context_scores": CONTEXT_SCORE_SCHEMA}
-    settings = {"source": cfg.source, "source_fingerprint": manifest["fingerprint"], "weights": lam, "metric": metric}
+    variant = resolve_variant(cfg, manifest)
+    schemas = {"pairs": pair_schema(variant is not None), "sentences": sentence_schema_of(manifest),
+               "context_scores": context_score_schema_of(manifest)}  # the source's precision
+    settings = {"source": cfg.source, "source_fingerprint": manifest["fingerprint"], "weights": lam, "metric": metric,
+                **({"variant": variant} if variant is not None else {})}
     # the source's config travels with the run (training and eval read it), the remix's settings on top
     config = dict(manifest.get("config", {}), remix=settings, metric=metric)
     config["scoring"] = dict(config.get("scoring", {}), **{f"lambda_{t}": lam[t] for t in TERMS})
@@ -237,10 +289,11 @@ def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False, execut
         return {"remix": out}
 
     job = ShardedJob(
-        stage=STAGE, out=cfg.out, fingerprint_parts=(STAGE, manifest["fingerprint"], lam, metric), config=config,
+        stage=STAGE, out=cfg.out, config=config,
+        fingerprint_parts=(STAGE, manifest["fingerprint"], lam, metric) + ((variant,) if variant else ()),
         inputs=[{"harvest": cfg.source, "fingerprint": manifest["fingerprint"]}], tables=schemas,
         units=[{"unit": u, "record": units[u]} for u in sorted(units)],
-        stages=lambda ctx: [StageSpec(functools.partial(RemixStage, cfg.source, cfg.out, ctx.fp, lam, metric),
+        stages=lambda ctx: [StageSpec(functools.partial(RemixStage, cfg.source, cfg.out, ctx.fp, lam, metric, variant),
                                       Resources.of(cfg.resources))],
         summary=summary, count="pairs", deep=True)
     return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet)

@@ -34,6 +34,7 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 from torch import nn
 
+from sentsim.hardware import bf16_native
 from sentsim.training.common import quiet_progress
 
 STATE_FILE = "state.pt"
@@ -85,6 +86,10 @@ class Trainee(nn.Module):
     def result(self) -> dict:
         """Added to rank 0's return value (e.g. counters the run summary reports)."""
         return {}
+
+    def budget_spent(self) -> bool:
+        """True once a budget of the trainee's own (e.g. target tokens) is used up; every rank stops together."""
+        return False
 
 
 # schedule names of the loop -> transformers' (a constant schedule still warms up)
@@ -295,8 +300,12 @@ def train_loop(config: dict):
     epoch0 = state["epoch"] if state else 0
     skip = state["batches_in_epoch"] if state else 0
 
-    use_bf16 = device.type == "cuda" and L.get("bf16", False) and torch.cuda.is_bf16_supported()
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else nullcontext
+    # bf16 where the hardware has it: GPUs always (when asked), CPUs only for trainers that opt in with
+    # cpu_bf16 and only with native bf16 (emulated bf16 on CPU is many times slower than fp32)
+    use_bf16 = L.get("bf16", False) and (
+        (device.type == "cuda" and bf16_native("cuda"))
+        or (device.type == "cpu" and L.get("cpu_bf16", False) and bf16_native("cpu")))
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
     label, verbose = L["label"], L.get("verbose", True)
     if rank0 and verbose:
         n_params = sum(p.numel() for p in params)
@@ -341,7 +350,8 @@ def train_loop(config: dict):
                 loss, metrics = wrapped(batch, device)
             step += 1
             in_epoch += 1
-            finite, stop = session.check(loss, bool(max_seconds) and time.perf_counter() - t_run >= max_seconds)
+            finite, stop = session.check(loss, (bool(max_seconds) and time.perf_counter() - t_run >= max_seconds)
+                                         or trainee.budget_spent())
             if not finite:
                 info = {"nan_step": step, "nan_value": str(float(loss.detach().cpu()))}
                 session.stop(info)

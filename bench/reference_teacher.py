@@ -1,0 +1,106 @@
+"""Rebuild the reference teacher from the shared corpora into the user cache (`make reference`).
+
+    python bench/reference_teacher.py [--data ../shared/data] [--cache ~/.cache/sentsim]
+                                      [--milestones 150000,400000,1000000] [--threads N]
+
+Steps, each a real `sentsim` command and each resumable (run it again after a kill and it goes on):
+  1. `sentsim corpus build` of every shared corpus (Wikipedia slice, Gutenberg, speeches) into
+     CACHE/reference/corpus;
+  2. `sentsim index build` (TF-IDF bigrams) over its chunks into CACHE/reference/index;
+  3. `sentsim train context --config configs/reference_context.yaml` into CACHE/reference/context,
+     stopping at each milestone of target tokens; the bundle at each milestone is copied to
+     CACHE/reference/snapshots/tokens-N (the curve of issue 15 scores them).
+CACHE/reference/DONE.json is written last, with the times of each step. `configs/teacher.yaml` points
+at these folders.
+
+Determinism: same seed, same corpus files and an uninterrupted run give the same model. A resumed run
+restarts the data stream with a seed that depends on the step it resumed at, so it sees another
+(equally random) order after the resume point.
+
+Time on a 2-core AVX2 EPYC (fp32): corpus ~3 min, index ~5 min, context model about 100 target
+tokens/s with 2 threads, so about 3 hours for 1M target tokens (BENCHMARKS.md gives the measured figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPORA = ("enwiki_2014slice_docs.jsonl.gz", "gutenberg_docs.jsonl.gz", "us_speeches_docs.jsonl.gz")
+
+
+def cache_root(arg: str | None) -> Path:
+    base = arg or os.environ.get("SENTSIM_CACHE") or "~/.cache/sentsim"
+    return Path(base).expanduser().resolve() / "reference"
+
+
+def sentsim(*args: str) -> None:
+    cmd = [sys.executable, "-m", "sentsim.cli", *args]
+    print("$ sentsim " + " ".join(args), flush=True)
+    rc = subprocess.call(cmd, cwd=ROOT)
+    if rc != 0:
+        raise SystemExit(f"reference: `sentsim {' '.join(args[:2])}` exited {rc}; run `make reference` again to resume")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--cache", default=None, help="cache folder (default: SENTSIM_CACHE or ~/.cache/sentsim)")
+    ap.add_argument("--milestones", default="150000,400000,1000000",
+                    help="target-token counts at which the bundle is snapshotted; training stops at the last")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads for training (0 = every core)")
+    args = ap.parse_args(argv)
+    ref = cache_root(args.cache)
+    ref.mkdir(parents=True, exist_ok=True)
+    inputs = [Path(args.data) / "corpus" / name for name in CORPORA]
+    missing = [str(p) for p in inputs if not p.is_file()]
+    if missing:
+        raise SystemExit(f"reference: missing corpus files: {', '.join(missing)} (is ../shared beside the checkout?)")
+    times: dict = {}
+
+    t0 = time.perf_counter()
+    if not (ref / "corpus" / "_COMPLETE").exists():
+        # units of up to 2 MB of input (about 250 Wikipedia articles): 16 documents per unit, the default,
+        # would give ~5,000 units of 250 sentences each, where the per-unit cost dominates
+        sentsim("corpus", "build", *map(str, inputs), "--out", str(ref / "corpus"),
+                "--set", "docs_per_unit=100000", "--force-new")
+    times["corpus_s"] = round(time.perf_counter() - t0, 1)
+
+    t0 = time.perf_counter()
+    if not (ref / "index" / "index.json").exists():  # the index manifest is written last
+        sentsim("index", "build", "--corpus", str(ref / "corpus"), "--out", str(ref / "index"))
+    times["index_s"] = round(time.perf_counter() - t0, 1)
+
+    milestones = sorted(int(m) for m in args.milestones.split(",") if m.strip())
+    times["training_s"] = {}
+    for m in milestones:
+        snap = ref / "snapshots" / f"tokens-{m}"
+        if (snap / "context.json").exists():
+            continue
+        t0 = time.perf_counter()
+        sentsim("train", "context", "--corpus", str(ref / "corpus"), "--out", str(ref / "context"),
+                "--config", str(ROOT / "configs" / "reference_context.yaml"),
+                "--set", f"max_target_tokens={m}", "--set", f"torch_threads={args.threads}")
+        times["training_s"][m] = round(time.perf_counter() - t0, 1)
+        tmp = snap.with_name(snap.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for src in (ref / "context").iterdir():  # the bundle, without the training state (runs/, tokenizer/)
+            if src.name not in ("runs", "tokenizer", "run.json"):
+                (shutil.copytree if src.is_dir() else shutil.copy2)(src, tmp / src.name)
+        tmp.rename(snap)  # a snapshot folder exists only once it is whole
+        print(f"reference: snapshot at {m:,} target tokens -> {snap}", flush=True)
+    (ref / "DONE.json").write_text(json.dumps({"milestones": milestones, "times": times}, indent=1))
+    print(json.dumps({"reference": str(ref), **times}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,213 @@
+"""The teacher's quality-per-CPU curve (issue 15): Origin on a fixed 300-pair STS-B dev sample.
+
+    python bench/teacher_curve.py --label NAME [--bundle DIR] [--sizes 4,8] [--group 2] [--threads 1]
+                                  [--set KEY=VALUE ...]
+
+One point per |C_s| in --sizes: a real `sentsim harvest --pairs` of the sample with configs/teacher.yaml
+(inline, --threads torch threads), timed in CPU-seconds of the harvest process. With --group g > 1 the
+harvest scores grouped (sentsim/harvest/grouping.py, g TF-IDF-neighbour pairs per group) and yields three
+rows from the same scores: (a) paper, (b) union, (c) centred. Row (a)'s cost is what an ungrouped run
+spends: the grouped run's CPU-seconds times (a)'s share of the scored items.
+
+Spearman x 100 against gold with a 95% bootstrap interval (1,000 resamples). Points accumulate in
+bench/results/teacher_curve.json (a label run again replaces its points); the table
+bench/results/teacher_curve.md and the plot bench/results/teacher_curve.png are redrawn from all of them.
+TF-IDF cosine on the same pairs is the baseline row. Runs resume: a cut-off harvest continues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import bootstrap, machine  # noqa: E402
+
+STSB_DEV = ROOT.parent / "shared" / "data" / "sts" / "stsbenchmark" / "sts-dev.csv"
+RESULTS = ROOT / "bench" / "results"
+SAMPLE_SEED, SAMPLE_N = 0, 300
+
+
+def dev_sample(work: Path, n: int = SAMPLE_N) -> Path:
+    """The fixed sample: 300 STS-B dev pairs drawn with seed 0 (the same pairs for every point)."""
+    from sentsim.pairs_file import read_pairs_file
+
+    pairs = read_pairs_file(str(STSB_DEV))
+    pick = sorted(np.random.default_rng(SAMPLE_SEED).choice(len(pairs), size=n, replace=False))
+    out = work / f"stsb-dev-{n}.jsonl"
+    out.write_text("".join(json.dumps({"s1": pairs[i][0], "s2": pairs[i][1], "gold": pairs[i][2]}) + "\n"
+                           for i in pick), encoding="utf-8")
+    return out
+
+
+def cpu_of_children() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def harvest(sample: Path, out: Path, sets: list[str], threads: int) -> float:
+    """Run the harvest; returns its CPU-seconds (0 when it was already complete)."""
+    if (out / "_COMPLETE").exists():
+        return 0.0
+    cmd = [sys.executable, "-m", "sentsim.cli", "harvest", "--config", str(ROOT / "configs" / "teacher.yaml"),
+           "--pairs", str(sample), "--out", str(out), "--executor", "inline",
+           "--set", f"scoring.torch_threads={threads}", "--set", "pairs_per_unit=20"]
+    for s in sets:
+        cmd += ["--set", s]
+    print("$", " ".join(cmd[2:]), flush=True)
+    t0 = cpu_of_children()
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if subprocess.call(cmd, cwd=ROOT, env=env) != 0:
+        raise SystemExit(f"teacher_curve: harvest into {out} failed; run again to resume")
+    return cpu_of_children() - t0
+
+
+def points_of(run: Path, label: str, size: int, group: int, cpu_s: float) -> list[dict]:
+    from storage.reader import RunReader
+
+    reader = RunReader(str(run))
+    t = reader.read_table("pairs").to_pandas()
+    cs = reader.read_table("context_scores", columns=["sentence_id", "context_id"]).to_pandas()
+    sent = reader.read_table("sentences", columns=["sentence_id", "context_ids"]).to_pandas()
+    own = dict(zip(sent.sentence_id, (list(x) for x in sent.context_ids)))
+    # items an ungrouped run scores: each pair's two sentences against C_s1 + C_s2, once each
+    paper_items = {(s, k) for a, b in zip(t.s1_id, t.s2_id) for s in (a, b) for k in own[a] + own[b]}
+    n, items = len(t), len(cs)
+    gold = t.gold.to_numpy(dtype=float)
+    variants = ["paper", "union", "centred"] if group > 1 else ["paper"]
+    out = []
+    for v in variants:
+        col = "score" if group <= 1 else f"score_{v}"
+        rho, lo, hi, used = bootstrap(t[col].to_numpy(dtype=float), gold)
+        share = len(paper_items) / items if v == "paper" else 1.0
+        ctx = np.mean([len(own[a]) + len(own[b]) for a, b in zip(t.s1_id, t.s2_id)])
+        if v != "paper":  # the group's union
+            groups = t.groupby("group_id")
+            ctx = np.mean([len({k for s in set(g.s1_id) | set(g.s2_id) for k in own[s]})
+                           for _, g in groups for _ in range(len(g))])
+        out.append({"label": label, "size": size, "group": group if v != "paper" else 1, "variant": v,
+                    "spearman": rho, "lo": lo, "hi": hi, "pairs": used, "of": n,
+                    "contexts_per_pair": float(ctx), "items_per_pair": items * share / n,
+                    "cpu_s_per_pair": cpu_s * share / n if cpu_s else None})
+    return out
+
+
+def tfidf_point(sample: Path) -> dict:
+    from types import SimpleNamespace
+
+    from sentsim.evaluation import TfidfScorer
+
+    rows = [json.loads(line) for line in sample.read_text().splitlines()]
+    s1, s2 = [r["s1"] for r in rows], [r["s2"] for r in rows]
+    tf = TfidfScorer()
+    tf.begin_task(SimpleNamespace(sets=[SimpleNamespace(s1=s1, s2=s2)]))
+    rho, lo, hi, n = bootstrap(np.asarray(tf.score_pairs(s1, s2)), np.array([r["gold"] for r in rows]))
+    return {"label": "TF-IDF cosine", "spearman": rho, "lo": lo, "hi": hi, "pairs": n, "of": len(rows)}
+
+
+def redraw(points: list[dict], baseline: dict, results: Path, n: int) -> None:
+    lines = [f"Machine: {machine()}", "",
+             f"Fixed sample: {n} STS-B dev pairs (seed {SAMPLE_SEED}). Spearman x 100 [95% bootstrap "
+             "interval]; CPU-s per pair of the harvest process (inline, torch threads as given).", "",
+             f"Baseline, TF-IDF cosine on the same pairs: **{baseline['spearman']:.2f}** "
+             f"[{baseline['lo']:.1f}, {baseline['hi']:.1f}]", "",
+             "| teacher | \\|C_s\\| | Eq. 4 variant | contexts per pair | items per pair | CPU-s per pair "
+             "| Spearman x 100 | 95% interval | pairs scored |",
+             "|---|---:|---|---:|---:|---:|---:|---|---:|"]
+    for p in points:
+        cpu = f"{p['cpu_s_per_pair']:.2f}" if p.get("cpu_s_per_pair") else "-"
+        name = {"paper": "(a) paper", "union": f"(b) union, g={p['group']}",
+                "centred": f"(c) centred, g={p['group']}"}[p["variant"]]
+        lines.append(f"| {p['label']} | {p['size']} | {name} | {p['contexts_per_pair']:.1f} | "
+                     f"{p['items_per_pair']:.1f} | {cpu} | {p['spearman']:.2f} | [{p['lo']:.1f}, {p['hi']:.1f}] | "
+                     f"{p['pairs']}/{p['of']} |")
+    (results / "teacher_curve.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("teacher_curve: matplotlib is not installed (make install does it); no plot drawn")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    markers = {"paper": "o", "union": "s", "centred": "^"}
+    for v in ("paper", "union", "centred"):
+        ps = [p for p in points if p["variant"] == v and p.get("cpu_s_per_pair")]
+        if not ps:
+            continue
+        x = [p["cpu_s_per_pair"] for p in ps]
+        y = [p["spearman"] for p in ps]
+        err = [[p["spearman"] - p["lo"] for p in ps], [p["hi"] - p["spearman"] for p in ps]]
+        ax.errorbar(x, y, yerr=err, fmt=markers[v], capsize=3, label={"paper": "(a) paper, C_s1 + C_s2",
+                                                                      "union": "(b) group union",
+                                                                      "centred": "(c) union, group-centred"}[v])
+        for p, xi, yi in zip(ps, x, y):
+            ax.annotate(f"{p['label']} k={p['size']}", (xi, yi), fontsize=7, xytext=(4, 3),
+                        textcoords="offset points")
+    ax.axhline(baseline["spearman"], color="grey", ls="--", lw=1, label="TF-IDF cosine (same pairs)")
+    ax.set_xscale("log")
+    ax.set_xlabel("CPU-seconds per pair (harvest process)")
+    ax.set_ylabel(f"STS-B dev Spearman x 100 ({n} pairs)")
+    ax.set_title("Origin teacher: quality against CPU per pair")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(results / "teacher_curve.png", dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--label", required=True, help="name of this teacher in the table (e.g. tokens-150000)")
+    ap.add_argument("--bundle", default=None, help="context-model bundle (default: the one configs/teacher.yaml names)")
+    ap.add_argument("--sizes", default="4,8", help="|C_s| values, comma-separated")
+    ap.add_argument("--group", type=int, default=2, help="pairs per group; 1 = ungrouped")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--work", default=None, help="where the harvests go (default: SENTSIM_CACHE/curve)")
+    ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--redraw", action="store_true", help="only redraw the table and plot from the stored points")
+    ap.add_argument("--pairs", type=int, default=SAMPLE_N, help="sample size (300; fewer for a smoke run)")
+    ap.add_argument("--results", default=str(RESULTS), help="folder of the json, md and png")
+    args = ap.parse_args(argv)
+    work = Path(args.work or Path(os.environ.get("SENTSIM_CACHE", "~/.cache/sentsim")).expanduser() / "curve")
+    work.mkdir(parents=True, exist_ok=True)
+    sample = dev_sample(work, args.pairs)
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    store = results / "teacher_curve.json"
+    points = json.loads(store.read_text()) if store.exists() else []
+    if not args.redraw:
+        for k in (int(x) for x in args.sizes.split(",")):
+            sets = [f"contexts.size={k}", *args.sets]
+            if args.bundle:
+                sets.append(f"context_models=[{Path(args.bundle).resolve()}]")
+            if args.group > 1:
+                sets += ["grouping.enabled=true", f"grouping.pairs_per_group={args.group}"]
+            run = work / f"{args.label}-n{args.pairs}-k{k}-g{args.group}"
+            cpu_file = run.with_suffix(".cpu")
+            cpu = harvest(sample, run, sets, args.threads)
+            if cpu:
+                cpu_file.write_text(str(cpu))
+            cpu = float(cpu_file.read_text()) if cpu_file.exists() else 0.0
+            new = points_of(run, args.label, k, args.group, cpu)
+            keep = [p for p in points if not (p["label"] == args.label and p["size"] == k
+                                              and (p["variant"] == "paper" or p["group"] == args.group))]
+            points = keep + new
+            store.write_text(json.dumps(points, indent=1))
+    points.sort(key=lambda p: (p["label"], p["variant"] != "paper", p["size"]))
+    redraw(points, tfidf_point(sample), results, args.pairs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""Grouped scoring (sentsim/harvest/grouping.py): the three Eq. 4 variants, on their own and in real harvests."""
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+from harvest_support import build_index_for, harvest_config, tiny_context_bundle
+
+from sentsim.harvest.grouping import group_scores, needed, neighbour_groups
+from sentsim.harvest.similarity import pair_similarity
+
+
+def test_neighbour_groups_put_related_pairs_together():
+    texts = [("The cat sat on the mat.", "A cat is sitting on a mat."),
+             ("Stocks fell sharply today.", "Markets dropped on Monday."),
+             ("A cat lies on the mat.", "The cat sleeps on a mat."),
+             ("Stocks fell again today.", "Shares dropped sharply.")]
+    g = neighbour_groups(texts, 2)
+    assert g[0] == g[2] and g[1] == g[3] and g[0] != g[1]
+    assert neighbour_groups(texts, 1) == [0, 1, 2, 3]
+    assert neighbour_groups([("!!", "?"), ("...", "--")], 2) == [0, 0]  # no words: input order
+
+
+def test_variants_against_direct_computation():
+    rng = np.random.default_rng(0)
+    own = {1: [10, 11], 2: [12, 13], 3: [14, 15]}
+    pairs, group_of = [(1, 2), (1, 3)], [0, 0]
+    table = {(s, k): float(rng.normal()) for s in own for k in range(10, 16)}
+    assert set(needed(pairs, group_of, own)) == set(table)  # 3 sentences x the union of 6 contexts
+    out = group_scores(pairs, group_of, own, lambda s, k: table[(s, k)], "pearson")
+    keys = [10, 11, 12, 13, 14, 15]
+    M = np.array([[table[(s, k)] for k in keys] for s in (1, 2, 3)])
+    for (a, b), v in zip(pairs, out):
+        pk = own[a] + own[b]
+        paper = pair_similarity([table[(a, k)] for k in pk], [table[(b, k)] for k in pk], "pearson")
+        assert v["paper"] == pytest.approx(paper)
+        assert v["union"] == pytest.approx(np.corrcoef(M[a - 1], M[b - 1])[0, 1])
+        e = M.mean(axis=0)
+        x, y = M[a - 1] - M[a - 1].mean() - (e - e.mean()), M[b - 1] - M[b - 1].mean() - (e - e.mean())
+        assert v["centred"] == pytest.approx(float(x @ y / np.linalg.norm(x) / np.linalg.norm(y)))
+
+
+def test_centring_removes_what_every_sentence_shares():
+    """S = context predictability (shared) + a pair-specific part: (c) sees the pair, (a) and (b) the shared part."""
+    rng = np.random.default_rng(1)
+    keys = list(range(40))
+    shared = rng.normal(0, 10, size=40)  # how predictable each context is, for every sentence
+    topic = rng.normal(0, 1, size=40)
+    part = {1: topic, 2: topic + rng.normal(0, 0.3, 40), 3: rng.normal(0, 1, 40), 4: rng.normal(0, 1, 40)}
+    table = {(s, k): shared[k] + part[s][k] for s in part for k in keys}
+    own = {s: keys[(s - 1) * 10:s * 10] for s in part}
+    out = group_scores([(1, 2), (3, 4)], [0, 0], own, lambda s, k: table[(s, k)], "pearson")
+    related, unrelated = out
+    assert related["union"] > 0.9 and unrelated["union"] > 0.9  # both dominated by the shared part
+    assert related["centred"] > 0.5 > unrelated["centred"]
+
+
+@pytest.fixture(scope="module")
+def inputs(speech_corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("grouping_inputs")
+    return {"corpus": speech_corpus, "index": build_index_for(speech_corpus, root / "index"),
+            "bundle": tiny_context_bundle(speech_corpus, root / "ctx")}
+
+
+def _pairs(run):
+    return ds.dataset(str(run / "pairs")).to_table().sort_by("pair_id").to_pandas()
+
+
+@pytest.fixture(scope="module")
+def runs(inputs, tmp_path_factory):
+    """The same small corpus harvest, plain and grouped."""
+    from sentsim.harvest.job import harvest
+
+    root = tmp_path_factory.mktemp("grouping_runs")
+    over = dict(anchors={"n": 4, "per_unit": 2}, rank={"enabled": False})
+    plain = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], root / "plain", **over)
+    grouped = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], root / "grouped",
+                             grouping={"enabled": True}, **over)
+    m1 = harvest(plain, executor="inline", quiet=True)
+    m2 = harvest(grouped, executor="inline", quiet=True)
+    assert m1["complete"] and m2["complete"]
+    return plain, grouped, root
+
+
+@pytest.mark.slow
+def test_grouped_corpus_harvest_keeps_the_papers_score_and_adds_two(runs):
+    plain, _, root = runs
+    assert "grouping" not in plain.semantic()  # ungrouped runs keep the fingerprint they had before grouping
+    a, b = _pairs(root / "plain"), _pairs(root / "grouped")
+    assert len(a) == len(b) > 4
+    assert list(a.pair_id) == list(b.pair_id)
+    # (a) is the paper's Eq. 4, unchanged; the same items scored in other batches differ in the last bits
+    np.testing.assert_allclose(b.score_paper, a.score, rtol=1e-6)
+    np.testing.assert_allclose(b.score, b.score_paper)  # grouping.score=paper by default
+    assert (b.group_id == b.s1_id).all()  # a corpus harvest's group is the anchor and its partners
+    assert b.score_union.notna().all() and b.score_centred.notna().all()
+    assert np.abs(b.score_union - b.score_paper).max() > 1e-7  # another vector, not a copy of (a)
+    # the untrained model's pearson scores all sit within 1e-4 of 1; centring spreads them out
+    assert b.score_paper.std() < 1e-4 < 0.05 < b.score_centred.std()
+    n_plain = ds.dataset(str(root / "plain" / "context_scores")).count_rows()
+    n_grouped = ds.dataset(str(root / "grouped" / "context_scores")).count_rows()
+    assert n_grouped > n_plain  # the cross items of each group's union were scored and kept
+
+
+@pytest.mark.slow
+def test_remix_recomputes_the_three_variants_and_picks_one(runs, tmp_path):
+    from conftest import sentsim_cli
+
+    from sentsim.errors import UsageError
+    from sentsim.harvest.remix import RemixConfig, remix
+
+    _, _, root = runs
+    src = _pairs(root / "grouped")
+    r = sentsim_cli("remix", str(root / "grouped"), "--out", str(tmp_path / "c"), "--variant", "centred")
+    assert r.returncode == 0 and "Eq. 4 variant centred" in r.stdout, r.stderr
+    out = _pairs(tmp_path / "c")
+    # from the stored (float32) terms: equal to the harvest's float64 values to that precision. The
+    # untrained model's centred residuals are ~1e-5 nats, where float32's ~5e-7 rounding shows at 1e-3;
+    # a trained model's per-context spread across sentences is 0.1-1 nats
+    for v, tol in (("paper", 1e-5), ("union", 1e-5), ("centred", 1e-2)):
+        np.testing.assert_allclose(out[f"score_{v}"], src[f"score_{v}"], atol=tol)
+    assert np.corrcoef(out.score_centred, src.score_centred)[0, 1] > 0.999
+    np.testing.assert_allclose(out.score, out.score_centred)
+    with pytest.raises(UsageError, match="needs a grouped harvest"):
+        remix(RemixConfig(source=str(root / "plain"), out=str(tmp_path / "x"), variant="union"), quiet=True)
+
+
+@pytest.mark.slow
+def test_grouped_pairs_run_groups_neighbours_and_scores_the_chosen_variant(inputs, tmp_path):
+    from sentsim.harvest.job import harvest
+
+    f = tmp_path / "pairs.tsv"
+    f.write_text("s1\ts2\n"
+                 "The nation must remain strong.\tOur country has to stay powerful.\n"
+                 "Taxes were cut this year.\tThe government lowered taxes.\n"
+                 "Our nation must stay strong.\tThe country must remain powerful.\n"
+                 "Taxes were lowered this year.\tThe government cut taxes again.\n")
+    cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], tmp_path / "run", pairs_file=str(f),
+                         pairs_per_unit=4, rank={"enabled": False},
+                         grouping={"enabled": True, "pairs_per_group": 2, "score": "centred"})
+    assert harvest(cfg, executor="inline", quiet=True)["complete"]
+    t = _pairs(tmp_path / "run").set_index("s1")
+    assert t.group_id.nunique() == 2
+    assert t.loc["The nation must remain strong."].group_id == t.loc["Our nation must stay strong."].group_id
+    assert t.loc["Taxes were cut this year."].group_id == t.loc["Taxes were lowered this year."].group_id
+    np.testing.assert_allclose(t.score, t.score_centred)
