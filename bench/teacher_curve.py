@@ -131,6 +131,9 @@ def redraw(points: list[dict], baseline: dict, results: Path, n: int) -> None:
         lines.append(f"| {p['label']} | {p['size']} | {name} | {p['contexts_per_pair']:.1f} | "
                      f"{p['items_per_pair']:.1f} | {cpu} | {p['spearman']:.2f} | [{p['lo']:.1f}, {p['hi']:.1f}] | "
                      f"{p['pairs']}/{p['of']} |")
+    if any(p["of"] < n for p in points):
+        lines += ["", f"Rows with fewer than {n} pairs come from harvests stopped early (`--partial`): their first "
+                  "units, in sample order; their CPU-seconds were read from the process before it was stopped."]
     (results / "teacher_curve.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     try:
@@ -178,6 +181,8 @@ def main(argv=None) -> int:
     ap.add_argument("--redraw", action="store_true", help="only redraw the table and plot from the stored points")
     ap.add_argument("--pairs", type=int, default=SAMPLE_N, help="sample size (300; fewer for a smoke run)")
     ap.add_argument("--results", default=str(RESULTS), help="folder of the json, md and png")
+    ap.add_argument("--partial", action="store_true",
+                    help="report the committed units of harvests stopped early, without running them")
     args = ap.parse_args(argv)
     work = Path(args.work or Path(os.environ.get("SENTSIM_CACHE", "~/.cache/sentsim")).expanduser() / "curve")
     work.mkdir(parents=True, exist_ok=True)
@@ -195,7 +200,9 @@ def main(argv=None) -> int:
                 sets += ["grouping.enabled=true", f"grouping.pairs_per_group={args.group}"]
             run = work / f"{args.label}-n{args.pairs}-k{k}-g{args.group}"
             cpu_file = run.with_suffix(".cpu")
-            cpu = harvest(sample, run, sets, args.threads)
+            # --partial: a harvest stopped early (its CPU-seconds written to RUN.cpu beforehand) is
+            # reported over the units it committed
+            cpu = 0.0 if args.partial else harvest(sample, run, sets, args.threads)
             if cpu:
                 cpu_file.write_text(str(cpu))
             cpu = float(cpu_file.read_text()) if cpu_file.exists() else 0.0
