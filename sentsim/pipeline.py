@@ -87,9 +87,14 @@ class StageSpec:
         return getattr(proto, "name", "stage")
 
 
-def _placement() -> dict:
-    """Where this actor runs: its pid, node and the GPUs Ray gave it (CUDA_VISIBLE_DEVICES)."""
-    out = {"pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+def where_this_runs() -> dict:
+    """Where this process runs: its pid, host, Ray node and actor, and the GPUs Ray gave it
+    (CUDA_VISIBLE_DEVICES). Stamped on every unit's items, and kept in the unit's marker by the
+    stage that writes it, so a run can say which node did each stage of each unit."""
+    import socket
+
+    out = {"pid": os.getpid(), "host": socket.gethostname(),
+           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
         import ray
 
@@ -120,7 +125,7 @@ class _StageActor:
         self.stage = factory()
         self.stage.setup()
         self.name = name
-        self.where = _placement()
+        self.where = where_this_runs()
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         items = [pickle.loads(b) for b in batch["item"]]
@@ -220,7 +225,7 @@ def run_pipeline(items: Sequence[dict], stages: Sequence[StageSpec], executor: s
             st = spec.factory()
             st.setup()
             built.append((spec.name, st))
-        where = _placement()
+        where = where_this_runs()
         for item in items:
             batch = [item]
             for name, st in built:

@@ -7,8 +7,9 @@ and a marker left by another run are never read.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 
 from sentsim.errors import InputError
 from storage import fs as sfs
+from storage.compact import COMPACT_DIR, COMPACT_MANIFEST, _record_ok, read_compaction
 from storage.store import MANIFEST, ShardStore, StoreError
 
 
@@ -37,6 +39,9 @@ class RunReader:
             raise StoreError(f"{self._where}: not a sentsim run directory (no {MANIFEST})")
         self._units: Optional[Dict[int, dict]] = None
         self._compaction: Optional[dict] = None
+        self._unit_index: Dict[str, Dict[int, Tuple[dict, int, int]]] = {}  # table -> unit -> (file, offset, rows)
+        self._held: Dict[str, Tuple[str, pa.Table]] = {}  # table -> the compacted file read last (path, its rows)
+        self._checked: set = set()  # compacted files whose checksum this reader has checked
 
     def __str__(self) -> str:
         return self.uri
@@ -79,8 +84,6 @@ class RunReader:
     def compaction(self) -> dict:
         """The committed `sentsim store compact` of this run ({} if none): table -> its file records."""
         if self._compaction is None:
-            from storage.compact import read_compaction
-
             self._compaction = (read_compaction(self.store, self.fingerprint) or {}) if self.manifest else {}
         return self._compaction
 
@@ -131,6 +134,100 @@ class RunReader:
                         raise InputError(f"{self.display(path)}: missing column(s) {', '.join(missing)}")
                 return pf.read(columns=list(columns) if columns is not None else None)
         return self.guarded(path, read)
+
+    # ---- one unit at a time --------------------------------------------------------------------
+    def unit_table(self, unit: int, table: str) -> pa.Table:
+        """One unit's rows of `table`, as written, whether or not the run was compacted.
+
+        Unit-by-unit readers (`sentsim remix`) go through here: `sentsim store compact` removes the
+        per-unit shards, and the unit's rows are then a slice of the compacted file that holds it.
+        The file read last is kept per table, so walking the units in order reads each compacted file
+        once; its size and sha256 are checked against its record when it is read."""
+        found = self._compacted_unit(table, unit)
+        if found is None:
+            rec = self._marker(unit)
+            f = rec.get("files", {}).get(table)
+            if f is None:
+                raise StoreError(f"{self._where}: unit {unit} has no {table} shard")
+            return self.read_file(self.store.path(f["path"]))
+        file_rec, offset, rows = found
+        return self._compacted_file(table, file_rec).slice(offset, rows)
+
+    def check_unit(self, unit: int) -> Optional[str]:
+        """None if every table of the unit reads back as written; otherwise what is wrong, naming the
+        file. Per-unit shards are checked against the unit's marker (size and sha256); a compacted
+        table against its compacted file's record, each file hashed once per reader however many
+        units it holds."""
+        own = {}
+        for table, f in self._marker(unit).get("files", {}).items():
+            found = self._compacted_unit(table, unit)
+            if table in self.compaction().get("tables", {}) and found is None:
+                return f"unit {unit}: not in {COMPACT_DIR}/{table} though its marker names a {table} shard"
+            if found is None:
+                own[table] = f
+                continue
+            file_rec = found[0]
+            if file_rec["path"] not in self._checked:
+                if not _record_ok(self.store, file_rec):
+                    return (f"{file_rec['path']}: missing, truncated or edited (its size or sha256 differs "
+                            f"from {COMPACT_DIR}/{COMPACT_MANIFEST})")
+                self._checked.add(file_rec["path"])
+        return self.store.check_unit({"files": own}, deep=True) if own else None
+
+    def _marker(self, unit: int) -> dict:
+        """The unit's marker: from the cached listing if there is one, else just its own file (a
+        Ray actor remixing a few units need not list a million markers)."""
+        if self._units is not None:
+            rec = self._units.get(unit)
+        else:
+            rec = self.store.read_marker(unit)
+            planned = self.planned_units
+            if rec is not None and (rec.get("fingerprint") != self.fingerprint
+                                    or (planned is not None and unit >= planned)):
+                rec = None
+        if rec is None:
+            raise StoreError(f"{self._where}: unit {unit} has no completion marker of this run")
+        return rec
+
+    def _compacted_unit(self, table: str, unit: int) -> Optional[Tuple[dict, int, int]]:
+        """(compacted file record, the unit's first row in it, its rows), or None when the table is not
+        compacted or the unit has no rows there."""
+        recs = self.compaction().get("tables", {}).get(table)
+        if recs is None:
+            return None
+        if table not in self._unit_index:
+            index = {}
+            for rec in recs:
+                offset = 0
+                for u, n in rec["units"]:  # in unit order, each unit's rows as written
+                    index[int(u)] = (rec, offset, int(n))
+                    offset += int(n)
+            self._unit_index[table] = index
+        return self._unit_index[table].get(unit)
+
+    def _compacted_file(self, table: str, rec: dict) -> pa.Table:
+        """The compacted file's rows, checked against its record: read once while consecutive units use it."""
+        held = self._held.get(table)
+        if held is not None and held[0] == rec["path"]:
+            return held[1]
+        self._held.pop(table, None)  # let the previous file go before the next is read
+        path = self.store.path(rec["path"])
+        if not sfs.exists(self.fs, path):
+            raise StoreError(f"{self.display(path)}: missing (named by {COMPACT_DIR}/{COMPACT_MANIFEST}); "
+                             "run `sentsim store verify`")
+        blob = self.guarded(path, lambda: sfs.read_bytes(self.fs, path))
+        # hashed from the bytes read, not from a second read of the file
+        where = f"{COMPACT_DIR}/{COMPACT_MANIFEST}"
+        problem = (f"size {len(blob)} bytes, {where} says {rec['bytes']} (truncated or edited)"
+                   if len(blob) != rec["bytes"] else
+                   f"checksum differs from {where} (edited or corrupt)"
+                   if hashlib.sha256(blob).hexdigest() != rec["sha256"] else None)
+        if problem:
+            raise StoreError(f"{self.display(path)}: {problem}; run `sentsim store verify`")
+        self._checked.add(rec["path"])
+        data = self.guarded(path, lambda: pq.read_table(pa.BufferReader(blob)))
+        self._held[table] = (rec["path"], data)
+        return data
 
     def iter_batches(self, table: str, columns: Optional[Sequence[str]] = None, batch_size: int = 8192):
         """Record batches shard by shard, in unit order (streaming: one shard open at a time)."""

@@ -221,6 +221,77 @@ def _start_head_once(tmp, num_cpus):
             "metrics": f"http://127.0.0.1:{metrics}/metrics"}
 
 
+# Ray 2.60's `ray start` cannot add a worker node on loopback: with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+# (what keeps 127.0.0.1, LOOPBACK_ENV) it refuses any non-head node, and with it on it swaps
+# 127.0.0.1 for the machine's routable IP. This runs the same `ray start` command (Ray's own CLI
+# entry point) with exactly those two guards turned: the node may join, and keeps 127.0.0.1. The
+# processes it starts (raylet, agents, workers) see LOOPBACK_ENV and stay on loopback too.
+RAY_START_WORKER_ON_LOOPBACK = (
+    "import sys\n"
+    "from ray._private import ray_constants, services\n"
+    "ray_constants.ENABLE_RAY_CLUSTER = True\n"
+    "services.resolve_ip_for_localhost = lambda host: host\n"
+    "from ray.scripts.scripts import main\n"
+    "sys.argv[0] = 'ray'\n"
+    "main()\n"
+)
+
+
+def start_worker(head, tmp, num_cpus=1, num_gpus=0):
+    """Another node for `head`: a separate `ray start --address` raylet on 127.0.0.1, with logical
+    GPUs if asked (Ray schedules by them; nothing here touches a device). Returns {"proc", "node"}:
+    its `ray start` process (own process group) and its Ray node id, once the head lists it alive."""
+    import time
+
+    tmp = Path(tmp)
+    tmp.mkdir(parents=True, exist_ok=True)
+    before = alive_nodes(head)
+    # a second raylet on this machine: every port it would take by default gets a free one
+    ports = {flag: free_port() for flag in ("object-manager-port", "node-manager-port", "dashboard-agent-listen-port",
+                                            "dashboard-agent-grpc-port", "runtime-env-agent-port",
+                                            "metrics-export-port")}
+    log = open(tmp / "ray_start.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RAY_START_WORKER_ON_LOOPBACK, "start", "--block", f"--address={head['gcs']}",
+         f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}", "--node-ip-address=127.0.0.1",
+         "--min-worker-port=0", "--max-worker-port=0", *(f"--{k}={v}" for k, v in ports.items()), f"--temp-dir={tmp}",
+         "--disable-usage-stats"],
+        env=head["env"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    log.close()
+    deadline = time.time() + 120
+    while True:
+        new = sorted(alive_nodes(head) - before)
+        if new:
+            return {"proc": proc, "node": new[0], "env": head["env"]}
+        if proc.poll() is not None or time.time() > deadline:
+            stop_head({"proc": proc})
+            raise RuntimeError("ray worker node did not join: " + (tmp / "ray_start.log").read_text()[-1500:])
+        time.sleep(0.5)
+
+
+def alive_nodes(head) -> set:
+    """Ids of the head's cluster's live nodes. The state API's own filter reports dead nodes as
+    "missing output" and raises, so it filters here."""
+    from ray.util.state import list_nodes
+
+    return {n.node_id for n in list_nodes(address=head["address"], limit=10_000, raise_on_missing_output=False)
+            if n.state == "ALIVE"}
+
+
+def kill_node(node) -> None:
+    """What a crashed machine does to a node: SIGKILL to its raylet and every process under it
+    (actors and agents included, whatever process group they put themselves in)."""
+    import signal
+
+    for pid in with_children(node["proc"].pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    node["proc"].wait(30)
+
+
 def _head_logs(tmp, chars=1500):
     """The tails of `ray start`'s output and of the dashboard's log, which say why a head is not up."""
     parts = []

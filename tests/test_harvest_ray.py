@@ -1,4 +1,5 @@
-"""The harvest on real Ray: killed driver, killed scoring actor, lost node, and `ray job submit`.
+"""The harvest on real Ray: killed driver, killed scoring actor, a killed and rejoined worker node,
+and `ray job submit`.
 
 Each run must end with exactly the rows of an uninterrupted run with the same seed.
 """
@@ -6,9 +7,11 @@ Each run must end with exactly the rows of an uninterrupted run with the same se
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, assert_loopback_only, with_children
+from conftest import ROOT, alive_nodes, assert_loopback_only, kill_node, start_worker, stop_head, with_children
 from harvest_support import build_index_for, harvest_config, tiny_context_bundle
 
 pytestmark = pytest.mark.slow
@@ -128,64 +131,74 @@ def test_killed_scoring_actor_is_restarted_and_its_unit_redone(setup, head, tmp_
     assert pairs_of(out) == setup["reference"]
 
 
-def test_node_removed_mid_run(setup, tmp_path, monkeypatch):
-    """Two raylets on this machine, both on 127.0.0.1; the second one is removed while units are in
-    flight, after it has done work: the run's placement records (every stage's actor, node
-    included) show a unit's stage on the removed node, and the result is still exactly the rows
-    of an uninterrupted run."""
-    import ray
-    from ray.cluster_utils import Cluster
+def _scored_on(out: Path) -> set:
+    """The Ray nodes that scored this run's committed units, from the units' own markers."""
+    nodes = set()
+    for f in (out / "_units").glob("*.json") if (out / "_units").is_dir() else ():
+        try:
+            nodes.add(json.loads(f.read_text())["extra"]["placement"]["scoring"]["node"])
+        except (ValueError, KeyError):  # another run's marker, or one from before placement was kept
+            pass
+    return nodes
 
-    from sentsim import executor
-    from sentsim.harvest.job import harvest
-    from sentsim.runtime import loopback_only
 
-    # when the removed node has done work is seen as it happens, through the run's own placement
-    # records (RunContext.note_placement, unchanged: this only watches what it records)
-    seen: list = []
-    note = executor.RunContext.note_placement
-
-    def watch(ctx, result):
-        seen.extend((result.get(executor.PLACEMENT_KEY) or {}).values())
-        note(ctx, result)
-
-    monkeypatch.setattr(executor.RunContext, "note_placement", watch)
-    with loopback_only():  # the nodes' processes inherit it; ray.init needs it to attach to 127.0.0.1
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False,
-                                                                "node_ip_address": "127.0.0.1"})
-        worker = cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
-        cluster.wait_for_nodes()
-    head_id, worker_id = cluster.head_node.node_id, worker.node_id  # (shutdown forgets the nodes)
-    out = tmp_path / "node"
-    cfg, _ = setup["config"](out)
+def test_worker_node_killed_mid_job_then_rejoins(setup, head, tmp_path):
+    """A head and two worker nodes, each a separate `ray start` on 127.0.0.1, the workers with one
+    logical GPU each; a harvest submitted with `ray job submit` that scores on GPUs only. As soon
+    as a committed unit says which worker scored it, that worker is killed (its raylet and every
+    process under it) and then started again, rejoining as a new node. The job still succeeds
+    with exactly the rows of an uninterrupted run, and its report says which node ran each stage
+    of each unit."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+    short = Path(tempfile.mkdtemp(prefix="mn-"))  # Ray's unix sockets live under it: 107 bytes at most
+    nodes = []  # joined to the session's head (2 CPUs, no GPU); stopped at the end, they stay listed as dead
     try:
-        with loopback_only():
-            ray.init(address=cluster.address)
-        result = {}
-        t = threading.Thread(target=lambda: result.update(m=harvest(cfg, executor="ray", quiet=True)))
-        t.start()
-        deadline = time.time() + 300
-        while not any(w.get("node") == worker_id for w in seen) and t.is_alive() and time.time() < deadline:
-            time.sleep(0.05)
-        done_at_removal = _markers(out)
-        assert t.is_alive() and done_at_removal < 6, f"the run ended before the node was removed ({seen})"
-        # neither node listens beyond loopback (their actors and workers included)
-        pids = [p.process.pid for node in (cluster.head_node, worker)
-                for procs in node.all_processes.values() for p in procs]
-        assert_loopback_only(with_children(*pids))
-        cluster.remove_node(worker)
-        t.join(600)
-        assert result["m"]["complete"]
-        assert len(ray.nodes()) == 2 and sum(n["Alive"] for n in ray.nodes()) == 1
+        for name in ("a", "b"):
+            nodes.append(start_worker(head, short / name, num_gpus=1))
+        assert_loopback_only(with_children(head["proc"].pid, *(n["proc"].pid for n in nodes)), servers=("raylet",))
+        out = tmp_path / "job"
+        _, cfg_path = setup["config"](out, resources={
+            "contexts": {"num_cpus": 0.25}, "rank": {"num_cpus": 0.25},
+            "scoring": {"num_cpus": 0.25, "num_gpus": 1, "min_actors": 2, "max_actors": 2}})
+        sid = f"harvest-{uuid.uuid4().hex[:8]}"
+        r = subprocess.run(
+            [str(BIN / "ray"), "job", "submit", "--no-wait", "--address", head["address"], "--submission-id", sid,
+             "--working-dir", ".", "--", "python", "jobs/harvest_pairs.py", "--config", str(cfg_path)],
+            env=head["env"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        client = JobSubmissionClient(head["address"])
+        final = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED)
+        deadline = time.time() + 400
+        while not _scored_on(out):
+            assert client.get_job_status(sid) not in final and time.time() < deadline, client.get_job_logs(sid)[-3000:]
+            time.sleep(0.1)
+        at_kill = _markers(out)
+        victim = next(n for n in nodes if n["node"] in _scored_on(out))
+        kill_node(victim)
+        nodes.append(start_worker(head, short / "again", num_gpus=1))
+        while client.get_job_status(sid) not in final:
+            assert time.time() < deadline + 400, "the job did not finish after the node came back"
+            time.sleep(1)
+        logs = client.get_job_logs(sid)
+        assert client.get_job_status(sid) == JobStatus.SUCCEEDED, logs[-3000:]
     finally:
-        ray.shutdown()
-        cluster.shutdown()
-    # the run's own record of where its stages ran (the manifest harvest returned) names the removed node
-    placements = [w for stage in result["m"]["this_run"]["actors"].values() for w in stage]
-    on_removed = [w for w in placements if w.get("node") == worker_id]
-    assert on_removed, f"no stage ran on the removed node {worker_id}: {placements}"
-    assert any(w.get("node") == head_id for w in placements)  # and the rest on the head
+        for node in nodes:
+            stop_head(node)
+        shutil.rmtree(short, ignore_errors=True)
+        # the later tests share this head: wait until it no longer counts these nodes' resources
+        ours = {n["node"] for n in nodes}
+        gone_by = time.time() + 90
+        while time.time() < gone_by and alive_nodes(head) & ours:
+            time.sleep(1)
+    assert at_kill < 6, "the run had ended before the node was killed"
     assert pairs_of(out) == setup["reference"]
+    # where each stage ran, per unit, as the report sums the markers; scoring never on the head (no GPU)
+    placement = json.loads((out / "report.json").read_text())["placement"]
+    assert victim["node"] in placement["scoring"] and set(placement["scoring"]) <= ours
+    assert sum(placement["scoring"].values()) == 6 and sum(placement["contexts"].values()) == 6
+    assert f"{victim['node'][:8]} x" in logs and "units per node: " in logs
+    print(f"killed at {at_kill}/6 units; scoring units per node {placement['scoring']}; killed "
+          f"{victim['node'][:8]}, rejoined as {nodes[-1]['node'][:8]}")
 
 
 def test_ray_job_submit_harvest(setup, head, tmp_path):

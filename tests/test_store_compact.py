@@ -145,10 +145,88 @@ def test_help_and_a_real_compaction_through_the_cli(tmp_path):
     assert r.returncode == 0 and "compacted (a 1, b 1 file(s); 8 per-unit shard(s) removed)" in r.stdout
 
 
-def test_remix_refuses_a_compacted_harvest_in_one_line(tmp_path):
+@pytest.fixture(scope="module")
+def small_harvest(speech_corpus, tmp_path_factory):
+    """A real harvest of 4 units (8 anchors, 2 a unit), with its context scores."""
+    from harvest_support import build_index_for, harvest_config, tiny_context_bundle
+
+    from sentsim.harvest.job import harvest
+
+    root = tmp_path_factory.mktemp("compact_harvest")
+    cfg = harvest_config(speech_corpus, build_index_for(speech_corpus, root / "index"),
+                         tiny_context_bundle(speech_corpus, root / "ctx"), root / "run",
+                         anchors={"n": 8, "per_unit": 2}, rank={"enabled": False})
+    assert harvest(cfg, executor="inline", quiet=True)["complete"]
+    return root / "run"
+
+
+HARVEST_KEYS = {"pairs": ["pair_id"], "sentences": ["sentence_id"], "context_scores": ["sentence_id", "context_id"]}
+
+
+def harvest_tables(run):
+    from storage import RunReader
+
+    r = RunReader(str(run))
+    return {t: r.read_table(t).sort_by([(k, "ascending") for k in key]) for t, key in HARVEST_KEYS.items()}
+
+
+def compacted_copy(src, dst):
+    """A compacted copy of `src`, files of about two units each, so that units share a file."""
+    from storage import RunReader
     from storage.compact import compact_run
 
-    make_run(tmp_path / "h", n_units=3, stage="harvest")
-    compact_run(str(tmp_path / "h"))
-    r = sentsim_cli("remix", tmp_path / "h", "--out", tmp_path / "re")
-    assert r.returncode == 2 and "compacted" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    shutil.copytree(src, dst)
+    units = RunReader(str(dst)).units()
+    # above any one unit's shard: each file holds 2 units or more (the last may hold one)
+    target = max(f["bytes"] for rec in units.values() for f in rec["files"].values()) + 1
+    assert compact_run(str(dst), target_bytes=target)["status"] == "compacted"
+    return dst
+
+
+@pytest.mark.slow
+def test_remix_of_a_compacted_harvest_equals_the_remix_before_compacting(small_harvest, tmp_path):
+    from sentsim.harvest.remix import RemixConfig, remix
+    from storage import RunReader
+
+    before = RunReader(str(small_harvest))
+    n_units = len(before.units())
+    assert n_units == 4
+    m = remix(RemixConfig(source=str(small_harvest), out=str(tmp_path / "a"), lambda_fwd=0.5), quiet=True)
+    assert m["complete"] and m["remix"]["rescored"] > 0
+    src = compacted_copy(small_harvest, tmp_path / "src")
+    after = RunReader(str(src))
+    for t in HARVEST_KEYS:
+        files = after.compaction()["tables"][t]
+        assert not list((src / t).glob("*.parquet"))  # only the compacted files are left to read
+        assert 1 < len(files) < n_units and len(files[0]["units"]) > 1  # units read from the middle of a file
+        for u in range(n_units):  # each unit's rows as written, the slice of its compacted file
+            assert after.unit_table(u, t).equals(before.unit_table(u, t)), (t, u)
+            assert after.check_unit(u) is None
+    m = remix(RemixConfig(source=str(src), out=str(tmp_path / "b"), lambda_fwd=0.5), quiet=True)
+    assert m["complete"] and m["remix"]["rescored"] > 0
+    a, b = harvest_tables(tmp_path / "a"), harvest_tables(tmp_path / "b")
+    for t in HARVEST_KEYS:
+        assert a[t].num_rows > 0 and b[t].equals(a[t]), t
+    assert not a["pairs"].equals(harvest_tables(small_harvest)["pairs"])  # λ2 = 0.5 did change the scores
+
+
+@pytest.mark.slow
+def test_remix_names_a_corrupt_compacted_file_in_one_line(small_harvest, tmp_path):
+    from storage import RunReader, StoreError
+
+    src = compacted_copy(small_harvest, tmp_path / "src")
+    rel = "_compact/context_scores/part-00000.parquet"
+    blob = bytearray((src / rel).read_bytes())
+    blob[len(blob) // 2] ^= 0xFF  # same size, other bytes: only the checksum tells
+    (src / rel).write_bytes(bytes(blob))
+    r = sentsim_cli("remix", src, "--out", tmp_path / "out", "--lambda-fwd", "0.5")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert rel in r.stderr and "sentsim store verify" in r.stderr
+    assert not (tmp_path / "out" / "pairs").exists()
+    # a reader that did not check first (a remix actor) refuses the file when it loads it, naming it
+    with pytest.raises(StoreError, match=f"{rel}: checksum differs .*sentsim store verify"):
+        RunReader(str(src)).unit_table(0, "context_scores")
+    (src / rel).write_bytes(bytes(blob[:-100]))
+    with pytest.raises(StoreError, match=f"{rel}: size {len(blob) - 100} bytes.*truncated"):
+        RunReader(str(src)).unit_table(0, "context_scores")
+    assert RunReader(str(src)).unit_table(0, "pairs").num_rows > 0  # the other tables' files still read

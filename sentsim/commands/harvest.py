@@ -38,4 +38,8 @@ def run(args) -> int:
         print("  score by split: " + ", ".join(
             f"{s} n={v['n']} mean={v.get('mean', float('nan')):.3f}" for s, v in rep["score"].items()))
         print(f"  spearman(score, rank_sim) = {rep['spearman_score_vs_rank_sim']}")
+        if rep.get("placement"):
+            from sentsim.harvest.report import placement_line
+
+            print("  units per node: " + placement_line(rep["placement"]))
     return 0 if m["complete"] else 1

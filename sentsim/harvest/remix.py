@@ -17,8 +17,12 @@ those pairs as approximate.
 The terms are stored as float32 (issue 16; float64 in older harvests, whose remix keeps float64):
 a remix is exact to the stored values, and a remix with the source's own weights reproduces the
 harvest's scores to float32 rounding of the terms (4.9e-8 on the bench harvest). A harvest run with
-keep_context_scores=none stored no terms and is refused, as is a compacted one (`sentsim store
-compact` removes the per-unit shards this reads).
+keep_context_scores=none stored no terms and is refused.
+
+A compacted harvest (`sentsim store compact`) remixes to the same rows as before compacting: each
+unit is read through RunReader.unit_table, a slice of the compacted file that holds it, and each
+compacted file is checked against its sha256 and read about once per remix process, since units
+go in order.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ from typing import List, Literal, Optional
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pydantic import Field
 
 from sentsim.config import Section
@@ -168,14 +171,14 @@ def remix_unit(tables: dict, lam: dict, metric: str, variant: Optional[str] = No
     return {"pairs": out_pairs, "sentences": sent, "context_scores": cs}, counts
 
 
-def _read_unit(store, record) -> dict:
+def _read_unit(reader, record) -> dict:
+    """The unit's three tables, from its own shards or its slice of the compacted files (`reader`: a RunReader)."""
     out = {}
     for table in ("pairs", "sentences", "context_scores"):
-        f = record.files.get(table)
-        if f is None:
-            raise UsageError(f"{store.uri}: unit {record.unit} has no {table} shard; not a harvest with context scores")
-        with store.fs.open_input_file(store.path(f["path"])) as fh:
-            out[table] = pq.read_table(fh)
+        if record.files.get(table) is None:
+            raise UsageError(f"{reader.uri}: unit {record.unit} has no {table} shard; "
+                             "not a harvest with context scores")
+        out[table] = reader.unit_table(record.unit, table)
     return out
 
 
@@ -191,17 +194,18 @@ def _gold_spearman(root: str) -> Optional[tuple[float, int]]:
     return float(spearmanr(t.score, t.gold).statistic * 100), len(t)
 
 
-def _checked_units(src, manifest: dict) -> dict:
-    """The source's units, each checked against its checksums; read-only (a bad unit is an error
-    here, where the harvest itself would quietly redo it)."""
-    from storage import RunReader
+def _checked_units(reader) -> dict:
+    """The source's units, each checked against its checksums (a compacted file once, for all its
+    units); read-only (a bad unit is an error here, where the harvest itself would quietly redo it)."""
     from storage.store import UnitRecord
 
+    # a compacted unit is never redone by resuming the harvest: verify names what to restore
+    fix = "run `sentsim store verify`" + ("" if reader.compaction() else " and resume the harvest")
     units = {}
-    for u, rec in RunReader(src.uri).units().items():  # this run's markers, within its planned units
-        problem = src.check_unit(rec, deep=True)
+    for u, rec in reader.units().items():  # this run's markers, within its planned units
+        problem = reader.check_unit(u)
         if problem:
-            raise UsageError(f"{src.uri}: {problem}; run `sentsim store verify` and resume the harvest")
+            raise UsageError(f"{reader.uri}: {problem}; {fix}")
         units[u] = UnitRecord(unit=u, files=rec["files"], extra=rec.get("extra", {}))
     return units
 
@@ -214,14 +218,23 @@ class RemixStage(Stage):
     def __init__(self, source: str, out: str, fp: str, lam: dict, metric: str, variant: Optional[str] = None):
         self.source, self.out, self.fp, self.lam, self.metric = source, out, fp, lam, metric
         self.variant = variant
+        self.reader = None
+
+    def setup(self) -> None:
+        from storage import RunReader
+
+        # one reader per actor: it keeps the compacted file the next units are sliced from
+        self.reader = RunReader(self.source)
 
     def process(self, items: List[dict]) -> List[dict]:
         from storage import ShardStore
 
-        src, dst = ShardStore(self.source), ShardStore(self.out)
+        if self.reader is None:
+            self.setup()
+        dst = ShardStore(self.out)
         out = []
         for item in items:
-            tables, counts = remix_unit(_read_unit(src, item["record"]), self.lam, self.metric, self.variant)
+            tables, counts = remix_unit(_read_unit(self.reader, item["record"]), self.lam, self.metric, self.variant)
             dst.write_unit(item["unit"], tables, self.fp, counts)
             out.append({"unit": item["unit"], **counts})
         return out
@@ -231,7 +244,7 @@ def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False, execut
           address: Optional[str] = None) -> dict:
     """Seconds of arithmetic per unit: in-process by default, where starting Ray would cost more."""
     from sentsim.harvest.stages import context_score_schema_of, pair_schema, sentence_schema_of
-    from storage import ShardStore
+    from storage import RunReader, ShardStore
 
     if "://" not in cfg.source and not Path(cfg.source).is_dir():
         raise UsageError(f"{cfg.source}: no such harvest directory")
@@ -249,18 +262,15 @@ def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False, execut
     if context_score_schema_of(manifest) is None:
         raise UsageError(f"{cfg.source}: this harvest kept no context scores (keep_context_scores=none), so there "
                          "is nothing to remix; harvest again with keep_context_scores=all")
-    from storage.compact import read_compaction
-
-    if read_compaction(src, manifest.get("fingerprint")):
-        raise UsageError(f"{cfg.source}: compacted (`sentsim store compact`), and remix reads the per-unit shards; "
-                         "remix a copy made before compacting")
     lam, metric = resolve(cfg, manifest)
-    units = _checked_units(src, manifest)
+    reader = RunReader(cfg.source)
+    units = _checked_units(reader)
     planned = manifest.get("planned_units") or len(units)
     if len(units) != planned:
         raise UsageError(f"{cfg.source}: {planned - len(units)} of {planned} unit(s) have no completion marker")
     if units:
-        check_terms(cfg, _read_unit(src, units[min(units)]))
+        check_terms(cfg, _read_unit(reader, units[min(units)]))
+    del reader  # each stage opens its own; the compacted files read here need not stay in memory
 
     variant = resolve_variant(cfg, manifest)
     schemas = {"pairs": pair_schema(variant is not None), "sentences": sentence_schema_of(manifest),

@@ -61,6 +61,7 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
         "stage_seconds": stage_s,
         "stage_items_per_second": {k: (scored / v if v else None) for k, v in stage_s.items()},
         "this_run": {"wall_seconds": wall, "units": progress.done, "pairs": progress.rows},
+        "placement": placement_summary(units),
         "bytes_per_sentence_rank_codes": next(
             (m.get("extra", {}).get("bytes_per_sentence") for m in units.values()), None),
     }
@@ -69,6 +70,25 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
         f.write(json.dumps(rep, indent=2).encode())
     _plot(store, score, rank, split, stage_s)
     return rep
+
+
+def placement_summary(units: dict) -> dict:
+    """stage -> {node: units that stage ran there}, from the unit markers (each records where its
+    stages ran), so a resumed run's report covers every attempt that committed a unit. Nodes are
+    Ray node ids ("local" without Ray); a node that died and rejoined counts as a new node."""
+    out: dict = {}
+    for m in units.values():
+        for stage, w in (m.get("extra", {}).get("placement") or {}).items():
+            node = w.get("node") or "local"
+            out.setdefault(stage, {})
+            out[stage][node] = out[stage].get(node, 0) + 1
+    return out
+
+
+def placement_line(placement: dict) -> str:
+    """One line for the harvest's summary: each stage's units per node (node ids shortened)."""
+    return "; ".join(f"{stage}: " + ", ".join(f"{node[:8]} x{n}" for node, n in sorted(nodes.items()))
+                     for stage, nodes in placement.items())
 
 
 def _plot(store, score, rank, split, stage_s) -> None:

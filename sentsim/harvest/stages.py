@@ -19,7 +19,7 @@ import pyarrow as pa
 from sentsim.harvest.config import HarvestConfig
 from sentsim.harvest.pairs import owned_pairs, pair_id, pair_split, sample_partners
 from sentsim.harvest.similarity import pair_similarity
-from sentsim.pipeline import Stage
+from sentsim.pipeline import PLACEMENT_KEY, Stage, where_this_runs
 
 DIRS = ("fwd", "left", "right")
 EXPLICIT_ID_BIT = 1 << 62  # ids of sentences given by a pairs file (not from the corpus)
@@ -305,8 +305,10 @@ class ScoreStage(Stage):
                 v = pair_similarity(d1, d2, self.cfg.metric)
                 row["sim_disc"] = None if not np.isfinite(v) else v
                 rows.append(row)
-            cs_rows = [(s, k, comp["fwd"][(s, k)], comp["left"][(s, k)], comp["right"][(s, k)],
-                        disc.get((s, k)), S[(s, k)]) for (s, k) in need]
+            # keep_context_scores=none: no table to write, so no rows travel to the write stage
+            cs_rows = [] if self.cfg.keep_context_scores == "none" else [
+                (s, k, comp["fwd"][(s, k)], comp["left"][(s, k)], comp["right"][(s, k)], disc.get((s, k)), S[(s, k)])
+                for (s, k) in need]
             item.update(rows=rows, context_scores=cs_rows, n_scored=len(combos))
             del item["disc"]
             item["csets"] = {s: (len(cs.contexts), cs.shortfall_reason, [c.key for c in cs.contexts])
@@ -347,6 +349,7 @@ class RankAndWriteStage(Stage):
 
     def setup(self) -> None:
         self.targets = self.storage = None
+        self.where = where_this_runs()
         if self.cfg.rank.enabled:
             from sentsim.rank.targets import BaseVectors, RankTargets, default_base_encoder
 
@@ -418,7 +421,10 @@ class RankAndWriteStage(Stage):
                  "scored_items": item["n_scored"], "timing": item["timing"],
                  "bytes_per_sentence": (self.targets.bytes_per_sentence if vecs is not None else
                                         self.targets.codec.bytes_per_sentence if self.targets else 0),
-                 "rank_storage": self.storage},
+                 "rank_storage": self.storage,
+                 # which node ran each stage of this unit (the report sums it over the run, resumes included)
+                 "placement": {stage: {k: w.get(k) for k in ("node", "host", "pid", "cuda_visible_devices")}
+                               for stage, w in {**item.get(PLACEMENT_KEY, {}), self.name: self.where}.items()}},
             )
             out.append({"unit": item["unit"], "pairs": len(rows), "null_scores": len(nulls),
                         "scored_items": item["n_scored"], "timing": item["timing"]})
