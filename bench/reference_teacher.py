@@ -14,8 +14,9 @@ CACHE/reference/DONE.json is written last, with the times of each step. `configs
 at these folders.
 
 Determinism: same seed, same corpus files and an uninterrupted run give the same model. A resumed run
-restarts the data stream with a seed that depends on the step it resumed at, so it sees another
-(equally random) order after the resume point.
+restarts the data stream at the first document (in corpus order), with a batch-shuffle seed that
+depends on the step: it re-reads documents it has already trained on. That is a known bug (issue 15,
+BENCHMARKS.md "Teacher"); the 400K snapshot suffers from it.
 
 Time on a 2-core AVX2 EPYC (fp32): corpus ~3 min, index ~5 min, context model about 100 target
 tokens/s with 2 threads, so about 3 hours for 1M target tokens (BENCHMARKS.md gives the measured figure).
