@@ -13,10 +13,8 @@ Steps, each a real `sentsim` command and each resumable (run it again after a ki
 CACHE/reference/DONE.json is written last, with the times of each step. `configs/teacher.yaml` points
 at these folders.
 
-Determinism: same seed, same corpus files and an uninterrupted run give the same model. A resumed run
-restarts the data stream at the first document (in corpus order), with a batch-shuffle seed that
-depends on the step: it re-reads documents it has already trained on. That is a known bug (issue 15,
-BENCHMARKS.md "Teacher"); the 400K snapshot suffers from it.
+Determinism: same seed and same corpus files give the same model; a resumed run rebuilds the same
+data stream and passes over the batches it already trained on, so it goes on where it stopped.
 
 Time on a 2-core AVX2 EPYC (fp32): corpus ~3 min, index ~5 min, context model about 100 target
 tokens/s with 2 threads, so about 3 hours for 1M target tokens (BENCHMARKS.md gives the measured figure).

@@ -253,3 +253,27 @@ def test_warm_start_cross_attention_from_self_attention(tmp_path, corpus_dir):
     # BART from a config has no pretrained self-attention to copy: refused by the schema, before any work
     with pytest.raises(ValidationError, match="needs model.arch=warm_start"):
         ContextTrainConfig.model_validate({"model": TINY_MODEL, "cross_attention_init": "self_attention"})
+
+
+def test_training_stream_mixes_the_corpus_and_a_resume_goes_on_where_it_stopped(corpus_dir):
+    """Documents come in a seeded order of corpus slices (each document once per pass, none lost),
+    and a resumed trainee's stream is the uninterrupted stream minus the batches already trained on:
+    re-reading from the corpus' first document after every resume is what made the reference model
+    memorise its first Wikipedia articles (BENCHMARKS.md, "Teacher")."""
+    import itertools
+    from types import SimpleNamespace
+
+    from sentsim.context.train import ContextTrainee, train_batches
+
+    in_order = [tuple(d) for d in iter_documents(corpus_dir, 20, "train")]
+    mixed = [tuple(d) for d in iter_documents(corpus_dir, 20, "train", order_seed=7)]
+    assert sorted(mixed) == sorted(in_order) and mixed != in_order
+    assert mixed == [tuple(d) for d in iter_documents(corpus_dir, 20, "train", order_seed=7)]
+
+    cfg = ContextTrainConfig.model_validate({"model": TINY_MODEL, **TRAIN})
+    tok = train_bpe((s for d in in_order[:50] for s in d), 500)
+    fresh = list(itertools.islice(train_batches(corpus_dir, tok, cfg, ["fwd"], 0, 1, seed=cfg.seed), 8))
+    trainee = ContextTrainee(None, cfg, tok, corpus_dir, ["fwd"], None)
+    resumed = list(itertools.islice(trainee.batches(SimpleNamespace(rank=0, world=1), 0, 5), 3))
+    for a, b in zip(fresh[5:], resumed, strict=True):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -9,13 +9,15 @@
      worker, GPU + bf16 autocast when present; or the same loop in-process with `executor=inline`);
   3. Adam(lr 1e-4, betas 0.9/0.999) with warm-up and an inverse-sqrt / linear / constant schedule
      (transformers'); warm-start additions at lr * new_params_lr_scale;
-  4. batches: endless token-budget batches streamed from this worker's share of the training documents;
+  4. batches: endless token-budget batches streamed from this worker's share of the training documents,
+     visited in a seeded order of corpus slices that mixes every source (`iter_documents(order_seed=)`);
   5. every `eval_every` steps rank 0 measures, on held-out documents and per direction, the token
      log-likelihood, perplexity and the **context-use gap** (held-out loss with the sources shuffled
      across examples minus the loss with the true sources, nats/token), and writes a checkpoint (also
      every `checkpoint_every`); `max_seconds` stops every worker together;
   6. a killed run resumes from its last checkpoint (model, optimiser, schedule, step, tokens seen) when
-     started again with the same `--out`; the data stream restarts with a step-dependent seed. Other
+     started again with the same `--out`; the data stream is rebuilt with the same seed and the batches
+     already trained on are passed over, so it goes on where it stopped. Other
      settings against the same --out are refused (--force-new discards the earlier run);
   7. the final bundle (tokenizer/, context.json, models/<name>/) is written to `out`, with
      runs/<name>/history.json and train_summary.json.
@@ -27,6 +29,7 @@ history.json.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -63,7 +66,8 @@ def prepare_tokenizer(cfg: ContextTrainConfig, corpus: str, tokenizer_from: str 
 
     def texts():
         n = 0
-        for doc in iter_documents(corpus, cfg.heldout_percent, "train"):
+        # a mix of every source, not the first source's first documents
+        for doc in iter_documents(corpus, cfg.heldout_percent, "train", order_seed=cfg.seed):
             for s in doc:
                 yield s
                 n += 1
@@ -136,7 +140,9 @@ def train_batches(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig, d
     while True:
         buf: list[Example] = []
         produced = 0
-        for doc in iter_documents(corpus, cfg.heldout_percent, "train", rank, world):
+        # per epoch another order of the corpus' slices; the same for the same seed (a resume relies on it)
+        for doc in iter_documents(corpus, cfg.heldout_percent, "train", rank, world,
+                                  order_seed=seed * 1_000_003 + epoch):
             for ex in _examples_of_doc(doc, tok, cfg, directions):
                 buf.append(ex)
                 produced += 1
@@ -157,7 +163,8 @@ def heldout_examples(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig
     """Per direction, up to `heldout_windows` examples from the held-out documents (fixed sample)."""
     pool = {d: [] for d in directions}
     cap = cfg.heldout_windows * 20
-    for doc in iter_documents(corpus, cfg.heldout_percent, "heldout"):
+    # from every source (8 slices: each is a scan, and held-out documents are few); fixed, whatever the seed
+    for doc in iter_documents(corpus, cfg.heldout_percent, "heldout", order_seed=0, slices=8):
         for d in directions:
             if len(pool[d]) < cap:
                 pool[d].extend(_examples_of_doc(doc, tok, cfg, [d]))
@@ -249,9 +256,11 @@ class ContextTrainee(Trainee):
 
     def batches(self, session, epoch: int, skip: int):
         self.world = session.world
-        # endless; a resumed run restarts the stream with a step-dependent seed
-        return train_batches(self.corpus, self.tok, self.cfg, self.directions, session.rank, session.world,
-                             seed=self.cfg.seed + skip)
+        # endless and deterministic for the seed: a resumed run rebuilds it and passes over the batches
+        # already trained on (re-seeding instead re-read the corpus from its first document)
+        stream = train_batches(self.corpus, self.tok, self.cfg, self.directions, session.rank, session.world,
+                               seed=self.cfg.seed)
+        return itertools.islice(stream, skip, None)
 
     def forward(self, batch: dict, device):
         n_tgt = int((batch["labels"] >= 0).sum())  # counted on the CPU batch: no device sync

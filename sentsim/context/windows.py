@@ -17,6 +17,7 @@ its </s>. Both are reported per item. An empty target means the direction is *mi
 
 from __future__ import annotations
 
+import random
 import zlib
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
@@ -135,15 +136,37 @@ def doc_bucket(doc_key: int) -> int:
     return zlib.crc32(int(doc_key).to_bytes(8, "little", signed=True)) % 10000
 
 
+def doc_slice(doc_key: int, slices: int) -> int:
+    """Which of `slices` interleaved parts of the corpus a document falls in; a hash of its own,
+    independent of `doc_bucket`, so every slice holds its share of held-out and of each worker."""
+    return zlib.crc32(int(doc_key).to_bytes(8, "little", signed=True) + b"slice") % slices
+
+
 def iter_documents(
     corpus: str,
     heldout_percent: float,
     split: str = "train",
     rank: int = 0,
     world: int = 1,
+    order_seed: Optional[int] = None,
+    slices: int = 64,
 ) -> Iterator[list[str]]:
     """Runs of consecutive sentences of one document, streamed part by part (a gap in sent_idx starts a
-    new run). split: "train" | "heldout" | "all". Training documents are sharded over `world` workers."""
+    new run). split: "train" | "heldout" | "all". Training documents are sharded over `world` workers.
+
+    order_seed None: corpus order, which is source by source (all of Wikipedia, then Gutenberg...).
+    With a seed, documents come slice by slice (`doc_slice`), the slices in a permutation of that
+    seed: a slice mixes every source, so any stretch of a training stream does too. Each slice is
+    one scan of the sentences table (seconds, against hours of training on them)."""
+    if order_seed is None:
+        yield from _scan(corpus, heldout_percent, split, rank, world, None)
+        return
+    for part in random.Random(order_seed).sample(range(slices), slices):
+        yield from _scan(corpus, heldout_percent, split, rank, world, (part, slices))
+
+
+def _scan(corpus: str, heldout_percent: float, split: str, rank: int, world: int,
+          part: Optional[tuple]) -> Iterator[list[str]]:
     cut = int(round(heldout_percent * 100))
     cur_key, cur_sid, run = None, None, []
     for batch in open_sentences(corpus).iter_batches("sentences", ["sentence_id", "text"], batch_size=8192):
@@ -161,6 +184,8 @@ def iter_documents(
                 keep = split == "all" or (split == "heldout") == held
                 if keep and split == "train" and world > 1:
                     keep = (b % world) == rank
+                if keep and part is not None:
+                    keep = doc_slice(key, part[1]) == part[0]
                 cur_keep = keep
             cur_sid = sid
             if cur_keep:
