@@ -55,10 +55,23 @@ def cpu_of_children() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def harvest(sample: Path, out: Path, sets: list[str], threads: int) -> float:
-    """Run the harvest; returns its CPU-seconds (0 when it was already complete)."""
+def pairs_committed(run: Path) -> int:
+    """Pairs in the units a harvest has committed so far (0 before it starts)."""
+    if not (run / "manifest.json").exists():
+        return 0
+    from storage.reader import RunReader
+
+    return RunReader(str(run)).read_table("pairs", columns=["pair_id"]).num_rows
+
+
+def harvest(sample: Path, out: Path, sets: list[str], threads: int) -> tuple[float, int]:
+    """Run the harvest; returns its CPU-seconds and the pairs it scored (0, 0 when already complete).
+
+    A resumed harvest is charged only for the units this process scored, so the cost per pair stays
+    right across runs that are cut off and continued."""
     if (out / "_COMPLETE").exists():
-        return 0.0
+        return 0.0, 0
+    before = pairs_committed(out)
     cmd = [sys.executable, "-m", "sentsim.cli", "harvest", "--config", str(ROOT / "configs" / "teacher.yaml"),
            "--pairs", str(sample), "--out", str(out), "--executor", "inline",
            "--set", f"scoring.torch_threads={threads}", "--set", "pairs_per_unit=20"]
@@ -69,10 +82,19 @@ def harvest(sample: Path, out: Path, sets: list[str], threads: int) -> float:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     if subprocess.call(cmd, cwd=ROOT, env=env) != 0:
         raise SystemExit(f"teacher_curve: harvest into {out} failed; run again to resume")
-    return cpu_of_children() - t0
+    return cpu_of_children() - t0, pairs_committed(out) - before
 
 
-def points_of(run: Path, label: str, size: int, group: int, cpu_s: float) -> list[dict]:
+def read_cost(cpu_file: Path, run: Path) -> dict:
+    """RUN.cpu: {"cpu_s", "pairs"} summed over the processes that scored. An older file holds only
+    the CPU-seconds of the one process that scored every committed unit."""
+    if not cpu_file.exists():
+        return {}
+    text = cpu_file.read_text().strip()
+    return json.loads(text) if text.startswith("{") else {"cpu_s": float(text), "pairs": pairs_committed(run)}
+
+
+def points_of(run: Path, label: str, size: int, group: int, cpu_per_pair: float) -> list[dict]:
     from storage.reader import RunReader
 
     reader = RunReader(str(run))
@@ -98,7 +120,7 @@ def points_of(run: Path, label: str, size: int, group: int, cpu_s: float) -> lis
         out.append({"label": label, "size": size, "group": group if v != "paper" else 1, "variant": v,
                     "spearman": rho, "lo": lo, "hi": hi, "pairs": used, "of": n,
                     "contexts_per_pair": float(ctx), "items_per_pair": items * share / n,
-                    "cpu_s_per_pair": cpu_s * share / n if cpu_s else None})
+                    "cpu_s_per_pair": cpu_per_pair * share if cpu_per_pair else None})
     return out
 
 
@@ -202,11 +224,12 @@ def main(argv=None) -> int:
             cpu_file = run.with_suffix(".cpu")
             # --partial: a harvest stopped early (its CPU-seconds written to RUN.cpu beforehand) is
             # reported over the units it committed
-            cpu = 0.0 if args.partial else harvest(sample, run, sets, args.threads)
-            if cpu:
-                cpu_file.write_text(str(cpu))
-            cpu = float(cpu_file.read_text()) if cpu_file.exists() else 0.0
-            new = points_of(run, args.label, k, args.group, cpu)
+            cpu, scored = (0.0, 0) if args.partial else harvest(sample, run, sets, args.threads)
+            cost = read_cost(cpu_file, run)
+            if scored:  # CPU-seconds and pairs add up over the runs of a resumed harvest
+                cost = {"cpu_s": cost.get("cpu_s", 0.0) + cpu, "pairs": cost.get("pairs", 0) + scored}
+                cpu_file.write_text(json.dumps(cost))
+            new = points_of(run, args.label, k, args.group, cost.get("cpu_s", 0.0) / max(cost.get("pairs", 0), 1))
             keep = [p for p in points if not (p["label"] == args.label and p["size"] == k
                                               and (p["variant"] == "paper" or p["group"] == args.group))]
             points = keep + new

@@ -1,7 +1,9 @@
 """Every `sentsim train ...` command, as typed at a shell: relative --out and input paths, from a
-working directory that is not the checkout, on Ray (each command starts its own local Ray). Ray Train
-workers run in their own working directory, so a path that reached them relative named nothing there
-(the context trainer failed with "no tokenizer.json in <out>/context/tokenizer"). One small run each."""
+working directory that is not the checkout, attached to the session's `ray start` head through
+RAY_ADDRESS (as a user with a running cluster would be; it spares each command a local Ray of its own).
+Ray Train workers run in their own working directory, so a path that reached them relative named
+nothing there (the context trainer failed with "no tokenizer.json in <out>/context/tokenizer"). One
+small run each."""
 
 from __future__ import annotations
 
@@ -23,18 +25,24 @@ def tiny_bert(tmp_path_factory) -> Path:
     return build(tmp_path_factory.mktemp("tiny_bert"), layers=1, width=32, heads=2, positions=64)
 
 
-def _run(cwd: Path, *args):
-    r = sentsim_cli(*args, cwd=cwd, timeout=600)
+@pytest.fixture(scope="module")
+def head_env(ray_head) -> dict:
+    """The env of a shell on a machine of the session's cluster: its token, loopback, RAY_ADDRESS."""
+    return {**ray_head["env"], "RAY_ADDRESS": ray_head["gcs"]}
+
+
+def _run(cwd: Path, env: dict, *args):
+    r = sentsim_cli(*args, cwd=cwd, env=env, timeout=600)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     assert "Traceback" not in r.stderr
     return r
 
 
-def test_train_discriminator_relative_paths(tmp_path, speech_corpus):
+def test_train_discriminator_relative_paths(tmp_path, speech_corpus, head_env):
     corpus = os.path.relpath(speech_corpus, tmp_path)
     sets = ["model.embed_dim=16", "model.hidden=16", "model.head_dim=16", "model.max_tokens=16",
             "model.embed_init=random", "train.max_steps=2", "train.batch_size=8", "train.max_heldout_windows=32"]
-    r = _run(tmp_path, "train", "discriminator", "--corpus", corpus, "--out", "disc", "--num-workers", "1",
+    r = _run(tmp_path, head_env, "train", "discriminator", "--corpus", corpus, "--out", "disc", "--num-workers", "1",
              *[x for s in sets for x in ("--set", s)])
     out = tmp_path / "disc"
     assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "vocab.json"}
@@ -47,14 +55,14 @@ def test_train_discriminator_relative_paths(tmp_path, speech_corpus):
     assert Discriminator.load(out).encode(["A sentence."]).shape == (1, 32)
 
 
-def test_train_context_relative_paths(tmp_path, speech_corpus):
+def test_train_context_relative_paths(tmp_path, speech_corpus, head_env):
     corpus = os.path.relpath(speech_corpus, tmp_path)
     sets = ["model.vocab_size=400", "model.d_model=32", "model.encoder_layers=1", "model.decoder_layers=1",
             "model.attention_heads=2", "model.ffn_dim=64", "model.max_source_tokens=64", "model.max_target_tokens=32",
             "max_steps=2", "eval_every=2", "warmup_steps=1", "batch_tokens=512", "heldout_percent=20",
             "heldout_windows=8", "tokenizer_sentences=2000", "shuffle_buffer=64", "torch_threads=1"]
     sets = [x for s in sets for x in ("--set", s)]
-    r = _run(tmp_path, "train", "context", "--corpus", corpus, "--out", "ctx", "--direction", "fwd",
+    r = _run(tmp_path, head_env, "train", "context", "--corpus", corpus, "--out", "ctx", "--direction", "fwd",
              "--num-workers", "1", *sets)
     assert "model fwd:" in r.stdout and "2 steps" in r.stdout
     out = tmp_path / "ctx"
@@ -63,11 +71,11 @@ def test_train_context_relative_paths(tmp_path, speech_corpus):
     assert [h["step"] for h in json.loads((out / "runs/fwd/history.json").read_text())] == [0, 2]
     # other settings against the same --out are refused before any training; --force-new is the way out
     r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx", "--direction", "fwd", *sets,
-                    "--set", "lr=1e-3", cwd=tmp_path)
+                    "--set", "lr=1e-3", cwd=tmp_path, env=head_env)
     assert r.returncode == 2 and "--force-new" in r.stderr, r.stderr[-2000:]
 
 
-def test_train_surrogate_relative_paths(tmp_path, tiny_bert):
+def test_train_surrogate_relative_paths(tmp_path, tiny_bert, head_env):
     from test_surrogate import write_harvest
 
     words = "the a river city vote law war peace tax school".split()
@@ -76,7 +84,7 @@ def test_train_surrogate_relative_paths(tmp_path, tiny_bert):
     split = ["dev"] * 10 + ["test"] * 10 + ["train"] * 40
     write_harvest(tmp_path / "h", s1, s2, [((i % 7) / 7.0) for i in range(60)], split)
     bb = os.path.relpath(tiny_bert, tmp_path)
-    _run(tmp_path, "train", "surrogate", "--data", "h", "--backbone", bb, "--out", "sur", "--init", "scratch",
+    _run(tmp_path, head_env, "train", "surrogate", "--data", "h", "--backbone", bb, "--out", "sur", "--init", "scratch",
          "--num-workers", "1", "--max-steps", "2", "--force-new", "--set", "scratch.hidden_size=32",
          "--set", "scratch.num_layers=1", "--set", "scratch.num_heads=2", "--set", "scratch.intermediate_size=64",
          "--set", "batch_size=8", "--set", "eval_every=2", "--set", "max_seq_length=16")
@@ -85,12 +93,12 @@ def test_train_surrogate_relative_paths(tmp_path, tiny_bert):
     assert (tmp_path / "sur/model/config.json").is_file()
 
 
-def test_train_student_relative_paths(tmp_path, tiny_bert):
+def test_train_student_relative_paths(tmp_path, tiny_bert, head_env):
     triples = [{"s_i": f"sentence {i} about {w}", "relation": "entailment", "s_j": f"a line on {w} {i}"}
                for i, w in enumerate("river city vote law war peace tax school farm road".split())]
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(t) + "\n" for t in triples))
     bb = os.path.relpath(tiny_bert, tmp_path)
-    _run(tmp_path, "train", "student", "--objective", "rse", "--triples", "t.jsonl", "--backbone", bb,
+    _run(tmp_path, head_env, "train", "student", "--objective", "rse", "--triples", "t.jsonl", "--backbone", bb,
          "--out", "stu", "--num-workers", "1", "--max-steps", "2", "--force-new",
          "--set", "batch_size=4", "--set", "max_seq_length=16")
     summary = json.loads((tmp_path / "stu/summary.json").read_text())
