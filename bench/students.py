@@ -28,18 +28,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def rank_only_harvest(out: Path, n_anchors: int, n_sentences: int, seed: int = 0) -> Path:
-    """A harvest-format folder (sentences with rank codes, pairs with rank_sim) over the sample corpus."""
+    """A harvest run (sentences with rank codes, pairs with rank_sim) over the sample corpus, written
+    through the shard store like a real harvest (manifest, one committed unit, _COMPLETE), so that
+    RunReader and the student trainer read it as one."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.dataset as ds
-    import pyarrow.parquet as pq
 
     from sentsim.corpus_job import build_corpus
+    from sentsim.harvest.job import ANCHORS_TABLE
     from sentsim.harvest.stages import PAIR_SCHEMA, SENTENCE_SCHEMA
     from sentsim.rank import rank_similarity
     from sentsim.rank.targets import RankTargets, default_base_encoder, sample_anchors
+    from storage.store import open_store
 
-    if (out / "manifest.json").is_file():
+    if (out / "_COMPLETE").is_file():
         return out
     corpus = out.parent / "bench_corpus"
     if not (corpus / "_COMPLETE").exists():
@@ -54,31 +57,34 @@ def rank_only_harvest(out: Path, n_anchors: int, n_sentences: int, seed: int = 0
     codes = targets.codes(t.text.tolist())
     print(f"[bench] rank codes for {len(t)} sentences over {n_anchors} anchors in {time.perf_counter() - t0:.0f}s",
           flush=True)
-    (out / "sentences").mkdir(parents=True, exist_ok=True)
-    (out / "pairs").mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pydict({
-        "sentence_id": t.sentence_id.tolist(), "text": t.text.tolist(), "n_contexts": [0] * len(t),
-        "shortfall": ["rank-only bench harvest"] * len(t), "rank_codes": [c.astype(np.uint32).tolist() for c in codes]},
-        schema=SENTENCE_SCHEMA), out / "sentences" / "part-00000.parquet")
+
+    def table(schema: pa.Schema, n: int, **cols) -> pa.Table:  # columns not given are null
+        return pa.Table.from_pydict({f.name: cols.get(f.name, [None] * n) for f in schema}, schema=schema)
+
+    sentences = table(SENTENCE_SCHEMA, len(t), sentence_id=t.sentence_id.tolist(), text=t.text.tolist(),
+                      n_contexts=[0] * len(t), shortfall=["rank-only bench harvest"] * len(t),
+                      rank_codes=[c.astype(np.uint32).tolist() for c in codes])
     rng = np.random.default_rng(seed)
     i, j = rng.integers(len(t), size=(2, 4 * len(t)))
     keep = i != j
     i, j = i[keep], j[keep]
     ids, texts = t.sentence_id.to_numpy(), t.text.tolist()
-    rs = rank_similarity(codes[i], codes[j])
     n = len(i)
-    pq.write_table(pa.Table.from_pydict({
-        "pair_id": list(range(n)), "s1_id": ids[i].tolist(), "s2_id": ids[j].tolist(),
-        "s1": [texts[k] for k in i], "s2": [texts[k] for k in j], "kind": ["random"] * n, "score": [None] * n,
-        "null_reason": ["rank-only bench harvest: no context scores"] * n, "sim_fwd": [None] * n,
-        "sim_left": [None] * n, "sim_right": [None] * n, "sim_disc": [None] * n, "n_ctx_s1": [0] * n,
-        "n_ctx_s2": [0] * n,
-        "rank_sim": rs.tolist(), "split": ["train"] * n, "gold": [None] * n}, schema=PAIR_SCHEMA),
-        out / "pairs" / "part-00000.parquet")
-    (out / "manifest.json").write_text(json.dumps({
-        "stage": "harvest", "fingerprint": "bench-rank-only", "complete": True,
-        "config": {"corpus": str(corpus), "seed": seed, "rank": {"enabled": True, "encoder": None,
-                                                                 "n_anchors": n_anchors, "bits": 16}}}, indent=2))
+    pairs = table(PAIR_SCHEMA, n, pair_id=list(range(n)), s1_id=ids[i].tolist(), s2_id=ids[j].tolist(),
+                  s1=[texts[k] for k in i], s2=[texts[k] for k in j], kind=["random"] * n,
+                  null_reason=["rank-only bench harvest: no context scores"] * n, n_ctx_s1=[0] * n, n_ctx_s2=[0] * n,
+                  rank_sim=rank_similarity(codes[i], codes[j]).tolist(), split=["train"] * n)
+    config = {"corpus": str(corpus), "seed": seed, "rank": {"enabled": True, "encoder": None, "n_anchors": n_anchors,
+                                                            "bits": 16, "storage": "codes"}}
+    fingerprint = f"bench-rank-only-{n_anchors}-{n_sentences}-{seed}"
+    store = open_store(str(out))
+    store.open_run("harvest", fingerprint, config, [], {"sentences": SENTENCE_SCHEMA, "pairs": PAIR_SCHEMA},
+                   planned_units=1, force_new=True)
+    store.write_side_table(ANCHORS_TABLE, pa.table({
+        "anchor": pa.array(np.arange(len(anchor_ids)), pa.int32()), "sentence_id": pa.array(anchor_ids, pa.int64()),
+        "text": pa.array(anchor_texts, pa.string())}), fingerprint)
+    store.write_unit(0, {"sentences": sentences, "pairs": pairs}, fingerprint)
+    store.finalize(1, {})
     return out
 
 
