@@ -16,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from sentsim.errors import UsageError  # noqa: E402
 from sentsim.harvest.remix import RemixConfig, remix  # noqa: E402
 
 DEFAULT_MIXES = [(1, 1, 1), (0, 1, 1), (0.25, 1, 1), (0.5, 1, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1)]
@@ -32,8 +33,11 @@ def main() -> int:
     lines = ["| λ fwd, left, right | Spearman x 100 vs gold | pairs | approximate |", "|---|---:|---:|---:|"]
     with tempfile.TemporaryDirectory() as tmp:
         for i, (f, left, right) in enumerate(mixes):
-            m = remix(RemixConfig(source=args.harvest, out=f"{tmp}/{i}", lambda_fwd=f, lambda_left=left,
-                                  lambda_right=right), quiet=True)["remix"]
+            try:  # e.g. a mix that weighs a direction the harvest did not score (its λ was 0)
+                m = remix(RemixConfig(source=args.harvest, out=f"{tmp}/{i}", lambda_fwd=f, lambda_left=left,
+                                      lambda_right=right), quiet=True)["remix"]
+            except UsageError as e:
+                sys.exit(f"lambda_mix: {e}")
             if "remix_spearman_vs_gold" not in m:
                 sys.exit(f"{args.harvest}: no pairs with both a score and a gold label "
                          "(use a --pairs harvest of a labelled set)")
