@@ -269,6 +269,12 @@ def test_training_stream_mixes_the_corpus_and_a_resume_goes_on_where_it_stopped(
     mixed = [tuple(d) for d in iter_documents(corpus_dir, 20, "train", order_seed=7)]
     assert sorted(mixed) == sorted(in_order) and mixed != in_order
     assert mixed == [tuple(d) for d in iter_documents(corpus_dir, 20, "train", order_seed=7)]
+    # Within a slice too: with 2 slices, the stream's first quarter reaches both halves of the corpus
+    # (corpus order is source order). Read in corpus order, a slice handed out its first source first.
+    halves = [tuple(d) for d in iter_documents(corpus_dir, 20, "train", order_seed=7, slices=2)]
+    assert sorted(halves) == sorted(in_order)
+    at = [in_order.index(d) for d in halves[: len(halves) // 4]]
+    assert min(at) < len(in_order) // 2 <= max(at), at
 
     cfg = ContextTrainConfig.model_validate({"model": TINY_MODEL, **TRAIN})
     tok = train_bpe((s for d in in_order[:50] for s in d), 500)

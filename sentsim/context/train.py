@@ -10,7 +10,8 @@
   3. Adam(lr 1e-4, betas 0.9/0.999) with warm-up and an inverse-sqrt / linear / constant schedule
      (transformers'); warm-start additions at lr * new_params_lr_scale;
   4. batches: endless token-budget batches streamed from this worker's share of the training documents,
-     visited in a seeded order of corpus slices that mixes every source (`iter_documents(order_seed=)`);
+     visited in a seeded order of corpus slices, each slice's documents shuffled, so that every stretch of
+     the stream mixes every source (`iter_documents(order_seed=)`);
   5. every `eval_every` steps rank 0 measures, on held-out documents and per direction, the token
      log-likelihood, perplexity and the **context-use gap** (held-out loss with the sources shuffled
      across examples minus the loss with the true sources, nats/token), and writes a checkpoint (also

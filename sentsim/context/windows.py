@@ -156,13 +156,18 @@ def iter_documents(
 
     order_seed None: corpus order, which is source by source (all of Wikipedia, then Gutenberg...).
     With a seed, documents come slice by slice (`doc_slice`), the slices in a permutation of that
-    seed: a slice mixes every source, so any stretch of a training stream does too. Each slice is
-    one scan of the sentences table (seconds, against hours of training on them)."""
+    seed, and each slice's documents in a permutation of their own: a slice holds its share of every
+    source, and shuffled, any stretch of the stream does too. (A slice read in corpus order gave a
+    training run shorter than one slice, as every run on a CPU is, Wikipedia and then Gutenberg.)
+    Each slice is one scan of the sentences table (seconds, against hours of training on it), and
+    its documents are held in memory while they are handed out: 1/`slices` of the corpus' text."""
     if order_seed is None:
         yield from _scan(corpus, heldout_percent, split, rank, world, None)
         return
     for part in random.Random(order_seed).sample(range(slices), slices):
-        yield from _scan(corpus, heldout_percent, split, rank, world, (part, slices))
+        docs = list(_scan(corpus, heldout_percent, split, rank, world, (part, slices)))
+        random.Random(order_seed * 1_000_003 + part).shuffle(docs)
+        yield from docs
 
 
 def _scan(corpus: str, heldout_percent: float, split: str, rank: int, world: int,
