@@ -104,3 +104,16 @@ def bootstrap(pred, gold, n=1000, seed=0):
     # a resample with constant predictions has no Spearman (nan): leave it out of the interval
     return (spearmanr(pred, gold).statistic * 100, np.nanpercentile(stats, 2.5), np.nanpercentile(stats, 97.5),
             int(ok.sum()))
+
+
+def pyplot(script: str):
+    """matplotlib's pyplot on the Agg backend, or None (with a note) where it is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"{script}: matplotlib is not installed (make install does it); no plot drawn")
+        return None
+    return plt

@@ -1,7 +1,7 @@
 """Rebuild the reference teacher from the shared corpora into the user cache (`make reference`).
 
     python bench/reference_teacher.py [--data ../shared/data] [--cache ~/.cache/sentsim]
-                                      [--milestones 150000,400000,1000000] [--threads N]
+                                      [--milestones 150000,250000,400000,1000000] [--threads N]
 
 Steps, each a real `sentsim` command and each resumable (run it again after a kill and it goes on):
   1. `sentsim corpus build` of every shared corpus (Wikipedia slice, Gutenberg, speeches) into
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--cache", default=None, help="cache folder (default: SENTSIM_CACHE or ~/.cache/sentsim)")
-    ap.add_argument("--milestones", default="150000,400000,1000000",
+    ap.add_argument("--milestones", default="150000,250000,400000,1000000",
                     help="target-token counts at which the bundle is snapshotted; training stops at the last")
     ap.add_argument("--threads", type=int, default=0, help="torch threads for training (0 = every core)")
     args = ap.parse_args(argv)

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import bootstrap, machine  # noqa: E402
+from common import bootstrap, machine, pyplot  # noqa: E402
 
 STSB_DEV = ROOT.parent / "shared" / "data" / "sts" / "stsbenchmark" / "sts-dev.csv"
 RESULTS = ROOT / "bench" / "results"
@@ -158,13 +158,8 @@ def redraw(points: list[dict], baseline: dict, results: Path, n: int) -> None:
                   "units, in sample order; their CPU-seconds were read from the process before it was stopped."]
     (results / "teacher_curve.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("teacher_curve: matplotlib is not installed (make install does it); no plot drawn")
+    plt = pyplot("teacher_curve")
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     markers = {"paper": "o", "union": "s", "centred": "^"}
