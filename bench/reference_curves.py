@@ -30,10 +30,11 @@ DIRECTIONS = ["fwd", "left", "right"]
 
 
 def snapshots(ref: Path) -> list[tuple[str, int, Path]]:
-    """(stream, target tokens, folder) of every snapshot; stream is the folder's suffix."""
+    """(stream, target tokens, folder) of every snapshot: stream is the folder's suffix (snapshots-corpus-order/
+    holds the models of the old corpus-order stream), "mixed" for snapshots/."""
     out = []
     for folder in sorted(ref.glob("snapshots*")):
-        stream = folder.name.removeprefix("snapshots").lstrip("-") or "current"
+        stream = folder.name.removeprefix("snapshots").lstrip("-") or "mixed"
         for snap in folder.glob("tokens-*"):
             if (snap / "context.json").is_file():
                 summary = json.loads((snap / "train_summary.json").read_text())

@@ -2,6 +2,7 @@
 
     python bench/teacher_curve.py --label NAME [--bundle DIR] [--sizes 4,8] [--group 2] [--threads 1]
                                   [--set KEY=VALUE ...]
+    python bench/teacher_curve.py --compare LABEL:K:G[:VARIANT] LABEL:K:G[:VARIANT]
 
 One point per |C_s| in --sizes: a real `sentsim harvest --pairs` of the sample with configs/teacher.yaml
 (inline, --threads torch threads), timed in CPU-seconds of the harvest process. With --group g > 1 the
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import bootstrap, machine, pyplot  # noqa: E402
+from common import bootstrap, machine, paired_bootstrap, pyplot  # noqa: E402
 
 STSB_DEV = ROOT.parent / "shared" / "data" / "sts" / "stsbenchmark" / "sts-dev.csv"
 RESULTS = ROOT / "bench" / "results"
@@ -124,6 +125,24 @@ def points_of(run: Path, label: str, size: int, group: int, cpu_per_pair: float)
     return out
 
 
+def compare(work: Path, n: int, first: str, second: str) -> int:
+    """Print the paired bootstrap of two points' Spearman difference over the pairs both scored."""
+    from storage.reader import RunReader
+
+    cols = []
+    for spec in (first, second):
+        label, k, g, *variant = spec.split(":")
+        col = "score" if int(g) <= 1 else f"score_{variant[0] if variant else 'paper'}"
+        t = RunReader(str(work / f"{label}-n{n}-k{k}-g{g}")).read_table("pairs", ["pair_id", col, "gold"]).to_pandas()
+        cols.append(t.set_index("pair_id").rename(columns={col: spec}))
+    both = cols[0].join(cols[1][[second]], how="inner").dropna()
+    a, b, gold = (both[c].to_numpy(dtype=float) for c in (first, second, "gold"))
+    d, lo, hi = paired_bootstrap(a, b, gold)
+    print(f"{first} - {second} on {len(both)} pairs both scored: {d:+.2f} [{lo:+.1f}, {hi:+.1f}] "
+          "(Spearman x 100, 95% paired bootstrap, 2,000 resamples)")
+    return 0
+
+
 def tfidf_point(sample: Path) -> dict:
     from types import SimpleNamespace
 
@@ -188,7 +207,7 @@ def redraw(points: list[dict], baseline: dict, results: Path, n: int) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--label", required=True, help="name of this teacher in the table (e.g. tokens-150000)")
+    ap.add_argument("--label", help="name of this teacher in the table (e.g. tokens-150000); needed to score")
     ap.add_argument("--bundle", default=None, help="context-model bundle (default: the one configs/teacher.yaml names)")
     ap.add_argument("--sizes", default="4,8", help="|C_s| values, comma-separated")
     ap.add_argument("--group", type=int, default=2, help="pairs per group; 1 = ungrouped")
@@ -198,12 +217,19 @@ def main(argv=None) -> int:
     ap.add_argument("--redraw", action="store_true", help="only redraw the table and plot from the stored points")
     ap.add_argument("--pairs", type=int, default=SAMPLE_N, help="sample size (300; fewer for a smoke run)")
     ap.add_argument("--results", default=str(RESULTS), help="folder of the json, md and png")
+    ap.add_argument("--compare", nargs=2, metavar="LABEL:K:G[:VARIANT]",
+                    help="paired bootstrap of two points' difference on the pairs both scored, e.g. "
+                         "mixed-150K:8:1 mixed-150K:4:1 (VARIANT paper/union/centred for a grouped run)")
     ap.add_argument("--partial", action="store_true",
                     help="report the committed units of harvests stopped early, without running them")
     args = ap.parse_args(argv)
+    if not (args.label or args.redraw or args.compare):
+        ap.error("--label is needed to score a point (or give --redraw or --compare)")
     work = Path(args.work or Path(os.environ.get("SENTSIM_CACHE", "~/.cache/sentsim")).expanduser() / "curve")
     work.mkdir(parents=True, exist_ok=True)
     sample = dev_sample(work, args.pairs)
+    if args.compare:
+        return compare(work, args.pairs, *args.compare)
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     store = results / "teacher_curve.json"
