@@ -131,9 +131,15 @@ def compare(work: Path, n: int, first: str, second: str) -> int:
 
     cols = []
     for spec in (first, second):
-        label, k, g, *variant = spec.split(":")
-        col = "score" if int(g) <= 1 else f"score_{variant[0] if variant else 'paper'}"
-        t = RunReader(str(work / f"{label}-n{n}-k{k}-g{g}")).read_table("pairs", ["pair_id", col, "gold"]).to_pandas()
+        label, k, g, *variant = spec.split(":") + [""] * 2
+        if not (label and k.isdigit() and g.isdigit() and variant[0] in ("", "paper", "union", "centred")
+                and not any(variant[1:])):
+            raise SystemExit(f"teacher_curve: --compare {spec!r}: expected LABEL:K:G[:paper|union|centred]")
+        run = work / f"{label}-n{n}-k{k}-g{g}"
+        if not run.is_dir():
+            raise SystemExit(f"teacher_curve: --compare {spec!r}: no harvest at {run}")
+        col = "score" if int(g) <= 1 else f"score_{variant[0] or 'paper'}"
+        t = RunReader(str(run)).read_table("pairs", ["pair_id", col, "gold"]).to_pandas()
         cols.append(t.set_index("pair_id").rename(columns={col: spec}))
     both = cols[0].join(cols[1][[second]], how="inner").dropna()
     a, b, gold = (both[c].to_numpy(dtype=float) for c in (first, second, "gold"))
