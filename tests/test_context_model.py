@@ -255,6 +255,36 @@ def test_warm_start_cross_attention_from_self_attention(tmp_path, corpus_dir):
         ContextTrainConfig.model_validate({"model": TINY_MODEL, "cross_attention_init": "self_attention"})
 
 
+def test_training_stream_shuffles_windows_not_documents(corpus_dir):
+    """A pass hands out every training sentence once, as (document, sentence) windows shuffled across
+    the slice's documents. With whole documents in the stream, one novel filled the reference run's
+    shuffle buffer for its first 600 steps (BENCHMARKS.md, "Teacher"); here the first tenth of a pass
+    must already reach every document of the slice it starts in, and runs of one document are rare."""
+    from sentsim.context.train import _examples_of_doc, _examples_of_window, train_windows
+    from sentsim.context.windows import iter_slices
+
+    cfg = ContextTrainConfig.model_validate({"model": TINY_MODEL, **TRAIN})
+    seq = list(train_windows(corpus_dir, cfg, 0, 1, seed=7, epoch=0, slices=2))
+    every = sorted((tuple(d), i) for d in iter_documents(corpus_dir, 20, "train") for i in range(len(d)))
+    assert sorted((tuple(d), i) for d, i in seq) == every
+    assert [(tuple(d), i) for d, i in train_windows(corpus_dir, cfg, 0, 1, seed=7, epoch=0, slices=2)] == \
+        [(tuple(d), i) for d, i in seq]
+    assert [i for _, i in train_windows(corpus_dir, cfg, 0, 1, seed=7, epoch=1, slices=2)] != [i for _, i in seq]
+
+    _, first_slice = next(iter_slices(corpus_dir, 20, "train", 0, 1, 7 * 1_000_003, 2))
+    assert len(first_slice) >= 4
+    head = {tuple(d) for d, _ in seq[: len(seq) // 10]}
+    assert head == {tuple(d) for d in first_slice}
+    same_doc = sum(a[0] is b[0] for a, b in zip(seq, seq[1:])) / (len(seq) - 1)
+    assert same_doc < 0.3, same_doc  # about 1/len(first_slice); whole documents gave ~1
+
+    # a window tokenises only its neighbours, and yields what the whole document yields for that sentence
+    tok = train_bpe((s for d in first_slice for s in d), 500)
+    doc = first_slice[0]
+    assert list(_examples_of_doc(doc, tok, cfg, ["fwd", "left", "right"])) == [
+        ex for i in range(len(doc)) for ex in _examples_of_window(doc, i, tok, cfg, ["fwd", "left", "right"])]
+
+
 def test_training_stream_mixes_the_corpus_and_a_resume_goes_on_where_it_stopped(corpus_dir):
     """Documents come in a seeded order of corpus slices (each document once per pass, none lost),
     and a resumed trainee's stream is the uninterrupted stream minus the batches already trained on:

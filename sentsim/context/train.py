@@ -9,9 +9,9 @@
      worker, GPU + bf16 autocast when present; or the same loop in-process with `executor=inline`);
   3. Adam(lr 1e-4, betas 0.9/0.999) with warm-up and an inverse-sqrt / linear / constant schedule
      (transformers'); warm-start additions at lr * new_params_lr_scale;
-  4. batches: endless token-budget batches streamed from this worker's share of the training documents,
-     visited in a seeded order of corpus slices, each slice's documents shuffled, so that every stretch of
-     the stream mixes every source (`iter_documents(order_seed=)`);
+  4. batches: endless token-budget batches streamed from this worker's share of the training documents:
+     the corpus slices in a seeded order, and inside a slice its (document, sentence) windows shuffled,
+     so that every stretch of the stream samples the whole slice (`train_windows`);
   5. every `eval_every` steps rank 0 measures, on held-out documents and per direction, the token
      log-likelihood, perplexity and the **context-use gap** (held-out loss with the sources shuffled
      across examples minus the loss with the true sources, nats/token), and writes a checkpoint (also
@@ -52,7 +52,7 @@ from sentsim.context.model import (
     warm_start_tokenizer,
 )
 from sentsim.context.tokenizer import ContextTokenizer, train_bpe
-from sentsim.context.windows import Example, build_example, iter_documents
+from sentsim.context.windows import Example, build_example, iter_documents, iter_slices
 from sentsim.errors import UsageError
 from sentsim.training.loop import Trainee
 
@@ -78,18 +78,30 @@ def prepare_tokenizer(cfg: ContextTrainConfig, corpus: str, tokenizer_from: str 
     return train_bpe(texts(), cfg.model.vocab_size)
 
 
-def _examples_of_doc(doc, tok, cfg: ContextTrainConfig, directions) -> Iterator[Example]:
+def _examples_at(enc: list, i: int, tok: ContextTokenizer, cfg: ContextTrainConfig, directions) -> Iterator[Example]:
+    """The examples, one per direction, whose target is sentence i of the tokenised sentences `enc`."""
     mc = cfg.model
     k = mc.context_sentences
+    if len(enc[i]) < cfg.min_sentence_tokens:
+        return
+    left, right = enc[max(0, i - k):i], enc[i + 1:i + 1 + k]
+    for d in directions:
+        ex = build_example(tok.ids, k, d, left, enc[i], right, mc.max_source_tokens, mc.max_target_tokens)
+        if ex is not None:
+            yield ex
+
+
+def _examples_of_doc(doc, tok, cfg: ContextTrainConfig, directions) -> Iterator[Example]:
     enc = tok.encode(doc)
     for i in range(len(doc)):
-        if len(enc[i]) < cfg.min_sentence_tokens:
-            continue
-        left, right = enc[max(0, i - k):i], enc[i + 1:i + 1 + k]
-        for d in directions:
-            ex = build_example(tok.ids, k, d, left, enc[i], right, mc.max_source_tokens, mc.max_target_tokens)
-            if ex is not None:
-                yield ex
+        yield from _examples_at(enc, i, tok, cfg, directions)
+
+
+def _examples_of_window(doc, i: int, tok, cfg: ContextTrainConfig, directions) -> Iterator[Example]:
+    """Sentence i of `doc` with its k neighbours each side: only those sentences are tokenised."""
+    lo = max(0, i - cfg.model.context_sentences)
+    enc = tok.encode(doc[lo:i + cfg.model.context_sentences + 1])
+    yield from _examples_at(enc, i - lo, tok, cfg, directions)
 
 
 def collate(exs: list[Example], pad_id: int, bos_id: int) -> dict:
@@ -133,20 +145,43 @@ def token_batches(exs: list[Example], budget: int, rng: Optional[random.Random] 
     return out
 
 
+# Slices of the training stream: each is one scan of the corpus and is held in memory while its windows
+# are handed out (1/8 of the shared corpora's text: ~32 MB). Fewer, larger slices spread the few long
+# books over more documents: a 1/64 slice of them held 3 books making 59% of its sentences.
+TRAIN_SLICES = 8
+
+
+def train_windows(corpus: str, cfg: ContextTrainConfig, rank: int, world: int, seed: int, epoch: int,
+                  slices: int = TRAIN_SLICES) -> Iterator[tuple[list[str], int]]:
+    """One pass over this worker's training sentences as (document, sentence index) windows: the
+    corpus' slices in a seeded order, and inside a slice every window in a seeded permutation.
+
+    Windows, not documents, are shuffled: a CPU run trains on a fraction of one slice, and with whole
+    documents one long book filled the shuffle buffer several times over (the reference stream's first
+    600 steps were 97% one Gutenberg novel; BENCHMARKS.md, "Teacher"). Shuffled windows make any
+    stretch of the stream a sample of the whole slice, each source in its share of sentences."""
+    order = seed * 1_000_003 + epoch
+    for part, docs in iter_slices(corpus, cfg.heldout_percent, "train", rank, world, order, slices):
+        units = [(d, i) for d, doc in enumerate(docs) for i in range(len(doc))]
+        random.Random(order * 1_000_003 + part).shuffle(units)
+        for d, i in units:
+            yield docs[d], i
+
+
 def train_batches(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig, directions, rank: int, world: int,
                   seed: int) -> Iterator[dict]:
-    """Endless stream of collated batches from this worker's shard of the training documents."""
+    """Endless stream of collated batches from this worker's shard of the training documents; the same
+    for the same seed (a resume rebuilds it and passes over the batches already trained on)."""
     rng = random.Random(seed * 1_000_003 + rank)
     epoch = 0
     while True:
         buf: list[Example] = []
         produced = 0
-        # per epoch another order of the corpus' slices; the same for the same seed (a resume relies on it)
-        for doc in iter_documents(corpus, cfg.heldout_percent, "train", rank, world,
-                                  order_seed=seed * 1_000_003 + epoch):
-            for ex in _examples_of_doc(doc, tok, cfg, directions):
+        for doc, i in train_windows(corpus, cfg, rank, world, seed, epoch):
+            for ex in _examples_of_window(doc, i, tok, cfg, directions):
                 buf.append(ex)
                 produced += 1
+            # the buffer is a random sample already; it is sorted by length to cut padding
             if len(buf) >= cfg.shuffle_buffer:
                 for b in token_batches(buf, cfg.batch_tokens, rng):
                     yield collate(b, tok.pad_id, tok.bos_id)

@@ -164,10 +164,17 @@ def iter_documents(
     if order_seed is None:
         yield from _scan(corpus, heldout_percent, split, rank, world, None)
         return
-    for part in random.Random(order_seed).sample(range(slices), slices):
-        docs = list(_scan(corpus, heldout_percent, split, rank, world, (part, slices)))
+    for part, docs in iter_slices(corpus, heldout_percent, split, rank, world, order_seed, slices):
         random.Random(order_seed * 1_000_003 + part).shuffle(docs)
         yield from docs
+
+
+def iter_slices(corpus: str, heldout_percent: float, split: str, rank: int, world: int, order_seed: int,
+                slices: int = 64) -> Iterator[tuple[int, list[list[str]]]]:
+    """(slice number, its documents in corpus order), the slices in a permutation of `order_seed`:
+    one scan of the sentences table each. The training stream shuffles inside a slice itself."""
+    for part in random.Random(order_seed).sample(range(slices), slices):
+        yield part, list(_scan(corpus, heldout_percent, split, rank, world, (part, slices)))
 
 
 def _scan(corpus: str, heldout_percent: float, split: str, rank: int, world: int,
