@@ -258,7 +258,7 @@ def test_warm_start_cross_attention_from_self_attention(tmp_path, corpus_dir):
 def test_training_stream_shuffles_windows_not_documents(corpus_dir):
     """A pass hands out every training sentence once, as (document, sentence) windows shuffled across
     the slice's documents. With whole documents in the stream, one novel filled the reference run's
-    shuffle buffer for its first 600 steps (BENCHMARKS.md, "Teacher"); here the first tenth of a pass
+    shuffle buffer for its first 600 steps (BENCHMARKS.md, "The window stream"); here the first tenth of a pass
     must already reach every document of the slice it starts in, and runs of one document are rare."""
     from sentsim.context.train import _examples_of_doc, _examples_of_window, train_windows
     from sentsim.context.windows import iter_slices

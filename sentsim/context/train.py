@@ -157,8 +157,9 @@ def train_windows(corpus: str, cfg: ContextTrainConfig, rank: int, world: int, s
     corpus' slices in a seeded order, and inside a slice every window in a seeded permutation.
 
     Windows, not documents, are shuffled: a CPU run trains on a fraction of one slice, and with whole
-    documents one long book filled the shuffle buffer several times over (the reference stream's first
-    600 steps were 97% one Gutenberg novel; BENCHMARKS.md, "Teacher"). Shuffled windows make any
+    documents one long book filled the shuffle buffer several times over (in 96-100 of every 100 of
+    the reference stream's first 600 batches most windows came from one Gutenberg novel; BENCHMARKS.md,
+    "The window stream"). Shuffled windows make any
     stretch of the stream a sample of the whole slice, each source in its share of sentences."""
     order = seed * 1_000_003 + epoch
     for part, docs in iter_slices(corpus, cfg.heldout_percent, "train", rank, world, order, slices):
