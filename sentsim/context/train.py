@@ -52,7 +52,7 @@ from sentsim.context.model import (
     warm_start_tokenizer,
 )
 from sentsim.context.tokenizer import ContextTokenizer, train_bpe
-from sentsim.context.windows import Example, build_example, iter_documents, iter_slices
+from sentsim.context.windows import Example, build_example, iter_documents, iter_slices, mix_seed
 from sentsim.errors import UsageError
 from sentsim.training.loop import Trainee
 
@@ -161,10 +161,10 @@ def train_windows(corpus: str, cfg: ContextTrainConfig, rank: int, world: int, s
     the reference stream's first 600 batches most windows came from one Gutenberg novel; BENCHMARKS.md,
     "The window stream"). Shuffled windows make any
     stretch of the stream a sample of the whole slice, each source in its share of sentences."""
-    order = seed * 1_000_003 + epoch
+    order = mix_seed(seed, epoch)
     for part, docs in iter_slices(corpus, cfg.heldout_percent, "train", rank, world, order, slices):
         units = [(d, i) for d, doc in enumerate(docs) for i in range(len(doc))]
-        random.Random(order * 1_000_003 + part).shuffle(units)
+        random.Random(mix_seed(order, part)).shuffle(units)
         for d, i in units:
             yield docs[d], i
 
@@ -173,7 +173,7 @@ def train_batches(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig, d
                   seed: int) -> Iterator[dict]:
     """Endless stream of collated batches from this worker's shard of the training documents; the same
     for the same seed (a resume rebuilds it and passes over the batches already trained on)."""
-    rng = random.Random(seed * 1_000_003 + rank)
+    rng = random.Random(mix_seed(seed, rank))
     epoch = 0
     while True:
         buf: list[Example] = []

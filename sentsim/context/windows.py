@@ -165,8 +165,14 @@ def iter_documents(
         yield from _scan(corpus, heldout_percent, split, rank, world, None)
         return
     for part, docs in iter_slices(corpus, heldout_percent, split, rank, world, order_seed, slices):
-        random.Random(order_seed * 1_000_003 + part).shuffle(docs)
+        random.Random(mix_seed(order_seed, part)).shuffle(docs)
         yield from docs
+
+
+def mix_seed(seed: int, part: int) -> int:
+    """One seed from two (a run's seed and its pass, a pass and a slice, a seed and a worker's rank): the
+    one formula every copy of the training stream uses, so a resumed or replayed stream is the same one."""
+    return seed * 1_000_003 + part
 
 
 def iter_slices(corpus: str, heldout_percent: float, split: str, rank: int, world: int, order_seed: int,
