@@ -14,6 +14,9 @@ Spearman x 100 against gold with a 95% bootstrap interval (1,000 resamples). Poi
 bench/results/teacher_curve.json (a label run again replaces its points); the table
 bench/results/teacher_curve.md and the plot bench/results/teacher_curve.png are redrawn from all of them.
 TF-IDF cosine on the same pairs is the baseline row. Runs resume: a cut-off harvest continues.
+
+Each point's per-pair scores go to bench/results/teacher_curve_scores.json as well, so that --compare
+still pairs two points after their harvests (in the user cache) are gone; it prefers the harvest.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from common import bootstrap, machine, paired_bootstrap, pyplot  # noqa: E402
 STSB_DEV = ROOT.parent / "shared" / "data" / "sts" / "stsbenchmark" / "sts-dev.csv"
 RESULTS = ROOT / "bench" / "results"
 SAMPLE_SEED, SAMPLE_N = 0, 300
+SCORES = "teacher_curve_scores.json"
 
 
 def dev_sample(work: Path, n: int = SAMPLE_N) -> Path:
@@ -108,9 +112,11 @@ def points_of(run: Path, label: str, size: int, group: int, cpu_per_pair: float)
     n, items = len(t), len(cs)
     gold = t.gold.to_numpy(dtype=float)
     variants = ["paper", "union", "centred"] if group > 1 else ["paper"]
-    out = []
+    out, scores = [], {}
     for v in variants:
         col = "score" if group <= 1 else f"score_{v}"
+        scores[score_key(label, size, group, v)] = [
+            [pid, float(sc), float(g)] for pid, sc, g in zip(t.pair_id.tolist(), t[col], gold) if sc == sc]
         rho, lo, hi, used = bootstrap(t[col].to_numpy(dtype=float), gold)
         share = len(paper_items) / items if v == "paper" else 1.0
         ctx = np.mean([len(own[a]) + len(own[b]) for a, b in zip(t.s1_id, t.s2_id)])
@@ -122,13 +128,23 @@ def points_of(run: Path, label: str, size: int, group: int, cpu_per_pair: float)
                     "spearman": rho, "lo": lo, "hi": hi, "pairs": used, "of": n,
                     "contexts_per_pair": float(ctx), "items_per_pair": items * share / n,
                     "cpu_s_per_pair": cpu_per_pair * share if cpu_per_pair else None})
-    return out
+    return out, scores
 
 
-def compare(work: Path, n: int, first: str, second: str) -> int:
-    """Print the paired bootstrap of two points' Spearman difference over the pairs both scored."""
+def score_key(label: str, size, group, variant: str) -> str:
+    """LABEL:K:G:VARIANT, G being the harvest's group size (a grouped run's paper row included)."""
+    return f"{label}:{size}:{group}:{variant}"
+
+
+def compare(work: Path, n: int, first: str, second: str, results: Path) -> int:
+    """Print the paired bootstrap of two points' Spearman difference over the pairs both scored: from
+    their harvests where they are still on disk, else from the per-pair scores kept in the results."""
+    import pandas as pd
+
     from storage.reader import RunReader
 
+    stored_file = results / SCORES
+    stored = json.loads(stored_file.read_text()) if stored_file.is_file() else {}
     cols = []
     for spec in (first, second):
         label, k, g, *variant = spec.split(":") + [""] * 2
@@ -136,11 +152,17 @@ def compare(work: Path, n: int, first: str, second: str) -> int:
                 and not any(variant[1:])):
             raise SystemExit(f"teacher_curve: --compare {spec!r}: expected LABEL:K:G[:paper|union|centred]")
         run = work / f"{label}-n{n}-k{k}-g{g}"
-        if not run.is_dir():
-            raise SystemExit(f"teacher_curve: --compare {spec!r}: no harvest at {run}")
-        col = "score" if int(g) <= 1 else f"score_{variant[0] or 'paper'}"
-        t = RunReader(str(run)).read_table("pairs", ["pair_id", col, "gold"]).to_pandas()
-        cols.append(t.set_index("pair_id").rename(columns={col: spec}))
+        key = score_key(label, k, g, variant[0] or "paper")
+        if run.is_dir():
+            col = "score" if int(g) <= 1 else f"score_{variant[0] or 'paper'}"
+            t = RunReader(str(run)).read_table("pairs", ["pair_id", col, "gold"]).to_pandas()
+            t = t.rename(columns={col: spec})
+        elif key in stored:
+            t = pd.DataFrame(stored[key], columns=["pair_id", spec, "gold"])
+        else:
+            raise SystemExit(f"teacher_curve: --compare {spec!r}: no harvest at {run} and no scores for {key} "
+                             f"in {stored_file}")
+        cols.append(t.set_index("pair_id"))
     both = cols[0].join(cols[1][[second]], how="inner").dropna()
     a, b, gold = (both[c].to_numpy(dtype=float) for c in (first, second, "gold"))
     d, lo, hi = paired_bootstrap(a, b, gold)
@@ -234,9 +256,9 @@ def main(argv=None) -> int:
     work = Path(args.work or Path(os.environ.get("SENTSIM_CACHE", "~/.cache/sentsim")).expanduser() / "curve")
     work.mkdir(parents=True, exist_ok=True)
     sample = dev_sample(work, args.pairs)
-    if args.compare:
-        return compare(work, args.pairs, *args.compare)
     results = Path(args.results)
+    if args.compare:
+        return compare(work, args.pairs, *args.compare, results)
     results.mkdir(parents=True, exist_ok=True)
     store = results / "teacher_curve.json"
     points = json.loads(store.read_text()) if store.exists() else []
@@ -256,7 +278,11 @@ def main(argv=None) -> int:
             if scored:  # CPU-seconds and pairs add up over the runs of a resumed harvest
                 cost = {"cpu_s": cost.get("cpu_s", 0.0) + cpu, "pairs": cost.get("pairs", 0) + scored}
                 cpu_file.write_text(json.dumps(cost))
-            new = points_of(run, args.label, k, args.group, cost.get("cpu_s", 0.0) / max(cost.get("pairs", 0), 1))
+            new, scores = points_of(run, args.label, k, args.group,
+                                    cost.get("cpu_s", 0.0) / max(cost.get("pairs", 0), 1))
+            scores_file = results / SCORES
+            kept = json.loads(scores_file.read_text()) if scores_file.is_file() else {}
+            scores_file.write_text(json.dumps({**kept, **scores}, sort_keys=True) + "\n")
             keep = [p for p in points if not (p["label"] == args.label and p["size"] == k
                                               and (p["variant"] == "paper" or p["group"] == args.group))]
             points = keep + new
