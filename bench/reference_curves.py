@@ -14,11 +14,13 @@ target token) and the context-use gap (loss with sources shuffled across windows
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -31,16 +33,28 @@ DIRECTIONS = ["fwd", "left", "right"]
 
 def snapshots(ref: Path) -> list[tuple[str, int, Path]]:
     """(stream, target tokens, folder) of every snapshot: stream is the folder's suffix (snapshots-corpus-order/
-    holds the models of the old corpus-order stream), "mixed" for snapshots/."""
+    holds the models of the old corpus-order stream), "windows" for snapshots/, which `make reference`
+    trains on the window stream (the results' snapshots-mixed/ rows were its models before 73c5abd)."""
     out = []
     for folder in sorted(ref.glob("snapshots*")):
-        stream = folder.name.removeprefix("snapshots").lstrip("-") or "mixed"
+        stream = folder.name.removeprefix("snapshots").lstrip("-") or "windows"
         for snap in folder.glob("tokens-*"):
             if (snap / "context.json").is_file():
                 summary = json.loads((snap / "train_summary.json").read_text())
                 tokens = sum(r["target_tokens_seen"] for r in summary["runs"].values())
                 out.append((stream, tokens, snap))
     return sorted(out, key=lambda x: (x[0], x[1]))
+
+
+def weights_sha256(snap: Path) -> str:
+    """sha256 over a snapshot's safetensors files, in name order (about a second for the 49M model)."""
+    h = hashlib.sha256()
+    for f in sorted(snap.glob("models/**/*.safetensors")):
+        h.update(f.relative_to(snap).as_posix().encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+    return h.hexdigest()
 
 
 def main(argv=None) -> int:
@@ -72,14 +86,17 @@ def main(argv=None) -> int:
     # rows already scored on the same number of windows are kept (an evaluation is minutes on a CPU)
     rows = [] if args.redo or not store.is_file() else [
         r for r in json.loads(store.read_text()) if r.get("windows_asked", r["windows"]["fwd"]) == args.windows]
-    done = {r["snapshot"] for r in rows}
+    # a row stands for the weights it scored, not for a folder name: the cache is rebuilt on a new machine,
+    # and a snapshot of the same name can hold another model (rows from before the hash are never matched)
+    done = {r.get("weights_sha256") for r in rows} - {None}
 
-    def measure(name: str, stream: str, tokens: int, tok, model) -> None:
+    def measure(name: str, stream: str, tokens: int, tok, model, sha: Optional[str] = None) -> None:
         if tok.sha256 not in heldout:
             heldout[tok.sha256] = heldout_examples(corpus, tok, cfg, DIRECTIONS)
         t0 = time.perf_counter()
         ev = evaluate(model, heldout[tok.sha256], tok, cfg.batch_tokens)
         rows.append({"snapshot": name, "stream": stream, "target_tokens": tokens, "windows_asked": args.windows,
+                     "weights_sha256": sha,
                      **{f"{d}_{k}": ev[d][k] for d in DIRECTIONS for k in ("loss", "context_gap")},
                      "windows": {d: ev[d]["windows"] for d in DIRECTIONS},
                      "tokens": {d: ev[d]["tokens"] for d in DIRECTIONS}, "seconds": round(time.perf_counter() - t0, 1)})
@@ -88,16 +105,17 @@ def main(argv=None) -> int:
               f"{r['fwd_context_gap']:+.3f}/{r['left_context_gap']:+.3f}/{r['right_context_gap']:+.3f} "
               f"({r['seconds']:.0f}s)", flush=True)
 
-    if "warm start (untrained)" not in done:
+    if not any(r["snapshot"] == "warm start (untrained)" for r in rows):
         first_cfg, first_tok, _ = load_bundle(found[0][2])
         measure("warm start (untrained)", "-", 0, first_tok, build_model(first_cfg, first_tok, seed=cfg.seed))
     for stream, tokens, snap in found:
-        if f"{snap.parent.name}/{snap.name}" in done:
+        sha = weights_sha256(snap)
+        if sha in done:
             continue
         _, tok, models = load_bundle(snap)
         if len({id(m) for m in models.values()}) != 1:
             raise SystemExit(f"reference_curves: {snap} has one model per direction; this script scores shared ones")
-        measure(f"{snap.parent.name}/{snap.name}", stream, tokens, tok, models["fwd"])
+        measure(f"{snap.parent.name}/{snap.name}", stream, tokens, tok, models["fwd"], sha)
 
     rows.sort(key=lambda r: (r["stream"] != "-", r["stream"], r["target_tokens"]))
     store.write_text(json.dumps(rows, indent=1))
