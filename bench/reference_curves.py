@@ -14,7 +14,6 @@ target token) and the context-use gap (loss with sources shuffled across windows
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -46,17 +45,6 @@ def snapshots(ref: Path) -> list[tuple[str, int, Path]]:
     return sorted(out, key=lambda x: (x[0], x[1]))
 
 
-def weights_sha256(snap: Path) -> str:
-    """sha256 over a snapshot's safetensors files, in name order (about a second for the 49M model)."""
-    h = hashlib.sha256()
-    for f in sorted(snap.glob("models/**/*.safetensors")):
-        h.update(f.relative_to(snap).as_posix().encode())
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                h.update(block)
-    return h.hexdigest()
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", default=None, help="cache folder (default: SENTSIM_CACHE or ~/.cache/sentsim)")
@@ -72,6 +60,7 @@ def main(argv=None) -> int:
     from sentsim.context.config import ContextTrainConfig
     from sentsim.context.model import build_model, load_bundle
     from sentsim.context.train import evaluate, heldout_examples
+    from sentsim.rank.targets import checkpoint_hash
 
     ref = Path(args.cache or os.environ.get("SENTSIM_CACHE") or "~/.cache/sentsim").expanduser() / "reference"
     corpus = str(ref / "corpus")
@@ -86,17 +75,18 @@ def main(argv=None) -> int:
     # rows already scored on the same number of windows are kept (an evaluation is minutes on a CPU)
     rows = [] if args.redo or not store.is_file() else [
         r for r in json.loads(store.read_text()) if r.get("windows_asked", r["windows"]["fwd"]) == args.windows]
-    # a row stands for the weights it scored, not for a folder name: the cache is rebuilt on a new machine,
-    # and a snapshot of the same name can hold another model (rows from before the hash are never matched)
-    done = {r.get("weights_sha256") for r in rows} - {None}
+    # a row stands for the model it scored (the harvest's checkpoint_hash), not for a folder name: the cache
+    # is rebuilt on a new machine, and a snapshot of the same name can hold another model (rows from
+    # before the hash are never matched)
+    done = {r.get("checkpoint_hash") for r in rows} - {None}
 
-    def measure(name: str, stream: str, tokens: int, tok, model, sha: Optional[str] = None) -> None:
+    def measure(name: str, stream: str, tokens: int, tok, model, model_id: Optional[str] = None) -> None:
         if tok.sha256 not in heldout:
             heldout[tok.sha256] = heldout_examples(corpus, tok, cfg, DIRECTIONS)
         t0 = time.perf_counter()
         ev = evaluate(model, heldout[tok.sha256], tok, cfg.batch_tokens)
         rows.append({"snapshot": name, "stream": stream, "target_tokens": tokens, "windows_asked": args.windows,
-                     "weights_sha256": sha,
+                     "checkpoint_hash": model_id,
                      **{f"{d}_{k}": ev[d][k] for d in DIRECTIONS for k in ("loss", "context_gap")},
                      "windows": {d: ev[d]["windows"] for d in DIRECTIONS},
                      "tokens": {d: ev[d]["tokens"] for d in DIRECTIONS}, "seconds": round(time.perf_counter() - t0, 1)})
@@ -109,13 +99,13 @@ def main(argv=None) -> int:
         first_cfg, first_tok, _ = load_bundle(found[0][2])
         measure("warm start (untrained)", "-", 0, first_tok, build_model(first_cfg, first_tok, seed=cfg.seed))
     for stream, tokens, snap in found:
-        sha = weights_sha256(snap)
-        if sha in done:
+        model_id = checkpoint_hash(str(snap))
+        if model_id in done:
             continue
         _, tok, models = load_bundle(snap)
         if len({id(m) for m in models.values()}) != 1:
             raise SystemExit(f"reference_curves: {snap} has one model per direction; this script scores shared ones")
-        measure(f"{snap.parent.name}/{snap.name}", stream, tokens, tok, models["fwd"], sha)
+        measure(f"{snap.parent.name}/{snap.name}", stream, tokens, tok, models["fwd"], model_id)
 
     rows.sort(key=lambda r: (r["stream"] != "-", r["stream"], r["target_tokens"]))
     store.write_text(json.dumps(rows, indent=1))
