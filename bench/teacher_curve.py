@@ -114,7 +114,7 @@ def points_of(run: Path, label: str, size: int, group: int, cpu_per_pair: float)
     variants = ["paper", "union", "centred"] if group > 1 else ["paper"]
     out, scores = [], {}
     for v in variants:
-        col = "score" if group <= 1 else f"score_{v}"
+        col = score_column(group, v)
         scores[score_key(label, size, group, v)] = [
             [pid, float(sc), float(g)] for pid, sc, g in zip(t.pair_id.tolist(), t[col], gold) if sc == sc]
         rho, lo, hi, used = bootstrap(t[col].to_numpy(dtype=float), gold)
@@ -131,6 +131,17 @@ def points_of(run: Path, label: str, size: int, group: int, cpu_per_pair: float)
     return out, scores
 
 
+def score_column(group, variant: str) -> str:
+    """The pairs column of a variant's Eq. 4: `score` ungrouped, `score_<variant>` in a grouped harvest."""
+    return "score" if int(group) <= 1 else f"score_{variant}"
+
+
+def load_scores(results: Path) -> dict:
+    """The per-pair scores kept for every point, by score_key (empty before the first point)."""
+    f = results / SCORES
+    return json.loads(f.read_text()) if f.is_file() else {}
+
+
 def score_key(label: str, size, group, variant: str) -> str:
     """LABEL:K:G:VARIANT, G being the harvest's group size (a grouped run's paper row included)."""
     return f"{label}:{size}:{group}:{variant}"
@@ -143,8 +154,7 @@ def compare(work: Path, n: int, first: str, second: str, results: Path) -> int:
 
     from storage.reader import RunReader
 
-    stored_file = results / SCORES
-    stored = json.loads(stored_file.read_text()) if stored_file.is_file() else {}
+    stored = load_scores(results)
     cols = []
     for spec in (first, second):
         label, k, g, *variant = spec.split(":") + [""] * 2
@@ -152,16 +162,17 @@ def compare(work: Path, n: int, first: str, second: str, results: Path) -> int:
                 and not any(variant[1:])):
             raise SystemExit(f"teacher_curve: --compare {spec!r}: expected LABEL:K:G[:paper|union|centred]")
         run = work / f"{label}-n{n}-k{k}-g{g}"
-        key = score_key(label, k, g, variant[0] or "paper")
+        v = variant[0] or "paper"
+        key = score_key(label, k, g, v)
         if run.is_dir():
-            col = "score" if int(g) <= 1 else f"score_{variant[0] or 'paper'}"
+            col = score_column(g, v)
             t = RunReader(str(run)).read_table("pairs", ["pair_id", col, "gold"]).to_pandas()
             t = t.rename(columns={col: spec})
         elif key in stored:
             t = pd.DataFrame(stored[key], columns=["pair_id", spec, "gold"])
         else:
             raise SystemExit(f"teacher_curve: --compare {spec!r}: no harvest at {run} and no scores for {key} "
-                             f"in {stored_file}")
+                             f"in {results / SCORES}")
         cols.append(t.set_index("pair_id"))
     both = cols[0].join(cols[1][[second]], how="inner").dropna()
     a, b, gold = (both[c].to_numpy(dtype=float) for c in (first, second, "gold"))
@@ -280,9 +291,7 @@ def main(argv=None) -> int:
                 cpu_file.write_text(json.dumps(cost))
             new, scores = points_of(run, args.label, k, args.group,
                                     cost.get("cpu_s", 0.0) / max(cost.get("pairs", 0), 1))
-            scores_file = results / SCORES
-            kept = json.loads(scores_file.read_text()) if scores_file.is_file() else {}
-            scores_file.write_text(json.dumps({**kept, **scores}, sort_keys=True) + "\n")
+            (results / SCORES).write_text(json.dumps({**load_scores(results), **scores}, sort_keys=True) + "\n")
             keep = [p for p in points if not (p["label"] == args.label and p["size"] == k
                                               and (p["variant"] == "paper" or p["group"] == args.group))]
             points = keep + new
