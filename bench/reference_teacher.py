@@ -2,6 +2,7 @@
 
     python bench/reference_teacher.py [--data ../shared/data] [--cache ~/.cache/sentsim]
                                       [--milestones 150000,250000,400000,1000000] [--threads N]
+                                      [--train-on PREFIX[,PREFIX...]]
 
 Steps, each a real `sentsim` command and each resumable (run it again after a kill and it goes on):
   1. `sentsim corpus build` of every shared corpus (Wikipedia slice, Gutenberg, speeches) into
@@ -12,6 +13,12 @@ Steps, each a real `sentsim` command and each resumable (run it again after a ki
      CACHE/reference/snapshots/tokens-N (the curve of issue 15 scores them).
 CACHE/reference/DONE.json is written last, with the times of each step. `configs/teacher.yaml` points
 at these folders.
+
+--train-on enwiki trains the context model on the documents whose doc_id starts with `enwiki` (the
+Wikipedia slice) into CACHE/reference/context-enwiki, snapshots in snapshots-enwiki/ and
+DONE-enwiki.json; corpus and index stay the whole shared corpora, which retrieval uses. It is the same
+stream as a corpus of the Wikipedia file alone (Wikipedia is the first input, so its documents keep
+their keys and slices).
 
 Determinism: same seed and same corpus files give the same model; a resumed run rebuilds the same
 data stream and passes over the batches it already trained on, so it goes on where it stopped.
@@ -55,8 +62,15 @@ def main(argv=None) -> int:
     ap.add_argument("--milestones", default="150000,250000,400000,1000000",
                     help="target-token counts at which the bundle is snapshotted; training stops at the last")
     ap.add_argument("--threads", type=int, default=0, help="torch threads for training (0 = every core)")
+    ap.add_argument("--train-on", default="", metavar="PREFIXES",
+                    help="train the context model only on documents whose doc_id starts with one of these "
+                         "comma-separated prefixes (e.g. enwiki); default: every document")
     args = ap.parse_args(argv)
     ref = cache_root(args.cache)
+    prefixes = [x.strip() for x in args.train_on.split(",") if x.strip()]
+    # a variant has its own bundle, snapshots and record, beside the default teacher's
+    suffix = "".join(f"-{''.join(c if c.isalnum() else '_' for c in x)}" for x in prefixes)
+    train_set = ["--set", "doc_id_prefixes=[" + ", ".join(json.dumps(x) for x in prefixes) + "]"] if prefixes else []
     ref.mkdir(parents=True, exist_ok=True)
     inputs = [Path(args.data) / "corpus" / name for name in CORPORA]
     missing = [str(p) for p in inputs if not p.is_file()]
@@ -80,23 +94,24 @@ def main(argv=None) -> int:
     milestones = sorted(int(m) for m in args.milestones.split(",") if m.strip())
     times["training_s"] = {}
     for m in milestones:
-        snap = ref / "snapshots" / f"tokens-{m}"
+        snap = ref / f"snapshots{suffix}" / f"tokens-{m}"
         if (snap / "context.json").exists():
             continue
         t0 = time.perf_counter()
-        sentsim("train", "context", "--corpus", str(ref / "corpus"), "--out", str(ref / "context"),
+        sentsim("train", "context", "--corpus", str(ref / "corpus"), "--out", str(ref / f"context{suffix}"),
                 "--config", str(ROOT / "configs" / "reference_context.yaml"),
-                "--set", f"max_target_tokens={m}", "--set", f"torch_threads={args.threads}")
+                "--set", f"max_target_tokens={m}", "--set", f"torch_threads={args.threads}", *train_set)
         times["training_s"][m] = round(time.perf_counter() - t0, 1)
         tmp = snap.with_name(snap.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        for src in (ref / "context").iterdir():  # the bundle, without the training state (runs/, tokenizer/)
+        for src in (ref / f"context{suffix}").iterdir():  # the bundle, without the training state (runs/, tokenizer/)
             if src.name not in ("runs", "tokenizer", "run.json"):
                 (shutil.copytree if src.is_dir() else shutil.copy2)(src, tmp / src.name)
         tmp.rename(snap)  # a snapshot folder exists only once it is whole
         print(f"reference: snapshot at {m:,} target tokens -> {snap}", flush=True)
-    (ref / "DONE.json").write_text(json.dumps({"milestones": milestones, "times": times}, indent=1))
+    (ref / f"DONE{suffix}.json").write_text(json.dumps({"milestones": milestones, "train_on": prefixes,
+                                                         "times": times}, indent=1))
     print(json.dumps({"reference": str(ref), **times}))
     return 0
 

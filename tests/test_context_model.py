@@ -313,3 +313,46 @@ def test_training_stream_mixes_the_corpus_and_a_resume_goes_on_where_it_stopped(
     resumed = list(itertools.islice(trainee.batches(SimpleNamespace(rank=0, world=1), 0, 5), 3))
     for a, b in zip(fresh[5:], resumed, strict=True):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_doc_id_prefixes_train_and_hold_out_only_the_chosen_documents(corpus_dir):
+    """doc_id_prefixes keeps the training stream and the held-out set to the documents it names (a
+    Wikipedia-only teacher from the full corpus), every such sentence once a pass; a prefix that names
+    nothing is a one-line error, and a run trained before the setting existed keeps its fingerprint."""
+    from sentsim.config import fingerprint, load_config
+    from sentsim.context.train import RESUMABLE, heldout_examples, run_fingerprint, train_windows
+    from sentsim.errors import UsageError
+
+    cfg = ContextTrainConfig.model_validate({"model": TINY_MODEL, **TRAIN, "doc_id_prefixes": ["nltk:inaugural"]})
+    every = list(iter_documents(corpus_dir, 20, "train"))
+    chosen = list(iter_documents(corpus_dir, 20, "train", doc_prefixes=["nltk:inaugural"]))
+    assert 0 < len(chosen) < len(every)
+    seq = [(tuple(d), i) for d, i in train_windows(corpus_dir, cfg, 0, 1, seed=7, epoch=0, slices=2)]
+    assert sorted(seq) == sorted((tuple(d), i) for d in chosen for i in range(len(d)))
+    others = {tuple(d) for d in every} - {tuple(d) for d in chosen}
+    assert others and not others & {d for d, _ in seq}
+
+    tok = train_bpe((s for d in every for s in d), 500)
+    held_all = list(iter_documents(corpus_dir, 20, "heldout"))
+    held_chosen = list(iter_documents(corpus_dir, 20, "heldout", doc_prefixes=["nltk:inaugural"]))
+    assert 0 < len(held_chosen) < len(held_all)
+    # a fwd example's target is its sentence (+ </s>, or cut): compare its first 16 tokens
+    allowed = {tuple((tok.encode([s])[0] + [tok.ids["eos"]])[:16]) for d in held_chosen for s in d}
+    exs = heldout_examples(corpus_dir, tok, cfg, ["fwd"])["fwd"]
+    assert exs and all(tuple(e.tgt[:16]) in allowed for e in exs)
+
+    nothing = cfg.model_copy(update={"doc_id_prefixes": ["enwiki:"]})
+    with pytest.raises(UsageError, match=r"held-out windows among the documents with doc_id prefixes \['enwiki:'\]"):
+        heldout_examples(corpus_dir, tok, nothing, ["fwd"])
+    with pytest.raises(UsageError, match="empty prefix"):
+        load_config(ContextTrainConfig, None, ['doc_id_prefixes=[""]'])
+    with pytest.raises(UsageError, match="quote a prefix"):  # YAML reads [enwiki:] as [{enwiki: null}]
+        load_config(ContextTrainConfig, None, ["doc_id_prefixes=[enwiki:]"])
+    assert load_config(ContextTrainConfig, None, ['doc_id_prefixes=["enwiki:", nltk]']).doc_id_prefixes == \
+        ["enwiki:", "nltk"]
+
+    # a config recorded before doc_id_prefixes existed had no such key: at its default it is left out
+    plain = ContextTrainConfig.model_validate({"model": TINY_MODEL, **TRAIN})
+    before = {k: v for k, v in plain.model_dump().items() if k not in RESUMABLE and k != "doc_id_prefixes"}
+    assert run_fingerprint(plain, "c", "") == fingerprint("context", before, "c", "")
+    assert run_fingerprint(cfg, "c", "") != run_fingerprint(plain, "c", "")

@@ -68,7 +68,8 @@ def prepare_tokenizer(cfg: ContextTrainConfig, corpus: str, tokenizer_from: str 
     def texts():
         n = 0
         # a mix of every source, not the first source's first documents
-        for doc in iter_documents(corpus, cfg.heldout_percent, "train", order_seed=cfg.seed):
+        for doc in iter_documents(corpus, cfg.heldout_percent, "train", order_seed=cfg.seed,
+                                  doc_prefixes=cfg.doc_id_prefixes):
             for s in doc:
                 yield s
                 n += 1
@@ -162,7 +163,8 @@ def train_windows(corpus: str, cfg: ContextTrainConfig, rank: int, world: int, s
     "The window stream"). Shuffled windows make any
     stretch of the stream a sample of the whole slice, each source in its share of sentences."""
     order = mix_seed(seed, epoch)
-    for part, docs in iter_slices(corpus, cfg.heldout_percent, "train", rank, world, order, slices):
+    for part, docs in iter_slices(corpus, cfg.heldout_percent, "train", rank, world, order, slices,
+                                  cfg.doc_id_prefixes):
         units = [(d, i) for d, doc in enumerate(docs) for i in range(len(doc))]
         random.Random(mix_seed(order, part)).shuffle(units)
         for d, i in units:
@@ -191,17 +193,23 @@ def train_batches(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig, d
             for b in token_batches(buf, cfg.batch_tokens, rng):
                 yield collate(b, tok.pad_id, tok.bos_id)
         if produced == 0:
-            raise UsageError(f"{corpus}: no training windows for worker {rank}/{world} "
+            raise UsageError(f"{corpus}: no training windows{_among(cfg)} for worker {rank}/{world} "
                              f"(corpus too small for heldout_percent={cfg.heldout_percent} and {world} workers?)")
         epoch += 1
+
+
+def _among(cfg: ContextTrainConfig) -> str:
+    """The document filter, for an error message that says why nothing was found."""
+    return f" among the documents with doc_id prefixes {cfg.doc_id_prefixes}" if cfg.doc_id_prefixes else ""
 
 
 def heldout_examples(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig, directions) -> dict:
     """Per direction, up to `heldout_windows` examples from the held-out documents (fixed sample)."""
     pool = {d: [] for d in directions}
     cap = cfg.heldout_windows * 20
-    # from every source (8 slices: each is a scan, and held-out documents are few); fixed, whatever the seed
-    for doc in iter_documents(corpus, cfg.heldout_percent, "heldout", order_seed=0, slices=8):
+    # from every source trained on (8 slices: each is a scan, and held-out documents are few); fixed, whatever the seed
+    for doc in iter_documents(corpus, cfg.heldout_percent, "heldout", order_seed=0, slices=8,
+                              doc_prefixes=cfg.doc_id_prefixes):
         for d in directions:
             if len(pool[d]) < cap:
                 pool[d].extend(_examples_of_doc(doc, tok, cfg, [d]))
@@ -211,7 +219,7 @@ def heldout_examples(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig
     out = {}
     for d, exs in pool.items():
         if len(exs) < 2:
-            raise UsageError(f"{corpus}: fewer than 2 held-out windows for direction {d!r}; "
+            raise UsageError(f"{corpus}: fewer than 2 held-out windows{_among(cfg)} for direction {d!r}; "
                              f"raise heldout_percent or use a larger corpus")
         out[d] = rng.sample(exs, min(len(exs), cfg.heldout_windows))
     return out
@@ -358,6 +366,9 @@ def build_trainee(config: dict, session, ckpt: Optional[Path]) -> ContextTrainee
 # settings a resumed run may change (how long and how wide, not what is trained): left out of the fingerprint
 RESUMABLE = ("max_steps", "max_seconds", "eval_every", "checkpoint_every", "num_workers", "cpus_per_worker", "use_gpu",
              "torch_threads", "executor", "heldout_windows", "bf16", "max_target_tokens")
+# settings added after runs were trained: counted in the fingerprint only when set away from the default, so
+# a run from before the setting existed still resumes
+ADDED_LATER = {"doc_id_prefixes": []}
 
 
 def loop_settings(cfg: ContextTrainConfig, name: str) -> dict:
@@ -375,6 +386,18 @@ def loop_settings(cfg: ContextTrainConfig, name: str) -> dict:
     }
 
 
+def run_fingerprint(cfg: ContextTrainConfig, corpus_id: str, tokenizer_from: str) -> str:
+    """What a run trains (its config less RESUMABLE, its corpus and tokenizer): another fingerprint at the
+    same --out is refused. A setting in ADDED_LATER left at its default is left out, as in older runs."""
+    from sentsim.config import fingerprint
+
+    what = {k: v for k, v in cfg.model_dump().items() if k not in RESUMABLE}
+    for k, default in ADDED_LATER.items():
+        if what.get(k) == default:
+            what.pop(k)
+    return fingerprint("context", what, corpus_id, tokenizer_from)
+
+
 def _absolute_paths(cfg: ContextTrainConfig) -> ContextTrainConfig:
     """Checkpoint paths in the config, made absolute on the driver: the Train workers read them from
     their own working directory."""
@@ -388,7 +411,6 @@ def _absolute_paths(cfg: ContextTrainConfig) -> ContextTrainConfig:
 def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = None, tokenizer_from: str = "",
                   address: Optional[str] = None, force_new: bool = False) -> dict:
     """Train the context model(s) and write the bundle to `out`. Returns a summary (also `out/train_summary.json`)."""
-    from sentsim.config import fingerprint
     from sentsim.runtime import absolute_local
     from sentsim.training.run import claim_out, fit, quiet_progress
 
@@ -403,8 +425,7 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
         corpus_id = corpus_fingerprint(corpus)
     except UsageError:
         corpus_id = corpus  # no manifest: the parts are checked when read
-    what = {k: v for k, v in cfg.model_dump().items() if k not in RESUMABLE}
-    run_id = fingerprint("context", what, corpus_id, tokenizer_from)
+    run_id = run_fingerprint(cfg, corpus_id, tokenizer_from)
     claim_out(out_p, run_id, {"config": cfg.model_dump(), "corpus": corpus, "tokenizer_from": tokenizer_from},
               force_new, out_arg, state=("runs", "tokenizer"))
     tok_dir = out_p / "tokenizer"

@@ -150,6 +150,7 @@ def iter_documents(
     world: int = 1,
     order_seed: Optional[int] = None,
     slices: int = 64,
+    doc_prefixes: Sequence[str] = (),
 ) -> Iterator[list[str]]:
     """Runs of consecutive sentences of one document, streamed part by part (a gap in sent_idx starts a
     new run). split: "train" | "heldout" | "all". Training documents are sharded over `world` workers.
@@ -160,11 +161,13 @@ def iter_documents(
     source, and shuffled, any stretch of the stream does too. (A slice read in corpus order gave a
     training run shorter than one slice, as every run on a CPU is, Wikipedia and then Gutenberg.)
     Each slice is one scan of the sentences table (seconds, against hours of training on it), and
-    its documents are held in memory while they are handed out: 1/`slices` of the corpus' text."""
+    its documents are held in memory while they are handed out: 1/`slices` of the corpus' text.
+
+    doc_prefixes: only documents whose doc_id starts with one of them (all documents when empty)."""
     if order_seed is None:
-        yield from _scan(corpus, heldout_percent, split, rank, world, None)
+        yield from _scan(corpus, heldout_percent, split, rank, world, None, doc_prefixes)
         return
-    for part, docs in iter_slices(corpus, heldout_percent, split, rank, world, order_seed, slices):
+    for part, docs in iter_slices(corpus, heldout_percent, split, rank, world, order_seed, slices, doc_prefixes):
         random.Random(mix_seed(order_seed, part)).shuffle(docs)
         yield from docs
 
@@ -176,21 +179,24 @@ def mix_seed(seed: int, part: int) -> int:
 
 
 def iter_slices(corpus: str, heldout_percent: float, split: str, rank: int, world: int, order_seed: int,
-                slices: int = 64) -> Iterator[tuple[int, list[list[str]]]]:
+                slices: int = 64, doc_prefixes: Sequence[str] = ()) -> Iterator[tuple[int, list[list[str]]]]:
     """(slice number, its documents in corpus order), the slices in a permutation of `order_seed`:
     one scan of the sentences table each. The training stream shuffles inside a slice itself."""
     for part in random.Random(order_seed).sample(range(slices), slices):
-        yield part, list(_scan(corpus, heldout_percent, split, rank, world, (part, slices)))
+        yield part, list(_scan(corpus, heldout_percent, split, rank, world, (part, slices), doc_prefixes))
 
 
 def _scan(corpus: str, heldout_percent: float, split: str, rank: int, world: int,
-          part: Optional[tuple]) -> Iterator[list[str]]:
+          part: Optional[tuple], doc_prefixes: Sequence[str] = ()) -> Iterator[list[str]]:
     cut = int(round(heldout_percent * 100))
+    prefixes = tuple(doc_prefixes)
+    columns = ["sentence_id", "text"] + (["doc_id"] if prefixes else [])  # doc_id only when it is asked about
     cur_key, cur_sid, run = None, None, []
-    for batch in open_sentences(corpus).iter_batches("sentences", ["sentence_id", "text"], batch_size=8192):
-        sids = batch.column(0).to_pylist()
-        texts = batch.column(1).to_pylist()
-        for sid, text in zip(sids, texts):
+    for batch in open_sentences(corpus).iter_batches("sentences", columns, batch_size=8192):
+        sids = batch.column("sentence_id").to_pylist()
+        texts = batch.column("text").to_pylist()
+        doc_ids = batch.column("doc_id").to_pylist() if prefixes else None
+        for j, (sid, text) in enumerate(zip(sids, texts)):
             key = doc_key_of(sid)
             if key != cur_key or sid != cur_sid + 1:
                 if run:
@@ -204,6 +210,8 @@ def _scan(corpus: str, heldout_percent: float, split: str, rank: int, world: int
                     keep = (b % world) == rank
                 if keep and part is not None:
                     keep = doc_slice(key, part[1]) == part[0]
+                if keep and prefixes:
+                    keep = (doc_ids[j] or "").startswith(prefixes)
                 cur_keep = keep
             cur_sid = sid
             if cur_keep:
