@@ -292,6 +292,8 @@ def main(argv=None) -> int:
             new, scores = points_of(run, args.label, k, args.group,
                                     cost.get("cpu_s", 0.0) / max(cost.get("pairs", 0), 1))
             (results / SCORES).write_text(json.dumps({**load_scores(results), **scores}, sort_keys=True) + "\n")
+            # read again: another run of this script may have added its points while this harvest ran
+            points = json.loads(store.read_text()) if store.exists() else []
             keep = [p for p in points if not (p["label"] == args.label and p["size"] == k
                                               and (p["variant"] == "paper" or p["group"] == args.group))]
             points = keep + new
