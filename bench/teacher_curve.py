@@ -61,12 +61,15 @@ def cpu_of_children() -> float:
 
 
 def pairs_committed(run: Path) -> int:
-    """Pairs in the units a harvest has committed so far (0 before it starts)."""
+    """Pairs in the units a harvest has committed so far (0 before it starts, or before its first unit)."""
     if not (run / "manifest.json").exists():
         return 0
     from storage.reader import RunReader
 
-    return RunReader(str(run)).read_table("pairs", columns=["pair_id"]).num_rows
+    reader = RunReader(str(run))
+    if not reader.files("pairs", required=False):  # stopped before its first unit was committed
+        return 0
+    return reader.read_table("pairs", columns=["pair_id"]).num_rows
 
 
 def harvest(sample: Path, out: Path, sets: list[str], threads: int) -> tuple[float, int]:
