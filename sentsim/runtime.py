@@ -52,6 +52,7 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> N
                 raise UsageError(f"Ray token auth: {str(exc).splitlines()[0]}\n{_TOKEN_HINT}") from None
             raise
         raise UsageError(f"could not start a local Ray: {str(exc).splitlines()[0]}") from None
+    one_line_coordinator_warnings()  # the driver runs Ray Data's executor and Ray Train's driver side
 
 
 def _require_token_auth() -> None:
@@ -138,7 +139,8 @@ def quiet_state_api_probe() -> None:
     the console, hundreds per training run, burying sentsim's progress lines; and with a second
     local Ray on the machine (two trainings at once) its address lookup fails outright and the
     monitor thread dies with a traceback. Pointing the lookup at this worker's own cluster and
-    muting that one logger fixes both; a local Ray's placement groups go with it anyway.
+    muting that one logger fixes both; a local Ray's placement groups go with it anyway. The
+    autoscaling coordinator's timeouts are folded onto one line here too (COORDINATOR_LOGGERS).
     """
     import logging
 
@@ -149,6 +151,42 @@ def quiet_state_api_probe() -> None:
     except Exception:  # a failing setup hook would take the worker down with it
         pass
     logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner").setLevel(logging.ERROR)
+    one_line_coordinator_warnings()
+
+
+# Ray's clients of the autoscaling coordinator (Train's resource requests, Data's autoscalers) give a
+# call 5 s; on an overloaded CPU it times out and they warn with a whole traceback, while their own
+# message says that this is safe to ignore when transient. A 2-core machine training beside a harvest
+# printed one in the middle of sentsim's progress lines. The warning stays, on one line.
+COORDINATOR_LOGGERS = (
+    "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client",
+    "ray.data._internal.cluster_autoscaler.default_cluster_autoscaler_v2",
+    "ray.data._internal.cluster_autoscaler.rate_based_cluster_autoscaler",
+)
+
+
+def one_line_coordinator_warnings() -> None:
+    """Fold the traceback of the COORDINATOR_LOGGERS' warnings into one line (the exception's type
+    and message); idempotent, in whichever process calls it (driver, or a worker's setup hook)."""
+    import logging
+
+    for name in COORDINATOR_LOGGERS:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _ExceptionOnOneLine) for f in log.filters):
+            log.addFilter(_ExceptionOnOneLine())
+
+
+class _ExceptionOnOneLine:
+    """A logging filter: a record's exception becomes a suffix of its message instead of a traceback."""
+
+    def filter(self, record) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            record.msg = f"{record.getMessage()} ({type(exc).__name__}{': ' + detail if detail else ''})"
+            record.args = ()
+            record.exc_info, record.exc_text = None, None
+        return True
 
 
 def cluster_cpus() -> int:
