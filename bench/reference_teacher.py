@@ -8,17 +8,19 @@ Steps, each a real `sentsim` command and each resumable (run it again after a ki
   1. `sentsim corpus build` of every shared corpus (Wikipedia slice, Gutenberg, speeches) into
      CACHE/reference/corpus;
   2. `sentsim index build` (TF-IDF bigrams) over its chunks into CACHE/reference/index;
-  3. `sentsim train context --config configs/reference_context.yaml` into CACHE/reference/context,
+  3. `sentsim train context --config configs/reference_context.yaml` into CACHE/reference/context-enwiki,
      stopping at each milestone of target tokens; the bundle at each milestone is copied to
-     CACHE/reference/snapshots/tokens-N (the curve of issue 15 scores them).
+     CACHE/reference/snapshots-enwiki/tokens-N (the curve of issue 15 scores them).
 CACHE/reference/DONE.json is written last, with the times of each step. `configs/teacher.yaml` points
 at these folders.
 
---train-on enwiki trains the context model on the documents whose doc_id starts with `enwiki` (the
-Wikipedia slice) into CACHE/reference/context-enwiki, snapshots in snapshots-enwiki/ and
-DONE-enwiki.json; corpus and index stay the whole shared corpora, which retrieval uses. It is the same
-stream as a corpus of the Wikipedia file alone (Wikipedia is the first input, so its documents keep
-their keys and slices).
+The context model trains on the documents whose doc_id starts with one of the config's
+`doc_id_prefixes`: `enwiki`, the Wikipedia slice, chosen on STS-B dev (BENCHMARKS.md, "Training on
+Wikipedia only"). The folders carry the prefixes (context-enwiki/, snapshots-enwiki/, DONE-enwiki.json),
+so `--train-on all` (every document: context/, snapshots/, DONE.json) or `--train-on P1,P2` builds
+another teacher beside it. Corpus and index are always the whole shared corpora, which retrieval uses.
+Training on enwiki is the same stream as on a corpus of the Wikipedia file alone (Wikipedia is the
+first input, so its documents keep their keys and slices).
 
 Determinism: same seed and same corpus files give the same model; a resumed run rebuilds the same
 data stream and passes over the batches it already trained on, so it goes on where it stopped.
@@ -40,11 +42,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPORA = ("enwiki_2014slice_docs.jsonl.gz", "gutenberg_docs.jsonl.gz", "us_speeches_docs.jsonl.gz")
+CONFIG = ROOT / "configs" / "reference_context.yaml"
 
 
 def cache_root(arg: str | None) -> Path:
     base = arg or os.environ.get("SENTSIM_CACHE") or "~/.cache/sentsim"
     return Path(base).expanduser().resolve() / "reference"
+
+
+def train_prefixes(train_on: str) -> list[str]:
+    """--train-on: "" = configs/reference_context.yaml's doc_id_prefixes, "all" = every document."""
+    if train_on.strip() == "all":
+        return []
+    if train_on.strip():
+        return [x.strip() for x in train_on.split(",") if x.strip()]
+    sys.path.insert(0, str(ROOT))
+    from sentsim.config import load_config
+    from sentsim.context.config import ContextTrainConfig
+
+    return load_config(ContextTrainConfig, str(CONFIG)).doc_id_prefixes
 
 
 def sentsim(*args: str) -> None:
@@ -63,14 +79,14 @@ def main(argv=None) -> int:
                     help="target-token counts at which the bundle is snapshotted; training stops at the last")
     ap.add_argument("--threads", type=int, default=0, help="torch threads for training (0 = every core)")
     ap.add_argument("--train-on", default="", metavar="PREFIXES",
-                    help="train the context model only on documents whose doc_id starts with one of these "
-                         "comma-separated prefixes (e.g. enwiki); default: every document")
+                    help="train the context model on the documents whose doc_id starts with one of these "
+                         "comma-separated prefixes, or on `all` of them (default: the config's doc_id_prefixes)")
     args = ap.parse_args(argv)
     ref = cache_root(args.cache)
-    prefixes = [x.strip() for x in args.train_on.split(",") if x.strip()]
-    # a variant has its own bundle, snapshots and record, beside the default teacher's
+    prefixes = train_prefixes(args.train_on)
+    # the folders say what the model read, so another choice never meets this one's training state
     suffix = "".join(f"-{''.join(c if c.isalnum() else '_' for c in x)}" for x in prefixes)
-    train_set = ["--set", "doc_id_prefixes=[" + ", ".join(json.dumps(x) for x in prefixes) + "]"] if prefixes else []
+    train_set = ["--set", "doc_id_prefixes=[" + ", ".join(json.dumps(x) for x in prefixes) + "]"]
     ref.mkdir(parents=True, exist_ok=True)
     inputs = [Path(args.data) / "corpus" / name for name in CORPORA]
     missing = [str(p) for p in inputs if not p.is_file()]
@@ -99,7 +115,7 @@ def main(argv=None) -> int:
             continue
         t0 = time.perf_counter()
         sentsim("train", "context", "--corpus", str(ref / "corpus"), "--out", str(ref / f"context{suffix}"),
-                "--config", str(ROOT / "configs" / "reference_context.yaml"),
+                "--config", str(CONFIG),
                 "--set", f"max_target_tokens={m}", "--set", f"torch_threads={args.threads}", *train_set)
         times["training_s"][m] = round(time.perf_counter() - t0, 1)
         tmp = snap.with_name(snap.name + ".tmp")
