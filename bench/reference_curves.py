@@ -32,8 +32,9 @@ DIRECTIONS = ["fwd", "left", "right"]
 
 def snapshots(ref: Path) -> list[tuple[str, int, Path]]:
     """(stream, target tokens, folder) of every snapshot: stream is the folder's suffix (snapshots-corpus-order/
-    holds the models of the old corpus-order stream), "windows" for snapshots/, which `make reference`
-    trains on the window stream (the results' snapshots-mixed/ rows were its models before 73c5abd)."""
+    holds the models of the old corpus-order stream, snapshots-enwiki/ those of `make reference`, trained on
+    Wikipedia), "windows" for snapshots/, every corpus on the window stream (`--train-on all`; the results'
+    snapshots-mixed/ rows were its models before 73c5abd)."""
     out = []
     for folder in sorted(ref.glob("snapshots*")):
         stream = folder.name.removeprefix("snapshots").lstrip("-") or "windows"

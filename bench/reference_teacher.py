@@ -11,8 +11,8 @@ Steps, each a real `sentsim` command and each resumable (run it again after a ki
   3. `sentsim train context --config configs/reference_context.yaml` into CACHE/reference/context-enwiki,
      stopping at each milestone of target tokens; the bundle at each milestone is copied to
      CACHE/reference/snapshots-enwiki/tokens-N (the curve of issue 15 scores them).
-CACHE/reference/DONE.json is written last, with the times of each step. `configs/teacher.yaml` points
-at these folders.
+CACHE/reference/DONE-enwiki.json is written last, with the times of each step. `configs/teacher.yaml`
+points at these folders.
 
 The context model trains on the documents whose doc_id starts with one of the config's
 `doc_id_prefixes`: `enwiki`, the Wikipedia slice, chosen on STS-B dev (BENCHMARKS.md, "Training on
