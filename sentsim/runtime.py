@@ -182,7 +182,7 @@ class _ExceptionOnOneLine:
     def filter(self, record) -> bool:
         if record.exc_info and record.exc_info[1] is not None:
             exc = record.exc_info[1]
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            detail = (str(exc).strip().splitlines() or [""])[0]
             record.msg = f"{record.getMessage()} ({type(exc).__name__}{': ' + detail if detail else ''})"
             record.args = ()
             record.exc_info, record.exc_text = None, None

@@ -366,9 +366,9 @@ def build_trainee(config: dict, session, ckpt: Optional[Path]) -> ContextTrainee
 # settings a resumed run may change (how long and how wide, not what is trained): left out of the fingerprint
 RESUMABLE = ("max_steps", "max_seconds", "eval_every", "checkpoint_every", "num_workers", "cpus_per_worker", "use_gpu",
              "torch_threads", "executor", "heldout_windows", "bf16", "max_target_tokens")
-# settings added after runs were trained: counted in the fingerprint only when set away from the default, so
-# a run from before the setting existed still resumes
-ADDED_LATER = {"doc_id_prefixes": []}
+# settings added after runs were trained: counted in the fingerprint only when set away from their schema
+# default, so a run from before the setting existed still resumes
+ADDED_LATER = ("doc_id_prefixes",)
 
 
 def loop_settings(cfg: ContextTrainConfig, name: str) -> dict:
@@ -391,10 +391,9 @@ def run_fingerprint(cfg: ContextTrainConfig, corpus_id: str, tokenizer_from: str
     same --out is refused. A setting in ADDED_LATER left at its default is left out, as in older runs."""
     from sentsim.config import fingerprint
 
-    what = {k: v for k, v in cfg.model_dump().items() if k not in RESUMABLE}
-    for k, default in ADDED_LATER.items():
-        if what.get(k) == default:
-            what.pop(k)
+    fields = type(cfg).model_fields
+    what = {k: v for k, v in cfg.model_dump().items()
+            if k not in RESUMABLE and not (k in ADDED_LATER and v == fields[k].get_default(call_default_factory=True))}
     return fingerprint("context", what, corpus_id, tokenizer_from)
 
 
