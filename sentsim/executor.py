@@ -136,18 +136,23 @@ class Progress:
         print(line, file=self.stream, flush=True)
 
 
-def check_gpus(specs: Sequence[StageSpec], executor: str) -> None:
-    """Refuse stages that ask for more GPUs than the Ray cluster has (min_actors of each at once).
-    In-process (`inline`) nothing is placed, so there is nothing to check."""
-    want = sum(s.resources.num_gpus * s.resources.min_actors for s in specs)
-    if want <= 0 or executor != "ray":
+def check_resources(specs: Sequence[StageSpec], executor: str) -> None:
+    """Refuse stages that ask for more GPUs or reserved memory than the Ray cluster has (min_actors of each
+    at once): Ray would wait for them instead of failing. In-process (`inline`) nothing is placed, so there
+    is nothing to check. CPUs are not checked: stages ask for fractions of one, and Ray Data's pools share
+    them out."""
+    if executor != "ray":
         return
     import ray
 
-    have = ray.cluster_resources().get("GPU", 0)
-    if want > have:
-        raise UsageError(f"resources ask for {want:g} GPUs but the cluster has {have:g}; "
-                         "lower resources.*.num_gpus or min_actors, or add GPU nodes")
+    have = ray.cluster_resources()
+    for key, per_actor, scale, what, knob, more in (
+            ("GPU", lambda r: r.num_gpus, 1, "GPUs", "num_gpus", "add GPU nodes"),
+            ("memory", lambda r: r.memory_bytes or 0, 2**30, "GiB of memory", "memory_gb", "add nodes")):
+        want = sum(per_actor(s.resources) * s.resources.min_actors for s in specs)
+        if want > 0 and want > have.get(key, 0):
+            raise UsageError(f"resources ask for {want / scale:g} {what} but the cluster has "
+                             f"{have.get(key, 0) / scale:.3g}; lower resources.*.{knob} or min_actors, or {more}")
 
 
 def execute(job: ShardedJob, executor: str = "ray", address: Optional[str] = None, force_new: bool = False,
@@ -216,7 +221,7 @@ def _execute(job: ShardedJob, store, fp: str, listed: bool, units, executor: str
 
                 init_ray(address)
             ctx.specs = job.stages(ctx)
-            check_gpus(ctx.specs, executor)
+            check_resources(ctx.specs, executor)
             if job.prepare:
                 job.prepare(ctx)
             ctx.progress = Progress(job.stage, len(job.units) if listed else None, len(ctx.done), job.count,

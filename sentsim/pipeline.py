@@ -36,6 +36,10 @@ class StageResources(Section):
 
     num_cpus: float = Field(0.5, ge=0)
     num_gpus: float = Field(0.0, ge=0)
+    # Ray schedules an actor by the memory it reserves, not by what it then uses: a stage that holds a
+    # large index (the harvest's contexts stage: ~2.5 GiB on the reference corpus) declares it, so that a
+    # node is not packed with more such actors than its memory holds. null = none reserved (Ray's default).
+    memory_gb: Optional[float] = Field(None, gt=0)
     min_actors: int = Field(1, ge=1)
     max_actors: Optional[int] = Field(1, ge=1)
 
@@ -55,10 +59,12 @@ class Resources:
     batch_size: int = 1  # work items per call
     min_actors: int = 1
     max_actors: Optional[int] = 1  # None: as many as the cluster fits
+    memory_bytes: Optional[int] = None  # reserved per actor on Ray; None: none
 
     @classmethod
     def of(cls, r: StageResources, batch_size: int = 1) -> "Resources":
-        return cls(r.num_cpus, r.num_gpus, batch_size, r.min_actors, r.max_actors)
+        memory = int(r.memory_gb * 2**30) if r.memory_gb else None
+        return cls(r.num_cpus, r.num_gpus, batch_size, r.min_actors, r.max_actors, memory)
 
 
 class Stage:
@@ -142,7 +148,8 @@ def pool_size(res: Resources) -> tuple[int, int]:
     import ray
 
     have = ray.cluster_resources()
-    fits = [int(have.get(k, 0) / need + 1e-9) for k, need in (("CPU", res.num_cpus), ("GPU", res.num_gpus)) if need > 0]
+    needs = (("CPU", res.num_cpus), ("GPU", res.num_gpus), ("memory", res.memory_bytes or 0))
+    fits = [int(have.get(k, 0) / need + 1e-9) for k, need in needs if need > 0]
     return res.min_actors, max(res.min_actors, min(fits) if fits else res.min_actors)
 
 
@@ -258,6 +265,7 @@ def run_pipeline(items: Sequence[dict], stages: Sequence[StageSpec], executor: s
             compute=ActorPoolStrategy(min_size=lo, max_size=hi),
             num_cpus=res.num_cpus,
             num_gpus=res.num_gpus,
+            memory=res.memory_bytes,
             # Ray Data's actor pools default to max_restarts=-1 and max_task_retries=-1: a killed
             # actor is restarted and its in-flight batch retried, so no unit is lost
             # (tests/test_harvest_ray.py kills one).

@@ -147,6 +147,41 @@ def test_gpu_asks_beyond_the_cluster_are_refused(inputs, ray_2gpu, tmp_path):
     assert not list((tmp_path / "g").glob("_units/*.json"))  # refused before any unit ran
 
 
+def test_a_stage_reserves_the_memory_its_config_declares(ray_2gpu):
+    from sentsim.pipeline import Resources, StageResources, StageSpec, run_pipeline
+
+    class _Assigned:  # defined here so that Ray's workers get it by value (they cannot import this module)
+        """A stage that reports the resources Ray assigned to its actor."""
+
+        name = "assigned"
+
+        def setup(self):
+            pass
+
+        def process(self, items):
+            import ray
+
+            return [dict(it, assigned=ray.get_runtime_context().get_assigned_resources()) for it in items]
+
+    res = Resources.of(StageResources(num_cpus=0.25, memory_gb=0.5))
+    out = list(run_pipeline([{"unit": 0}], [StageSpec(_Assigned, res)], executor="ray"))
+    assert out[0]["assigned"].get("memory") == 0.5 * 2**30 and out[0]["assigned"]["CPU"] == 0.25, out[0]
+    # undeclared (the default): no memory reserved, as before the setting existed
+    out = list(run_pipeline([{"unit": 0}], [StageSpec(_Assigned, Resources(num_cpus=0.25))], executor="ray"))
+    assert "memory" not in out[0]["assigned"], out[0]
+
+
+def test_memory_asks_beyond_the_cluster_are_refused(inputs, ray_2gpu, tmp_path):
+    from sentsim.errors import UsageError
+    from sentsim.harvest.job import harvest
+
+    cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], tmp_path / "m",
+                         resources={"contexts": {"memory_gb": 4096}})
+    with pytest.raises(UsageError, match="ask for 4096 GiB of memory but the cluster has .*memory_gb"):
+        harvest(cfg, executor="ray", quiet=True)
+    assert not list((tmp_path / "m").glob("_units/*.json"))
+
+
 def test_progress_line_without_a_plan():
     from sentsim.executor import Progress
 

@@ -1,0 +1,155 @@
+"""The chosen teacher on all of STS-B test, beside TF-IDF, in one run (issue 15, step 5).
+
+    python bench/teacher_test.py --label NAME [--config configs/teacher.yaml] [--actors 2] [--set KEY=VALUE ...]
+
+A real `sentsim harvest --config CONFIG --pairs sts-test.csv` on a local Ray, with --actors scoring actors of
+one torch thread each, into SENTSIM_CACHE/test/NAME. It resumes: a run that is cut off is continued by running
+the same command again. Then, on the same pairs, Spearman x 100 against gold with 95% bootstrap intervals
+(1,000 resamples) for Origin and for TF-IDF cosine, and their paired difference (2,000 resamples).
+Every choice (λ, |C_s|, the model) comes from the config, chosen on STS-B dev (bench/teacher_curve.py).
+
+Cost: wall seconds of the harvest processes, summed over resumed runs (NAME.cost), and the seconds each
+stage's actors spent per pair, from the units' completion markers. Results: bench/results/teacher_test.{json,md}
+(one row per NAME; a name run again replaces its row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import bootstrap, machine, paired_bootstrap  # noqa: E402
+from teacher_curve import pairs_committed  # noqa: E402
+
+STSB_TEST = ROOT.parent / "shared" / "data" / "sts" / "stsbenchmark" / "sts-test.csv"
+RESULTS = ROOT / "bench" / "results"
+
+
+def harvest(config: Path, out: Path, actors: int, sets: list[str]) -> tuple[float, int]:
+    """Run (or resume) the harvest; returns its wall seconds and the pairs it scored (0, 0 when complete)."""
+    if (out / "_COMPLETE").exists():
+        return 0.0, 0
+    before = pairs_committed(out)
+    # pairs_per_unit is part of the run's fingerprint: keep it fixed so that a resumed run matches
+    cmd = [sys.executable, "-m", "sentsim.cli", "harvest", "--config", str(config), "--pairs", str(STSB_TEST),
+           "--out", str(out), "--executor", "ray", "--set", "pairs_per_unit=20", "--set", "scoring.torch_threads=1",
+           "--set", f"resources.scoring.min_actors={actors}", "--set", f"resources.scoring.max_actors={actors}"]
+    for s in sets:
+        cmd += ["--set", s]
+    print("$", " ".join(cmd[2:]), flush=True)
+    t0 = time.perf_counter()
+    if subprocess.call(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1")) != 0:
+        raise SystemExit(f"teacher_test: harvest into {out} failed; run again to resume")
+    return time.perf_counter() - t0, pairs_committed(out) - before
+
+
+def stage_seconds(run: Path) -> dict:
+    """Seconds per pair that each stage's actor spent, summed over the units' completion markers."""
+    total, pairs = {}, 0
+    for f in sorted((run / "_units").glob("*.json")):
+        extra = json.loads(f.read_text()).get("extra", {})
+        pairs += extra.get("pairs", 0)
+        for stage, s in extra.get("timing", {}).items():
+            total[stage] = total.get(stage, 0.0) + s
+    return {k: v / max(pairs, 1) for k, v in total.items()}
+
+
+def tfidf(s1: list[str], s2: list[str], test: list[tuple]) -> np.ndarray:
+    """TF-IDF cosine of each pair, IDF fitted on the unique sentences of all of STS-B test (as the STS suite's
+    TF-IDF row is, bench/sts_suite.py), so both TF-IDF columns share one vocabulary."""
+    from types import SimpleNamespace
+
+    from sentsim.evaluation import TfidfScorer
+
+    tf = TfidfScorer()
+    tf.begin_task(SimpleNamespace(sets=[SimpleNamespace(s1=[p[0] for p in test], s2=[p[1] for p in test])]))
+    return np.asarray(tf.score_pairs(s1, s2), dtype=float)
+
+
+def evaluate(run: Path, label: str, cost: dict) -> dict:
+    from sentsim.pairs_file import read_pairs_file
+    from storage.reader import RunReader
+
+    everything = read_pairs_file(str(STSB_TEST))
+    t = RunReader(str(run)).read_table("pairs", ["pair_id", "s1", "s2", "score", "gold", "null_reason",
+                                                 "n_ctx_s1", "n_ctx_s2"]).to_pandas()
+    origin = t.score.to_numpy(dtype=float)
+    gold = t.gold.to_numpy(dtype=float)
+    ok = np.isfinite(origin)
+    base = tfidf(t.s1.tolist(), t.s2.tolist(), everything)
+    base_all = tfidf([p[0] for p in everything], [p[1] for p in everything], everything)
+    o, b = bootstrap(origin, gold), bootstrap(base[ok], gold[ok])
+    a = bootstrap(base_all, np.array([p[2] for p in everything], dtype=float))
+    d = paired_bootstrap(origin[ok], base[ok], gold[ok])
+    reasons = t.null_reason[~ok].value_counts().to_dict()
+    return {"label": label, "config": str(cost.get("config")), "file_pairs": len(everything), "harvest_pairs": len(t),
+            "scored": int(ok.sum()), "null_reasons": reasons,
+            "contexts_per_pair": float((t.n_ctx_s1 + t.n_ctx_s2)[ok].mean()),
+            "origin": o[:3], "tfidf_same_pairs": b[:3], "tfidf_all_pairs": a[:3], "difference": list(d),
+            "wall_s": cost.get("wall_s"), "wall_pairs": cost.get("pairs"), "stage_s_per_pair": stage_seconds(run)}
+
+
+def write(rows: list[dict], results: Path) -> None:
+    f = lambda x: f"{x[0]:.2f} [{x[1]:.1f}, {x[2]:.1f}]"  # noqa: E731
+    lines = [f"Machine: {machine()}", "",
+             f"All of STS-B test ({STSB_TEST.name}). Spearman x 100 [95% bootstrap interval]; the difference is a "
+             "paired bootstrap over the pairs Origin scored.", "",
+             "| teacher | config | pairs scored | contexts per pair | Origin | TF-IDF, same pairs | Origin - TF-IDF "
+             "| TF-IDF, all pairs | wall s per pair | actor s per pair (contexts / scoring) |",
+             "|---|---|---:|---:|---|---|---|---|---:|---|"]
+    for r in rows:
+        d = r["difference"]
+        wall = f"{r['wall_s'] / r['wall_pairs']:.2f}" if r.get("wall_pairs") else "-"
+        st = r["stage_s_per_pair"]
+        lines.append(f"| {r['label']} | `{Path(r['config']).name}` | {r['scored']}/{r['file_pairs']} | "
+                     f"{r['contexts_per_pair']:.1f} | **{f(r['origin'])}** | {f(r['tfidf_same_pairs'])} | "
+                     f"{d[0]:+.2f} [{d[1]:+.1f}, {d[2]:+.1f}] | {f(r['tfidf_all_pairs'])} | {wall} | "
+                     f"{st.get('contexts', 0):.2f} / {st.get('scoring', 0):.2f} |")
+    (results / "teacher_test.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--label", required=True, help="name of this teacher run (its folder under SENTSIM_CACHE/test)")
+    ap.add_argument("--config", default=str(ROOT / "configs" / "teacher.yaml"))
+    ap.add_argument("--actors", type=int, default=2, help="scoring actors (one torch thread each)")
+    ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--results", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    if not STSB_TEST.is_file():
+        raise SystemExit(f"teacher_test: {STSB_TEST} not found (../shared beside the repository)")
+    work = Path(os.environ.get("SENTSIM_CACHE", "~/.cache/sentsim")).expanduser() / "test"
+    work.mkdir(parents=True, exist_ok=True)
+    run = work / args.label
+    cost_file = run.with_suffix(".cost")
+    cost = json.loads(cost_file.read_text()) if cost_file.exists() else {}
+    wall, scored = harvest(Path(args.config), run, args.actors, args.sets)
+    if scored:  # wall seconds and pairs add up over the runs of a resumed harvest
+        cost = {"config": args.config, "wall_s": cost.get("wall_s", 0.0) + wall,
+                "pairs": cost.get("pairs", 0) + scored}
+        cost_file.write_text(json.dumps(cost))
+    cost.setdefault("config", args.config)
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    store = results / "teacher_test.json"
+    rows = [r for r in (json.loads(store.read_text()) if store.exists() else []) if r["label"] != args.label]
+    rows.append(evaluate(run, args.label, cost))
+    store.write_text(json.dumps(rows, indent=1, default=float) + "\n")
+    write(rows, results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
