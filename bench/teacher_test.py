@@ -2,10 +2,11 @@
 
     python bench/teacher_test.py --label NAME [--config configs/teacher.yaml] [--actors 2] [--set KEY=VALUE ...]
 
-A real `sentsim harvest --config CONFIG --pairs sts-test.csv` on a local Ray, with --actors scoring actors of
-one torch thread each, into SENTSIM_CACHE/test/NAME. It resumes: a run that is cut off is continued by running
-the same command again. Then, on the same pairs, Spearman x 100 against gold with 95% bootstrap intervals
-(1,000 resamples) for Origin and for TF-IDF cosine, and their paired difference (2,000 resamples).
+A real `sentsim harvest --config CONFIG --pairs sts-test.csv` on a local Ray, into SENTSIM_CACHE/test/NAME, with
+one contexts actor and --actors scoring actors of one torch thread each (scoring is the cost). It resumes:
+a run that is cut off is continued by running the same command again. Then, on the same pairs, Spearman x 100
+against gold with 95% bootstrap intervals (1,000 resamples) for Origin and for TF-IDF cosine, and their
+paired difference (2,000 resamples).
 Every choice (λ, |C_s|, the model) comes from the config, chosen on STS-B dev (bench/teacher_curve.py).
 
 Cost: wall seconds of the harvest processes, summed over resumed runs (NAME.cost), and the seconds each
@@ -41,8 +42,10 @@ def harvest(config: Path, out: Path, actors: int, sets: list[str]) -> tuple[floa
     if (out / "_COMPLETE").exists():
         return 0.0, 0
     before = pairs_committed(out)
-    # pairs_per_unit is part of the run's fingerprint: keep it fixed so that a resumed run matches
-    cmd = [sys.executable, "-m", "sentsim.cli", "harvest", "--config", str(config), "--pairs", str(STSB_TEST),
+    # the pairs file's path as given and pairs_per_unit are part of the run's fingerprint: keep both fixed
+    # (the path relative to the repository, where the harvest runs) so that a resumed run matches
+    pairs = os.path.relpath(STSB_TEST, ROOT)
+    cmd = [sys.executable, "-m", "sentsim.cli", "harvest", "--config", str(config), "--pairs", pairs,
            "--out", str(out), "--executor", "ray", "--set", "pairs_per_unit=20", "--set", "scoring.torch_threads=1",
            "--set", f"resources.scoring.min_actors={actors}", "--set", f"resources.scoring.max_actors={actors}"]
     for s in sets:
@@ -124,7 +127,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--label", required=True, help="name of this teacher run (its folder under SENTSIM_CACHE/test)")
     ap.add_argument("--config", default=str(ROOT / "configs" / "teacher.yaml"))
-    ap.add_argument("--actors", type=int, default=2, help="scoring actors (one torch thread each)")
+    ap.add_argument("--actors", type=int, default=2,
+                    help="scoring actors (one torch thread each)")
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--results", default=str(RESULTS))
     args = ap.parse_args(argv)

@@ -137,10 +137,10 @@ class Progress:
 
 
 def check_resources(specs: Sequence[StageSpec], executor: str) -> None:
-    """Refuse stages that ask for more GPUs or reserved memory than the Ray cluster has (min_actors of each
-    at once): Ray would wait for them instead of failing. In-process (`inline`) nothing is placed, so there
-    is nothing to check. CPUs are not checked: stages ask for fractions of one, and Ray Data's pools share
-    them out."""
+    """Refuse stages that ask for more GPUs, CPUs or reserved memory than the Ray cluster has (min_actors of
+    each at once): Ray Data would start the pools that fit and wait for the rest for ever, e.g. a harvest
+    whose write stage never gets its quarter CPU commits no unit. In-process (`inline`) nothing is placed,
+    so there is nothing to check."""
     if executor != "ray":
         return
     import ray
@@ -148,9 +148,10 @@ def check_resources(specs: Sequence[StageSpec], executor: str) -> None:
     have = ray.cluster_resources()
     for key, per_actor, scale, what, knob, more in (
             ("GPU", lambda r: r.num_gpus, 1, "GPUs", "num_gpus", "add GPU nodes"),
+            ("CPU", lambda r: r.num_cpus, 1, "CPUs", "num_cpus", "add nodes"),
             ("memory", lambda r: r.memory_bytes or 0, 2**30, "GiB of memory", "memory_gb", "add nodes")):
         want = sum(per_actor(s.resources) * s.resources.min_actors for s in specs)
-        if want > 0 and want > have.get(key, 0):
+        if want > 0 and want > have.get(key, 0) + 1e-9:  # fractions of a CPU add up with rounding
             raise UsageError(f"resources ask for {want / scale:g} {what} but the cluster has "
                              f"{have.get(key, 0) / scale:.3g}; lower resources.*.{knob} or min_actors, or {more}")
 

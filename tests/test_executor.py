@@ -171,15 +171,20 @@ def test_a_stage_reserves_the_memory_its_config_declares(ray_2gpu):
     assert "memory" not in out[0]["assigned"], out[0]
 
 
-def test_memory_asks_beyond_the_cluster_are_refused(inputs, ray_2gpu, tmp_path):
+def test_memory_and_cpu_asks_beyond_the_cluster_are_refused(inputs, ray_2gpu, tmp_path):
+    """Ray Data would start the pools that fit and wait for the others for ever: refused before any unit."""
     from sentsim.errors import UsageError
     from sentsim.harvest.job import harvest
 
-    cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], tmp_path / "m",
-                         resources={"contexts": {"memory_gb": 4096}})
-    with pytest.raises(UsageError, match="ask for 4096 GiB of memory but the cluster has .*memory_gb"):
-        harvest(cfg, executor="ray", quiet=True)
-    assert not list((tmp_path / "m").glob("_units/*.json"))
+    for ask, msg in (({"contexts": {"memory_gb": 4096}}, "ask for 4096 GiB of memory but the cluster has .*memory_gb"),
+                     # 2 contexts + 2 scoring actors at 0.5 CPU leave the rank stage's 0.25 no room on 2 CPUs
+                     ({"contexts": {"min_actors": 2, "max_actors": 2}, "scoring": {"min_actors": 2, "max_actors": 2}},
+                      "ask for 2.25 CPUs but the cluster has 2; lower resources.*.num_cpus")):
+        out = tmp_path / str(len(msg))
+        with pytest.raises(UsageError, match=msg):
+            harvest(harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], out, resources=ask),
+                    executor="ray", quiet=True)
+        assert not list(out.glob("_units/*.json"))
 
 
 def test_progress_line_without_a_plan():

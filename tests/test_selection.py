@@ -200,6 +200,35 @@ def test_query_centre_exclusion_is_a_setting(speech_corpus, tables, screening_pa
     assert all(st.text(c.centre_id).strip() != q.strip() for c in a.contexts)
 
 
+def test_screened_sets_equal_the_eager_selection(speech_corpus, tables, screening_parts):
+    """ContextSource builds a candidate's Context and word set only when the greedy selection looks at
+    it; the sets must be those of building every candidate first, with and without a discriminator."""
+    st, ch = tables
+    disc, cache, idx = screening_parts
+    cfg = ContextSetConfig(size=12, retrieve_chunks=300, jaccard=0.1)  # strict: the word sets decide often
+    queries = [st.texts[200], st.texts[1500], "Our farmers need water and fair prices."]
+    for d, c in ((disc, cache), (None, None)):
+        source = _source(speech_corpus, idx, d, c, cfg)
+        ids, scores = source.retriever.search(queries, cfg.retrieve_chunks)
+        feats = d.project_sentences(d.encode(queries)) if d is not None else None
+        for i, (q, got) in enumerate(zip(queries, source.context_sets(queries))):
+            cands = expand_candidates(ids[i], scores[i], ch, cache.sentence_ids, disc.window if d else 1)
+            keep = [j for j in range(len(cands)) if st.text(int(cands.centre_id[j])).strip() != q.strip()]
+            primary = (source._log_p(feats[i:i + 1], cands.centre_id[keep]) if d is not None
+                       else cands.retrieval_score[keep])
+            prev = [word_set(st.text(int(cands.left_ids[j, -1]))) for j in keep]
+            picked = select_diverse(primary, cands.chunk_id[keep], prev, size=cfg.size, max_jaccard=cfg.jaccard,
+                                    tiebreak=cands.retrieval_score[keep])
+            want = [int(cands.centre_id[keep[j]]) for j in picked]
+            assert [x.centre_id for x in got.contexts] == want and got.candidates == len(keep) > len(want) > 0
+            for x in got.contexts:  # the context models' one sentence on each side of the slot
+                assert (x.left, x.right) == ([st.text(x.centre_id - 1)], [st.text(x.centre_id + 1)])
+            if d is not None:
+                np.testing.assert_allclose([x.log_p_disc for x in got.contexts], primary[picked])
+            else:
+                assert all(x.log_p_disc is None for x in got.contexts)
+
+
 def _source(corpus, idx, disc, cache, cfg):
     from sentsim.harvest.contexts import ContextSource
     from sentsim.harvest.corpus_index import CorpusIndex

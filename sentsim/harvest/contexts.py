@@ -107,21 +107,11 @@ class ContextSource:
         return self._log_p(f, np.array([c.centre_id for c in contexts], dtype=np.int64))
 
     # ---- context sets --------------------------------------------------------------------
-    def _expand(self, chunk_ids: np.ndarray, scores: np.ndarray) -> List[Context]:
+    def _expand(self, chunk_ids: np.ndarray, scores: np.ndarray) -> "_Candidates":
         """One candidate per sentence slot with a full window inside its document (edge slots,
         whose window would leave the document, give none: see sentsim.screening.candidates)."""
-        c = expand_candidates(chunk_ids, scores, self.corpus.chunks, self.corpus.ids, self.expand_window)
-        if not len(c):
-            return []
-        k = self.window  # the context models' sentences: the innermost k of the expanded window
-        lpos = self.corpus.sentences.positions(c.left_ids[:, -k:].ravel()).reshape(-1, k)
-        rpos = self.corpus.sentences.positions(c.right_ids[:, :k].ravel()).reshape(-1, k)
-        texts = self.corpus.sentences.texts
-        return [
-            Context(int(c.chunk_id[i]), int(c.slot[i]), int(c.centre_id[i]), [texts[p] for p in lpos[i]],
-                    [texts[p] for p in rpos[i]], float(c.retrieval_score[i]))
-            for i in range(len(c))
-        ]
+        return _Candidates(self, expand_candidates(chunk_ids, scores, self.corpus.chunks, self.corpus.ids,
+                                                   self.expand_window))
 
     def context_sets(self, texts: Sequence[str], features: Optional[np.ndarray] = None) -> List[ContextSet]:
         if self.cfg.mode == "random":
@@ -137,27 +127,27 @@ class ContextSource:
         if not word_set(text):
             return ContextSet([], 0, "empty sentence (no words)")
         cands = self._expand(chunk_ids, scores)
-        if self.cfg.exclude_query_centre and cands:
+        if self.cfg.exclude_query_centre and len(cands):
             query = text.strip()
-            own = self.corpus.texts([c.centre_id for c in cands])
-            cands = [c for c, t in zip(cands, own) if t is None or t.strip() != query]
-        if not cands:
+            own = self.corpus.texts(cands.arrays.centre_id)
+            cands = cands.subset(np.array([t is None or t.strip() != query for t in own], dtype=bool))
+        if not len(cands):
             reason = "no retrieved chunk" if int((np.asarray(chunk_ids) >= 0).sum()) == 0 else \
                 "retrieved chunks give no full window"
             return ContextSet([], 0, reason)
+        centres, retrieval = cands.column("centre_id"), cands.column("retrieval_score")
+        primary = retrieval  # retrieval order, then slot order
         if self.disc is not None:
-            primary = self._log_p(features, np.array([c.centre_id for c in cands], dtype=np.int64))
-            for c, v in zip(cands, primary):
-                c.log_p_disc = float(v)
-        else:
-            primary = np.array([c.retrieval_score for c in cands])  # retrieval order, then slot order
+            primary = self._log_p(features, centres)
         picked = select_diverse(
-            primary, np.array([c.chunk_id for c in cands]),
-            [word_set(c.left[-1]) if c.left else frozenset() for c in cands],
+            primary, cands.column("chunk_id"), cands.previous_word_sets(),
             size=self.cfg.size, max_jaccard=self.cfg.jaccard, one_per_chunk=self.cfg.one_per_chunk,
-            tiebreak=np.array([c.retrieval_score for c in cands]),
+            tiebreak=retrieval,
         )
         chosen = [cands[i] for i in picked]
+        if self.disc is not None:
+            for i, c in zip(picked, chosen):
+                c.log_p_disc = float(primary[i])
         short = (None if len(chosen) >= self.cfg.size
                  else f"only {len(chosen)} diverse contexts among {len(cands)} candidates")
         return ContextSet(chosen, len(cands), short)
@@ -172,3 +162,50 @@ class ContextSource:
             left, right = self.corpus.window(int(c), self.window)
             out.append(Context(-1, 0, int(c), left, right, 0.0))
         return ContextSet(out, n, None if n >= self.cfg.size else f"corpus has only {n} sentences")
+
+
+class _Candidates(Sequence):
+    """One query's expanded candidates (sentsim.screening.candidates), as Contexts built on access.
+
+    A query's retrieved chunks give tens of thousands of candidate slots (up to ~150K on the
+    reference corpus), and the greedy selection visits them best-first and stops at |C_s|: building
+    every Context, and every word set of the Jaccard rule, up front cost more than the selection
+    itself. Only the candidates the selection looks at are built; the chosen ones are the same."""
+
+    def __init__(self, source: ContextSource, arrays, rows: Optional[np.ndarray] = None):
+        self.source, self.arrays = source, arrays
+        self.rows = np.arange(len(arrays.centre_id)) if rows is None else rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def subset(self, keep: np.ndarray) -> "_Candidates":
+        return _Candidates(self.source, self.arrays, self.rows[keep])
+
+    def column(self, name: str) -> np.ndarray:
+        return getattr(self.arrays, name)[self.rows]
+
+    def _texts(self, ids: np.ndarray) -> List[str]:
+        sentences = self.source.corpus.sentences
+        return [sentences.texts[p] for p in sentences.positions(ids)]
+
+    def __getitem__(self, i: int) -> Context:
+        a, r, k = self.arrays, self.rows[i], self.source.window  # the context models' innermost k sentences
+        return Context(int(a.chunk_id[r]), int(a.slot[r]), int(a.centre_id[r]), self._texts(a.left_ids[r, -k:]),
+                       self._texts(a.right_ids[r, :k]), float(a.retrieval_score[r]))
+
+    def previous_word_sets(self) -> Sequence:
+        """The word set of each candidate's (i-1)-th sentence (the Jaccard rule's), computed on access."""
+        return _PreviousWordSets(self)
+
+
+class _PreviousWordSets(Sequence):
+    def __init__(self, cands: _Candidates):
+        self.cands = cands
+
+    def __len__(self) -> int:
+        return len(self.cands)
+
+    def __getitem__(self, i: int) -> frozenset:
+        a, r, k = self.cands.arrays, self.cands.rows[i], self.cands.source.window
+        return word_set(self.cands._texts(a.left_ids[r, -1:])[0]) if k else frozenset()
