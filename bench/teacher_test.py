@@ -96,7 +96,8 @@ def evaluate(run: Path, label: str, cost: dict) -> dict:
     a = bootstrap(base_all, np.array([p[2] for p in everything], dtype=float))
     d = paired_bootstrap(origin[ok], base[ok], gold[ok])
     reasons = t.null_reason[~ok].value_counts().to_dict()
-    return {"label": label, "config": str(cost.get("config")), "file_pairs": len(everything), "harvest_pairs": len(t),
+    return {"label": label, "config": os.path.relpath(str(cost.get("config")), ROOT), "file_pairs": len(everything),
+            "harvest_pairs": len(t),
             "scored": int(ok.sum()), "null_reasons": reasons,
             "contexts_per_pair": float((t.n_ctx_s1 + t.n_ctx_s2)[ok].mean()),
             "origin": o[:3], "tfidf_same_pairs": b[:3], "tfidf_all_pairs": a[:3], "difference": list(d),
