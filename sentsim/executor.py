@@ -146,11 +146,10 @@ def check_resources(specs: Sequence[StageSpec], executor: str) -> None:
     import ray
 
     have = ray.cluster_resources()
-    for key, per_actor, scale, what, knob, more in (
-            ("GPU", lambda r: r.num_gpus, 1, "GPUs", "num_gpus", "add GPU nodes"),
-            ("CPU", lambda r: r.num_cpus, 1, "CPUs", "num_cpus", "add nodes"),
-            ("memory", lambda r: r.memory_bytes or 0, 2**30, "GiB of memory", "memory_gb", "add nodes")):
-        want = sum(per_actor(s.resources) * s.resources.min_actors for s in specs)
+    for key, scale, what, knob, more in (("GPU", 1, "GPUs", "num_gpus", "add GPU nodes"),
+                                         ("CPU", 1, "CPUs", "num_cpus", "add nodes"),
+                                         ("memory", 2**30, "GiB of memory", "memory_gb", "add nodes")):
+        want = sum(s.resources.asks()[key] * s.resources.min_actors for s in specs)
         if want > 0 and want > have.get(key, 0) + 1e-9:  # fractions of a CPU add up with rounding
             raise UsageError(f"resources ask for {want / scale:g} {what} but the cluster has "
                              f"{have.get(key, 0) / scale:.3g}; lower resources.*.{knob} or min_actors, or {more}")

@@ -61,6 +61,10 @@ class Resources:
     max_actors: Optional[int] = 1  # None: as many as the cluster fits
     memory_bytes: Optional[int] = None  # reserved per actor on Ray; None: none
 
+    def asks(self) -> dict:
+        """What one actor asks Ray for, by Ray's resource names (memory in bytes)."""
+        return {"CPU": self.num_cpus, "GPU": self.num_gpus, "memory": self.memory_bytes or 0}
+
     @classmethod
     def of(cls, r: StageResources, batch_size: int = 1) -> "Resources":
         memory = int(r.memory_gb * 2**30) if r.memory_gb else None
@@ -148,8 +152,7 @@ def pool_size(res: Resources) -> tuple[int, int]:
     import ray
 
     have = ray.cluster_resources()
-    needs = (("CPU", res.num_cpus), ("GPU", res.num_gpus), ("memory", res.memory_bytes or 0))
-    fits = [int(have.get(k, 0) / need + 1e-9) for k, need in needs if need > 0]
+    fits = [int(have.get(k, 0) / need + 1e-9) for k, need in res.asks().items() if need > 0]
     return res.min_actors, max(res.min_actors, min(fits) if fits else res.min_actors)
 
 

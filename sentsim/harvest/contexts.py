@@ -185,14 +185,11 @@ class _Candidates(Sequence):
     def column(self, name: str) -> np.ndarray:
         return getattr(self.arrays, name)[self.rows]
 
-    def _texts(self, ids: np.ndarray) -> List[str]:
-        sentences = self.source.corpus.sentences
-        return [sentences.texts[p] for p in sentences.positions(ids)]
-
     def __getitem__(self, i: int) -> Context:
         a, r, k = self.arrays, self.rows[i], self.source.window  # the context models' innermost k sentences
-        return Context(int(a.chunk_id[r]), int(a.slot[r]), int(a.centre_id[r]), self._texts(a.left_ids[r, -k:]),
-                       self._texts(a.right_ids[r, :k]), float(a.retrieval_score[r]))
+        texts = self.source.corpus.texts  # every window sentence exists: expand_candidates checked it
+        return Context(int(a.chunk_id[r]), int(a.slot[r]), int(a.centre_id[r]), texts(a.left_ids[r, -k:]),
+                       texts(a.right_ids[r, :k]), float(a.retrieval_score[r]))
 
     def previous_word_sets(self) -> Sequence:
         """The word set of each candidate's (i-1)-th sentence (the Jaccard rule's), computed on access."""
@@ -207,5 +204,5 @@ class _PreviousWordSets(Sequence):
         return len(self.cands)
 
     def __getitem__(self, i: int) -> frozenset:
-        a, r, k = self.cands.arrays, self.cands.rows[i], self.cands.source.window
-        return word_set(self.cands._texts(a.left_ids[r, -1:])[0]) if k else frozenset()
+        c = self.cands
+        return word_set(c.source.corpus.texts(c.arrays.left_ids[c.rows[i], -1:])[0])
