@@ -42,8 +42,8 @@ def harvest(config: Path, out: Path, actors: int, sets: list[str]) -> tuple[floa
     if (out / "_COMPLETE").exists():
         return 0.0, 0
     before = pairs_committed(out)
-    # the pairs file's path as given and pairs_per_unit are part of the run's fingerprint: keep both fixed
-    # (the path relative to the repository, where the harvest runs) so that a resumed run matches
+    # pairs_per_unit is part of the run's fingerprint: keep it fixed so that a resumed run matches (the pairs
+    # file's path was too, until 2026-11-24; runs from before were started with this relative path)
     pairs = os.path.relpath(STSB_TEST, ROOT)
     cmd = [sys.executable, "-m", "sentsim.cli", "harvest", "--config", str(config), "--pairs", pairs,
            "--out", str(out), "--executor", "ray", "--set", "pairs_per_unit=20", "--set", "scoring.torch_threads=1",

@@ -51,6 +51,9 @@ class ShardedJob:
     deep: bool = False  # resume re-checks each done unit's checksums
     open_extra: Optional[dict] = None  # extra manifest keys at open_run
     window: Optional[int] = None  # units per Ray Data pass when units are a generator
+    # given a stored manifest with another fingerprint: the one an earlier sentsim gave this same run
+    # (e.g. before input paths left the fingerprint); equal to the stored one, the run resumes under it
+    earlier_fingerprint: Optional[Callable[[dict], str]] = None
 
     @property
     def fp(self) -> str:
@@ -179,10 +182,27 @@ def execute(job: ShardedJob, executor: str = "ray", address: Optional[str] = Non
                              f"at {job.out}")
         units = _chain_first(first, units)
     store = ShardStore(job.out)
+    fp = _fingerprint_to_resume(job, store, fp, force_new)
     try:
         return _execute(job, store, fp, listed, units, executor, address, force_new, quiet, max_units)
     finally:
         store.release()  # the run's lease: free again for the next writer, whatever happened
+
+
+def _fingerprint_to_resume(job: ShardedJob, store, fp: str, force_new: bool) -> str:
+    """This run's fingerprint, or the stored run's when an earlier sentsim gave this same run that one."""
+    from storage import StoreError
+
+    if force_new or job.earlier_fingerprint is None:
+        return fp
+    try:
+        stored = store.read_manifest()
+    except StoreError:  # open_run says what is wrong with it
+        return fp
+    if stored and stored.get("stage") == job.stage and stored.get("fingerprint") not in (None, fp) \
+            and job.earlier_fingerprint(stored) == stored["fingerprint"]:
+        return stored["fingerprint"]
+    return fp
 
 
 def _chain_first(first: dict, rest):

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from sentsim.config import Section
+from sentsim.config import Section, fingerprint
 from sentsim.errors import UsageError
 from sentsim.executor import ShardedJob, execute
 from sentsim.harvest.config import ContextSetConfig, StageResources
@@ -27,6 +27,7 @@ from sentsim.pipeline import Resources, Stage, StageSpec
 from storage import ShardStore
 
 STAGE = "contexts"
+PATHS = ("corpus", "index", "discriminator", "sentences")  # input files and folders of a ScreenConfig
 CONTEXT_SCHEMA = pa.schema([
     ("sentence_id", pa.int64()), ("rank", pa.int32()), ("chunk_id", pa.int64()), ("slot", pa.int32()),
     ("centre_id", pa.int64()), ("retrieval_score", pa.float32()), ("log_p_disc", pa.float32()),
@@ -125,6 +126,15 @@ def _queries(cfg: ScreenConfig, corpus) -> tuple[list, list]:
     return ids, corpus.texts(ids)
 
 
+def earlier_fingerprint(cfg: ScreenConfig, corpus_fp: str, models: dict, n: int, stored: dict) -> str:
+    """The fingerprint that sentsim before 2026-11-24 gave this run, with its input paths spelt as the stored
+    run spelt them (harvest.job.earlier_fingerprint, the same): equal to the stored one, it is this run."""
+    old = stored.get("config") or {}
+    sem = cfg.model_dump(exclude={"out": True, "resources": True, "contexts": {"rep_cache"}})
+    sem.update({k: old.get(k, sem[k]) for k in PATHS})
+    return fingerprint(STAGE, sem, corpus_fp, models, n)
+
+
 def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = False,
                     address: Optional[str] = None, quiet: bool = False) -> dict:
     from sentsim.harvest.corpus_index import CorpusIndex
@@ -136,7 +146,10 @@ def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = 
     ids, texts = _queries(cfg, corpus)
     units = [{"unit": u, "ids": ids[i:i + cfg.per_unit], "texts": texts[i:i + cfg.per_unit]}
              for u, i in enumerate(range(0, len(ids), cfg.per_unit))]
-    sem = cfg.model_dump(exclude={"out": True, "resources": True, "contexts": {"rep_cache"}})
+    # the input paths' contents are fingerprinted (corpus and index fingerprints, checkpoint hash, the queries
+    # themselves), not their spelling, so a run resumes from another folder (HarvestConfig.semantic, the same)
+    sem = cfg.model_dump(exclude={"out": True, "resources": True, "contexts": {"rep_cache"},
+                                  **dict.fromkeys(PATHS, True)})
     screened = cfg.discriminator and cfg.contexts.mode == "screened"
     identity = cache_identity(corpus.fingerprint, cfg.discriminator) if screened else None
     models = {"index": read_index_manifest(cfg.index).get("fingerprint"),
@@ -154,7 +167,9 @@ def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = 
         return {"counts": {"sentences": len(ids), "shortfalls": shortfalls}}
 
     job = ShardedJob(
-        stage=STAGE, out=cfg.out, fingerprint_parts=(STAGE, sem, corpus.fingerprint, models, len(ids)),
+        stage=STAGE, out=cfg.out,
+        fingerprint_parts=(STAGE, sem, corpus.fingerprint, models, len(ids), fingerprint(ids)),
+        earlier_fingerprint=lambda stored: earlier_fingerprint(cfg, corpus.fingerprint, models, len(ids), stored),
         config=cfg.model_dump(), inputs=[{"corpus": cfg.corpus, "sentences": len(ids)}],
         tables={"contexts": CONTEXT_SCHEMA, "queries": QUERY_SCHEMA}, units=units,
         stages=lambda ctx: [StageSpec(functools.partial(ScreenStage, cfg, ctx.fp, rep_cache),

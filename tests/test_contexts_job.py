@@ -66,3 +66,29 @@ def test_external_sentences_and_shortfalls(speech_corpus, index, tmp_path):
     r = sentsim_cli("contexts", "--corpus", speech_corpus, "--index", index, "--sentences", tmp_path / "none.txt",
                     "--out", tmp_path / "o2", "--executor", "inline")
     assert r.returncode == 2 and "not found" in r.stderr
+
+
+def test_a_run_resumes_under_another_spelling_of_its_paths_but_not_with_other_sentences(speech_corpus, index,
+                                                                                        tmp_path):
+    """The sentence file, corpus and index are fingerprinted by what they hold: named relative to another folder
+    the run resumes (nothing redone); the same file with other sentences in it is another run."""
+    import os
+
+    f = tmp_path / "s.txt"
+    f.write_text("The Congress must act on the budget.\nWe will defend our nation.\n")
+    out = tmp_path / "run"
+    args = ["--set", "contexts.size=4", "--set", "per_unit=1", "--executor", "inline"]
+    r = sentsim_cli("contexts", "--corpus", speech_corpus, "--index", index, "--sentences", f, "--out", out, *args)
+    assert r.returncode == 0, r.stderr
+    before = ds.dataset(str(out / "contexts")).to_table().sort_by([("sentence_id", "ascending"), ("rank", "ascending")])
+    (out / "_units" / "00001.json").unlink()  # as if stopped before unit 1's marker
+    (out / "_COMPLETE").unlink()
+    rel = lambda p: os.path.relpath(p, tmp_path)  # noqa: E731
+    r = sentsim_cli("contexts", "--corpus", rel(speech_corpus), "--index", rel(index), "--sentences", "s.txt",
+                    "--out", "run", *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    after = ds.dataset(str(out / "contexts")).to_table().sort_by([("sentence_id", "ascending"), ("rank", "ascending")])
+    assert after.equals(before) and json.loads((out / "manifest.json").read_text())["complete"]
+    f.write_text("The Congress must act on the budget.\nTaxes were cut this year.\n")
+    r = sentsim_cli("contexts", "--corpus", speech_corpus, "--index", index, "--sentences", f, "--out", out, *args)
+    assert r.returncode == 2 and "fingerprint" in r.stderr and "Traceback" not in r.stderr

@@ -373,3 +373,47 @@ def test_anchors_that_partner_each_other_give_each_pair_once(inputs, tmp_path):
     keys = [tuple(sorted(p)) for p in zip(t.s1_id, t.s2_id)]
     assert len(keys) == len(set(keys)) and len(t) == t.pair_id.nunique()
     assert len(keys) > 12  # many pairs, each proposed from both ends
+
+
+def as_fingerprinted(run, fp):
+    """The run with every record's fingerprint replaced by `fp` (manifest, unit markers, side tables)."""
+    for f in [run / "manifest.json", *(run / "_units").glob("*.json"), *(run / "_side").glob("*.json")]:
+        rec = json.loads(f.read_text())
+        rec["fingerprint"] = fp
+        f.write_text(json.dumps(rec))
+    (run / "_COMPLETE").unlink()
+    return run
+
+
+def test_a_run_resumes_under_another_spelling_of_its_input_paths(inline_run, tmp_path, monkeypatch):
+    """Input paths are fingerprinted by what they hold, so a run resumes with its corpus, index and context
+    models named relative to another folder; a run written while paths were fingerprinted as given resumes
+    under its own fingerprint; a changed setting is still refused."""
+    import os
+
+    from sentsim.config import fingerprint
+    from sentsim.harvest.corpus_index import CorpusIndex
+    from sentsim.harvest.job import STAGE, harvest, model_hashes, plan
+    from storage import StoreError
+
+    cfg, out = inline_run
+    corpus = CorpusIndex(cfg.corpus)
+    before = fingerprint(STAGE, cfg.semantic(with_paths=True), corpus.fingerprint, plan(cfg, corpus)[1],
+                         model_hashes(cfg))  # how a run was fingerprinted until 2026-11-24
+    now = json.loads((out / "manifest.json").read_text())["fingerprint"]
+    assert before != now
+    monkeypatch.chdir(tmp_path)
+    respelt = {"corpus": os.path.relpath(cfg.corpus), "index": os.path.relpath(cfg.index),
+               "context_models": [os.path.relpath(p) for p in cfg.context_models]}
+    assert respelt["corpus"] != cfg.corpus
+    for name, fp in (("current", now), ("earlier", before)):
+        run = tmp_path / name
+        shutil.copytree(out, run)
+        as_fingerprinted(run, fp)
+        (run / "_units" / "00001.json").unlink()  # as if stopped before unit 1's marker
+        m = harvest(cfg.model_copy(update={**respelt, "out": str(run)}), executor="inline", quiet=True)
+        assert m["complete"] and m["fingerprint"] == fp and m["this_run"]["units"] == 1, name
+        assert pairs_of(run).equals(pairs_of(out)), name
+    with pytest.raises(StoreError, match="fingerprint"):
+        harvest(cfg.model_copy(update={**respelt, "out": str(tmp_path / "earlier"), "seed": 1}), executor="inline",
+                quiet=True)

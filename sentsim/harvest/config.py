@@ -62,6 +62,10 @@ class GroupingConfig(Section):
     score: Literal["paper", "union", "centred"] = "paper"  # which variant fills the `score` column
 
 
+# config keys that name input files or folders: their contents are fingerprinted, not their spelling
+INPUT_PATHS = ("corpus", "index", "discriminator", "context_models", "pairs_file")
+
+
 class HarvestConfig(Section):
     corpus: str
     out: str
@@ -109,11 +113,16 @@ class HarvestConfig(Section):
         assert self.metric in METRICS
         return self
 
-    def semantic(self) -> dict:
-        """Everything that changes the rows; resources and placement do not."""
+    def semantic(self, with_paths: bool = False) -> dict:
+        """Everything that changes the rows; resources and placement do not, and neither do the spellings of
+        the input paths: what they hold is fingerprinted instead (the corpus fingerprint, checkpoint hashes,
+        the pairs file's sha256; job.py), so a run resumes from another folder. `with_paths` keeps them, as
+        fingerprints did before 2026-11-24 (job.earlier_fingerprint)."""
         d = self.model_dump()
-        for k in ("out", "resources"):
+        for k in ("out", "resources") + (() if with_paths else INPUT_PATHS):
             d.pop(k)
+        if not with_paths:
+            d["rank"].pop("encoder")  # its checkpoint hash is fingerprinted when rank targets are on
         d["contexts"].pop("rep_cache")  # where the cache lies is not semantic; its identity is (job.py)
         if not self.grouping.enabled:  # runs from before grouping existed keep their fingerprint
             d.pop("grouping")

@@ -14,10 +14,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from sentsim.config import load_config
+from sentsim.config import fingerprint, load_config
 from sentsim.errors import UsageError
 from sentsim.executor import ShardedJob, execute
-from sentsim.harvest.config import HarvestConfig
+from sentsim.harvest.config import INPUT_PATHS, HarvestConfig
 from sentsim.harvest.stages import (
     CONTEXT_SCORE_SCHEMA,
     SENTENCE_SCHEMA,
@@ -112,6 +112,24 @@ def model_hashes(cfg: HarvestConfig) -> dict:
     return out
 
 
+def without_paths(plan_info: dict) -> dict:
+    """The plan as fingerprinted: the pairs file by its sha256 and length, not by the path it was given as."""
+    return {k: v for k, v in plan_info.items() if k != "pairs_file"}
+
+
+def earlier_fingerprint(cfg: HarvestConfig, corpus_fp: str, plan_info: dict, hashes: dict, stored: dict) -> str:
+    """The fingerprint that sentsim before 2026-11-24 gave this run, with its input paths spelt as the
+    stored run spelt them. Those fingerprints held the paths as given; equal to the stored one, the
+    stored run is this run (every content identity matched too) and it resumes under its fingerprint."""
+    old = stored.get("config") or {}
+    sem = cfg.semantic(with_paths=True)
+    for k in INPUT_PATHS:
+        sem[k] = old.get(k, sem[k])
+    sem["rank"]["encoder"] = (old.get("rank") or {}).get("encoder", sem["rank"]["encoder"])
+    info = dict(plan_info, pairs_file=old.get("pairs_file")) if "pairs_file" in plan_info else plan_info
+    return fingerprint(STAGE, sem, corpus_fp, info, hashes)
+
+
 def harvest(
     cfg: HarvestConfig, executor: str = "ray", force_new: bool = False, address: Optional[str] = None,
     quiet: bool = False, max_units: Optional[int] = None,
@@ -155,7 +173,9 @@ def harvest(
                              address=ctx.address, quiet=ctx.quiet)
 
     job = ShardedJob(
-        stage=STAGE, out=cfg.out, fingerprint_parts=(STAGE, cfg.semantic(), corpus.fingerprint, plan_info, hashes),
+        stage=STAGE, out=cfg.out, fingerprint_parts=(STAGE, cfg.semantic(), corpus.fingerprint,
+                                                     without_paths(plan_info), hashes),
+        earlier_fingerprint=lambda stored: earlier_fingerprint(cfg, corpus.fingerprint, plan_info, hashes, stored),
         config=cfg.model_dump(), inputs=[{"corpus": cfg.corpus, "fingerprint": corpus.fingerprint, **plan_info}],
         tables={"pairs": pair_schema(cfg.grouping.enabled), "sentences": SENTENCE_SCHEMA,
                 **({"context_scores": CONTEXT_SCORE_SCHEMA} if cfg.keep_context_scores == "all" else {})},
