@@ -54,6 +54,9 @@ class ShardedJob:
     # given a stored manifest with another fingerprint: the one an earlier sentsim gave this same run
     # (e.g. before input paths left the fingerprint); equal to the stored one, the run resumes under it
     earlier_fingerprint: Optional[Callable[[dict], str]] = None
+    # config keys outside the fingerprint (flattened, e.g. "resources"; "inputs.0.corpus" for an input): a
+    # refused resume does not list their differences as if they had caused it
+    unfingerprinted: Sequence[str] = ("out", "resources")
 
     @property
     def fp(self) -> str:
@@ -215,6 +218,7 @@ def _execute(job: ShardedJob, store, fp: str, listed: bool, units, executor: str
     stream = open(os.devnull, "w") if quiet else sys.stderr
     manifest = store.open_run(job.stage, fp, job.config, job.inputs, job.tables,
                               planned_units=len(job.units) if listed else None, force_new=force_new,
+                              unfingerprinted=job.unfingerprinted,
                               **({"extra": job.open_extra} if job.open_extra else {}))
     ctx = RunContext(job, fp, store, manifest, executor, address, force_new, quiet)
     ctx.done = store.completed_units(fp, deep=job.deep)

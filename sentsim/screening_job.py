@@ -170,6 +170,7 @@ def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = 
         stage=STAGE, out=cfg.out,
         fingerprint_parts=(STAGE, sem, corpus.fingerprint, models, len(ids), fingerprint(ids)),
         earlier_fingerprint=lambda stored: earlier_fingerprint(cfg, corpus.fingerprint, models, len(ids), stored),
+        unfingerprinted=("out", "resources", "contexts.rep_cache", "inputs.0.corpus") + PATHS,
         config=cfg.model_dump(), inputs=[{"corpus": cfg.corpus, "sentences": len(ids)}],
         tables={"contexts": CONTEXT_SCHEMA, "queries": QUERY_SCHEMA}, units=units,
         stages=lambda ctx: [StageSpec(functools.partial(ScreenStage, cfg, ctx.fp, rep_cache),

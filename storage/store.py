@@ -7,7 +7,7 @@ import hashlib
 import io
 import json
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -61,18 +61,21 @@ def _flatten(tree, prefix: str = "") -> Dict[str, object]:
     return out
 
 
-def what_changed(stored: dict, config: dict, inputs: List[dict], most: int = 6) -> str:
-    """The config keys and inputs that differ from a stored manifest's, for a refused resume."""
+def what_changed(stored: dict, config: dict, inputs: List[dict], most: int = 6, ignore: Sequence[str] = ()) -> str:
+    """The config keys and inputs that differ from a stored manifest's, for a refused resume. `ignore`:
+    flattened keys (and their children; `inputs.0.corpus` for an input) outside the fingerprint, such as
+    `out` or `resources`, whose differences did not cause the refusal and are not listed."""
+    skip = lambda k: any(k == p or k.startswith(p + ".") for p in ignore)  # noqa: E731
     # through JSON, as the stored side went: a tuple in the new config is the list it was stored as
     old = _flatten(json.loads(json.dumps(stored.get("config") or {}, default=str)))
     new = _flatten(json.loads(json.dumps(config or {}, default=str)))
-    keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and not skip(k))
     parts = [f"{k}: {old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r}" for k in keys[:most]]
     if len(keys) > most:
         parts.append(f"and {len(keys) - most} more key(s)")
     old_in = _flatten({"inputs": json.loads(json.dumps(stored.get("inputs") or [], default=str))})
     new_in = _flatten({"inputs": json.loads(json.dumps(inputs or [], default=str))})
-    changed = sorted(k for k in old_in.keys() | new_in.keys() if old_in.get(k) != new_in.get(k))
+    changed = sorted(k for k in old_in.keys() | new_in.keys() if old_in.get(k) != new_in.get(k) and not skip(k))
     if changed:
         parts.append(f"input(s) changed: {', '.join(changed[:3])}" + (" ..." if len(changed) > 3 else ""))
     return "; ".join(parts) if parts else "same config and inputs, so a model or checkpoint they name changed"
@@ -138,11 +141,13 @@ class ShardStore:
         planned_units: Optional[int] = None,
         force_new: bool = False,
         extra: Optional[dict] = None,
+        unfingerprinted: Sequence[str] = (),
     ) -> dict:
         """Start a run or resume the one already here.
 
         Resuming is allowed only with the same fingerprint (config + inputs + checkpoints);
-        anything else is refused unless `force_new`, which clears the old run first.
+        anything else is refused unless `force_new`, which clears the old run first. The refusal
+        names the changed keys, less `unfingerprinted` ones (what_changed's `ignore`).
         """
         # one writer per run: taken before anything is read or deleted, released by finalize/release
         if self.lease is None:
@@ -157,7 +162,8 @@ class ShardStore:
             if existing.get("fingerprint") != fingerprint:
                 raise StoreError(
                     f"{self.uri} was written with fingerprint {existing.get('fingerprint')} but this run's is "
-                    f"{fingerprint} ({what_changed(existing, config, inputs)}); resume with the same settings, "
+                    f"{fingerprint} ({what_changed(existing, config, inputs, ignore=unfingerprinted)}); "
+                    "resume with the same settings, "
                     "or pass --force-new to start a new run there"
                 )
             self.sweep_temp(list(schemas))

@@ -414,6 +414,9 @@ def test_a_run_resumes_under_another_spelling_of_its_input_paths(inline_run, tmp
         m = harvest(cfg.model_copy(update={**respelt, "out": str(run)}), executor="inline", quiet=True)
         assert m["complete"] and m["fingerprint"] == fp and m["this_run"]["units"] == 1, name
         assert pairs_of(run).equals(pairs_of(out)), name
-    with pytest.raises(StoreError, match="fingerprint"):
+    with pytest.raises(StoreError, match="fingerprint") as refused:
         harvest(cfg.model_copy(update={**respelt, "out": str(tmp_path / "earlier"), "seed": 1}), executor="inline",
                 quiet=True)
+    # it names the setting that changed, not the paths or the --out that differ too but are not fingerprinted
+    why = str(refused.value).split("(", 1)[1]
+    assert f"seed: {cfg.seed} -> 1" in why and "corpus" not in why and "out:" not in why and "context_models" not in why

@@ -64,6 +64,10 @@ class GroupingConfig(Section):
 
 # config keys that name input files or folders: their contents are fingerprinted, not their spelling
 INPUT_PATHS = ("corpus", "index", "discriminator", "context_models", "pairs_file")
+# config keys that semantic() leaves out (placement, speed, where things lie), flattened; a refused resume
+# does not list them
+UNFINGERPRINTED = ("out", "resources", "contexts.rep_cache", "scoring.device", "scoring.torch_threads",
+                   "scoring.batch_tokens", "rank.encoder") + INPUT_PATHS
 
 
 class HarvestConfig(Section):

@@ -17,7 +17,7 @@ import numpy as np
 from sentsim.config import fingerprint, load_config
 from sentsim.errors import UsageError
 from sentsim.executor import ShardedJob, execute
-from sentsim.harvest.config import INPUT_PATHS, HarvestConfig
+from sentsim.harvest.config import INPUT_PATHS, UNFINGERPRINTED, HarvestConfig
 from sentsim.harvest.stages import (
     CONTEXT_SCORE_SCHEMA,
     SENTENCE_SCHEMA,
@@ -176,6 +176,7 @@ def harvest(
         stage=STAGE, out=cfg.out, fingerprint_parts=(STAGE, cfg.semantic(), corpus.fingerprint,
                                                      without_paths(plan_info), hashes),
         earlier_fingerprint=lambda stored: earlier_fingerprint(cfg, corpus.fingerprint, plan_info, hashes, stored),
+        unfingerprinted=UNFINGERPRINTED + ("inputs.0.corpus", "inputs.0.pairs_file"),
         config=cfg.model_dump(), inputs=[{"corpus": cfg.corpus, "fingerprint": corpus.fingerprint, **plan_info}],
         tables={"pairs": pair_schema(cfg.grouping.enabled), "sentences": SENTENCE_SCHEMA,
                 **({"context_scores": CONTEXT_SCORE_SCHEMA} if cfg.keep_context_scores == "all" else {})},
