@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from sentsim.errors import UsageError
 
@@ -24,6 +24,24 @@ class Section(BaseModel):
     """Base for every config schema: strict about unknown keys, immutable once validated."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+def yaml_words(true: str | None = None, false: str | None = None) -> BeforeValidator:
+    """Read YAML 1.1's booleans back as the words a choice field spells.
+
+    YAML reads `off`, `no`, `yes` and `on` as booleans, in a config file and in `--set key=off` alike, so
+    a field whose choices are such words gets `False` or `True`. Annotate it with this to map them back:
+    `Annotated[Literal["auto", "off"], yaml_words(false="off")]`.
+    """
+
+    def convert(value: Any) -> Any:
+        if value is True and true is not None:
+            return true
+        if value is False and false is not None:
+            return false
+        return value
+
+    return BeforeValidator(convert)
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:

@@ -52,3 +52,17 @@ def test_fingerprint_is_stable_and_sensitive():
     a = fingerprint("corpus", {"x": 1, "y": [1, 2]})
     assert a == fingerprint("corpus", {"y": [1, 2], "x": 1})
     assert a != fingerprint("corpus", {"x": 2, "y": [1, 2]})
+
+
+def test_yaml_boolean_words_read_as_the_choices_they_spell(tmp_path):
+    # YAML 1.1 reads off/no/yes as booleans; the choice fields that spell them must still accept them.
+    from sentsim.context.config import ContextTrainConfig, ScorerConfig
+
+    assert load_config(ScorerConfig, None, ["autocast=off"]).autocast == "off"
+    f = tmp_path / "train.yaml"
+    f.write_text("bf16: off\nuse_gpu: no\n")
+    cfg = load_config(ContextTrainConfig, str(f))
+    assert (cfg.bf16, cfg.use_gpu) == ("off", "no")
+    assert load_config(ContextTrainConfig, None, ["use_gpu=yes"]).use_gpu == "yes"
+    with pytest.raises(UsageError, match="bf16"):  # `on` is not one of bf16's choices, and still says so
+        load_config(ContextTrainConfig, None, ["bf16=on"])
