@@ -9,8 +9,6 @@ from __future__ import annotations
 import re
 from typing import List, Tuple
 
-import blingfire
-
 _WS = re.compile(r"\s+")
 
 
@@ -23,6 +21,8 @@ def split_sentences(paragraph: str) -> List[str]:
     """Split one already-normalised paragraph into sentences, keeping order."""
     if not paragraph:
         return []
+    import blingfire  # here, not at the top: scoring and training import this module but never split
+
     return [s for s in (normalise(x) for x in blingfire.text_to_sentences(paragraph).split("\n")) if s]
 
 

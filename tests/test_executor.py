@@ -232,3 +232,25 @@ def test_a_run_whose_lease_was_taken_over_stops_before_finalizing(tmp_path, monk
         execute(_job(out, [{"unit": u, "x": u} for u in range(4)], on_result=take_over), executor="inline")
     assert not (out / "_COMPLETE").exists()
     assert json.loads((out / LEASE).read_text())["token"] == "someone-else"  # the new holder's lease stays
+
+
+def test_inline_runs_and_scoring_import_neither_ray_nor_the_splitter(tmp_path, sample_path):
+    """Scoring exported context sets on a machine with only the model (bench/teacher_gpu.py score) imports the
+    scoring stage without the sentence splitter, and an inline job runs where Ray is not installed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys\n"
+        "sys.modules['ray'] = None  # any import of Ray now fails\n"
+        "import sentsim.harvest.stages, sentsim.context.scorer\n"
+        "assert 'blingfire' not in sys.modules, 'the scoring stage imported the splitter'\n"
+        "from sentsim.corpus_job import build_corpus\n"
+        f"build_corpus([{str(sample_path)!r}], {str(tmp_path / 'c')!r}, overrides=['docs_per_unit=10'],"
+        " executor='inline', quiet=True)\n"
+        "print('built')\n")
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("built"), r.stderr[-3000:]
+    assert list((tmp_path / "c" / "sentences").glob("*.parquet"))
