@@ -1,0 +1,204 @@
+"""Surrogates distilled from the chosen teacher, against the number of harvested pairs (issue 15, step 6).
+
+    python bench/surrogate_curve.py harvest --label NAME --anchors N [--minutes M] [--set KEY=VALUE ...]
+    python bench/surrogate_curve.py snapshot --label NAME
+    python bench/surrogate_curve.py train --run NAME[@PAIRS] --init scratch|pretrained [--epochs 4]
+    python bench/surrogate_curve.py report --teacher TEST_RUN
+
+harvest: a real corpus-mode `sentsim harvest --config configs/teacher.yaml` on a local Ray (one contexts actor, two
+  scoring actors of one torch thread), into SENTSIM_CACHE/surrogate/NAME: N anchors sampled from the reference corpus,
+  5 partners each (2 retrieved neighbours, 1 from the same document, 2 random: the harvest's defaults), split
+  80/10/10 so that a small harvest keeps held-out pairs. It stops at M minutes (SIGTERM, then Ray shuts down) and
+  resumes where it stopped when run again; wall seconds and pairs add up in NAME.cost.
+snapshot: NAME@PAIRS, a hard-linked copy of the units committed so far (the harvest must be stopped), so that one
+  harvest gives the surrogates of the curve their nested training sets.
+train: `sentsim train surrogate --data RUN --init INIT --loss cosent --epochs E` into RUN-INIT (from scratch: a 4x256
+  BERT with MiniLM's tokenizer and lr 5e-4; pretrained: all-MiniLM-L6-v2 at 2e-5), 1 Ray Train worker.
+report: for every trained surrogate and the two untrained starts, Spearman x 100 on all of STS-B test against gold
+  (95% bootstrap interval) and against the teacher's scores on the pairs the teacher scored (TEST_RUN: a
+  bench/teacher_test.py run of the same config), with the harvest's own held-out test split before and after
+  training. Results: bench/results/surrogate_curve.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from common import bootstrap, machine  # noqa: E402
+from teacher_curve import pairs_committed  # noqa: E402
+
+STSB_TEST = ROOT.parent / "shared" / "data" / "sts" / "stsbenchmark" / "sts-test.csv"
+RESULTS = ROOT / "bench" / "results"
+INITS = {"scratch": ["--init", "scratch", "--set", "lr=5e-4"], "pretrained": ["--init", "pretrained"]}
+
+
+def work() -> Path:
+    w = Path(os.environ.get("SENTSIM_CACHE", "~/.cache/sentsim")).expanduser() / "surrogate"
+    w.mkdir(parents=True, exist_ok=True)
+    return w
+
+
+def run_harvest(args) -> int:
+    run = work() / args.label
+    cost_file = run.with_suffix(".cost")
+    cost = json.loads(cost_file.read_text()) if cost_file.exists() else {"wall_s": 0.0, "pairs": 0}
+    if (run / "_COMPLETE").exists():
+        print(f"{run}: complete, {pairs_committed(run)} pairs")
+        return 0
+    before = pairs_committed(run)
+    cmd = ["timeout", "--signal=TERM", "--kill-after=120", str(int(args.minutes * 60)),
+           sys.executable, "-m", "sentsim.cli", "harvest", "--config", str(ROOT / "configs" / "teacher.yaml"),
+           "--out", str(run), "--executor", "ray", "--set", f"anchors.n={args.anchors}",
+           "--set", "anchors.per_unit=4", "--set", "splits=[0.8,0.1,0.1]", "--set", "scoring.torch_threads=1",
+           "--set", "resources.scoring.min_actors=2", "--set", "resources.scoring.max_actors=2"]
+    for s in args.sets:
+        cmd += ["--set", s]
+    print("$", " ".join(cmd[6:]), flush=True)
+    t0 = time.perf_counter()
+    rc = subprocess.call(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    wall = time.perf_counter() - t0
+    if rc not in (0, 124):  # 124: stopped at the deadline, resumable
+        raise SystemExit(f"surrogate_curve: harvest into {run} failed (exit {rc}); run again to resume")
+    scored = pairs_committed(run) - before
+    cost = {"wall_s": cost["wall_s"] + wall, "pairs": cost["pairs"] + scored, "sets": args.sets,
+            "anchors": args.anchors}
+    cost_file.write_text(json.dumps(cost))
+    print(f"{run}: +{scored} pairs in {wall:.0f}s ({'stopped at the deadline' if rc == 124 else 'complete'}); "
+          f"{cost['pairs']} pairs in {cost['wall_s']:.0f}s over all runs")
+    return 0
+
+
+def snapshot(args) -> int:
+    run = work() / args.label
+    n = pairs_committed(run)
+    dest = work() / f"{args.label}@{n}"
+    if dest.exists():
+        print(f"{dest} exists")
+        return 0
+    subprocess.check_call(["cp", "-al", str(run), str(dest)])  # shards are never rewritten in place
+    print(f"{dest}: {n} pairs")
+    return 0
+
+
+def train(args) -> int:
+    run = work() / args.run
+    out = Path(f"{run}-{args.init}")
+    cmd = [sys.executable, "-m", "sentsim.cli", "train", "surrogate", "--data", str(run), "--out", str(out),
+           "--loss", "cosent", "--epochs", str(args.epochs), *INITS[args.init]]
+    print("$", " ".join(cmd[2:]), flush=True)
+    t0 = time.perf_counter()
+    if subprocess.call(cmd, cwd=ROOT) != 0:
+        raise SystemExit(f"surrogate_curve: training {out} failed; run again to resume")
+    (out / "bench.json").write_text(json.dumps({"wall_s": time.perf_counter() - t0, "epochs": args.epochs}))
+    return 0
+
+
+def untrained_scratch() -> Path:
+    """The scratch surrogates' start: the same seeded random 4x256 BERT, exported as they are."""
+    from sentsim.rank.targets import default_base_encoder
+    from sentsim.surrogate.config import SurrogateConfig
+    from sentsim.surrogate.models import build_model, export_model, save_hf
+
+    out = work() / "scratch-untrained"
+    if not (out / "modules.json").exists():
+        cfg = SurrogateConfig()
+        model, tok = build_model("siamese", default_base_encoder(), "scratch", cfg.scratch.model_dump(), cfg.seed)
+        save_hf(model, tok, work() / "scratch-untrained-hf")
+        export_model(work() / "scratch-untrained-hf", out, "siamese", cfg.max_seq_length)
+    return out
+
+
+def report(args) -> int:
+    from scipy.stats import spearmanr
+
+    from sentsim.evaluation import load_model_scorer
+    from sentsim.evaluation.datasets import load_stsb
+    from sentsim.rank.targets import default_base_encoder
+    from storage.reader import RunReader
+
+    test = load_stsb(STSB_TEST, "STSb-test").sets[0]
+    gold = np.asarray(test.gold, dtype=float)
+    t = RunReader(str(args.teacher)).read_table("pairs", ["s1", "s2", "score"]).to_pandas()
+    lookup = {(a.strip(), b.strip()): v for a, b, v in zip(t.s1, t.s2, t.score) if v == v}
+    teacher = np.array([lookup.get((a.strip(), b.strip()), np.nan) for a, b in zip(test.s1, test.s2)])
+    ok = np.isfinite(teacher)
+    models = [("all-MiniLM-L6-v2 (untrained start)", "pretrained", 0, None, default_base_encoder()),
+              ("random 4x256 BERT (untrained start)", "scratch", 0, None, untrained_scratch())]
+    for out in sorted(work().glob("*-scratch")) + sorted(work().glob("*-pretrained")):
+        if (out / "summary.json").exists():
+            stage = json.loads((out / "summary.json").read_text())["stages"][0]
+            models.append((out.name, out.name.rsplit("-", 1)[1], stage["train_pairs"], out, stage["model"]))
+    rows = [{"model": "Origin teacher", "train_pairs": None, "vs_gold": bootstrap(teacher, gold)[:3],
+             "vs_teacher": 100.0, "pairs": int(ok.sum())}]
+    for label, init, n, out, path in models:
+        pred = np.asarray(load_model_scorer(str(path), 128, "cpu").score_pairs(list(test.s1), list(test.s2)))
+        row = {"model": label, "init": init, "train_pairs": n, "vs_gold": bootstrap(pred, gold)[:3],
+               "vs_teacher": float(spearmanr(pred[ok], teacher[ok]).statistic * 100)}
+        if out is not None:
+            stage = json.loads((out / "summary.json").read_text())["stages"][0]
+            row["split_test"] = [stage["first"].get("test_spearman"), stage["last"].get("test_spearman")]
+            row["split_dev"] = [stage["first"].get("dev_spearman"), stage["last"].get("dev_spearman")]
+            bench = out / "bench.json"
+            row["train_s"] = json.loads(bench.read_text())["wall_s"] if bench.exists() else None
+        rows.append(row)
+        print(row, flush=True)
+    harvests = {p.stem: json.loads(p.read_text()) for p in sorted(work().glob("*.cost"))}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "surrogate_curve.json").write_text(json.dumps({"machine": machine(), "teacher": str(args.teacher),
+                                                              "harvests": harvests, "rows": rows}, indent=1) + "\n")
+    f = lambda x: f"{x[0]:.2f} [{x[1]:.1f}, {x[2]:.1f}]"  # noqa: E731
+    g = lambda x: f"{x[0]:.1f} -> {x[1]:.1f}" if x and None not in x else "-"  # noqa: E731
+    lines = [f"Machine: {machine()}", "",
+             f"Teacher: `{Path(args.teacher).name}` ({int(ok.sum())} of {len(gold)} STS-B test pairs scored). "
+             "Spearman x 100 on all of STS-B test [95% bootstrap interval]; against the teacher on the pairs it "
+             "scored; on the harvest's own held-out splits against the teacher, before -> after training.", "",
+             "| model | train pairs | STS-B test vs gold | vs teacher | harvest dev split | harvest test split "
+             "| training s |", "|---|---:|---|---:|---|---|---:|"]
+    for r in rows:
+        s = f"{r['train_s']:.0f}" if r.get("train_s") else "-"
+        lines.append(f"| {r['model']} | {r['train_pairs'] if r['train_pairs'] is not None else '-'} | "
+                     f"{f(r['vs_gold'])} | {r['vs_teacher']:.2f} | {g(r.get('split_dev'))} | "
+                     f"{g(r.get('split_test'))} | {s} |")
+    for name, c in harvests.items():
+        lines.append(f"\nHarvest {name}: {c['pairs']} pairs in {c['wall_s']:.0f} s of wall "
+                     f"({c['wall_s'] / max(c['pairs'], 1):.2f} s a pair), settings {c.get('sets')}")
+    (RESULTS / "surrogate_curve.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    h = sub.add_parser("harvest")
+    h.add_argument("--label", required=True)
+    h.add_argument("--anchors", type=int, required=True)
+    h.add_argument("--minutes", type=float, default=60.0)
+    h.add_argument("--set", dest="sets", action="append", default=[])
+    s = sub.add_parser("snapshot")
+    s.add_argument("--label", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--run", required=True, help="NAME or NAME@PAIRS under SENTSIM_CACHE/surrogate")
+    t.add_argument("--init", choices=sorted(INITS), required=True)
+    t.add_argument("--epochs", type=int, default=4)
+    r = sub.add_parser("report")
+    r.add_argument("--teacher", required=True, help="a bench/teacher_test.py run (SENTSIM_CACHE/test/LABEL)")
+    args = ap.parse_args(argv)
+    return {"harvest": run_harvest, "snapshot": snapshot, "train": train, "report": report}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
