@@ -23,6 +23,7 @@ teacher_bf16_cpu.{json,md} for a run on the CPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import os
@@ -79,9 +80,7 @@ def export(sizes: list[int], work: Path) -> None:
             item = stage.process([item])[0]
             lines.append(json.dumps({
                 "unit": item["unit"], "pairs": item["pairs"], "texts": {str(s): t for s, t in item["texts"].items()},
-                "csets": {str(s): {"shortfall": cs.shortfall_reason, "candidates": cs.candidates,
-                                   "contexts": [[c.centre_id, c.left, c.right] for c in cs.contexts]}
-                          for s, cs in item["csets"].items()}}))
+                "csets": {str(s): dataclasses.asdict(cs) for s, cs in item["csets"].items()}}))
         tmp = dst.with_suffix(".tmp")
         with gzip.open(tmp, "wt", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
@@ -90,25 +89,14 @@ def export(sizes: list[int], work: Path) -> None:
               f"({dst.stat().st_size / 2**20:.1f} MiB)", flush=True)
 
 
-class _Ctx:
-    """The fields of a Context that ScoreStage reads."""
-
-    def __init__(self, centre_id, left, right):
-        self.centre_id, self.key, self.left, self.right, self.log_p_disc = centre_id, centre_id, left, right, None
-
-
-class _Set:
-    def __init__(self, d):
-        self.contexts = [_Ctx(*c) for c in d["contexts"]]
-        self.shortfall_reason = d["shortfall"]
-        self.candidates = d["candidates"]
-
-
 def _item(u: dict) -> dict:
     """One exported unit as the item ScoreStage takes from ContextStage."""
+    from sentsim.harvest.contexts import Context, ContextSet
+
     return {"unit": u["unit"], "pairs": [tuple(p) for p in u["pairs"]], "timing": {},
             "texts": {int(s): t for s, t in u["texts"].items()},
-            "csets": {int(s): _Set(d) for s, d in u["csets"].items()}, "disc": {}}
+            "csets": {int(s): ContextSet([Context(**c) for c in d["contexts"]], d["candidates"], d["shortfall_reason"])
+                      for s, d in u["csets"].items()}, "disc": {}}
 
 
 def score(work: Path, out: Path, bundle: Path, fp32: list[int], device: str = "cuda", units: int = 0) -> None:
