@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterable, TypeVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sentsim.errors import UsageError
 
@@ -26,22 +27,24 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
-def yaml_words(true: str | None = None, false: str | None = None) -> BeforeValidator:
-    """Read YAML 1.1's booleans back as the words a choice field spells.
+class _Loader(yaml.SafeLoader):
+    """YAML with YAML 1.2's booleans (true/false only).
 
-    YAML reads `off`, `no`, `yes` and `on` as booleans, in a config file and in `--set key=off` alike, so
-    a field whose choices are such words gets `False` or `True`. Annotate it with this to map them back:
-    `Annotated[Literal["auto", "off"], yaml_words(false="off")]`.
+    YAML 1.1 also reads yes/no/on/off as booleans, which turned `autocast: off` and `--set use_gpu=no`
+    into False and had them refused by fields whose choices are those words. Read as strings, they still
+    validate as booleans where a field is a bool (pydantic accepts them).
     """
 
-    def convert(value: Any) -> Any:
-        if value is True and true is not None:
-            return true
-        if value is False and false is not None:
-            return false
-        return value
 
-    return BeforeValidator(convert)
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
@@ -67,7 +70,7 @@ def parse_overrides(pairs: Iterable[str]) -> dict:
         if not key:
             raise UsageError(f"override {item!r} has an empty key")
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = _yaml(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
         _set_dotted(tree, key, value)
@@ -105,7 +108,7 @@ def load_config(schema: type[T], path: str | None = None, overrides: Iterable[st
         if not p.is_file():
             raise UsageError(f"config file not found: {path}")
         try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+            loaded = _yaml(p.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
             line = getattr(getattr(exc, "problem_mark", None), "line", None)
             where = f":{line + 1}" if line is not None else ""

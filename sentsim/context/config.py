@@ -8,11 +8,11 @@ Three groups:
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sentsim.config import Section, yaml_words
+from sentsim.config import Section
 
 DIRECTIONS = ("fwd", "left", "right")
 """fwd = p(s | c<, c>), left = p(c< | s, c>), right = p(c> | c<, s)   (paper §3.2.2)."""
@@ -101,10 +101,10 @@ class ContextTrainConfig(Section):
     # Ray Train: DDP over `num_workers`; fractional CPUs per worker on small CPU nodes.
     num_workers: int = Field(1, ge=1)  # execution, not in the paper
     cpus_per_worker: float = Field(1.0, gt=0)  # execution, not in the paper
-    use_gpu: Annotated[Literal["auto", "yes", "no"], yaml_words("yes", "no")] = "auto"  # GPU when CUDA is present
+    use_gpu: Literal["auto", "yes", "no"] = "auto"  # GPU when CUDA is present
     # bf16 autocast (not in §3.2.2; execution): "auto" = on GPUs and on CPUs with native bf16 (avx512_bf16,
     # AMX; sentsim/hardware.py), fp32 elsewhere; SENTSIM_CPU_BF16=1 forces it on a CPU for an A/B.
-    bf16: Annotated[Literal["auto", "off"], yaml_words(false="off")] = "auto"
+    bf16: Literal["auto", "off"] = "auto"
     torch_threads: int = Field(0, ge=0)  # 0 = torch default
     executor: Literal["ray", "inline"] = "ray"  # inline = the same loop in this process, no Ray (tests, debugging)
 
@@ -148,7 +148,7 @@ class ScorerConfig(Section):
     skip_disabled: bool = True  # execution, not in the paper
     device: str = "auto"  # auto = cuda if available
     # auto = bf16 on GPUs and on CPUs with native bf16 (avx512_bf16 / AMX, sentsim/hardware.py), else fp32
-    autocast: Annotated[Literal["auto", "bf16", "fp16", "off"], yaml_words(false="off")] = "auto"
+    autocast: Literal["auto", "bf16", "fp16", "off"] = "auto"
     torch_threads: int = Field(0, ge=0)  # execution; 1 on small shared CPU nodes
     # Where scoring runs (CPUs, GPU fractions, actors) is the harvest's resources.scoring.
 
