@@ -1,0 +1,100 @@
+"""bench/teacher_curve.py end to end on a tiny teacher: the points it records, a resumed run, --compare.
+
+The bench's figures stand in BENCHMARKS.md, so the code that turns a harvest into a row (items and
+CPU charged to each Eq. 4 variant, the per-pair scores kept for later comparisons) is checked here
+on a real inline harvest of six STS-B dev pairs, not on hand-made tables.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from harvest_support import build_index_for, tiny_context_bundle
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bootstrap_leaves_out_unscored_pairs_and_pairs_the_resamples():
+    common = _bench("common")
+    gold = np.arange(40, dtype=float)
+    pred = gold.copy()
+    pred[[3, 7]] = np.nan  # pairs without a score are left out, and counted as such
+    rho, lo, hi, used = common.bootstrap(pred, gold, n=200)
+    assert (rho, used) == (pytest.approx(100.0), 38)
+    assert lo == pytest.approx(100.0) and hi == pytest.approx(100.0)
+    reverse = -gold
+    d, lo, hi = common.paired_bootstrap(gold, reverse, gold, n=200)
+    assert d == pytest.approx(200.0) and lo == pytest.approx(200.0)
+    noisy = gold + np.random.default_rng(0).normal(0, 10, 40)
+    d, lo, hi = common.paired_bootstrap(noisy, noisy, gold, n=200)
+    assert (d, lo, hi) == (0.0, 0.0, 0.0)  # the same resamples for both sides
+
+
+@pytest.fixture(scope="module")
+def tiny_teacher(speech_corpus, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tiny_teacher")
+    return (speech_corpus, build_index_for(speech_corpus, tmp / "index"),
+            tiny_context_bundle(speech_corpus, tmp / "bundle"))
+
+
+def test_grouped_point_records_three_variants_and_resumes_without_recharging(
+        tiny_teacher, shared_data, tmp_path, capsys, one_torch_thread):
+    curve = _bench("teacher_curve")
+    corpus, index, bundle = tiny_teacher
+    work, results = tmp_path / "work", tmp_path / "results"
+    argv = ["--label", "tiny", "--bundle", str(bundle), "--sizes", "2", "--group", "2", "--pairs", "6",
+            "--work", str(work), "--results", str(results),
+            "--set", f"corpus={corpus}", "--set", f"index={index}", "--set", "contexts.retrieve_chunks=40"]
+    assert curve.main(argv) == 0
+
+    points = json.loads((results / "teacher_curve.json").read_text())
+    by_variant = {p["variant"]: p for p in points}
+    assert sorted(by_variant) == ["centred", "paper", "union"]
+    assert all(p["label"] == "tiny" and p["size"] == 2 and p["of"] == 6 for p in points)
+    paper, union = by_variant["paper"], by_variant["union"]
+    assert paper["group"] == 1 and union["group"] == 2
+    # the paper's row is charged only its share of the grouped run's items and CPU
+    assert 0 < paper["items_per_pair"] < union["items_per_pair"]
+    assert 0 < paper["cpu_s_per_pair"] < union["cpu_s_per_pair"]
+    assert paper["contexts_per_pair"] <= union["contexts_per_pair"] <= 2 * 2 * 2
+    assert all(0 < p["pairs"] <= 6 for p in points)
+
+    table = (results / "teacher_curve.md").read_text()
+    assert "Baseline, TF-IDF cosine on the same pairs" in table
+    assert table.count("| tiny | 2 |") == 3
+    scores = json.loads((results / "teacher_curve_scores.json").read_text())
+    assert set(scores) == {"tiny:2:2:paper", "tiny:2:2:union", "tiny:2:2:centred"}
+    assert len(scores["tiny:2:2:paper"]) == paper["pairs"]
+    assert all(math.isfinite(s) for _, s, _ in scores["tiny:2:2:union"])
+
+    # a finished harvest is not run again, and its cost per pair stays what the first run measured
+    cost = json.loads((work / "tiny-n6-k2-g2.cpu").read_text())
+    assert cost["pairs"] == 6 and cost["cpu_s"] > 0
+    capsys.readouterr()
+    assert curve.main(argv) == 0
+    assert "$ sentsim.cli harvest" not in capsys.readouterr().out
+    assert json.loads((results / "teacher_curve.json").read_text()) == points
+
+    # --compare pairs two variants of the same pairs; with the harvest gone it reads the kept scores
+    assert curve.main(["--compare", "tiny:2:2:union", "tiny:2:2:paper", "--pairs", "6",
+                       "--work", str(work), "--results", str(results)]) == 0
+    from_run = capsys.readouterr().out
+    assert "tiny:2:2:union - tiny:2:2:paper on" in from_run
+    assert curve.main(["--compare", "tiny:2:2:union", "tiny:2:2:paper", "--pairs", "6",
+                       "--work", str(tmp_path / "elsewhere"), "--results", str(results)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == from_run.splitlines()[-1]
+    with pytest.raises(SystemExit, match="expected LABEL:K:G"):
+        curve.main(["--compare", "tiny:2", "tiny:2:2", "--pairs", "6", "--work", str(work),
+                    "--results", str(results)])
