@@ -72,11 +72,12 @@ def pairs_committed(run: Path) -> int:
     return reader.read_table("pairs", columns=["pair_id"]).num_rows
 
 
-def harvest(sample: Path, out: Path, sets: list[str], threads: int) -> tuple[float, int]:
+def harvest(sample: Path, out: Path, sets: list[str], threads: int, max_units: int | None = None) -> tuple[float, int]:
     """Run the harvest; returns its CPU-seconds and the pairs it scored (0, 0 when already complete).
 
     A resumed harvest is charged only for the units this process scored, so the cost per pair stays
-    right across runs that are cut off and continued."""
+    right across runs that are cut off and continued. `max_units`: stop after that many units (the
+    point is then reported over the units committed so far, and the next run continues it)."""
     if (out / "_COMPLETE").exists():
         return 0.0, 0
     before = pairs_committed(out)
@@ -85,6 +86,8 @@ def harvest(sample: Path, out: Path, sets: list[str], threads: int) -> tuple[flo
            "--set", f"scoring.torch_threads={threads}", "--set", "pairs_per_unit=20"]
     for s in sets:
         cmd += ["--set", s]
+    if max_units:
+        cmd += ["--max-units", str(max_units)]
     print("$", " ".join(cmd[2:]), flush=True)
     t0 = cpu_of_children()
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -222,27 +225,41 @@ def redraw(points: list[dict], baseline: dict, results: Path, n: int) -> None:
     plt = pyplot("teacher_curve")
     if plt is None:
         return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    # one colour per teacher, its (a) points joined in |C_s| order; marker shape = Eq. 4 variant
+    fig, ax = plt.subplots(figsize=(9, 5.5))
     markers = {"paper": "o", "union": "s", "centred": "^"}
-    for v in ("paper", "union", "centred"):
-        ps = [p for p in points if p["variant"] == v and p.get("cpu_s_per_pair")]
-        if not ps:
-            continue
-        x = [p["cpu_s_per_pair"] for p in ps]
-        y = [p["spearman"] for p in ps]
-        err = [[p["spearman"] - p["lo"] for p in ps], [p["hi"] - p["spearman"] for p in ps]]
-        ax.errorbar(x, y, yerr=err, fmt=markers[v], capsize=3, label={"paper": "(a) paper, C_s1 + C_s2",
-                                                                      "union": "(b) group union",
-                                                                      "centred": "(c) union, group-centred"}[v])
-        for p, xi, yi in zip(ps, x, y):
-            ax.annotate(f"{p['label']} k={p['size']}", (xi, yi), fontsize=7, xytext=(4, 3),
-                        textcoords="offset points")
+    names = {"paper": "(a) paper, C_s1 + C_s2", "union": "(b) group union", "centred": "(c) union, group-centred"}
+    labels = sorted({p["label"] for p in points if p.get("cpu_s_per_pair")})
+    colours = plt.get_cmap("tab20" if len(labels) > 10 else "tab10")
+    for i, label in enumerate(labels):
+        colour = colours(i % colours.N)
+        for v in ("paper", "union", "centred"):
+            ps = sorted((p for p in points if p["label"] == label and p["variant"] == v and p.get("cpu_s_per_pair")),
+                        key=lambda p: p["size"])
+            if not ps:
+                continue
+            x = [p["cpu_s_per_pair"] for p in ps]
+            y = [p["spearman"] for p in ps]
+            err = [[p["spearman"] - p["lo"] for p in ps], [p["hi"] - p["spearman"] for p in ps]]
+            ax.errorbar(x, y, yerr=err, fmt=markers[v], color=colour, capsize=2, elinewidth=0.8, alpha=0.9,
+                        ls="-" if v == "paper" and len(ps) > 1 else "none", lw=1,
+                        label=label if v == "paper" else None)
+            for p, xi, yi in zip(ps, x, y):
+                ax.annotate(f"{p['size']}", (xi, yi), fontsize=7, color=colour, xytext=(4, 2),
+                            textcoords="offset points")
+    for v in ("union", "centred"):  # the variant legend: marker shapes in black
+        if any(p["variant"] == v for p in points):
+            ax.plot([], [], markers[v], color="black", label=names[v])
     ax.axhline(baseline["spearman"], color="grey", ls="--", lw=1, label="TF-IDF cosine (same pairs)")
     ax.set_xscale("log")
+    from matplotlib.ticker import FuncFormatter  # plain numbers (3, 4, 6, 10, 20), not 3 x 10^0
+
+    for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
+        axis(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "123456" else ""))
     ax.set_xlabel("CPU-seconds per pair (harvest process)")
     ax.set_ylabel(f"STS-B dev Spearman x 100 ({n} pairs)")
-    ax.set_title("Origin teacher: quality against CPU per pair")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title("Origin teacher: quality against CPU per pair (numbers: |C_s|; lines: (a) over |C_s|)")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(results / "teacher_curve.png", dpi=120)
 
@@ -262,6 +279,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", nargs=2, metavar="LABEL:K:G[:VARIANT]",
                     help="paired bootstrap of two points' difference on the pairs both scored, e.g. "
                          "mixed-150K:8:1 mixed-150K:4:1 (VARIANT paper/union/centred for a grouped run)")
+    ap.add_argument("--max-units", type=int, default=None, metavar="N",
+                    help="score at most N more units (20 pairs each) of each harvest, then report the point over "
+                         "what is committed; run again to continue (a long point split across sessions)")
     ap.add_argument("--partial", action="store_true",
                     help="report the committed units of harvests stopped early, without running them")
     args = ap.parse_args(argv)
@@ -287,7 +307,7 @@ def main(argv=None) -> int:
             cpu_file = run.with_suffix(".cpu")
             # --partial: a harvest stopped early (its CPU-seconds written to RUN.cpu beforehand) is
             # reported over the units it committed
-            cpu, scored = (0.0, 0) if args.partial else harvest(sample, run, sets, args.threads)
+            cpu, scored = (0.0, 0) if args.partial else harvest(sample, run, sets, args.threads, args.max_units)
             cost = read_cost(cpu_file, run)
             if scored:  # CPU-seconds and pairs add up over the runs of a resumed harvest
                 cost = {"cpu_s": cost.get("cpu_s", 0.0) + cpu, "pairs": cost.get("pairs", 0) + scored}

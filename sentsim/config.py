@@ -7,6 +7,7 @@ Defaults follow the papers; the comment beside each default cites its section.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import re
@@ -133,10 +134,30 @@ def fingerprint(*parts: Any) -> str:
 
 
 def add_run_arguments(parser) -> None:
-    """The flags of every job that writes a resumable run: --force-new and --executor."""
+    """The flags of every job that writes a resumable run: --force-new, --executor and --max-units."""
     parser.add_argument("--force-new", action="store_true", help="discard a run with another fingerprint at --out")
     parser.add_argument("--executor", choices=["ray", "inline"], default="ray",
                         help="Ray actor pools or tasks (default), or everything in this process")
+    parser.add_argument("--max-units", type=_positive_int, default=None, metavar="N",
+                        help="run at most N of the pending units, then stop; the same command resumes the run")
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of units, 1 or more (got {text!r})")
+    return int(text)
+
+
+def run_exit_code(manifest: dict, max_units) -> int:
+    """A resumable command's exit status: 0 when its run is complete, or when --max-units stopped it
+    as asked (it says so, and that the same command continues); 1 when it stopped for another reason."""
+    if manifest.get("complete"):
+        return 0
+    if max_units is None:
+        return 1
+    print(f"stopped after --max-units {max_units}: {manifest['completed_units']}/{manifest['planned_units']} "
+          f"units done; run the same command again to continue")
+    return 0
 
 
 def add_config_arguments(parser) -> None:

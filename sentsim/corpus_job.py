@@ -71,6 +71,7 @@ def build_corpus(
     force_new: bool = False,
     address: Optional[str] = None,
     quiet: bool = False,
+    max_units: Optional[int] = None,
 ) -> dict:
     """Build (or resume) a corpus run at `out`. Returns the final manifest.
 
@@ -119,7 +120,8 @@ def build_corpus(
     if executor not in ("ray", "inline"):
         raise UsageError(f"unknown executor {executor!r} (ray or inline)")
     job.window = window()
-    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet)
+    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet,
+                   max_units=max_units)
 
 
 def summarise(store, planned: int) -> dict:

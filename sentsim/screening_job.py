@@ -136,7 +136,7 @@ def earlier_fingerprint(cfg: ScreenConfig, corpus_fp: str, models: dict, n: int,
 
 
 def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = False,
-                    address: Optional[str] = None, quiet: bool = False) -> dict:
+                    address: Optional[str] = None, quiet: bool = False, max_units: Optional[int] = None) -> dict:
     from sentsim.harvest.corpus_index import CorpusIndex
     from sentsim.rank.targets import checkpoint_hash
     from sentsim.retrieval.base import read_index_manifest
@@ -176,4 +176,5 @@ def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = 
         stages=lambda ctx: [StageSpec(functools.partial(ScreenStage, cfg, ctx.fp, rep_cache),
                                       Resources.of(cfg.resources))],
         prepare=prepare, summary=summary, count="sentences")
-    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet)
+    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet,
+                   max_units=max_units)

@@ -56,8 +56,19 @@ def test_grouped_point_records_three_variants_and_resumes_without_recharging(
     work, results = tmp_path / "work", tmp_path / "results"
     argv = ["--label", "tiny", "--bundle", str(bundle), "--sizes", "2", "--group", "2", "--pairs", "6",
             "--work", str(work), "--results", str(results),
-            "--set", f"corpus={corpus}", "--set", f"index={index}", "--set", "contexts.retrieve_chunks=40"]
+            "--set", f"corpus={corpus}", "--set", f"index={index}", "--set", "contexts.retrieve_chunks=40",
+            "--set", "pairs_per_unit=4"]
+    # a point split across runs: --max-units 1 scores the first unit (4 pairs) and reports it; the
+    # next run continues the same harvest and is charged only for the units it scored itself
+    assert curve.main(argv + ["--max-units", "1"]) == 0
+    first = json.loads((work / "tiny-n6-k2-g2.cpu").read_text())
+    assert first["pairs"] == 4 and first["cpu_s"] > 0
+    part = json.loads((results / "teacher_curve.json").read_text())
+    assert {p["variant"] for p in part} == {"paper", "union", "centred"}
+    assert all(p["pairs"] <= 4 and p["of"] == 4 for p in part)  # over the committed pairs
     assert curve.main(argv) == 0
+    cost = json.loads((work / "tiny-n6-k2-g2.cpu").read_text())
+    assert cost["pairs"] == 6 and cost["cpu_s"] > first["cpu_s"]
 
     points = json.loads((results / "teacher_curve.json").read_text())
     by_variant = {p["variant"]: p for p in points}
@@ -69,7 +80,7 @@ def test_grouped_point_records_three_variants_and_resumes_without_recharging(
     assert 0 < paper["items_per_pair"] < union["items_per_pair"]
     assert 0 < paper["cpu_s_per_pair"] < union["cpu_s_per_pair"]
     assert paper["contexts_per_pair"] <= union["contexts_per_pair"] <= 2 * 2 * 2
-    assert all(0 < p["pairs"] <= 6 for p in points)
+    assert all(0 < p["pairs"] <= 6 for p in points) and max(p["pairs"] for p in points) > 4  # both runs' units
 
     table = (results / "teacher_curve.md").read_text()
     assert "Baseline, TF-IDF cosine on the same pairs" in table
@@ -79,13 +90,12 @@ def test_grouped_point_records_three_variants_and_resumes_without_recharging(
     assert len(scores["tiny:2:2:paper"]) == paper["pairs"]
     assert all(math.isfinite(s) for _, s, _ in scores["tiny:2:2:union"])
 
-    # a finished harvest is not run again, and its cost per pair stays what the first run measured
-    cost = json.loads((work / "tiny-n6-k2-g2.cpu").read_text())
-    assert cost["pairs"] == 6 and cost["cpu_s"] > 0
+    # a finished harvest is not run again, and its cost per pair stays what its runs measured
     capsys.readouterr()
     assert curve.main(argv) == 0
     assert "$ sentsim.cli harvest" not in capsys.readouterr().out
     assert json.loads((results / "teacher_curve.json").read_text()) == points
+    assert json.loads((work / "tiny-n6-k2-g2.cpu").read_text()) == cost
 
     # --compare pairs two variants of the same pairs; with the harvest gone it reads the kept scores
     assert curve.main(["--compare", "tiny:2:2:union", "tiny:2:2:paper", "--pairs", "6",

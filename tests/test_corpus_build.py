@@ -172,6 +172,24 @@ def test_other_fingerprint_refused_unless_force_new(tmp_path, sample_path):
     assert read(out, "chunks").column("n_sentences").to_numpy().max() == 5
 
 
+def test_max_units_stops_early_and_the_same_command_finishes_the_run(tmp_path, sample_path, speech_corpus):
+    """--max-units (every resumable command has it): a slice of the run now, the rest later."""
+    out = tmp_path / "run"
+    cmd = ["corpus", "build", sample_path, "--out", out, "--executor", "inline", "--set", "docs_per_unit=4"]
+    r = sentsim_cli(*cmd, "--max-units", "2")
+    assert r.returncode == 0, r.stderr
+    assert "stopped after --max-units 2: 2/5 units done; run the same command again to continue" in r.stdout
+    assert not json.loads((out / "manifest.json").read_text())["complete"]
+    assert len(read(out, "sentences")) < len(read(speech_corpus, "sentences"))
+    r = sentsim_cli(*cmd, "--max-units", "0")
+    assert r.returncode == 2 and "--max-units: expected a whole number of units, 1 or more" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = sentsim_cli(*cmd)
+    assert r.returncode == 0 and "stopped after" not in r.stdout, r.stderr
+    assert read(out, "sentences").equals(read(speech_corpus, "sentences"))
+    assert read(out, "chunks").equals(read(speech_corpus, "chunks"))
+
+
 def test_every_subcommand_has_help(capsys):
     """Every command the CLI discovers (all of them, not a sample) prints its usage and exits 0; the
     console script itself too."""

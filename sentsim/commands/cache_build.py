@@ -17,13 +17,14 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from sentsim.config import load_config
+    from sentsim.config import load_config, run_exit_code
     from sentsim.screening.cache_job import RepCacheConfig, build_rep_cache
 
     cfg = load_config(RepCacheConfig, args.config, args.overrides, corpus=args.corpus,
                       discriminator=args.discriminator, out=args.out)
-    m = build_rep_cache(cfg, executor=args.executor, force_new=args.force_new, address=args.address)
+    m = build_rep_cache(cfg, executor=args.executor, force_new=args.force_new, address=args.address,
+                        max_units=args.max_units)
     c = m["counts"]
     print(f"rep cache: {c['sentences']:,} sentences, {c['centres']:,} windows in "
           f"{m['completed_units']}/{m['planned_units']} units -> {cfg.out}")
-    return 0 if m["complete"] else 1
+    return run_exit_code(m, args.max_units)

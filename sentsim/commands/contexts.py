@@ -19,13 +19,14 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from sentsim.config import load_config
+    from sentsim.config import load_config, run_exit_code
     from sentsim.screening_job import ScreenConfig, screen_contexts
 
     cfg = load_config(ScreenConfig, args.config, args.overrides, corpus=args.corpus, index=args.index,
                       discriminator=args.discriminator, sentences=args.sentences, out=args.out)
-    m = screen_contexts(cfg, executor=args.executor, force_new=args.force_new, address=args.address)
+    m = screen_contexts(cfg, executor=args.executor, force_new=args.force_new, address=args.address,
+                        max_units=args.max_units)
     c = m["counts"]
     print(f"contexts: {c['sentences']:,} sentences screened, {c['shortfalls']} with fewer than "
           f"{cfg.contexts.size} contexts -> {cfg.out}")
-    return 0 if m["complete"] else 1
+    return run_exit_code(m, args.max_units)

@@ -21,6 +21,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from sentsim.config import run_exit_code
     from sentsim.corpus_job import build_corpus
 
     overrides = list(args.overrides)
@@ -30,7 +31,7 @@ def run(args) -> int:
         overrides.append(f"chunk.size={args.chunk_size}")
     manifest = build_corpus(
         args.inputs, args.out, overrides=overrides, config_path=args.config,
-        executor=args.executor, force_new=args.force_new, address=args.address,
+        executor=args.executor, force_new=args.force_new, address=args.address, max_units=args.max_units,
     )
     c = manifest["counts"]
     sk = manifest["skipped_documents"]["count"]
@@ -40,7 +41,7 @@ def run(args) -> int:
     )
     print(f"        {sk} documents skipped, {c['truncated_sentences']} sentences truncated, "
           f"fingerprint {manifest['fingerprint']}")
-    return 0 if manifest["complete"] else 1
+    return run_exit_code(manifest, args.max_units)
 
 
 def summary_json(manifest: dict) -> str:

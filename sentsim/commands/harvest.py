@@ -21,13 +21,15 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from sentsim.config import run_exit_code
     from sentsim.harvest.job import harvest, load_harvest_config
 
     cfg = load_harvest_config(
         args.config, args.overrides, corpus=args.corpus, index=args.index, discriminator=args.discriminator,
         context_models=args.context_models, pairs_file=args.pairs_file, out=args.out,
     )
-    m = harvest(cfg, executor=args.executor, force_new=args.force_new, address=args.address)
+    m = harvest(cfg, executor=args.executor, force_new=args.force_new, address=args.address,
+                max_units=args.max_units)
     import json
     from pathlib import Path
 
@@ -42,4 +44,4 @@ def run(args) -> int:
             from sentsim.harvest.report import placement_line
 
             print("  units per node: " + placement_line(rep["placement"]))
-    return 0 if m["complete"] else 1
+    return run_exit_code(m, args.max_units)

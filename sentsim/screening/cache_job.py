@@ -111,7 +111,7 @@ class CacheStage(Stage):
 
 
 def build_rep_cache(cfg: RepCacheConfig, executor: str = "ray", force_new: bool = False,
-                    address: Optional[str] = None, quiet: bool = False) -> dict:
+                    address: Optional[str] = None, quiet: bool = False, max_units: Optional[int] = None) -> dict:
     """Build (or finish, or confirm) the cache run at cfg.out; returns its manifest."""
     from sentsim.discriminator import Discriminator
     from sentsim.retrieval.corpus_view import corpus_fingerprint, read_table
@@ -140,7 +140,8 @@ def build_rep_cache(cfg: RepCacheConfig, executor: str = "ray", force_new: bool 
         tables=store_schemas(meta["rep_dim"], meta["core_dim"]), units=plan_units(ids, cfg.sentences_per_unit),
         stages=lambda ctx: [StageSpec(functools.partial(CacheStage, cfg, ctx.fp), Resources.of(cfg.resources))],
         summary=summary, count="sentences", open_extra={"identity": identity, "cache": meta})
-    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet)
+    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet,
+                   max_units=max_units)
 
 
 def rep_cache_uri(rep_cache: Optional[str], out: str) -> str:
