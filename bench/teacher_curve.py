@@ -232,7 +232,8 @@ def redraw(points: list[dict], baseline: dict, results: Path, n: int) -> None:
     labels = sorted({p["label"] for p in points if p.get("cpu_s_per_pair")})
     colours = plt.get_cmap("tab20" if len(labels) > 10 else "tab10")
     for i, label in enumerate(labels):
-        colour = colours(i % colours.N)
+        # tab20 lists each hue dark then light: the dark ones first, so neighbours stay apart
+        colour = colours((2 * i) % 20 + (2 * i) // 20 if colours.N == 20 else i % colours.N)
         for v in ("paper", "union", "centred"):
             ps = sorted((p for p in points if p["label"] == label and p["variant"] == v and p.get("cpu_s_per_pair")),
                         key=lambda p: p["size"])
