@@ -37,6 +37,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from common import bootstrap, machine, paired_bootstrap, pyplot  # noqa: E402
 
+from sentsim.config import unit_count  # noqa: E402
+
 STSB_DEV = ROOT.parent / "shared" / "data" / "sts" / "stsbenchmark" / "sts-dev.csv"
 RESULTS = ROOT / "bench" / "results"
 SAMPLE_SEED, SAMPLE_N = 0, 300
@@ -86,7 +88,7 @@ def harvest(sample: Path, out: Path, sets: list[str], threads: int, max_units: i
            "--set", f"scoring.torch_threads={threads}", "--set", "pairs_per_unit=20"]
     for s in sets:
         cmd += ["--set", s]
-    if max_units:
+    if max_units is not None:
         cmd += ["--max-units", str(max_units)]
     print("$", " ".join(cmd[2:]), flush=True)
     t0 = cpu_of_children()
@@ -280,7 +282,7 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", nargs=2, metavar="LABEL:K:G[:VARIANT]",
                     help="paired bootstrap of two points' difference on the pairs both scored, e.g. "
                          "mixed-150K:8:1 mixed-150K:4:1 (VARIANT paper/union/centred for a grouped run)")
-    ap.add_argument("--max-units", type=int, default=None, metavar="N",
+    ap.add_argument("--max-units", type=unit_count, default=None, metavar="N",  # 0 refused, as by the CLI
                     help="score at most N more units (20 pairs each) of each harvest, then report the point over "
                          "what is committed; run again to continue (a long point split across sessions)")
     ap.add_argument("--partial", action="store_true",

@@ -138,11 +138,12 @@ def add_run_arguments(parser) -> None:
     parser.add_argument("--force-new", action="store_true", help="discard a run with another fingerprint at --out")
     parser.add_argument("--executor", choices=["ray", "inline"], default="ray",
                         help="Ray actor pools or tasks (default), or everything in this process")
-    parser.add_argument("--max-units", type=_positive_int, default=None, metavar="N",
+    parser.add_argument("--max-units", type=unit_count, default=None, metavar="N",
                         help="run at most N of the pending units, then stop; the same command resumes the run")
 
 
-def _positive_int(text: str) -> int:
+def unit_count(text: str) -> int:
+    """argparse type of --max-units (the CLI's and the benches'): a whole number, 1 or more."""
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of units, 1 or more (got {text!r})")
     return int(text)
