@@ -133,11 +133,14 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
-def add_run_arguments(parser) -> None:
-    """The flags of every job that writes a resumable run: --force-new, --executor and --max-units."""
+def add_run_arguments(parser, executor: str = "ray") -> None:
+    """The flags of every job that writes a resumable run: --force-new, --executor and --max-units.
+    `executor` is the command's default: Ray for the jobs that score or parse, inline for `remix`,
+    whose seconds of arithmetic a unit would cost less than a local Ray's start-up."""
     parser.add_argument("--force-new", action="store_true", help="discard a run with another fingerprint at --out")
-    parser.add_argument("--executor", choices=["ray", "inline"], default="ray",
-                        help="Ray actor pools or tasks (default), or everything in this process")
+    where = {"ray": "Ray actor pools or tasks (default), or everything in this process",
+             "inline": "Ray actor pools or tasks, or everything in this process (default)"}
+    parser.add_argument("--executor", choices=["ray", "inline"], default=executor, help=where[executor])
     parser.add_argument("--max-units", type=unit_count, default=None, metavar="N",
                         help="run at most N of the pending units, then stop; the same command resumes the run")
 

@@ -248,8 +248,18 @@ def test_remix_without_fwd_equals_a_harvest_scored_without_it(inline_run, inputs
     m = remix(RemixConfig(source=str(out), out=str(mixed), lambda_fwd=0.0), quiet=True)
     assert m["complete"] and (mixed / "pairs" / "part-00000.parquet").stat().st_mtime_ns == before
     assert _scores(mixed).equals(b)
-    # the fresh harvest never scored fwd: weighing it in is refused
+    # --max-units, as on the other sharded commands: stop after one unit, exit 0, the same command finishes
     from conftest import sentsim_cli
+
+    cmd = ("remix", out, "--out", tmp_path / "split", "--lambda-fwd", "0", "--max-units", "1")
+    r = sentsim_cli(*cmd)
+    assert r.returncode == 0 and "stopped after --max-units 1: 1/4 units done" in r.stdout, r.stderr[-500:]
+    assert not json.loads((tmp_path / "split" / "manifest.json").read_text())["complete"]
+    r = sentsim_cli(*cmd[:-2])
+    assert r.returncode == 0 and "stopped" not in r.stdout, r.stderr[-500:]
+    assert json.loads((tmp_path / "split" / "manifest.json").read_text())["complete"]
+    assert _scores(tmp_path / "split").equals(b)
+    # the fresh harvest never scored fwd: weighing it in is refused
 
     r = sentsim_cli("remix", fresh, "--out", tmp_path / "x", "--lambda-fwd", "1")
     assert r.returncode == 2 and "fwd term was not scored" in r.stderr and "Traceback" not in r.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sentsim.config import add_run_arguments
+
 COMMAND = ("remix",)
 HELP = "re-weigh a finished harvest's Eq. 3 terms (or change the Eq. 4 metric) into new pair scores, without re-scoring"
 
@@ -17,10 +19,7 @@ def add_arguments(p) -> None:
                    help="Eq. 4 similarity (default: the source's)")
     p.add_argument("--variant", choices=["paper", "union", "centred"],
                    help="grouped harvests: the Eq. 4 variant that fills score (default: the source's grouping.score)")
-    p.add_argument("--force-new", action="store_true", help="discard a run with another fingerprint at --out")
-    # Recomputing a unit takes seconds: in-process by default, where a local Ray's start-up would cost more.
-    p.add_argument("--executor", choices=["ray", "inline"], default="inline",
-                   help="everything in this process (default), or Ray actor pools")
+    add_run_arguments(p, executor="inline")
     p.add_argument("--address", default=None,
                    help="Ray cluster to attach to with --executor ray (default: RAY_ADDRESS or a local Ray)")
 
@@ -28,6 +27,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from pydantic import ValidationError
 
+    from sentsim.config import run_exit_code
     from sentsim.errors import UsageError
     from sentsim.harvest.remix import TERMS, RemixConfig, remix
 
@@ -37,7 +37,8 @@ def run(args) -> int:
     except ValidationError as exc:
         err = exc.errors()[0]
         raise UsageError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
-    m = remix(cfg, force_new=args.force_new, executor=args.executor, address=args.address)
+    m = remix(cfg, force_new=args.force_new, executor=args.executor, address=args.address,
+              max_units=args.max_units)
     r = m["remix"]
     lam = ", ".join(f"{t} {r['weights'][t]:g}" for t in TERMS)
     variant = f", Eq. 4 variant {m['config']['remix']['variant']}" if "variant" in m["config"]["remix"] else ""
@@ -50,4 +51,4 @@ def run(args) -> int:
     if "remix_spearman_vs_gold" in r:
         print(f"  Spearman x 100 vs gold on {r['gold_pairs']} pairs: source {r['source_spearman_vs_gold']:.2f}, "
               f"remix {r['remix_spearman_vs_gold']:.2f}")
-    return 0 if m["complete"] else 1
+    return run_exit_code(m, args.max_units)

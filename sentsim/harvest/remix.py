@@ -241,7 +241,7 @@ class RemixStage(Stage):
 
 
 def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False, executor: str = "inline",
-          address: Optional[str] = None) -> dict:
+          address: Optional[str] = None, max_units: Optional[int] = None) -> dict:
     """Seconds of arithmetic per unit: in-process by default, where starting Ray would cost more."""
     from sentsim.harvest.stages import context_score_schema_of, pair_schema, sentence_schema_of
     from storage import RunReader, ShardStore
@@ -306,4 +306,4 @@ def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False, execut
         stages=lambda ctx: [StageSpec(functools.partial(RemixStage, cfg.source, cfg.out, ctx.fp, lam, metric, variant),
                                       Resources.of(cfg.resources))],
         summary=summary, count="pairs", deep=True)
-    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet)
+    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet, max_units=max_units)
