@@ -41,8 +41,9 @@ bench: $(STAMP)
 
 # The reference teacher (issue 15): corpus, index and context model from ../shared/data into
 # $${SENTSIM_CACHE:-~/.cache/sentsim}/reference. Resumable; hours on a CPU (README, "Reference teacher").
+# `make reference REFERENCE_FLAGS=--discriminator` also builds the screening discriminator and its rep cache.
 reference: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/reference_teacher.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/reference_teacher.py $(REFERENCE_FLAGS)
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache

@@ -2,7 +2,7 @@
 
     python bench/reference_teacher.py [--data ../shared/data] [--cache ~/.cache/sentsim]
                                       [--milestones 150000,250000,400000,1000000] [--threads N]
-                                      [--train-on PREFIX[,PREFIX...]]
+                                      [--train-on PREFIX[,PREFIX...]] [--discriminator]
 
 Steps, each a real `sentsim` command and each resumable (run it again after a kill and it goes on):
   1. `sentsim corpus build` of every shared corpus (Wikipedia slice, Gutenberg, speeches) into
@@ -11,6 +11,9 @@ Steps, each a real `sentsim` command and each resumable (run it again after a ki
   3. `sentsim train context --config configs/reference_context.yaml` into CACHE/reference/context-enwiki,
      stopping at each milestone of target tokens; the bundle at each milestone is copied to
      CACHE/reference/snapshots-enwiki/tokens-N (the curve of issue 15 scores them).
+  4. with --discriminator: `sentsim train discriminator --config configs/reference_discriminator.yaml`
+     into CACHE/reference/discriminator, then `sentsim cache build` (its rep cache over every corpus
+     sentence, 003 §3.3) into CACHE/reference/rep_cache, for harvests that screen contexts with it.
 CACHE/reference/DONE-enwiki.json is written last, with the times of each step. `configs/teacher.yaml`
 points at these folders.
 
@@ -26,7 +29,8 @@ Determinism: same seed and same corpus files give the same model; a resumed run 
 data stream and passes over the batches it already trained on, so it goes on where it stopped.
 
 Time on a 2-core AVX2 EPYC (fp32): corpus ~3 min, index ~5 min, context model about 100 target
-tokens/s with 2 threads, so about 3 hours for 1M target tokens (BENCHMARKS.md gives the measured figure).
+tokens/s with 2 threads, so about 3 hours for 1M target tokens (BENCHMARKS.md gives the measured figure);
+with --discriminator, about 30 minutes more for the discriminator and 11 for its rep cache (3.4 GB).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CORPORA = ("enwiki_2014slice_docs.jsonl.gz", "gutenberg_docs.jsonl.gz", "us_speeches_docs.jsonl.gz")
 CONFIG = ROOT / "configs" / "reference_context.yaml"
+DISCRIMINATOR_CONFIG = ROOT / "configs" / "reference_discriminator.yaml"
 
 
 def cache_root(arg: str | None) -> Path:
@@ -78,6 +83,11 @@ def main(argv=None) -> int:
     ap.add_argument("--milestones", default="150000,250000,400000,1000000",
                     help="target-token counts at which the bundle is snapshotted; training stops at the last")
     ap.add_argument("--threads", type=int, default=0, help="torch threads for training (0 = every core)")
+    ap.add_argument("--discriminator", action="store_true",
+                    help="also train the coherence discriminator into CACHE/reference/discriminator and build "
+                         "its rep cache over every corpus sentence into CACHE/reference/rep_cache (003 §3.3)")
+    ap.add_argument("--discriminator-config", default=str(DISCRIMINATOR_CONFIG), metavar="FILE",
+                    help="the discriminator's settings (default: configs/reference_discriminator.yaml)")
     ap.add_argument("--train-on", default="", metavar="PREFIXES",
                     help="train the context model on the documents whose doc_id starts with one of these "
                          "comma-separated prefixes, or on `all` of them (default: the config's doc_id_prefixes)")
@@ -126,6 +136,20 @@ def main(argv=None) -> int:
                 (shutil.copytree if src.is_dir() else shutil.copy2)(src, tmp / src.name)
         tmp.rename(snap)  # a snapshot folder exists only once it is whole
         print(f"reference: snapshot at {m:,} target tokens -> {snap}", flush=True)
+    if args.discriminator:
+        # the discriminator and its cache are the same for every context model: no suffix on their folders
+        t0 = time.perf_counter()
+        if not (ref / "discriminator" / "config.json").exists():  # written once the model is exported
+            sentsim("train", "discriminator", "--corpus", str(ref / "corpus"), "--out", str(ref / "discriminator"),
+                    "--config", args.discriminator_config)
+        times["discriminator_s"] = round(time.perf_counter() - t0, 1)
+        t0 = time.perf_counter()
+        if not (ref / "rep_cache" / "_COMPLETE").exists():
+            sentsim("cache", "build", "--corpus", str(ref / "corpus"), "--discriminator", str(ref / "discriminator"),
+                    "--out", str(ref / "rep_cache"), "--executor", "inline")
+        times["rep_cache_s"] = round(time.perf_counter() - t0, 1)
+        print(f"reference: screen with --set discriminator={ref / 'discriminator'} "
+              f"--set contexts.rep_cache={ref / 'rep_cache'}", flush=True)
     (ref / f"DONE{suffix}.json").write_text(json.dumps({"milestones": milestones, "train_on": prefixes,
                                                          "times": times}, indent=1))
     print(json.dumps({"reference": str(ref), **times}))

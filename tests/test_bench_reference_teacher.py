@@ -1,0 +1,83 @@
+"""bench/reference_teacher.py (`make reference`) end to end on a few documents of each shared corpus.
+
+The real script and the real `sentsim` commands it runs, at a size a test can afford: corpus, index,
+the warm-start context model to one milestone, and with --discriminator the coherence discriminator
+and its rep cache. A second run finds every step done and redoes none of them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.dataset as ds
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPORA = ("enwiki_2014slice_docs.jsonl.gz", "gutenberg_docs.jsonl.gz", "us_speeches_docs.jsonl.gz")
+
+
+def _tiny_data(shared: Path, out: Path) -> Path:
+    """The first documents of each shared corpus, each cut to its first 60 paragraphs."""
+    (out / "corpus").mkdir(parents=True)
+    for name, docs in zip(CORPORA, (400, 1, 1)):  # 0.5% of articles are held out
+        with gzip.open(shared / "corpus" / name, "rt") as src, gzip.open(out / "corpus" / name, "wt") as dst:
+            for _, line in zip(range(docs), src):
+                doc = json.loads(line)
+                doc["paragraphs"] = doc["paragraphs"][:60]
+                dst.write(json.dumps(doc) + "\n")
+    return out
+
+
+def _reference(*args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "reference_teacher.py"), *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+
+
+def test_reference_builds_the_teacher_and_the_discriminator_and_a_rerun_redoes_nothing(shared_data, tmp_path):
+    data = _tiny_data(shared_data, tmp_path / "data")
+    disc = tmp_path / "disc.yaml"
+    disc.write_text("model: {embed_dim: 16, hidden: 16, head_dim: 16, vocab_size: 2000}\n"
+                    "train: {batch_size: 8, max_steps: 4, eval_every: 4}\n")
+    args = ("--data", data, "--cache", tmp_path / "cache", "--milestones", "200", "--threads", "1",
+            "--discriminator", "--discriminator-config", disc)
+    r = _reference(*args)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    ref = tmp_path / "cache" / "reference"
+    done = json.loads((ref / "DONE-enwiki.json").read_text())
+    assert done["train_on"] == ["enwiki"] and done["milestones"] == [200]
+    assert {"corpus_s", "index_s", "training_s", "discriminator_s", "rep_cache_s"} <= set(done["times"])
+    snap = ref / "snapshots-enwiki" / "tokens-200"
+    summary = json.loads((snap / "train_summary.json").read_text())
+    # the bundle at the milestone, without the training state
+    assert summary["runs"]["shared"]["target_tokens_seen"] >= 200 and not (snap / "runs").exists()
+    # the discriminator was trained with the given settings, and its cache covers every corpus sentence
+    cfg = json.loads((ref / "discriminator" / "config.json").read_text())
+    assert cfg["model"]["hidden"] == 16 and (ref / "discriminator" / "model.safetensors").is_file()
+    assert (ref / "rep_cache" / "_COMPLETE").exists()
+    n_sentences = ds.dataset(str(ref / "corpus" / "sentences")).count_rows()
+    cache = json.loads((ref / "rep_cache" / "manifest.json").read_text())
+    assert cache["counts"]["sentences"] == n_sentences > 100
+    assert f"--set discriminator={ref / 'discriminator'}" in r.stdout
+
+    # a second run: every step is found done, nothing is trained or encoded again
+    stamps = {p: p.stat().st_mtime_ns for p in (ref / "discriminator" / "model.safetensors",
+                                                snap / "context.json", ref / "rep_cache" / "manifest.json")}
+    r = _reference(*args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "$ sentsim" not in r.stdout  # no command ran
+    assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())
+
+    # a discriminator config the command refuses: named by the command that read it, no traceback
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {batch_size: 0}\n")
+    shutil.rmtree(ref / "discriminator")
+    r = _reference(*args[:-1], bad)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "batch_size" in r.stderr and "sentsim train discriminator` exited" in r.stderr
+    assert "$ sentsim train context" not in r.stdout  # the steps before it were found done
