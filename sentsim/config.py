@@ -138,9 +138,8 @@ def add_run_arguments(parser, executor: str = "ray") -> None:
     `executor` is the command's default: Ray for the jobs that score or parse, inline for `remix`,
     whose seconds of arithmetic a unit would cost less than a local Ray's start-up."""
     parser.add_argument("--force-new", action="store_true", help="discard a run with another fingerprint at --out")
-    where = {"ray": "Ray actor pools or tasks (default), or everything in this process",
-             "inline": "Ray actor pools or tasks, or everything in this process (default)"}
-    parser.add_argument("--executor", choices=["ray", "inline"], default=executor, help=where[executor])
+    parser.add_argument("--executor", choices=["ray", "inline"], default=executor,
+                        help=f"ray: Ray actor pools or tasks; inline: everything in this process (default: {executor})")
     parser.add_argument("--max-units", type=unit_count, default=None, metavar="N",
                         help="run at most N of the pending units, then stop; the same command resumes the run")
 

@@ -260,7 +260,6 @@ def test_remix_without_fwd_equals_a_harvest_scored_without_it(inline_run, inputs
     assert json.loads((tmp_path / "split" / "manifest.json").read_text())["complete"]
     assert _scores(tmp_path / "split").equals(b)
     # the fresh harvest never scored fwd: weighing it in is refused
-
     r = sentsim_cli("remix", fresh, "--out", tmp_path / "x", "--lambda-fwd", "1")
     assert r.returncode == 2 and "fwd term was not scored" in r.stderr and "Traceback" not in r.stderr
 
