@@ -14,7 +14,10 @@ Steps, each a real `sentsim` command and each resumable (run it again after a ki
   4. with --discriminator: `sentsim train discriminator --config configs/reference_discriminator.yaml`
      into CACHE/reference/discriminator, then `sentsim cache build` (its rep cache over every corpus
      sentence, 003 §3.3) into CACHE/reference/rep_cache, for harvests that screen contexts with it.
-CACHE/reference/DONE-enwiki.json is written last, with the times of each step. `configs/teacher.yaml`
+CACHE/reference/DONE-enwiki.json is written last, with the seconds each step took when it ran (a step
+skipped later keeps its time) and the trainer's cumulative training seconds at each milestone, which
+add up across resumed runs. An existing discriminator trained from other settings than
+--discriminator-config is refused, not reused. `configs/teacher.yaml`
 points at these folders.
 
 The context model trains on the documents whose doc_id starts with one of the config's
@@ -68,6 +71,33 @@ def train_prefixes(train_on: str) -> list[str]:
     return load_config(ContextTrainConfig, str(CONFIG)).doc_id_prefixes
 
 
+def training_seconds(bundle: Path) -> float:
+    """The trainer's own count of training seconds in a bundle, summed over its runs: it adds up across
+    resumed invocations, where a wall clock around one invocation would not."""
+    summary = json.loads((bundle / "train_summary.json").read_text())
+    return round(sum(r.get("train_seconds", 0.0) for r in summary.get("runs", {}).values()), 1)
+
+
+def check_discriminator_recipe(folder: Path, config_file: str) -> None:
+    """An exported discriminator is kept across runs; refuse one trained from other settings than
+    --discriminator-config names, instead of screening with it silently."""
+    from sentsim.config import load_config
+    from sentsim.discriminator.train import DiscriminatorJob
+    from sentsim.errors import UsageError
+
+    try:
+        job = load_config(DiscriminatorJob, config_file)
+    except UsageError as exc:
+        raise SystemExit(f"reference: {exc}") from None
+    trained = json.loads((folder / "config.json").read_text())
+    wanted = json.loads(json.dumps({"model": job.model.model_dump(), "train": job.train.model_dump()}))
+    changed = sorted(f"{part}.{key}" for part in ("model", "train") for key in wanted[part]
+                     if trained.get(part, {}).get(key) != wanted[part][key])
+    if changed:
+        raise SystemExit(f"reference: {folder} was trained with other settings than {config_file} "
+                         f"({', '.join(changed)}); move that folder away (and rep_cache/ beside it) to retrain")
+
+
 def sentsim(*args: str) -> None:
     cmd = [sys.executable, "-m", "sentsim.cli", *args]
     print("$ sentsim " + " ".join(args), flush=True)
@@ -102,7 +132,10 @@ def main(argv=None) -> int:
     missing = [str(p) for p in inputs if not p.is_file()]
     if missing:
         raise SystemExit(f"reference: missing corpus files: {', '.join(missing)} (is ../shared beside the checkout?)")
-    times: dict = {}
+    done = ref / f"DONE{suffix}.json"
+    # each step's time when it ran: a later run that skips a step keeps the time it took before
+    times: dict = json.loads(done.read_text()).get("times", {}) if done.is_file() else {}
+    times = {k: v for k, v in times.items() if v != 0.0}  # files of earlier versions wrote 0.0 for a skipped step
 
     t0 = time.perf_counter()
     if not (ref / "corpus" / "_COMPLETE").exists():
@@ -110,24 +143,25 @@ def main(argv=None) -> int:
         # would give ~5,000 units of 250 sentences each, where the per-unit cost dominates
         sentsim("corpus", "build", *map(str, inputs), "--out", str(ref / "corpus"),
                 "--set", "docs_per_unit=100000", "--force-new")
-    times["corpus_s"] = round(time.perf_counter() - t0, 1)
+        times["corpus_s"] = round(time.perf_counter() - t0, 1)
 
     t0 = time.perf_counter()
     if not (ref / "index" / "index.json").exists():  # the index manifest is written last
         sentsim("index", "build", "--corpus", str(ref / "corpus"), "--out", str(ref / "index"))
-    times["index_s"] = round(time.perf_counter() - t0, 1)
+        times["index_s"] = round(time.perf_counter() - t0, 1)
 
     milestones = sorted(int(m) for m in args.milestones.split(",") if m.strip())
+    # cumulative training seconds at each milestone, read from the snapshot itself
     times["training_s"] = {}
     for m in milestones:
         snap = ref / f"snapshots{suffix}" / f"tokens-{m}"
         if (snap / "context.json").exists():
+            times["training_s"][str(m)] = training_seconds(snap)
             continue
-        t0 = time.perf_counter()
         sentsim("train", "context", "--corpus", str(ref / "corpus"), "--out", str(ref / f"context{suffix}"),
                 "--config", str(CONFIG),
                 "--set", f"max_target_tokens={m}", "--set", f"torch_threads={args.threads}", *train_set)
-        times["training_s"][m] = round(time.perf_counter() - t0, 1)
+        times["training_s"][str(m)] = training_seconds(ref / f"context{suffix}")
         tmp = snap.with_name(snap.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -139,19 +173,20 @@ def main(argv=None) -> int:
     if args.discriminator:
         # the discriminator and its cache are the same for every context model: no suffix on their folders
         t0 = time.perf_counter()
-        if not (ref / "discriminator" / "config.json").exists():  # written once the model is exported
+        if (ref / "discriminator" / "config.json").exists():  # written once the model is exported
+            check_discriminator_recipe(ref / "discriminator", args.discriminator_config)
+        else:
             sentsim("train", "discriminator", "--corpus", str(ref / "corpus"), "--out", str(ref / "discriminator"),
                     "--config", args.discriminator_config)
-        times["discriminator_s"] = round(time.perf_counter() - t0, 1)
+            times["discriminator_s"] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
         if not (ref / "rep_cache" / "_COMPLETE").exists():
             sentsim("cache", "build", "--corpus", str(ref / "corpus"), "--discriminator", str(ref / "discriminator"),
                     "--out", str(ref / "rep_cache"), "--executor", "inline")
-        times["rep_cache_s"] = round(time.perf_counter() - t0, 1)
+            times["rep_cache_s"] = round(time.perf_counter() - t0, 1)
         print(f"reference: screen with --set discriminator={ref / 'discriminator'} "
               f"--set contexts.rep_cache={ref / 'rep_cache'}", flush=True)
-    (ref / f"DONE{suffix}.json").write_text(json.dumps({"milestones": milestones, "train_on": prefixes,
-                                                         "times": times}, indent=1))
+    done.write_text(json.dumps({"milestones": milestones, "train_on": prefixes, "times": times}, indent=1))
     print(json.dumps({"reference": str(ref), **times}))
     return 0
 

@@ -11,7 +11,8 @@ rows from the same scores: (a) paper, (b) union, (c) centred. Row (a)'s cost is 
 spends: the grouped run's CPU-seconds times (a)'s share of the scored items.
 
 Spearman x 100 against gold with a 95% bootstrap interval (1,000 resamples). Points accumulate in
-bench/results/teacher_curve.json (a label run again replaces its points); the table
+bench/results/teacher_curve.json (a label run again replaces its points; runs side by side add theirs
+under a lock, bench/results/.lock); the table
 bench/results/teacher_curve.md and the plot bench/results/teacher_curve.png are redrawn from all of them.
 TF-IDF cosine on the same pairs is the baseline row. Runs resume: a cut-off harvest continues.
 
@@ -22,6 +23,8 @@ still pairs two points after their harvests (in the user cache) are gone; it pre
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import resource
@@ -150,6 +153,38 @@ def load_scores(results: Path) -> dict:
     return json.loads(f.read_text()) if f.is_file() else {}
 
 
+@contextlib.contextmanager
+def results_locked(results: Path):
+    """Hold results/.lock while reading and rewriting the json files: two runs of this script side by
+    side (one thread each, as the curve is measured) each add their points without dropping the other's."""
+    with open(results / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write beside, then rename: a reader (or a kill) never meets half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def add_points(results: Path, label: str, size: int, group: int, new: list[dict], scores: dict) -> None:
+    """Add one harvest's points and per-pair scores to the results, replacing that label's earlier
+    points at this size (its paper row, and its grouped rows of this group size)."""
+    store = results / "teacher_curve.json"
+    with results_locked(results):
+        write_atomic(results / SCORES, json.dumps({**load_scores(results), **scores}, sort_keys=True) + "\n")
+        # read under the lock: another run of this script may have added its points while this harvest ran
+        points = json.loads(store.read_text()) if store.exists() else []
+        keep = [p for p in points if not (p["label"] == label and p["size"] == size
+                                          and (p["variant"] == "paper" or p["group"] == group))]
+        write_atomic(store, json.dumps(keep + new, indent=1))
+
+
 def score_key(label: str, size, group, variant: str) -> str:
     """LABEL:K:G:VARIANT, G being the harvest's group size (a grouped run's paper row included)."""
     return f"{label}:{size}:{group}:{variant}"
@@ -222,7 +257,7 @@ def redraw(points: list[dict], baseline: dict, results: Path, n: int) -> None:
     if any(p["of"] < n for p in points):
         lines += ["", f"Rows with fewer than {n} pairs come from harvests stopped early (`--partial`): their first "
                   "units, in sample order; their CPU-seconds were read from the process before it was stopped."]
-    (results / "teacher_curve.md").write_text("\n".join(lines) + "\n")
+    write_atomic(results / "teacher_curve.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     plt = pyplot("teacher_curve")
     if plt is None:
@@ -298,7 +333,6 @@ def main(argv=None) -> int:
         return compare(work, args.pairs, *args.compare, results)
     results.mkdir(parents=True, exist_ok=True)
     store = results / "teacher_curve.json"
-    points = json.loads(store.read_text()) if store.exists() else []
     if not args.redraw:
         for k in (int(x) for x in args.sizes.split(",")):
             sets = [f"contexts.size={k}", *args.sets]
@@ -317,15 +351,12 @@ def main(argv=None) -> int:
                 cpu_file.write_text(json.dumps(cost))
             new, scores = points_of(run, args.label, k, args.group,
                                     cost.get("cpu_s", 0.0) / max(cost.get("pairs", 0), 1))
-            (results / SCORES).write_text(json.dumps({**load_scores(results), **scores}, sort_keys=True) + "\n")
-            # read again: another run of this script may have added its points while this harvest ran
-            points = json.loads(store.read_text()) if store.exists() else []
-            keep = [p for p in points if not (p["label"] == args.label and p["size"] == k
-                                              and (p["variant"] == "paper" or p["group"] == args.group))]
-            points = keep + new
-            store.write_text(json.dumps(points, indent=1))
-    points.sort(key=lambda p: (p["label"], p["variant"] != "paper", p["size"]))
-    redraw(points, tfidf_point(sample), results, args.pairs)
+            add_points(results, args.label, k, args.group, new, scores)
+    baseline = tfidf_point(sample)
+    with results_locked(results):  # the table and plot from every point written so far, this run's or another's
+        points = json.loads(store.read_text()) if store.exists() else []
+        points.sort(key=lambda p: (p["label"], p["variant"] != "paper", p["size"]))
+        redraw(points, baseline, results, args.pairs)
     return 0
 
 

@@ -2,7 +2,8 @@
 
 The real script and the real `sentsim` commands it runs, at a size a test can afford: corpus, index,
 the warm-start context model to one milestone, and with --discriminator the coherence discriminator
-and its rep cache. A second run finds every step done and redoes none of them.
+and its rep cache. A second run finds every step done and redoes none of them, and a kept
+discriminator trained from other settings is refused rather than reused.
 """
 
 from __future__ import annotations
@@ -71,6 +72,18 @@ def test_reference_builds_the_teacher_and_the_discriminator_and_a_rerun_redoes_n
     r = _reference(*args)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "$ sentsim" not in r.stdout  # no command ran
+    assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())
+    # the skipped steps keep the times they took; training's is the trainer's own cumulative count
+    again = json.loads((ref / "DONE-enwiki.json").read_text())
+    assert again["times"] == done["times"] and set(done["times"]["training_s"]) == {"200"}
+    assert done["times"]["training_s"]["200"] == round(summary["runs"]["shared"]["train_seconds"], 1) > 0
+
+    # other settings than the kept discriminator was trained with: refused in one line, not reused
+    other = tmp_path / "other.yaml"
+    other.write_text(disc.read_text().replace("hidden: 16", "hidden: 24"))
+    r = _reference(*args[:-1], other)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "$ sentsim" not in r.stdout
+    assert len(r.stderr.strip().splitlines()) == 1 and "(model.hidden)" in r.stderr and "move that folder" in r.stderr
     assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())
 
     # a discriminator config the command refuses: named by the command that read it, no traceback

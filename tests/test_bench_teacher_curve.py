@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,33 @@ def test_bootstrap_leaves_out_unscored_pairs_and_pairs_the_resamples():
     noisy = gold + np.random.default_rng(0).normal(0, 10, 40)
     d, lo, hi = common.paired_bootstrap(noisy, noisy, gold, n=200)
     assert (d, lo, hi) == (0.0, 0.0, 0.0)  # the same resamples for both sides
+
+
+def test_runs_side_by_side_keep_each_others_points(tmp_path):
+    """The curve is measured two runs at a time (one thread each); both add their rows to the same
+    json files. Eight writers adding forty points each: none may be dropped by another's rewrite."""
+    curve = _bench("teacher_curve")
+
+    def writer(i: int) -> None:
+        for k in range(40):
+            point = {"label": f"run{i}", "size": k, "group": 1, "variant": "paper"}
+            curve.add_points(tmp_path, f"run{i}", k, 1, [point], {f"run{i}:{k}:1:paper": [float(k)]})
+
+    procs = [multiprocessing.get_context("fork").Process(target=writer, args=(i,)) for i in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    assert [p.exitcode for p in procs] == [0] * 8
+    points = json.loads((tmp_path / "teacher_curve.json").read_text())
+    expected = sorted((f"run{i}", k) for i in range(8) for k in range(40))
+    assert sorted((p["label"], p["size"]) for p in points) == expected
+    assert len(curve.load_scores(tmp_path)) == 8 * 40
+    # a label run again replaces its own point at that size and nobody else's
+    curve.add_points(tmp_path, "run0", 3, 1, [{"label": "run0", "size": 3, "group": 1, "variant": "paper",
+                                               "again": True}], {})
+    points = json.loads((tmp_path / "teacher_curve.json").read_text())
+    assert len(points) == 8 * 40 and [p for p in points if p.get("again")] == [points[-1]]
 
 
 @pytest.fixture(scope="module")
