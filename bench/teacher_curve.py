@@ -17,7 +17,8 @@ bench/results/teacher_curve.md and the plot bench/results/teacher_curve.png are 
 TF-IDF cosine on the same pairs is the baseline row. Runs resume: a cut-off harvest continues.
 
 Each point's per-pair scores go to bench/results/teacher_curve_scores.json as well, so that --compare
-still pairs two points after their harvests (in the user cache) are gone; it prefers the harvest.
+still pairs two points after their harvests (in the user cache) are gone; it prefers the harvest. It
+also prints their agreement: the Spearman between the two points' pair scores (bf16 against fp32, say).
 """
 
 from __future__ import annotations
@@ -191,9 +192,11 @@ def score_key(label: str, size, group, variant: str) -> str:
 
 
 def compare(work: Path, n: int, first: str, second: str, results: Path) -> int:
-    """Print the paired bootstrap of two points' Spearman difference over the pairs both scored: from
-    their harvests where they are still on disk, else from the per-pair scores kept in the results."""
+    """Print the paired bootstrap of two points' Spearman difference over the pairs both scored, and
+    the Spearman between their pair scores (their agreement): from their harvests where they are still
+    on disk, else from the per-pair scores kept in the results."""
     import pandas as pd
+    from scipy.stats import spearmanr
 
     from storage.reader import RunReader
 
@@ -222,6 +225,10 @@ def compare(work: Path, n: int, first: str, second: str, results: Path) -> int:
     d, lo, hi = paired_bootstrap(a, b, gold)
     print(f"{first} - {second} on {len(both)} pairs both scored: {d:+.2f} [{lo:+.1f}, {hi:+.1f}] "
           "(Spearman x 100, 95% paired bootstrap, 2,000 resamples)")
+    # how far the two teachers agree pair by pair: the check for a change that should not move scores
+    # (bf16 against fp32 scoring: issue 15 asks for >= 0.99)
+    print(f"agreement of the two points' pair scores: Spearman {spearmanr(a, b).statistic:.4f}, "
+          f"max |difference| {np.abs(a - b).max():.2g} (sd of the first's scores {a.std():.2g})")
     return 0
 
 

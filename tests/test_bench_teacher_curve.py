@@ -130,6 +130,12 @@ def test_grouped_point_records_three_variants_and_resumes_without_recharging(
                        "--work", str(work), "--results", str(results)]) == 0
     from_run = capsys.readouterr().out
     assert "tiny:2:2:union - tiny:2:2:paper on" in from_run
+    # and their agreement, pair by pair, is the Spearman of the two kept score lists
+    from scipy.stats import spearmanr
+    union = {pid: s for pid, s, _ in scores["tiny:2:2:union"]}
+    paired = [(union[pid], s) for pid, s, _ in scores["tiny:2:2:paper"] if pid in union]
+    rho = spearmanr(*zip(*paired)).statistic
+    assert f"agreement of the two points' pair scores: Spearman {rho:.4f}," in from_run
     assert curve.main(["--compare", "tiny:2:2:union", "tiny:2:2:paper", "--pairs", "6",
                        "--work", str(tmp_path / "elsewhere"), "--results", str(results)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == from_run.splitlines()[-1]
