@@ -15,10 +15,16 @@ from sentsim.context.scorer import ContextItem, ContextScorer
 from sentsim.context.tokenizer import train_bpe
 from sentsim.context.windows import build_example, iter_documents, windows_of
 from sentsim.errors import UsageError
+from sentsim.hardware import cpu_bf16_native
 
 TINY = dict(vocab_size=600, d_model=48, encoder_layers=1, decoder_layers=1, attention_heads=2, ffn_dim=96,
             dropout=0.0, context_sentences=2, max_source_tokens=96, max_target_tokens=40)
 
+
+# Exactness (batched = one at a time = a hand-summed log-softmax) is an fp32 property: on a CPU with native
+# bf16, `autocast: auto` scores in bf16, where a batch's padding changes the rounding. These tests pin fp32;
+# test_cpu_bf16_matches_fp32 and tests/test_hardware.py cover the bf16 path.
+FP32 = dict(device="cpu", autocast="off")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -57,7 +63,7 @@ def items(docs):
 
 
 def test_batched_equals_one_at_a_time(bundle, items):
-    scorer = ContextScorer(bundle, ScorerConfig(batch_tokens=2048, device="cpu"))
+    scorer = ContextScorer(bundle, ScorerConfig(**FP32, batch_tokens=2048))
     batched = scorer.score(items)
     assert batched.stats["padding_fraction"] < 0.5
     for i in range(0, len(items), 5):
@@ -70,12 +76,12 @@ def test_batched_equals_one_at_a_time(bundle, items):
                 assert a == pytest.approx(b, abs=1e-4), (i, d)
         assert batched.n_tokens["fwd"][i] == single.n_tokens["fwd"][0]
     # a tiny budget (one item per batch) gives the same numbers as a large one
-    small = ContextScorer(bundle, ScorerConfig(batch_tokens=16, device="cpu")).score(items)
+    small = ContextScorer(bundle, ScorerConfig(**FP32, batch_tokens=16)).score(items)
     np.testing.assert_allclose(small.score, batched.score, atol=1e-4)
 
 
 def test_shared_encoder_output(bundle, items):
-    scorer = ContextScorer(bundle, ScorerConfig(device="cpu", ablation="no_both"))
+    scorer = ContextScorer(bundle, ScorerConfig(**FP32, ablation="no_both"))
     sents = [it.sentence for it in items[:10]]
     ctxs = [(it.left, it.right) for it in items[10:14]]
     res = scorer.score_matrix(sents, ctxs)
@@ -90,7 +96,7 @@ def test_logprob_equals_manual_token_sum(bundle, items):
     cfg, tok, models = load_bundle(bundle)
     model = models["fwd"].eval()
     it = items[3]
-    scorer = ContextScorer(bundle, ScorerConfig(device="cpu"))
+    scorer = ContextScorer(bundle, ScorerConfig(**FP32))
     res = scorer.score([it])
     for d in ("fwd", "left", "right"):
         ex = build_example(tok.ids, cfg.context_sentences, d, tok.encode(it.left), tok.encode([it.sentence])[0],
@@ -107,7 +113,7 @@ def test_logprob_equals_manual_token_sum(bundle, items):
 
 
 def test_edge_cases_defined(bundle, items):
-    scorer = ContextScorer(bundle, ScorerConfig(device="cpu"))
+    scorer = ContextScorer(bundle, ScorerConfig(**FP32))
     res = scorer.score(items[-3:] + [ContextItem("A sentence.", "", "", log_p_disc=-0.5)])
     empty_s, no_ctx, long_s, with_disc = range(4)
     assert math.isnan(res.logprob["fwd"][empty_s]) and "fwd" in res.dropped[empty_s]
@@ -117,7 +123,7 @@ def test_edge_cases_defined(bundle, items):
     assert np.isfinite(res.score[long_s])
     assert "disc" not in res.dropped[with_disc]
     # no term left: NaN, never a division by zero
-    only_fwd = ContextScorer(bundle, ScorerConfig(device="cpu", ablation="no_both", lambda_disc=0.0))
+    only_fwd = ContextScorer(bundle, ScorerConfig(**FP32, ablation="no_both", lambda_disc=0.0))
     r = only_fwd.score([ContextItem("", ["x"], ["y"])])
     assert math.isnan(r.score[0])
 
@@ -125,7 +131,7 @@ def test_edge_cases_defined(bundle, items):
 def test_table8_switches(bundle, items):
     its = [ContextItem(i.sentence, i.left, i.right, log_p_disc=-0.25 - 0.01 * n) for n, i in enumerate(items[:12])
            if i.left and i.right and i.sentence]
-    base = ContextScorer(bundle, ScorerConfig(device="cpu", lambda_disc=0.5, lambda_fwd=1.0,
+    base = ContextScorer(bundle, ScorerConfig(**FP32, lambda_disc=0.5, lambda_fwd=1.0,
                                               lambda_left=0.7, lambda_right=0.3))
     full = base.score(its)
     lp = full.logprob
@@ -175,11 +181,11 @@ def test_separate_models_and_missing_direction(bundle, tmp_path, items):
     save_bundle(fwd_only, cfg, tok, {"fwd": models["fwd"]}, {"fwd": "fwd"})
     left = tmp_path / "left"
     save_bundle(left, cfg, tok, {"left": build_model(cfg, tok, seed=3)}, {"left": "left"})
-    sc = ContextScorer([str(fwd_only), str(left)], ScorerConfig(device="cpu"))
+    sc = ContextScorer([str(fwd_only), str(left)], ScorerConfig(**FP32))
     assert sc.directions == ("fwd", "left")
     res = sc.score(items[:4])
     assert all("right" in d for d in res.dropped)
-    ref = ContextScorer(bundle, ScorerConfig(device="cpu")).score(items[:4])
+    ref = ContextScorer(bundle, ScorerConfig(**FP32)).score(items[:4])
     np.testing.assert_allclose(res.logprob["fwd"], ref.logprob["fwd"], atol=1e-5)
 
 
@@ -189,7 +195,7 @@ def test_warm_start_scoring(tmp_path, items):
     tok = warm_start_tokenizer(cfg)
     model = build_model(cfg, tok)
     save_bundle(tmp_path, cfg, tok, {"shared": model}, {"fwd": "shared", "left": "shared", "right": "shared"})
-    sc = ContextScorer(str(tmp_path), ScorerConfig(device="cpu", batch_tokens=1024))
+    sc = ContextScorer(str(tmp_path), ScorerConfig(**FP32, batch_tokens=1024))
     its = items[:3]
     res = sc.score(its)
     assert np.isfinite(res.score).all()
@@ -197,10 +203,27 @@ def test_warm_start_scoring(tmp_path, items):
     assert res.logprob["fwd"][1] == pytest.approx(one.logprob["fwd"][0], abs=1e-4)
 
 
+@pytest.mark.skipif(not cpu_bf16_native(), reason="this CPU has no native bf16 (auto scores in fp32 here)")
+def test_cpu_bf16_matches_fp32(bundle, items):
+    """Where the CPU has bf16, `auto` scores in it; each item's score stays within bf16's precision of
+    fp32's, and the items keep their order (issue 15's bar for bf16 as the default: Spearman >= 0.99)."""
+    from scipy.stats import spearmanr
+
+    auto = ContextScorer(bundle, ScorerConfig(device="cpu"))
+    assert auto.autocast_dtype == torch.bfloat16
+    bf16 = auto.score(items)
+    fp32 = ContextScorer(bundle, ScorerConfig(**FP32)).score(items)
+    ok = np.isfinite(fp32.score)
+    assert (np.isfinite(bf16.score) == ok).all()
+    np.testing.assert_allclose(bf16.score[ok], fp32.score[ok], atol=0.1, rtol=0.02)
+    assert not np.array_equal(bf16.score[ok], fp32.score[ok])  # it did run in bf16
+    assert spearmanr(bf16.score[ok], fp32.score[ok]).statistic >= 0.99
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_bf16_matches_cpu(bundle, items):
-    cpu = ContextScorer(bundle, ScorerConfig(device="cpu")).score(items)
+    cpu = ContextScorer(bundle, ScorerConfig(**FP32)).score(items)
     gpu = ContextScorer(bundle, ScorerConfig(device="cuda", autocast="bf16")).score(items)
     ok = np.isfinite(cpu.score)
     assert np.isfinite(gpu.score[ok]).all()
