@@ -147,7 +147,7 @@ def main(argv=None) -> int:
 
     dev_name = torch.cuda.get_device_name(0) if gpu else f"{platform.processor() or platform.machine()} CPU"
     lines = [
-        f"## {dev_name} ({'bf16 autocast' if gpu else 'fp32'}, torch threads {torch.get_num_threads()})",
+        f"## {dev_name} ({'bf16 autocast' if fastest == 'bf16' else 'fp32'}, torch threads {torch.get_num_threads()})",
         "",
         f"- Model: {model_desc}.",
         f"- Workload: {len(sentences)} sentences x {len(contexts)} contexts (k=1 sentence each side) = {n_items} "

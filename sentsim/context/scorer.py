@@ -21,7 +21,8 @@ Efficiency:
     scored against the same context) are encoded once;
   * sources are sorted by length and batched under a token budget; decoder jobs are sorted by target
     length and batched under the same budget (padded decoder + encoder tokens);
-  * `torch.inference_mode`, and bf16/fp16 autocast on GPU.
+  * `torch.inference_mode`, and bf16 autocast where bf16 is native (GPUs, CPUs with avx512_bf16 or AMX;
+    `autocast: auto`), fp32 elsewhere; fp16 on request.
 """
 
 from __future__ import annotations
