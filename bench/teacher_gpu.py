@@ -39,7 +39,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 RESULTS = ROOT / "bench" / "results"
 PAIRS_PER_UNIT = 20  # as bench/teacher_curve.py harvests, so each unit's items match its CPU runs
-REFERENCE = Path(os.environ.get("SENTSIM_CACHE", "~/.cache/sentsim")).expanduser() / "reference" / "context-enwiki"
+# configs/teacher.yaml's model: the 150K snapshot (context-enwiki/ trains on past it)
+REFERENCE = (Path(os.environ.get("SENTSIM_CACHE", "~/.cache/sentsim")).expanduser() / "reference" / "snapshots-enwiki"
+             / "tokens-150000")
 
 
 def teacher_config(size: int, pairs_file: str, out: str, device: str = "cpu", autocast: str = "auto",
