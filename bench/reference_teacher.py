@@ -31,8 +31,11 @@ first input, so its documents keep their keys and slices).
 Determinism: same seed and same corpus files give the same model; a resumed run rebuilds the same
 data stream and passes over the batches it already trained on, so it goes on where it stopped.
 
-Time on a 2-core AVX2 EPYC (fp32): corpus ~3 min, index ~5 min, context model about 100 target
-tokens/s with 2 threads, so about 3 hours for 1M target tokens (BENCHMARKS.md gives the measured figure);
+Time on a 2-core AVX2 EPYC (fp32): corpus ~3 min, index ~5 min, context model 100-169 target
+tokens/s with 2 threads, so 1.6-3 hours for 1M target tokens; on a 2-core EPYC with avx512_bf16 about
+220 target tokens/s, 1.3 hours. The recipe pins fp32 (`bf16: off`): bf16 was 1.29x faster there, but
+its 150K model scored 4.8 points lower on STS-B dev, though level at 700K (BENCHMARKS.md, "bf16 on a
+CPU that has it");
 with --discriminator, about 30 minutes more for the discriminator and 11 for its rep cache (3.4 GB).
 """
 

@@ -49,6 +49,9 @@ def test_reference_builds_the_teacher_and_the_discriminator_and_a_rerun_redoes_n
             "--discriminator", "--discriminator-config", disc)
     r = _reference(*args)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    # the recipe trains in fp32 on every CPU (configs/reference_context.yaml pins bf16: off), so the model
+    # does not depend on the CPU's flags; on a CPU with native bf16 `auto` would have said "on cpu bf16"
+    assert "[context shared] 1 worker(s) on cpu;" in r.stdout + r.stderr
     ref = tmp_path / "cache" / "reference"
     done = json.loads((ref / "DONE-enwiki.json").read_text())
     assert done["train_on"] == ["enwiki"] and done["milestones"] == [200]
