@@ -54,6 +54,14 @@ def bf16_native(device_type: str) -> bool:
     return False
 
 
+def resolve_autocast(autocast: str, device_type: str) -> str:
+    """The format an `autocast` setting ("auto", "bf16", "fp16" or "off") computes in on this device type:
+    "auto" is "bf16" where bf16 is native and "off" (fp32) elsewhere; the others are themselves."""
+    if autocast != "auto":
+        return autocast
+    return "bf16" if bf16_native(device_type) else "off"
+
+
 def describe() -> str:
     """One line for logs and benchmark headers: CPU model, cores and whether bf16 is native."""
     name = platform.processor() or platform.machine()
@@ -68,4 +76,4 @@ def describe() -> str:
     return f"{name}, {os.cpu_count()} CPUs, bf16 {'native' if cpu_bf16_native() else 'emulated (fp32 used)'}"
 
 
-__all__ = ["BF16_CPU_FLAGS", "bf16_native", "cpu_bf16_native", "cpu_flags", "describe"]
+__all__ = ["BF16_CPU_FLAGS", "bf16_native", "cpu_bf16_native", "cpu_flags", "describe", "resolve_autocast"]

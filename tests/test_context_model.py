@@ -190,6 +190,25 @@ def test_gpu_bf16_training(tmp_path, corpus_dir, capsys):
     assert re.search(r"\[context fwd\] 1 worker\(s\) on cuda(:\d+)? bf16;", out), out[-2000:]
 
 
+def test_a_run_records_the_format_each_step_ran_in(tmp_path, corpus_dir, monkeypatch):
+    """bf16: auto resolves per process: a run resumed on a CPU without native bf16 goes on in fp32, and the
+    summary counts the steps of each format instead of calling the whole run one or the other."""
+    from sentsim.context.train import train_context
+
+    def train(steps, native):
+        monkeypatch.setenv("SENTSIM_CPU_BF16", native)
+        cfg = ContextTrainConfig.model_validate({
+            "model": TINY_MODEL, **TRAIN, "direction": "fwd", "executor": "inline", "use_gpu": "no",
+            "max_steps": steps, "eval_every": 2, "checkpoint_every": 2})
+        return train_context(corpus_dir, str(tmp_path / "m"), cfg)["runs"]["fwd"]
+
+    assert train(2, "1")["precision_steps"] == {"bf16": 2}
+    s = train(4, "0")
+    assert s["steps"] == 4 and s["precision_steps"] == {"bf16": 2, "fp32": 2}
+    hist = json.loads((tmp_path / "m/runs/fwd/history.json").read_text())
+    assert [(h["step"], h["precision"]) for h in hist] == [(0, "bf16"), (2, "bf16"), (4, "fp32")]
+
+
 def test_start_from_pretrained_bart_checkpoint(tmp_path, corpus_dir):
     """A user's pretrained seq2seq checkpoint (save_pretrained layout) is a valid starting point."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -429,3 +429,31 @@ def test_a_run_resumes_under_another_spelling_of_its_input_paths(inline_run, tmp
     # it names the setting that changed, not the paths or the --out that differ too but are not fingerprinted
     why = str(refused.value).split("(", 1)[1]
     assert f"seed: {cfg.seed} -> 1" in why and "corpus" not in why and "out:" not in why and "context_models" not in why
+
+
+def test_a_resumed_run_keeps_the_format_it_began_in(inputs, tmp_path, monkeypatch, capsys):
+    """`scoring.autocast: auto` resolves when a run starts and the manifest keeps it: resumed where bf16 is
+    not native, the run's remaining units still score in bf16, so no run mixes bf16 and fp32 scores."""
+    from sentsim.harvest.job import harvest
+
+    def run(out, native, **kw):
+        monkeypatch.setenv("SENTSIM_CPU_BF16", native)
+        cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], out, scoring={"device": "cpu"})
+        return harvest(cfg, executor="inline", **kw)
+
+    whole = tmp_path / "bf16"
+    run(whole, "1", quiet=True)
+    moved = tmp_path / "moved"
+    run(moved, "1", quiet=True, max_units=2)
+    assert json.loads((moved / "manifest.json").read_text())["scoring_precision"] == "bf16"
+    capsys.readouterr()
+    m = run(moved, "0", quiet=False)  # resumed on a CPU without native bf16
+    assert "scoring in bf16, the format this run began in" in capsys.readouterr().err
+    assert m["complete"] and m["scoring_precision"] == "bf16"
+    assert pairs_of(moved).equals(pairs_of(whole))
+    assert json.loads((moved / "report.json").read_text())["scoring_precision"] == {"bf16": 4}
+    # a new run there resolves auto afresh: fp32 on this "CPU", and its scores are not the bf16 ones
+    m = run(moved, "0", quiet=True, force_new=True)
+    assert m["scoring_precision"] == "off"
+    assert json.loads((moved / "report.json").read_text())["scoring_precision"] == {"off": 4}
+    assert not pairs_of(moved).column("score").equals(pairs_of(whole).column("score"))

@@ -41,7 +41,7 @@ from sentsim.context.config import DIRECTIONS, ScorerConfig
 from sentsim.context.model import ContextModel, load_bundle
 from sentsim.context.windows import build_example
 from sentsim.errors import UsageError
-from sentsim.hardware import bf16_native
+from sentsim.hardware import resolve_autocast
 
 TERMS = ("disc", "fwd", "left", "right")
 Context = Union[str, Sequence[str], None]
@@ -141,10 +141,9 @@ class ContextScorer:
         self.models: dict[str, ContextModel] = by_dir
         for m in {id(m): m for m in by_dir.values()}.values():
             m.to(self.device).eval()
-        ac = self.config.autocast
-        if ac == "auto":  # bf16 where it is native: GPUs, and CPUs with avx512_bf16 / AMX (sentsim.hardware)
-            ac = "bf16" if bf16_native(self.device.type) else "off"
-        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(ac)
+        # auto: bf16 where it is native (GPUs, CPUs with avx512_bf16 / AMX; sentsim.hardware), else fp32
+        self.precision = resolve_autocast(self.config.autocast, self.device.type)
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         self._tok_cache: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------------------------------ helpers

@@ -407,6 +407,19 @@ def _absolute_paths(cfg: ContextTrainConfig) -> ContextTrainConfig:
     return cfg.model_copy(update={"model": m.model_copy(update=paths)}) if paths else cfg
 
 
+def precision_steps(history: list) -> dict:
+    """format -> training steps run in it, from a run's history points (each says the format of the steps
+    since the point before it); steps from before points recorded it count as "unrecorded"."""
+    out, prev = {}, 0
+    for h in history:
+        n = h.get("step", 0) - prev
+        if n > 0:
+            k = h.get("precision", "unrecorded")
+            out[k] = out.get(k, 0) + n
+        prev = max(prev, h.get("step", 0))
+    return out
+
+
 def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = None, tokenizer_from: str = "",
                   address: Optional[str] = None, force_new: bool = False) -> dict:
     """Train the context model(s) and write the bundle to `out`. Returns a summary (also `out/train_summary.json`)."""
@@ -467,6 +480,8 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
             "target_tokens_seen": last.get("target_tokens_seen", 0), "train_seconds": last.get("time_s", 0.0),
             "initial_eval": evals[0]["eval"] if evals else None, "final_eval": evals[-1]["eval"] if evals else None,
             "parameters": models[name].n_parameters(),
+            # steps by the format they ran in (bf16 / fp32), from the history: more than one key, a mixed run
+            "precision_steps": precision_steps(hist),
         }
     summary["wall_seconds"] = time.perf_counter() - t0
     save_bundle(out_p, cfg.model, tok, models, by_dir, extra={"trained": {

@@ -9,6 +9,7 @@ is part of the harvest's fingerprint, and each context actor loads it once.
 from __future__ import annotations
 
 import functools
+import sys
 from types import SimpleNamespace
 from typing import Optional, Sequence
 
@@ -117,6 +118,49 @@ def without_paths(plan_info: dict) -> dict:
     return {k: v for k, v in plan_info.items() if k != "pairs_file"}
 
 
+def scoring_device_type(cfg: HarvestConfig, executor: str) -> str:
+    """The device type ("cuda" or "cpu") the scoring actors will run on, as the driver can tell it:
+    `scoring.device` when set; under `auto`, a GPU when the scoring stage asks Ray for one (inline: when
+    this process sees one), as ScoreStage.setup resolves it."""
+    import torch
+
+    if cfg.scoring.device != "auto":
+        return torch.device(cfg.scoring.device).type
+    if executor == "inline":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if cfg.resources.scoring.num_gpus > 0 else "cpu"
+
+
+def scoring_precision(cfg: HarvestConfig, stored: Optional[dict], force_new: bool, executor: str
+                      ) -> tuple[str, Optional[str]]:
+    """The format ("bf16", "fp16" or "off" = fp32) every unit of this run scores in, and a line to print.
+
+    `scoring.autocast: auto` resolves once, when a run starts, and the manifest keeps the result
+    (`scoring_precision`): a run resumed on a machine with other bf16 support goes on in the format it
+    began in, so its pair scores never mix bf16 and fp32 units (they differ by ~5e-4; BENCHMARKS.md).
+    On GPU actors seen from a driver without CUDA, auto is bf16 (Ampere and later; set it for older GPUs)."""
+    from sentsim.hardware import resolve_autocast
+
+    if cfg.scoring.autocast != "auto":
+        return cfg.scoring.autocast, None
+    device = scoring_device_type(cfg, executor)
+    import torch
+
+    here = "bf16" if device == "cuda" and not torch.cuda.is_available() else resolve_autocast("auto", device)
+    kept = None if force_new or not stored or stored.get("stage") != STAGE else stored.get("scoring_precision")
+    if kept is None or kept == here:
+        if stored and not force_new and stored.get("stage") == STAGE and "scoring_precision" not in stored:
+            return here, (f"{cfg.out}: this run's manifest does not record the format its done units were scored "
+                          f"in (a sentsim before 2026-11-25); the remaining units score in {precision_name(here)}")
+        return here, None
+    return kept, (f"scoring in {precision_name(kept)}, the format this run began in (scoring.autocast: auto on "
+                  f"this {device.upper()} would pick {precision_name(here)}); pass --force-new to restart the run")
+
+
+def precision_name(autocast: str) -> str:
+    return "fp32" if autocast == "off" else autocast
+
+
 def earlier_fingerprint(cfg: HarvestConfig, corpus_fp: str, plan_info: dict, hashes: dict, stored: dict) -> str:
     """The fingerprint that sentsim before 2026-11-24 gave this run, with its input paths spelt as the
     stored run spelt them. Those fingerprints held the paths as given; equal to the stored one, the
@@ -141,6 +185,11 @@ def harvest(
     units, plan_info = plan(cfg, corpus)
     hashes = model_hashes(cfg)
     rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if uses_rep_cache(cfg) else None
+    precision, note = scoring_precision(cfg, ShardStore(cfg.out).read_manifest(), force_new, executor)
+    if note and not quiet:
+        print(f"[{STAGE}] {note}", file=sys.stderr, flush=True)
+    # the stages score in the run's resolved format; the fingerprint keeps the setting as given (auto)
+    scoring_cfg = cfg.model_copy(update={"scoring": cfg.scoring.model_copy(update={"autocast": precision})})
 
     def stages(ctx) -> list:
         from sentsim.context.model import read_bundle_meta
@@ -159,7 +208,7 @@ def harvest(
             # the sorted anchor ids go to each context actor once (pair ownership), not with every unit
             StageSpec(functools.partial(ContextStage, cfg, window, rep_cache, units.make.anchors
                                         if isinstance(units.make, AnchorUnits) else None), Resources.of(r.contexts)),
-            StageSpec(functools.partial(ScoreStage, cfg, refs), Resources.of(r.scoring)),
+            StageSpec(functools.partial(ScoreStage, scoring_cfg, refs), Resources.of(r.scoring)),
             # a run resumed from before float32 context scores keeps float64 (None: it keeps none)
             StageSpec(functools.partial(RankAndWriteStage, cfg, ctx.fp, anchor_ids, anchor_texts, sentence_schema,
                                         context_score_schema_of(ctx.manifest)),
@@ -181,7 +230,8 @@ def harvest(
         tables={"pairs": pair_schema(cfg.grouping.enabled), "sentences": SENTENCE_SCHEMA,
                 **({"context_scores": CONTEXT_SCORE_SCHEMA} if cfg.keep_context_scores == "all" else {})},
         units=units, stages=stages, prepare=prepare, summary=lambda ctx: {"plan": plan_info}, count="pairs",
-        detail=lambda r: f"nulls {r['null_scores']}", gauges="sentsim_harvest", deep=True)
+        detail=lambda r: f"nulls {r['null_scores']}", gauges="sentsim_harvest", deep=True,
+        open_extra={"scoring_precision": precision})
     m = execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet, max_units=max_units)
     this = m["this_run"]
     write_report(cfg.out, m, SimpleNamespace(done=this["units"], rows=this["pairs"]), this["wall_seconds"])

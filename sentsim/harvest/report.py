@@ -62,6 +62,8 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
         "stage_items_per_second": {k: (scored / v if v else None) for k, v in stage_s.items()},
         "this_run": {"wall_seconds": wall, "units": progress.done, "pairs": progress.rows},
         "placement": placement_summary(units),
+        # units by the format they were scored in (bf16, fp16, off = fp32); more than one key: a mixed run
+        "scoring_precision": precision_counts(units),
         "bytes_per_sentence_rank_codes": next(
             (m.get("extra", {}).get("bytes_per_sentence") for m in units.values()), None),
     }
@@ -70,6 +72,15 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
         f.write(json.dumps(rep, indent=2).encode())
     _plot(store, score, rank, split, stage_s)
     return rep
+
+
+def precision_counts(units: dict) -> dict:
+    """format -> units scored in it, from the unit markers ("unrecorded" for units from before 2026-11-25)."""
+    out: dict = {}
+    for m in units.values():
+        p = m.get("extra", {}).get("scoring_precision") or "unrecorded"
+        out[p] = out.get(p, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def placement_summary(units: dict) -> dict:

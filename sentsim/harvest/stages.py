@@ -309,7 +309,7 @@ class ScoreStage(Stage):
             cs_rows = [] if self.cfg.keep_context_scores == "none" else [
                 (s, k, comp["fwd"][(s, k)], comp["left"][(s, k)], comp["right"][(s, k)], disc.get((s, k)), S[(s, k)])
                 for (s, k) in need]
-            item.update(rows=rows, context_scores=cs_rows, n_scored=len(combos))
+            item.update(rows=rows, context_scores=cs_rows, n_scored=len(combos), precision=self.scorer.precision)
             del item["disc"]
             item["csets"] = {s: (len(cs.contexts), cs.shortfall_reason, [c.key for c in cs.contexts])
                              for s, cs in csets.items()}
@@ -422,6 +422,8 @@ class RankAndWriteStage(Stage):
                  "bytes_per_sentence": (self.targets.bytes_per_sentence if vecs is not None else
                                         self.targets.codec.bytes_per_sentence if self.targets else 0),
                  "rank_storage": self.storage,
+                 # the format its scores were computed in ("off" = fp32): the report counts units by it
+                 "scoring_precision": item.get("precision"),
                  # which node ran each stage of this unit (the report sums it over the run, resumes included)
                  "placement": {stage: {k: w.get(k) for k in ("node", "host", "pid", "cuda_visible_devices")}
                                for stage, w in {**item.get(PLACEMENT_KEY, {}), self.name: self.where}.items()}},

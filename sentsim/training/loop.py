@@ -40,7 +40,7 @@ from sentsim.training.common import quiet_progress
 STATE_FILE = "state.pt"
 HISTORY_FILE = "history.json"
 # keys of a history point that are not metrics (left out of the default log line)
-_POINT_KEYS = ("step", "epoch", "train_loss", "lr", "time_s")
+_POINT_KEYS = ("step", "epoch", "train_loss", "lr", "time_s", "precision")
 
 
 class Trainee(nn.Module):
@@ -306,6 +306,8 @@ def train_loop(config: dict):
         (device.type == "cuda" and bf16_native("cuda"))
         or (device.type == "cpu" and L.get("cpu_bf16", False) and bf16_native("cpu")))
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
+    # each history point says the format its steps ran in: a run resumed on other hardware may change it
+    fmt = {"precision": "bf16" if use_bf16 else "fp32"}
     label, verbose = L["label"], L.get("verbose", True)
     if rank0 and verbose:
         n_params = sum(p.numel() for p in params)
@@ -331,7 +333,7 @@ def train_loop(config: dict):
         return save
 
     if step == 0 and rank0 and not history:
-        history.append({"step": 0, "epoch": 0, "train_loss": None, "lr": 0.0, **evaluate(), "time_s": 0.0})
+        history.append({"step": 0, "epoch": 0, "train_loss": None, "lr": 0.0, **evaluate(), "time_s": 0.0, **fmt})
     t0 = time.perf_counter() - ((history[-1].get("time_s") or 0.0) if history else 0.0)  # resumed: the clock continues
     t_run = time.perf_counter()  # max_seconds counts this process's training only
     max_seconds, ckpt_every = L.get("max_seconds") or 0, L.get("checkpoint_every") or 0
@@ -369,7 +371,7 @@ def train_loop(config: dict):
             at_save = at_eval or (ckpt_every and step % ckpt_every == 0)
             if at_save or (L.get("log_every") and step % L["log_every"] == 0):
                 point = {"step": step, "epoch": epoch, "train_loss": running / n_running, **lrs(),
-                         **metrics, "time_s": round(time.perf_counter() - t0, 2)}
+                         **metrics, "time_s": round(time.perf_counter() - t0, 2), **fmt}
                 if at_eval:
                     point.update(evaluate())
                 if rank0:
@@ -386,7 +388,7 @@ def train_loop(config: dict):
         skip = 0
     if last_saved != step:  # the data ran out before total_steps (e.g. an uneven estimate)
         point = {"step": step, "epoch": epoch, "train_loss": running / n_running if n_running else None,
-                 **lrs(), **last_metrics, "time_s": round(time.perf_counter() - t0, 2), **evaluate()}
+                 **lrs(), **last_metrics, "time_s": round(time.perf_counter() - t0, 2), **fmt, **evaluate()}
         if rank0:
             history.append(point)
         session.report(point, save_at(epoch, in_epoch))
