@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -57,13 +56,13 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from sentsim.config import load_config
+    from sentsim.config import load_config, user_cache
     from sentsim.context.config import ContextTrainConfig
     from sentsim.context.model import build_model, load_bundle
     from sentsim.context.train import evaluate, heldout_examples
     from sentsim.rank.targets import checkpoint_hash
 
-    ref = Path(args.cache or os.environ.get("SENTSIM_CACHE") or "~/.cache/sentsim").expanduser() / "reference"
+    ref = (Path(args.cache).expanduser() if args.cache else user_cache()) / "reference"
     corpus = str(ref / "corpus")
     cfg = load_config(ContextTrainConfig, str(ROOT / "configs" / "reference_context.yaml"),
                       [f"heldout_windows={args.windows}"])

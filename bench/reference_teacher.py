@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -57,8 +56,9 @@ DISCRIMINATOR_CONFIG = ROOT / "configs" / "reference_discriminator.yaml"
 
 
 def cache_root(arg: str | None) -> Path:
-    base = arg or os.environ.get("SENTSIM_CACHE") or "~/.cache/sentsim"
-    return Path(base).expanduser().resolve() / "reference"
+    from sentsim.config import user_cache
+
+    return (Path(arg).expanduser() if arg else user_cache()).resolve() / "reference"
 
 
 def train_prefixes(train_on: str) -> list[str]:

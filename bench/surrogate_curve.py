@@ -40,13 +40,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from common import bootstrap, machine  # noqa: E402
 from teacher_curve import pairs_committed  # noqa: E402
 
+from sentsim.config import user_cache  # noqa: E402
+
 STSB_TEST = ROOT.parent / "shared" / "data" / "sts" / "stsbenchmark" / "sts-test.csv"
 RESULTS = ROOT / "bench" / "results"
 INITS = {"scratch": ["--init", "scratch", "--set", "lr=5e-4"], "pretrained": ["--init", "pretrained"]}
 
 
 def work() -> Path:
-    w = Path(os.environ.get("SENTSIM_CACHE", "~/.cache/sentsim")).expanduser() / "surrogate"
+    w = user_cache() / "surrogate"
     w.mkdir(parents=True, exist_ok=True)
     return w
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from common import bootstrap, machine, paired_bootstrap, pyplot  # noqa: E402
 
-from sentsim.config import unit_count  # noqa: E402
+from sentsim.config import unit_count, user_cache  # noqa: E402
 
 STSB_DEV = ROOT.parent / "shared" / "data" / "sts" / "stsbenchmark" / "sts-dev.csv"
 RESULTS = ROOT / "bench" / "results"
@@ -332,7 +332,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not (args.label or args.redraw or args.compare):
         ap.error("--label is needed to score a point (or give --redraw or --compare)")
-    work = Path(args.work or Path(os.environ.get("SENTSIM_CACHE", "~/.cache/sentsim")).expanduser() / "curve")
+    work = Path(args.work or user_cache() / "curve")
     work.mkdir(parents=True, exist_ok=True)
     sample = dev_sample(work, args.pairs)
     results = Path(args.results)

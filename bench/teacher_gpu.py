@@ -39,9 +39,16 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 RESULTS = ROOT / "bench" / "results"
 PAIRS_PER_UNIT = 20  # as bench/teacher_curve.py harvests, so each unit's items match its CPU runs
-# configs/teacher.yaml's model: the 150K snapshot (context-enwiki/ trains on past it)
-REFERENCE = (Path(os.environ.get("SENTSIM_CACHE", "~/.cache/sentsim")).expanduser() / "reference" / "snapshots-enwiki"
-             / "tokens-150000")
+TEACHER = ROOT / "configs" / "teacher.yaml"
+
+
+def teacher_bundle() -> str:
+    """configs/teacher.yaml's context model (its $SENTSIM_CACHE expanded): the model measured on STS-B test."""
+    import yaml
+
+    from sentsim.config import expand_path
+
+    return expand_path(yaml.safe_load(TEACHER.read_text())["context_models"][0])
 
 
 def teacher_config(size: int, pairs_file: str, out: str, device: str = "cpu", autocast: str = "auto",
@@ -239,7 +246,8 @@ def main(argv=None) -> int:
     s = sub.add_parser("score")
     s.add_argument("--dir", default=str(ROOT / "bench" / "out" / "teacher_gpu"))
     s.add_argument("--out", required=True)
-    s.add_argument("--bundle", default=str(REFERENCE), help="the context-model bundle the contexts were chosen for")
+    s.add_argument("--bundle", default=None,
+                   help="the context-model bundle the contexts were chosen for (default: configs/teacher.yaml's)")
     s.add_argument("--fp32", default="", help="sizes to score again without autocast")
     s.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
     s.add_argument("--units", type=int, default=0, help="score only the first N units (of 20 pairs)")
@@ -249,7 +257,7 @@ def main(argv=None) -> int:
     if a.cmd == "export":
         export([int(x) for x in a.sizes.split(",")], Path(a.dir))
     elif a.cmd == "score":
-        score(Path(a.dir), Path(a.out), Path(a.bundle), [int(x) for x in a.fp32.split(",") if x],
+        score(Path(a.dir), Path(a.out), Path(a.bundle or teacher_bundle()), [int(x) for x in a.fp32.split(",") if x],
               a.device, a.units)
     else:
         report(Path(a.scores))

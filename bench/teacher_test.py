@@ -33,6 +33,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from common import bootstrap, machine, paired_bootstrap  # noqa: E402
 from teacher_curve import pairs_committed  # noqa: E402
 
+from sentsim.config import user_cache  # noqa: E402
+
 STSB_TEST = ROOT.parent / "shared" / "data" / "sts" / "stsbenchmark" / "sts-test.csv"
 RESULTS = ROOT / "bench" / "results"
 
@@ -135,7 +137,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not STSB_TEST.is_file():
         raise SystemExit(f"teacher_test: {STSB_TEST} not found (../shared beside the repository)")
-    work = Path(os.environ.get("SENTSIM_CACHE", "~/.cache/sentsim")).expanduser() / "test"
+    work = user_cache() / "test"
     work.mkdir(parents=True, exist_ok=True)
     run = work / args.label
     cost_file = run.with_suffix(".cost")

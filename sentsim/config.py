@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Iterable, TypeVar
@@ -20,6 +21,26 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from sentsim.errors import UsageError
 
 T = TypeVar("T", bound="Section")
+
+
+# the user cache (`make reference` builds the reference teacher there); SENTSIM_CACHE moves it
+DEFAULT_CACHE = "~/.cache/sentsim"
+CACHE_VAR = "$SENTSIM_CACHE"
+
+
+def user_cache() -> Path:
+    """SENTSIM_CACHE, or ~/.cache/sentsim: where `make reference` and the benches keep what they build."""
+    return Path(os.environ.get("SENTSIM_CACHE") or DEFAULT_CACHE).expanduser()
+
+
+def expand_path(p):
+    """A path as a config file may spell it: `$SENTSIM_CACHE/...` is in the user cache (configs/teacher.yaml,
+    whatever SENTSIM_CACHE says or its default), `~/...` in the home folder. Anything else is returned as is."""
+    if not isinstance(p, str):
+        return p
+    if p == CACHE_VAR or p.startswith(CACHE_VAR + "/"):
+        return str(user_cache()) + p[len(CACHE_VAR):]
+    return os.path.expanduser(p) if p.startswith("~") else p
 
 
 class Section(BaseModel):

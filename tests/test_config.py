@@ -66,3 +66,23 @@ def test_yaml_boolean_words_read_as_the_choices_they_spell(tmp_path):
     assert load_config(ContextTrainConfig, None, ["use_gpu=yes"]).use_gpu == "yes"
     with pytest.raises(UsageError, match="bf16"):  # `on` is not one of bf16's choices, and still says so
         load_config(ContextTrainConfig, None, ["bf16=on"])
+
+
+def test_teacher_config_reads_the_user_cache_that_sentsim_cache_names(tmp_path, monkeypatch):
+    """configs/teacher.yaml names its bundle as $SENTSIM_CACHE/...: the cache `make reference` filled, moved by
+    SENTSIM_CACHE (it spelt ~/.cache/sentsim, so a moved cache was silently not the one read)."""
+    from pathlib import Path
+
+    from sentsim.harvest.config import HarvestConfig
+
+    teacher = str(Path(__file__).resolve().parents[1] / "configs" / "teacher.yaml")
+    monkeypatch.setenv("SENTSIM_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(HarvestConfig, teacher, ["out=o"])
+    assert cfg.corpus == str(tmp_path / "cache" / "reference" / "corpus")
+    assert cfg.context_models == [str(tmp_path / "cache/reference/snapshots-enwiki/tokens-150000")]
+    monkeypatch.delenv("SENTSIM_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert load_config(HarvestConfig, teacher, ["out=o"]).index == str(tmp_path / "home/.cache/sentsim/reference/index")
+    # only the variable's own name at the start of a path is the cache; ~ is still the home folder
+    cfg = load_config(HarvestConfig, teacher, ["corpus=~/c", "out=$SENTSIM_CACHEX/o"])
+    assert cfg.corpus == str(tmp_path / "home/c") and cfg.out == "$SENTSIM_CACHEX/o"

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Literal, Optional, Tuple
 
 from pydantic import Field, field_validator, model_validator
 
-from sentsim.config import Section
+from sentsim.config import Section, expand_path
 from sentsim.context.config import ScorerConfig
 from sentsim.harvest.similarity import METRICS
 from sentsim.pipeline import StageResources  # noqa: F401  (re-exported: jobs' configs import it from here)
@@ -102,9 +101,9 @@ class HarvestConfig(Section):
     @field_validator("corpus", "out", "index", "discriminator", "pairs_file", "context_models")
     @classmethod
     def _home(cls, v):
-        """`~/...` in a config file (configs/teacher.yaml points into the user cache) means the home folder."""
-        expand = lambda p: os.path.expanduser(p) if isinstance(p, str) and p.startswith("~") else p  # noqa: E731
-        return [expand(p) for p in v] if isinstance(v, list) else expand(v)
+        """`$SENTSIM_CACHE/...` in a config file (configs/teacher.yaml points into the user cache) means the
+        user cache, `~/...` the home folder (sentsim.config.expand_path)."""
+        return [expand_path(p) for p in v] if isinstance(v, list) else expand_path(v)
 
     @model_validator(mode="after")
     def _check(self):
