@@ -185,7 +185,8 @@ def harvest(
     units, plan_info = plan(cfg, corpus)
     hashes = model_hashes(cfg)
     rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if uses_rep_cache(cfg) else None
-    precision, note = scoring_precision(cfg, ShardStore(cfg.out).read_manifest(), force_new, executor)
+    stored = None if force_new else ShardStore(cfg.out).read_manifest()  # a new run reads no old manifest
+    precision, note = scoring_precision(cfg, stored, force_new, executor)
     if note and not quiet:
         print(f"[{STAGE}] {note}", file=sys.stderr, flush=True)
     # the stages score in the run's resolved format; the fingerprint keeps the setting as given (auto)
