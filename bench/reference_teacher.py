@@ -81,6 +81,25 @@ def training_seconds(bundle: Path) -> float:
     return round(sum(r.get("train_seconds", 0.0) for r in summary.get("runs", {}).values()), 1)
 
 
+def trained_formats(bundle: Path) -> dict:
+    """format (fp32 / bf16) -> training steps, summed over a bundle's runs, from its train_summary.json
+    (`precision_steps`; a bundle trained before 2026-11-25 counts its steps as "unrecorded")."""
+    summary = json.loads((bundle / "train_summary.json").read_text())
+    out: dict = {}
+    for r in summary.get("runs", {}).values():
+        for k, n in (r.get("precision_steps") or {"unrecorded": r.get("steps", 0)}).items():
+            out[k] = out.get(k, 0) + n
+    return out
+
+
+def recipe_format() -> str | None:
+    """The format the recipe pins for training (configs/reference_context.yaml's bf16), None if it leaves
+    it to the CPU (auto)."""
+    import yaml
+
+    return {"off": "fp32"}.get(str(yaml.safe_load(CONFIG.read_text()).get("bf16", "auto")))
+
+
 def check_discriminator_recipe(folder: Path, config_file: str) -> None:
     """An exported discriminator is kept across runs; refuse one trained from other settings than
     --discriminator-config names, instead of screening with it silently."""
@@ -156,15 +175,24 @@ def main(argv=None) -> int:
     milestones = sorted(int(m) for m in args.milestones.split(",") if m.strip())
     # cumulative training seconds at each milestone, read from the snapshot itself
     times["training_s"] = {}
+    trained_in, pinned = {}, recipe_format()
     for m in milestones:
         snap = ref / f"snapshots{suffix}" / f"tokens-{m}"
         if (snap / "context.json").exists():
             times["training_s"][str(m)] = training_seconds(snap)
+            trained_in[str(m)] = formats = trained_formats(snap)
+            other = {k: n for k, n in formats.items() if pinned and k not in (pinned, "unrecorded")}
+            if other:  # e.g. kept from before the recipe pinned fp32, trained in bf16 where the CPU had it
+                print(f"reference: warning: the kept {snap} trained "
+                      f"{', '.join(f'{n:,} steps in {k}' for k, n in other.items())}, but the recipe trains "
+                      f"{pinned} ({CONFIG.name}); move {snap.parent} and {ref / f'context{suffix}'} away to "
+                      "rebuild it", file=sys.stderr, flush=True)
             continue
         sentsim("train", "context", "--corpus", str(ref / "corpus"), "--out", str(ref / f"context{suffix}"),
                 "--config", str(CONFIG),
                 "--set", f"max_target_tokens={m}", "--set", f"torch_threads={args.threads}", *train_set)
         times["training_s"][str(m)] = training_seconds(ref / f"context{suffix}")
+        trained_in[str(m)] = trained_formats(ref / f"context{suffix}")
         tmp = snap.with_name(snap.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -189,7 +217,9 @@ def main(argv=None) -> int:
             times["rep_cache_s"] = round(time.perf_counter() - t0, 1)
         print(f"reference: screen with --set discriminator={ref / 'discriminator'} "
               f"--set contexts.rep_cache={ref / 'rep_cache'}", flush=True)
-    done.write_text(json.dumps({"milestones": milestones, "train_on": prefixes, "times": times}, indent=1))
+    # trained_in: each snapshot's training steps by format (fp32 / bf16), as its trainer recorded them
+    done.write_text(json.dumps({"milestones": milestones, "train_on": prefixes, "times": times,
+                                "trained_in": trained_in}, indent=1))
     print(json.dumps({"reference": str(ref), **times}))
     return 0
 

@@ -80,6 +80,17 @@ def test_reference_builds_the_teacher_and_the_discriminator_and_a_rerun_redoes_n
     again = json.loads((ref / "DONE-enwiki.json").read_text())
     assert again["times"] == done["times"] and set(done["times"]["training_s"]) == {"200"}
     assert done["times"]["training_s"]["200"] == round(summary["runs"]["shared"]["train_seconds"], 1) > 0
+    assert done["trained_in"] == {"200": {"fp32": summary["runs"]["shared"]["steps"]}}
+
+    # a kept snapshot trained in another format than the recipe pins (one from before the pin, trained in
+    # bf16 on a CPU that has it): kept, but said, with what to move to rebuild it
+    bf16 = dict(summary, runs={"shared": dict(summary["runs"]["shared"], precision_steps={"bf16": 5, "fp32": 2})})
+    (snap / "train_summary.json").write_text(json.dumps(bf16))
+    r = _reference(*args)
+    assert r.returncode == 0 and "$ sentsim" not in r.stdout
+    assert "trained 5 steps in bf16, but the recipe trains fp32" in r.stderr and str(snap.parent) in r.stderr
+    assert json.loads((ref / "DONE-enwiki.json").read_text())["trained_in"] == {"200": {"bf16": 5, "fp32": 2}}
+    (snap / "train_summary.json").write_text(json.dumps(summary))
 
     # other settings than the kept discriminator was trained with: refused in one line, not reused
     other = tmp_path / "other.yaml"
