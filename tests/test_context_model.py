@@ -207,6 +207,8 @@ def test_a_run_records_the_format_each_step_ran_in(tmp_path, corpus_dir, monkeyp
     assert s["steps"] == 4 and s["precision_steps"] == {"bf16": 2, "fp32": 2}
     hist = json.loads((tmp_path / "m/runs/fwd/history.json").read_text())
     assert [(h["step"], h["precision"]) for h in hist] == [(0, "bf16"), (2, "bf16"), (4, "fp32")]
+    # the CPU-seconds count goes on across the resume, as the clock does, and the summary keeps it
+    assert 0.0 == hist[0]["cpu_s"] < hist[1]["cpu_s"] < hist[2]["cpu_s"] == s["train_cpu_seconds"]
 
 
 def test_start_from_pretrained_bart_checkpoint(tmp_path, corpus_dir):

@@ -478,6 +478,8 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
         summary["runs"][name] = {
             "directions": rdirs, "steps": last.get("step", 0), "tokens_seen": last.get("tokens_seen", 0),
             "target_tokens_seen": last.get("target_tokens_seen", 0), "train_seconds": last.get("time_s", 0.0),
+            # CPU seconds of the training process (rank 0), which pauses and a shared CPU do not inflate
+            "train_cpu_seconds": last.get("cpu_s"),
             "initial_eval": evals[0]["eval"] if evals else None, "final_eval": evals[-1]["eval"] if evals else None,
             "parameters": models[name].n_parameters(),
             # steps by the format they ran in (bf16 / fp32), from the history: more than one key, a mixed run
