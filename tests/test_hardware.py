@@ -88,3 +88,33 @@ def test_target_token_budget_stops_training(speech_corpus, tmp_path):
         "heldout_percent": 20, "heldout_windows": 8, "batch_tokens": 512, "tokenizer_sentences": 2000})
     run = train_context(str(speech_corpus), str(tmp_path / "m"), cfg)["runs"]["right"]
     assert 300 <= run["target_tokens_seen"] < 300 + 512 and run["steps"] < 1000
+
+
+def test_a_harvest_resolves_its_scoring_format_once(monkeypatch):
+    """What `scoring.autocast: auto` becomes for a harvest: this CPU's format for CPU scoring, the stored
+    run's on a resume (said in one line), and left to the actors where the driver cannot see their GPUs."""
+    from pydantic import ValidationError
+
+    from sentsim.harvest.config import HarvestConfig
+    from sentsim.harvest.job import scoring_precision
+
+    def cfg(**over):
+        return HarvestConfig.model_validate({"corpus": "c", "index": "i", "context_models": ["m"], "out": "o", **over})
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("SENTSIM_CPU_BF16", "0")
+    assert scoring_precision(cfg(), None, False, "ray") == ("off", None)
+    monkeypatch.setenv("SENTSIM_CPU_BF16", "1")
+    assert scoring_precision(cfg(), None, False, "inline") == ("bf16", None)
+    # resumed here, begun where bf16 was not native: fp32 still, and said
+    fmt, note = scoring_precision(cfg(), {"scoring_precision": "off"}, False, "ray")
+    assert fmt == "off" and "the format this run began in" in note and "would pick bf16" in note
+    assert scoring_precision(cfg(), {"scoring_precision": "off"}, True, "ray") == ("bf16", None)  # --force-new
+    fmt, note = scoring_precision(cfg(), {"fingerprint": "x"}, False, "ray")  # a run from before the key
+    assert fmt == "bf16" and "does not record" in note
+    # GPU actors that this driver cannot see: each actor resolves auto on its own GPU
+    gpu = cfg(resources={"scoring": {"num_gpus": 1}})
+    assert scoring_precision(gpu, None, False, "ray") == ("auto", None)
+    assert scoring_precision(cfg(scoring={"autocast": "fp16"}), None, False, "ray") == ("fp16", None)
+    with pytest.raises(ValidationError, match="scoring.device"):
+        cfg(scoring={"device": "gpu"})

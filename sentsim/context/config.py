@@ -146,7 +146,7 @@ class ScorerConfig(Section):
     batch_tokens: int = Field(4096, ge=16)
     # Directions skipped entirely (not computed) when their λ is zero or ablated away.
     skip_disabled: bool = True  # execution, not in the paper
-    device: str = "auto"  # auto = cuda if available
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")  # auto = cuda if available
     # auto = bf16 on GPUs and on CPUs with native bf16 (avx512_bf16 / AMX, sentsim/hardware.py), else fp32
     autocast: Literal["auto", "bf16", "fp16", "off"] = "auto"
     torch_threads: int = Field(0, ge=0)  # execution; 1 on small shared CPU nodes

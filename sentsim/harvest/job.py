@@ -133,12 +133,14 @@ def scoring_device_type(cfg: HarvestConfig, executor: str) -> str:
 
 def scoring_precision(cfg: HarvestConfig, stored: Optional[dict], force_new: bool, executor: str
                       ) -> tuple[str, Optional[str]]:
-    """The format ("bf16", "fp16" or "off" = fp32) every unit of this run scores in, and a line to print.
+    """The format ("bf16", "fp16" or "off" = fp32) every unit of this run scores in, and a line to print;
+    `stored` is this run's manifest when it resumes (None for a new run).
 
     `scoring.autocast: auto` resolves once, when a run starts, and the manifest keeps the result
     (`scoring_precision`): a run resumed on a machine with other bf16 support goes on in the format it
     began in, so its pair scores never mix bf16 and fp32 units (they differ by ~5e-4; BENCHMARKS.md).
-    On GPU actors seen from a driver without CUDA, auto is bf16 (Ampere and later; set it for older GPUs)."""
+    A driver without CUDA cannot tell what GPU actors have: there `auto` stays unresolved (each actor
+    picks bf16 where its GPU has it), and the unit markers and report.json say what each unit used."""
     from sentsim.hardware import resolve_autocast
 
     if cfg.scoring.autocast != "auto":
@@ -146,10 +148,11 @@ def scoring_precision(cfg: HarvestConfig, stored: Optional[dict], force_new: boo
     device = scoring_device_type(cfg, executor)
     import torch
 
-    here = "bf16" if device == "cuda" and not torch.cuda.is_available() else resolve_autocast("auto", device)
-    kept = None if force_new or not stored or stored.get("stage") != STAGE else stored.get("scoring_precision")
+    here = "auto" if device == "cuda" and not torch.cuda.is_available() else resolve_autocast("auto", device)
+    stored = None if force_new else stored
+    kept = stored.get("scoring_precision") if stored else None
     if kept is None or kept == here:
-        if stored and not force_new and stored.get("stage") == STAGE and "scoring_precision" not in stored:
+        if stored and "scoring_precision" not in stored:
             return here, (f"{cfg.out}: this run's manifest does not record the format its done units were scored "
                           f"in (a sentsim before 2026-11-25); the remaining units score in {precision_name(here)}")
         return here, None
@@ -158,7 +161,7 @@ def scoring_precision(cfg: HarvestConfig, stored: Optional[dict], force_new: boo
 
 
 def precision_name(autocast: str) -> str:
-    return "fp32" if autocast == "off" else autocast
+    return {"off": "fp32", "auto": "the format each GPU actor picks"}.get(autocast, autocast)
 
 
 def earlier_fingerprint(cfg: HarvestConfig, corpus_fp: str, plan_info: dict, hashes: dict, stored: dict) -> str:
@@ -185,7 +188,10 @@ def harvest(
     units, plan_info = plan(cfg, corpus)
     hashes = model_hashes(cfg)
     rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if uses_rep_cache(cfg) else None
+    parts = (STAGE, cfg.semantic(), corpus.fingerprint, without_paths(plan_info), hashes)
     stored = None if force_new else ShardStore(cfg.out).read_manifest()  # a new run reads no old manifest
+    if stored and stored.get("fingerprint") != fingerprint(*parts):
+        stored = None  # another run's (resuming it is refused, or it is an earlier sentsim's: no format kept)
     precision, note = scoring_precision(cfg, stored, force_new, executor)
     if note and not quiet:
         print(f"[{STAGE}] {note}", file=sys.stderr, flush=True)
@@ -223,8 +229,7 @@ def harvest(
                              address=ctx.address, quiet=ctx.quiet)
 
     job = ShardedJob(
-        stage=STAGE, out=cfg.out, fingerprint_parts=(STAGE, cfg.semantic(), corpus.fingerprint,
-                                                     without_paths(plan_info), hashes),
+        stage=STAGE, out=cfg.out, fingerprint_parts=parts,
         earlier_fingerprint=lambda stored: earlier_fingerprint(cfg, corpus.fingerprint, plan_info, hashes, stored),
         unfingerprinted=UNFINGERPRINTED + ("inputs.0.corpus", "inputs.0.pairs_file"),
         config=cfg.model_dump(), inputs=[{"corpus": cfg.corpus, "fingerprint": corpus.fingerprint, **plan_info}],
