@@ -141,13 +141,13 @@ def scoring_precision(cfg: HarvestConfig, stored: Optional[dict], force_new: boo
     began in, so its pair scores never mix bf16 and fp32 units (they differ by ~5e-4; BENCHMARKS.md).
     A driver without CUDA cannot tell what GPU actors have: there `auto` stays unresolved (each actor
     picks bf16 where its GPU has it), and the unit markers and report.json say what each unit used."""
+    import torch
+
     from sentsim.hardware import resolve_autocast
 
     if cfg.scoring.autocast != "auto":
         return cfg.scoring.autocast, None
     device = scoring_device_type(cfg, executor)
-    import torch
-
     here = "auto" if device == "cuda" and not torch.cuda.is_available() else resolve_autocast("auto", device)
     stored = None if force_new else stored
     kept = stored.get("scoring_precision") if stored else None

@@ -339,6 +339,10 @@ def train_loop(config: dict):
     # and so does the CPU count: this process's CPU seconds (all threads; rank 0's on Ray). Unlike time_s it
     # does not count time the process was stopped or waiting for a shared CPU (0 at points from before it)
     c0 = time.process_time() - ((history[-1].get("cpu_s") or 0.0) if history else 0.0)
+
+    def clocks() -> dict:  # what every history point after step 0 carries besides its metrics
+        return {"time_s": round(time.perf_counter() - t0, 2), "cpu_s": round(time.process_time() - c0, 2), **fmt}
+
     t_run = time.perf_counter()  # max_seconds counts this process's training only
     max_seconds, ckpt_every = L.get("max_seconds") or 0, L.get("checkpoint_every") or 0
     running, n_running, last_metrics = 0.0, 0, {}
@@ -375,8 +379,7 @@ def train_loop(config: dict):
             at_save = at_eval or (ckpt_every and step % ckpt_every == 0)
             if at_save or (L.get("log_every") and step % L["log_every"] == 0):
                 point = {"step": step, "epoch": epoch, "train_loss": running / n_running, **lrs(),
-                         **metrics, "time_s": round(time.perf_counter() - t0, 2),
-                         "cpu_s": round(time.process_time() - c0, 2), **fmt}
+                         **metrics, **clocks()}
                 if at_eval:
                     point.update(evaluate())
                 if rank0:
@@ -393,8 +396,7 @@ def train_loop(config: dict):
         skip = 0
     if last_saved != step:  # the data ran out before total_steps (e.g. an uneven estimate)
         point = {"step": step, "epoch": epoch, "train_loss": running / n_running if n_running else None,
-                 **lrs(), **last_metrics, "time_s": round(time.perf_counter() - t0, 2),
-                 "cpu_s": round(time.process_time() - c0, 2), **fmt, **evaluate()}
+                 **lrs(), **last_metrics, **clocks(), **evaluate()}
         if rank0:
             history.append(point)
         session.report(point, save_at(epoch, in_epoch))
