@@ -16,7 +16,9 @@ Steps, each a real `sentsim` command and each resumable (run it again after a ki
      sentence, 003 §3.3) into CACHE/reference/rep_cache, for harvests that screen contexts with it.
 CACHE/reference/DONE-enwiki.json is written last, with the seconds each step took when it ran (a step
 skipped later keeps its time) and the trainer's cumulative training seconds at each milestone, which
-add up across resumed runs. An existing discriminator trained from other settings than
+add up across resumed runs. A milestone below where the working model has already trained (a milestone
+list changed after training went past it) is not snapshotted, and said: the snapshot would be the later
+model under the earlier name. An existing discriminator trained from other settings than
 --discriminator-config is refused, not reused. `configs/teacher.yaml`
 points at these folders.
 
@@ -90,6 +92,25 @@ def trained_formats(bundle: Path) -> dict:
         for k, n in (r.get("precision_steps") or {"unrecorded": r.get("steps", 0)}).items():
             out[k] = out.get(k, 0) + n
     return out
+
+
+def training_position(work: Path) -> tuple[int, int | None]:
+    """(target tokens a working bundle's training has reached, the budget its last finished run stopped
+    for), from its last checkpoint and its train_summary.json; (0, None) before any training. A run
+    killed after a finished one has a checkpoint further on than the summary, and a resumed run starts
+    from the checkpoint, so the furthest of the two is where training stands."""
+    reached, stopped_for = 0, None
+    summary = work / "train_summary.json"
+    if summary.is_file():
+        s = json.loads(summary.read_text())
+        reached = max((r.get("target_tokens_seen", 0) for r in s.get("runs", {}).values()), default=0)
+        stopped_for = (s.get("config") or {}).get("max_target_tokens")
+    for history in work.glob("runs/*/checkpoint/history.json"):
+        points = json.loads(history.read_text())
+        at = points[-1].get("target_tokens_seen", 0) if points else 0
+        if at > reached:
+            reached, stopped_for = at, None  # trained on since the summary was written
+    return reached, stopped_for
 
 
 def recipe_format() -> str | None:
@@ -175,7 +196,7 @@ def main(argv=None) -> int:
     milestones = sorted(int(m) for m in args.milestones.split(",") if m.strip())
     # cumulative training seconds at each milestone, read from the snapshot itself
     times["training_s"] = {}
-    trained_in, pinned = {}, recipe_format()
+    trained_in, pinned, skipped = {}, recipe_format(), []
     for m in milestones:
         snap = ref / f"snapshots{suffix}" / f"tokens-{m}"
         if (snap / "context.json").exists():
@@ -187,6 +208,14 @@ def main(argv=None) -> int:
                       f"{', '.join(f'{n:,} steps in {k}' for k, n in other.items())}, but the recipe trains "
                       f"{pinned} ({CONFIG.name}); move {snap.parent} and {ref / f'context{suffix}'} away to "
                       "rebuild it", file=sys.stderr, flush=True)
+            continue
+        reached, stopped_for = training_position(ref / f"context{suffix}")
+        if reached >= m and stopped_for != m:
+            # the trainer would stop at once and the copy would be a later model named as this milestone's
+            print(f"reference: warning: no snapshot at {m:,} target tokens: {ref / f'context{suffix}'} has "
+                  f"trained to {reached:,} already (snapshots are taken on the way; move it and "
+                  f"{snap.parent} away to rebuild with this milestone)", file=sys.stderr, flush=True)
+            skipped.append(m)
             continue
         sentsim("train", "context", "--corpus", str(ref / "corpus"), "--out", str(ref / f"context{suffix}"),
                 "--config", str(CONFIG),
@@ -218,8 +247,9 @@ def main(argv=None) -> int:
         print(f"reference: screen with --set discriminator={ref / 'discriminator'} "
               f"--set contexts.rep_cache={ref / 'rep_cache'}", flush=True)
     # trained_in: each snapshot's training steps by format (fp32 / bf16), as its trainer recorded them
-    done.write_text(json.dumps({"milestones": milestones, "train_on": prefixes, "times": times,
-                                "trained_in": trained_in}, indent=1))
+    # milestones: the snapshots there are (a milestone the model had trained past is left out, and said)
+    done.write_text(json.dumps({"milestones": [m for m in milestones if m not in skipped], "train_on": prefixes,
+                                "times": times, "trained_in": trained_in}, indent=1))
     print(json.dumps({"reference": str(ref), **times}))
     return 0
 

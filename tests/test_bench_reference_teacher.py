@@ -2,8 +2,9 @@
 
 The real script and the real `sentsim` commands it runs, at a size a test can afford: corpus, index,
 the warm-start context model to one milestone, and with --discriminator the coherence discriminator
-and its rep cache. A second run finds every step done and redoes none of them, and a kept
-discriminator trained from other settings is refused rather than reused.
+and its rep cache. A second run finds every step done and redoes none of them, a kept
+discriminator trained from other settings is refused rather than reused, and a milestone the model has
+already trained past is not snapshotted under its name.
 """
 
 from __future__ import annotations
@@ -91,6 +92,22 @@ def test_reference_builds_the_teacher_and_the_discriminator_and_a_rerun_redoes_n
     assert "trained 5 steps in bf16, but the recipe trains fp32" in r.stderr and str(snap.parent) in r.stderr
     assert json.loads((ref / "DONE-enwiki.json").read_text())["trained_in"] == {"200": {"bf16": 5, "fp32": 2}}
     (snap / "train_summary.json").write_text(json.dumps(summary))
+
+    # a milestone below where training already stands (the list changed after training went past it):
+    # said, and not snapshotted, since the copy would be the 200-token model named as the 100-token one
+    lower = ("--milestones", "100,200")
+    r = _reference(*args[:4], *lower, *args[6:])
+    assert r.returncode == 0 and "$ sentsim" not in r.stdout, r.stderr[-2000:]
+    assert "no snapshot at 100 target tokens" in r.stderr and "has trained to" in r.stderr
+    assert not (ref / "snapshots-enwiki" / "tokens-100").exists()
+    assert json.loads((ref / "DONE-enwiki.json").read_text())["milestones"] == [200]
+    # a snapshot lost after training stopped at it (a kill during the copy) is copied again, not skipped
+    shutil.rmtree(snap)
+    r = _reference(*args)
+    assert r.returncode == 0 and "no snapshot" not in r.stderr, r.stderr[-2000:]
+    again = json.loads((snap / "train_summary.json").read_text())["runs"]["shared"]
+    assert again["target_tokens_seen"] == summary["runs"]["shared"]["target_tokens_seen"]
+    stamps[snap / "context.json"] = (snap / "context.json").stat().st_mtime_ns
 
     # other settings than the kept discriminator was trained with: refused in one line, not reused
     other = tmp_path / "other.yaml"

@@ -132,6 +132,28 @@ def test_killed_run_resumes_from_checkpoint(tmp_path, corpus_dir):
     assert json.loads((out / "context.json").read_text())["directions"] == {"fwd": "models/fwd"}
 
 
+def test_a_finished_run_run_again_trains_no_further(tmp_path, corpus_dir):
+    """A target-token budget already spent (the same command again, or a smaller budget on a bundle trained
+    past it) trains no step: one more would move the model past the budget it is named by."""
+    from sentsim.cli import main
+
+    out = tmp_path / "model"
+
+    def train(budget: int) -> dict:
+        assert main(["train", "context", "--corpus", corpus_dir, "--direction", "fwd", "--out", str(out),
+                     *_sets(executor="inline", max_steps=100000, max_target_tokens=budget, eval_every=100000,
+                            checkpoint_every=1)]) == 0
+        return json.loads((out / "train_summary.json").read_text())["runs"]["fwd"]
+
+    first = train(300)
+    weights = (out / "models" / "fwd" / "model.safetensors").read_bytes()
+    assert first["target_tokens_seen"] >= 300 and first["steps"] >= 1
+    for budget in (300, 100):
+        again = train(budget)
+        assert (again["steps"], again["target_tokens_seen"]) == (first["steps"], first["target_tokens_seen"])
+        assert (out / "models" / "fwd" / "model.safetensors").read_bytes() == weights
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     ray = pytest.importorskip("ray")

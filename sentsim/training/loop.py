@@ -347,7 +347,9 @@ def train_loop(config: dict):
     max_seconds, ckpt_every = L.get("max_seconds") or 0, L.get("checkpoint_every") or 0
     running, n_running, last_metrics = 0.0, 0, {}
     last_saved = step if state else -1
-    epoch, in_epoch, stop = epoch0, skip, False
+    # a run resumed with its budget already spent (run again after it finished, or with a smaller budget)
+    # trains no step: the check after each step below would first take one more
+    epoch, in_epoch, stop = epoch0, skip, state is not None and trainee.budget_spent()
     for epoch in range(epoch0, L["epochs"]):
         if step >= total or stop:
             break
