@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow.dataset as ds
@@ -262,6 +263,64 @@ def test_remix_without_fwd_equals_a_harvest_scored_without_it(inline_run, inputs
     # the fresh harvest never scored fwd: weighing it in is refused
     r = sentsim_cli("remix", fresh, "--out", tmp_path / "x", "--lambda-fwd", "1")
     assert r.returncode == 2 and "fwd term was not scored" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_discriminator_term_remixes_like_a_harvest_scored_with_that_weight(inputs, tmp_path):
+    """Screened with a discriminator, a labelled --pairs harvest scored with λ_disc = 1 and remixed to
+    λ_disc = 0 gives the harvest scored with λ_disc = 0 (the contexts are the discriminator's either
+    way; only Eq. 3 changes), and bench/lambda_mix.py weighs the term on it and compares each mix with
+    the first; on a harvest without a discriminator, a mix that weighs the term is refused in one line."""
+    import subprocess
+    import sys
+
+    from test_rep_cache import save_untrained_discriminator
+
+    from sentsim.harvest.job import harvest
+    from sentsim.harvest.remix import RemixConfig, remix
+
+    disc = save_untrained_discriminator(inputs["corpus"], tmp_path / "disc")
+    f = tmp_path / "pairs.jsonl"
+    f.write_text("".join(json.dumps({"s1": a, "s2": b, "gold": g}) + "\n" for a, b, g in [
+        ("The nation must remain strong.", "Our country has to stay powerful.", 4.2),
+        ("Taxes were cut this year.", "The government lowered taxes.", 3.8),
+        ("We will defend our freedom.", "The weather was cold.", 0.4),
+        ("Congress passed the bill.", "The law was approved by Congress.", 4.6),
+        ("Our soldiers fought bravely.", "The budget must be balanced.", 0.2),
+        ("Peace is our goal.", "We seek peace among nations.", 3.9)]))
+
+    def run(name, lam, discriminator=str(disc)):
+        out = tmp_path / name
+        harvest(harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], out, pairs_file=str(f),
+                               pairs_per_unit=3, rank={"enabled": False}, discriminator=discriminator,
+                               scoring={"lambda_disc": lam}), executor="inline", quiet=True)
+        return out
+
+    with_disc, without = run("with", 1.0), run("without", 0.0)
+    remix(RemixConfig(source=str(with_disc), out=str(tmp_path / "mixed"), lambda_disc=0.0), quiet=True)
+    a, b = _scores(without), _scores(tmp_path / "mixed")
+    assert a.notna().all() and a.index.equals(b.index)
+    off = (a - b).abs().max()
+    assert off < 1e-6 and (_scores(with_disc) - b).abs().max() > 100 * off
+
+    def mix(run_dir, *mixes):
+        return subprocess.run([sys.executable, "bench/lambda_mix.py", str(run_dir),
+                               *(x for m in mixes for x in ("--mix", m))], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parents[1], timeout=300)
+
+    r = mix(with_disc, "0,1,1,1", "1,1,1,1", "1,1,1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line.split("|")[2:4] for line in r.stdout.splitlines()
+            if line.startswith("| ") and line[2].isdigit() or line.startswith("| kept")}
+    assert set(rows) == {"0, 1, 1, 1", "1, 1, 1, 1", "kept, 1, 1, 1"}
+    assert rows["0, 1, 1, 1"][1].strip() == ""  # the first mix is the one the others are compared with
+    assert "[" in rows["1, 1, 1, 1"][1]
+    assert float(rows["1, 1, 1, 1"][0]) == float(rows["kept, 1, 1, 1"][0])  # "kept" is the harvest's λ_disc = 1
+    # screened with a discriminator, the term is stored whatever its λ (so a λ_disc = 0 harvest can be
+    # remixed with it); a harvest without one has nothing to weigh
+    r = mix(without, "0.5,1,1,1")
+    assert r.returncode == 0 and "| 0.5, 1, 1, 1 |" in r.stdout, r.stderr[-2000:]
+    r = mix(run("plain", 0.0, None), "1,1,1,1")
+    assert r.returncode != 0 and "disc term was not scored" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_remix_refusals_are_one_line(inline_run, tmp_path):
