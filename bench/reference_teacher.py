@@ -155,7 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", default=None, help="cache folder (default: SENTSIM_CACHE or ~/.cache/sentsim)")
     ap.add_argument("--milestones", default="150000,250000,400000,1000000",
                     help="target-token counts at which the bundle is snapshotted; training stops at the last")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads for training (0 = every core)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads for training and the rep cache (0 = every core; 1 beside other work)")
     ap.add_argument("--discriminator", action="store_true",
                     help="also train the coherence discriminator into CACHE/reference/discriminator and build "
                          "its rep cache over every corpus sentence into CACHE/reference/rep_cache (003 §3.3)")
@@ -242,7 +243,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         if not (ref / "rep_cache" / "_COMPLETE").exists():
             sentsim("cache", "build", "--corpus", str(ref / "corpus"), "--discriminator", str(ref / "discriminator"),
-                    "--out", str(ref / "rep_cache"), "--executor", "inline")
+                    "--out", str(ref / "rep_cache"), "--executor", "inline",
+                    *(["--set", f"torch_threads={args.threads}"] if args.threads else []))
             times["rep_cache_s"] = round(time.perf_counter() - t0, 1)
         print(f"reference: screen with --set discriminator={ref / 'discriminator'} "
               f"--set contexts.rep_cache={ref / 'rep_cache'}", flush=True)

@@ -114,9 +114,16 @@ def test_partial_build_resumes_to_the_same_tables(speech_corpus, parts, built, t
     with pytest.raises(UsageError, match="incomplete"):
         ContextCache.from_store(str(copy))
     kept = json.loads((copy / "_units" / "00000.json").read_text())
+    # resumed with another thread count: an execution setting, so the same run, and the inline build uses it
     cfg = RepCacheConfig(corpus=str(speech_corpus), discriminator=str(parts["disc"]), out=str(copy),
-                         sentences_per_unit=1000)
-    m = build_rep_cache(cfg, executor="inline", quiet=True)
+                         sentences_per_unit=1000, torch_threads=2)
+    import torch
+
+    try:
+        m = build_rep_cache(cfg, executor="inline", quiet=True)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
     assert m["complete"]
     assert json.loads((copy / "_units" / "00000.json").read_text()) == kept  # done units were not redone
     for a, b in zip(_tables(copy), _tables(built)):

@@ -42,6 +42,10 @@ class RepCacheConfig(Section):
     # Units of whole documents of about this many sentences: large enough that the LSTM batches
     # well, small enough that a killed actor loses little.
     sentences_per_unit: int = Field(8192, ge=1)
+    # execution, not part of the run's identity: torch threads of each caching process, 0 = torch's default
+    # (every core). Ray actors get their CPUs' worth from Ray; an inline build beside other work wants 1: two
+    # threads sharing one busy core ran the LSTM ~23x slower (185 against 4,225 sentences/s, BENCHMARKS.md)
+    torch_threads: int = Field(0, ge=0)
     resources: StageResources = StageResources()
 
 
@@ -79,8 +83,12 @@ class CacheStage(Stage):
         self.cfg, self.fp = cfg, fp
 
     def setup(self) -> None:
+        import torch
+
         from sentsim.discriminator import Discriminator
 
+        if self.cfg.torch_threads:
+            torch.set_num_threads(self.cfg.torch_threads)
         self.disc = Discriminator.load(self.cfg.discriminator, corpus=self.cfg.corpus)
 
     def _sentences(self, lo: int, hi: int):
