@@ -179,8 +179,9 @@ def run_exit_code(manifest: dict, max_units) -> int:
         return 0
     if max_units is None:
         return 1
+    # the command's summary line(s) above count only the units done so far: say so
     print(f"stopped after --max-units {max_units}: {manifest['completed_units']}/{manifest['planned_units']} "
-          f"units done; run the same command again to continue")
+          f"units done (the counts above are theirs); run the same command again to continue")
     return 0
 
 
