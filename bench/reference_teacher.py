@@ -38,7 +38,8 @@ tokens/s with 2 threads, so 1.6-3 hours for 1M target tokens; on a 2-core EPYC w
 220 target tokens/s, 1.3 hours. The recipe pins fp32 (`bf16: off`): bf16 was 1.29x faster there, but
 its 150K model scored 4.8 points lower on STS-B dev, though level at 700K (BENCHMARKS.md, "bf16 on a
 CPU that has it");
-with --discriminator, about 30 minutes more for the discriminator and 11 for its rep cache (3.4 GB).
+with --discriminator, about 15-30 minutes more for the discriminator (874 s of fitting beside one other
+job, 2026-11-25) and 8-11 for its rep cache on one thread (3.4 GB; pass --threads 1 beside other work).
 """
 
 from __future__ import annotations
