@@ -214,21 +214,31 @@ def test_gpu_bf16_training(tmp_path, corpus_dir, capsys):
 
 def test_a_run_records_the_format_each_step_ran_in(tmp_path, corpus_dir, monkeypatch):
     """bf16: auto resolves per process: a run resumed on a CPU without native bf16 goes on in fp32, and the
-    summary counts the steps of each format instead of calling the whole run one or the other."""
+    summary counts the steps of each format instead of calling the whole run one or the other. The same
+    for the torch thread count, which changes the arithmetic too: a run resumed with another counts both."""
+    import torch
+
     from sentsim.context.train import train_context
 
-    def train(steps, native):
+    def train(steps, native, threads):
         monkeypatch.setenv("SENTSIM_CPU_BF16", native)
         cfg = ContextTrainConfig.model_validate({
             "model": TINY_MODEL, **TRAIN, "direction": "fwd", "executor": "inline", "use_gpu": "no",
-            "max_steps": steps, "eval_every": 2, "checkpoint_every": 2})
+            "max_steps": steps, "eval_every": 2, "checkpoint_every": 2, "torch_threads": threads})
         return train_context(corpus_dir, str(tmp_path / "m"), cfg)["runs"]["fwd"]
 
-    assert train(2, "1")["precision_steps"] == {"bf16": 2}
-    s = train(4, "0")
+    before = torch.get_num_threads()
+    try:
+        first = train(2, "1", 1)
+        s = train(4, "0", 2)
+    finally:  # the thread count is the process's: give the tests after this one what they had
+        torch.set_num_threads(before)
+    assert first["precision_steps"] == {"bf16": 2} and first["threads_steps"] == {"1": 2}
     assert s["steps"] == 4 and s["precision_steps"] == {"bf16": 2, "fp32": 2}
+    assert s["threads_steps"] == {"1": 2, "2": 2}
     hist = json.loads((tmp_path / "m/runs/fwd/history.json").read_text())
-    assert [(h["step"], h["precision"]) for h in hist] == [(0, "bf16"), (2, "bf16"), (4, "fp32")]
+    assert [(h["step"], h["precision"], h["threads"]) for h in hist] == [(0, "bf16", 1), (2, "bf16", 1),
+                                                                         (4, "fp32", 2)]
     # the CPU-seconds count goes on across the resume, as the clock does, and the summary keeps it
     assert 0.0 == hist[0]["cpu_s"] < hist[1]["cpu_s"] < hist[2]["cpu_s"] == s["train_cpu_seconds"]
 

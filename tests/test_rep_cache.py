@@ -119,11 +119,12 @@ def test_partial_build_resumes_to_the_same_tables(speech_corpus, parts, built, t
                          sentences_per_unit=1000, torch_threads=2)
     import torch
 
+    before = torch.get_num_threads()
     try:
         m = build_rep_cache(cfg, executor="inline", quiet=True)
         assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(1)
+    finally:  # the thread count is the process's: give the tests after this one what they had
+        torch.set_num_threads(before)
     assert m["complete"]
     assert json.loads((copy / "_units" / "00000.json").read_text()) == kept  # done units were not redone
     for a, b in zip(_tables(copy), _tables(built)):

@@ -407,14 +407,15 @@ def _absolute_paths(cfg: ContextTrainConfig) -> ContextTrainConfig:
     return cfg.model_copy(update={"model": m.model_copy(update=paths)}) if paths else cfg
 
 
-def precision_steps(history: list) -> dict:
-    """format -> training steps run in it, from a run's history points (each says the format of the steps
-    since the point before it); steps from before points recorded it count as "unrecorded"."""
+def steps_by(history: list, key: str) -> dict:
+    """value -> training steps run with it, from a run's history points (each says the `key`, e.g. the
+    format or the thread count, of the steps since the point before it); steps from before points
+    recorded it count as "unrecorded"."""
     out, prev = {}, 0
     for h in history:
         n = h.get("step", 0) - prev
         if n > 0:
-            k = h.get("precision", "unrecorded")
+            k = str(h.get(key, "unrecorded"))
             out[k] = out.get(k, 0) + n
         prev = max(prev, h.get("step", 0))
     return out
@@ -482,8 +483,9 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
             "train_cpu_seconds": last.get("cpu_s"),
             "initial_eval": evals[0]["eval"] if evals else None, "final_eval": evals[-1]["eval"] if evals else None,
             "parameters": models[name].n_parameters(),
-            # steps by the format they ran in (bf16 / fp32), from the history: more than one key, a mixed run
-            "precision_steps": precision_steps(hist),
+            # steps by the format they ran in (bf16 / fp32) and by torch thread count, from the history: more
+            # than one key, a mixed run (either changes the arithmetic, so a rebuild must match both to match)
+            "precision_steps": steps_by(hist, "precision"), "threads_steps": steps_by(hist, "threads"),
         }
     summary["wall_seconds"] = time.perf_counter() - t0
     save_bundle(out_p, cfg.model, tok, models, by_dir, extra={"trained": {

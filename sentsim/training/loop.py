@@ -306,8 +306,10 @@ def train_loop(config: dict):
         (device.type == "cuda" and bf16_native("cuda"))
         or (device.type == "cpu" and L.get("cpu_bf16", False) and bf16_native("cpu")))
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
-    # each history point says the format its steps ran in: a run resumed on other hardware may change it
-    fmt = {"precision": "bf16" if use_bf16 else "fp32"}
+    # each history point says the format its steps ran in, and on how many CPU threads: a run resumed on other
+    # hardware may change either, and both change the arithmetic (a model rebuilt from the same seed with
+    # another thread count is not the same model: BENCHMARKS.md, "A second seed, and a third")
+    fmt = {"precision": "bf16" if use_bf16 else "fp32", "threads": torch.get_num_threads()}
     label, verbose = L["label"], L.get("verbose", True)
     if rank0 and verbose:
         n_params = sum(p.numel() for p in params)
