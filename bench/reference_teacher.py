@@ -2,7 +2,7 @@
 
     python bench/reference_teacher.py [--data ../shared/data] [--cache ~/.cache/sentsim]
                                       [--milestones 150000,250000,400000,1000000] [--threads N]
-                                      [--train-on PREFIX[,PREFIX...]] [--discriminator]
+                                      [--train-on PREFIX[,PREFIX...]] [--seed N] [--discriminator]
 
 Steps, each a real `sentsim` command and each resumable (run it again after a kill and it goes on):
   1. `sentsim corpus build` of every shared corpus (Wikipedia slice, Gutenberg, speeches) into
@@ -28,18 +28,25 @@ Wikipedia only"). The folders carry the prefixes (context-enwiki/, snapshots-enw
 so `--train-on all` (every document: context/, snapshots/, DONE.json) or `--train-on P1,P2` builds
 another teacher beside it. Corpus and index are always the whole shared corpora, which retrieval uses.
 Training on enwiki is the same stream as on a corpus of the Wikipedia file alone (Wikipedia is the
-first input, so its documents keep their keys and slices).
+first input, so its documents keep their keys and slices). `--seed N` trains another seed of the same
+recipe (its data order and the warm start's new parameters) into folders that carry it
+(context-enwiki-seedN/, snapshots-enwiki-seedN/, DONE-enwiki-seedN.json): seed-to-seed spread is the
+yardstick for every dev difference between teachers (BENCHMARKS.md, "A second seed, and a third").
 
-Determinism: same seed and same corpus files give the same model; a resumed run rebuilds the same
+Determinism: the same seed, corpus files and thread count give the same model; a resumed run rebuilds the same
 data stream and passes over the batches it already trained on, so it goes on where it stopped.
 
 Time on a 2-core AVX2 EPYC (fp32): corpus ~3 min, index ~5 min, context model 100-169 target
 tokens/s with 2 threads, so 1.6-3 hours for 1M target tokens; on a 2-core EPYC with avx512_bf16 about
-220 target tokens/s, 1.3 hours. The recipe pins fp32 (`bf16: off`): bf16 was 1.29x faster there, but
-its 150K model scored 4.8 points lower on STS-B dev, though level at 700K (BENCHMARKS.md, "bf16 on a
-CPU that has it");
-with --discriminator, about 15-30 minutes more for the discriminator (874 s of fitting beside one other
-job, 2026-11-25) and 8-11 for its rep cache on one thread (3.4 GB; pass --threads 1 beside other work).
+220 target tokens/s, 1.3 hours. The recipe pins fp32 (`bf16: off`), so that the model does not depend
+on the CPU's flags: bf16 was 1.29x faster there, and on STS-B dev 4.8 points under fp32 on one seed
+and level on another (BENCHMARKS.md, "bf16 on a CPU that has it", "A second seed, and a third"). The
+torch thread count changes the arithmetic too: the same seed rebuilds the same model bit for bit only
+with the same --threads (0 is every core, which differs between machines; DONE json records it as
+trained_threads). Another seed to 150K target tokens: 1,295 s of training on one thread beside a CI
+run (fp32); with --discriminator, about 15-30 minutes more for the discriminator (874 s of fitting
+beside one other job, 2026-11-25) and 8-11 for its rep cache on one thread (3.4 GB; pass --threads 1
+beside other work).
 """
 
 from __future__ import annotations
@@ -84,13 +91,14 @@ def training_seconds(bundle: Path) -> float:
     return round(sum(r.get("train_seconds", 0.0) for r in summary.get("runs", {}).values()), 1)
 
 
-def trained_formats(bundle: Path) -> dict:
+def trained_formats(bundle: Path, key: str = "precision_steps") -> dict:
     """format (fp32 / bf16) -> training steps, summed over a bundle's runs, from its train_summary.json
-    (`precision_steps`; a bundle trained before 2026-11-25 counts its steps as "unrecorded")."""
+    (`precision_steps`; a bundle trained before 2026-11-25 counts its steps as "unrecorded"); with
+    key="threads_steps", torch thread count -> steps (recorded since 2026-11-25's nineteenth session)."""
     summary = json.loads((bundle / "train_summary.json").read_text())
     out: dict = {}
     for r in summary.get("runs", {}).values():
-        for k, n in (r.get("precision_steps") or {"unrecorded": r.get("steps", 0)}).items():
+        for k, n in (r.get(key) or {"unrecorded": r.get("steps", 0)}).items():
             out[k] = out.get(k, 0) + n
     return out
 
@@ -120,6 +128,19 @@ def recipe_format() -> str | None:
     import yaml
 
     return {"off": "fp32"}.get(str(yaml.safe_load(CONFIG.read_text()).get("bf16", "auto")))
+
+
+def seed_arg(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seed (a whole number >= 0)")
+    return int(text)
+
+
+def recipe_seed() -> int:
+    """The seed configs/reference_context.yaml trains with (0 where it names none: the schema's default)."""
+    import yaml
+
+    return int(yaml.safe_load(CONFIG.read_text()).get("seed", 0))
 
 
 def check_discriminator_recipe(folder: Path, config_file: str) -> None:
@@ -166,12 +187,18 @@ def main(argv=None) -> int:
     ap.add_argument("--train-on", default="", metavar="PREFIXES",
                     help="train the context model on the documents whose doc_id starts with one of these "
                          "comma-separated prefixes, or on `all` of them (default: the config's doc_id_prefixes)")
+    ap.add_argument("--seed", type=seed_arg, default=None, metavar="N",
+                    help="train another seed of the recipe into folders named -seedN (default: the config's seed)")
     args = ap.parse_args(argv)
     ref = cache_root(args.cache)
     prefixes = train_prefixes(args.train_on)
     # the folders say what the model read, so another choice never meets this one's training state
     suffix = "".join(f"-{''.join(c if c.isalnum() else '_' for c in x)}" for x in prefixes)
     train_set = ["--set", "doc_id_prefixes=[" + ", ".join(json.dumps(x) for x in prefixes) + "]"]
+    seed = recipe_seed() if args.seed is None else args.seed
+    if seed != recipe_seed():  # the recipe's own seed keeps the folder names every figure was measured in
+        suffix += f"-seed{seed}"
+    train_set += ["--set", f"seed={seed}"]
     ref.mkdir(parents=True, exist_ok=True)
     inputs = [Path(args.data) / "corpus" / name for name in CORPORA]
     missing = [str(p) for p in inputs if not p.is_file()]
@@ -198,12 +225,13 @@ def main(argv=None) -> int:
     milestones = sorted(int(m) for m in args.milestones.split(",") if m.strip())
     # cumulative training seconds at each milestone, read from the snapshot itself
     times["training_s"] = {}
-    trained_in, pinned, skipped = {}, recipe_format(), []
+    trained_in, threads, pinned, skipped = {}, {}, recipe_format(), []
     for m in milestones:
         snap = ref / f"snapshots{suffix}" / f"tokens-{m}"
         if (snap / "context.json").exists():
             times["training_s"][str(m)] = training_seconds(snap)
             trained_in[str(m)] = formats = trained_formats(snap)
+            threads[str(m)] = trained_formats(snap, "threads_steps")
             other = {k: n for k, n in formats.items() if pinned and k not in (pinned, "unrecorded")}
             if other:  # e.g. kept from before the recipe pinned fp32, trained in bf16 where the CPU had it
                 print(f"reference: warning: the kept {snap} trained "
@@ -224,6 +252,7 @@ def main(argv=None) -> int:
                 "--set", f"max_target_tokens={m}", "--set", f"torch_threads={args.threads}", *train_set)
         times["training_s"][str(m)] = training_seconds(ref / f"context{suffix}")
         trained_in[str(m)] = trained_formats(ref / f"context{suffix}")
+        threads[str(m)] = trained_formats(ref / f"context{suffix}", "threads_steps")
         tmp = snap.with_name(snap.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -249,10 +278,13 @@ def main(argv=None) -> int:
             times["rep_cache_s"] = round(time.perf_counter() - t0, 1)
         print(f"reference: screen with --set discriminator={ref / 'discriminator'} "
               f"--set contexts.rep_cache={ref / 'rep_cache'}", flush=True)
-    # trained_in: each snapshot's training steps by format (fp32 / bf16), as its trainer recorded them
+    # trained_in: each snapshot's training steps by format (fp32 / bf16), as its trainer recorded them;
+    # trained_threads: by torch thread count. A rebuild gives the same model only with the same seed, format
+    # and thread count (--threads; 0 is every core, so it differs between machines)
     # milestones: the snapshots there are (a milestone the model had trained past is left out, and said)
     done.write_text(json.dumps({"milestones": [m for m in milestones if m not in skipped], "train_on": prefixes,
-                                "times": times, "trained_in": trained_in}, indent=1))
+                                "seed": seed, "times": times, "trained_in": trained_in,
+                                "trained_threads": threads}, indent=1))
     print(json.dumps({"reference": str(ref), **times}))
     return 0
 

@@ -3,8 +3,9 @@
 The real script and the real `sentsim` commands it runs, at a size a test can afford: corpus, index,
 the warm-start context model to one milestone, and with --discriminator the coherence discriminator
 and its rep cache. A second run finds every step done and redoes none of them, a kept
-discriminator trained from other settings is refused rather than reused, and a milestone the model has
-already trained past is not snapshotted under its name.
+discriminator trained from other settings is refused rather than reused, a milestone the model has
+already trained past is not snapshotted under its name, and `--seed 1` trains a second seed beside the
+first, in folders of its own.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def test_reference_builds_the_teacher_and_the_discriminator_and_a_rerun_redoes_n
     assert again["times"] == done["times"] and set(done["times"]["training_s"]) == {"200"}
     assert done["times"]["training_s"]["200"] == round(summary["runs"]["shared"]["train_seconds"], 1) > 0
     assert done["trained_in"] == {"200": {"fp32": summary["runs"]["shared"]["steps"]}}
+    # and by thread count (--threads 1): a rebuild matches bit for bit only with the same seed, format and count
+    assert done["trained_threads"] == {"200": {"1": summary["runs"]["shared"]["steps"]}}
 
     # a kept snapshot trained in another format than the recipe pins (one from before the pin, trained in
     # bf16 on a CPU that has it): kept, but said, with what to move to rebuild it
@@ -125,3 +128,25 @@ def test_reference_builds_the_teacher_and_the_discriminator_and_a_rerun_redoes_n
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "batch_size" in r.stderr and "sentsim train discriminator` exited" in r.stderr
     assert "$ sentsim train context" not in r.stdout  # the steps before it were found done
+
+
+def test_a_second_seed_trains_beside_the_first_in_its_own_folders(shared_data, tmp_path):
+    data = _tiny_data(shared_data, tmp_path / "data")
+    base = ("--data", data, "--cache", tmp_path / "cache", "--milestones", "200", "--threads", "1")
+    assert _reference(*base).returncode == 0
+    r = _reference(*base, "--seed", "1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    # corpus and index are shared (found done); only the context model is trained again
+    assert "$ sentsim corpus" not in r.stdout and "$ sentsim index" not in r.stdout
+    assert "$ sentsim train context" in r.stdout and "--set seed=1" in r.stdout
+    ref = tmp_path / "cache" / "reference"
+    first, second = (ref / f"snapshots-enwiki{s}" / "tokens-200" for s in ("", "-seed1"))
+    assert json.loads((first / "train_summary.json").read_text())["config"]["seed"] == 0
+    assert json.loads((second / "train_summary.json").read_text())["config"]["seed"] == 1
+    weights = "models/shared/model.safetensors"
+    assert (first / weights).read_bytes() != (second / weights).read_bytes()
+    assert json.loads((ref / "DONE-enwiki-seed1.json").read_text())["seed"] == 1
+    assert json.loads((ref / "DONE-enwiki.json").read_text())["seed"] == 0
+    # not a seed: one line from the argument parser, nothing run
+    r = _reference(*base, "--seed", "x1")
+    assert r.returncode == 2 and "is not a seed" in r.stderr and "Traceback" not in r.stderr
