@@ -3,6 +3,7 @@
     python bench/teacher_curve.py --label NAME [--bundle DIR] [--sizes 4,8] [--group 2] [--threads 1]
                                   [--set KEY=VALUE ...]
     python bench/teacher_curve.py --compare LABEL:K:G[:VARIANT] LABEL:K:G[:VARIANT]
+    python bench/teacher_curve.py --ensemble LABEL:K:G[:VARIANT] LABEL:K:G[:VARIANT] ... [--against SPEC ...]
 
 One point per |C_s| in --sizes: a real `sentsim harvest --pairs` of the sample with configs/teacher.yaml
 (inline, --threads torch threads), timed in CPU-seconds of the harvest process. With --group g > 1 the
@@ -19,6 +20,8 @@ TF-IDF cosine on the same pairs is the baseline row. Runs resume: a cut-off harv
 Each point's per-pair scores go to bench/results/teacher_curve_scores.json as well, so that --compare
 still pairs two points after their harvests (in the user cache) are gone; it prefers the harvest. It
 also prints their agreement: the Spearman between the two points' pair scores (bf16 against fp32, say).
+--ensemble averages several points' standardised pair scores (teachers of other seeds, say) and pairs the
+ensemble against each of them and against --against points, from the same kept scores.
 """
 
 from __future__ import annotations
@@ -191,35 +194,39 @@ def score_key(label: str, size, group, variant: str) -> str:
     return f"{label}:{size}:{group}:{variant}"
 
 
-def compare(work: Path, n: int, first: str, second: str, results: Path) -> int:
-    """Print the paired bootstrap of two points' Spearman difference over the pairs both scored, and
-    the Spearman between their pair scores (their agreement): from their harvests where they are still
-    on disk, else from the per-pair scores kept in the results."""
+def point_scores(work: Path, n: int, spec: str, results: Path, flag: str):
+    """One point's pair scores as a frame (pair_id -> spec, gold): from its harvest where it is still on
+    disk, else from the per-pair scores kept in the results."""
     import pandas as pd
-    from scipy.stats import spearmanr
 
     from storage.reader import RunReader
 
+    label, k, g, *variant = spec.split(":") + [""] * 2
+    if not (label and k.isdigit() and g.isdigit() and variant[0] in ("", "paper", "union", "centred")
+            and not any(variant[1:])):
+        raise SystemExit(f"teacher_curve: {flag} {spec!r}: expected LABEL:K:G[:paper|union|centred]")
+    run = work / f"{label}-n{n}-k{k}-g{g}"
+    v = variant[0] or "paper"
+    key = score_key(label, k, g, v)
     stored = load_scores(results)
-    cols = []
-    for spec in (first, second):
-        label, k, g, *variant = spec.split(":") + [""] * 2
-        if not (label and k.isdigit() and g.isdigit() and variant[0] in ("", "paper", "union", "centred")
-                and not any(variant[1:])):
-            raise SystemExit(f"teacher_curve: --compare {spec!r}: expected LABEL:K:G[:paper|union|centred]")
-        run = work / f"{label}-n{n}-k{k}-g{g}"
-        v = variant[0] or "paper"
-        key = score_key(label, k, g, v)
-        if run.is_dir():
-            col = score_column(g, v)
-            t = RunReader(str(run)).read_table("pairs", ["pair_id", col, "gold"]).to_pandas()
-            t = t.rename(columns={col: spec})
-        elif key in stored:
-            t = pd.DataFrame(stored[key], columns=["pair_id", spec, "gold"])
-        else:
-            raise SystemExit(f"teacher_curve: --compare {spec!r}: no harvest at {run} and no scores for {key} "
-                             f"in {results / SCORES}")
-        cols.append(t.set_index("pair_id"))
+    if run.is_dir():
+        col = score_column(g, v)
+        t = RunReader(str(run)).read_table("pairs", ["pair_id", col, "gold"]).to_pandas()
+        t = t.rename(columns={col: spec})
+    elif key in stored:
+        t = pd.DataFrame(stored[key], columns=["pair_id", spec, "gold"])
+    else:
+        raise SystemExit(f"teacher_curve: {flag} {spec!r}: no harvest at {run} and no scores for {key} "
+                         f"in {results / SCORES}")
+    return t.set_index("pair_id")
+
+
+def compare(work: Path, n: int, first: str, second: str, results: Path) -> int:
+    """Print the paired bootstrap of two points' Spearman difference over the pairs both scored, and
+    the Spearman between their pair scores (their agreement)."""
+    from scipy.stats import spearmanr
+
+    cols = [point_scores(work, n, spec, results, "--compare") for spec in (first, second)]
     both = cols[0].join(cols[1][[second]], how="inner").dropna()
     a, b, gold = (both[c].to_numpy(dtype=float) for c in (first, second, "gold"))
     d, lo, hi = paired_bootstrap(a, b, gold)
@@ -229,6 +236,30 @@ def compare(work: Path, n: int, first: str, second: str, results: Path) -> int:
     # (bf16 against fp32 scoring: issue 15 asks for >= 0.99)
     print(f"agreement of the two points' pair scores: Spearman {spearmanr(a, b).statistic:.4f}, "
           f"max |difference| {np.abs(a - b).max():.2g} (sd of the first's scores {a.std():.2g})")
+    return 0
+
+
+def ensemble(work: Path, n: int, members: list[str], against: list[str], results: Path) -> int:
+    """Score-level ensemble of several points: each member's pair scores standardised (Eq. 4 scores of
+    different teachers sit in different narrow bands) and averaged, over the pairs every point scored.
+    Prints its Spearman with a bootstrap interval, then the paired difference against each member and
+    each --against point (e.g. one teacher at the |C_s| that spends the ensemble's items)."""
+    if len(members) < 2:
+        raise SystemExit("teacher_curve: --ensemble needs two points or more")
+    frames = [point_scores(work, n, spec, results, "--ensemble") for spec in members + against]
+    table = frames[0]
+    for spec, f in zip(members[1:] + against, frames[1:]):
+        table = table.join(f[[spec]], how="inner")
+    table = table.dropna()
+    gold = table["gold"].to_numpy(dtype=float)
+    z = [(table[m] - table[m].mean()) / table[m].std() for m in members]
+    mix = np.mean([x.to_numpy(dtype=float) for x in z], axis=0)
+    rho, lo, hi, used = bootstrap(mix, gold)
+    print(f"ensemble of {' + '.join(members)} on {used} pairs all scored: {rho:.2f} [{lo:.1f}, {hi:.1f}] "
+          "(Spearman x 100, 95% bootstrap)")
+    for spec in members + against:
+        d, dlo, dhi = paired_bootstrap(mix, table[spec].to_numpy(dtype=float), gold)
+        print(f"  ensemble - {spec}: {d:+.2f} [{dlo:+.1f}, {dhi:+.1f}]")
     return 0
 
 
@@ -324,20 +355,29 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", nargs=2, metavar="LABEL:K:G[:VARIANT]",
                     help="paired bootstrap of two points' difference on the pairs both scored, e.g. "
                          "mixed-150K:8:1 mixed-150K:4:1 (VARIANT paper/union/centred for a grouped run)")
+    ap.add_argument("--ensemble", nargs="+", metavar="LABEL:K:G[:VARIANT]",
+                    help="average two or more points' standardised pair scores (a score-level ensemble of "
+                         "teachers) and compare it with each of them on the pairs all scored")
+    ap.add_argument("--against", nargs="+", default=[], metavar="LABEL:K:G[:VARIANT]",
+                    help="with --ensemble: more points to compare the ensemble with (e.g. one teacher at 2x |C_s|)")
     ap.add_argument("--max-units", type=unit_count, default=None, metavar="N",  # 0 refused, as by the CLI
                     help="score at most N more units (20 pairs each) of each harvest, then report the point over "
                          "what is committed; run again to continue (a long point split across sessions)")
     ap.add_argument("--partial", action="store_true",
                     help="report the committed units of harvests stopped early, without running them")
     args = ap.parse_args(argv)
-    if not (args.label or args.redraw or args.compare):
-        ap.error("--label is needed to score a point (or give --redraw or --compare)")
+    if not (args.label or args.redraw or args.compare or args.ensemble):
+        ap.error("--label is needed to score a point (or give --redraw, --compare or --ensemble)")
+    if args.against and not args.ensemble:
+        ap.error("--against goes with --ensemble")
     work = Path(args.work or user_cache() / "curve")
     work.mkdir(parents=True, exist_ok=True)
     sample = dev_sample(work, args.pairs)
     results = Path(args.results)
     if args.compare:
         return compare(work, args.pairs, *args.compare, results)
+    if args.ensemble:
+        return ensemble(work, args.pairs, args.ensemble, args.against, results)
     results.mkdir(parents=True, exist_ok=True)
     store = results / "teacher_curve.json"
     if not args.redraw:

@@ -142,3 +142,33 @@ def test_grouped_point_records_three_variants_and_resumes_without_recharging(
     with pytest.raises(SystemExit, match="expected LABEL:K:G"):
         curve.main(["--compare", "tiny:2", "tiny:2:2", "--pairs", "6", "--work", str(work),
                     "--results", str(results)])
+
+
+def test_ensemble_averages_standardised_scores_and_pairs_it_against_its_members(tmp_path, capsys):
+    """--ensemble: two teachers' pair scores from the kept results, each standardised before the mean (a
+    teacher whose Eq. 4 scores sit in another band weighs the same), on the pairs both scored."""
+    from scipy.stats import spearmanr
+
+    curve = _bench("teacher_curve")
+    rng = np.random.default_rng(0)
+    gold = np.arange(60, dtype=float)
+    a, b = gold + rng.normal(0, 25, 60), gold + rng.normal(0, 25, 60)
+    b_scaled = 1000 * b + 5  # the same ordering and spread relative to its own band
+    rows = {"a:16:1:paper": [[i, float(a[i]), float(gold[i])] for i in range(60)],
+            "b:16:1:paper": [[i, float(b_scaled[i]), float(gold[i])] for i in range(1, 60)],  # pair 0 unscored
+            "c:32:1:paper": [[i, float(gold[i]), float(gold[i])] for i in range(60)]}
+    curve.add_points(tmp_path, "x", 0, 1, [], rows)
+    argv = ["--pairs", "6", "--work", str(tmp_path / "work"), "--results", str(tmp_path)]
+    assert curve.main(["--ensemble", "a:16:1", "b:16:1", "--against", "c:32:1", *argv]) == 0
+    out = capsys.readouterr().out
+    za, zb = ((x[1:] - x[1:].mean()) / x[1:].std(ddof=1) for x in (a, b))
+    rho = spearmanr((za + zb) / 2, gold[1:]).statistic * 100
+    assert f"ensemble of a:16:1 + b:16:1 on 59 pairs all scored: {rho:.2f} [" in out
+    # independent noise averages out: the ensemble is ahead of both members on these pairs
+    assert all(rho > spearmanr(x[1:], gold[1:]).statistic * 100 for x in (a, b))
+    assert "ensemble - a:16:1: +" in out and "ensemble - b:16:1: +" in out
+    assert "ensemble - c:32:1: -" in out  # c is gold itself
+    with pytest.raises(SystemExit, match="two points or more"):
+        curve.main(["--ensemble", "a:16:1", *argv])
+    with pytest.raises(SystemExit, match="no scores for nobody:16:1:paper"):
+        curve.main(["--ensemble", "a:16:1", "nobody:16:1", *argv])
