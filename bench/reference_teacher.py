@@ -52,6 +52,7 @@ beside other work).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import subprocess
@@ -77,11 +78,17 @@ def train_prefixes(train_on: str) -> list[str]:
         return []
     if train_on.strip():
         return [x.strip() for x in train_on.split(",") if x.strip()]
+    return recipe().doc_id_prefixes
+
+
+@functools.cache
+def recipe():
+    """configs/reference_context.yaml, read and validated by the schema `sentsim train context` uses."""
     sys.path.insert(0, str(ROOT))
     from sentsim.config import load_config
     from sentsim.context.config import ContextTrainConfig
 
-    return load_config(ContextTrainConfig, str(CONFIG)).doc_id_prefixes
+    return load_config(ContextTrainConfig, str(CONFIG))
 
 
 def training_seconds(bundle: Path) -> float:
@@ -91,10 +98,10 @@ def training_seconds(bundle: Path) -> float:
     return round(sum(r.get("train_seconds", 0.0) for r in summary.get("runs", {}).values()), 1)
 
 
-def trained_formats(bundle: Path, key: str = "precision_steps") -> dict:
-    """format (fp32 / bf16) -> training steps, summed over a bundle's runs, from its train_summary.json
-    (`precision_steps`; a bundle trained before 2026-11-25 counts its steps as "unrecorded"); with
-    key="threads_steps", torch thread count -> steps (recorded since 2026-11-25's nineteenth session)."""
+def trained_steps(bundle: Path, key: str) -> dict:
+    """A bundle's training steps summed over its runs, from its train_summary.json, by format (key
+    `precision_steps`: fp32 / bf16) or by torch thread count (`threads_steps`); a bundle trained before
+    its trainer recorded the key counts its steps as "unrecorded"."""
     summary = json.loads((bundle / "train_summary.json").read_text())
     out: dict = {}
     for r in summary.get("runs", {}).values():
@@ -125,22 +132,13 @@ def training_position(work: Path) -> tuple[int, int | None]:
 def recipe_format() -> str | None:
     """The format the recipe pins for training (configs/reference_context.yaml's bf16), None if it leaves
     it to the CPU (auto)."""
-    import yaml
-
-    return {"off": "fp32"}.get(str(yaml.safe_load(CONFIG.read_text()).get("bf16", "auto")))
+    return {"off": "fp32"}.get(recipe().bf16)
 
 
 def seed_arg(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a seed (a whole number >= 0)")
     return int(text)
-
-
-def recipe_seed() -> int:
-    """The seed configs/reference_context.yaml trains with (0 where it names none: the schema's default)."""
-    import yaml
-
-    return int(yaml.safe_load(CONFIG.read_text()).get("seed", 0))
 
 
 def check_discriminator_recipe(folder: Path, config_file: str) -> None:
@@ -195,8 +193,8 @@ def main(argv=None) -> int:
     # the folders say what the model read, so another choice never meets this one's training state
     suffix = "".join(f"-{''.join(c if c.isalnum() else '_' for c in x)}" for x in prefixes)
     train_set = ["--set", "doc_id_prefixes=[" + ", ".join(json.dumps(x) for x in prefixes) + "]"]
-    seed = recipe_seed() if args.seed is None else args.seed
-    if seed != recipe_seed():  # the recipe's own seed keeps the folder names every figure was measured in
+    seed = recipe().seed if args.seed is None else args.seed
+    if seed != recipe().seed:  # the recipe's own seed keeps the folder names every figure was measured in
         suffix += f"-seed{seed}"
     train_set += ["--set", f"seed={seed}"]
     ref.mkdir(parents=True, exist_ok=True)
@@ -230,8 +228,8 @@ def main(argv=None) -> int:
         snap = ref / f"snapshots{suffix}" / f"tokens-{m}"
         if (snap / "context.json").exists():
             times["training_s"][str(m)] = training_seconds(snap)
-            trained_in[str(m)] = formats = trained_formats(snap)
-            threads[str(m)] = trained_formats(snap, "threads_steps")
+            trained_in[str(m)] = formats = trained_steps(snap, "precision_steps")
+            threads[str(m)] = trained_steps(snap, "threads_steps")
             other = {k: n for k, n in formats.items() if pinned and k not in (pinned, "unrecorded")}
             if other:  # e.g. kept from before the recipe pinned fp32, trained in bf16 where the CPU had it
                 print(f"reference: warning: the kept {snap} trained "
@@ -251,8 +249,8 @@ def main(argv=None) -> int:
                 "--config", str(CONFIG),
                 "--set", f"max_target_tokens={m}", "--set", f"torch_threads={args.threads}", *train_set)
         times["training_s"][str(m)] = training_seconds(ref / f"context{suffix}")
-        trained_in[str(m)] = trained_formats(ref / f"context{suffix}")
-        threads[str(m)] = trained_formats(ref / f"context{suffix}", "threads_steps")
+        trained_in[str(m)] = trained_steps(ref / f"context{suffix}", "precision_steps")
+        threads[str(m)] = trained_steps(ref / f"context{suffix}", "threads_steps")
         tmp = snap.with_name(snap.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
