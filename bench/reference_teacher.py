@@ -23,15 +23,16 @@ model under the earlier name. An existing discriminator trained from other setti
 points at these folders.
 
 The context model trains on the documents whose doc_id starts with one of the config's
-`doc_id_prefixes`: `enwiki`, the Wikipedia slice, chosen on STS-B dev (BENCHMARKS.md, "Training on
-Wikipedia only"). The folders carry the prefixes (context-enwiki/, snapshots-enwiki/, DONE-enwiki.json),
-so `--train-on all` (every document: context/, snapshots/, DONE.json) or `--train-on P1,P2` builds
-another teacher beside it. Corpus and index are always the whole shared corpora, which retrieval uses.
-Training on enwiki is the same stream as on a corpus of the Wikipedia file alone (Wikipedia is the
-first input, so its documents keep their keys and slices). `--seed N` trains another seed of the same
-recipe (its data order and the warm start's new parameters) into folders that carry it
-(context-enwiki-seedN/, snapshots-enwiki-seedN/, DONE-enwiki-seedN.json): seed-to-seed spread is the
-yardstick for every dev difference between teachers (BENCHMARKS.md, "A second seed, and a third").
+`doc_id_prefixes`: `enwiki`, the Wikipedia slice, chosen on STS-B dev
+(docs/experiments/2026-11-24-wikipedia-only.md). The folders carry the prefixes (context-enwiki/,
+snapshots-enwiki/, DONE-enwiki.json), so `--train-on all` (every document: context/, snapshots/,
+DONE.json) or `--train-on P1,P2` builds another teacher beside it. Corpus and index are always the whole
+shared corpora, which retrieval uses. Training on enwiki is the same stream as on a corpus of the
+Wikipedia file alone (Wikipedia is the first input, so its documents keep their keys and slices).
+`--seed N` trains another seed of the same recipe (its data order and the warm start's new parameters)
+into folders that carry it (context-enwiki-seedN/, snapshots-enwiki-seedN/, DONE-enwiki-seedN.json):
+seed-to-seed spread is the yardstick for every dev difference between teachers
+(docs/experiments/2026-11-25-seeds.md).
 
 Determinism: the same seed, corpus files and thread count give the same model; a resumed run rebuilds the same
 data stream and passes over the batches it already trained on, so it goes on where it stopped.
@@ -40,7 +41,7 @@ Time on a 2-core AVX2 EPYC (fp32): corpus ~3 min, index ~5 min, context model 10
 tokens/s with 2 threads, so 1.6-3 hours for 1M target tokens; on a 2-core EPYC with avx512_bf16 about
 220 target tokens/s, 1.3 hours. The recipe pins fp32 (`bf16: off`), so that the model does not depend
 on the CPU's flags: bf16 was 1.29x faster there, and on STS-B dev 4.8 points under fp32 on one seed
-and level on another (BENCHMARKS.md, "bf16 on a CPU that has it", "A second seed, and a third"). The
+and level on another (docs/experiments/2026-11-24-bf16-cpu.md, docs/experiments/2026-11-25-seeds.md). The
 torch thread count changes the arithmetic too: the same seed rebuilds the same model bit for bit only
 with the same --threads (0 is every core, which differs between machines; DONE json records it as
 trained_threads). Another seed to 150K target tokens: 1,295 s of training on one thread beside a CI

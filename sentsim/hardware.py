@@ -3,7 +3,7 @@
 bf16 autocast pays only where the hardware has bf16 arithmetic: CUDA GPUs that report it, and CPUs
 with AVX512_BF16 or AMX (x86) or the BF16 extension (Arm). On other CPUs torch emulates bf16 matmuls
 at a small fraction of the fp32 rate (measured on an AVX2-only EPYC: 0.8 against 62 GFLOP/s for a
-1024x1024 matmul; on an EPYC with avx512_bf16, 427 against 193 on 2 threads; BENCHMARKS.md), so there
+1024x1024 matmul; on an EPYC with avx512_bf16, 427 against 193 on 2 threads; BENCHMARKS.md, "Scoring"), so there
 "auto" means fp32.
 
 `SENTSIM_CPU_BF16=1` or `=0` overrides the detection (e.g. a container that hides the CPU flags).

@@ -311,8 +311,8 @@ def test_warm_start_cross_attention_from_self_attention(tmp_path, corpus_dir):
 def test_training_stream_shuffles_windows_not_documents(corpus_dir):
     """A pass hands out every training sentence once, as (document, sentence) windows shuffled across
     the slice's documents. With whole documents in the stream, one novel filled the reference run's
-    shuffle buffer for its first 600 steps (BENCHMARKS.md, "The window stream"); here the first tenth of a pass
-    must already reach every document of the slice it starts in, and runs of one document are rare."""
+    shuffle buffer for its first 600 steps (docs/experiments/2026-11-23-window-stream.md); here the first tenth
+    of a pass must already reach every document of the slice it starts in, and runs of one document are rare."""
     from sentsim.context.train import _examples_of_doc, _examples_of_window, train_windows
     from sentsim.context.windows import iter_slices, mix_seed
 
@@ -342,7 +342,7 @@ def test_training_stream_mixes_the_corpus_and_a_resume_goes_on_where_it_stopped(
     """Documents come in a seeded order of corpus slices (each document once per pass, none lost),
     and a resumed trainee's stream is the uninterrupted stream minus the batches already trained on:
     re-reading from the corpus' first document after every resume is what made the reference model
-    memorise its first Wikipedia articles (BENCHMARKS.md, "Teacher")."""
+    memorise its first Wikipedia articles (docs/experiments/2026-11-23-training-stream.md)."""
     import itertools
     from types import SimpleNamespace
 

@@ -92,8 +92,8 @@ class ContextTrainConfig(Section):
     checkpoint_every: int = Field(500, ge=1)  # resumability; not in the paper
     # Not in §3.2.2, which trains on its whole corpus: train (and hold out) only the documents whose
     # doc_id starts with one of these prefixes, e.g. [enwiki]; empty = every document. Retrieval is
-    # not affected. The reference teacher uses [enwiki] (configs/reference_context.yaml; BENCHMARKS.md,
-    # "Training on Wikipedia only").
+    # not affected. The reference teacher uses [enwiki] (configs/reference_context.yaml;
+    # docs/experiments/2026-11-24-wikipedia-only.md).
     doc_id_prefixes: list[str] = []
     tokenizer_sentences: int = Field(200_000, ge=100)  # sentences read to train the BPE tokenizer
     min_sentence_tokens: int = Field(1, ge=0)  # windows whose centre is shorter are skipped

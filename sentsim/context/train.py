@@ -159,8 +159,8 @@ def train_windows(corpus: str, cfg: ContextTrainConfig, rank: int, world: int, s
 
     Windows, not documents, are shuffled: a CPU run trains on a fraction of one slice, and with whole
     documents one long book filled the shuffle buffer several times over (in 96-100 of every 100 of
-    the reference stream's first 600 batches most windows came from one Gutenberg novel; BENCHMARKS.md,
-    "The window stream"). Shuffled windows make any
+    the reference stream's first 600 batches most windows came from one Gutenberg novel;
+    docs/experiments/2026-11-23-window-stream.md). Shuffled windows make any
     stretch of the stream a sample of the whole slice, each source in its share of sentences."""
     order = mix_seed(seed, epoch)
     for part, docs in iter_slices(corpus, cfg.heldout_percent, "train", rank, world, order, slices,

@@ -44,7 +44,8 @@ class RepCacheConfig(Section):
     sentences_per_unit: int = Field(8192, ge=1)
     # execution, not part of the run's identity: torch threads of each caching process, 0 = torch's default
     # (every core). Ray actors get their CPUs' worth from Ray; an inline build beside other work wants 1: two
-    # threads sharing one busy core ran the LSTM ~23x slower (185 against 4,225 sentences/s, BENCHMARKS.md)
+    # threads sharing one busy core ran the LSTM ~23x slower (185 against 4,225 sentences/s,
+    # docs/experiments/2026-11-24-discriminator-screening.md)
     torch_threads: int = Field(0, ge=0)
     resources: StageResources = StageResources()
 

@@ -308,7 +308,7 @@ def train_loop(config: dict):
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
     # each history point says the format its steps ran in, and on how many CPU threads: a run resumed on other
     # hardware may change either, and both change the arithmetic (a model rebuilt from the same seed with
-    # another thread count is not the same model: BENCHMARKS.md, "A second seed, and a third")
+    # another thread count is not the same model: docs/experiments/2026-11-25-seeds.md)
     fmt = {"precision": "bf16" if use_bf16 else "fp32", "threads": torch.get_num_threads()}
     label, verbose = L["label"], L.get("verbose", True)
     if rank0 and verbose:
