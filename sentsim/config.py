@@ -187,7 +187,7 @@ def run_exit_code(manifest: dict, max_units) -> int:
 
 def add_config_arguments(parser) -> None:
     """The flags every job shares: --config, --set, --address."""
-    parser.add_argument("--config", metavar="FILE", help="YAML config file (keys as in the README's reference)")
+    parser.add_argument("--config", metavar="FILE", help="YAML config file (keys: docs/configuration.md)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override one config key, dotted for nested keys (repeatable)",

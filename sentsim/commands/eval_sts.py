@@ -15,7 +15,8 @@ HELP = "Spearman/Pearson on STS12-16, STS-B and SICK-R for a model, a scored-pai
 
 
 class EvalStsConfig(Section):
-    # Paper section 4.1: Spearman rank correlation of cosine vs gold, all pairs of a year pooled.
+    """Paper section 4.1: Spearman rank correlation of cosine vs gold, all pairs of a year pooled."""
+
     batch_size: int = Field(64, ge=1)
     device: Optional[str] = None  # default: cuda when present, else cpu
     tasks: Optional[list[str]] = None  # default: every standard task found under --data

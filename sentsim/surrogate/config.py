@@ -27,7 +27,9 @@ class FinetuneConfig(Section):
 
 class SurrogateConfig(TrainingSection):
     arch: Literal["siamese", "cross"] = "siamese"  # 3.4 Siamese (preferred, cacheable); 5.6 cross
+
     # init (TrainingSection): 3.4 trains from scratch and from RoBERTa
+
     loss: Literal["cosine_regression", "cosent"] = "cosine_regression"  # 3.4: L2 on the cosine
     # 3.4 gives neither schedule nor batch: one pass (100M pairs in the paper), per-worker batch 32,
     # AdamW at 2e-5 with 10% linear warm-up are the usual BERT/SBERT fine-tuning values; from
