@@ -102,6 +102,7 @@ class Compaction:
         self.tables: Dict[str, List[dict]] = record.get("tables", {})
         self._index: Dict[str, Dict[int, tuple]] = {}
         self._where: Dict[str, str] = {}
+        self._listed: Dict[str, set] = {}
 
     def entries(self, table: str) -> Dict[int, tuple]:
         """unit -> (file record, its first row in the file, its rows, the sha256 of the shard it was
@@ -140,12 +141,17 @@ class Compaction:
 
     def location(self, rec: dict) -> str:
         """The file's path relative to the run: in the table's folder, or still at its staged name
-        when the compaction was killed before moving it there."""
+        when the compaction was killed before moving it there. One listing of the folder per table
+        (not a request per file: an object store answers a listing of 1,000 names at once)."""
         rel = rec["path"]
         if rel not in self._where:
+            folder, _, name = rel.rpartition("/")
+            if folder not in self._listed:
+                d = self.store.path(folder)
+                self._listed[folder] = ({i.base_name for i in self.store.fs.get_file_info(pafs.FileSelector(d))}
+                                        if sfs.exists(self.store.fs, d) else set())
             staged = rec.get("staged")
-            if staged and not sfs.exists(self.store.fs, self.store.path(rel)) and \
-                    sfs.exists(self.store.fs, self.store.path(staged)):
+            if staged and name not in self._listed[folder] and sfs.exists(self.store.fs, self.store.path(staged)):
                 rel = staged
             self._where[rec["path"]] = rel
         return self._where[rec["path"]]
@@ -317,6 +323,7 @@ def _finish(store: ShardStore, comp: Compaction, markers: Dict[int, dict], stagi
                 else:
                     sfs.move_durable(fs, store.path(staged), store.path(rec["path"]))
     comp._where.clear()
+    comp._listed.clear()
     removed = 0
     for u, m in sorted(markers.items()):
         for t, f in m.get("files", {}).items():
@@ -429,12 +436,8 @@ def compact_run(uri: str, target_bytes: int = 128 << 20, stop_after: Optional[in
         for t in tables:
             records[t] = []
             for i, group in enumerate(plan["tables"][t]):
-                if group["keep"]:
-                    kept = next(r for r in comp.tables[t] if r["path"] == group["keep"])
-                    why = comp.file_problem(kept)
-                    if why:
-                        raise StoreError(f"{uri}: not compacted: {why}; {fix_hint(uri)}")
-                    records[t].append(kept)
+                if group["keep"]:  # its size and sha256 were checked above (_problems)
+                    records[t].append(next(r for r in comp.tables[t] if r["path"] == group["keep"]))
                     continue
                 rec = _reusable(store, f"{COMPACT_DIR}/{t}/{file_name(generation, i)[:-len('.parquet')]}.json",
                                 group)

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from conftest import sentsim_cli
+from test_store import s3_server  # noqa: F401  (the moto fixture, reused)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -458,3 +459,25 @@ def test_every_crash_point_of_compaction_keeps_every_row(speech_corpus, tmp_path
             assert r[f"{t} RunReader exact"] or stale_committed, r
             assert r[f"{t} after rerun exact"] and r[f"{t} plain after rerun"] == r[f"{t} committed"], r
         assert r["rerun rc"] == 0 and r["verify after rerun"] == "OK", r
+
+
+def test_compaction_on_s3_through_the_command(s3_server, tmp_path):  # noqa: F811
+    """The same commit order on the moto S3 server: one PUT per file, the compacted files copied into the
+    table's prefix after the commit; the command, RunReader and a plain listing agree."""
+    import pyarrow.fs as pafs
+
+    from storage import RunReader, verify_store
+
+    uri = "s3://sentsim/compact/run"
+    make_run(uri, n_units=12)
+    before = {t: RunReader(uri).read_table(t) for t in ("a", "b")}
+    r = sentsim_cli("store", "compact", uri, "--target-mb", "0.005", env=s3_server)
+    assert r.returncode == 0 and "compacted" in r.stdout, r.stderr
+    reader = RunReader(uri)
+    for t in ("a", "b"):
+        assert reader.read_table(t).equals(before[t])
+        listed = reader.fs.get_file_info(pafs.FileSelector(f"sentsim/compact/run/{t}"))
+        assert {i.base_name for i in listed} == {f.rsplit("/", 1)[1] for f in reader.files(t)}
+        assert all(i.base_name.startswith("compact-001-") for i in listed)
+    assert verify_store(uri) == []
+    assert sentsim_cli("store", "verify", uri, env=s3_server).returncode == 0
