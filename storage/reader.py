@@ -122,13 +122,15 @@ class RunReader:
                              f"{self.uri}`, resume the job if it names missing units, then `sentsim store compact "
                              f"{self.uri}` again")
         out: List[str] = []
+        seen = set()  # a compacted file is listed once, where its first unit falls
         for u, rec in units.items():
             f = rec.get("files", {}).get(table)
             if f is None:
                 continue
             found = comp.covers(table, u, f)
             rel = comp.location(found[0]) if found is not None else f["path"]
-            if not out or out[-1] != rel:
+            if rel not in seen:
+                seen.add(rel)
                 out.append(rel)
         return out
 
