@@ -48,7 +48,9 @@ class ShardedJob:
     count: str = "items"  # the key of a stage result that the progress line counts, and its noun
     detail: Optional[Callable[[dict], str]] = None  # a job's own tail of a progress line
     gauges: Optional[str] = None  # publish progress as Ray metrics named <gauges>_<name>
-    deep: bool = False  # resume re-checks each done unit's checksums
+    # resume re-checks each done unit's sha256, so an edited shard of unchanged size is redone, never kept;
+    # False (size only) is for a job whose shards are too big to hash on every resume
+    deep: bool = True
     open_extra: Optional[dict] = None  # extra manifest keys at open_run
     window: Optional[int] = None  # units per Ray Data pass when units are a generator
     # given a stored manifest with another fingerprint: the one an earlier sentsim gave this same run

@@ -3,20 +3,41 @@
 A harvest writes one Parquet file per unit and table (16 anchors, ~80 pairs a file): at 100M pairs
 that is over a million small files per table. Units keep their atomic commit while a run is written;
 once it is complete, compaction concatenates consecutive units' shards, in unit order, into files of
-about `target_bytes` each. Layout and commit order (every step atomic, a kill anywhere is safe):
+about `target_bytes` each.
 
-    _compact/plan.json                      1. the groups of units per output file (fixed once written)
-    _compact/<table>/part-NNNNN.parquet     2. each output file, then its record part-NNNNN.json
-                                               (rows, bytes, sha256, the units it holds and their rows)
-    _compact/manifest.json                  3. the commit point: from here RunReader reads the
-                                               compacted files instead of the per-unit ones
-    <table>/part-NNNNN.parquet removed      4. the per-unit files, only after the commit
+The unit markers stay the one record of which rows a run holds. A compaction only relocates those
+rows, and records, for each unit and table, the rows and the sha256 of the shard it copied. A
+compacted slice stands for a unit only while the unit's marker still names that same shard (same
+sha256 and rows): a unit redone later (its marker lost, its shard edited) is read from its own new
+shard, and a compacted file that holds a unit's superseded rows is refused by the table readers
+until `sentsim store compact` runs again and rewrites it. So neither a resume nor a second
+compaction can drop or double a row.
+
+Refused (exit 2, one line, nothing written): a run that is not complete, a planned unit without a
+valid marker (missing, empty, edited), a shard whose size or sha256 is not its marker's (checked on
+the very bytes that are copied, so an edited shard is never laundered into a compacted file).
+
+Layout and commit order (each step a durable commit, a kill anywhere is safe; `storage.fs`):
+
+    _compact/plan.json                          1. the groups of units per output file, and the shards
+                                                   (sha256) they are built from
+    _compact/<table>/compact-GGG-NNNNN.parquet  2. each output file, staged outside the table's folder,
+    _compact/<table>/compact-GGG-NNNNN.json        then its record (rows, bytes, sha256, its units with
+                                                   their rows and source sha256)
+    _compact/manifest.json                      3. the commit point: from here readers use the compacted
+                                                   files (still at their staged name until step 4)
+    <table>/compact-GGG-NNNNN.parquet           4. each file moved into the table's folder; then the
+                                                   per-unit shards it holds, the files of an earlier
+                                                   compaction it replaced, the staging files and the plan
+                                                   are removed
 
 Until step 3 readers see the per-unit files (unchanged); from step 3 on, the compacted ones, which
 hold exactly the same rows in the same order (units ascending, each unit's rows as written). A
-compaction killed in 1-2 resumes where it stopped (records whose file checks out are kept); one
-killed in 4 finishes removing on the next call. Unit markers stay: they keep each unit's counts,
-and `store verify` and a resumed job know their files were compacted (`_compact/manifest.json`).
+compaction killed in 1-2 resumes where it stopped (a record whose sources and file check out is
+kept); one killed in 4 is finished by the next call. GGG is the compaction's generation: a second
+compaction keeps every file of the first that still stands for its units and writes the rest anew.
+After step 4 DIR/<table>/ holds exactly the run's rows, so plain Parquet readers of that folder are
+right too (README, "Outputs").
 """
 
 from __future__ import annotations
@@ -25,7 +46,7 @@ import hashlib
 import io
 import json
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -33,173 +54,427 @@ import pyarrow.parquet as pq
 
 from storage import fs as sfs
 from storage.lease import RunLease
-from storage.store import ShardStore, StoreError, _now
+from storage.store import ShardStore, StoreError, _now, record_check
 
 COMPACT_DIR = "_compact"
 COMPACT_MANIFEST = "manifest.json"
 PLAN = "plan.json"
+FILE_PREFIX = "compact-"
 
 
 def compact_path(store: ShardStore, *parts: str) -> str:
     return store.path(COMPACT_DIR, *parts)
 
 
+def file_name(generation: int, i: int) -> str:
+    return f"{FILE_PREFIX}{generation:03d}-{i:05d}.parquet"
+
+
+def fix_hint(uri: str) -> str:
+    return (f"run `sentsim store verify {uri}` to list the problems, resume the job that wrote the run (the same "
+            "command) to redo those units, then compact again")
+
+
 def read_compaction(store: ShardStore, fingerprint: Optional[str]) -> Optional[dict]:
     """The committed compaction of this run (same fingerprint), or None: the run reads per-unit files."""
-    p = compact_path(store, COMPACT_MANIFEST)
-    if not sfs.exists(store.fs, p):
+    found, rec = sfs.read_json(store.fs, compact_path(store, COMPACT_MANIFEST))
+    if not found:
         return None
-    try:
-        rec = json.loads(sfs.read_bytes(store.fs, p))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise StoreError(f"{store.uri}/{COMPACT_DIR}/{COMPACT_MANIFEST} is not valid JSON; "
-                         "run `sentsim store compact` again to rewrite it") from None
-    return rec if isinstance(rec, dict) and rec.get("fingerprint") == fingerprint else None
+    if not isinstance(rec, dict) or not isinstance(rec.get("tables"), dict) or \
+            (rec.get("check") is not None and rec["check"] != record_check(rec)):
+        raise StoreError(f"{store.uri}/{COMPACT_DIR}/{COMPACT_MANIFEST} is not valid (edited or corrupt), so the "
+                         "compacted files it indexes cannot be read; restore it from a copy, or start the run over "
+                         "with --force-new")
+    return rec if rec.get("fingerprint") == fingerprint else None
+
+
+def load_compaction(store: ShardStore, fingerprint: Optional[str]) -> Optional["Compaction"]:
+    rec = read_compaction(store, fingerprint)
+    return Compaction(store, rec) if rec is not None else None
+
+
+class Compaction:
+    """A committed compaction, read against the run's current unit markers."""
+
+    def __init__(self, store: ShardStore, record: dict):
+        self.store, self.record = store, record
+        self.generation = int(record.get("generation", 0))
+        self.tables: Dict[str, List[dict]] = record.get("tables", {})
+        self._index: Dict[str, Dict[int, tuple]] = {}
+        self._where: Dict[str, str] = {}
+        self._listed: Dict[str, set] = {}
+
+    def entries(self, table: str) -> Dict[int, tuple]:
+        """unit -> (file record, its first row in the file, its rows, the sha256 of the shard it was
+        copied from; None in compactions written before sentsim recorded it)."""
+        if table not in self._index:
+            index = {}
+            for rec in self.tables.get(table, []):
+                offset = 0
+                for entry in rec["units"]:  # in unit order, each unit's rows as written
+                    u, n = int(entry[0]), int(entry[1])
+                    index[u] = (rec, offset, n, entry[2] if len(entry) > 2 else None)
+                    offset += n
+            self._index[table] = index
+        return self._index[table]
+
+    def covers(self, table: str, unit: int, marker_file: Optional[dict]) -> Optional[Tuple[dict, int, int]]:
+        """(file record, offset, rows) when the compacted slice holds the very rows the unit's marker
+        names (`marker_file`: the marker's entry for `table`), else None."""
+        e = self.entries(table).get(unit)
+        if e is None or marker_file is None:
+            return None
+        rec, offset, n, sha = e
+        if (sha is not None and sha != marker_file.get("sha256")) or n != int(marker_file.get("rows", -1)):
+            return None
+        return rec, offset, n
+
+    def stale(self, table: str, markers: Dict[int, dict]) -> Dict[str, List[int]]:
+        """Compacted files of `table` that also hold rows no current marker vouches for (a unit redone
+        or its marker lost since): file path -> those units. Such a file cannot be read whole."""
+        out: Dict[str, List[int]] = {}
+        for u, (rec, _, _, _) in sorted(self.entries(table).items()):
+            m = markers.get(u)
+            if self.covers(table, u, (m or {}).get("files", {}).get(table)) is None:
+                out.setdefault(rec["path"], []).append(u)
+        return out
+
+    def location(self, rec: dict) -> str:
+        """The file's path relative to the run: in the table's folder, or still at its staged name
+        when the compaction was killed before moving it there. One listing of the folder per table
+        (not a request per file: an object store answers a listing of 1,000 names at once)."""
+        rel = rec["path"]
+        if rel not in self._where:
+            folder, _, name = rel.rpartition("/")
+            if folder not in self._listed:
+                d = self.store.path(folder)
+                self._listed[folder] = ({i.base_name for i in self.store.fs.get_file_info(pafs.FileSelector(d))}
+                                        if sfs.exists(self.store.fs, d) else set())
+            staged = rec.get("staged")
+            if staged and name not in self._listed[folder] and sfs.exists(self.store.fs, self.store.path(staged)):
+                rel = staged
+            self._where[rec["path"]] = rel
+        return self._where[rec["path"]]
+
+    def file_problem(self, rec: dict, deep: bool = True) -> Optional[str]:
+        """None if the compacted file checks out against its record (size; sha256 when `deep`)."""
+        rel = self.location(rec)
+        info = self.store.fs.get_file_info(self.store.path(rel))
+        if info.type == pafs.FileType.NotFound:
+            return f"{rel}: missing (named by {COMPACT_DIR}/{COMPACT_MANIFEST})"
+        if info.size != rec["bytes"]:
+            return (f"{rel}: size {info.size} bytes, {COMPACT_DIR}/{COMPACT_MANIFEST} says {rec['bytes']} "
+                    "(truncated or edited)")
+        if deep and sfs.sha256_file(self.store.fs, self.store.path(rel))[0] != rec["sha256"]:
+            return f"{rel}: checksum differs from {COMPACT_DIR}/{COMPACT_MANIFEST} (edited or corrupt)"
+        return None
+
+    def withdraw(self, paths: List[str]) -> None:
+        """Drop broken compacted files from the committed compaction (a resumed job then redoes their
+        units): the new manifest first, then the files."""
+        drop = set(paths)
+        record = dict(self.record, tables={t: [r for r in recs if r["path"] not in drop]
+                                           for t, recs in self.tables.items()}, written=_now())
+        write_manifest(self.store, record)
+        for recs in self.tables.values():
+            for r in recs:
+                if r["path"] in drop:
+                    for rel in {r["path"], r.get("staged") or r["path"]}:
+                        if sfs.exists(self.store.fs, self.store.path(rel)):
+                            sfs.delete_durable(self.store.fs, self.store.path(rel))
+        self.__init__(self.store, record)
+
+
+def write_manifest(store: ShardStore, record: dict) -> None:
+    record = {k: v for k, v in record.items() if k != "check"}
+    record["check"] = record_check(record)
+    store.commit_bytes(compact_path(store, COMPACT_MANIFEST), json.dumps(record, sort_keys=True).encode())
 
 
 def compacted_units(store: ShardStore, fingerprint: Optional[str]) -> set:
-    """Units whose rows live in the committed compacted files (their own shards may be gone)."""
-    rec = read_compaction(store, fingerprint)
-    return set(rec.get("units", [])) if rec else set()
+    """Units with rows in the committed compaction (whether or not their markers still agree)."""
+    comp = load_compaction(store, fingerprint)
+    return {u for t in (comp.tables if comp else {}) for u in comp.entries(t)} if comp else set()
 
 
-def plan_groups(units: Dict[int, dict], table: str, target_bytes: int) -> List[List[int]]:
+# ---- planning -------------------------------------------------------------------------------------
+def plan_groups(units: Dict[int, dict], table: str, target_bytes: int,
+                kept: Optional[Dict[int, dict]] = None) -> List[dict]:
     """Consecutive units, in unit order, grouped until their shards reach `target_bytes` (the
-    source's compressed bytes: the rewritten file is about that size, often a little smaller)."""
-    groups: List[List[int]] = []
-    size = 0
+    source's compressed bytes: the rewritten file is about that size, often a little smaller).
+    `kept`: first unit -> a file of the committed compaction kept as it is; groups never cross one.
+    Each group: {"units": [[unit, rows, source sha256], ...], "keep": the kept file's path or None}."""
+    kept = kept or {}
+    inside = {int(e[0]) for rec in kept.values() for e in rec["units"]}
+    groups: List[dict] = []
+    size, open_group = 0, False
     for u in sorted(units):
+        if u in kept:
+            groups.append({"units": kept[u]["units"], "keep": kept[u]["path"]})
+            open_group = False
+            continue
+        if u in inside:
+            continue
         f = units[u]["files"].get(table)
         if f is None:
             continue
-        if not groups or size >= target_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(u)
+        if not open_group or size >= target_bytes:
+            groups.append({"units": [], "keep": None})
+            size, open_group = 0, True
+        groups[-1]["units"].append([u, int(f["rows"]), f["sha256"]])
         size += int(f["bytes"])
     return groups
 
 
-def _record_ok(store: ShardStore, rec: dict) -> bool:
-    p = store.path(rec["path"])
-    info = store.fs.get_file_info(p)
-    if info.type == pafs.FileType.NotFound or info.size != rec["bytes"]:
+def _plan_matches(plan: dict, fp: str, units: Dict[int, dict], tables: List[str]) -> bool:
+    """Whether a plan begun earlier still describes the run: same units, and each from the same shard."""
+    if plan.get("fingerprint") != fp or sorted(plan.get("tables", {})) != tables:
         return False
-    return sfs.sha256_file(store.fs, p)[0] == rec["sha256"]
+    for t in tables:
+        want = {u: (int(r["files"][t]["rows"]), r["files"][t]["sha256"]) for u, r in units.items() if t in r["files"]}
+        got = {int(e[0]): (int(e[1]), e[2]) for g in plan["tables"][t] for e in g["units"]}
+        if got != want:
+            return False
+    return True
 
 
-def _write_group(store: ShardStore, table: str, i: int, group: List[int], units: Dict[int, dict]) -> dict:
-    parts, held = [], []
-    for u in group:
-        f = units[u]["files"][table]
-        with store.fs.open_input_file(store.path(f["path"])) as fh:
-            t = pq.read_table(fh)
-        if t.num_rows != f["rows"]:
-            raise StoreError(f"{store.uri}/{f['path']}: {t.num_rows} rows, its marker says {f['rows']}; "
-                             "run `sentsim store verify`")
-        parts.append(t)
-        held.append([u, t.num_rows])
+# ---- reading the sources, checked ------------------------------------------------------------------
+class _Sources:
+    """Each unit's rows of a table, from its own shard or its slice of a committed compacted file, each
+    checked (size and sha256) on the very bytes that are used: nothing unchecked is ever copied."""
+
+    def __init__(self, store: ShardStore, comp: Optional[Compaction]):
+        self.store, self.comp = store, comp
+        self._held: Optional[Tuple[str, pa.Table]] = None
+
+    def unit_rows(self, table: str, unit: int, f: dict) -> pa.Table:
+        found = self.comp.covers(table, unit, f) if self.comp else None
+        if found is not None:
+            rec, offset, n = found
+            return self.compacted(rec).slice(offset, n)
+        data = self._checked_bytes(f["path"], f["bytes"], f["sha256"], "its unit marker")
+        t = pq.read_table(pa.BufferReader(data))
+        if t.num_rows != int(f["rows"]):
+            raise StoreError(f"{self.store.uri}/{f['path']}: {t.num_rows} rows, its marker says {f['rows']}; "
+                             f"{fix_hint(self.store.uri)}")
+        return t
+
+    def compacted(self, rec: dict) -> pa.Table:
+        if self._held is None or self._held[0] != rec["path"]:
+            self._held = None
+            data = self._checked_bytes(self.comp.location(rec), rec["bytes"], rec["sha256"],
+                                       f"{COMPACT_DIR}/{COMPACT_MANIFEST}")
+            self._held = (rec["path"], pq.read_table(pa.BufferReader(data)))
+        return self._held[1]
+
+    def _checked_bytes(self, rel: str, size: int, sha: str, where: str) -> bytes:
+        p = self.store.path(rel)
+        if not sfs.exists(self.store.fs, p):
+            raise StoreError(f"{self.store.uri}/{rel}: missing; {fix_hint(self.store.uri)}")
+        data = sfs.read_bytes(self.store.fs, p)
+        if len(data) != int(size) or hashlib.sha256(data).hexdigest() != sha:
+            raise StoreError(f"{self.store.uri}/{rel}: size or sha256 differs from {where} (edited or corrupt); "
+                             f"{fix_hint(self.store.uri)}")
+        return data
+
+
+def _write_group(store: ShardStore, sources: _Sources, table: str, generation: int, i: int, group: dict,
+                 units: Dict[int, dict]) -> dict:
+    parts = [sources.unit_rows(table, int(u), units[int(u)]["files"][table]) for u, _, _ in group["units"]]
     data = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
     buf = io.BytesIO()
     pq.write_table(data, buf, compression="zstd")
     blob = buf.getvalue()
-    rel = f"{COMPACT_DIR}/{table}/part-{i:05d}.parquet"
-    sfs.write_bytes_atomic(store.fs, store.path(rel), blob)
-    rec = {"path": rel, "rows": data.num_rows, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
-           "units": held}
-    sfs.write_bytes_atomic(store.fs, compact_path(store, table, f"part-{i:05d}.json"),
-                           json.dumps(rec, sort_keys=True).encode())
+    staged = f"{COMPACT_DIR}/{table}/{file_name(generation, i)}"
+    store.commit_bytes(store.path(staged), blob)
+    rec = {"path": f"{table}/{file_name(generation, i)}", "staged": staged, "rows": data.num_rows,
+           "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(), "units": group["units"]}
+    store.commit_bytes(store.path(staged[:-len(".parquet")] + ".json"), json.dumps(rec, sort_keys=True).encode())
     return rec
 
 
-def _sweep(store: ShardStore, tables) -> None:
-    for t in tables:
-        d = compact_path(store, t)
-        if sfs.exists(store.fs, d):
-            for info in store.fs.get_file_info(pafs.FileSelector(d)):
-                if info.base_name.startswith(".tmp-"):
-                    store.fs.delete_file(info.path)
+def _reusable(store: ShardStore, staged_json: str, group: dict) -> Optional[dict]:
+    """The record of a group written by a killed compaction, if it and its staged file check out."""
+    rec = sfs.read_json(store.fs, store.path(staged_json))[1]
+    if not isinstance(rec, dict) or rec.get("units") != group["units"]:
+        return None
+    info = store.fs.get_file_info(store.path(rec.get("staged", "")))
+    if info.type == pafs.FileType.NotFound or info.size != rec.get("bytes"):
+        return None
+    return rec if sfs.sha256_file(store.fs, store.path(rec["staged"]))[0] == rec.get("sha256") else None
 
 
-def _remove_unit_files(store: ShardStore, units: Dict[int, dict], tables) -> int:
-    n = 0
-    for rec in units.values():
-        for t in tables:
-            f = rec["files"].get(t)
-            if f is not None and sfs.exists(store.fs, store.path(f["path"])):
-                store.fs.delete_file(store.path(f["path"]))
-                n += 1
-    return n
+# ---- step 4: finishing a committed compaction ----------------------------------------------------
+def _finish(store: ShardStore, comp: Compaction, markers: Dict[int, dict], staging: bool = True) -> int:
+    """Move the committed files into their tables' folders, then remove what they replace: the
+    per-unit shards whose rows they hold (same sha256 as the marker), the files of an earlier
+    compaction, and (`staging`) the staging files and plan, which a compaction begun after this one
+    keeps until its own commit. Idempotent: a kill anywhere is finished by the next call.
+    Returns the number of per-unit shards removed."""
+    fs = store.fs
+    referenced = set()
+    for recs in comp.tables.values():
+        for rec in recs:
+            referenced.add(rec["path"])
+            staged = rec.get("staged")
+            if staged and sfs.exists(fs, store.path(staged)):
+                if sfs.exists(fs, store.path(rec["path"])):  # an object store's move stopped after the copy
+                    sfs.delete_durable(fs, store.path(staged))
+                else:
+                    sfs.move_durable(fs, store.path(staged), store.path(rec["path"]))
+    comp._where.clear()
+    comp._listed.clear()
+    removed = 0
+    for u, m in sorted(markers.items()):
+        for t, f in m.get("files", {}).items():
+            if comp.covers(t, u, f) is not None and sfs.exists(fs, store.path(f["path"])) and \
+                    f["path"] not in referenced:
+                sfs.delete_durable(fs, store.path(f["path"]))
+                removed += 1
+    for t in comp.tables:  # files of an earlier compaction that this one replaced
+        d = store.path(t)
+        if sfs.exists(fs, d):
+            for info in fs.get_file_info(pafs.FileSelector(d)):
+                if info.base_name.startswith(FILE_PREFIX) and f"{t}/{info.base_name}" not in referenced:
+                    sfs.delete_durable(fs, info.path)
+    d = store.path(COMPACT_DIR)
+    if staging and sfs.exists(fs, d):  # staging: what was moved is gone; records and files of an abandoned plan
+        for info in fs.get_file_info(pafs.FileSelector(d, recursive=True)):
+            rel = info.path[len(store.root):].lstrip("/")
+            if info.type == pafs.FileType.File and info.base_name != COMPACT_MANIFEST and rel not in referenced:
+                sfs.delete_durable(fs, info.path)
+        for info in fs.get_file_info(pafs.FileSelector(d)):  # the emptied staging folders
+            if info.type == pafs.FileType.Directory and not fs.get_file_info(pafs.FileSelector(info.path)):
+                fs.delete_dir(info.path)
+    return removed
+
+
+# ---- the command ------------------------------------------------------------------------------------
+def _problems(store: ShardStore, fp: str, planned: int,
+              comp: Optional[Compaction]) -> Tuple[Dict[int, dict], List[str]]:
+    """The run's valid markers, and every reason not to compact it: a planned unit without a valid marker,
+    a shard or compacted file whose size or sha256 is not its record's. Everything is checked before
+    anything is written (and each file again on the bytes that are copied), so a refusal leaves the run
+    exactly as it was."""
+    markers, problems = {}, []
+    for u in range(planned):
+        rec, why = store.marker_status(u)
+        if why is None and rec.get("fingerprint") != fp:
+            why = "is from another run"
+        if why is not None:
+            problems.append(f"unit {u:05d}'s completion marker {why}")
+            continue
+        markers[u] = rec
+    checked = set()
+    for u, rec in sorted(markers.items()):
+        for t, f in rec["files"].items():
+            found = comp.covers(t, u, f) if comp else None
+            if found is not None:
+                if found[0]["path"] not in checked:
+                    checked.add(found[0]["path"])
+                    why = comp.file_problem(found[0], deep=True)
+                    if why:
+                        problems.append(why)
+                continue
+            why = store.check_file(f, deep=True)
+            if why:
+                problems.append(why.replace("marker says", "its marker says").replace(
+                    "checksum mismatch", "size or sha256 differs from its unit marker"))
+    return markers, problems
 
 
 def compact_run(uri: str, target_bytes: int = 128 << 20, stop_after: Optional[int] = None, stream=None) -> dict:
-    """Compact the complete run at `uri` (resumable). `stop_after`: write at most that many output
-    files, then stop before the commit (tests; a kill does the same). Returns a summary dict."""
+    """Compact the complete run at `uri` (resumable, incremental). `stop_after`: write at most that many
+    output files, then stop before the commit (tests; a kill does the same). Returns a summary dict."""
     from storage.reader import RunReader
 
     stream = stream or sys.stderr
-    if target_bytes < 1:
+    if not target_bytes >= 1:
         raise StoreError(f"target size must be positive, got {target_bytes} bytes")
     reader = RunReader(uri)
     store = reader.store
-    fp = reader.fingerprint
-    if not (reader.is_complete() and reader.manifest.get("complete")):
+    fp, planned = reader.fingerprint, reader.planned_units
+    if not (reader.is_complete() and reader.manifest.get("complete")) or planned is None:
         raise StoreError(f"{reader.incomplete_note() or uri + ' is not complete'}; finish the run (re-run the same "
                          "command) before compacting it")
-    units = reader.units()
-    tables = sorted({t for rec in units.values() for t in rec.get("files", {})})
     lease = RunLease(store.fs, store.root, store.uri).acquire()  # no writer may resume the run meanwhile
     try:
-        done = read_compaction(store, fp)
-        if done is not None:  # committed earlier: only the per-unit files may be left to remove
-            removed = _remove_unit_files(store, units, done["tables"])
-            return {"status": "already compacted", "files": {t: len(v) for t, v in done["tables"].items()},
-                    "removed": removed}
+        store.sweep_temp([])
+        comp = load_compaction(store, fp)
+        markers, problems = _problems(store, fp, planned, comp)
+        if problems:
+            more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+            raise StoreError(f"{uri}: not compacted: {problems[0]}{more}; {fix_hint(uri)}")
+        tables = sorted({t for rec in markers.values() for t in rec["files"]})
+        if comp is not None:
+            # a kill after an earlier commit: finish that one first (a plan begun since is kept)
+            removed = _finish(store, comp, markers, staging=False)
+            legacy = any("staged" not in r for recs in comp.tables.values() for r in recs)
+            covered = all(comp.covers(t, u, f) is not None for u, m in markers.items() for t, f in m["files"].items())
+            if covered and not legacy and not any(comp.stale(t, markers) for t in tables):
+                _finish(store, comp, markers)
+                return {"status": "already compacted", "files": {t: len(v) for t, v in comp.tables.items()},
+                        "removed": removed, "written": 0}
+        generation = (comp.generation if comp else 0) + 1
         plan_p = compact_path(store, PLAN)
-        plan = None
-        if sfs.exists(store.fs, plan_p):
-            plan = json.loads(sfs.read_bytes(store.fs, plan_p))
-            if plan.get("fingerprint") != fp:
-                plan = None
+        found, plan = sfs.read_json(store.fs, plan_p)
+        if found:
+            if not isinstance(plan, dict) or plan.get("generation") != generation or \
+                    not _plan_matches(plan, fp, markers, tables):
+                plan = None  # begun on units that were redone since, or by another compaction: plan again
             elif plan.get("target_bytes") != target_bytes:
                 print(f"[compact] resuming the compaction begun with a target of {plan['target_bytes']:,} bytes",
                       file=stream, flush=True)
         if plan is None:
-            plan = {"fingerprint": fp, "target_bytes": target_bytes, "created": _now(),
-                    "tables": {t: plan_groups(units, t, target_bytes) for t in tables}}
-            sfs.write_bytes_atomic(store.fs, plan_p, json.dumps(plan, sort_keys=True).encode())
-        _sweep(store, tables)
+            plan = {"fingerprint": fp, "generation": generation, "target_bytes": target_bytes, "created": _now(),
+                    "tables": {t: plan_groups(markers, t, target_bytes, _kept_files(comp, t, markers))
+                               for t in tables}}
+            store.commit_bytes(plan_p, json.dumps(plan, sort_keys=True).encode())
+        sources = _Sources(store, comp)
         records: Dict[str, List[dict]] = {}
         written = 0
         for t in tables:
             records[t] = []
             for i, group in enumerate(plan["tables"][t]):
-                rec_p = compact_path(store, t, f"part-{i:05d}.json")
-                rec = json.loads(sfs.read_bytes(store.fs, rec_p)) if sfs.exists(store.fs, rec_p) else None
-                if rec is not None and [u for u, _ in rec.get("units", [])] == group and _record_ok(store, rec):
+                if group["keep"]:  # its size and sha256 were checked above (_problems)
+                    records[t].append(next(r for r in comp.tables[t] if r["path"] == group["keep"]))
+                    continue
+                rec = _reusable(store, f"{COMPACT_DIR}/{t}/{file_name(generation, i)[:-len('.parquet')]}.json",
+                                group)
+                if rec is not None:
                     records[t].append(rec)
                     continue
                 if stop_after is not None and written >= stop_after:
                     return {"status": "stopped", "written": written}
                 lease.check()
-                rec = _write_group(store, t, i, group, units)
+                rec = _write_group(store, sources, t, generation, i, group, markers)
                 records[t].append(rec)
                 written += 1
-                print(f"[compact] {t} {i + 1}/{len(plan['tables'][t])}: {len(group)} units, {rec['rows']:,} rows, "
-                      f"{rec['bytes']:,} bytes", file=stream, flush=True)
-        for t in tables:  # the same rows as the markers say, before anything is committed
-            want = sum(int(units[u]["files"][t]["rows"]) for u in units if t in units[u]["files"])
-            got = sum(r["rows"] for r in records[t])
-            if got != want:
-                raise StoreError(f"{uri}: compacted {t} holds {got} rows but the unit markers say {want}")
-        manifest = {"fingerprint": fp, "target_bytes": plan["target_bytes"], "units": sorted(units),
-                    "tables": records, "written": _now()}
+                print(f"[compact] {t} {i + 1}/{len(plan['tables'][t])}: {len(group['units'])} units, "
+                      f"{rec['rows']:,} rows, {rec['bytes']:,} bytes", file=stream, flush=True)
+        for t in tables:  # every unit exactly once, from the shard its marker names, before anything is committed
+            want = {u: (int(m["files"][t]["rows"]), m["files"][t]["sha256"]) for u, m in markers.items()
+                    if t in m["files"]}
+            got = [(int(e[0]), (int(e[1]), e[2])) for r in records[t] for e in r["units"]]
+            if dict(got) != want or len(got) != len(want) or \
+                    any(sum(int(e[1]) for e in r["units"]) != r["rows"] for r in records[t]):
+                raise StoreError(f"{uri}: compacted {t} would not hold exactly the units' rows; nothing committed")
+        manifest = {"fingerprint": fp, "generation": generation, "target_bytes": plan["target_bytes"],
+                    "units": sorted(markers), "tables": records, "written": _now()}
         lease.check()
-        sfs.write_bytes_atomic(store.fs, compact_path(store, COMPACT_MANIFEST),
-                               json.dumps(manifest, sort_keys=True).encode())  # the commit point
-        removed = _remove_unit_files(store, units, tables)
+        write_manifest(store, manifest)  # the commit point
+        removed = _finish(store, Compaction(store, read_compaction(store, fp)), markers)
         return {"status": "compacted", "written": written, "removed": removed,
-                "files": {t: len(v) for t, v in records.items()},
-                "units": len(units)}
+                "files": {t: len(v) for t, v in records.items()}, "units": len(markers)}
     finally:
         lease.release()
+
+
+def _kept_files(comp: Optional[Compaction], table: str, markers: Dict[int, dict]) -> Dict[int, dict]:
+    """Files of the committed compaction that still stand for all their units: kept as they are.
+    (Files of compactions before staging existed live in _compact/ and are rewritten into the table.)"""
+    if comp is None:
+        return {}
+    stale = comp.stale(table, markers)
+    return {int(rec["units"][0][0]): rec for rec in comp.tables.get(table, [])
+            if rec["units"] and rec.get("staged") and rec["path"] not in stale}

@@ -1,13 +1,27 @@
-"""Path handling through pyarrow filesystems, so that `s3://` works exactly like a local path."""
+"""Path handling through pyarrow filesystems, so that `s3://` works exactly like a local path, and
+the one way a file is committed (written whole, then made visible by a rename).
+
+Durable commits. On local disk a commit is: write a temporary file, fsync it, rename it over its
+name, fsync the folder. Without the first fsync a power loss can leave the new name pointing at an
+empty or partial file (the rename reached the disk, the data did not); without the second the
+rename itself can be lost, so a marker written after it could survive while the shard it vouches
+for is gone. Every writer that renames into place goes through `durable_replace` (shards, markers,
+manifests, side tables, compaction, the lease, training checkpoints). On an object store one PUT is
+atomic and durable when it returns, so nothing more is needed there.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import posixpath
-from typing import Tuple
+import uuid
+from typing import Any, Optional, Tuple
 
 import pyarrow.fs as pafs
+
+TMP_PREFIX = ".tmp-"  # temporary files: dot-prefixed, which every dataset reader skips
 
 
 def resolve(uri: str) -> Tuple[pafs.FileSystem, str]:
@@ -37,6 +51,10 @@ def join(*parts: str) -> str:
     return posixpath.join(*parts)
 
 
+def is_local(fs: pafs.FileSystem) -> bool:
+    return fs.type_name == "local"
+
+
 def exists(fs: pafs.FileSystem, path: str) -> bool:
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
@@ -46,20 +64,101 @@ def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
         return f.read()
 
 
-def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    """A reader never sees half a file. On local disk: write a dot-prefixed sibling, then rename.
-    On an object store one PUT is already atomic, so the bytes go once, straight to their name
-    (a temp key would be uploaded, copied and deleted: every byte written twice)."""
+def read_json(fs: pafs.FileSystem, path: str) -> Tuple[bool, Any]:
+    """(whether the file exists, its parsed JSON or None when it is empty or not valid JSON)."""
+    if not exists(fs, path):
+        return False, None
+    try:
+        return True, json.loads(read_bytes(fs, path))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return True, None
+
+
+# ---- durable commits (local disk) -----------------------------------------------------------------
+def fsync_path(path: str) -> None:
+    """Flush one file's or one folder's entry to the disk (a folder: the names in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: str) -> None:
+    """fsync every file and folder under `path` (a checkpoint folder), deepest first, then `path`."""
+    for folder, _, names in os.walk(path, topdown=False):
+        for name in names:
+            fsync_path(os.path.join(folder, name))
+        fsync_path(folder)
+
+
+def durable_replace(src: str, dst: str) -> None:
+    """Local disk: commit `src` (a file or a folder, already written) under the name `dst`: its bytes
+    reach the disk first, then the rename, then the folder entry that the rename changed. `dst`, if
+    it exists, must be a file (or an empty folder): the rename replaces it atomically."""
+    if os.path.isdir(src):
+        fsync_tree(src)
+    else:
+        fsync_path(src)
+    os.replace(src, dst)
+    fsync_path(os.path.dirname(dst) or ".")
+    src_parent = os.path.dirname(src) or "."
+    if os.path.abspath(src_parent) != os.path.abspath(os.path.dirname(dst) or "."):
+        fsync_path(src_parent)  # the name leaving its old folder: else it can reappear there after a crash
+
+
+def temp_name(name: str) -> str:
+    """A temporary name no other writer uses (pid alone is not enough: threads, and pids are reused)."""
+    return f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-{name}"
+
+
+def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes, tmp_dir: Optional[str] = None) -> None:
+    """A reader never sees half a file, and a power loss never leaves a committed name without its bytes.
+
+    Local disk: write a temporary file (in `tmp_dir` if given, a folder plain readers never list;
+    else beside `path`, dot-prefixed), fsync it, rename it into place, fsync the folder
+    (`durable_replace`). An object store: one PUT, already atomic, so the bytes go once, straight to
+    their name (a temp key would be uploaded, copied and deleted: every byte written twice)."""
     parent, name = posixpath.split(path)
-    if fs.type_name != "local":
+    if not is_local(fs):
         with fs.open_output_stream(path) as f:
             f.write(data)
         return
-    tmp = posixpath.join(parent, f".tmp-{os.getpid()}-{name}")
-    fs.create_dir(parent, recursive=True)
-    with fs.open_output_stream(tmp) as f:
-        f.write(data)
-    fs.move(tmp, path)
+    tmp_parent = tmp_dir or parent
+    os.makedirs(parent, exist_ok=True)
+    os.makedirs(tmp_parent, exist_ok=True)
+    tmp = posixpath.join(tmp_parent, temp_name(name))
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        durable_replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """A small local file (a run record, a summary) committed whole and durably."""
+    write_bytes_atomic(pafs.LocalFileSystem(), os.path.abspath(path), text.encode())
+
+
+def move_durable(fs: pafs.FileSystem, src: str, dst: str) -> None:
+    """Move a committed file to another name: one durable rename on local disk; on an object store
+    a copy then a delete (both names briefly hold the same bytes)."""
+    if is_local(fs):
+        os.makedirs(posixpath.dirname(dst), exist_ok=True)
+        durable_replace(src, dst)
+    else:
+        fs.move(src, dst)
+
+
+def delete_durable(fs: pafs.FileSystem, path: str) -> None:
+    """Delete a commit point (a marker, `_COMPLETE`) so that the deletion is on disk before whatever
+    the caller does next: e.g. `_COMPLETE` withdrawn before a unit's marker goes."""
+    fs.delete_file(path)
+    if is_local(fs):
+        fsync_path(posixpath.dirname(path))
 
 
 def hash_into(h, fs: pafs.FileSystem, path: str, block: int = 1 << 22) -> int:

@@ -1,8 +1,20 @@
-"""RunReader: the one way to read a run written through the shard store, local or s3://.
+"""RunReader: the one way to read a run written through the shard store, local or s3://, that is
+always right: exactly the committed rows, each once, before and after `sentsim store compact`.
 
-A table's shards are exactly the files named by completion markers of this run (same fingerprint,
-unit below planned_units): a killed writer's dot-temp file, a shard whose marker was never written
-and a marker left by another run are never read.
+A table's rows are exactly those of the units with a valid completion marker of this run (same
+fingerprint, unit below planned_units, the marker's own checksum intact): a killed writer's temporary
+file, a shard whose marker was never written (or was lost), and a marker left by another run are
+never read. On a compacted run a unit's rows come from the compacted file that holds the very shard
+its marker names (same sha256), else from its own shard; a compacted file that also holds rows no
+marker vouches for any more is refused, naming the fix, rather than read whole.
+
+    from storage import open_run
+    run = open_run("DIR")                      # or "s3://bucket/run"
+    run.read_table("pairs")                    # pyarrow.Table
+    run.read_table("pairs").to_pandas()        # pandas
+    run.dataset("pairs")                       # pyarrow.dataset (lazy, filters, projections)
+    run.ray_dataset("pairs")                   # ray.data.Dataset
+    run.hf_dataset("pairs")                    # datasets.Dataset
 """
 
 from __future__ import annotations
@@ -18,7 +30,7 @@ import pyarrow.parquet as pq
 
 from sentsim.errors import InputError
 from storage import fs as sfs
-from storage.compact import COMPACT_DIR, COMPACT_MANIFEST, _record_ok, read_compaction
+from storage.compact import COMPACT_DIR, COMPACT_MANIFEST, Compaction, load_compaction
 from storage.store import MANIFEST, ShardStore, StoreError
 
 
@@ -39,7 +51,7 @@ class RunReader:
             raise StoreError(f"{self._where}: not a sentsim run directory (no {MANIFEST})")
         self._units: Optional[Dict[int, dict]] = None
         self._compaction: Optional[dict] = None
-        self._unit_index: Dict[str, Dict[int, Tuple[dict, int, int]]] = {}  # table -> unit -> (file, offset, rows)
+        self._view: Optional[Compaction] = None
         self._held: Dict[str, Tuple[str, pa.Table]] = {}  # table -> the compacted file read last (path, its rows)
         self._checked: set = set()  # compacted files whose checksum this reader has checked
 
@@ -84,19 +96,46 @@ class RunReader:
     def compaction(self) -> dict:
         """The committed `sentsim store compact` of this run ({} if none): table -> its file records."""
         if self._compaction is None:
-            self._compaction = (read_compaction(self.store, self.fingerprint) or {}) if self.manifest else {}
+            self._view = load_compaction(self.store, self.fingerprint) if self.manifest else None
+            self._compaction = self._view.record if self._view is not None else {}
         return self._compaction
 
+    def _compacted(self) -> Optional[Compaction]:
+        self.compaction()
+        return self._view
+
     def _rel_paths(self, table: str) -> List[str]:
-        """The table's files relative to the run: the compacted ones once a compaction is committed
-        (the same rows, in the same unit order), else each completed unit's shard."""
-        compacted = self.compaction().get("tables", {})
-        if table in compacted:
-            return [rec["path"] for rec in compacted[table]]
-        return [rec["files"][table]["path"] for rec in self.units().values() if table in rec.get("files", {})]
+        """The table's files relative to the run, in unit order: each completed unit's shard, or, on a
+        compacted run, the compacted file that holds the very shard its marker names (same sha256).
+        A compacted file that also holds rows no marker vouches for any more (a unit redone, or its
+        marker lost, since the compaction) cannot be read whole: refused, naming the fix."""
+        comp = self._compacted()
+        units = self.units()
+        if comp is None:
+            return [rec["files"][table]["path"] for rec in units.values() if table in rec.get("files", {})]
+        stale = comp.stale(table, units)
+        if stale:
+            path, held = next(iter(stale.items()))
+            shown = ", ".join(f"{u:05d}" for u in held[:5]) + (" ..." if len(held) > 5 else "")
+            raise StoreError(f"{self._where}: {path} holds rows of unit(s) {shown} that no completion marker vouches "
+                             f"for any more (redone or lost since `sentsim store compact`); run `sentsim store verify "
+                             f"{self.uri}`, resume the job if it names missing units, then `sentsim store compact "
+                             f"{self.uri}` again")
+        out: List[str] = []
+        seen = set()  # a compacted file is listed once, where its first unit falls
+        for u, rec in units.items():
+            f = rec.get("files", {}).get(table)
+            if f is None:
+                continue
+            found = comp.covers(table, u, f)
+            rel = comp.location(found[0]) if found is not None else f["path"]
+            if rel not in seen:
+                seen.add(rel)
+                out.append(rel)
+        return out
 
     def files(self, table: str, required: bool = True) -> List[str]:
-        """Paths (inside `self.fs`) of the table's completed shards, in unit order."""
+        """Paths (inside `self.fs`) of exactly the table's committed rows' files, in unit order."""
         out = [self.store.path(p) for p in self._rel_paths(table)]
         if not out and required:
             raise StoreError(f"{self._where}: no completed {table}/ shards (no unit marker names one)")
@@ -158,19 +197,18 @@ class RunReader:
         file. Per-unit shards are checked against the unit's marker (size and sha256); a compacted
         table against its compacted file's record, each file hashed once per reader however many
         units it holds."""
+        comp = self._compacted()
         own = {}
         for table, f in self._marker(unit).get("files", {}).items():
-            found = self._compacted_unit(table, unit)
-            if table in self.compaction().get("tables", {}) and found is None:
-                return f"unit {unit}: not in {COMPACT_DIR}/{table} though its marker names a {table} shard"
+            found = comp.covers(table, unit, f) if comp is not None else None
             if found is None:
                 own[table] = f
                 continue
             file_rec = found[0]
             if file_rec["path"] not in self._checked:
-                if not _record_ok(self.store, file_rec):
-                    return (f"{file_rec['path']}: missing, truncated or edited (its size or sha256 differs "
-                            f"from {COMPACT_DIR}/{COMPACT_MANIFEST})")
+                problem = comp.file_problem(file_rec)
+                if problem:
+                    return problem
                 self._checked.add(file_rec["path"])
         return self.store.check_unit({"files": own}, deep=True) if own else None
 
@@ -190,20 +228,12 @@ class RunReader:
         return rec
 
     def _compacted_unit(self, table: str, unit: int) -> Optional[Tuple[dict, int, int]]:
-        """(compacted file record, the unit's first row in it, its rows), or None when the table is not
-        compacted or the unit has no rows there."""
-        recs = self.compaction().get("tables", {}).get(table)
-        if recs is None:
+        """(compacted file record, the unit's first row in it, its rows) when a compacted file holds the
+        shard the unit's marker names, else None (the table is not compacted, or the unit was redone)."""
+        comp = self._compacted()
+        if comp is None:
             return None
-        if table not in self._unit_index:
-            index = {}
-            for rec in recs:
-                offset = 0
-                for u, n in rec["units"]:  # in unit order, each unit's rows as written
-                    index[int(u)] = (rec, offset, int(n))
-                    offset += int(n)
-            self._unit_index[table] = index
-        return self._unit_index[table].get(unit)
+        return comp.covers(table, unit, self._marker(unit).get("files", {}).get(table))
 
     def _compacted_file(self, table: str, rec: dict) -> pa.Table:
         """The compacted file's rows, checked against its record: read once while consecutive units use it."""
@@ -211,7 +241,7 @@ class RunReader:
         if held is not None and held[0] == rec["path"]:
             return held[1]
         self._held.pop(table, None)  # let the previous file go before the next is read
-        path = self.store.path(rec["path"])
+        path = self.store.path(self._compacted().location(rec))
         if not sfs.exists(self.fs, path):
             raise StoreError(f"{self.display(path)}: missing (named by {COMPACT_DIR}/{COMPACT_MANIFEST}); "
                              "run `sentsim store verify`")
@@ -243,6 +273,14 @@ class RunReader:
 
         ds = ray.data.read_parquet(self.files(table), filesystem=self.fs, **kw)
         return ds.select_columns(list(columns)) if columns else ds
+
+    def hf_dataset(self, table: str, columns: Optional[Sequence[str]] = None):
+        """A Hugging Face `datasets.Dataset` of exactly the committed rows, in memory (through
+        `read_table`, so local, s3:// and compacted runs read alike). For a table larger than memory:
+        `datasets.load_dataset("parquet", data_files=run.file_uris(table))`, the same files."""
+        import datasets
+
+        return datasets.Dataset(self.read_table(table, columns))
 
     # ---- side tables and run files ------------------------------------------------------------
     def side_table(self, name: str) -> Optional[pa.Table]:

@@ -6,8 +6,9 @@ import datetime as _dt
 import hashlib
 import io
 import json
+import sys
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -20,6 +21,7 @@ from storage.lease import RunLease
 MANIFEST = "manifest.json"
 UNITS_DIR = "_units"
 SIDE_DIR = "_side"  # run-level tables that belong to no unit (e.g. the harvest's rank anchors)
+TMP_DIR = "_tmp"  # temporary files, renamed into place when whole: never inside a table's folder
 COMPLETE = "_COMPLETE"
 FORMAT_VERSION = 1
 
@@ -81,6 +83,13 @@ def what_changed(stored: dict, config: dict, inputs: List[dict], most: int = 6, 
     return "; ".join(parts) if parts else "same config and inputs, so a model or checkpoint they name changed"
 
 
+def record_check(record: dict) -> str:
+    """A checksum of a JSON record (less its own `check`): an edited or bit-flipped marker or compaction
+    record that still parses is caught, not trusted."""
+    body = json.dumps({k: v for k, v in record.items() if k != "check"}, sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -115,21 +124,22 @@ class ShardStore:
 
     # ---- manifest -------------------------------------------------------------------------
     def read_manifest(self) -> Optional[dict]:
-        p = self.path(MANIFEST)
-        if not sfs.exists(self.fs, p):
+        found, manifest = sfs.read_json(self.fs, self.path(MANIFEST))
+        if not found:
             return None
-        try:
-            manifest = json.loads(sfs.read_bytes(self.fs, p))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            manifest = None
         if not isinstance(manifest, dict):
             raise StoreError(
                 f"{self.uri}/{MANIFEST} is empty or not valid JSON, so this run cannot be resumed or read; "
                 f"start it over with --force-new (its units are redone), or restore {MANIFEST} from a copy")
         return manifest
 
+    def commit_bytes(self, path: str, data: bytes) -> None:
+        """Every file of the run is committed through here: whole, durable (fsync before and after the
+        rename on local disk), its temporary file in `_tmp/`, where no reader of a table looks."""
+        sfs.write_bytes_atomic(self.fs, path, data, tmp_dir=self.path(TMP_DIR))
+
     def write_manifest(self, manifest: dict) -> None:
-        sfs.write_bytes_atomic(self.fs, self.path(MANIFEST), json.dumps(manifest, indent=2, sort_keys=True).encode())
+        self.commit_bytes(self.path(MANIFEST), json.dumps(manifest, indent=2, sort_keys=True).encode())
 
     def open_run(
         self,
@@ -201,14 +211,16 @@ class ShardStore:
         return False
 
     def sweep_temp(self, tables: Iterable[str]) -> int:
-        """Delete temporary files a killed writer left behind. They were never visible to readers."""
+        """Delete temporary files a killed writer left behind (everything in `_tmp/`, and the
+        dot-prefixed temporaries older versions wrote beside their targets). They were never visible
+        to readers. Called under the run's lease, so no live writer owns one."""
         n = 0
-        for name in list(tables) + [UNITS_DIR, SIDE_DIR]:
+        for name in [TMP_DIR] + list(tables) + [UNITS_DIR, SIDE_DIR]:
             d = self.path(name)
             if not sfs.exists(self.fs, d):
                 continue
             for info in self.fs.get_file_info(pafs.FileSelector(d)):
-                if info.base_name.startswith(".tmp-"):
+                if info.type == pafs.FileType.File and (name == TMP_DIR or info.base_name.startswith(sfs.TMP_PREFIX)):
                     self.fs.delete_file(info.path)
                     n += 1
         return n
@@ -219,7 +231,7 @@ class ShardStore:
         run) and never markers without their data."""
         p = self.path(COMPLETE)
         if sfs.exists(self.fs, p):
-            self.fs.delete_file(p)
+            sfs.delete_durable(self.fs, p)
         for name in [UNITS_DIR, SIDE_DIR, "_compact"]:  # _compact/manifest.json commits a compaction
             d = self.path(name)
             if sfs.exists(self.fs, d):
@@ -227,7 +239,9 @@ class ShardStore:
         p = self.path(MANIFEST)
         if sfs.exists(self.fs, p):
             self.fs.delete_file(p)
-        for name in tables:
+        if sfs.is_local(self.fs):  # the commit points are gone from the disk before any data goes
+            sfs.fsync_path(self.root)
+        for name in list(tables) + [TMP_DIR]:
             d = self.path(name)
             if sfs.exists(self.fs, d):
                 self.fs.delete_dir(d)
@@ -241,8 +255,7 @@ class ShardStore:
             buf = io.BytesIO()
             pq.write_table(data, buf, compression="zstd")
             blob = buf.getvalue()
-            target = self.shard_path(table, unit)
-            sfs.write_bytes_atomic(self.fs, target, blob)
+            self.commit_bytes(self.shard_path(table, unit), blob)
             files[table] = {
                 "path": f"{table}/{part_name(unit)}",
                 "rows": data.num_rows,
@@ -250,17 +263,36 @@ class ShardStore:
                 "sha256": hashlib.sha256(blob).hexdigest(),
             }
         record = {"unit": unit, "fingerprint": fingerprint, "files": files, "extra": extra or {}, "written": _now()}
-        sfs.write_bytes_atomic(self.fs, self.marker_path(unit), json.dumps(record, sort_keys=True).encode())
+        record["check"] = record_check(record)
+        # the commit point of the unit: only once every shard above is durably in place
+        self.commit_bytes(self.marker_path(unit), json.dumps(record, sort_keys=True).encode())
         return UnitRecord(unit=unit, files=files, extra=extra or {})
 
     def read_marker(self, unit: int) -> Optional[dict]:
+        """The unit's marker, or None when it is missing or not a valid marker (see marker_status)."""
+        return self.marker_status(unit)[0]
+
+    def marker_status(self, unit: int) -> Tuple[Optional[dict], Optional[str]]:
+        """(marker, None), or (None, what is wrong with it): missing, empty, not JSON, or edited (its own
+        checksum, its unit number or its file names disagree). A unit without a valid marker is not done."""
         p = self.marker_path(unit)
         if not sfs.exists(self.fs, p):
-            return None
+            return None, "is missing"
+        raw = sfs.read_bytes(self.fs, p)
+        if not raw.strip():
+            return None, "is empty"
         try:
-            return json.loads(sfs.read_bytes(self.fs, p))
+            rec = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return None
+            return None, "is not valid JSON"
+        files = rec.get("files") if isinstance(rec, dict) else None
+        if not isinstance(files, dict) or rec.get("unit", unit) != unit or \
+                any(not isinstance(f, dict) or f.get("path") != f"{t}/{part_name(unit)}"
+                    or not all(k in f for k in ("rows", "bytes", "sha256")) for t, f in files.items()):
+            return None, "is not a marker of this unit (edited or corrupt)"
+        if rec.get("check") is not None and rec["check"] != record_check(rec):
+            return None, "fails its own checksum (edited or corrupt)"
+        return rec, None
 
     def _json_names(self, folder: str) -> List[str]:
         """Stems of the visible *.json files in a run folder (temporaries are dot-prefixed)."""
@@ -270,50 +302,85 @@ class ShardStore:
         return [i.base_name[:-5] for i in self.fs.get_file_info(pafs.FileSelector(d))
                 if i.base_name.endswith(".json") and not i.base_name.startswith(".")]
 
-    def markers(self) -> Dict[int, dict]:
-        out: Dict[int, dict] = {}
+    def marker_scan(self) -> Tuple[Dict[int, dict], Dict[int, str]]:
+        """(valid markers by unit, what is wrong with each invalid one): one read of each marker."""
+        valid: Dict[int, dict] = {}
+        invalid: Dict[int, str] = {}
         for stem in self._json_names(UNITS_DIR):
             if stem.isdigit():
-                rec = self.read_marker(int(stem))
-                if rec is not None:
-                    out[int(stem)] = rec
-        return out
+                rec, why = self.marker_status(int(stem))
+                if why is None:
+                    valid[int(stem)] = rec
+                else:
+                    invalid[int(stem)] = why
+        return valid, invalid
 
-    def check_unit(self, record: dict, deep: bool = True) -> Optional[str]:
-        """None if the unit's files match its marker; otherwise what is wrong."""
+    def markers(self) -> Dict[int, dict]:
+        """The valid completion markers, by unit (a missing, empty or edited one is left out)."""
+        return self.marker_scan()[0]
+
+    def check_file(self, f: dict, deep: bool = True) -> Optional[str]:
+        """None if the file a marker names is there with its size (and, `deep`, its sha256)."""
+        p = self.path(f["path"])
+        info = self.fs.get_file_info(p)
+        if info.type == pafs.FileType.NotFound:
+            return f"{f['path']}: missing"
+        if info.size != f["bytes"]:
+            return f"{f['path']}: size {info.size} bytes, marker says {f['bytes']}"
+        if deep:
+            digest, _ = sfs.sha256_file(self.fs, p)
+            if digest != f["sha256"]:
+                return f"{f['path']}: checksum mismatch (edited or corrupt)"
+        return None
+
+    def check_unit(self, record: dict, deep: bool = True, compaction=None) -> Optional[str]:
+        """None if the unit's files match its marker; otherwise what is wrong. A table whose rows a
+        committed compaction holds (`compaction`, storage.compact.Compaction) is checked there."""
         for table, f in record["files"].items():
-            p = self.path(f["path"])
-            info = self.fs.get_file_info(p)
-            if info.type == pafs.FileType.NotFound:
-                return f"{f['path']}: missing"
-            if info.size != f["bytes"]:
-                return f"{f['path']}: size {info.size} bytes, marker says {f['bytes']}"
-            if deep:
-                digest, _ = sfs.sha256_file(self.fs, p)
-                if digest != f["sha256"]:
-                    return f"{f['path']}: checksum mismatch (edited or corrupt)"
+            if compaction is not None and compaction.covers(table, int(record["unit"]), f) is not None:
+                continue  # its compacted file is checked once, for all its units (completed_units)
+            problem = self.check_file(f, deep)
+            if problem:
+                return problem
         return None
 
     def completed_units(self, fingerprint: str, deep: bool = True) -> Dict[int, UnitRecord]:
-        """Units that are done and whose files still check out. A bad unit is left pending, to be redone."""
-        from storage.compact import compacted_units
+        """Units that are done and whose files still check out. A bad unit is left pending, to be redone.
+
+        On a compacted run (`sentsim store compact`) a unit's rows may live in a compacted file: a file
+        that no longer checks out is withdrawn from the compaction first, and its units are redone."""
+        from storage.compact import load_compaction
 
         done: Dict[int, UnitRecord] = {}
         self.redo_reasons: Dict[int, str] = {}
-        compacted = compacted_units(self, fingerprint)  # their rows live in _compact/ (`sentsim store compact`)
-        for unit, rec in self.markers().items():
+        compaction = load_compaction(self, fingerprint)
+        if compaction is not None:
+            bad = {}
+            for recs in compaction.tables.values():
+                for rec in recs:
+                    problem = compaction.file_problem(rec, deep=deep)
+                    if problem:
+                        bad[rec["path"]] = problem
+            if bad:
+                why = {int(e[0]): bad[r["path"]] for recs in compaction.tables.values() for r in recs
+                       if r["path"] in bad for e in r["units"]}
+                self.unmark_complete()
+                compaction.withdraw(list(bad))
+                self.redo_reasons.update(why)
+        markers, invalid = self.marker_scan()
+        for unit, why in invalid.items():  # an empty or edited marker: the unit is not done
+            self.redo_reasons[unit] = f"its completion marker {why}"
+        for unit, rec in markers.items():
             if rec.get("fingerprint") != fingerprint:
                 self.redo_reasons[unit] = "marker from another run"
                 continue
-            if unit in compacted:
-                done[unit] = UnitRecord(unit=unit, files=rec["files"], extra=rec.get("extra", {}))
-                continue
-            problem = self.check_unit(rec, deep=deep)
+            problem = self.check_unit(rec, deep=deep, compaction=compaction)
             if problem:
-                self.redo_reasons[unit] = problem
+                self.redo_reasons[unit] = self.redo_reasons.get(unit, problem)
                 self.unmark_complete()  # before the marker goes: never "complete" with a unit missing
-                self.fs.delete_file(self.marker_path(unit))
+                sfs.delete_durable(self.fs, self.marker_path(unit))
                 continue
+            self.redo_reasons.pop(unit, None)
             done[unit] = UnitRecord(unit=unit, files=rec["files"], extra=rec.get("extra", {}))
         return done
 
@@ -330,9 +397,33 @@ class ShardStore:
         manifest["finished"] = _now()
         self.write_manifest(manifest)
         if manifest["complete"]:
-            sfs.write_bytes_atomic(self.fs, self.path(COMPLETE), manifest["fingerprint"].encode())
+            self.commit_bytes(self.path(COMPLETE), manifest["fingerprint"].encode())
+            self._settle_compaction(manifest.get("fingerprint"), markers)
         self.release()
         return manifest
+
+    def _settle_compaction(self, fingerprint: Optional[str], markers: Dict[int, dict]) -> None:
+        """After units of a compacted run were redone: a redone shard identical to the compacted rows
+        (same sha256) is removed, so DIR/<table> holds each row once; units redone with other bytes
+        leave a compacted file holding rows no marker vouches for, which readers refuse until
+        `sentsim store compact` rewrites it: said here, once."""
+        from storage.compact import load_compaction
+
+        comp = load_compaction(self, fingerprint)
+        if comp is None:
+            return
+        stale = set()
+        for u, m in markers.items():
+            for t, f in m.get("files", {}).items():
+                if comp.covers(t, u, f) is not None and sfs.exists(self.fs, self.path(f["path"])):
+                    sfs.delete_durable(self.fs, self.path(f["path"]))
+        for t in comp.tables:
+            for units in comp.stale(t, markers).values():
+                stale.update(units)
+        if stale:
+            print(f"note: {self.uri}: {len(stale)} unit(s) were redone after `sentsim store compact`; run "
+                  f"`sentsim store compact {self.uri}` again to fold them in (readers refuse the run until then)",
+                  file=sys.stderr, flush=True)
 
     # ---- side tables ----------------------------------------------------------------------
     def side_path(self, name: str) -> str:
@@ -344,11 +435,10 @@ class ShardStore:
         buf = io.BytesIO()
         pq.write_table(data, buf, compression="zstd")
         blob = buf.getvalue()
-        sfs.write_bytes_atomic(self.fs, self.side_path(name), blob)
+        self.commit_bytes(self.side_path(name), blob)
         record = {"name": name, "path": f"{SIDE_DIR}/{name}.parquet", "rows": data.num_rows, "bytes": len(blob),
                   "sha256": hashlib.sha256(blob).hexdigest(), "fingerprint": fingerprint, "written": _now()}
-        sfs.write_bytes_atomic(self.fs, self.path(SIDE_DIR, f"{name}.json"),
-                               json.dumps(record, sort_keys=True).encode())
+        self.commit_bytes(self.path(SIDE_DIR, f"{name}.json"), json.dumps(record, sort_keys=True).encode())
         return record
 
     def side_records(self) -> Dict[str, dict]:
@@ -386,7 +476,7 @@ class ShardStore:
         """Withdraw `_COMPLETE` while units are being redone; finalize writes it again."""
         p = self.path(COMPLETE)
         if sfs.exists(self.fs, p):
-            self.fs.delete_file(p)
+            sfs.delete_durable(self.fs, p)
 
     def is_complete(self) -> bool:
         return sfs.exists(self.fs, self.path(COMPLETE))

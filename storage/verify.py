@@ -1,4 +1,9 @@
-"""`sentsim store verify`: re-read every shard of a run against its manifest and markers."""
+"""`sentsim store verify`: re-read every shard of a run against its manifest and markers.
+
+OK means: every planned unit has a valid marker, every file a marker (or the committed compaction)
+names reads back with its size, sha256, rows and schema, and the table folders hold nothing else, so
+plain Parquet readers of DIR/<table> see exactly the run's rows too.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +13,29 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from storage import fs as sfs
-from storage.store import ShardStore, StoreError, schema_signature
+from storage.store import UNITS_DIR, ShardStore, StoreError, schema_signature
 
 COMPACT = "_compact"
+AGAIN = "run `sentsim store compact` again"
+
+
+def _check_parquet(store: ShardStore, rel: str, rows: int, expected, table: str, problems: List[str]) -> None:
+    try:
+        with store.fs.open_input_file(store.path(rel)) as fh:
+            data = pq.read_table(fh)
+    except Exception as exc:  # a corrupt Parquet footer or page
+        problems.append(f"{rel}: unreadable Parquet ({type(exc).__name__})")
+        return
+    if data.num_rows != rows:
+        problems.append(f"{rel}: {data.num_rows} rows, its record says {rows}")
+    if expected is not None and schema_signature(data.schema) != expected:
+        problems.append(f"{rel}: schema differs from the manifest's '{table}' schema")
 
 
 def verify_store(uri: str) -> List[str]:
     """Every problem found, one line each, naming the shard. Empty means the run checks out."""
+    from storage.compact import FILE_PREFIX, load_compaction
+
     store = ShardStore(uri)
     manifest = store.read_manifest()
     if manifest is None:
@@ -22,67 +43,59 @@ def verify_store(uri: str) -> List[str]:
     problems: List[str] = []
     fp = manifest.get("fingerprint")
     tables = manifest.get("tables", {})
-    markers = store.markers()
+    markers, invalid = store.marker_scan()
+    for unit, why in sorted(invalid.items()):
+        problems.append(f"{UNITS_DIR}/{unit:05d}.json: completion marker {why}; the unit is redone on resume")
+    comp = load_compaction(store, fp)
     claimed = set()
-    from storage.compact import read_compaction
-
-    compaction = read_compaction(store, fp) or {}
-    compacted = compaction.get("tables", {})  # tables whose rows now live in _compact/ (store compact)
     for unit, rec in sorted(markers.items()):
         if rec.get("fingerprint") != fp:
             problems.append(f"unit {unit:05d}: marker from another run (fingerprint {rec.get('fingerprint')})")
             continue
         for table, f in rec["files"].items():
+            if comp is not None and comp.covers(table, unit, f) is not None:
+                if sfs.exists(store.fs, store.path(f["path"])):
+                    problems.append(f"{f['path']}: left over from compaction (its rows are in a compacted file); "
+                                    f"{AGAIN}")
+                    claimed.add(f["path"])
+                continue
             claimed.add(f["path"])
-            p = store.path(f["path"])
-            if table in compacted:
-                if sfs.exists(store.fs, p):
-                    problems.append(f"{f['path']}: left over from compaction; run `sentsim store compact` again")
+            problem = store.check_file(f, deep=True)
+            if problem:
+                problems.append(problem.replace("marker says", "expected") +
+                                (" (truncated or edited)" if "size" in problem else ""))
                 continue
-            info = store.fs.get_file_info(p)
-            if info.type == pafs.FileType.NotFound:
-                problems.append(f"{f['path']}: missing")
-                continue
-            if info.size != f["bytes"]:
-                problems.append(f"{f['path']}: size {info.size} bytes, expected {f['bytes']} (truncated or edited)")
-                continue
-            digest, _ = sfs.sha256_file(store.fs, p)
-            if digest != f["sha256"]:
-                problems.append(f"{f['path']}: checksum mismatch (edited or corrupt)")
-                continue
-            try:
-                with store.fs.open_input_file(p) as fh:
-                    table_data = pq.read_table(fh)
-            except Exception as exc:  # a corrupt Parquet footer or page
-                problems.append(f"{f['path']}: unreadable Parquet ({type(exc).__name__})")
-                continue
-            if table_data.num_rows != f["rows"]:
-                problems.append(f"{f['path']}: {table_data.num_rows} rows, marker says {f['rows']}")
-            expected = tables.get(table)
-            if expected is not None and schema_signature(table_data.schema) != expected:
-                problems.append(f"{f['path']}: schema differs from the manifest's '{table}' schema")
-    for table, recs in sorted(compacted.items()):
-        want = sum(int(m["files"][table]["rows"]) for m in markers.values()
-                   if m.get("fingerprint") == fp and table in m.get("files", {}))
-        if sum(int(r["rows"]) for r in recs) != want:
-            problems.append(f"{COMPACT}/{table}: {sum(int(r['rows']) for r in recs)} rows, the markers say {want}")
-        for r in recs:
-            p = store.path(r["path"])
-            if not sfs.exists(store.fs, p):
-                problems.append(f"{r['path']}: missing")
-            elif sfs.sha256_file(store.fs, p)[0] != r["sha256"]:
-                problems.append(f"{r['path']}: checksum mismatch (edited or corrupt)")
-            elif tables.get(table) is not None and schema_signature(pq.read_schema(
-                    p, filesystem=store.fs)) != tables[table]:
-                problems.append(f"{r['path']}: schema differs from the manifest's '{table}' schema")
-    # Shards without a marker: half-written units or files dropped in by hand.
+            _check_parquet(store, f["path"], int(f["rows"]), tables.get(table), table, problems)
+    if comp is not None:
+        current = {u: m for u, m in markers.items() if m.get("fingerprint") == fp}
+        for table, recs in sorted(comp.tables.items()):
+            for path, held in sorted(comp.stale(table, current).items()):
+                shown = ", ".join(f"{u:05d}" for u in held[:5]) + (" ..." if len(held) > 5 else "")
+                problems.append(f"{path}: holds rows of unit(s) {shown} that no marker vouches for any more "
+                                f"(redone or lost since compaction); resume the job if units are missing, then {AGAIN}")
+            for r in recs:
+                where = comp.location(r)
+                claimed.add(where)
+                problem = comp.file_problem(r)
+                if problem:
+                    problems.append(problem)
+                    continue
+                if where != r["path"]:
+                    problems.append(f"{where}: not yet moved to {r['path']} (compaction stopped part-way); {AGAIN}")
+                _check_parquet(store, where, int(r["rows"]), tables.get(table), table, problems)
+    # Files in a table's folder that no marker or compaction names: half-written units, files dropped in
+    # by hand, or an earlier compaction's files. Plain readers of the folder would read them.
     for table in tables:
         d = store.path(table)
         if not sfs.exists(store.fs, d):
             continue
         for info in store.fs.get_file_info(pafs.FileSelector(d)):
             rel = f"{table}/{info.base_name}"
-            if info.base_name.endswith(".parquet") and not info.base_name.startswith(".") and rel not in claimed:
+            if rel in claimed or info.base_name.startswith("."):
+                continue
+            if info.base_name.startswith(FILE_PREFIX):
+                problems.append(f"{rel}: a compacted file no compaction names (left over); {AGAIN}")
+            elif info.base_name.endswith(".parquet"):
                 problems.append(f"{rel}: no completion marker (partial unit or foreign file)")
     for name, rec in sorted(store.side_records().items()):
         problem = store.check_side_table(rec)
@@ -95,7 +108,8 @@ def verify_store(uri: str) -> List[str]:
         missing = [u for u in range(planned) if u not in markers]
         if missing:
             shown = ", ".join(f"{u:05d}" for u in missing[:10]) + (" ..." if len(missing) > 10 else "")
-            problems.append(f"{len(missing)} of {planned} units not complete: {shown}")
+            problems.append(f"{len(missing)} of {planned} units not complete: {shown}; resume the job (the same "
+                            "command) to redo them")
     if not problems and not store.is_complete():
         problems.append(
             f"run incomplete: {len(markers)} units done and no _COMPLETE marker; re-run the same command to finish it"

@@ -148,3 +148,75 @@ def test_heartbeat_on_s3_is_a_conditional_put_and_a_taken_over_holder_notices(s3
     finally:
         holder.release()
     assert holder.read()["token"] == new["token"]
+
+
+# ---------------------------------------------------------------- training outputs
+
+
+def test_claim_out_takes_the_lease_of_a_training_out(tmp_path):
+    """claim_out: a second process claiming the same --out is refused naming the holder; a holder that was
+    killed is taken over; the same process may claim again (a rerun, a second stage)."""
+    from pathlib import Path
+
+    from sentsim.training.run import claim_out, release_out
+
+    out = tmp_path / "model_out"
+    code = ("import sys, time; from pathlib import Path; from sentsim.training.run import claim_out; "
+            f"claim_out(Path({str(out)!r}), 'fp', {{}}, False, 'OUT'); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LeaseHeld, match=f"OUT is being written by pid {holder.pid} on host"):
+            claim_out(Path(out), "fp", {}, True, "OUT")  # --force-new too: nothing discarded under a live holder
+    finally:
+        holder.kill()
+        holder.wait()
+    claim_out(Path(out), "fp", {}, False, "OUT")  # a killed holder: taken over
+    claim_out(Path(out), "fp", {}, False, "OUT")  # this process again
+    assert json.loads((out / LEASE).read_text())["pid"] == os.getpid()
+    release_out(out)
+    assert not (out / LEASE).exists() and json.loads((out / "run.json").read_text())["fingerprint"] == "fp"
+
+
+@pytest.mark.slow
+def test_two_trainings_into_one_out_second_exits_2_naming_the_holder(tmp_path, speech_corpus, ray_head):
+    """Two real `sentsim train discriminator` processes with one --out: the second exits 2 in one line
+    naming the first (with or without --force-new) and leaves its state alone; the first finishes; then
+    the out is free again."""
+    import signal
+
+    from conftest import sentsim_cli
+
+    env = {**ray_head["env"], "RAY_ADDRESS": ray_head["gcs"]}
+    out = tmp_path / "disc"
+    sets = ["model.embed_dim=16", "model.hidden=16", "model.head_dim=16", "model.max_tokens=16",
+            "model.embed_init=random", "train.max_steps=3", "train.batch_size=8", "train.max_heldout_windows=32"]
+    args = ["train", "discriminator", "--corpus", str(speech_corpus), "--out", str(out), "--num-workers", "1",
+            *[x for s in sets for x in ("--set", s)]]
+    exe = os.path.join(os.path.dirname(sys.executable), "sentsim")
+    first = subprocess.Popen([exe, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                             env={**os.environ, **env})
+    try:
+        lease_file = out / "_train" / LEASE
+        deadline = time.time() + 300
+        while not lease_file.exists():
+            assert first.poll() is None and time.time() < deadline, first.communicate()
+            time.sleep(0.2)
+        first.send_signal(signal.SIGSTOP)  # hold it mid-run, whatever the machine's speed
+        try:
+            for extra in ([], ["--force-new"]):
+                r = sentsim_cli(*args, *extra, env=env)
+                assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+                assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+                assert f"is being written by pid {first.pid} on host" in r.stderr, r.stderr
+                assert json.loads(lease_file.read_text())["pid"] == first.pid and (out / "_train").is_dir()
+        finally:
+            first.send_signal(signal.SIGCONT)
+        stdout, stderr = first.communicate(timeout=600)
+        assert first.returncode == 0, stderr[-3000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert (out / "model.safetensors").is_file() and not (out / "_train").exists()
+    r = sentsim_cli(*args, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]

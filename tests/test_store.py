@@ -215,3 +215,141 @@ def test_clear_removes_commit_points_before_data(tmp_path, monkeypatch):
         store.clear(["t"])
     assert not store.is_complete() and store.markers() == {} and store.read_manifest() is None
     assert (tmp_path / "run" / "t" / "part-00000.parquet").exists()  # only unreferenced data is left
+
+
+# ---------------------------------------------------------------- commit order, durability, crashes
+
+
+def _bench(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", root / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_a_kill_between_a_shards_write_and_its_marker_never_shows_a_partial_unit(tmp_path):
+    """`sentsim corpus build` SIGKILLed just before each durable step of unit 2 (the rename of each of its
+    two shards into place, the rename of its marker) and just after them. At every point a reader sees
+    unit 2 whole or not at all: every unit with a marker has all its files, RunReader reads exactly the
+    markers' rows, and the resume ends with the rows of an uninterrupted build. (A marker committed
+    before the shards are renamed into place fails here: the reader would list a unit whose files are
+    missing.)"""
+    rows = _bench("crash_points").unit_write_crash_points(tmp_path)
+    assert [r["killed before"] for r in rows] == [
+        "rename into sentences/part-00002.parquet", "rename into chunks/part-00002.parquet",
+        "rename into _units/00002.json", "rename into sentences/part-00003.parquet"]
+    for r, visible in zip(rows, (False, False, False, True)):
+        assert r["marked units whose files fail"] == {}, r
+        assert (2 in r["units with a marker"]) == visible, r
+        assert r["sentences RunReader"] == r["sentences markers"] and r["chunks RunReader"] == r["chunks markers"], r
+        assert not any("missing" in p or "checksum" in p or "size" in p for p in r["verify"]), r
+        # temporaries live in _tmp/, never in a table's folder; only a renamed, unmarked shard can sit there
+        assert all(name.startswith("part-") for name in r["unit files on disk"]), r
+        assert r["resume rc"] == 0 and r["resume verify"] == "OK", r
+        assert r["sentences after resume exact"] and r["chunks after resume exact"], r
+
+
+def test_resume_redoes_a_shard_edited_without_changing_its_size(run_copy, sample_path, speech_corpus):
+    """Only the sha256 tells such an edit (the size check passes): a resume that skipped it would keep the
+    edited rows. Through the command, as a user resumes."""
+    shard = run_copy / "sentences" / "part-00001.parquet"
+    blob = bytearray(shard.read_bytes())
+    blob[len(blob) // 2] ^= 0x01
+    shard.write_bytes(bytes(blob))
+    store = ShardStore(str(run_copy))
+    assert store.check_unit(store.read_marker(1)) == "sentences/part-00001.parquet: checksum mismatch (edited or " \
+                                                     "corrupt)"  # the library's default checks the sha256
+    r = sentsim_cli("corpus", "build", sample_path, "--out", run_copy, "--executor", "inline",
+                    "--set", "docs_per_unit=4")
+    assert r.returncode == 0, r.stderr
+    assert "unit 00001 will be redone: sentences/part-00001.parquet: checksum mismatch" in r.stderr, r.stderr
+    assert "[corpus] unit 00001 | 1 units" in r.stderr
+    assert verify_store(str(run_copy)) == []
+    key = "sentence_id"
+    assert ds.dataset(str(run_copy / "sentences")).to_table().sort_by(key).equals(
+        ds.dataset(str(speech_corpus / "sentences")).to_table().sort_by(key))
+
+
+@pytest.mark.parametrize("damage", ["empty", "edited", "not a marker"])
+def test_an_empty_or_edited_marker_is_not_a_done_unit(run_copy, damage):
+    """A power loss could once empty a marker (nothing was fsynced); a stray edit can keep it valid JSON.
+    Either way the unit is not done: readers leave it out, resume redoes it, verify names it."""
+    from storage import RunReader
+
+    marker = run_copy / "_units" / "00003.json"
+    if damage == "empty":
+        marker.write_bytes(b"")
+    elif damage == "edited":  # one digit of the sentences' sha256: same size, still valid JSON
+        text = marker.read_text()
+        i = text.index('"sha256": "') + len('"sha256": "')
+        marker.write_text(text[:i] + ("0" if text[i] != "0" else "1") + text[i + 1:])
+    else:
+        marker.write_text(json.dumps([1, 2, 3]))
+    store = ShardStore(str(run_copy))
+    fp = store.read_manifest()["fingerprint"]
+    assert 3 not in store.completed_units(fp) and "its completion marker" in store.redo_reasons[3]
+    assert 3 not in RunReader(str(run_copy)).units()
+    assert any(p.startswith("_units/00003.json: completion marker") for p in verify_store(str(run_copy)))
+
+
+def test_each_commit_is_durable_shards_before_the_marker(tmp_path, monkeypatch):
+    """Every rename into place is preceded by an fsync of the file and followed by an fsync of its folder,
+    and a unit's marker is renamed only after each of its shards is durably in place. Temporaries are
+    written in DIR/_tmp, where no table reader looks."""
+    import pyarrow as pa
+
+    import storage.fs as sfs
+
+    events = []
+    real_fsync, real_replace = sfs.fsync_path, os.replace
+    monkeypatch.setattr(sfs, "fsync_path", lambda p: (events.append(("fsync", os.path.relpath(p, tmp_path))),
+                                                      real_fsync(p)))
+    monkeypatch.setattr(sfs.os, "replace", lambda a, b: (events.append(("rename", os.path.relpath(a, tmp_path),
+                                                                        os.path.relpath(b, tmp_path))),
+                                                         real_replace(a, b)))
+    store = ShardStore(str(tmp_path / "s"))
+    schema = pa.schema([("x", pa.int64())])
+    store.open_run("t", "fp", {}, [], {"a": schema, "b": schema}, planned_units=1)
+    events.clear()
+    store.write_unit(0, {"a": pa.table({"x": [1]}, schema=schema), "b": pa.table({"x": [2]}, schema=schema)}, "fp")
+    renames = [e for e in events if e[0] == "rename"]
+    assert [e[2] for e in renames] == ["s/a/part-00000.parquet", "s/b/part-00000.parquet", "s/_units/00000.json"]
+    for _, src, dst in renames:
+        assert src.startswith("s/_tmp/.tmp-")
+        i = events.index(("rename", src, dst))
+        assert events[i - 1] == ("fsync", src)  # the bytes first
+        assert ("fsync", os.path.dirname(dst)) in events[i + 1:i + 3]  # then the rename itself
+    # the marker's rename comes after the fsync of both shards' folders
+    marker_at = events.index(renames[-1])
+    assert events.index(("fsync", "s/a")) < marker_at and events.index(("fsync", "s/b")) < marker_at
+    # the same helper commits the manifest, _COMPLETE, side tables and the lease's heartbeat
+    events.clear()
+    store.write_side_table("anchors", pa.table({"x": [1]}), "fp")
+    store.finalize(1, {})
+    done = [e[2] for e in events if e[0] == "rename"]
+    assert done == ["s/_side/anchors.parquet", "s/_side/anchors.json", "s/manifest.json", "s/_COMPLETE"]
+
+
+def test_every_sharded_job_checks_the_sha256_on_resume(tmp_path):
+    """The executor's default: a job that does not choose (the contexts and rep-cache jobs) re-checks
+    each done unit's sha256 when it resumes, so a same-size edit is redone there too."""
+    from test_executor import _job
+
+    from sentsim.executor import execute
+    from storage import RunReader
+
+    units = [{"unit": u, "x": u * 10} for u in range(4)]
+    execute(_job(tmp_path / "r", units), executor="inline", quiet=True)
+    before = RunReader(str(tmp_path / "r")).read_table("t")
+    shard = tmp_path / "r" / "t" / "part-00002.parquet"
+    blob = bytearray(shard.read_bytes())
+    blob[len(blob) // 2] ^= 0x01
+    shard.write_bytes(bytes(blob))
+    m = execute(_job(tmp_path / "r", units), executor="inline", quiet=True)
+    assert m["complete"] and m["this_run"]["units"] == 1
+    assert RunReader(str(tmp_path / "r")).read_table("t").equals(before) and verify_store(str(tmp_path / "r")) == []

@@ -1,15 +1,32 @@
 """`sentsim store compact`: per-unit shards rewritten into files of a target size, resumable, and
-readers (RunReader, pyarrow and ray.data through it) see exactly the same rows before and after."""
+readers (RunReader, pyarrow, pandas, ray.data and `datasets`, through it or over DIR/<table>) see
+exactly the same rows before and after. Compaction refuses a run with a lost, empty or edited marker
+or shard, survives a kill at every step (bench/crash_points.py), and a resume or a second
+compaction after it never drops or doubles a row."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 from conftest import sentsim_cli
+from test_store import s3_server  # noqa: F401  (the moto fixture, reused)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_bench(name: str):
+    """A bench/ script as a module (the crash harness is shared with bench/crash_points.py)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 A = pa.schema([("unit", pa.int64()), ("i", pa.int64()), ("text", pa.string())])
 B = pa.schema([("unit", pa.int64()), ("v", pa.float32())])
@@ -39,8 +56,13 @@ def snapshot(run):
     return {t: r.read_table(t) for t in ("a", "b")}, {t: r.dataset(t).to_table() for t in ("a", "b")}
 
 
-def test_same_rows_before_and_after_through_pyarrow_and_ray(tmp_path, ray_local):
-    from storage import RunReader, verify_store
+def test_same_rows_before_and_after_through_every_reader(tmp_path, ray_local):
+    import datasets
+    import pandas as pd
+    import pyarrow.dataset as pads
+    import ray
+
+    from storage import RunReader, open_run, verify_store
     from storage.compact import compact_run
 
     run = tmp_path / "run"
@@ -57,9 +79,21 @@ def test_same_rows_before_and_after_through_pyarrow_and_ray(tmp_path, ray_local)
         key = ["unit", "i"] if t == "a" else ["unit", "v"]
         assert got.sort_values(key).reset_index(drop=True).equals(
             ray_before[t].sort_values(key).reset_index(drop=True))
+        hf = open_run(str(run)).hf_dataset(t)
+        assert hf.num_rows == before[t].num_rows and hf.column_names == before[t].column_names
     reader = RunReader(str(run))
-    assert all("/_compact/a/" in f for f in reader.files("a")) and len(reader.files("a")) == r["files"]["a"]
-    assert reader.rows("a") == before["a"].num_rows and not list((run / "a").glob("*.parquet"))
+    # the compacted files sit in the table's own folder, and nothing else does: plain readers are right too
+    names = sorted(p.name for p in (run / "a").iterdir())
+    assert names == [f"compact-001-{i:05d}.parquet" for i in range(r["files"]["a"])]
+    assert [f.rsplit("/", 1)[1] for f in reader.files("a")] == sorted(p.name for p in (run / "a").iterdir())
+    assert reader.rows("a") == before["a"].num_rows
+    assert pads.dataset(str(run / "a")).to_table().equals(before["a"])
+    assert len(pd.read_parquet(run / "b")) == before["b"].num_rows
+    assert ray.data.read_parquet(str(run / "a")).count() == before["a"].num_rows
+    hf = datasets.load_dataset("parquet", data_files=str(run / "a" / "*.parquet"), split="train",
+                               cache_dir=str(tmp_path / "hf"))
+    assert hf.num_rows == before["a"].num_rows
+    assert sorted(p.name for p in (run / "_compact").iterdir()) == ["manifest.json"]  # staging cleared
     assert verify_store(str(run)) == []
     # once more: nothing to do
     assert compact_run(str(run), target_bytes=4_000)["status"] == "already compacted"
@@ -74,25 +108,30 @@ def test_killed_compaction_resumes_and_readers_never_see_a_mix(tmp_path):
     before, _ = snapshot(run)
     r = compact_run(str(run), target_bytes=4_000, stop_after=3)  # as if killed after 3 output files
     assert r == {"status": "stopped", "written": 3}
-    (run / "_compact" / "a" / ".tmp-999-part-00003.parquet").write_bytes(b"half a file")  # killed mid-write
+    (run / "_tmp" / ".tmp-999-x-compact-001-00003.parquet").write_bytes(b"half a file")  # killed mid-write
     assert snapshot(run)[0]["a"].equals(before["a"]) and verify_store(str(run)) == []  # still the unit files
-    kept = {p.name: p.stat().st_mtime_ns for p in (run / "_compact" / "a").glob("part-*.parquet")}
-    assert len(kept) == 3
+    kept = {p.name: p.stat().st_mtime_ns for p in (run / "_compact" / "a").glob("compact-*.parquet")}
+    assert len(kept) == 3 and not list((run / "a").glob("compact-*"))  # staged outside the table's folder
     r = compact_run(str(run), target_bytes=1 << 20)  # another target: the begun plan is kept
     assert r["status"] == "compacted" and r["written"] == sum(r["files"].values()) - 3
-    assert {p: (run / "_compact" / "a" / p).stat().st_mtime_ns for p in kept} == kept
-    assert not list((run / "_compact" / "a").glob(".tmp-*"))
+    assert {p: (run / "a" / p).stat().st_mtime_ns for p in kept} == kept  # moved, not rewritten
+    assert not list((run / "_tmp").iterdir())
     after, _ = snapshot(run)
     assert all(after[t].equals(before[t]) for t in ("a", "b"))
-    # killed while removing the unit files: a leftover is named by verify and removed by the next call
-    shutil.copy(run / "_compact" / "a" / "part-00000.parquet", run / "a" / "part-00000.parquet")
-    assert verify_store(str(run)) == ["a/part-00000.parquet: left over from compaction; run `sentsim store "
-                                      "compact` again"]
-    assert compact_run(str(run))["removed"] == 1 and verify_store(str(run)) == []
+    # a unit shard without a valid marker is named, and so is a lost marker
+    from storage import ShardStore
+
+    store = ShardStore(str(run))
+    store.write_unit(0, {"a": before["a"].slice(0, 1), "b": before["b"].slice(0, 1)}, "fp1")  # a stray unit file
+    (run / "_units" / "00000.json").write_bytes(b"")  # and its marker lost: an unmarked shard
+    problems = verify_store(str(run))
+    assert "a/part-00000.parquet: no completion marker (partial unit or foreign file)" in problems
+    assert any("_units/00000.json: completion marker is empty" in p for p in problems)
     # a corrupt compacted file is named
-    f = run / "_compact" / "b" / "part-00000.parquet"
+    f = run / "b" / "compact-001-00000.parquet"
     f.write_bytes(f.read_bytes()[:-10] + b"x" * 10)
-    assert verify_store(str(run)) == ["_compact/b/part-00000.parquet: checksum mismatch (edited or corrupt)"]
+    assert "b/compact-001-00000.parquet: checksum differs from _compact/manifest.json (edited or corrupt)" in \
+        verify_store(str(run))
 
 
 def test_a_job_resumed_on_a_compacted_run_redoes_nothing(tmp_path):
@@ -115,7 +154,7 @@ def test_a_job_resumed_on_a_compacted_run_redoes_nothing(tmp_path):
     assert not (tmp_path / "r" / "_compact").exists()
 
 
-@pytest.mark.parametrize("case", ["missing", "not a run", "incomplete", "bad target"])
+@pytest.mark.parametrize("case", ["missing", "not a run", "incomplete", "bad target", "inf target", "nan target"])
 def test_bad_input_is_one_line_exit_2(tmp_path, case):
     run = tmp_path / "run"
     args = [run]
@@ -124,13 +163,13 @@ def test_bad_input_is_one_line_exit_2(tmp_path, case):
         (run / "x.txt").write_text("hello")
     elif case == "incomplete":
         make_run(run, n_units=6, complete=False)
-    elif case == "bad target":
+    elif case.endswith("target"):
         make_run(run, n_units=3)
-        args += ["--target-mb", "0"]
+        args += ["--target-mb", {"bad target": "0", "inf target": "inf", "nan target": "nan"}[case]]
     r = sentsim_cli("store", "compact", *args)
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     expected = {"missing": "no such directory", "not a run": "not a sentsim run directory",
-                "incomplete": "not complete", "bad target": "--target-mb must be positive"}[case]
+                "incomplete": "not complete"}.get(case, "--target-mb must be a positive number of MB")
     assert expected in r.stderr
     if case == "incomplete":
         m = json.loads((run / "manifest.json").read_text())
@@ -197,7 +236,7 @@ def test_remix_of_a_compacted_harvest_equals_the_remix_before_compacting(small_h
     after = RunReader(str(src))
     for t in HARVEST_KEYS:
         files = after.compaction()["tables"][t]
-        assert not list((src / t).glob("*.parquet"))  # only the compacted files are left to read
+        assert not list((src / t).glob("part-*.parquet"))  # only the compacted files are left to read
         assert 1 < len(files) < n_units and len(files[0]["units"]) > 1  # units read from the middle of a file
         for u in range(n_units):  # each unit's rows as written, the slice of its compacted file
             assert after.unit_table(u, t).equals(before.unit_table(u, t)), (t, u)
@@ -215,7 +254,7 @@ def test_remix_names_a_corrupt_compacted_file_in_one_line(small_harvest, tmp_pat
     from storage import RunReader, StoreError
 
     src = compacted_copy(small_harvest, tmp_path / "src")
-    rel = "_compact/context_scores/part-00000.parquet"
+    rel = "context_scores/compact-001-00000.parquet"
     blob = bytearray((src / rel).read_bytes())
     blob[len(blob) // 2] ^= 0xFF  # same size, other bytes: only the checksum tells
     (src / rel).write_bytes(bytes(blob))
@@ -230,3 +269,215 @@ def test_remix_names_a_corrupt_compacted_file_in_one_line(small_harvest, tmp_pat
     with pytest.raises(StoreError, match=f"{rel}: size {len(blob) - 100} bytes.*truncated"):
         RunReader(str(src)).unit_table(0, "context_scores")
     assert RunReader(str(src)).unit_table(0, "pairs").num_rows > 0  # the other tables' files still read
+
+
+# ---------------------------------------------------------------- a real corpus run: refusals, resumes, crashes
+
+CORPUS_KEYS = {"sentences": "sentence_id", "chunks": "chunk_id"}
+
+
+def corpus_rows(run):
+    from storage import RunReader
+
+    r = RunReader(str(run))
+    return {t: r.read_table(t).sort_by(k) for t, k in CORPUS_KEYS.items()}
+
+
+def resume_corpus(sample_path, run):
+    """The job that wrote the run, run again as a user would: it redoes what is not done."""
+    r = sentsim_cli("corpus", "build", sample_path, "--out", run, "--executor", "inline", "--set", "docs_per_unit=4")
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def flip_a_byte(path):
+    blob = bytearray(path.read_bytes())
+    blob[len(blob) // 2] ^= 0x01  # same size, other bytes: only a checksum tells
+    path.write_bytes(bytes(blob))
+
+
+def damage(run, case):
+    """What a power loss, a stray edit or a user's `rm` can leave; returns what the refusal must name."""
+    marker = run / "_units" / "00002.json"
+    shard = run / "sentences" / "part-00003.parquet"
+    if case == "marker deleted":
+        marker.unlink()
+        return "unit 00002's completion marker is missing"
+    if case == "marker empty":
+        marker.write_bytes(b"")
+        return "unit 00002's completion marker is empty"
+    if case == "marker edited":  # one digit of a row count: still valid JSON, same size
+        text = marker.read_text()
+        i = text.index('"rows": ') + len('"rows": ')
+        marker.write_text(text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1:])
+        return "unit 00002's completion marker fails its own checksum"
+    if case == "shard edited":
+        flip_a_byte(shard)
+        return "sentences/part-00003.parquet: size or sha256 differs from its unit marker"
+    if case == "shard truncated":
+        shard.write_bytes(shard.read_bytes()[:-7])
+        return "sentences/part-00003.parquet: size"
+    if case == "shard deleted":
+        shard.unlink()
+        return "sentences/part-00003.parquet: missing"
+    raise ValueError(case)
+
+
+@pytest.mark.parametrize("case", ["marker deleted", "marker empty", "marker edited", "shard edited", "shard truncated",
+                                  "shard deleted"])
+def test_compaction_refuses_a_run_with_a_bad_marker_or_shard_and_resume_fixes_it(
+        speech_corpus, sample_path, tmp_path, case):
+    """The audit's loss: a deleted marker made compaction hide 1,249 of 3,772 sentences, and an edited
+    shard was copied into the compacted file. Now nothing is written, the line says what to do, and
+    doing it (verify, resume, compact) gives every row back."""
+    run = tmp_path / "run"
+    shutil.copytree(speech_corpus, run)
+    want = corpus_rows(speech_corpus)
+    named = damage(run, case)
+    listing = sorted(p.relative_to(run).as_posix() for p in run.rglob("*"))
+    r = sentsim_cli("store", "compact", run, "--target-mb", "0.1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert named in r.stderr and "sentsim store verify" in r.stderr and "resume the job" in r.stderr, r.stderr
+    assert sorted(p.relative_to(run).as_posix() for p in run.rglob("*")) == listing  # nothing written or moved
+    v = sentsim_cli("store", "verify", run)
+    assert v.returncode == 1 and ("00002" in v.stderr or "part-00003" in v.stderr), v.stderr
+    resumed = resume_corpus(sample_path, run)
+    redone = "unit 00003" if case.startswith("shard") else "unit 00002"
+    assert f"[corpus] {redone} | 1 units" in resumed.stderr, resumed.stderr  # that unit, and only it, is redone
+    if case != "marker deleted":
+        assert f"{redone} will be redone" in resumed.stderr, resumed.stderr
+    r = sentsim_cli("store", "compact", run, "--target-mb", "0.1")
+    assert r.returncode == 0 and "compacted" in r.stdout, r.stderr
+    got = corpus_rows(run)
+    assert all(got[t].equals(want[t]) for t in CORPUS_KEYS)
+    assert sentsim_cli("store", "verify", run).returncode == 0
+
+
+def test_resume_and_second_compaction_keep_the_rows_of_a_redone_unit(speech_corpus, sample_path, tmp_path):
+    """The audit's second loss: after a resume and a second compaction, the 2,375 rows of the redone unit
+    were deleted. A compacted slice now stands for a unit only while its marker names the same shard."""
+    import pyarrow.dataset as pads
+    redo_unit_with_other_bytes = load_bench("crash_points").redo_unit_with_other_bytes
+
+    from storage import RunReader, StoreError
+    from storage.compact import compact_run
+
+    run = tmp_path / "run"
+    shutil.copytree(speech_corpus, run)
+    want = corpus_rows(speech_corpus)
+    assert compact_run(str(run), target_bytes=100_000)["status"] == "compacted"
+    # a marker lost after compaction: the unit is not committed any more, and the compacted file holding
+    # its rows cannot be read whole; readers refuse rather than serve them, and say what to do
+    (run / "_units" / "00002.json").unlink()
+    with pytest.raises(StoreError, match="holds rows of unit.s. 00002 that no completion marker vouches for.*"
+                                         "sentsim store compact"):
+        RunReader(str(run)).read_table("sentences")
+    r = sentsim_cli("store", "compact", run)
+    assert r.returncode == 2 and "unit 00002's completion marker is missing" in r.stderr
+    # the resume redoes it (bit for bit here): the redone shard is the compacted one, removed as such
+    resumed = resume_corpus(sample_path, run)
+    assert "unit 00002 will be redone" in resumed.stderr or "1 units" in resumed.stderr
+    assert all(corpus_rows(run)[t].equals(want[t]) for t in CORPUS_KEYS)
+    assert sentsim_cli("store", "verify", run).returncode == 0 and not list(run.glob("*/part-*.parquet"))
+    # a redo with other bytes (one sentence fewer): readers refuse the stale compacted file; compacting
+    # again keeps the redone rows and every other unit's, in a new generation of files
+    redo_unit_with_other_bytes(run)
+    expected = pa.concat_tables([RunReader(str(run)).unit_table(u, "sentences") for u in range(5)])
+    assert expected.num_rows == want["sentences"].num_rows - 1
+    v = sentsim_cli("store", "verify", run)
+    assert v.returncode == 1 and "holds rows of unit(s) 00002" in v.stderr
+    r = compact_run(str(run), target_bytes=100_000)
+    # units 0-1 and 2-4 in two files: the first is kept, the second rewritten; chunks' one file is kept
+    assert r["status"] == "compacted" and r["files"] == {"chunks": 1, "sentences": 2} and r["written"] == 1
+    got = RunReader(str(run)).read_table("sentences")
+    assert got.equals(expected)
+    plain = pads.dataset(str(run / "sentences")).to_table()
+    assert plain.sort_by("sentence_id").equals(expected.sort_by("sentence_id"))
+    assert sorted(p.name for p in (run / "sentences").iterdir()) == ["compact-001-00000.parquet",
+                                                                     "compact-002-00001.parquet"]
+    assert sentsim_cli("store", "verify", run).returncode == 0
+    assert compact_run(str(run), target_bytes=100_000)["status"] == "already compacted"
+    assert RunReader(str(run)).read_table("sentences").equals(expected)
+
+
+@pytest.mark.parametrize("case", ["edited", "deleted"])
+def test_a_broken_compacted_file_is_withdrawn_and_its_units_redone(speech_corpus, sample_path, tmp_path, case):
+    from storage import RunReader
+    from storage.compact import compact_run
+
+    run = tmp_path / "run"
+    shutil.copytree(speech_corpus, run)
+    want = corpus_rows(speech_corpus)
+    compact_run(str(run), target_bytes=100_000)
+    bad = run / "sentences" / "compact-001-00001.parquet"
+    held = [u for u, _, _ in next(r for r in RunReader(str(run)).compaction()["tables"]["sentences"]
+                                  if r["path"].endswith(bad.name))["units"]]
+    flip_a_byte(bad) if case == "edited" else bad.unlink()
+    v = sentsim_cli("store", "verify", run)
+    assert v.returncode == 1 and "sentences/compact-001-00001.parquet" in v.stderr
+    resumed = resume_corpus(sample_path, run)
+    for u in held:
+        assert f"unit {u:05d} will be redone: sentences/compact-001-00001.parquet" in resumed.stderr
+    assert all(corpus_rows(run)[t].equals(want[t]) for t in CORPUS_KEYS)
+    assert sentsim_cli("store", "verify", run).returncode == 0
+    # the redone units' own shards are read beside the compacted files, until the next compaction folds them in
+    assert sorted(p.name for p in (run / "sentences").glob("part-*")) == [f"part-{u:05d}.parquet" for u in held]
+    assert compact_run(str(run), target_bytes=100_000)["status"] == "compacted"
+    assert all(corpus_rows(run)[t].equals(want[t]) for t in CORPUS_KEYS) and not list(run.glob("*/part-*"))
+
+
+@pytest.mark.slow
+def test_every_crash_point_of_compaction_keeps_every_row(speech_corpus, tmp_path):
+    """SIGKILL just before each durable step of `sentsim store compact` (plan, each output file and its
+    record, the commit, each move into the table's folder, each removal), on a first compaction and on
+    a second one after a unit was redone with other rows: RunReader reads exactly the committed rows at
+    every point (or refuses, where a stale compacted file is still committed), and rerunning the command
+    always ends with exactly those rows, in RunReader and in a plain read of DIR/<table>, and verify OK."""
+    cp = load_bench("crash_points")
+    KEYS, compaction_crash_points, compaction_table = cp.CORPUS_KEYS, cp.compaction_crash_points, cp.compaction_table
+    redo_unit_with_other_bytes = cp.redo_unit_with_other_bytes
+
+    from storage.compact import compact_run
+
+    rows = compaction_crash_points(speech_corpus, tmp_path / "first", 100_000)
+    compacted = tmp_path / "compacted"
+    shutil.copytree(speech_corpus, compacted)
+    compact_run(str(compacted), target_bytes=100_000)
+    rows += compaction_crash_points(compacted, tmp_path / "second", 100_000, prepare=redo_unit_with_other_bytes,
+                                    label="second")
+    print(compaction_table(rows))
+    steps = [r["killed before"] for r in rows]
+    for kind in ("rename into _compact/plan.json", "rename into _compact/sentences/compact-001-00000.parquet",
+                 "rename into _compact/sentences/compact-001-00000.json", "rename into _compact/manifest.json",
+                 "rename into sentences/compact-001-00000.parquet", "delete sentences/part-00000.parquet",
+                 "rename into _compact/sentences/compact-002-00001.parquet",
+                 "delete sentences/compact-001-00001.parquet"):
+        assert kind in steps, (kind, steps)
+    for r in rows:
+        for t in KEYS:
+            stale_committed = r["scenario"] == "second" and r[f"{t} RunReader"] == "refused"
+            assert r[f"{t} RunReader exact"] or stale_committed, r
+            assert r[f"{t} after rerun exact"] and r[f"{t} plain after rerun"] == r[f"{t} committed"], r
+        assert r["rerun rc"] == 0 and r["verify after rerun"] == "OK", r
+
+
+def test_compaction_on_s3_through_the_command(s3_server, tmp_path):  # noqa: F811
+    """The same commit order on the moto S3 server: one PUT per file, the compacted files copied into the
+    table's prefix after the commit; the command, RunReader and a plain listing agree."""
+    import pyarrow.fs as pafs
+
+    from storage import RunReader, verify_store
+
+    uri = "s3://sentsim/compact/run"
+    make_run(uri, n_units=12)
+    before = {t: RunReader(uri).read_table(t) for t in ("a", "b")}
+    r = sentsim_cli("store", "compact", uri, "--target-mb", "0.005", env=s3_server)
+    assert r.returncode == 0 and "compacted" in r.stdout, r.stderr
+    reader = RunReader(uri)
+    for t in ("a", "b"):
+        assert reader.read_table(t).equals(before[t])
+        listed = reader.fs.get_file_info(pafs.FileSelector(f"sentsim/compact/run/{t}"))
+        assert {i.base_name for i in listed} == {f.rsplit("/", 1)[1] for f in reader.files(t)}
+        assert all(i.base_name.startswith("compact-001-") for i in listed)
+    assert verify_store(uri) == []
+    assert sentsim_cli("store", "verify", uri, env=s3_server).returncode == 0

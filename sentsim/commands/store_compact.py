@@ -18,8 +18,8 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from storage.compact import compact_run
 
-    if not args.target_mb > 0:
-        raise UsageError(f"--target-mb must be positive, got {args.target_mb:g}")
+    if not 0 < args.target_mb < 1 << 20:  # NaN and inf fail too
+        raise UsageError(f"--target-mb must be a positive number of MB below {1 << 20}, got {args.target_mb:g}")
     r = compact_run(args.run_dir, target_bytes=int(args.target_mb * (1 << 20)))
     files = ", ".join(f"{t} {n}" for t, n in sorted(r.get("files", {}).items()))
     print(f"{args.run_dir}: {r['status']} ({files} file(s); {r.get('removed', 0)} per-unit shard(s) removed)")

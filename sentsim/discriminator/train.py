@@ -216,7 +216,7 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     from sentsim.discriminator.vocab import Vocab
     from sentsim.retrieval.corpus_view import SentenceTable, corpus_fingerprint
     from sentsim.runtime import absolute_local, init_ray
-    from sentsim.training.run import claim_out, fit, plan_steps, quiet_progress
+    from sentsim.training.run import claim_out, fit, plan_steps, quiet_progress, release_out
 
     job = job or DiscriminatorJob()
     out_arg = str(out)
@@ -281,6 +281,7 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
               export=lambda d: shutil.copy(d / "model.safetensors", out / "model.safetensors"))
     history = run["history"]
     shutil.copy(state / "vocab.json", out / "vocab.json")
+    release_out(state)  # its lease lives in the state folder, removed next
     shutil.rmtree(state, ignore_errors=True)
     final = dict(history[-1])
     final["fit_seconds"] = round(time.perf_counter() - t0, 2)

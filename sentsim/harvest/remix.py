@@ -199,8 +199,8 @@ def _checked_units(reader) -> dict:
     units); read-only (a bad unit is an error here, where the harvest itself would quietly redo it)."""
     from storage.store import UnitRecord
 
-    # a compacted unit is never redone by resuming the harvest: verify names what to restore
-    fix = "run `sentsim store verify`" + ("" if reader.compaction() else " and resume the harvest")
+    # resuming the harvest redoes a bad unit, compacted or not (a broken compacted file is withdrawn first)
+    fix = "run `sentsim store verify` and resume the harvest"
     units = {}
     for u, rec in reader.units().items():  # this run's markers, within its planned units
         problem = reader.check_unit(u)

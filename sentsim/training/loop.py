@@ -240,7 +240,10 @@ class InlineSession:
         return bool(torch.isfinite(loss)), stop
 
     def report(self, point: dict, save) -> None:
-        """Write checkpoint.tmp, then swap it in by renames: a kill at any moment leaves a whole one."""
+        """Write checkpoint.tmp, then swap it in by renames: a kill at any moment leaves a whole one, and
+        so does a power loss (`durable_replace`: every file fsynced before the rename, the folder after)."""
+        from storage.fs import durable_replace
+
         ckpt, tmp, old = (self.out / n for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
         for d in (tmp, old):
             if d.exists() and d != inline_checkpoint(self.out):
@@ -250,8 +253,8 @@ class InlineSession:
         if ckpt.exists():
             if old.exists():
                 shutil.rmtree(old)
-            ckpt.rename(old)
-        tmp.rename(ckpt)
+            durable_replace(str(ckpt), str(old))
+        durable_replace(str(tmp), str(ckpt))
         if old.exists():
             shutil.rmtree(old)
 

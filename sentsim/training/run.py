@@ -21,32 +21,64 @@ from typing import Callable, Optional
 from sentsim.errors import UsageError
 from sentsim.training.common import quiet_progress, use_gpu
 
-__all__ = ["TrainingDiverged", "claim_out", "fit", "loop_settings", "plan_steps", "quiet_progress", "use_gpu",
-           "write_curves"]
+__all__ = ["TrainingDiverged", "claim_out", "fit", "loop_settings", "plan_steps", "quiet_progress", "release_out",
+           "use_gpu", "write_curves"]
 
 
 class TrainingDiverged(UsageError):
     """The loss stopped being finite; the message names the run and the step."""
 
 
+_HELD_OUTS: dict = {}  # absolute --out -> the RunLease this process holds on it
+
+
 def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg: str,
-              state: tuple[str, ...] = ("ray", "checkpoint", "checkpoint.old")) -> None:
-    """Refuse an --out that holds training state (`state`: names under it) of a run with other
-    settings, unless --force-new, which discards that state; then record this run's fingerprint and
-    settings in OUT/run.json."""
-    run_file = out_dir / "run.json"
-    state_dirs = [out_dir / n for n in state]
-    if force_new:
-        for d in state_dirs:
-            if d.exists():
-                shutil.rmtree(d)
-    elif run_file.is_file() and any(d.exists() for d in state_dirs):
-        prev = json.loads(run_file.read_text()).get("fingerprint")
-        if prev != run_id:
-            raise UsageError(f"--out {out_arg} holds a run with other settings (fingerprint {prev}, now {run_id}); "
-                             "use a new --out, or --force-new to discard it")
+              state: tuple[str, ...] = ("ray", "checkpoint", "checkpoint.old")):
+    """Take the output folder for this training: its lease first (one writer per --out, as for a
+    sharded run: `storage.lease`; a second trainer exits 2 naming the holder), then refuse an --out
+    that holds training state (`state`: names under it) of a run with other settings, unless
+    --force-new, which discards that state; then record this run's fingerprint and settings in
+    OUT/run.json. The lease is held until `release_out(out_dir)` or the process exits (a killed
+    trainer's lease is taken over by the next one, which says so). Returns the lease."""
+    import pyarrow.fs as pafs
+
+    from storage.fs import write_text_atomic
+    from storage.lease import RunLease
+
+    key = str(out_dir.absolute())
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_arg} is a file, not a folder")
+    release_out(out_dir)  # an earlier training of this process into the same --out
     out_dir.mkdir(parents=True, exist_ok=True)
-    run_file.write_text(json.dumps({"fingerprint": run_id, **record}, indent=2))
+    lease = RunLease(pafs.LocalFileSystem(), key, out_arg).acquire()
+    _HELD_OUTS[key] = lease
+    try:
+        run_file = out_dir / "run.json"
+        state_dirs = [out_dir / n for n in state]
+        if force_new:
+            for d in state_dirs:
+                if d.exists():
+                    shutil.rmtree(d)
+        elif run_file.is_file() and any(d.exists() for d in state_dirs):
+            try:
+                prev = json.loads(run_file.read_text()).get("fingerprint")
+            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+                prev = "unreadable"
+            if prev != run_id:
+                raise UsageError(f"--out {out_arg} holds a run with other settings (fingerprint {prev}, now {run_id}); "
+                                 "use a new --out, or --force-new to discard it")
+        write_text_atomic(str(run_file), json.dumps({"fingerprint": run_id, **record}, indent=2))
+    except BaseException:
+        release_out(out_dir)
+        raise
+    return lease
+
+
+def release_out(out_dir: Path) -> None:
+    """Give up this process's lease on a training --out (claim_out takes it); safe to call twice."""
+    lease = _HELD_OUTS.pop(str(Path(out_dir).absolute()), None)
+    if lease is not None:
+        lease.release()
 
 
 def plan_steps(label: str, n_rows: int, *, num_workers: int, batch_size: int, epochs: int, max_steps: int,
