@@ -23,6 +23,7 @@ from sentsim.config import Section, fingerprint
 from sentsim.errors import UsageError
 from sentsim.executor import ShardedJob, execute
 from sentsim.harvest.config import ContextSetConfig, StageResources
+from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageSpec
 from storage import ShardStore
 
@@ -140,8 +141,11 @@ def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = 
     from sentsim.harvest.corpus_index import CorpusIndex
     from sentsim.rank.targets import checkpoint_hash
     from sentsim.retrieval.base import read_index_manifest
-    from sentsim.screening.cache_job import cache_identity, ensure_rep_cache, rep_cache_uri
+    from sentsim.screening.cache_job import cache_identity, ensure_rep_cache, given_rep_cache, rep_cache_uri
 
+    check_out(cfg.out, {"--corpus": cfg.corpus, "--index": cfg.index, "--discriminator": cfg.discriminator,
+                        "--sentences": cfg.sentences, "contexts.rep_cache": given_rep_cache(cfg.contexts.rep_cache,
+                                                                                            cfg.out)})
     corpus = CorpusIndex(cfg.corpus)
     ids, texts = _queries(cfg, corpus)
     units = [{"unit": u, "ids": ids[i:i + cfg.per_unit], "texts": texts[i:i + cfg.per_unit]}

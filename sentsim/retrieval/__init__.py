@@ -17,6 +17,9 @@ def build_index(corpus: str | Path, out: str | Path, cfg: IndexConfig | None = N
                 num_cpus: float = 1.0) -> dict:
     """`workers=1` builds in this process. sklearn: `workers=N` counts and writes with N Ray tasks of
     `num_cpus` each (Ray must be initialised) and gives the same index; lucene: N indexing threads."""
+    from sentsim.out_paths import check_out
+
+    check_out(out, {"--corpus": corpus})
     cfg = cfg or IndexConfig()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise UsageError(f"workers must be a positive integer (got {workers!r})")

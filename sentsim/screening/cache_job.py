@@ -28,6 +28,7 @@ from pydantic import Field
 from sentsim.config import Section, fingerprint
 from sentsim.errors import UsageError
 from sentsim.executor import ShardedJob, execute
+from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
 from sentsim.screening.cache import FORMAT, STORE_STAGE, store_schemas
 from storage import ShardStore
@@ -124,6 +125,7 @@ def build_rep_cache(cfg: RepCacheConfig, executor: str = "ray", force_new: bool 
     from sentsim.discriminator import Discriminator
     from sentsim.retrieval.corpus_view import corpus_fingerprint, read_table
 
+    check_out(cfg.out, {"--corpus": cfg.corpus, "--discriminator": cfg.discriminator})
     corpus_fp = corpus_fingerprint(cfg.corpus)
     disc = Discriminator.load(cfg.discriminator, corpus=cfg.corpus)  # refuses another corpus's model
     identity = cache_identity(corpus_fp, cfg.discriminator)
@@ -155,6 +157,15 @@ def build_rep_cache(cfg: RepCacheConfig, executor: str = "ray", force_new: bool 
 def rep_cache_uri(rep_cache: Optional[str], out: str) -> str:
     """The cache a job uses: the one given, else its own under <out>/rep_cache."""
     return rep_cache or f"{out.rstrip('/')}/{SUBDIR}"
+
+
+def given_rep_cache(rep_cache: Optional[str], out: str) -> Optional[str]:
+    """A cache the job reads as an input: one given that is not the job's own (<out>/rep_cache)."""
+    from sentsim.out_paths import location
+
+    if rep_cache is None or location(rep_cache) == location(rep_cache_uri(None, out)):
+        return None
+    return rep_cache
 
 
 def check_rep_cache(uri: str, identity: str) -> None:
