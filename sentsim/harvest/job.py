@@ -193,6 +193,10 @@ def harvest(
     from sentsim.harvest.report import write_report
 
     check_out(cfg.out, harvest_inputs(cfg))
+    if cfg.index:  # whole and built for this corpus: said now, not when the first unit searches it
+        from sentsim.retrieval.base import check_index
+
+        check_index(cfg.index, corpus=cfg.corpus)
     corpus = CorpusIndex(cfg.corpus)
     units, plan_info = plan(cfg, corpus)
     hashes = model_hashes(cfg)
