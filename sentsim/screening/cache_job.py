@@ -82,6 +82,7 @@ class CacheStage(Stage):
 
     def __init__(self, cfg: RepCacheConfig, fp: str):
         self.cfg, self.fp = cfg, fp
+        self._corpus = None  # the corpus' committed sentences shards, opened by the first unit
 
     def setup(self) -> None:
         import torch
@@ -95,12 +96,14 @@ class CacheStage(Stage):
     def _sentences(self, lo: int, hi: int):
         import pyarrow.dataset as pads
 
-        from sentsim.retrieval.corpus_view import SentenceTable
+        from sentsim.retrieval.corpus_view import SentenceTable, open_corpus
 
-        # only this unit's rows: Parquet statistics skip the other shards' row groups
+        # only this unit's rows: Parquet statistics skip the other shards' row groups; only committed shards
+        # (the run reader's), local or s3://
+        if self._corpus is None:
+            self._corpus = open_corpus(self.cfg.corpus).dataset("sentences")
         f = pads.field("sentence_id")
-        t = pads.dataset(str(Path(self.cfg.corpus) / "sentences"), format="parquet").to_table(
-            columns=["sentence_id", "text"], filter=(f >= lo) & (f < hi))
+        t = self._corpus.to_table(columns=["sentence_id", "text"], filter=(f >= lo) & (f < hi))
         return SentenceTable(t.column("sentence_id").to_numpy().astype(np.int64), t.column("text").to_pylist())
 
     def process(self, items: List[dict]) -> List[dict]:
