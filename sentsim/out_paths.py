@@ -62,12 +62,16 @@ def _each(paths: Paths):
 
 
 def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], out_flag: str = "--out",
-              folder: bool = True) -> None:
+              folder: bool = True, local: Optional[str] = None) -> None:
     """Refuse `out` when it is, lies inside or holds any of `inputs` ({flag or config key: path(s)}),
-    or (`folder`) when a local `out` is an existing file where the run's folder belongs.
+    or (`folder`) when a local `out` is an existing file where the run's folder belongs, or (`local`: what
+    the command writes) when it is a URI and the command writes local files only.
     Call it before anything is written, read for resuming, or deleted."""
     if out is None or os.fspath(out) == "":
         return
+    if local and "://" in os.fspath(out):  # else Path("s3://b/x") would quietly be a local folder s3:/b/x
+        raise UsageError(f"{out_flag} {os.fspath(out)}: {local} go to a local folder (or a shared file system "
+                         "that every node mounts), not an object store")
     for flag, paths in inputs.items():
         for inp in _each(paths):
             how = overlap(out, inp)

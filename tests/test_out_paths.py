@@ -7,7 +7,7 @@ import os
 import shutil
 
 import pytest
-from conftest import sentsim_cli
+from conftest import ROOT, sentsim_cli
 
 from sentsim.errors import UsageError
 from sentsim.out_paths import check_out, location, overlap
@@ -53,6 +53,9 @@ def test_check_out_names_the_flag_and_a_file_where_a_folder_belongs(tmp_path):
     with pytest.raises(UsageError, match="lies under .*f, which is a file"):
         check_out(tmp_path / "f" / "run", {})
     check_out(tmp_path / "f", {}, out_flag="--json", folder=False)  # a report file is overwritten
+    with pytest.raises(UsageError, match="^--out s3://b/m: a model and its training state go to a local folder"):
+        check_out("s3://b/m", {}, local="a model and its training state")  # not a local folder named s3:
+    check_out("s3://b/run", {})
 
 
 @pytest.fixture()
@@ -116,8 +119,12 @@ def test_every_command_refuses_an_out_over_its_input_before_deleting(corpus, sam
         (("eval", "sts", "--scores", str(pairs), "--data", c, "--json", str(pairs)), "--json", "is the input --scores"),
         (("eval", "sts", "--tfidf", "--data", c, "--markdown", f"{c}/report.md"), "--markdown",
          "lies inside the input --data"),
+        # trainers write local folders: an s3:// --out was a local folder named "s3:"
+        (("train", "discriminator", "--corpus", c, "--out", "s3://bucket/disc"), "go to a local folder"),
+        (("train", "context", "--corpus", c, "--out", "s3://bucket/ctx"), "go to a local folder"),
     ]
     for args, *words in cases:
         _refused(sentsim_cli(*args, timeout=300), *words)
     assert _unchanged(corpus) == before and verify_store(c) == []
     assert pairs.read_text() == "a b c\td e f\n" and (model / "config.json").read_text() == "{}"
+    assert not (ROOT / "s3:").exists()

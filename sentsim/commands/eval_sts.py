@@ -53,7 +53,7 @@ def run(args) -> int:
 
     for flag in ("--json", "--markdown"):  # a report written over an input would destroy it
         check_out(getattr(args, flag[2:]), {"--model": args.model, "--scores": args.scores, "--data": args.data},
-                  out_flag=flag, folder=False)
+                  out_flag=flag, folder=False, local="reports")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     cfg = load_config(EvalStsConfig, args.config, args.overrides, batch_size=args.batch_size, tasks=tasks)
     loaded, missing = discover_tasks(args.data, cfg.tasks)  # bad data fails before any model loads

@@ -220,7 +220,7 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     from sentsim.training.run import claim_out, fit, plan_steps, quiet_progress
 
     job = job or DiscriminatorJob()
-    check_out(out, {"--corpus": corpus})
+    check_out(out, {"--corpus": corpus}, local="a model and its training state")
     out_arg = str(out)
     corpus, out = absolute_local(str(corpus)), Path(absolute_local(str(out)))  # corpus may be s3://...
     corpus_fp = corpus_fingerprint(corpus)

@@ -200,7 +200,7 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
     from sentsim.surrogate.models import check_backbone
 
     check_out(out, {"--data": data, "--backbone": backbone, "--eval-sts": eval_sts, "--triples": cfg.rse.triples,
-                    "rankencoder.base_encoder": cfg.rankencoder.base_encoder})
+                    "rankencoder.base_encoder": cfg.rankencoder.base_encoder}, local="a model and its training state")
     data, backbone, out, eval_sts = (absolute_local(p) for p in (data, backbone, out, eval_sts))
 
     if executor not in ("ray", "inline"):

@@ -66,7 +66,8 @@ def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, ou
     from sentsim.surrogate.data import harvest_datasets, inspect_harvest, stsb_datasets
     from sentsim.surrogate.models import check_backbone
 
-    check_out(out, {"--data": data, "--backbone": backbone, "--finetune-sts": finetune_sts})
+    check_out(out, {"--data": data, "--backbone": backbone, "--finetune-sts": finetune_sts},
+              local="a model and its training state")
     data, backbone, out, finetune_sts = (absolute_local(p) for p in (data, backbone, out, finetune_sts))
 
     if not data and not finetune_sts:
