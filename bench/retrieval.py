@@ -164,7 +164,7 @@ def main() -> None:
         t = time.perf_counter()
         man = build_index(corpus, idx, IndexConfig(n_shards=shards0), workers=workers)
         build_s = time.perf_counter() - t
-        vocab = (idx / "vocab.json").read_text(encoding="utf-8")
+        vocab = (idx / man["vocab"]).read_text(encoding="utf-8")
         ref_vocab = ref_vocab or vocab
         build_rows.append({"workers": workers, "shards": shards0, "build_s": build_s, "vocab": man["vocab_size"],
                            "same_vocab": vocab == ref_vocab})

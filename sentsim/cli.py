@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import pkgutil
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         # A user's mistake found inside a Ray task, actor or Train worker arrives wrapped in
         # Ray's own error types; unwrap it so it still prints as one line.
-        msg = _wrapped_usage_error(exc) or _object_store_error(exc, argv)
+        msg = _wrapped_usage_error(exc) or _setup_error(exc, args) or _object_store_error(exc, argv)
         if msg is None or os.environ.get("SENTSIM_DEBUG"):
             raise
         line = msg.splitlines()[0] if msg else repr(exc)
@@ -98,12 +99,67 @@ def _wrapped_usage_error(exc: BaseException):
 
 def _object_store_error(exc: BaseException, argv: Sequence[str]):
     """An object store that cannot be reached or refuses us is a setup problem, not a bug: one line
-    that says which settings pyarrow's S3 client reads."""
-    if not isinstance(exc, OSError) or not any("://" in a for a in argv):
+    that says which settings pyarrow's S3 client (and boto3, for the run's lease) reads."""
+    botocore = next((e for e in _chain(exc) if type(e).__module__.startswith("botocore")), None)
+    if botocore is not None:
+        exc = botocore  # e.g. NoCredentialsError: "Unable to locate credentials"
+    elif not isinstance(exc, OSError) or not any("://" in a for a in argv):
         return None
     first = (str(exc).splitlines() or [repr(exc)])[0]
     return (f"cannot use the object store ({first}); set AWS_ENDPOINT_URL (for a non-AWS or local S3), "
             "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and AWS_DEFAULT_REGION (see README: runs on object storage)")
+
+
+# Errors of the machine, not of sentsim: what each means for the user, given the path it happened at.
+_SETUP_ERRNOS = {
+    errno.ENOSPC: "no space left on the device ({where}); free some space and run the same command again: "
+                  "a resumable run goes on from its last completed unit",
+    errno.EDQUOT: "disk quota exceeded ({where}); free some space and run the same command again: "
+                  "a resumable run goes on from its last completed unit",
+    errno.EROFS: "{where}: read-only file system; give an output on a writable disk (or remount it read-write) "
+                 "and run again",
+    errno.EACCES: "{where}: permission denied; give a path this user may write (and read)",
+    errno.EPERM: "{where}: operation not permitted; give a path this user may write (and read)",
+    errno.ENOTDIR: "{where}: a file is where a folder belongs; give a folder (or move the file away)",
+    errno.EISDIR: "{where}: a folder is where a file belongs; give a file path",
+}
+_ERRNO_IN_TEXT = re.compile(r"\[Errno (\d+)\][^\n']*?(?:: '([^'\n]+)')?(?:\n|$)")
+
+
+def _setup_error(exc: BaseException, args):
+    """Disk full, a read-only or forbidden output, a file where a folder belongs: one line naming the path
+    (the file the error names, else the command's output) and what to do. Found on the error or any error
+    it wraps (Ray's task errors keep the original as `cause`; Ray Train reports worker failures as text)."""
+    code, path = None, None
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno in _SETUP_ERRNOS:
+            code, path = e.errno, e.filename
+            break
+    if code is None:
+        m = _ERRNO_IN_TEXT.search(str(exc))
+        if m is None or int(m.group(1)) not in _SETUP_ERRNOS:
+            return None
+        code, path = int(m.group(1)), m.group(2)
+    if path is not None:
+        where = os.fsdecode(path)
+    else:  # pyarrow's file errors name no file: the command's output is where it was writing
+        flag, out = next(((f, getattr(args, k)) for f, k in (("--out", "out"), ("DIR", "run_dir"))
+                          if getattr(args, k, None)), (None, None))
+        where = f"{flag} {out}" if out else "a path the error does not name"
+    return _SETUP_ERRNOS[code].format(where=where)
+
+
+def _chain(exc: BaseException):
+    """The error, the errors it wraps (`cause`: Ray's task errors), and their causes and contexts."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        cause = getattr(e, "cause", None)
+        todo += [cause if isinstance(cause, BaseException) else None, e.__cause__, e.__context__]
 
 
 def _usage_line_in(text: str):

@@ -21,6 +21,7 @@ from corpus.units import describe_inputs, ingest_unit, plan_units
 from sentsim.config import load_config
 from sentsim.errors import InputError, UsageError
 from sentsim.executor import ShardedJob, execute
+from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
 
 STAGE = "corpus"
@@ -79,6 +80,7 @@ def build_corpus(
     """
     if not inputs:
         raise UsageError("no input files given")
+    check_out(out, {"INPUT": list(inputs)})
     if config is not None and not isinstance(config, CorpusJobConfig):
         config = CorpusJobConfig.model_validate(config.model_dump())
     cfg = config or load_config(CorpusJobConfig, config_path, overrides)

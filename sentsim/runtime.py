@@ -147,7 +147,8 @@ def quiet_state_api_probe() -> None:
     try:
         import ray
 
-        os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+        if not os.environ.get("RAY_ADDRESS"):  # unset or empty (RAY_ADDRESS= in a shell): this cluster's
+            os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     except Exception:  # a failing setup hook would take the worker down with it
         pass
     logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner").setLevel(logging.ERROR)

@@ -23,6 +23,7 @@ from sentsim.config import Section, fingerprint
 from sentsim.errors import UsageError
 from sentsim.executor import ShardedJob, execute
 from sentsim.harvest.config import ContextSetConfig, StageResources
+from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageSpec
 from storage import ShardStore
 
@@ -139,9 +140,13 @@ def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = 
                     address: Optional[str] = None, quiet: bool = False, max_units: Optional[int] = None) -> dict:
     from sentsim.harvest.corpus_index import CorpusIndex
     from sentsim.rank.targets import checkpoint_hash
-    from sentsim.retrieval.base import read_index_manifest
-    from sentsim.screening.cache_job import cache_identity, ensure_rep_cache, rep_cache_uri
+    from sentsim.retrieval.base import check_index
+    from sentsim.screening.cache_job import cache_identity, ensure_rep_cache, given_rep_cache, rep_cache_uri
 
+    check_out(cfg.out, {"--corpus": cfg.corpus, "--index": cfg.index, "--discriminator": cfg.discriminator,
+                        "--sentences": cfg.sentences, "contexts.rep_cache": given_rep_cache(cfg.contexts.rep_cache,
+                                                                                            cfg.out)})
+    index = check_index(cfg.index, corpus=cfg.corpus)  # whole and built for this corpus, before any unit searches it
     corpus = CorpusIndex(cfg.corpus)
     ids, texts = _queries(cfg, corpus)
     units = [{"unit": u, "ids": ids[i:i + cfg.per_unit], "texts": texts[i:i + cfg.per_unit]}
@@ -152,7 +157,7 @@ def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = 
                                   **dict.fromkeys(PATHS, True)})
     screened = cfg.discriminator and cfg.contexts.mode == "screened"
     identity = cache_identity(corpus.fingerprint, cfg.discriminator) if screened else None
-    models = {"index": read_index_manifest(cfg.index).get("fingerprint"),
+    models = {"index": index.get("fingerprint"),
               "discriminator": checkpoint_hash(cfg.discriminator) if cfg.discriminator else None,
               "rep_cache": identity}
     rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if screened else None

@@ -340,7 +340,8 @@ def test_remix_refusals_are_one_line(inline_run, tmp_path):
     cases = [
         ((centred, "--out", tmp_path / "o0"), "pass --metric pearson"),
         ((partial, "--out", tmp_path / "o1"), "not complete"),
-        ((out, "--out", out), "must differ"),
+        ((out, "--out", out), "is the input HARVEST"),
+        ((out, "--out", out / "remix"), "lies inside the input HARVEST"),
         ((tmp_path / "nowhere", "--out", tmp_path / "o2"), "no such harvest"),
         ((out, "--out", tmp_path / "o3", "--lambda-left", "-1"), "lambda-left"),
         ((out, "--out", tmp_path / "o4", "--lambda-disc", "0", "--lambda-fwd", "0", "--lambda-left", "0",

@@ -1,12 +1,17 @@
 """The whole chain on s3:// (a local moto S3 server): corpus build, index build, harvest, store
-verify, then a surrogate and a student trained straight from the s3:// harvest."""
+verify, then a surrogate and a student trained straight from the s3:// harvest. Once through the
+library, and once through the `sentsim` commands as a user types them (subprocesses), every run they
+read or write on s3://: corpus, index, harvest, remix, rep cache, contexts, and the trainers reading
+their corpus or harvest from there."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
-from harvest_support import harvest_config, tiny_context_bundle
+from conftest import sentsim_cli
+from harvest_support import harvest_config, tiny_bert, tiny_context_bundle
 from test_store import s3_server  # noqa: F401  (the moto fixture, reused)
 
 pytestmark = pytest.mark.slow
@@ -48,9 +53,7 @@ def test_chain_on_s3_reads_back(s3_harvest):
 
 
 def test_surrogate_and_student_train_from_s3(s3_harvest, capsys):
-    from sentsim.config import load_config
-    from sentsim.students import StudentConfig, train_student
-    from sentsim.surrogate import SurrogateConfig, train_surrogate
+    """`sentsim train surrogate` and `sentsim train student` with --data s3://... (as typed at a shell)."""
     from sentsim.surrogate.data import harvest_datasets, inspect_harvest
 
     out, tmp = s3_harvest
@@ -61,19 +64,158 @@ def test_surrogate_and_student_train_from_s3(s3_harvest, capsys):
     ds = harvest_datasets(info, eval_max_pairs=50)
     assert ds["train"].count() == info.scored["train"]
     ray.shutdown()
-    cfg = SurrogateConfig.model_validate(dict(init="scratch", scratch=TINY, lr=1e-3, batch_size=8, max_seq_length=32,
-                                              eval_every=2, max_steps=3, cpus_per_worker=0.5, shuffle_buffer=16,
-                                              eval_max_pairs=20))
-    summary = train_surrogate(cfg, data=out, backbone=_minilm(), out=str(tmp / "surrogate"))
+    sets = [f"scratch.{k}={v}" for k, v in TINY.items()] + [
+        "lr=1e-3", "batch_size=8", "max_seq_length=32", "eval_every=2", "cpus_per_worker=0.5", "shuffle_buffer=16",
+        "eval_max_pairs=20"]
+    r = _cli("train", "surrogate", "--data", out, "--backbone", _minilm(), "--out", tmp / "surrogate", "--init",
+             "scratch", "--max-steps", "3", *_sets(sets))
+    summary = json.loads((tmp / "surrogate" / "summary.json").read_text())
     st = summary["stages"][0]
     # few rows: one epoch may end first
-    assert 1 <= st["total_steps"] <= 3 and st["train_pairs"] == info.scored["train"]
-    assert (tmp / "surrogate" / "model").is_dir() or __import__("os").path.isdir(st["model"])
-    scfg = load_config(StudentConfig, None, ["batch_size=8", "max_steps=3", "log_every=1", "eval_every=1000",
-                                             "rankencoder.check_sentences=2"], objective="rankencoder")
-    s = train_student(scfg, data=out, backbone=_minilm(), out=str(tmp / "student"), executor="inline", verbose=False)
+    assert 1 <= st["total_steps"] <= 3 and st["train_pairs"] == info.scored["train"], r.stdout
+    assert (tmp / "surrogate" / "model" / "config.json").is_file()
+    sets = ["batch_size=8", "log_every=1", "eval_every=1000", "rankencoder.check_sentences=2"]
+    _cli("train", "student", "--objective", "rankencoder", "--data", out, "--backbone", tiny_bert(tmp / "bert"),
+         "--out", tmp / "student", "--executor", "inline", "--max-steps", "3", *_sets(sets))
+    s = json.loads((tmp / "student" / "summary.json").read_text())
     assert 1 <= s["total_steps"] <= 3 and (tmp / "student" / "model").is_dir()  # few rows: an epoch may end first
-    assert json.loads((tmp / "student" / "summary.json").read_text())["objective"] == "rankencoder"
+    assert s["objective"] == "rankencoder"
+
+
+def _sets(pairs) -> list:
+    return [x for p in pairs for x in ("--set", p)]
+
+
+def _cli(*args, env: dict | None = None):
+    """A `sentsim` command that must succeed; a local Ray of its own (its workers inherit the S3 settings)."""
+    r = sentsim_cli(*args, env=env, timeout=600)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, (args, r.stdout[-2000:], r.stderr[-3000:])
+    return r
+
+
+# the harvest settings of harvest_support.harvest_config, as a user passes them
+HARVEST_SETS = ["seed=3", "anchors.n=8", "anchors.per_unit=2", "partners.neighbours=1", "partners.same_doc=1",
+                "partners.random=1", "partners.neighbour_chunks=8", "contexts.size=6", "contexts.retrieve_chunks=40",
+                "rank.n_anchors=64", "scoring.batch_tokens=2048"]
+
+
+@pytest.fixture(scope="module")
+def cli_chain(s3_harvest, sample_path):
+    """corpus build, index build (both on s3://), harvest, remix: commands in subprocesses."""
+    _, tmp = s3_harvest
+    root = "s3://sentsim/cli"
+    corpus, index, harvest, remix = (f"{root}/{n}" for n in ("corpus", "index", "harvest", "remix"))
+    _cli("corpus", "build", sample_path, "--out", corpus, "--executor", "inline", "--set", "docs_per_unit=4")
+    _cli("index", "build", "--corpus", corpus, "--out", index)  # the settings of the library chain's index
+    r = _cli("harvest", "--corpus", corpus, "--index", index, "--context-models", tmp / "ctx", "--out", harvest,
+             "--executor", "inline", *_sets(HARVEST_SETS))
+    assert f"in 4/4 units -> {harvest}" in r.stdout and "score by split: train n=" in r.stdout, r.stdout
+    _cli("remix", harvest, "--out", remix, "--lambda-fwd", "0.5")
+    return {"corpus": corpus, "index": index, "harvest": harvest, "remix": remix, "tmp": tmp}
+
+
+def test_the_chain_through_the_commands_on_s3(cli_chain, s3_harvest):
+    """The harvest the commands wrote from an s3:// corpus and an s3:// index is the library's, row for row
+    (the same fingerprint: input paths are not part of it); verify and the readers see it whole."""
+    from storage import RunReader
+
+    for run in ("corpus", "harvest", "remix"):
+        r = _cli("store", "verify", cli_chain[run])
+        assert r.stdout.strip() == f"{cli_chain[run]}: OK"
+    ours, theirs = RunReader(cli_chain["harvest"]), RunReader(s3_harvest[0])
+    assert ours.is_complete() and ours.fingerprint == theirs.fingerprint
+    cols = ["pair_id", "score", "split"]
+    assert ours.read_table("pairs", cols).sort_by("pair_id").equals(theirs.read_table("pairs", cols).sort_by("pair_id"))
+    remix = RunReader(cli_chain["remix"])
+    assert remix.is_complete() and remix.rows("pairs") == ours.rows("pairs")
+    # the index is on s3:// too, written in one build folder and committed by index.json
+    import pyarrow.fs as pafs
+
+    from sentsim.retrieval.base import check_index
+    from storage import fs as sfs
+
+    man = check_index(cli_chain["index"], corpus=cli_chain["corpus"])
+    fs, root = sfs.resolve(cli_chain["index"])
+    names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(root))}
+    assert names == {"index.json", man["vocab"].split("/")[0]}
+
+
+def test_rep_cache_and_contexts_on_s3_through_the_commands(cli_chain):
+    """`sentsim cache build` and `sentsim contexts`: corpus, index, cache and output all on s3://."""
+    from storage import RunReader
+
+    tmp = cli_chain["tmp"]
+    disc = _tiny_discriminator(cli_chain["corpus"], tmp / "disc")
+    cache, contexts = "s3://sentsim/cli/cache", "s3://sentsim/cli/contexts"
+    _cli("cache", "build", "--corpus", cli_chain["corpus"], "--discriminator", disc, "--out", cache,
+         "--executor", "inline")
+    r = _cli("contexts", "--corpus", cli_chain["corpus"], "--index", cli_chain["index"], "--discriminator", disc,
+             "--out", contexts, "--executor", "inline", "--set", "sample=16", "--set", f"contexts.rep_cache={cache}")
+    assert "contexts: 16 sentences screened" in r.stdout
+    assert RunReader(cache).is_complete() and RunReader(contexts).is_complete()
+    assert RunReader(cache).rows("reps") == RunReader(cli_chain["corpus"]).rows("sentences")
+
+
+def _tiny_discriminator(corpus: str, out) -> str:
+    """`sentsim train discriminator --corpus s3://...` (Ray Train, two steps): refused before issue 37
+    with "no such directory"."""
+    sets = ["model.embed_dim=16", "model.hidden=16", "model.head_dim=16", "model.max_tokens=16",
+            "model.embed_init=random", "train.max_steps=2", "train.batch_size=8", "train.max_heldout_windows=32"]
+    r = _cli("train", "discriminator", "--corpus", corpus, "--out", out, "--num-workers", "1", *_sets(sets))
+    assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == 2
+    return str(out)
+
+
+def test_train_context_reads_an_s3_corpus(cli_chain):
+    sets = ["model.vocab_size=400", "model.d_model=32", "model.encoder_layers=1", "model.decoder_layers=1",
+            "model.attention_heads=2", "model.ffn_dim=64", "model.max_source_tokens=64", "model.max_target_tokens=32",
+            "max_steps=2", "eval_every=2", "warmup_steps=1", "batch_tokens=512", "heldout_percent=20",
+            "heldout_windows=8", "tokenizer_sentences=2000", "shuffle_buffer=64", "torch_threads=1"]
+    out = cli_chain["tmp"] / "ctx_from_s3"
+    r = _cli("train", "context", "--corpus", cli_chain["corpus"], "--out", out, "--direction", "fwd",
+             "--num-workers", "1", *_sets(sets))
+    assert "model fwd:" in r.stdout and "2 steps" in r.stdout
+    assert (out / "models/fwd/model.safetensors").is_file()
+
+
+def test_an_output_over_an_s3_input_is_refused(cli_chain):
+    """The audit's `harvest --corpus X --out X --force-new`, on s3://: refused before anything is deleted,
+    as is an --out inside the input's prefix; the corpus still verifies."""
+    from storage import verify_store
+
+    corpus = cli_chain["corpus"]
+    for out in (corpus, corpus + "/", f"{corpus}/harvest"):
+        r = sentsim_cli("harvest", "--corpus", corpus, "--index", cli_chain["index"], "--context-models",
+                        cli_chain["tmp"] / "ctx", "--out", out, "--force-new", timeout=300)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and "the input --corpus" in lines[0], r.stderr[-2000:]
+    r = sentsim_cli("remix", cli_chain["harvest"], "--out", cli_chain["harvest"], "--force-new", timeout=300)
+    assert r.returncode == 2 and "is the input HARVEST" in r.stderr
+    assert verify_store(corpus) == [] and verify_store(cli_chain["harvest"]) == []
+
+
+def test_s3_without_credentials_is_one_line_and_writes_nothing(s3_server, sample_path, tmp_path):  # noqa: F811
+    """No AWS keys anywhere (the lease's boto3 raises botocore's NoCredentialsError): exit 2, one line that
+    names the settings, no traceback, and nothing written; with the keys the same command runs."""
+    import boto3
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL=s3_server["AWS_ENDPOINT_URL"], AWS_DEFAULT_REGION="us-east-1",
+               AWS_EC2_METADATA_DISABLED="true", AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_CONFIG_FILE=str(tmp_path / "none"))
+    import shutil
+    import subprocess
+
+    exe = shutil.which("sentsim")
+    cmd = [exe, "corpus", "build", str(sample_path), "--out", "s3://sentsim/nocreds/corpus", "--executor", "inline"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(lines) == 1, r.stderr[-2000:]
+    assert "credentials" in lines[0] and "AWS_ACCESS_KEY_ID" in lines[0]
+    listed = boto3.client("s3").list_objects_v2(Bucket="sentsim", Prefix="nocreds/")
+    assert listed.get("KeyCount", 0) == 0
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**env, **s3_server}, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 def _minilm() -> str:

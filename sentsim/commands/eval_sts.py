@@ -9,6 +9,7 @@ from pydantic import Field
 
 from sentsim.config import Section, add_config_arguments, load_config
 from sentsim.errors import UsageError
+from sentsim.out_paths import check_out
 
 COMMAND = ("eval", "sts")
 HELP = "Spearman/Pearson on STS12-16, STS-B and SICK-R for a model, a scored-pair file or TF-IDF"
@@ -51,6 +52,9 @@ def run(args) -> int:
         to_markdown,
     )
 
+    for flag in ("--json", "--markdown"):  # a report written over an input would destroy it
+        check_out(getattr(args, flag[2:]), {"--model": args.model, "--scores": args.scores, "--data": args.data},
+                  out_flag=flag, folder=False, local="reports")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     cfg = load_config(EvalStsConfig, args.config, args.overrides, batch_size=args.batch_size, tasks=tasks)
     loaded, missing = discover_tasks(args.data, cfg.tasks)  # bad data fails before any model loads

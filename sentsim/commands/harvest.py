@@ -31,9 +31,11 @@ def run(args) -> int:
     m = harvest(cfg, executor=args.executor, force_new=args.force_new, address=args.address,
                 max_units=args.max_units)
     import json
-    from pathlib import Path
 
-    rep = json.loads(Path(cfg.out, "report.json").read_text()) if "://" not in cfg.out else {}
+    from storage import fs as sfs
+
+    fs, root = sfs.resolve(cfg.out)  # local or s3://: the report lies where the run does
+    rep = json.loads(sfs.read_bytes(fs, sfs.join(root, "report.json")))
     print(f"harvest: {rep.get('pairs', '?')} pairs ({rep.get('null_scores', '?')} null) in "
           f"{m['completed_units']}/{m['planned_units']} units -> {cfg.out}")
     if rep:

@@ -8,7 +8,6 @@ writes the same index; the lucene backend indexes with N Anserini threads.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from sentsim.config import add_config_arguments, load_config
 from sentsim.errors import UsageError
@@ -33,8 +32,6 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from sentsim.retrieval import IndexConfig, build_index
 
-    if not Path(args.corpus).is_dir():
-        raise UsageError(f"--corpus {args.corpus}: no such directory")
     if args.workers < 1:
         raise UsageError(f"--num-workers (--workers) must be at least 1 (got {args.workers})")
     cfg = load_config(IndexConfig, args.config, args.overrides, backend=args.backend, n_shards=args.shards)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from sentsim.errors import UsageError
 
 COMMAND = ("store", "compact")
@@ -18,9 +20,9 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from storage.compact import compact_run
 
-    if not 0 < args.target_mb < 1 << 20:  # NaN and inf fail too
-        raise UsageError(f"--target-mb must be a positive number of MB below {1 << 20}, got {args.target_mb:g}")
-    r = compact_run(args.run_dir, target_bytes=int(args.target_mb * (1 << 20)))
+    if not (math.isfinite(args.target_mb) and args.target_mb > 0):  # float() reads "inf" and "nan" too
+        raise UsageError(f"--target-mb must be positive and finite (a size in MB), got {args.target_mb:g}")
+    r = compact_run(args.run_dir, target_bytes=max(1, int(args.target_mb * (1 << 20))))
     files = ", ".join(f"{t} {n}" for t, n in sorted(r.get("files", {}).items()))
     print(f"{args.run_dir}: {r['status']} ({files} file(s); {r.get('removed', 0)} per-unit shard(s) removed)")
     return 0

@@ -6,7 +6,7 @@ import json
 import os
 
 from sentsim.config import add_config_arguments, load_config
-from sentsim.errors import UsageError
+from sentsim.out_paths import check_out
 from sentsim.training.cli import add_force_new, add_num_workers
 
 COMMAND = ("train", "context")
@@ -31,12 +31,12 @@ def run(args) -> int:
     from sentsim.context.config import ContextTrainConfig
     from sentsim.context.train import train_context
 
-    if not os.path.isdir(args.corpus):
-        raise UsageError(f"--corpus {args.corpus}: not a directory")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out}: exists and is not a directory")
     cfg = load_config(ContextTrainConfig, args.config, args.overrides, direction=args.direction,
                       num_workers=args.num_workers)
+    # the corpus may be local or s3:// (train_context reads it through the run reader)
+    check_out(args.out, {"--corpus": args.corpus, "--tokenizer-from": args.tokenizer_from,
+                         "model.pretrained_path": cfg.model.pretrained_path,
+                         "model.warm_start_path": cfg.model.warm_start_path}, local="models and their training state")
     summary = train_context(args.corpus, args.out, cfg, tokenizer_from=args.tokenizer_from,
                             address=args.address or os.environ.get("RAY_ADDRESS"), force_new=args.force_new)
     for name, r in summary["runs"].items():

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from sentsim.config import add_config_arguments, load_config
-from sentsim.errors import UsageError
 from sentsim.training.cli import add_force_new, add_num_workers
 
 COMMAND = ("train", "discriminator")
@@ -25,8 +23,6 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from sentsim.discriminator.train import DiscriminatorJob, train_discriminator
 
-    if not Path(args.corpus).is_dir():
-        raise UsageError(f"--corpus {args.corpus}: no such directory")
     overrides = list(args.overrides)
     if args.num_workers is not None:
         overrides.append(f"train.num_workers={args.num_workers}")

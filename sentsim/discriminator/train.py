@@ -214,11 +214,13 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     from sentsim.discriminator.data import window_centres
     from sentsim.discriminator.io import save_config
     from sentsim.discriminator.vocab import Vocab
+    from sentsim.out_paths import check_out
     from sentsim.retrieval.corpus_view import SentenceTable, corpus_fingerprint
     from sentsim.runtime import absolute_local, init_ray
     from sentsim.training.run import claim_out, fit, plan_steps, quiet_progress, release_out
 
     job = job or DiscriminatorJob()
+    check_out(out, {"--corpus": corpus}, local="a model and its training state")
     out_arg = str(out)
     corpus, out = absolute_local(str(corpus)), Path(absolute_local(str(out)))  # corpus may be s3://...
     corpus_fp = corpus_fingerprint(corpus)

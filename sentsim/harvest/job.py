@@ -29,9 +29,10 @@ from sentsim.harvest.stages import (
     pair_schema,
     sentence_schema_of,
 )
+from sentsim.out_paths import check_out
 from sentsim.pairs_file import read_pairs_file
 from sentsim.pipeline import Resources, StageSpec, UnitPlan
-from sentsim.screening.cache_job import ensure_rep_cache, rep_cache_uri
+from sentsim.screening.cache_job import ensure_rep_cache, given_rep_cache, rep_cache_uri
 from storage import ShardStore
 from storage.fs import sha256_path
 
@@ -113,6 +114,13 @@ def model_hashes(cfg: HarvestConfig) -> dict:
     return out
 
 
+def harvest_inputs(cfg: HarvestConfig) -> dict:
+    """Every path a harvest reads, by the flag (or config key) that names it: none may overlap --out."""
+    return {"--corpus": cfg.corpus, "--index": cfg.index, "--discriminator": cfg.discriminator,
+            "--context-models": cfg.context_models, "--pairs": cfg.pairs_file, "rank.encoder": cfg.rank.encoder,
+            "contexts.rep_cache": given_rep_cache(cfg.contexts.rep_cache, cfg.out)}
+
+
 def without_paths(plan_info: dict) -> dict:
     """The plan as fingerprinted: the pairs file by its sha256 and length, not by the path it was given as."""
     return {k: v for k, v in plan_info.items() if k != "pairs_file"}
@@ -184,6 +192,11 @@ def harvest(
     from sentsim.harvest.corpus_index import CorpusIndex
     from sentsim.harvest.report import write_report
 
+    check_out(cfg.out, harvest_inputs(cfg))
+    if cfg.index:  # whole and built for this corpus: said now, not when the first unit searches it
+        from sentsim.retrieval.base import check_index
+
+        check_index(cfg.index, corpus=cfg.corpus)
     corpus = CorpusIndex(cfg.corpus)
     units, plan_info = plan(cfg, corpus)
     hashes = model_hashes(cfg)

@@ -40,6 +40,7 @@ from sentsim.context.scorer import TERMS  # the Eq. 3 terms: disc, fwd, left, ri
 from sentsim.errors import UsageError
 from sentsim.executor import ShardedJob, execute
 from sentsim.harvest.similarity import pair_similarity
+from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
 
 STAGE = "harvest-remix"
@@ -246,12 +247,9 @@ def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False, execut
     from sentsim.harvest.stages import context_score_schema_of, pair_schema, sentence_schema_of
     from storage import RunReader, ShardStore
 
+    check_out(cfg.out, {"HARVEST": cfg.source})
     if "://" not in cfg.source and not Path(cfg.source).is_dir():
         raise UsageError(f"{cfg.source}: no such harvest directory")
-    same = (cfg.out == cfg.source if "://" in cfg.out + cfg.source
-            else Path(cfg.out).resolve() == Path(cfg.source).resolve())
-    if same:
-        raise UsageError("--out must differ from the source harvest")
     src = ShardStore(cfg.source)
     manifest = src.read_manifest()
     if not manifest or manifest.get("stage") not in ("harvest", STAGE):

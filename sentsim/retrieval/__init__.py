@@ -10,13 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from sentsim.errors import UsageError
-from sentsim.retrieval.base import IndexConfig, Retriever, check_fingerprint, read_index_manifest
+from sentsim.retrieval.base import IndexConfig, Retriever, check_index
 
 
 def build_index(corpus: str | Path, out: str | Path, cfg: IndexConfig | None = None, workers: int = 1,
                 num_cpus: float = 1.0) -> dict:
     """`workers=1` builds in this process. sklearn: `workers=N` counts and writes with N Ray tasks of
     `num_cpus` each (Ray must be initialised) and gives the same index; lucene: N indexing threads."""
+    from sentsim.out_paths import check_out
+
+    check_out(out, {"--corpus": corpus})
     cfg = cfg or IndexConfig()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise UsageError(f"workers must be a positive integer (got {workers!r})")
@@ -35,8 +38,7 @@ def open_retriever(index_dir: str | Path, corpus: str | Path | None = None, expe
     corpus; `ray_actors` spreads the shards over that many Ray actors. The index scores by the
     `similarity` it was built with; a lucene index can be searched with another one ("bm25" or
     "classic") by passing `similarity`, an sklearn index only with the one baked into it."""
-    manifest = read_index_manifest(index_dir)
-    check_fingerprint(manifest, f"index {index_dir}", corpus=corpus, expected=expected_fingerprint)
+    manifest = check_index(index_dir, corpus=corpus, expected=expected_fingerprint)
     backend = manifest.get("backend")
     if backend == "sklearn":
         from sentsim.retrieval.sklearn_backend import open_sklearn

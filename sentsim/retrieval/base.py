@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Sequence
@@ -13,8 +12,8 @@ from pydantic import Field, model_validator
 
 from sentsim.config import Section
 from sentsim.errors import UsageError
+from sentsim.retrieval.index_store import INDEX_MANIFEST, read_index_manifest  # noqa: F401  (re-exported)
 
-INDEX_MANIFEST = "index.json"
 PAD_ID = -1
 PAD_SCORE = 0.0
 
@@ -186,14 +185,14 @@ def merge_topk(parts: list[Hits], k: int) -> Hits:
     return _collect(rows)
 
 
-def read_index_manifest(index_dir: str | Path) -> dict:
-    p = Path(index_dir) / INDEX_MANIFEST
-    if not p.is_file():
-        raise UsageError(f"{index_dir}: not an index directory (no {INDEX_MANIFEST})")
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        raise UsageError(f"{p}: not valid JSON") from None
+def check_index(index_dir: str | Path, corpus: str | Path | None = None, expected: str | None = None) -> dict:
+    """The index's manifest, once its files are all there and (given `corpus` or its fingerprint) it was
+    built for that corpus: what a job that searches it checks before its first unit."""
+    from sentsim.retrieval.index_store import check_index_files
+
+    manifest = check_index_files(index_dir)
+    check_fingerprint(manifest, f"index {index_dir}", corpus=corpus, expected=expected)
+    return manifest
 
 
 def check_fingerprint(manifest: dict, where: str, corpus: str | Path | None = None,

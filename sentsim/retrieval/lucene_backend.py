@@ -32,6 +32,10 @@ Run it in its own process (a Ray actor, or a CLI call): a JVM loaded into a proc
 runs Ray and multi-threaded OpenBLAS was seen to crash native code later (SIGSEGV in an LU
 factorisation), most likely because the JVM guards the main thread's stack.
 
+The index is local only (Anserini writes and reads a folder on disk): `build-<id>/lucene/` under
+--out, committed through index.json as index_store.py describes; indexes from before that layout
+keep `lucene/` at the top, where their index.json points.
+
 Tokens are the sklearn backend's (lower-cased `\\b\\w+\\b` words, then word bigrams), so both
 backends see the same terms.
 """
@@ -51,8 +55,9 @@ import numpy as np
 
 from sentsim.config import fingerprint
 from sentsim.errors import UsageError
-from sentsim.retrieval.base import INDEX_MANIFEST, IndexConfig, Retriever, check_queries
+from sentsim.retrieval.base import IndexConfig, Retriever, check_queries
 from sentsim.retrieval.corpus_view import ChunkTable, SentenceTable, chunk_texts, corpus_fingerprint
+from sentsim.retrieval.index_store import IndexWriter
 
 FORMAT = "sentsim-lucene-v1"
 SIMILARITIES = ("bm25", "classic")
@@ -103,29 +108,28 @@ def build_lucene_index(corpus: str | Path, out: str | Path, cfg: IndexConfig, th
     if len(chunks) == 0:
         raise UsageError(f"{corpus}: the corpus has no chunks to index")
     texts = chunk_texts(chunks, SentenceTable.load(corpus))
-    out = Path(out)
-    if out.exists() and not (out / INDEX_MANIFEST).is_file() and any(out.iterdir()):
-        raise UsageError(f"{out}: exists, is not empty and is not an index directory")
-    shutil.rmtree(out / "lucene", ignore_errors=True)
-    coll = out / "_collection"
-    shutil.rmtree(coll, ignore_errors=True)
-    coll.mkdir(parents=True)
-    with open(coll / "docs.jsonl", "w", encoding="utf-8") as f:
-        for cid, text in zip(chunks.chunk_ids, texts):
-            f.write(json.dumps({"id": str(int(cid)), "contents": to_terms(text, cfg)}) + "\n")
-    args = ["-collection", "JsonCollection", "-input", str(coll), "-index", str(out / "lucene"),
-            "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(int(threads)), "-pretokenized", "-quiet"]
-    autoclass("io.anserini.index.IndexCollection").main(args)
-    shutil.rmtree(coll, ignore_errors=True)
-    manifest = {
-        "format": FORMAT, "backend": "lucene", "config": cfg.model_dump(), "corpus": str(corpus),
-        "corpus_fingerprint": corpus_fp, "fingerprint": fingerprint(cfg.semantic(), corpus_fp),
-        "n_chunks": int(len(chunks)), "vocab_size": None, "similarity": cfg.scoring, "build_workers": int(threads),
-        "shards": [{"path": "lucene", "n_chunks": int(len(chunks))}],
-        "build_seconds": round(time.perf_counter() - t0, 3),
-    }
-    (out / INDEX_MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-    manifest["size_bytes"] = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    with IndexWriter(out, local_only="the lucene backend writes a local index (the sklearn backend writes to "
+                                     "s3://)") as writer:
+        build = writer.local_dir()
+        coll = build / "_collection"
+        coll.mkdir(parents=True)
+        with open(coll / "docs.jsonl", "w", encoding="utf-8") as f:
+            for cid, text in zip(chunks.chunk_ids, texts):
+                f.write(json.dumps({"id": str(int(cid)), "contents": to_terms(text, cfg)}) + "\n")
+        args = ["-collection", "JsonCollection", "-input", str(coll), "-index", str(build / "lucene"),
+                "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(int(threads)), "-pretokenized",
+                "-quiet"]
+        autoclass("io.anserini.index.IndexCollection").main(args)
+        shutil.rmtree(coll, ignore_errors=True)
+        writer.record_local("lucene")
+        manifest = writer.commit({
+            "format": FORMAT, "backend": "lucene", "config": cfg.model_dump(), "corpus": str(corpus),
+            "corpus_fingerprint": corpus_fp, "fingerprint": fingerprint(cfg.semantic(), corpus_fp),
+            "n_chunks": int(len(chunks)), "vocab_size": None, "similarity": cfg.scoring,
+            "build_workers": int(threads), "shards": [{"path": f"{writer.build}/lucene", "n_chunks": int(len(chunks))}],
+            "build_seconds": round(time.perf_counter() - t0, 3),
+        })
+    manifest["size_bytes"] = sum(manifest["files"].values())
     return manifest
 
 
@@ -152,7 +156,9 @@ class LuceneRetriever(Retriever):
         self.manifest = manifest
         self.corpus_fingerprint = manifest["corpus_fingerprint"]
         self.similarity = similarity
-        self.searcher = LuceneSearcher(str(Path(index_dir) / "lucene"))
+        if "://" in str(index_dir):
+            raise UsageError(f"{index_dir}: a lucene index is read from local disk only")
+        self.searcher = LuceneSearcher(str(Path(index_dir) / manifest["shards"][0]["path"]))
         self.searcher.set_analyzer(autoclass("org.apache.lucene.analysis.core.WhitespaceAnalyzer")())
         self.searcher.set_bm25(float(k1), float(b))  # also (re)creates the Java IndexSearcher
         if similarity == "classic":

@@ -1,12 +1,14 @@
 """Embedded TF-IDF n-gram retrieval (scikit-learn tokenisation, scipy sparse products).
 
-Index layout (no pickle anywhere):
-    index.json                 manifest: config, corpus fingerprint, shard list, counts
-    vocab.json                 the n-gram vocabulary as a JSON list (term i is column i)
-    idf.npy                    float32 [V] inverse document frequencies (allow_pickle=False)
-    shard-NNNNN/matrix.npz     float32 CSR [V, n_chunks_in_shard]: the transposed chunk weight
-                               vectors (scipy.sparse.save_npz)
-    shard-NNNNN/chunk_ids.npy  int64 [n_chunks_in_shard], ascending
+Index layout (no pickle anywhere), local or s3://, committed as index_store.py describes:
+    index.json                         manifest: config, corpus fingerprint, shard list, counts, files
+    build-<id>/vocab.json              the n-gram vocabulary as a JSON list (term i is column i)
+    build-<id>/idf.npy                 float32 [V] inverse document frequencies (allow_pickle=False)
+    build-<id>/shard-NNNNN/matrix.npz  float32 CSR [V, n_chunks_in_shard]: the transposed chunk weight
+                                       vectors (scipy.sparse.save_npz)
+    build-<id>/shard-NNNNN/chunk_ids.npy  int64 [n_chunks_in_shard], ascending
+Indexes from before build folders keep vocab.json, idf.npy and shard-NNNNN/ at the top; index.json
+says where each file is ("vocab", "idf", each shard's "path"), so both layouts read the same way.
 
 A score is always Q[n, V] @ M[V, c]; `similarity` (IndexConfig) decides the weights:
   * "tfidf" (default): tf (1 + log tf when sublinear) x smooth idf ln((1+N)/(1+df)) + 1,
@@ -43,7 +45,6 @@ single-process build, and the same matrices up to float rounding.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Sequence
@@ -56,7 +57,6 @@ from sklearn.preprocessing import normalize
 from sentsim.config import fingerprint
 from sentsim.errors import UsageError
 from sentsim.retrieval.base import (
-    INDEX_MANIFEST,
     Hits,
     IndexConfig,
     Retriever,
@@ -67,6 +67,8 @@ from sentsim.retrieval.base import (
     topk_sparse_rows,
 )
 from sentsim.retrieval.corpus_view import ChunkTable, SentenceTable, chunk_texts, corpus_fingerprint
+from sentsim.retrieval.index_store import IndexWriter, load_npy, load_npz, npy_bytes, npz_bytes, read_bytes
+from storage import fs as sfs
 
 FORMAT = "sentsim-tfidf-v1"
 # Entries of the [queries x chunks] product held at once; bounds memory for frequent bigrams.
@@ -143,26 +145,19 @@ def _doc_weights(counts, lengths: np.ndarray, idf: np.ndarray, cfg: IndexConfig,
     return X.astype(np.float32).tocsr()
 
 
-def _prepare_out(out: Path) -> None:
-    if out.exists():
-        if (out / INDEX_MANIFEST).is_file():
-            for p in out.glob("shard-*"):
-                shutil.rmtree(p)
-        elif any(out.iterdir()):
-            raise UsageError(f"{out}: exists, is not empty and is not an index directory")
-    out.mkdir(parents=True, exist_ok=True)
-
-
-def _write_shard(out: Path, s: int, X: sp.csr_matrix, chunk_ids: np.ndarray) -> dict:
-    d = Path(out) / f"shard-{s:05d}"
-    shutil.rmtree(d, ignore_errors=True)
-    d.mkdir()
+def _write_shard(out: str, build: str, s: int, X: sp.csr_matrix, chunk_ids: np.ndarray) -> dict:
+    """Write shard s into the build folder `build` of the index at `out` (in a Ray task or here); its
+    entry for index.json, with the sizes of the files written under "_files"."""
+    fs, root = sfs.resolve(out)
+    d = f"{build}/shard-{s:05d}"
     MT = X.T.tocsr()
     MT.sort_indices()
-    sp.save_npz(d / "matrix.npz", MT, compressed=False)
-    np.save(d / "chunk_ids.npy", chunk_ids, allow_pickle=False)
-    return {"path": d.name, "n_chunks": int(len(chunk_ids)), "first_chunk_id": int(chunk_ids[0]),
-            "last_chunk_id": int(chunk_ids[-1]), "nnz": int(MT.nnz)}
+    files = {}
+    for name, blob in (("matrix.npz", npz_bytes(MT)), ("chunk_ids.npy", npy_bytes(chunk_ids))):
+        sfs.write_bytes_atomic(fs, sfs.join(root, d, name), blob)
+        files[f"{d}/{name}"] = len(blob)
+    return {"path": d, "n_chunks": int(len(chunk_ids)), "first_chunk_id": int(chunk_ids[0]),
+            "last_chunk_id": int(chunk_ids[-1]), "nnz": int(MT.nnz), "_files": files}
 
 
 def _shard_bounds(n_chunks: int, n_shards: int) -> np.ndarray:
@@ -183,12 +178,23 @@ def build_sklearn_index(corpus: str | Path, out: str | Path, cfg: IndexConfig, w
     sentences = SentenceTable.load(corpus)
     texts = chunk_texts(chunks, sentences)
     del sentences
-    out = Path(out)
     bounds = _shard_bounds(len(chunks), cfg.n_shards)
-    if workers == 1:
-        vocab, idf, stats, shards = _build_inline(corpus, out, cfg, texts, chunks, bounds)
-    else:
-        vocab, idf, stats, shards = _build_ray(corpus, out, cfg, texts, chunks, bounds, int(workers), num_cpus)
+    with IndexWriter(out) as writer:
+        if workers == 1:
+            vocab, idf, stats, shards = _build_inline(corpus, writer, cfg, texts, chunks, bounds)
+        else:
+            vocab, idf, stats, shards = _build_ray(corpus, writer, cfg, texts, chunks, bounds, int(workers),
+                                                   num_cpus)
+        for shard in shards:
+            writer.files.update(shard.pop("_files"))
+        manifest = _manifest(cfg, corpus, corpus_fp, chunks, vocab, stats, shards, workers, writer, t0)
+        manifest = writer.commit(manifest)
+    manifest["size_bytes"] = sum(manifest["files"].values())
+    return manifest
+
+
+def _manifest(cfg: IndexConfig, corpus, corpus_fp: str, chunks: ChunkTable, vocab: list, stats, shards: list,
+              workers: int, writer: IndexWriter, t0: float) -> dict:
     manifest = {
         "format": FORMAT,
         "backend": "sklearn",
@@ -198,6 +204,8 @@ def build_sklearn_index(corpus: str | Path, out: str | Path, cfg: IndexConfig, w
         "fingerprint": fingerprint(cfg.semantic(), corpus_fp),
         "n_chunks": int(len(chunks)),
         "vocab_size": len(vocab),
+        "vocab": f"{writer.build}/vocab.json",
+        "idf": f"{writer.build}/idf.npy",
         "similarity": cfg.scoring,
         "shards": shards,
         "build_workers": int(workers),
@@ -205,12 +213,16 @@ def build_sklearn_index(corpus: str | Path, out: str | Path, cfg: IndexConfig, w
     }
     if cfg.scoring != "tfidf":  # the collection statistics baked into the weights
         manifest.update(doc_count=stats.doc_count, avgdl=stats.avgdl)
-    (out / INDEX_MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-    manifest["size_bytes"] = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     return manifest
 
 
-def _build_inline(corpus, out: Path, cfg: IndexConfig, texts: list[str], chunks: ChunkTable, bounds: np.ndarray):
+def _write_vocab(writer: IndexWriter, vocab: list, idf: np.ndarray) -> None:
+    writer.put("vocab.json", json.dumps(vocab, ensure_ascii=False).encode("utf-8"))
+    writer.put("idf.npy", npy_bytes(idf))
+
+
+def _build_inline(corpus, writer: IndexWriter, cfg: IndexConfig, texts: list[str], chunks: ChunkTable,
+                  bounds: np.ndarray):
     vec = _vectorizer(cfg)
     try:
         counts = vec.fit_transform(texts)
@@ -232,13 +244,11 @@ def _build_inline(corpus, out: Path, cfg: IndexConfig, texts: list[str], chunks:
     X = _doc_weights(counts, lengths, idf, cfg, stats.avgdl)
     del counts
     vocab = vec.get_feature_names_out().tolist()
-    _prepare_out(out)
-    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    np.save(out / "idf.npy", idf, allow_pickle=False)
+    _write_vocab(writer, vocab, idf)
     shards = []
     for s in range(len(bounds) - 1):
         lo, hi = int(bounds[s]), int(bounds[s + 1])
-        shards.append(_write_shard(out, s, X[lo:hi], chunks.chunk_ids[lo:hi]))
+        shards.append(_write_shard(writer.uri, writer.build, s, X[lo:hi], chunks.chunk_ids[lo:hi]))
     return vocab, idf, stats, shards
 
 
@@ -305,7 +315,7 @@ def _remap(counts: sp.csr_matrix, colmap: np.ndarray, n_cols: int) -> sp.csr_mat
     return X
 
 
-def _shard_task(out: str, s: int, pieces: list, idf: np.ndarray, cfg_dict: dict, avgdl: float,
+def _shard_task(out: str, build: str, s: int, pieces: list, idf: np.ndarray, cfg_dict: dict, avgdl: float,
                 chunk_ids: np.ndarray) -> dict:
     """Write shard s from its slices, in row order: pieces are (counts ref, colmap, lengths)."""
     import ray
@@ -316,14 +326,14 @@ def _shard_task(out: str, s: int, pieces: list, idf: np.ndarray, cfg_dict: dict,
         mats.append(_remap(ray.get(ref), colmap, len(idf)))
         lens.append(lengths)
     X = _doc_weights(sp.vstack(mats, format="csr"), np.concatenate(lens), idf, cfg, avgdl)
-    return _write_shard(Path(out), s, X, chunk_ids)
+    return _write_shard(out, build, s, X, chunk_ids)
 
 
 def _count_task(texts: list[str], cfg_dict: dict):
     return _count_slice(texts, IndexConfig.model_validate(cfg_dict))
 
 
-def _build_ray(corpus, out: Path, cfg: IndexConfig, texts: list[str], chunks: ChunkTable, bounds: np.ndarray,
+def _build_ray(corpus, writer: IndexWriter, cfg: IndexConfig, texts: list[str], chunks: ChunkTable, bounds: np.ndarray,
                workers: int, num_cpus: float):
     import ray
 
@@ -341,9 +351,7 @@ def _build_ray(corpus, out: Path, cfg: IndexConfig, texts: list[str], chunks: Ch
     stats = DocStats(lengths)
     vocab, df, colmaps = _merge_vocab(corpus, parts, n, cfg)
     idf = _idf(df, stats, cfg)
-    _prepare_out(out)
-    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    np.save(out / "idf.npy", idf, allow_pickle=False)
+    _write_vocab(writer, vocab, idf)
     idf_ref = ray.put(idf)
     write = ray.remote(num_cpus=num_cpus, max_retries=2)(_shard_task)
     tasks = []
@@ -351,7 +359,8 @@ def _build_ray(corpus, out: Path, cfg: IndexConfig, texts: list[str], chunks: Ch
         lo, hi = int(bounds[s]), int(bounds[s + 1])
         pieces = [(refs[i][1], colmaps[i], parts[i][3])
                   for i in range(len(cuts) - 1) if cuts[i] >= lo and cuts[i + 1] <= hi]
-        tasks.append(write.remote(str(out.resolve()), s, pieces, idf_ref, cfg_dict, stats.avgdl,
+        tasks.append(write.remote(writer.uri if "://" in writer.uri else str(Path(writer.uri).resolve()),
+                                  writer.build, s, pieces, idf_ref, cfg_dict, stats.avgdl,
                                   chunks.chunk_ids[lo:hi]))
     shards = ray.get(tasks)
     return vocab, idf, stats, shards
@@ -361,10 +370,9 @@ class QueryEncoder:
     """Turns query strings into L2-normalised TF-IDF rows in the index's vocabulary."""
 
     def __init__(self, index_dir: str | Path, manifest: dict):
-        index_dir = Path(index_dir)
         self.cfg = IndexConfig.model_validate(manifest["config"])
-        vocab = json.loads((index_dir / "vocab.json").read_text(encoding="utf-8"))
-        self.idf = np.load(index_dir / "idf.npy", allow_pickle=False)
+        vocab = json.loads(read_bytes(index_dir, manifest.get("vocab", "vocab.json")).decode("utf-8"))
+        self.idf = load_npy(index_dir, manifest.get("idf", "idf.npy"))
         if len(vocab) != len(self.idf):
             raise UsageError(f"{index_dir}: vocab.json and idf.npy disagree; the index is damaged")
         self.vec = _vectorizer(self.cfg, vocabulary={t: i for i, t in enumerate(vocab)})
@@ -382,12 +390,10 @@ class ShardSearcher:
     """One loaded shard (or several): exact per-shard top-k for encoded queries."""
 
     def __init__(self, index_dir: str | Path, shard_names: Sequence[str]):
-        index_dir = Path(index_dir)
         self.mats = []
         for name in shard_names:
-            d = index_dir / name
-            MT = sp.load_npz(d / "matrix.npz").tocsr()
-            ids = np.load(d / "chunk_ids.npy", allow_pickle=False)
+            MT = load_npz(index_dir, f"{name}/matrix.npz").tocsr()
+            ids = load_npy(index_dir, f"{name}/chunk_ids.npy")
             self.mats.append((MT, ids))
 
     def topk(self, Q: sp.csr_matrix, k: int) -> Hits:
@@ -412,7 +418,7 @@ class SklearnRetriever(Retriever):
     """All shards of an index loaded in this process (tests, CLI, one actor holding everything)."""
 
     def __init__(self, index_dir: str | Path, manifest: dict | None = None):
-        self.index_dir = Path(index_dir)
+        self.index_dir = index_dir
         self.manifest = manifest or read_index_manifest(index_dir)
         self.corpus_fingerprint = self.manifest["corpus_fingerprint"]
         self.encoder = QueryEncoder(index_dir, self.manifest)
@@ -433,7 +439,7 @@ class RayShardedRetriever(Retriever):
                  manifest: dict | None = None):
         import ray
 
-        self.index_dir = Path(index_dir).resolve()
+        self.index_dir = str(index_dir) if "://" in str(index_dir) else str(Path(index_dir).resolve())
         self.manifest = manifest or read_index_manifest(index_dir)
         self.corpus_fingerprint = self.manifest["corpus_fingerprint"]
         self.encoder = QueryEncoder(index_dir, self.manifest)
@@ -441,7 +447,7 @@ class RayShardedRetriever(Retriever):
         num_actors = min(num_actors or len(names), len(names))
         groups = [names[i::num_actors] for i in range(num_actors)]
         actor_cls = ray.remote(num_cpus=num_cpus)(_ShardActor)
-        self.actors = [actor_cls.remote(str(self.index_dir), g) for g in groups]
+        self.actors = [actor_cls.remote(self.index_dir, g) for g in groups]
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         import ray

@@ -28,6 +28,7 @@ from pydantic import Field
 from sentsim.config import Section, fingerprint
 from sentsim.errors import UsageError
 from sentsim.executor import ShardedJob, execute
+from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
 from sentsim.screening.cache import FORMAT, STORE_STAGE, store_schemas
 from storage import ShardStore
@@ -82,6 +83,7 @@ class CacheStage(Stage):
 
     def __init__(self, cfg: RepCacheConfig, fp: str):
         self.cfg, self.fp = cfg, fp
+        self._corpus = None  # the corpus' committed sentences shards, opened by the first unit
 
     def setup(self) -> None:
         import torch
@@ -95,12 +97,14 @@ class CacheStage(Stage):
     def _sentences(self, lo: int, hi: int):
         import pyarrow.dataset as pads
 
-        from sentsim.retrieval.corpus_view import SentenceTable
+        from sentsim.retrieval.corpus_view import SentenceTable, open_corpus
 
-        # only this unit's rows: Parquet statistics skip the other shards' row groups
+        # only this unit's rows: Parquet statistics skip the other shards' row groups; only committed shards
+        # (the run reader's), local or s3://
+        if self._corpus is None:
+            self._corpus = open_corpus(self.cfg.corpus).dataset("sentences")
         f = pads.field("sentence_id")
-        t = pads.dataset(str(Path(self.cfg.corpus) / "sentences"), format="parquet").to_table(
-            columns=["sentence_id", "text"], filter=(f >= lo) & (f < hi))
+        t = self._corpus.to_table(columns=["sentence_id", "text"], filter=(f >= lo) & (f < hi))
         return SentenceTable(t.column("sentence_id").to_numpy().astype(np.int64), t.column("text").to_pylist())
 
     def process(self, items: List[dict]) -> List[dict]:
@@ -125,6 +129,7 @@ def build_rep_cache(cfg: RepCacheConfig, executor: str = "ray", force_new: bool 
     from sentsim.discriminator import Discriminator
     from sentsim.retrieval.corpus_view import corpus_fingerprint, read_table
 
+    check_out(cfg.out, {"--corpus": cfg.corpus, "--discriminator": cfg.discriminator})
     corpus_fp = corpus_fingerprint(cfg.corpus)
     disc = Discriminator.load(cfg.discriminator, corpus=cfg.corpus)  # refuses another corpus's model
     identity = cache_identity(corpus_fp, cfg.discriminator)
@@ -156,6 +161,15 @@ def build_rep_cache(cfg: RepCacheConfig, executor: str = "ray", force_new: bool 
 def rep_cache_uri(rep_cache: Optional[str], out: str) -> str:
     """The cache a job uses: the one given, else its own under <out>/rep_cache."""
     return rep_cache or f"{out.rstrip('/')}/{SUBDIR}"
+
+
+def given_rep_cache(rep_cache: Optional[str], out: str) -> Optional[str]:
+    """A cache the job reads as an input: one given that is not the job's own (<out>/rep_cache)."""
+    from sentsim.out_paths import location
+
+    if rep_cache is None or location(rep_cache) == location(rep_cache_uri(None, out)):
+        return None
+    return rep_cache
 
 
 def check_rep_cache(uri: str, identity: str) -> None:

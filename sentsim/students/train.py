@@ -195,9 +195,12 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
                   executor: str = "ray", force_new: bool = False, eval_sts: Optional[str] = None,
                   verbose: bool = True) -> dict:
     """Validate, train, export; returns the run summary (also OUT/summary.json)."""
+    from sentsim.out_paths import check_out
     from sentsim.runtime import absolute_local
     from sentsim.surrogate.models import check_backbone
 
+    check_out(out, {"--data": data, "--backbone": backbone, "--eval-sts": eval_sts, "--triples": cfg.rse.triples,
+                    "rankencoder.base_encoder": cfg.rankencoder.base_encoder}, local="a model and its training state")
     data, backbone, out, eval_sts = (absolute_local(p) for p in (data, backbone, out, eval_sts))
 
     if executor not in ("ray", "inline"):

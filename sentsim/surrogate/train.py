@@ -61,10 +61,13 @@ def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, ou
     """Validate every input, then run the stages. Returns the run summary (also OUT/summary.json)."""
     import json
 
+    from sentsim.out_paths import check_out
     from sentsim.runtime import absolute_local
     from sentsim.surrogate.data import harvest_datasets, inspect_harvest, stsb_datasets
     from sentsim.surrogate.models import check_backbone
 
+    check_out(out, {"--data": data, "--backbone": backbone, "--finetune-sts": finetune_sts},
+              local="a model and its training state")
     data, backbone, out, finetune_sts = (absolute_local(p) for p in (data, backbone, out, finetune_sts))
 
     if not data and not finetune_sts:

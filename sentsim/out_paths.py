@@ -1,0 +1,92 @@
+"""An output never overlaps an input: the one check every job runs on its --out before it writes or deletes.
+
+`sentsim harvest --corpus X --out X --force-new` once deleted its own corpus: --force-new clears the run
+folder, and nothing asked whether that folder was an input. Every job (corpus build, index build, cache
+build, contexts, harvest, remix, the trainers, eval's report files) now calls `check_out` first, with
+every path it reads. An output that is an input, lies inside one or holds one is refused, whether or not
+--force-new was given, so the refusal of a fingerprint mismatch that suggests --force-new can never lead
+to deleting an input.
+
+Local paths are compared resolved (absolute, `~` expanded, symlinks followed, `file://` stripped);
+URIs (`s3://bucket/key`) by scheme, bucket and key, one path segment at a time, so `s3://b/run2`
+is not inside `s3://b/run`. A local path and a URI never overlap.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, Optional, Sequence, Tuple, Union
+
+from sentsim.errors import UsageError
+
+Paths = Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+
+
+def location(path: Union[str, os.PathLike]) -> Tuple[str, ...]:
+    """A comparable form of a path or URI: ("", resolved parts...) for a local path,
+    (scheme, bucket, key parts...) for a URI."""
+    text = os.fspath(path)
+    if text.startswith("file://"):
+        text = text[len("file://"):]
+    if "://" not in text:
+        return ("",) + Path(os.path.expanduser(text)).resolve().parts
+    scheme, _, rest = text.partition("://")
+    return (scheme.lower(),) + tuple(p for p in rest.split("/") if p not in ("", "."))
+
+
+def _within(inner: Tuple[str, ...], outer: Tuple[str, ...]) -> bool:
+    return len(inner) >= len(outer) and inner[:len(outer)] == outer
+
+
+def overlap(out: Union[str, os.PathLike], inp: Union[str, os.PathLike]) -> Optional[str]:
+    """How `out` overlaps `inp` ("is", "lies inside", "holds"), or None when they are apart."""
+    a, b = location(out), location(inp)
+    if a == b:
+        return "is"
+    if _within(a, b):
+        return "lies inside"
+    if _within(b, a):
+        return "holds"
+    return None
+
+
+def _each(paths: Paths):
+    if paths is None:
+        return
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    for p in paths:
+        if p is not None and os.fspath(p) != "":
+            yield p
+
+
+def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], out_flag: str = "--out",
+              folder: bool = True, local: Optional[str] = None) -> None:
+    """Refuse `out` when it is, lies inside or holds any of `inputs` ({flag or config key: path(s)}),
+    or (`folder`) when a local `out` is an existing file where the run's folder belongs, or (`local`: what
+    the command writes) when it is a URI and the command writes local files only.
+    Call it before anything is written, read for resuming, or deleted."""
+    if out is None or os.fspath(out) == "":
+        return
+    if local and "://" in os.fspath(out):  # else Path("s3://b/x") would quietly be a local folder s3:/b/x
+        raise UsageError(f"{out_flag} {os.fspath(out)}: {local} go to a local folder (or a shared file system "
+                         "that every node mounts), not an object store")
+    for flag, paths in inputs.items():
+        for inp in _each(paths):
+            how = overlap(out, inp)
+            if how is None:
+                continue
+            raise UsageError(
+                f"{out_flag} {os.fspath(out)} {how} the input {flag} {os.fspath(inp)}; write to a folder outside "
+                "every input (an output there could overwrite or, with --force-new, delete it)")
+    text = os.fspath(out)
+    if "://" in text:
+        return
+    p = Path(os.path.expanduser(text)).absolute()
+    # the nearest existing path: out itself, or the ancestor it would be made in
+    first = next((q for q in (p, *p.parents) if q.exists()), None)
+    if first is not None and not first.is_dir():
+        where = "is a file" if first == p else f"lies under {first}, which is a file"
+        if folder or first != p:
+            raise UsageError(f"{out_flag} {text}: {where}, not a folder; give a folder for the output")

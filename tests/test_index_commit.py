@@ -1,0 +1,151 @@
+"""A rebuilt index is committed whole (issue 37): a build killed at any point leaves the index there
+usable, the next build cleans up after it, and a job that searches a damaged index says so at its start
+in one line (exit 2) instead of failing when its first unit searches."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ROOT, sentsim_cli
+
+from sentsim.errors import UsageError
+from sentsim.retrieval import IndexConfig, build_index, open_retriever
+from sentsim.retrieval.base import check_index
+
+QUERIES = ["the people of the United States", "We hold these truths to be self-evident", "the war in Europe"]
+
+# The build in a child process, SIGKILLed at one point of the commit: `when` picks it.
+KILLED_BUILD = """
+import os, signal, sys
+from sentsim.retrieval import IndexConfig, build_index
+from sentsim.retrieval import index_store
+from storage import fs as sfs
+corpus, out, when = sys.argv[1:4]
+die = lambda: os.kill(os.getpid(), signal.SIGKILL)
+write = sfs.write_bytes_atomic
+def patched(fs, path, data):
+    if when == "mid-shards" and "shard-00001/" in path:
+        die()
+    if when == "before-manifest" and path.endswith("/index.json"):
+        die()
+    write(fs, path, data)
+sfs.write_bytes_atomic = patched
+if when == "before-cleanup":
+    index_store.IndexWriter._remove_earlier_builds = lambda self: die()
+build_index(corpus, out, IndexConfig(n_shards=3, ngrams="unigram+bigram"))
+"""
+
+
+def _search(index) -> np.ndarray:
+    return open_retriever(index).search(QUERIES, 20)[0]
+
+
+@pytest.fixture(scope="module")
+def old_and_new(speech_corpus, tmp_path_factory):
+    """The results of the index before (2 shards, bigrams) and after (3 shards, unigrams too) a rebuild."""
+    root = tmp_path_factory.mktemp("index_commit")
+    build_index(speech_corpus, root / "old", IndexConfig(n_shards=2))
+    build_index(speech_corpus, root / "new", IndexConfig(n_shards=3, ngrams="unigram+bigram"))
+    old, new = _search(root / "old"), _search(root / "new")
+    assert not np.array_equal(old, new)  # the two are told apart by their hits
+    return root / "old", old, new
+
+
+@pytest.mark.parametrize("when", ["mid-shards", "before-manifest", "before-cleanup"])
+def test_a_killed_rebuild_leaves_a_whole_index_and_the_next_build_cleans_up(speech_corpus, old_and_new, tmp_path,
+                                                                             when):
+    old_dir, old_hits, new_hits = old_and_new
+    index = tmp_path / "index"
+    shutil.copytree(old_dir, index)
+    r = subprocess.run([sys.executable, "-c", KILLED_BUILD, str(speech_corpus), str(index), when],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    builds = sorted(p.name for p in index.glob("build-*"))
+    assert len(builds) == 2  # the old build's folder and the killed one's
+    man = check_index(index, corpus=speech_corpus)  # every file index.json names is there, at its size
+    committed = when == "before-cleanup"
+    assert len(man["shards"]) == (3 if committed else 2)
+    np.testing.assert_array_equal(_search(index), new_hits if committed else old_hits)
+    # the same command again: built, committed, and only its own build folder is left
+    r = sentsim_cli("index", "build", "--corpus", speech_corpus, "--out", index, "--shards", "3",
+                    "--set", "ngrams=unigram+bigram")
+    assert r.returncode == 0, r.stderr[-2000:]
+    man = json.loads((index / "index.json").read_text())
+    left = sorted(p.name for p in index.iterdir())
+    assert left == sorted(["index.json", man["vocab"].split("/")[0]]), left
+    np.testing.assert_array_equal(_search(index), new_hits)
+
+
+def as_written_before_build_folders(index: Path) -> None:
+    """Rewrite an index into the layout of sentsim before build folders: its files at the top, index.json
+    without file list (what an older sentsim wrote, and rewrote in place)."""
+    man = json.loads((index / "index.json").read_text())
+    build = man["vocab"].split("/")[0]
+    for p in (index / build).iterdir():
+        p.rename(index / p.name)
+    (index / build).rmdir()
+    for k in ("files", "vocab", "idf"):
+        man.pop(k)
+    for s in man["shards"]:
+        s["path"] = s["path"].split("/")[-1]
+    (index / "index.json").write_text(json.dumps(man))
+
+
+def test_an_index_of_the_earlier_layout_is_read_and_replaced(speech_corpus, old_and_new, tmp_path):
+    old_dir, old_hits, new_hits = old_and_new
+    index = tmp_path / "index"
+    shutil.copytree(old_dir, index)
+    as_written_before_build_folders(index)
+    assert {p.name for p in index.iterdir()} == {"index.json", "vocab.json", "idf.npy", "shard-00000", "shard-00001"}
+    check_index(index, corpus=speech_corpus)
+    np.testing.assert_array_equal(_search(index), old_hits)
+    (index / "notes.txt").write_text("mine")  # not the build's: left alone
+    build_index(speech_corpus, index, IndexConfig(n_shards=3, ngrams="unigram+bigram"))
+    assert sorted(p.name for p in index.iterdir() if not p.name.startswith("build-")) == ["index.json", "notes.txt"]
+    np.testing.assert_array_equal(_search(index), new_hits)
+
+
+def test_a_damaged_index_is_named_when_a_job_starts(speech_corpus, old_and_new, tmp_path):
+    """What a killed in-place build of an older sentsim left (index.json over deleted shards), a file of
+    the new layout gone or cut short, an index of another corpus: `sentsim harvest` and `sentsim contexts`
+    exit 2 with one line before they load a model or start Ray."""
+    old_dir, _, _ = old_and_new
+    legacy, current, short = tmp_path / "legacy", tmp_path / "current", tmp_path / "short"
+    for d in (legacy, current, short):
+        shutil.copytree(old_dir, d)
+    as_written_before_build_folders(legacy)
+    shutil.rmtree(legacy / "shard-00001")
+    man = json.loads((current / "index.json").read_text())
+    os.unlink(current / man["shards"][1]["path"] / "matrix.npz")
+    with open(short / man["idf"], "r+b") as f:  # the copies keep the build folder's name
+        f.truncate(10)
+    other = tmp_path / "other_corpus"
+    from sentsim.corpus_job import build_corpus
+
+    src = tmp_path / "doc.jsonl"
+    src.write_text(json.dumps({"id": "a", "paragraphs": ["The red fox ran far. The red fox slept."]}) + "\n")
+    build_corpus([str(src)], str(other), executor="inline", quiet=True)
+    cases = [(legacy, speech_corpus, "shard-00001/matrix.npz is missing"),
+             (current, speech_corpus, "shard-00001/matrix.npz is missing"),
+             (short, speech_corpus, "idf.npy has 10 bytes"),
+             (old_dir, other, "was built for corpus")]
+    for index, corpus, expected in cases:
+        with pytest.raises(UsageError, match=expected.replace("(", r"\(")):
+            check_index(index, corpus=corpus)
+        for cmd in (("harvest", "--context-models", tmp_path / "no-model"),
+                    ("contexts", "--set", "sample=4")):
+            r = sentsim_cli(*cmd, "--corpus", corpus, "--index", index, "--out", tmp_path / "out", timeout=300)
+            assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+            lines = r.stderr.strip().splitlines()
+            assert len(lines) == 1 and expected in lines[0], lines
+            if "damaged" in lines[0]:
+                assert "rebuild it with `sentsim index build`" in lines[0]
+    assert not (tmp_path / "out").exists()  # refused before anything was written

@@ -1,0 +1,130 @@
+"""An output never overlaps an input (issue 37): every command refuses an --out that is, lies inside or
+holds one of its inputs, before anything is written or deleted, --force-new or not."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from conftest import ROOT, sentsim_cli
+
+from sentsim.errors import UsageError
+from sentsim.out_paths import check_out, location, overlap
+
+
+def test_overlap_of_local_paths_follows_symlinks_and_segments(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    os.symlink(tmp_path / "corpus", tmp_path / "link")
+    assert overlap(tmp_path / "corpus", tmp_path / "link") == "is"
+    assert overlap(tmp_path / "link" / "h", tmp_path / "corpus") == "lies inside"
+    assert overlap(tmp_path, tmp_path / "link") == "holds"
+    assert overlap(f"{tmp_path}/corpus/../corpus/", tmp_path / "corpus") == "is"
+    assert overlap(tmp_path / "corpus2", tmp_path / "corpus") is None  # a prefix of the name is not a parent
+    assert overlap(f"file://{tmp_path}/corpus", tmp_path / "corpus") == "is"
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        assert overlap("corpus", tmp_path / "corpus") == "is" and overlap("./", "corpus") == "holds"
+    finally:
+        os.chdir(cwd)
+
+
+def test_overlap_of_s3_uris_is_by_bucket_and_key_segments():
+    assert overlap("s3://b/runs/corpus", "s3://b/runs/corpus/") == "is"
+    assert overlap("s3://b//runs/corpus", "s3://b/runs/corpus") == "is"
+    assert overlap("s3://b/runs/corpus/h", "s3://b/runs/corpus") == "lies inside"
+    assert overlap("s3://b", "s3://b/runs/corpus") == "holds"
+    assert overlap("s3://b/runs/corpus2", "s3://b/runs/corpus") is None
+    assert overlap("s3://other/runs/corpus", "s3://b/runs/corpus") is None
+    assert overlap("/b/runs/corpus", "s3://b/runs/corpus") is None  # a local path is never an object key
+    assert location("S3://b/k") == ("s3", "b", "k")
+
+
+def test_check_out_names_the_flag_and_a_file_where_a_folder_belongs(tmp_path):
+    with pytest.raises(UsageError, match=r"^--out .*/c is the input --corpus .*/c; write to a folder outside"):
+        check_out(tmp_path / "c", {"--corpus": str(tmp_path / "c"), "--index": None})
+    with pytest.raises(UsageError, match="lies inside the input --context-models"):
+        check_out(tmp_path / "m" / "h", {"--context-models": [str(tmp_path / "x"), str(tmp_path / "m")]})
+    check_out(tmp_path / "h", {"--corpus": str(tmp_path / "c"), "--pairs": None, "--context-models": []})
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UsageError, match="f: is a file, not a folder"):
+        check_out(tmp_path / "f", {})
+    with pytest.raises(UsageError, match="lies under .*f, which is a file"):
+        check_out(tmp_path / "f" / "run", {})
+    check_out(tmp_path / "f", {}, out_flag="--json", folder=False)  # a report file is overwritten
+    with pytest.raises(UsageError, match="^--out s3://b/m: a model and its training state go to a local folder"):
+        check_out("s3://b/m", {}, local="a model and its training state")  # not a local folder named s3:
+    check_out("s3://b/run", {})
+
+
+@pytest.fixture()
+def corpus(speech_corpus, tmp_path):
+    """A copy of the sample corpus that a wrong refusal could delete without harming other tests."""
+    dst = tmp_path / "corpus"
+    shutil.copytree(speech_corpus, dst)
+    return dst
+
+
+def _unchanged(folder) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _refused(r, *words) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr[-1500:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-1500:]
+    assert lines[0].startswith("sentsim: error: ") and all(w in lines[0] for w in words), lines[0]
+
+
+def test_every_command_refuses_an_out_over_its_input_before_deleting(corpus, sample_path, tmp_path):
+    """The audit's case first (a harvest with --out its corpus and --force-new deleted the corpus), then every
+    other command with each way of overlapping; the input's files are byte for byte what they were."""
+    from storage import verify_store
+
+    before = _unchanged(corpus)
+    c = str(corpus)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("a b c\td e f\n")
+    cases = [
+        (("harvest", "--corpus", c, "--out", c, "--index", c + "-index", "--context-models", str(model),
+          "--force-new"), "--out", "is the input --corpus"),
+        (("harvest", "--corpus", c, "--out", str(tmp_path / "h"), "--index", str(tmp_path / "h" / "index"),
+          "--context-models", str(model), "--force-new"), "holds the input --index"),
+        (("harvest", "--corpus", c, "--out", str(model / "h"), "--set", "contexts.mode=random",
+          "--context-models", str(model), "--force-new"), "lies inside the input --context-models"),
+        (("harvest", "--corpus", c, "--out", str(pairs), "--pairs", str(pairs), "--set", "contexts.mode=random",
+          "--context-models", str(model), "--force-new"), "is the input --pairs"),
+        (("corpus", "build", str(sample_path), "--out", str(sample_path.parent), "--force-new"),
+         "holds the input INPUT"),
+        (("index", "build", "--corpus", c, "--out", c), "is the input --corpus"),
+        (("index", "build", "--corpus", c, "--out", f"{c}/index"), "lies inside the input --corpus"),
+        (("cache", "build", "--corpus", c, "--discriminator", str(model), "--out", c, "--force-new"),
+         "is the input --corpus"),
+        (("cache", "build", "--corpus", c, "--discriminator", str(model), "--out", str(model), "--force-new"),
+         "is the input --discriminator"),
+        (("contexts", "--corpus", c, "--index", str(model), "--out", str(tmp_path), "--force-new"),
+         "holds the input --corpus"),
+        (("remix", c, "--out", c, "--force-new"), "is the input HARVEST"),
+        (("train", "discriminator", "--corpus", c, "--out", c, "--force-new"), "is the input --corpus"),
+        (("train", "context", "--corpus", c, "--out", f"{c}/ctx", "--force-new"), "lies inside the input --corpus"),
+        (("train", "surrogate", "--data", c, "--out", c, "--force-new"), "is the input --data"),
+        (("train", "student", "--data", c, "--backbone", str(model), "--out", str(model), "--force-new"),
+         "is the input --backbone"),
+        (("train", "student", "--data", c, "--out", str(pairs), "--set", f"rse.triples={pairs}",
+          "--objective", "rse", "--force-new"), "is the input --triples"),
+        (("eval", "sts", "--scores", str(pairs), "--data", c, "--json", str(pairs)), "--json", "is the input --scores"),
+        (("eval", "sts", "--tfidf", "--data", c, "--markdown", f"{c}/report.md"), "--markdown",
+         "lies inside the input --data"),
+        # trainers write local folders: an s3:// --out was a local folder named "s3:"
+        (("train", "discriminator", "--corpus", c, "--out", "s3://bucket/disc"), "go to a local folder"),
+        (("train", "context", "--corpus", c, "--out", "s3://bucket/ctx"), "go to a local folder"),
+    ]
+    for args, *words in cases:
+        _refused(sentsim_cli(*args, timeout=300), *words)
+    assert _unchanged(corpus) == before and verify_store(c) == []
+    assert pairs.read_text() == "a b c\td e f\n" and (model / "config.json").read_text() == "{}"
+    assert not (ROOT / "s3:").exists()
