@@ -107,6 +107,10 @@ class ContextTrainConfig(Section):
     heldout_percent: float = Field(2.0, gt=0, lt=50)  # documents held out by doc hash for evaluation
     heldout_windows: int = Field(512, ge=8)  # held-out windows used for loss / perplexity / context gap
     eval_every: int = Field(500, ge=1)  # reporting cadence; not in the paper
+    log_every: int = Field(0, ge=0)  # a history point (loss, tokens, FLOPs, time) every N steps; 0 = at evals only
+    # torch.compile each encoder and decoder layer (fuses the element-wise work around the matrix products);
+    # GPU only, execution, not in the paper. Costs a compile of a minute or so at the start (BENCHMARKS.md, "GPU").
+    compile: bool = False
     checkpoint_every: int = Field(500, ge=1)  # resumability; not in the paper
     # Not in §3.2.2, which trains on its whole corpus: train (and hold out) only the documents whose
     # doc_id starts with one of these prefixes, e.g. [enwiki]; empty = every document. Retrieval is

@@ -45,6 +45,7 @@ class BatchTask:
     """What a builder needs for one batch: the token ids of the windows it uses, and its examples."""
 
     seq: int  # position in the stream (0 = the first batch of epoch 0)
+    epoch: int  # the pass over this worker's training windows it belongs to
     tokens: np.ndarray  # int32, every present window sentence's ids, window by window, slot by slot
     lengths: np.ndarray  # int32 [windows, 2k+1]: token count of the sentences at offsets -k..k (0 = none)
     window: np.ndarray  # int32 [examples]: row of `lengths`
@@ -128,20 +129,20 @@ def batch_tasks(corpus: str, tok, cfg: ContextTrainConfig, directions: Sequence[
                 for b in order_rng.permutation(len(plan)):
                     if seq >= skip:
                         rows = plan[b]
-                        yield _task(seq, rows, w + lo, dcol, s, t, sent, lens, flat, tok_start)
+                        yield _task(seq, epoch, rows, w + lo, dcol, s, t, sent, lens, flat, tok_start)
                     seq += 1
         if produced == 0:
             raise UsageError(f"{corpus}: no training windows{_among(cfg)} for worker {rank}/{world} "
                              f"(corpus too small for heldout_percent={cfg.heldout_percent} and {world} workers?)")
 
 
-def _task(seq, rows, window, dcol, s, t, sent, lens, flat, tok_start) -> BatchTask:
+def _task(seq, epoch, rows, window, dcol, s, t, sent, lens, flat, tok_start) -> BatchTask:
     wins, local = np.unique(window[rows], return_inverse=True)
     g = sent[wins].ravel()
     g = g[g >= 0]
     tokens = (np.concatenate([flat[tok_start[x]:tok_start[x + 1]] for x in g]) if len(g)
               else np.zeros(0, np.int32))
-    return BatchTask(seq, tokens, lens[wins].astype(np.int32), local.astype(np.int32),
+    return BatchTask(seq, epoch, tokens, lens[wins].astype(np.int32), local.astype(np.int32),
                      dcol[rows].astype(np.int8), s[rows], t[rows])
 
 

@@ -43,6 +43,7 @@ import torch
 
 from sentsim.context.batching import collate, token_batches
 from sentsim.context.config import DIRECTIONS, ContextTrainConfig
+from sentsim.context.flops import model_shape, training_flops
 from sentsim.context.model import (
     ContextModel,
     build_model,
@@ -263,6 +264,9 @@ class ContextTrainee(Trainee):
         self.cfg, self.tok, self.corpus, self.directions, self.heldout = cfg, tok, corpus, directions, heldout
         self.tokenizer_dir = tokenizer_dir  # the stream's worker processes load the tokenizer from it
         self.stream = None
+        self.shape = model_shape(model) if model is not None else None
+        self.padded_tokens_seen = 0
+        self.flops = 0.0
         # without sentence positions the sentence-position table gets no gradient
         self.find_unused_parameters = not cfg.model.sentence_position_embeddings
         self.world = 1
@@ -294,20 +298,33 @@ class ContextTrainee(Trainee):
         # counted on the host (a bucketed batch carries its counts): no device sync
         n_tgt = batch["n_tgt"] if "n_tgt" in batch else int((batch["labels"] >= 0).sum())
         n_src = batch["n_src"] if "n_src" in batch else int(batch["src_mask"].sum())
+        (B, S), T = batch["src"].shape, batch["labels"].shape[1]
         self.tokens_seen += (n_src + n_tgt) * self.world
         self.target_tokens_seen += n_tgt * self.world
+        self.padded_tokens_seen += B * (S + T) * self.world
+        self.flops += training_flops(self.shape, B, S, T, n_tgt, self.cfg.freeze_encoder) * self.world
         loss = token_loss(self.model, to_device(batch, device))
-        return loss, {"tokens_seen": self.tokens_seen, "target_tokens_seen": self.target_tokens_seen}
+        return loss, self.counters()
+
+    def counters(self) -> dict:
+        """What a history point records of the stream: tokens trained on, the padded tokens and matrix FLOPs
+        they cost (sentsim.context.flops), and the seconds the trainer waited for a batch (this worker)."""
+        return {"tokens_seen": self.tokens_seen, "target_tokens_seen": self.target_tokens_seen,
+                "padded_tokens_seen": self.padded_tokens_seen, "train_flops": self.flops,
+                "data_wait_s": round(self.stream.wait_seconds, 2) if self.stream is not None else None}
 
     def save(self, folder: Path) -> None:
         self.model.save(folder / "model")
 
     def extra_state(self) -> dict:
-        return {"tokens_seen": self.tokens_seen, "target_tokens_seen": self.target_tokens_seen}
+        return {"tokens_seen": self.tokens_seen, "target_tokens_seen": self.target_tokens_seen,
+                "padded_tokens_seen": self.padded_tokens_seen, "train_flops": self.flops}
 
     def load_extra_state(self, state: dict) -> None:
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.target_tokens_seen = int(state.get("target_tokens_seen", 0))
+        self.padded_tokens_seen = int(state.get("padded_tokens_seen", 0))
+        self.flops = float(state.get("train_flops", 0.0))
 
     def evaluate(self, device, autocast) -> dict:
         if self.heldout is None:
@@ -339,6 +356,8 @@ def build_trainee(config: dict, session, ckpt: Optional[Path]) -> ContextTrainee
             init_cross_attention_from_self(model)
     if cfg.freeze_encoder:
         model.freeze_encoder()
+    if cfg.compile and session.device.type == "cuda":
+        model.compile_layers()
     directions = config["directions"]
     heldout = heldout_examples(config["corpus"], tok, cfg, directions) if session.rank == 0 else None
     return ContextTrainee(model, cfg, tok, config["corpus"], directions, heldout, config["tokenizer_dir"])
@@ -348,7 +367,8 @@ def build_trainee(config: dict, session, ckpt: Optional[Path]) -> ContextTrainee
 
 # settings a resumed run may change (how long and how wide, not what is trained): left out of the fingerprint
 RESUMABLE = ("max_steps", "max_seconds", "eval_every", "checkpoint_every", "num_workers", "cpus_per_worker", "use_gpu",
-             "torch_threads", "executor", "heldout_windows", "bf16", "max_target_tokens", "data_workers")
+             "torch_threads", "executor", "heldout_windows", "bf16", "max_target_tokens", "data_workers", "log_every",
+             "compile")
 # settings added after runs were trained, with the value those runs had: counted in the fingerprint only when
 # set to another, so a run from before the setting existed still resumes with it. A run from before
 # `batching` resumed under today's default (bucketed) is refused, naming the key: --set batching=buffer
@@ -361,7 +381,7 @@ def loop_settings(cfg: ContextTrainConfig, name: str) -> dict:
         "batch_size": None, "drop_last": False, "shuffle_buffer": 0,
         "optimizer": "adam", "lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "weight_decay": cfg.weight_decay,
         "schedule": cfg.schedule, "warmup_steps": cfg.warmup_steps, "max_grad_norm": cfg.grad_clip,
-        "eval_every": cfg.eval_every, "checkpoint_every": cfg.checkpoint_every, "log_every": None,
+        "eval_every": cfg.eval_every, "checkpoint_every": cfg.checkpoint_every, "log_every": cfg.log_every or None,
         "max_seconds": cfg.max_seconds, "bf16": cfg.bf16 == "auto", "cpu_bf16": True,
         "cpu_threads": cfg.torch_threads,
         "use_gpu": {"auto": None, "yes": True, "no": False}[cfg.use_gpu],
