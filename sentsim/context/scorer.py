@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from sentsim.context.batching import collate_np, padded, plan_batches, to_device_packed
 from sentsim.context.config import DIRECTIONS, ScorerConfig
+from sentsim.context.flops import decoder_flops, encoder_flops, model_shape
 from sentsim.context.model import ContextModel, load_bundle
 from sentsim.context.windows import build_example
 from sentsim.errors import UsageError
@@ -149,6 +150,8 @@ class ContextScorer:
         self.precision = resolve_autocast(self.config.autocast, self.device.type)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         self._tok_cache: dict[str, list[int]] = {}
+        # sums over every score() call: items, seconds, matrix FLOPs (sentsim.context.flops), real and padded tokens
+        self.totals: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------ helpers
 
@@ -230,6 +233,8 @@ class ContextScorer:
             stats[f"truncated_items_{d}"] = int((trunc[d] > 0).sum())
         pad = stats.get("padded_tokens", 0.0)
         stats["padding_fraction"] = (1.0 - stats.get("real_tokens", 0.0) / pad) if pad else 0.0
+        for k in ("items", "seconds", "flops", "real_tokens", "padded_tokens"):
+            self.totals[k] = self.totals.get(k, 0.0) + stats.get(k, 0.0)
         return ScoreResult(score, logprob, lp_sum, n_tok, trunc, dropped, dict(stats))
 
     def combine(self, logprob: dict, log_p_disc: Sequence[Optional[float]]):
@@ -260,6 +265,7 @@ class ContextScorer:
         budget = self.batch_tokens
         dev = self.device
         pad_id, bos = self.tokenizer.pad_id, self.tokenizer.bos_id
+        shape = model_shape(model)
         # 1. distinct sources
         src_index: dict[tuple, int] = {}
         srcs: list = []
@@ -297,6 +303,7 @@ class ContextScorer:
             loc_row[rows] = np.arange(len(rows))
             enc_out.append((h, t["mask"]))
             real, n_padded = int(sl.sum()), len(rows) * width
+            stats["flops"] += encoder_flops(shape, len(rows), width)
             stats["encoder_real_tokens"] += real
             stats["encoder_padded_tokens"] += n_padded
             stats["real_tokens"] += real
@@ -341,6 +348,7 @@ class ContextScorer:
             row_sums = torch.zeros(len(rows), dtype=torch.float64, device=dev).index_add_(0, t["row"], tok_lp.double())
             sums.index_copy_(0, t["out"], row_sums)
             real = len(pos)
+            stats["flops"] += decoder_flops(shape, len(rows), S, T, real)
             stats["decoder_real_tokens"] += real
             stats["decoder_padded_tokens"] += labels.size
             stats["real_tokens"] += real
