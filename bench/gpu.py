@@ -246,11 +246,15 @@ class Bench:
         summary = train_context(self.corpus(), str(out), cfg, tokenizer_from=tokenizer_from, force_new=True)
         run = next(iter(summary["runs"].values()))
         hist = json.loads((out / "runs" / next(iter(summary["runs"])) / "history.json").read_text())
-        pts = [h for h in hist if h.get("step", 0) > 0 and h.get("train_flops") is not None]
-        warm = 2 if self.a.tiny else 15
+        zero = {"tokens_seen": 0, "target_tokens_seen": 0, "padded_tokens_seen": 0, "train_flops": 0.0,
+                "data_wait_s": 0.0}
+        pts = [{**zero, **{k: v for k, v in h.items() if v is not None}} for h in hist]
+        warm = 2 if self.a.tiny else 15  # steps whose time holds start-up (allocator, kernel choices, first batch)
         later = [h for h in pts if h["step"] >= warm]
         a, b = (later[0], later[-1]) if len(later) >= 2 else (pts[0], pts[-1])
         dt = b["time_s"] - a["time_s"]
+        if dt <= 0:
+            raise RuntimeError(f"{name}: too few history points to time ({len(pts)}); train longer")
         peak = self.res.get("peak_tflops")
         flops = b["train_flops"] - a["train_flops"]
         row = {"shape": name, "parameters": run["parameters"], "batch_tokens": cfg.batch_tokens or "auto",
@@ -274,9 +278,9 @@ class Bench:
         shapes = [("bart", TINY_BART if self.a.tiny else BART, self.bpe())]
         shapes.append(("warm_start", {**WARM, "warm_start_path": self.warm_checkpoint()}, ""))
         runs = [(name, self.train_config(model, max_seconds=seconds), tok) for name, model, tok in shapes]
-        if self.a.compile and self.cuda:  # after the eager runs: a compile that fails costs them nothing
+        if self.cuda:  # after the eager runs: a compile that fails costs them nothing
             runs += [(f"{name}+compile", self.train_config(model, max_seconds=seconds + 45, compile=True), tok)
-                     for name, model, tok in shapes]
+                     for name, model, tok in shapes if name in self.a.compile]
         for name, cfg, tok in runs:
             if self.left() < cfg.max_seconds + 40:
                 self.res["errors"][f"train {name}"] = "skipped: out of time"
@@ -303,7 +307,8 @@ class Bench:
         bench/teacher_gpu.py), or made here from the corpus: random sentence pairs, random windows."""
         if self.a.contexts:
             path = Path(self.a.contexts) / f"contexts-k{size}.jsonl.gz"
-            return [json.loads(x) for x in gzip.open(path, "rt", encoding="utf-8").read().splitlines()]
+            lines = gzip.open(path, "rt", encoding="utf-8").read().splitlines()
+            return [json.loads(x) for x in lines[: self.a.units or None]]
         n_units, n_pairs = (2, 5) if self.a.tiny else (15, 20)
         size = 4 if self.a.tiny else size
         from sentsim.context.windows import iter_documents
@@ -536,8 +541,9 @@ def main(argv=None) -> int:
                     "warm-start shape (default: the bundled all-MiniLM-L6-v2's)")
     ap.add_argument("--contexts", default="", help="folder of contexts-k16.jsonl.gz (bench/teacher_gpu.py export; "
                     "default: context sets drawn at random from the corpus)")
+    ap.add_argument("--units", type=int, default=0, help="score only the first N units of --contexts (a dry run)")
     ap.add_argument("--teacher-minutes", type=float, default=0.0)
-    ap.add_argument("--compile", action="store_true", help="also train with compile=true")
+    ap.add_argument("--compile", default="", help="shapes to train again with compile=true (bart,warm_start)")
     ap.add_argument("--sections", default="peak,host,train,score,teacher")
     ap.add_argument("--workers", default="", help="builder processes to measure the stream with (default 0,2,8 "
                     "up to the CPUs; --tiny 0,1)")
@@ -558,6 +564,7 @@ def main(argv=None) -> int:
     a.workers = ([int(x) for x in a.workers.split(",")] if a.workers else
                  [0, 1] if a.tiny else [w for w in (0, 2, 8) if w <= max(1, cpus - 2)])
     a.sections = set(a.sections.split(","))
+    a.compile = set(filter(None, a.compile.split(",")))
     if not a.teacher_minutes:
         a.sections.discard("teacher")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
