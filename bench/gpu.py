@@ -180,6 +180,7 @@ class Bench:
         from sentsim.context.train import train_batches
 
         cfg = self.train_config(TINY_BART if self.a.tiny else BART)
+        cfg = cfg.model_copy(update={"batch_tokens": cfg.resolved_batch_tokens(self.cuda)})  # as train_context does
         tok_dir = self.bpe()
         tok = ContextTokenizer.load(tok_dir)
         dirs = ["fwd", "left", "right"]
@@ -445,11 +446,10 @@ class Bench:
         from sentsim.context.config import ContextTrainConfig
 
         minutes = self.a.teacher_minutes
-        sets = [f"max_seconds={minutes * 60}"]
+        sets = [f"max_seconds={minutes * 60}"] + ([] if self.cuda else ["use_gpu=no"])
         if self.a.tiny:
             sets += [f"model.{k}={v}" for k, v in TINY_BART.items() if k not in ("arch",)] + [
-                "batch_tokens=1500", "heldout_percent=20.0", "heldout_windows=16", "bucket_batches=16",
-                "use_gpu=no"]
+                "batch_tokens=1500", "heldout_percent=20.0", "heldout_windows=16", "bucket_batches=16"]
         cfg = load_config(ContextTrainConfig, str(ROOT / "configs" / "gpu_context.yaml"), sets)
         run = self.train_run("teacher", cfg, self.bpe())
         out = {"train": run, "dev": []}
@@ -567,7 +567,6 @@ def main(argv=None) -> int:
     a.compile = set(filter(None, a.compile.split(",")))
     if not a.teacher_minutes:
         a.sections.discard("teacher")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     b = Bench(a)
     try:
         # the device figures first: on a lent GPU, time is what runs out

@@ -85,6 +85,8 @@ def batch_tasks(corpus: str, tok, cfg: ContextTrainConfig, directions: Sequence[
     """The endless, seeded sequence of batch tasks from position `skip` on (see the module doc)."""
     k = cfg.model.context_sentences
     mc = cfg.model
+    if not cfg.batch_tokens:
+        raise ValueError("batch_tokens is 0 (by device): resolve it first (ContextTrainConfig.resolved_batch_tokens)")
     target_tokens = cfg.bucket_batches * cfg.batch_tokens
     seq = 0
     for epoch in itertools.count():
@@ -184,7 +186,7 @@ def build_batch(task: BatchTask, ids: dict, cfg: ContextTrainConfig, directions:
 
 def _reader_main(args: dict, task_queues: list, stop) -> None:
     """Reader process: tasks round-robin into the builders' queues (task n -> builder n % W)."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # the slice's sentences in one parallel call
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"  # a slice's sentences in one call, on every core it may use
     w = len(task_queues)
     try:
         tok = _tokenizer(args)
