@@ -217,7 +217,7 @@ class Bench:
         measure("buffer (legacy)", lambda: train_batches(self.corpus(), tok, legacy, dirs, 0, 1, seed=0))
         for w in self.a.workers:
             stream = BatchStream(self.corpus(), tok_dir, ContextTrainConfig.model_validate(cfg.model_dump()), dirs,
-                                 0, 1, seed=0, workers=w, pin=self.cuda)
+                                 0, 1, seed=0, workers=w)
             try:
                 measure(f"bucketed, {w} builder(s)", lambda s=stream: s, lambda s=stream: s._procs)
             finally:

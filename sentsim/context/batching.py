@@ -120,18 +120,46 @@ def padding_fraction(batch: dict) -> float:
     return 1.0 - real / total if total else 0.0
 
 
-def to_device_packed(arrays: dict, device) -> dict:
-    """Integer arrays onto `device` as int64 tensors of the same shapes, in one host-to-device copy. On a
-    GPU the copy is from pinned memory: from pageable memory CUDA would first wait for every queued kernel."""
-    import torch
+class HostToDevice:
+    """Integer arrays onto a device as int64 tensors of the same shapes, in one host-to-device copy.
 
-    flat = [np.ascontiguousarray(a, dtype=np.int32).reshape(-1) for a in arrays.values()]
-    buf = torch.from_numpy(np.concatenate(flat) if flat else np.zeros(0, np.int32))
-    if device.type == "cuda":
-        buf = buf.pin_memory().to(device, non_blocking=True)
-    buf = buf.long()
-    out, at = {}, 0
-    for (k, a), f in zip(arrays.items(), flat):
-        out[k] = buf[at:at + f.size].view(*np.shape(a))
-        at += f.size
-    return out
+    On a GPU the copy goes through a ring of pinned buffers allocated once (grown rarely): pinning each
+    batch anew (`tensor.pin_memory()`) allocates page-locked memory, which waits for the device to
+    drain, and cost 420 ms a step on an H200 (BENCHMARKS.md, "GPU"); from pageable memory CUDA would
+    also wait for every queued kernel first. A buffer is refilled only once the copy that last used
+    it has finished, so the host runs ahead of the device by up to `slots` batches."""
+
+    def __init__(self, device, slots: int = 4):
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+        self.buffers: list = [None] * slots
+        self.copied: list = [None] * slots  # the CUDA event after each buffer's last copy
+        self.turn = 0
+
+    def __call__(self, arrays: dict) -> dict:
+        torch = self.torch
+        flat = [np.ascontiguousarray(a, dtype=np.int32).reshape(-1) for a in arrays.values()]
+        n = sum(f.size for f in flat)
+        if self.device.type != "cuda":
+            buf = torch.from_numpy(np.concatenate(flat) if flat else np.zeros(0, np.int32)).long()
+        else:
+            k = self.turn % len(self.buffers)
+            self.turn += 1
+            if self.copied[k] is not None:
+                self.copied[k].synchronize()  # issued batches ago: done, or nearly
+            if self.buffers[k] is None or self.buffers[k].numel() < n:
+                self.buffers[k] = torch.empty(int(n * 1.5) + 1024, dtype=torch.int32, pin_memory=True)
+            host = self.buffers[k][:n]
+            if flat:
+                np.concatenate(flat, out=host.numpy())
+            buf = host.to(self.device, non_blocking=True)
+            self.copied[k] = torch.cuda.Event()
+            self.copied[k].record()
+            buf = buf.long()
+        out, at = {}, 0
+        for (key, a), f in zip(arrays.items(), flat):
+            out[key] = buf[at:at + f.size].view(*np.shape(a))
+            at += f.size
+        return out

@@ -37,13 +37,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sentsim.context.batching import collate_np, padded, plan_batches, to_device_packed
+from sentsim.context.batching import HostToDevice, collate_np, padded, plan_batches
 from sentsim.context.config import DIRECTIONS, ScorerConfig
 from sentsim.context.flops import decoder_flops, encoder_flops, model_shape
 from sentsim.context.model import ContextModel, load_bundle
 from sentsim.context.windows import build_example
 from sentsim.errors import UsageError
-from sentsim.hardware import resolve_autocast
+from sentsim.hardware import prefer_shape_free_attention, resolve_autocast
 
 TERMS = ("disc", "fwd", "left", "right")
 Context = Union[str, Sequence[str], None]
@@ -130,6 +130,8 @@ class ContextScorer:
             torch.set_num_threads(self.config.torch_threads)
         self.device = _resolve_device(self.config.device)
         self.batch_tokens = self.config.resolved_batch_tokens(self.device.type == "cuda")
+        self.h2d = HostToDevice(self.device)
+        prefer_shape_free_attention(self.device)
         if isinstance(models, tuple) and len(models) == 3 and isinstance(models[2], dict):
             self.model_config, self.tokenizer, by_dir = models
         else:
@@ -296,7 +298,7 @@ class ContextScorer:
             arrays = {"src": padded([srcs[j].src for j in rows], sl, width, pad_id),
                       "slots": padded([srcs[j].src_slots for j in rows], sl, width, 0),
                       "mask": (np.arange(width) < sl[:, None]).astype(np.int32)}
-            t = to_device_packed(arrays, dev)
+            t = self.h2d(arrays)
             with self._autocast():
                 h = model.encode(t["src"], t["slots"], t["mask"])
             loc_batch[rows] = len(enc_out)
@@ -323,10 +325,10 @@ class ContextScorer:
             eb = loc_batch[job_src[rows]]
             groups = np.unique(eb)
             perm = np.concatenate([np.flatnonzero(eb == b) for b in groups])  # batch row of each gathered row
-            t = to_device_packed({"dec_in": batch["dec_in"], "dec_slots": batch["dec_slots"],
+            t = self.h2d({"dec_in": batch["dec_in"], "dec_slots": batch["dec_slots"],
                                   "targets": labels.reshape(-1)[pos], "pos": pos, "row": pos // T,
                                   "enc_rows": loc_row[job_src[rows]][perm], "inverse": np.argsort(perm),
-                                  "out": rows}, dev)
+                                  "out": rows})
             parts_h, parts_m, at = [], [], 0
             for b in groups:
                 n = int((eb == b).sum())

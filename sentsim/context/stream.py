@@ -9,7 +9,7 @@ Per training worker (rank r of `world`), three steps:
               near-equal source and target length (`batching.plan_batches`), the batches of a
               chunk in a seeded order
     builders  each batch's examples built (`windows.build_example`) and padded (`collate_np`)
-    trainer   batch n from builder n % W, as torch tensors (pinned when training on a GPU)
+    trainer   batch n from builder n % W (numpy arrays; the trainer copies them to its device)
 
 The batch sequence depends on the corpus, tokenizer, config, seed, rank and world only, never on
 the number of builder processes (`data_workers`; 0 runs all three steps in the training process).
@@ -243,15 +243,14 @@ class BatchStream:
     """Iterator over the training batches (dicts of int32 torch tensors plus `n_src`/`n_tgt`).
 
     `workers` 0: every step in this process. Otherwise one reader and `workers` builder processes
-    (spawned: safe beside CUDA), and a thread here that takes their batches in order, pins them
-    (`pin`) and keeps `prefetch` ready. close() (or the end of the process) stops them."""
+    (spawned: safe beside CUDA), and a thread here that takes their batches in order and keeps
+    `prefetch` ready. close() (or the end of the process) stops them."""
 
     def __init__(self, corpus: str, tokenizer_dir: str, cfg: ContextTrainConfig, directions: Sequence[str],
-                 rank: int, world: int, seed: int, skip: int = 0, workers: int = 0, prefetch: int = 8,
-                 pin: bool = False):
+                 rank: int, world: int, seed: int, skip: int = 0, workers: int = 0, prefetch: int = 8):
         self.args = {"corpus": corpus, "tokenizer_dir": str(tokenizer_dir), "cfg": cfg.model_dump(),
                      "directions": list(directions), "rank": rank, "world": world, "seed": seed, "skip": skip}
-        self.workers, self.prefetch, self.pin = workers, prefetch, pin
+        self.workers, self.prefetch = workers, prefetch
         self._procs: list = []
         self._stop = None
         self.wait_seconds = 0.0  # time the trainer waited for a batch (host-bound when large)
@@ -265,8 +264,7 @@ class BatchStream:
         out = {}
         for key, v in batch.items():
             if isinstance(v, np.ndarray):
-                t = torch.from_numpy(v)
-                out[key] = t.pin_memory() if self.pin else t
+                out[key] = torch.from_numpy(v)
             else:
                 out[key] = v
         return out
@@ -351,8 +349,7 @@ def resolve_workers(setting: int, device_type: str, world: int = 1) -> int:
 def stream_for(corpus: str, tokenizer_dir: str, cfg: ContextTrainConfig, directions: Sequence[str], rank: int,
                world: int, seed: int, skip: int, device_type: str) -> BatchStream:
     return BatchStream(corpus, tokenizer_dir, cfg, directions, rank, world, seed, skip,
-                       workers=resolve_workers(cfg.data_workers, device_type, world),
-                       pin=device_type == "cuda")
+                       workers=resolve_workers(cfg.data_workers, device_type, world))
 
 
 __all__ = ["BatchStream", "BatchTask", "batch_tasks", "build_batch", "example_lengths", "resolve_workers",

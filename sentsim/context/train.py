@@ -39,9 +39,10 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Iterator, Optional
 
+import numpy as np
 import torch
 
-from sentsim.context.batching import collate, token_batches
+from sentsim.context.batching import BATCH_KEYS, HostToDevice, collate, token_batches
 from sentsim.context.config import DIRECTIONS, ContextTrainConfig
 from sentsim.context.flops import model_shape, training_flops
 from sentsim.context.model import (
@@ -55,6 +56,7 @@ from sentsim.context.model import (
 from sentsim.context.tokenizer import ContextTokenizer, train_bpe
 from sentsim.context.windows import Example, build_example, iter_documents, iter_slices, mix_seed
 from sentsim.errors import UsageError
+from sentsim.hardware import prefer_shape_free_attention
 from sentsim.training.loop import Trainee
 
 # --------------------------------------------------------------------------------------------------- data
@@ -189,16 +191,23 @@ def heldout_examples(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig
 
 
 def token_loss(model: ContextModel, batch: dict, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy of a collated batch's target tokens (on the device the batch is on), in fp32 over
-    the target positions only."""
-    logits, targets = model.target_logits(batch["src"], batch["src_slots"], batch["src_mask"], batch["dec_in"],
-                                          batch["dec_slots"], batch["labels"])
-    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction=reduction)
+    """Cross-entropy of a batch's target tokens (on the device the batch is on; see `to_device`), in fp32
+    over the target positions only."""
+    hidden = model.decoder_states(model.encode(batch["src"], batch["src_slots"], batch["src_mask"]),
+                                  batch["src_mask"], batch["dec_in"], batch["dec_slots"])
+    logits = model.project(hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch["positions"]))
+    return torch.nn.functional.cross_entropy(logits.float(), batch["targets"], reduction=reduction)
 
 
-def to_device(batch: dict, device) -> dict:
-    """A batch's tensors on `device` as int64 (a bucketed batch travels as int32 from the host, pinned)."""
-    return {k: v.to(device, non_blocking=True).long() for k, v in batch.items() if isinstance(v, torch.Tensor)}
+def to_device(batch: dict, device, h2d: Optional[HostToDevice] = None) -> dict:
+    """A collated batch (numpy or torch CPU arrays) on `device` as int64 tensors, with the flat positions of
+    its target tokens and their ids, found on the host: a boolean mask taken on the device would make the
+    host wait for it every step."""
+    arrays = {k: np.asarray(v) for k, v in batch.items() if k in BATCH_KEYS}
+    labels = arrays["labels"].reshape(-1)
+    arrays["positions"] = np.flatnonzero(labels >= 0)
+    arrays["targets"] = labels[arrays["positions"]]
+    return (h2d or HostToDevice(device))(arrays)
 
 
 def _loss_sum(model, exs, tok, budget, device, autocast) -> tuple[float, int]:
@@ -267,6 +276,7 @@ class ContextTrainee(Trainee):
         self.shape = model_shape(model) if model is not None else None
         self.padded_tokens_seen = 0
         self.flops = 0.0
+        self.h2d: Optional[HostToDevice] = None  # pinned buffers, made on the first step's device
         # without sentence positions the sentence-position table gets no gradient
         self.find_unused_parameters = not cfg.model.sentence_position_embeddings
         self.world = 1
@@ -303,7 +313,10 @@ class ContextTrainee(Trainee):
         self.target_tokens_seen += n_tgt * self.world
         self.padded_tokens_seen += B * (S + T) * self.world
         self.flops += training_flops(self.shape, B, S, T, n_tgt, self.cfg.freeze_encoder) * self.world
-        loss = token_loss(self.model, to_device(batch, device))
+        if self.h2d is None:
+            self.h2d = HostToDevice(device)
+            prefer_shape_free_attention(device)
+        loss = token_loss(self.model, to_device(batch, device, self.h2d))
         return loss, self.counters()
 
     def counters(self) -> dict:
