@@ -7,7 +7,7 @@ DEMO_OUT ?= demo_out
 
 LUCENE := $(VENV)/.lucene
 
-.PHONY: install lucene lint demo test bench reference clean
+.PHONY: install lucene lint demo test bench bench-gpu reference clean
 
 install: $(STAMP)
 
@@ -38,6 +38,14 @@ test: $(STAMP) $(LUCENE)
 
 bench: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run_all.py
+
+# The GPU bench (issue 38; BENCHMARKS.md, "GPU"): on ../shared/gpu's data where it is there, else on the bundled
+# sample. Add GPU_FLAGS="--teacher-minutes 3 --compile bart" for a teacher and compiled training.
+GPU_DATA ?= ../shared/gpu/data
+bench-gpu: $(STAMP)
+	$(BIN)/python bench/gpu.py $(if $(wildcard $(GPU_DATA)/corpus-enwiki58k),--corpus $(GPU_DATA)/corpus-enwiki58k \
+	  --tokenizer $(GPU_DATA)/tokenizer --warm-start-shape $(GPU_DATA)/minilm_shape --contexts $(GPU_DATA)/contexts) \
+	  $(GPU_FLAGS)
 
 # The reference teacher (issue 15): corpus, index and context model from ../shared/data into
 # $${SENTSIM_CACHE:-~/.cache/sentsim}/reference. Resumable; hours on a CPU (README, "Reference teacher").

@@ -77,3 +77,14 @@ def describe() -> str:
 
 
 __all__ = ["BF16_CPU_FLAGS", "bf16_native", "cpu_bf16_native", "cpu_flags", "describe", "resolve_autocast"]
+
+
+def prefer_shape_free_attention(device) -> None:
+    """On a GPU, leave cuDNN out of scaled-dot-product attention. It builds an execution plan for every
+    new (batch, length) shape, milliseconds each; batches planned on their lengths have a new shape almost
+    every time, and scoring on an H200 spent 70% of its time there (BENCHMARKS.md, "GPU"). Flash and
+    memory-efficient attention need no plan."""
+    import torch
+
+    if getattr(device, "type", device) == "cuda" and torch.cuda.is_available():
+        torch.backends.cuda.enable_cudnn_sdp(False)

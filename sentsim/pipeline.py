@@ -13,6 +13,7 @@ dicts: our own objects, produced and consumed inside this pipeline only.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import pickle
@@ -42,6 +43,9 @@ class StageResources(Section):
     memory_gb: Optional[float] = Field(None, gt=0)
     min_actors: int = Field(1, ge=1)
     max_actors: Optional[int] = Field(1, ge=1)
+    # Work units handed to one call of the stage. A GPU scoring stage needs several: one unit at |C_s| = 16
+    # is a few thousand items, too few batches to keep a GPU busy (BENCHMARKS.md, "GPU").
+    units_per_call: int = Field(1, ge=1)
 
     @model_validator(mode="after")
     def _check(self):
@@ -66,9 +70,9 @@ class Resources:
         return {"CPU": self.num_cpus, "GPU": self.num_gpus, "memory": self.memory_bytes or 0}
 
     @classmethod
-    def of(cls, r: StageResources, batch_size: int = 1) -> "Resources":
+    def of(cls, r: StageResources) -> "Resources":
         memory = int(r.memory_gb * 2**30) if r.memory_gb else None
-        return cls(r.num_cpus, r.num_gpus, batch_size, r.min_actors, r.max_actors, memory)
+        return cls(r.num_cpus, r.num_gpus, r.units_per_call, r.min_actors, r.max_actors, memory)
 
 
 class Stage:
@@ -236,8 +240,9 @@ def run_pipeline(items: Sequence[dict], stages: Sequence[StageSpec], executor: s
             st.setup()
             built.append((spec.name, st))
         where = where_this_runs()
-        for item in items:
-            batch = [item]
+        per_call = max(spec.resources.batch_size for spec in stages)  # units handed through together
+        it = iter(items)
+        while batch := list(itertools.islice(it, per_call)):
             for name, st in built:
                 batch = _run_stage(st, batch, name, where)
             yield from batch

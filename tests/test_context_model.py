@@ -359,11 +359,13 @@ def test_training_stream_mixes_the_corpus_and_a_resume_goes_on_where_it_stopped(
     at = [in_order.index(d) for d in halves[: len(halves) // 4]]
     assert min(at) < len(in_order) // 2 <= max(at), at
 
-    cfg = ContextTrainConfig.model_validate({"model": TINY_MODEL, **TRAIN})
+    # the legacy stream (batching=buffer; tests/test_training_stream.py has the bucketed one)
+    cfg = ContextTrainConfig.model_validate({"model": TINY_MODEL, **TRAIN, "batching": "buffer"})
     tok = train_bpe((s for d in in_order[:50] for s in d), 500)
     fresh = list(itertools.islice(train_batches(corpus_dir, tok, cfg, ["fwd"], 0, 1, seed=cfg.seed), 8))
     trainee = ContextTrainee(None, cfg, tok, corpus_dir, ["fwd"], None)
-    resumed = list(itertools.islice(trainee.batches(SimpleNamespace(rank=0, world=1), 0, 5), 3))
+    resumed = list(itertools.islice(trainee.batches(SimpleNamespace(rank=0, world=1, device=torch.device("cpu")),
+                                                    0, 5), 3))
     for a, b in zip(fresh[5:], resumed, strict=True):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -404,8 +406,12 @@ def test_doc_id_prefixes_train_and_hold_out_only_the_chosen_documents(corpus_dir
     assert load_config(ContextTrainConfig, None, ['doc_id_prefixes=["enwiki:", nltk]']).doc_id_prefixes == \
         ["enwiki:", "nltk"]
 
-    # a config recorded before doc_id_prefixes existed had no such key: at its default it is left out
-    plain = ContextTrainConfig.model_validate({"model": TINY_MODEL, **TRAIN})
-    before = {k: v for k, v in plain.model_dump().items() if k not in RESUMABLE and k != "doc_id_prefixes"}
+    # a config recorded before doc_id_prefixes (and batching) existed had no such key: at the value those
+    # runs had, each is left out; the bucketed stream is another run
+    plain = ContextTrainConfig.model_validate({"model": TINY_MODEL, **TRAIN, "batching": "buffer"})
+    later = ("doc_id_prefixes", "batching", "bucket_batches")
+    before = {k: v for k, v in plain.model_dump().items() if k not in RESUMABLE and k not in later}
     assert run_fingerprint(plain, "c", "") == fingerprint("context", before, "c", "")
     assert run_fingerprint(cfg, "c", "") != run_fingerprint(plain, "c", "")
+    assert run_fingerprint(plain.model_copy(update={"batching": "bucketed"}), "c", "") != \
+        run_fingerprint(plain, "c", "")

@@ -14,6 +14,11 @@ from pydantic import Field, field_validator, model_validator
 
 from sentsim.config import Section
 
+# Token budgets of a batch (padded tokens of one forward pass) when a config leaves batch_tokens at 0: on a
+# CPU 2,048-4,096 measured best (bench/results/context_scoring.md); a GPU needs far larger batches to fill.
+CPU_BATCH_TOKENS = 4096
+GPU_BATCH_TOKENS = 65536
+
 DIRECTIONS = ("fwd", "left", "right")
 """fwd = p(s | c<, c>), left = p(c< | s, c>), right = p(c> | c<, s)   (paper §3.2.2)."""
 
@@ -70,7 +75,9 @@ class ContextTrainConfig(Section):
     # stop once this many target tokens are trained on (003 Table 5 measures the model by its training
     # tokens); 0 = no such stop. Counted over all workers.
     max_target_tokens: int = Field(0, ge=0)
-    batch_tokens: int = Field(4096, ge=64)  # token budget per batch (per worker); not given in §3.2.2
+    # Token budget per batch (per worker; padded source + target tokens); not given in §3.2.2. 0 = by device:
+    # 4,096 on a CPU (as before 2026-11-26), GPU_BATCH_TOKENS on a GPU (BENCHMARKS.md, "GPU").
+    batch_tokens: int = Field(0, ge=0)
     # Not in §3.2.2: keep a warm-started (pretrained) encoder fixed and run it without gradients, which
     # roughly halves the cost of a step on CPU. Its sentence-position table then trains via the decoder only.
     freeze_encoder: bool = False
@@ -85,10 +92,25 @@ class ContextTrainConfig(Section):
     # lr 1e-4 (bench/results/context_training.md); no effect for arch=bart, which has no such parameters.
     new_params_lr_scale: float = Field(10.0, gt=0)
     grad_clip: float = Field(1.0, ge=0)  # not in §3.2.2; standard for Transformers
-    shuffle_buffer: int = Field(4096, ge=1)  # windows held for length-bucketed shuffling
+    # How windows become batches (not in §3.2.2; execution, but it changes which examples share a step):
+    # "bucketed" = the slice's windows in chunks of `bucket_batches` batches, each batch alike in source
+    # and target length (few % padding, sentsim/context/stream.py); "buffer" = the stream before 2026-11-26:
+    # `shuffle_buffer` examples sorted by length and cut (a third or more of a GPU batch was padding).
+    # configs/reference_context.yaml keeps "buffer", so `make reference` rebuilds the measured teacher.
+    batching: Literal["bucketed", "buffer"] = "bucketed"
+    bucket_batches: int = Field(256, ge=1)  # batching=bucketed: batches planned together (more: less padding)
+    shuffle_buffer: int = Field(4096, ge=1)  # batching=buffer: examples sorted together by length
+    # batching=bucketed: processes that build batches beside the trainer; -1 = none on a CPU (the trainer
+    # needs the cores), on a GPU the node's CPU share of this worker less two, up to 8. The batches are
+    # the same for any number.
+    data_workers: int = Field(-1, ge=-1)
     heldout_percent: float = Field(2.0, gt=0, lt=50)  # documents held out by doc hash for evaluation
     heldout_windows: int = Field(512, ge=8)  # held-out windows used for loss / perplexity / context gap
     eval_every: int = Field(500, ge=1)  # reporting cadence; not in the paper
+    log_every: int = Field(0, ge=0)  # a history point (loss, tokens, FLOPs, time) every N steps; 0 = at evals only
+    # torch.compile each encoder and decoder layer (fuses the element-wise work around the matrix products);
+    # GPU only, execution, not in the paper. Costs a compile of a minute or so at the start (BENCHMARKS.md, "GPU").
+    compile: bool = False
     checkpoint_every: int = Field(500, ge=1)  # resumability; not in the paper
     # Not in §3.2.2, which trains on its whole corpus: train (and hold out) only the documents whose
     # doc_id starts with one of these prefixes, e.g. [enwiki]; empty = every document. Retrieval is
@@ -107,6 +129,16 @@ class ContextTrainConfig(Section):
     bf16: Literal["auto", "off"] = "auto"
     torch_threads: int = Field(0, ge=0)  # 0 = torch default
     executor: Literal["ray", "inline"] = "ray"  # inline = the same loop in this process, no Ray (tests, debugging)
+
+    @field_validator("batch_tokens")
+    @classmethod
+    def _check_batch_tokens(cls, v):
+        if 0 < v < 64:
+            raise ValueError("give 0 (by device) or at least 64 tokens")
+        return v
+
+    def resolved_batch_tokens(self, gpu: bool) -> int:
+        return self.batch_tokens or (GPU_BATCH_TOKENS if gpu else CPU_BATCH_TOKENS)
 
     def cross_attention_from_self(self) -> bool:
         """Whether a fresh warm start copies self-attention into cross-attention (see cross_attention_init)."""
@@ -143,7 +175,7 @@ class ScorerConfig(Section):
     # Batching: a token budget per forward pass instead of a batch size (padded source tokens for encoder
     # batches, padded source + target tokens for decoder batches). Not in §3.3; 2048-4096 measured best on
     # CPU (bench/results/context_scoring.md), use 65536 or more on a GPU.
-    batch_tokens: int = Field(4096, ge=16)
+    batch_tokens: int = Field(0, ge=0)  # 0 = by device: 4,096 on a CPU, GPU_BATCH_TOKENS on a GPU
     # Directions skipped entirely (not computed) when their λ is zero or ablated away.
     skip_disabled: bool = True  # execution, not in the paper
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")  # auto = cuda if available
@@ -151,6 +183,16 @@ class ScorerConfig(Section):
     autocast: Literal["auto", "bf16", "fp16", "off"] = "auto"
     torch_threads: int = Field(0, ge=0)  # execution; 1 on small shared CPU nodes
     # Where scoring runs (CPUs, GPU fractions, actors) is the harvest's resources.scoring.
+
+    @field_validator("batch_tokens")
+    @classmethod
+    def _check_batch_tokens(cls, v):
+        if 0 < v < 16:
+            raise ValueError("give 0 (by device) or at least 16 tokens")
+        return v
+
+    def resolved_batch_tokens(self, gpu: bool) -> int:
+        return self.batch_tokens or (GPU_BATCH_TOKENS if gpu else CPU_BATCH_TOKENS)
 
     def enabled(self) -> dict:
         """Which Eq. 3 terms the ablation keeps (Table 8)."""
@@ -169,4 +211,5 @@ class ScorerConfig(Section):
         return {"disc": self.lambda_disc, "fwd": self.lambda_fwd, "left": self.lambda_left, "right": self.lambda_right}
 
 
-__all__ = ["DIRECTIONS", "ContextModelConfig", "ContextTrainConfig", "ScorerConfig"]
+__all__ = ["CPU_BATCH_TOKENS", "GPU_BATCH_TOKENS", "DIRECTIONS", "ContextModelConfig", "ContextTrainConfig",
+           "ScorerConfig"]

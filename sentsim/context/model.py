@@ -108,6 +108,50 @@ class ContextModel(nn.Module):
     def forward(self, src, src_slots, src_mask, dec_in, dec_slots):
         return self.decode(self.encode(src, src_slots, src_mask), src_mask, dec_in, dec_slots)
 
+    def decoder_states(self, enc: torch.Tensor, src_mask: torch.Tensor, dec_in: torch.Tensor,
+                       dec_slots: torch.Tensor) -> torch.Tensor:
+        """The decoder's last hidden states [B, T, H]: `decode` without the vocabulary projection, which
+        `project` then applies to the positions that are scored only."""
+        emb = self._embed(self._dec_emb, dec_in, dec_slots)
+        if self.cfg.arch == "bart":
+            body = self.seq2seq.model.decoder
+        else:  # EncoderDecoderModel: its BERT decoder without the LM head, as its forward calls it
+            body = self.seq2seq.decoder.base_model
+            dec_cfg = self.seq2seq.decoder.config
+            if (self.seq2seq.encoder.config.hidden_size != dec_cfg.hidden_size
+                    and getattr(dec_cfg, "cross_attention_hidden_size", None) is None):
+                enc = self.seq2seq.enc_to_dec_proj(enc)
+        out = body(inputs_embeds=emb, encoder_hidden_states=enc, encoder_attention_mask=src_mask, use_cache=False,
+                   return_dict=True)
+        return out.last_hidden_state
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits of decoder states ([..., H] -> [..., V]), as the seq2seq model's own head."""
+        if self.cfg.arch == "bart":
+            logits = self.seq2seq.lm_head(hidden)
+            return logits + self.seq2seq.final_logits_bias.to(logits.dtype)
+        return self.seq2seq.decoder.cls(hidden)
+
+    def target_logits(self, src, src_slots, src_mask, dec_in, dec_slots, labels) -> tuple:
+        """(logits [N, V], targets [N]) of the N target positions (labels >= 0, row by row): the
+        vocabulary projection and the loss see no padded position, and no [B, T, V] tensor is made."""
+        hidden = self.decoder_states(self.encode(src, src_slots, src_mask), src_mask, dec_in, dec_slots)
+        keep = labels >= 0
+        return self.project(hidden[keep]), labels[keep]
+
+    def layers(self) -> list:
+        """The encoder's and the decoder's Transformer layers."""
+        if self.cfg.arch == "bart":
+            return [*self.seq2seq.model.encoder.layers, *self.seq2seq.model.decoder.layers]
+        return [*self.seq2seq.encoder.encoder.layer, *self.seq2seq.decoder.base_model.encoder.layer]
+
+    def compile_layers(self) -> None:
+        """torch.compile every layer in place (its state-dict names unchanged, so checkpoints load either
+        way): the element-wise work between the matrix products is fused into few kernels. Lengths change
+        from batch to batch; after the first change a layer is recompiled once for any length."""
+        for layer in self.layers():
+            layer.compile()
+
     def n_parameters(self) -> int:
         seen, n = set(), 0
         for p in self.parameters():

@@ -37,11 +37,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sentsim.context.batching import HostToDevice, collate_np, padded, plan_batches
 from sentsim.context.config import DIRECTIONS, ScorerConfig
+from sentsim.context.flops import decoder_flops, encoder_flops, model_shape
 from sentsim.context.model import ContextModel, load_bundle
 from sentsim.context.windows import build_example
 from sentsim.errors import UsageError
-from sentsim.hardware import resolve_autocast
+from sentsim.hardware import prefer_shape_free_attention, resolve_autocast
 
 TERMS = ("disc", "fwd", "left", "right")
 Context = Union[str, Sequence[str], None]
@@ -86,6 +88,8 @@ def _as_list(ctx: Context) -> list[str]:
 def _resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"scoring.device={name}, but this machine has no CUDA device; set scoring.device=auto or cpu")
     return torch.device(name)
 
 
@@ -125,6 +129,9 @@ class ContextScorer:
         if self.config.torch_threads:
             torch.set_num_threads(self.config.torch_threads)
         self.device = _resolve_device(self.config.device)
+        self.batch_tokens = self.config.resolved_batch_tokens(self.device.type == "cuda")
+        self.h2d = HostToDevice(self.device)
+        prefer_shape_free_attention(self.device)
         if isinstance(models, tuple) and len(models) == 3 and isinstance(models[2], dict):
             self.model_config, self.tokenizer, by_dir = models
         else:
@@ -145,6 +152,8 @@ class ContextScorer:
         self.precision = resolve_autocast(self.config.autocast, self.device.type)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         self._tok_cache: dict[str, list[int]] = {}
+        # sums over every score() call: items, seconds, matrix FLOPs (sentsim.context.flops), real and padded tokens
+        self.totals: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------ helpers
 
@@ -226,6 +235,8 @@ class ContextScorer:
             stats[f"truncated_items_{d}"] = int((trunc[d] > 0).sum())
         pad = stats.get("padded_tokens", 0.0)
         stats["padding_fraction"] = (1.0 - stats.get("real_tokens", 0.0) / pad) if pad else 0.0
+        for k in ("items", "seconds", "flops", "real_tokens", "padded_tokens"):
+            self.totals[k] = self.totals.get(k, 0.0) + stats.get(k, 0.0)
         return ScoreResult(score, logprob, lp_sum, n_tok, trunc, dropped, dict(stats))
 
     def combine(self, logprob: dict, log_p_disc: Sequence[Optional[float]]):
@@ -248,122 +259,104 @@ class ContextScorer:
     # ------------------------------------------------------------------------------------------ batches
 
     def _run_jobs(self, model: ContextModel, jobs: list, lp_sum: dict, stats: dict) -> None:
-        budget = self.config.batch_tokens
+        """Score the (item, direction, Example) jobs of one model: each distinct source through the encoder
+        once (sorted by length, batched under the token budget), then the decoder over batches planned on
+        source and target length together (`batching.plan_batches`), gathering each row's encoder states.
+        Nothing is read back from the device until every batch has been queued: the host builds the next
+        batch while the device runs this one."""
+        budget = self.batch_tokens
         dev = self.device
-        pad_id = self.tokenizer.pad_id
-        bos = self.tokenizer.bos_id
-        # 1. unique sources
+        pad_id, bos = self.tokenizer.pad_id, self.tokenizer.bos_id
+        shape = model_shape(model)
+        # 1. distinct sources
         src_index: dict[tuple, int] = {}
         srcs: list = []
-        job_src = []
-        for _, _, ex in jobs:
+        job_src = np.empty(len(jobs), dtype=np.int64)
+        for q, (_, _, ex) in enumerate(jobs):
             key = (tuple(ex.src), tuple(ex.src_slots))
             j = src_index.get(key)
             if j is None:
                 j = src_index[key] = len(srcs)
                 srcs.append(ex)
-            job_src.append(j)
+            job_src[q] = j
         stats["encoder_rows"] += len(srcs)
         stats["decoder_rows"] += len(jobs)
-        # 2. encoder batches, sorted by length, under the token budget
-        order = sorted(range(len(srcs)), key=lambda j: len(srcs[j].src))
-        loc = [None] * len(srcs)  # unique source -> (encoder batch, row)
-        enc_out: list = []
-        batch: list[int] = []
-
-        def flush_enc(rows):
-            L = len(srcs[rows[-1]].src)
-            x = torch.full((len(rows), L), pad_id, dtype=torch.long)
-            sl = torch.zeros((len(rows), L), dtype=torch.long)
-            mask = torch.zeros((len(rows), L), dtype=torch.long)
-            for r, j in enumerate(rows):
-                e = srcs[j]
-                x[r, :len(e.src)] = torch.tensor(e.src)
-                sl[r, :len(e.src)] = torch.tensor(e.src_slots)
-                mask[r, :len(e.src)] = 1
+        # 2. encoder batches: sorted by length, so each is padded to within a token or two
+        src_len = np.fromiter((len(e.src) for e in srcs), np.int64, len(srcs))
+        order = np.argsort(src_len, kind="stable")
+        enc_out: list = []  # per encoder batch: (states [b, L, H], mask [b, L])
+        loc_batch = np.empty(len(srcs), dtype=np.int64)  # distinct source -> (encoder batch, row)
+        loc_row = np.empty(len(srcs), dtype=np.int64)
+        start = 0
+        while start < len(order):
+            end = start + 1
+            while end < len(order) and (end - start + 1) * int(src_len[order[end]]) <= budget:
+                end += 1
+            rows = order[start:end]
+            sl = src_len[rows]
+            width = int(sl.max())
+            arrays = {"src": padded([srcs[j].src for j in rows], sl, width, pad_id),
+                      "slots": padded([srcs[j].src_slots for j in rows], sl, width, 0),
+                      "mask": (np.arange(width) < sl[:, None]).astype(np.int32)}
+            t = self.h2d(arrays)
             with self._autocast():
-                h = model.encode(x.to(dev), sl.to(dev), mask.to(dev))
-            b = len(enc_out)
-            enc_out.append((h, mask.to(dev)))
-            for r, j in enumerate(rows):
-                loc[j] = (b, r)
-            stats["encoder_real_tokens"] += int(mask.sum())
-            stats["encoder_padded_tokens"] += mask.numel()
-            stats["real_tokens"] += int(mask.sum())
-            stats["padded_tokens"] += mask.numel()
-
-        for j in order:
-            L = len(srcs[j].src)
-            if batch and (len(batch) + 1) * L > budget:
-                flush_enc(batch)
-                batch = []
-            batch.append(j)
-        if batch:
-            flush_enc(batch)
-        # 3. decoder jobs sorted by (target length, source length), batched under the budget
-        jorder = sorted(range(len(jobs)), key=lambda q: (len(jobs[q][2].tgt), len(srcs[job_src[q]].src)))
-        cur: list[int] = []
-        max_t = max_s = 0
-
-        def flush_dec(qs):
-            T = max(len(jobs[q][2].tgt) for q in qs)
-            dec_in = torch.full((len(qs), T), pad_id, dtype=torch.long)
-            dec_sl = torch.zeros((len(qs), T), dtype=torch.long)
-            labels = torch.full((len(qs), T), -100, dtype=torch.long)
-            for r, q in enumerate(qs):
-                e = jobs[q][2]
-                t = len(e.tgt)
-                dec_in[r, 0] = bos
-                dec_in[r, 1:t] = torch.tensor(e.tgt[:-1], dtype=torch.long)
-                dec_sl[r, 1:t] = torch.tensor(e.tgt_slots[:-1], dtype=torch.long)
-                labels[r, :t] = torch.tensor(e.tgt, dtype=torch.long)
-            # gather the shared encoder outputs
-            S = max(len(srcs[job_src[q]].src) for q in qs)
-            groups = defaultdict(list)
-            for r, q in enumerate(qs):
-                b, row = loc[job_src[q]]
-                groups[b].append((r, row))
-            parts_h, parts_m, pos = [], [], []
-            for b, lst in groups.items():
+                h = model.encode(t["src"], t["slots"], t["mask"])
+            loc_batch[rows] = len(enc_out)
+            loc_row[rows] = np.arange(len(rows))
+            enc_out.append((h, t["mask"]))
+            real, n_padded = int(sl.sum()), len(rows) * width
+            stats["flops"] += encoder_flops(shape, len(rows), width)
+            stats["encoder_real_tokens"] += real
+            stats["encoder_padded_tokens"] += n_padded
+            stats["real_tokens"] += real
+            stats["padded_tokens"] += n_padded
+            start = end
+        # 3. decoder batches over (source length, target length)
+        tgt_len = np.fromiter((len(ex.tgt) for _, _, ex in jobs), np.int64, len(jobs))
+        sums = torch.zeros(len(jobs), dtype=torch.float64, device=dev)
+        for rows in plan_batches(src_len[job_src], tgt_len, budget):
+            exs = [jobs[q][2] for q in rows]
+            batch = collate_np(exs, pad_id, bos)
+            labels = batch["labels"]
+            T = labels.shape[1]
+            pos = np.flatnonzero(labels.reshape(-1) >= 0)  # the scored positions, row by row
+            S = int(src_len[job_src[rows]].max())
+            # each row's encoder states: rows of the same encoder batch taken together, padded to S
+            eb = loc_batch[job_src[rows]]
+            groups = np.unique(eb)
+            perm = np.concatenate([np.flatnonzero(eb == b) for b in groups])  # batch row of each gathered row
+            t = self.h2d({"dec_in": batch["dec_in"], "dec_slots": batch["dec_slots"],
+                                  "targets": labels.reshape(-1)[pos], "pos": pos, "row": pos // T,
+                                  "enc_rows": loc_row[job_src[rows]][perm], "inverse": np.argsort(perm),
+                                  "out": rows})
+            parts_h, parts_m, at = [], [], 0
+            for b in groups:
+                n = int((eb == b).sum())
                 h, m = enc_out[b]
-                rows = torch.tensor([row for _, row in lst], device=dev)
-                hb, mb = h.index_select(0, rows), m.index_select(0, rows)
+                idx = t["enc_rows"][at:at + n]
+                at += n
+                hb, mb = h.index_select(0, idx), m.index_select(0, idx)
                 if hb.shape[1] < S:
                     hb = F.pad(hb, (0, 0, 0, S - hb.shape[1]))
                     mb = F.pad(mb, (0, S - mb.shape[1]))
                 parts_h.append(hb[:, :S])
                 parts_m.append(mb[:, :S])
-                pos.extend(r for r, _ in lst)
-            h = torch.cat(parts_h) if len(parts_h) > 1 else parts_h[0]
-            m = torch.cat(parts_m) if len(parts_m) > 1 else parts_m[0]
-            if len(parts_h) > 1 or pos != list(range(len(qs))):
-                inv = torch.empty(len(qs), dtype=torch.long)
-                inv[torch.tensor(pos)] = torch.arange(len(qs))
-                inv = inv.to(dev)
-                h, m = h.index_select(0, inv), m.index_select(0, inv)
+            h = torch.cat(parts_h).index_select(0, t["inverse"])
+            m = torch.cat(parts_m).index_select(0, t["inverse"])
             with self._autocast():
-                logits = model.decode(h, m, dec_in.to(dev), dec_sl.to(dev))
-            lab = labels.to(dev)
-            tok_lp = -F.cross_entropy(logits.float().transpose(1, 2), lab, ignore_index=-100, reduction="none")
-            sums = tok_lp.masked_fill(lab < 0, 0.0).sum(1).double().cpu().numpy()
-            for r, q in enumerate(qs):
-                i, d, _ = jobs[q]
-                lp_sum[d][i] = sums[r]
-            real = int((labels >= 0).sum())
+                hidden = model.decoder_states(h, m, t["dec_in"], t["dec_slots"])
+                logits = model.project(hidden.reshape(-1, hidden.shape[-1]).index_select(0, t["pos"]))
+            tok_lp = -F.cross_entropy(logits.float(), t["targets"], reduction="none")
+            row_sums = torch.zeros(len(rows), dtype=torch.float64, device=dev).index_add_(0, t["row"], tok_lp.double())
+            sums.index_copy_(0, t["out"], row_sums)
+            real = len(pos)
+            stats["flops"] += decoder_flops(shape, len(rows), S, T, real)
             stats["decoder_real_tokens"] += real
-            stats["decoder_padded_tokens"] += labels.numel()
+            stats["decoder_padded_tokens"] += labels.size
             stats["real_tokens"] += real
-            stats["padded_tokens"] += labels.numel()
+            stats["padded_tokens"] += labels.size
             stats["target_tokens"] += real
             stats["decoder_batches"] += 1
-
-        for q in jorder:
-            t, s = len(jobs[q][2].tgt), len(srcs[job_src[q]].src)
-            nt, ns = max(max_t, t), max(max_s, s)
-            if cur and (len(cur) + 1) * (nt + ns) > budget:
-                flush_dec(cur)
-                cur, nt, ns = [], t, s
-            cur.append(q)
-            max_t, max_s = nt, ns
-        if cur:
-            flush_dec(cur)
+        out = sums.cpu().numpy()  # the one read back
+        for q, (i, d, _) in enumerate(jobs):
+            lp_sum[d][i] = out[q]

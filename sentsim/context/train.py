@@ -39,10 +39,12 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Iterator, Optional
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
+from sentsim.context.batching import BATCH_KEYS, HostToDevice, collate, token_batches
 from sentsim.context.config import DIRECTIONS, ContextTrainConfig
+from sentsim.context.flops import model_shape, training_flops
 from sentsim.context.model import (
     ContextModel,
     build_model,
@@ -54,6 +56,7 @@ from sentsim.context.model import (
 from sentsim.context.tokenizer import ContextTokenizer, train_bpe
 from sentsim.context.windows import Example, build_example, iter_documents, iter_slices, mix_seed
 from sentsim.errors import UsageError
+from sentsim.hardware import prefer_shape_free_attention
 from sentsim.training.loop import Trainee
 
 # --------------------------------------------------------------------------------------------------- data
@@ -103,47 +106,6 @@ def _examples_of_window(doc, i: int, tok, cfg: ContextTrainConfig, directions) -
     lo = max(0, i - cfg.model.context_sentences)
     enc = tok.encode(doc[lo:i + cfg.model.context_sentences + 1])
     yield from _examples_at(enc, i - lo, tok, cfg, directions)
-
-
-def collate(exs: list[Example], pad_id: int, bos_id: int) -> dict:
-    B = len(exs)
-    S = max(len(e.src) for e in exs)
-    T = max(len(e.tgt) for e in exs)
-    src = torch.full((B, S), pad_id, dtype=torch.long)
-    src_slots = torch.zeros((B, S), dtype=torch.long)
-    src_mask = torch.zeros((B, S), dtype=torch.long)
-    dec_in = torch.full((B, T), pad_id, dtype=torch.long)
-    dec_slots = torch.zeros((B, T), dtype=torch.long)
-    labels = torch.full((B, T), -100, dtype=torch.long)
-    for r, e in enumerate(exs):
-        s, t = len(e.src), len(e.tgt)
-        src[r, :s] = torch.tensor(e.src)
-        src_slots[r, :s] = torch.tensor(e.src_slots)
-        src_mask[r, :s] = 1
-        dec_in[r, 0] = bos_id
-        dec_in[r, 1:t] = torch.tensor(e.tgt[:-1], dtype=torch.long)
-        dec_slots[r, 1:t] = torch.tensor(e.tgt_slots[:-1], dtype=torch.long)
-        labels[r, :t] = torch.tensor(e.tgt)
-    return {"src": src, "src_slots": src_slots, "src_mask": src_mask, "dec_in": dec_in, "dec_slots": dec_slots,
-            "labels": labels}
-
-
-def token_batches(exs: list[Example], budget: int, rng: Optional[random.Random] = None) -> list[list[Example]]:
-    """Sort by length, cut into batches of at most `budget` padded (source + target) tokens."""
-    exs = sorted(exs, key=lambda e: (len(e.tgt) + len(e.src), len(e.tgt)))
-    out, cur, ms, mt = [], [], 0, 0
-    for e in exs:
-        ns, nt = max(ms, len(e.src)), max(mt, len(e.tgt))
-        if cur and (len(cur) + 1) * (ns + nt) > budget:
-            out.append(cur)
-            cur, ns, nt = [], len(e.src), len(e.tgt)
-        cur.append(e)
-        ms, mt = ns, nt
-    if cur:
-        out.append(cur)
-    if rng is not None:
-        rng.shuffle(out)
-    return out
 
 
 # Slices of the training stream: each is one scan of the corpus and is held in memory while its windows
@@ -228,13 +190,32 @@ def heldout_examples(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig
 # --------------------------------------------------------------------------------------------- evaluation
 
 
+def token_loss(model: ContextModel, batch: dict, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of a batch's target tokens (on the device the batch is on; see `to_device`), in fp32
+    over the target positions only."""
+    hidden = model.decoder_states(model.encode(batch["src"], batch["src_slots"], batch["src_mask"]),
+                                  batch["src_mask"], batch["dec_in"], batch["dec_slots"])
+    logits = model.project(hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch["positions"]))
+    return torch.nn.functional.cross_entropy(logits.float(), batch["targets"], reduction=reduction)
+
+
+def to_device(batch: dict, device, h2d: Optional[HostToDevice] = None) -> dict:
+    """A collated batch (numpy or torch CPU arrays) on `device` as int64 tensors, with the flat positions of
+    its target tokens and their ids, found on the host: a boolean mask taken on the device would make the
+    host wait for it every step."""
+    arrays = {k: np.asarray(v) for k, v in batch.items() if k in BATCH_KEYS}
+    labels = arrays["labels"].reshape(-1)
+    arrays["positions"] = np.flatnonzero(labels >= 0)
+    arrays["targets"] = labels[arrays["positions"]]
+    return (h2d or HostToDevice(device))(arrays)
+
+
 def _loss_sum(model, exs, tok, budget, device, autocast) -> tuple[float, int]:
     total, n = 0.0, 0
     for b in token_batches(exs, budget):
-        t = {k: v.to(device) for k, v in collate(b, tok.pad_id, tok.bos_id).items()}
+        t = to_device(collate(b, tok.pad_id, tok.bos_id), device)
         with autocast():
-            logits = model(t["src"], t["src_slots"], t["src_mask"], t["dec_in"], t["dec_slots"])
-        loss = F.cross_entropy(logits.float().transpose(1, 2), t["labels"], ignore_index=-100, reduction="sum")
+            loss = token_loss(model, t, reduction="sum")
         total += float(loss)
         n += int((t["labels"] >= 0).sum())
     return total, n
@@ -286,10 +267,16 @@ class ContextTrainee(Trainee):
     batch; evaluation is held-out loss, perplexity and context-use gap per direction (rank 0)."""
 
     def __init__(self, model: ContextModel, cfg: ContextTrainConfig, tok: ContextTokenizer, corpus: str,
-                 directions: list[str], heldout: Optional[dict]):
+                 directions: list[str], heldout: Optional[dict], tokenizer_dir: str = ""):
         super().__init__()
         self.model = model
         self.cfg, self.tok, self.corpus, self.directions, self.heldout = cfg, tok, corpus, directions, heldout
+        self.tokenizer_dir = tokenizer_dir  # the stream's worker processes load the tokenizer from it
+        self.stream = None
+        self.shape = model_shape(model) if model is not None else None
+        self.padded_tokens_seen = 0
+        self.flops = 0.0
+        self.h2d: Optional[HostToDevice] = None  # pinned buffers, made on the first step's device
         # without sentence positions the sentence-position table gets no gradient
         self.find_unused_parameters = not cfg.model.sentence_position_embeddings
         self.world = 1
@@ -303,28 +290,54 @@ class ContextTrainee(Trainee):
         self.world = session.world
         # endless and deterministic for the seed: a resumed run rebuilds it and passes over the batches
         # already trained on (re-seeding instead re-read the corpus from its first document)
+        if self.cfg.batching == "bucketed":
+            from sentsim.context.stream import stream_for
+
+            self.stream = stream_for(self.corpus, self.tokenizer_dir, self.cfg, self.directions, session.rank,
+                                     session.world, self.cfg.seed, skip, session.device.type)
+            return self.stream
         stream = train_batches(self.corpus, self.tok, self.cfg, self.directions, session.rank, session.world,
                                seed=self.cfg.seed)
         return itertools.islice(stream, skip, None)
 
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+
     def forward(self, batch: dict, device):
-        n_tgt = int((batch["labels"] >= 0).sum())  # counted on the CPU batch: no device sync
-        self.tokens_seen += (int(batch["src_mask"].sum()) + n_tgt) * self.world
+        # counted on the host (a bucketed batch carries its counts): no device sync
+        n_tgt = batch["n_tgt"] if "n_tgt" in batch else int((batch["labels"] >= 0).sum())
+        n_src = batch["n_src"] if "n_src" in batch else int(batch["src_mask"].sum())
+        (B, S), T = batch["src"].shape, batch["labels"].shape[1]
+        self.tokens_seen += (n_src + n_tgt) * self.world
         self.target_tokens_seen += n_tgt * self.world
-        b = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        logits = self.model(b["src"], b["src_slots"], b["src_mask"], b["dec_in"], b["dec_slots"])
-        loss = F.cross_entropy(logits.float().transpose(1, 2), b["labels"], ignore_index=-100)
-        return loss, {"tokens_seen": self.tokens_seen, "target_tokens_seen": self.target_tokens_seen}
+        self.padded_tokens_seen += B * (S + T) * self.world
+        self.flops += training_flops(self.shape, B, S, T, n_tgt, self.cfg.freeze_encoder) * self.world
+        if self.h2d is None:
+            self.h2d = HostToDevice(device)
+            prefer_shape_free_attention(device)
+        loss = token_loss(self.model, to_device(batch, device, self.h2d))
+        return loss, self.counters()
+
+    def counters(self) -> dict:
+        """What a history point records of the stream: tokens trained on, the padded tokens and matrix FLOPs
+        they cost (sentsim.context.flops), and the seconds the trainer waited for a batch (this worker)."""
+        return {"tokens_seen": self.tokens_seen, "target_tokens_seen": self.target_tokens_seen,
+                "padded_tokens_seen": self.padded_tokens_seen, "train_flops": self.flops,
+                "data_wait_s": round(self.stream.wait_seconds, 2) if self.stream is not None else None}
 
     def save(self, folder: Path) -> None:
         self.model.save(folder / "model")
 
     def extra_state(self) -> dict:
-        return {"tokens_seen": self.tokens_seen, "target_tokens_seen": self.target_tokens_seen}
+        return {"tokens_seen": self.tokens_seen, "target_tokens_seen": self.target_tokens_seen,
+                "padded_tokens_seen": self.padded_tokens_seen, "train_flops": self.flops}
 
     def load_extra_state(self, state: dict) -> None:
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.target_tokens_seen = int(state.get("target_tokens_seen", 0))
+        self.padded_tokens_seen = int(state.get("padded_tokens_seen", 0))
+        self.flops = float(state.get("train_flops", 0.0))
 
     def evaluate(self, device, autocast) -> dict:
         if self.heldout is None:
@@ -356,19 +369,23 @@ def build_trainee(config: dict, session, ckpt: Optional[Path]) -> ContextTrainee
             init_cross_attention_from_self(model)
     if cfg.freeze_encoder:
         model.freeze_encoder()
+    if cfg.compile and session.device.type == "cuda":
+        model.compile_layers()
     directions = config["directions"]
     heldout = heldout_examples(config["corpus"], tok, cfg, directions) if session.rank == 0 else None
-    return ContextTrainee(model, cfg, tok, config["corpus"], directions, heldout)
+    return ContextTrainee(model, cfg, tok, config["corpus"], directions, heldout, config["tokenizer_dir"])
 
 
 # ------------------------------------------------------------------------------------------- driver
 
 # settings a resumed run may change (how long and how wide, not what is trained): left out of the fingerprint
 RESUMABLE = ("max_steps", "max_seconds", "eval_every", "checkpoint_every", "num_workers", "cpus_per_worker", "use_gpu",
-             "torch_threads", "executor", "heldout_windows", "bf16", "max_target_tokens")
-# settings added after runs were trained: counted in the fingerprint only when set away from their schema
-# default, so a run from before the setting existed still resumes
-ADDED_LATER = ("doc_id_prefixes",)
+             "torch_threads", "executor", "heldout_windows", "bf16", "max_target_tokens", "data_workers", "log_every",
+             "compile")
+# settings added after runs were trained, with the value those runs had: counted in the fingerprint only when
+# set to another, so a run from before the setting existed still resumes with it. A run from before
+# `batching` resumed under today's default (bucketed) is refused, naming the key: --set batching=buffer
+ADDED_LATER = {"doc_id_prefixes": [], "batching": "buffer", "bucket_batches": 256}
 
 
 def loop_settings(cfg: ContextTrainConfig, name: str) -> dict:
@@ -377,7 +394,7 @@ def loop_settings(cfg: ContextTrainConfig, name: str) -> dict:
         "batch_size": None, "drop_last": False, "shuffle_buffer": 0,
         "optimizer": "adam", "lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "weight_decay": cfg.weight_decay,
         "schedule": cfg.schedule, "warmup_steps": cfg.warmup_steps, "max_grad_norm": cfg.grad_clip,
-        "eval_every": cfg.eval_every, "checkpoint_every": cfg.checkpoint_every, "log_every": None,
+        "eval_every": cfg.eval_every, "checkpoint_every": cfg.checkpoint_every, "log_every": cfg.log_every or None,
         "max_seconds": cfg.max_seconds, "bf16": cfg.bf16 == "auto", "cpu_bf16": True,
         "cpu_threads": cfg.torch_threads,
         "use_gpu": {"auto": None, "yes": True, "no": False}[cfg.use_gpu],
@@ -391,10 +408,44 @@ def run_fingerprint(cfg: ContextTrainConfig, corpus_id: str, tokenizer_from: str
     same --out is refused. A setting in ADDED_LATER left at its default is left out, as in older runs."""
     from sentsim.config import fingerprint
 
-    fields = type(cfg).model_fields
     what = {k: v for k, v in cfg.model_dump().items()
-            if k not in RESUMABLE and not (k in ADDED_LATER and v == fields[k].get_default(call_default_factory=True))}
+            if k not in RESUMABLE and not (k in ADDED_LATER and v == ADDED_LATER[k])}
+    if what.get("batching") != "bucketed":  # bucket_batches is the bucketed stream's alone
+        what.pop("bucket_batches", None)
     return fingerprint("context", what, corpus_id, tokenizer_from)
+
+
+def _refuse_legacy_resume(out: Path, cfg: ContextTrainConfig, force_new: bool, out_arg: str) -> None:
+    """A run trained before `batching` existed read the legacy stream: resumed with today's default it
+    would be refused as another run, so say how to resume it."""
+    run_file = out / "run.json"
+    if force_new or cfg.batching == "buffer" or not run_file.is_file() or not (out / "runs").exists():
+        return
+    try:
+        before = json.loads(run_file.read_text()).get("config") or {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return  # claim_out words a broken record
+    if "batching" not in before:
+        raise UsageError(f"--out {out_arg} holds a run trained before `batching` existed, on the legacy stream; "
+                         "resume it with --set batching=buffer (or --force-new to start over)")
+
+
+def trains_on_gpu(cfg: ContextTrainConfig) -> bool:
+    """Whether the training workers get a GPU (use_gpu auto: inline, this machine's CUDA; on Ray, a GPU per
+    worker in the cluster). A GPU asked for where there is none is refused here, before any work."""
+    if cfg.use_gpu == "no":
+        return False
+    if cfg.executor == "inline":
+        have = torch.cuda.is_available()
+        where = "this machine has no CUDA device"
+    else:
+        import ray
+
+        have = ray.cluster_resources().get("GPU", 0) >= cfg.num_workers
+        where = f"the Ray cluster has fewer than {cfg.num_workers} GPU(s)"
+    if cfg.use_gpu == "yes" and not have:
+        raise UsageError(f"use_gpu=yes, but {where}; set use_gpu=auto or no")
+    return have
 
 
 def _absolute_paths(cfg: ContextTrainConfig) -> ContextTrainConfig:
@@ -438,7 +489,14 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
         corpus_id = corpus_fingerprint(corpus)
     except UsageError:
         corpus_id = corpus  # no manifest: the parts are checked when read
+    if cfg.executor == "ray":  # started before the fingerprint: whether the workers get GPUs sets batch_tokens
+        from sentsim.runtime import init_ray
+
+        quiet_progress()
+        init_ray(address)
+    cfg = cfg.model_copy(update={"batch_tokens": cfg.resolved_batch_tokens(trains_on_gpu(cfg))})
     run_id = run_fingerprint(cfg, corpus_id, tokenizer_from)
+    _refuse_legacy_resume(out_p, cfg, force_new, out_arg)
     claim_out(out_p, run_id, {"config": cfg.model_dump(), "corpus": corpus, "tokenizer_from": tokenizer_from},
               force_new, out_arg, state=("runs", "tokenizer"))
     tok_dir = out_p / "tokenizer"
@@ -455,11 +513,6 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
         runs = {"shared": dirs}
     else:
         runs = {d: [d] for d in dirs}
-    if cfg.executor == "ray":
-        from sentsim.runtime import init_ray
-
-        quiet_progress()
-        init_ray(address)
     summary = {"corpus": str(corpus), "config": cfg.model_dump(), "runs": {}}
     models, by_dir = {}, {}
     for name, rdirs in runs.items():

@@ -225,97 +225,113 @@ class ScoreStage(Stage):
         self.scorer = ContextScorer(self.cfg.context_models, sc)
 
     def process(self, items: List[dict]) -> List[dict]:
+        """Every unit of the call is scored in one `ContextScorer.score`: on a GPU, one unit's items
+        (a few thousand at |C_s| = 16) are too few batches to keep it busy (`resources.scoring.units_per_call`)."""
         from sentsim.context.scorer import ContextItem
 
-        out = []
+        t0 = time.perf_counter()
+        plans, batch = [], []
         for item in items:
-            t0 = time.perf_counter()
-            texts, csets, disc = item["texts"], item["csets"], item["disc"]
-            ctx_by_key = {c.key: c for cs in csets.values() for c in cs.contexts}
-            # every (sentence, context) any pair needs, each scored once (own and cross terms alike)
-            need = {}
-            for a, b, _, _ in item["pairs"]:
-                keys = [c.key for c in csets[a].contexts] + [c.key for c in csets[b].contexts]
-                for s in (a, b):
-                    for k in keys:
-                        need.setdefault((s, k), None)
-            grouping = self._groups(item) if self.cfg.grouping.enabled else None
-            if grouping is not None:  # and each group's sentences against the group's whole union
-                from sentsim.harvest.grouping import needed
-
-                for key in needed(grouping[0], grouping[1], grouping[2]):
-                    need.setdefault(key, None)
-            refs = self.reference_texts if self.cfg.metric == "double-centred" else []
-            ref_keys = [(("ref", i), k) for i in range(len(refs)) for k in ctx_by_key]
-            combos = list(need) + ref_keys
-            batch = []
+            combos, grouping, refs, ctx_by_key = self._needed(item)
+            texts, disc = item["texts"], item["disc"]
+            plans.append((len(batch), combos, grouping, refs, ctx_by_key))
             for s, k in combos:
                 c = ctx_by_key[k]
                 sent = refs[s[1]] if isinstance(s, tuple) else texts[s]
                 batch.append(ContextItem(sent, c.left, c.right, disc.get((s, k))))
-            res = self.scorer.score(batch) if batch else None
-            S = {}
-            comp = {d: {} for d in DIRS}
-            for i, key in enumerate(combos):
-                S[key] = res.score[i]
-                for d in DIRS:
-                    comp[d][key] = res.logprob[d][i]
-            effect = {}
-            if refs:
-                for k in ctx_by_key:
-                    effect[k] = float(np.nanmean([S[(("ref", i), k)] for i in range(len(refs))]))
-            variants = None
-            if grouping is not None:
-                from sentsim.harvest.grouping import group_scores
+        res = self.scorer.score(batch) if batch else None
+        share = (time.perf_counter() - t0) / max(len(batch), 1)  # a unit's scoring time: its share of the items
+        return [self._rows(item, res, *plan, seconds=share * len(plan[1]))
+                for item, plan in zip(items, plans)]
 
-                variants = group_scores(grouping[0], grouping[1], grouping[2], lambda s, k: S[(s, k)],
-                                        self.cfg.metric)
-            rows = []
-            for i_pair, (a, b, kind, gold) in enumerate(item["pairs"]):
-                keys = [c.key for c in csets[a].contexts] + [c.key for c in csets[b].contexts]
-                row = {"s1_id": a, "s2_id": b, "kind": kind, "gold": gold,
-                       "n_ctx_s1": len(csets[a].contexts), "n_ctx_s2": len(csets[b].contexts)}
-                if variants is not None:
-                    v = variants[i_pair]
-                    row["group_id"] = grouping[3][i_pair]
-                    for name, x in v.items():
-                        row[f"score_{name}"] = float(x) if np.isfinite(x) else None
-                if not keys:
-                    row.update(score=None, null_reason="no contexts for either sentence: "
-                               + "; ".join(filter(None, [csets[a].shortfall_reason, csets[b].shortfall_reason])))
-                    for d in (*DIRS, "disc"):
-                        row[f"sim_{d}"] = None
-                    rows.append(row)
-                    continue
-                v1 = np.array([S[(a, k)] for k in keys], dtype=np.float64)
-                v2 = np.array([S[(b, k)] for k in keys], dtype=np.float64)
-                eff = np.array([effect[k] for k in keys]) if refs else None
-                score = pair_similarity(v1, v2, self.cfg.metric, eff)
-                if variants is not None and self.cfg.grouping.score != "paper":
-                    score = variants[i_pair][self.cfg.grouping.score]
-                row["score"] = None if not np.isfinite(score) else score
-                row["null_reason"] = None if np.isfinite(score) else "score vectors degenerate (constant or unscored)"
-                for d in DIRS:
-                    x1 = np.array([comp[d][(a, k)] for k in keys])
-                    x2 = np.array([comp[d][(b, k)] for k in keys])
-                    v = pair_similarity(x1, x2, self.cfg.metric)
-                    row[f"sim_{d}"] = None if not np.isfinite(v) else v
-                d1 = np.array([disc.get((a, k), np.nan) for k in keys], dtype=np.float64)
-                d2 = np.array([disc.get((b, k), np.nan) for k in keys], dtype=np.float64)
-                v = pair_similarity(d1, d2, self.cfg.metric)
-                row["sim_disc"] = None if not np.isfinite(v) else v
+    def _needed(self, item: dict) -> tuple:
+        """(every (sentence, context) the unit's pairs need, each once; its groups; reference sentences;
+        contexts by key)."""
+        csets = item["csets"]
+        ctx_by_key = {c.key: c for cs in csets.values() for c in cs.contexts}
+        # every (sentence, context) any pair needs, each scored once (own and cross terms alike)
+        need = {}
+        for a, b, _, _ in item["pairs"]:
+            keys = [c.key for c in csets[a].contexts] + [c.key for c in csets[b].contexts]
+            for s in (a, b):
+                for k in keys:
+                    need.setdefault((s, k), None)
+        grouping = self._groups(item) if self.cfg.grouping.enabled else None
+        if grouping is not None:  # and each group's sentences against the group's whole union
+            from sentsim.harvest.grouping import needed
+
+            for key in needed(grouping[0], grouping[1], grouping[2]):
+                need.setdefault(key, None)
+        refs = self.reference_texts if self.cfg.metric == "double-centred" else []
+        ref_keys = [(("ref", i), k) for i in range(len(refs)) for k in ctx_by_key]
+        return list(need) + ref_keys, grouping, refs, ctx_by_key
+
+    def _rows(self, item: dict, res, start: int, combos: list, grouping, refs: list, ctx_by_key: dict,
+              seconds: float) -> dict:
+        """The unit's pair rows (Eq. 4) and context_scores from its slice [start, start + len(combos)) of
+        the call's scores."""
+        csets, disc = item["csets"], item["disc"]
+        S = {}
+        comp = {d: {} for d in DIRS}
+        for i, key in enumerate(combos, start):
+            S[key] = res.score[i]
+            for d in DIRS:
+                comp[d][key] = res.logprob[d][i]
+        effect = {}
+        if refs:
+            for k in ctx_by_key:
+                effect[k] = float(np.nanmean([S[(("ref", i), k)] for i in range(len(refs))]))
+        variants = None
+        if grouping is not None:
+            from sentsim.harvest.grouping import group_scores
+
+            variants = group_scores(grouping[0], grouping[1], grouping[2], lambda s, k: S[(s, k)],
+                                    self.cfg.metric)
+        rows = []
+        for i_pair, (a, b, kind, gold) in enumerate(item["pairs"]):
+            keys = [c.key for c in csets[a].contexts] + [c.key for c in csets[b].contexts]
+            row = {"s1_id": a, "s2_id": b, "kind": kind, "gold": gold,
+                   "n_ctx_s1": len(csets[a].contexts), "n_ctx_s2": len(csets[b].contexts)}
+            if variants is not None:
+                v = variants[i_pair]
+                row["group_id"] = grouping[3][i_pair]
+                for name, x in v.items():
+                    row[f"score_{name}"] = float(x) if np.isfinite(x) else None
+            if not keys:
+                row.update(score=None, null_reason="no contexts for either sentence: "
+                           + "; ".join(filter(None, [csets[a].shortfall_reason, csets[b].shortfall_reason])))
+                for d in (*DIRS, "disc"):
+                    row[f"sim_{d}"] = None
                 rows.append(row)
-            # keep_context_scores=none: no table to write, so no rows travel to the write stage
-            cs_rows = [] if self.cfg.keep_context_scores == "none" else [
-                (s, k, comp["fwd"][(s, k)], comp["left"][(s, k)], comp["right"][(s, k)], disc.get((s, k)), S[(s, k)])
-                for (s, k) in need]
-            item.update(rows=rows, context_scores=cs_rows, n_scored=len(combos), precision=self.scorer.precision)
-            del item["disc"]
-            item["csets"] = {s: (len(cs.contexts), cs.shortfall_reason, [c.key for c in cs.contexts])
-                             for s, cs in csets.items()}
-            item["timing"]["scoring"] = time.perf_counter() - t0
-            out.append(item)
-        return out
+                continue
+            v1 = np.array([S[(a, k)] for k in keys], dtype=np.float64)
+            v2 = np.array([S[(b, k)] for k in keys], dtype=np.float64)
+            eff = np.array([effect[k] for k in keys]) if refs else None
+            score = pair_similarity(v1, v2, self.cfg.metric, eff)
+            if variants is not None and self.cfg.grouping.score != "paper":
+                score = variants[i_pair][self.cfg.grouping.score]
+            row["score"] = None if not np.isfinite(score) else score
+            row["null_reason"] = None if np.isfinite(score) else "score vectors degenerate (constant or unscored)"
+            for d in DIRS:
+                x1 = np.array([comp[d][(a, k)] for k in keys])
+                x2 = np.array([comp[d][(b, k)] for k in keys])
+                v = pair_similarity(x1, x2, self.cfg.metric)
+                row[f"sim_{d}"] = None if not np.isfinite(v) else v
+            d1 = np.array([disc.get((a, k), np.nan) for k in keys], dtype=np.float64)
+            d2 = np.array([disc.get((b, k), np.nan) for k in keys], dtype=np.float64)
+            v = pair_similarity(d1, d2, self.cfg.metric)
+            row["sim_disc"] = None if not np.isfinite(v) else v
+            rows.append(row)
+        # keep_context_scores=none: no table to write, so no rows travel to the write stage
+        cs_rows = [] if self.cfg.keep_context_scores == "none" else [
+            (s, k, comp["fwd"][(s, k)], comp["left"][(s, k)], comp["right"][(s, k)], disc.get((s, k)), S[(s, k)])
+            for (s, k) in combos if not (isinstance(s, tuple) and s[0] == "ref")]
+        item.update(rows=rows, context_scores=cs_rows, n_scored=len(combos), precision=self.scorer.precision)
+        del item["disc"]
+        item["csets"] = {s: (len(cs.contexts), cs.shortfall_reason, [c.key for c in cs.contexts])
+                         for s, cs in csets.items()}
+        item["timing"]["scoring"] = seconds
+        return item
 
 
     def _groups(self, item: dict) -> tuple:

@@ -100,7 +100,9 @@ def make_optimizer(groups: list[dict], L: dict):
     import torch
 
     kind = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}[L.get("optimizer", "adamw")]
-    return kind(groups, lr=L["lr"], betas=tuple(L.get("betas") or (0.9, 0.999)), weight_decay=L["weight_decay"])
+    # fused: one kernel for the whole update on a GPU (the for-each default launches several per tensor group)
+    return kind(groups, lr=L["lr"], betas=tuple(L.get("betas") or (0.9, 0.999)), weight_decay=L["weight_decay"],
+                **({"fused": True} if L.get("fused") else {}))
 
 
 def make_schedule(opt, L: dict):
@@ -161,13 +163,12 @@ class RaySession:
             batch_size=L["batch_size"], batch_format="numpy", drop_last=L["drop_last"],
             local_shuffle_buffer_size=L["shuffle_buffer"] or None, local_shuffle_seed=L["seed"] + epoch)
 
-    def check(self, loss, stop: bool) -> tuple[bool, bool]:
-        """(every rank's loss is finite, some rank wants to stop): every rank must stop together, or
-        DDP would hang."""
+    def check(self, watch: "LossWatch", stop: bool) -> tuple[bool, bool]:
+        """(every rank's losses were finite, some rank wants to stop): every rank must stop together, or
+        DDP would hang. One host read, and one all-reduce with several workers."""
         import torch
 
-        flags = torch.stack([(~torch.isfinite(loss.detach())).float().reshape(()),
-                             torch.tensor(float(stop), device=loss.device)])
+        flags = torch.stack([(watch.bad_step > 0).float(), torch.tensor(float(stop), device=watch.device)])
         if self.world > 1:
             import torch.distributed as dist
 
@@ -234,10 +235,8 @@ class InlineSession:
         for i in range(0, end, bs):
             yield table.take(pa.array(order[i:i + bs])).to_pydict()
 
-    def check(self, loss, stop: bool) -> tuple[bool, bool]:
-        import torch
-
-        return bool(torch.isfinite(loss)), stop
+    def check(self, watch: "LossWatch", stop: bool) -> tuple[bool, bool]:
+        return int(watch.bad_step) == 0, stop
 
     def report(self, point: dict, save) -> None:
         """Write checkpoint.tmp, then swap it in by renames: a kill at any moment leaves a whole one, and
@@ -263,6 +262,52 @@ class InlineSession:
 
 
 # ----------------------------------------------------------------------------- the loop
+
+
+class LossWatch:
+    """The training loss as the device has it: a running sum, and the first step whose loss was not
+    finite with that value. Kept on the device, so that a step never waits for the host to read the
+    loss (on a GPU every such read stalls the queue of kernels); the loop reads it at sync points."""
+
+    def __init__(self, device):
+        import torch
+
+        self.device = device
+        self.sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.n = 0
+        self.bad_step = torch.zeros((), dtype=torch.long, device=device)
+        self.bad_value = torch.zeros((), dtype=torch.float32, device=device)
+
+    def add(self, loss, step: int) -> None:
+        import torch
+
+        v = loss.detach().float().reshape(())
+        first = ~torch.isfinite(v) & (self.bad_step == 0)
+        self.bad_step.masked_fill_(first, step)
+        self.bad_value = torch.where(first, v, self.bad_value)
+        self.sum += v
+        self.n += 1
+
+    def mean(self) -> Optional[float]:
+        """The mean loss since the last call (a host read), or None when no step was taken."""
+        if not self.n:
+            return None
+        out = float(self.sum) / self.n
+        self.sum.zero_()
+        self.n = 0
+        return out
+
+    def failure(self, step: int) -> dict:
+        """nan_step / nan_value of the first non-finite loss (this step's, when another rank had it)."""
+        bad = int(self.bad_step)
+        return {"nan_step": bad or step, "nan_value": str(float(self.bad_value)) if bad else "nan"}
+
+
+def _close(source) -> None:
+    """Stop a batch source that runs worker processes (the context models' stream) once the loop leaves it."""
+    close = getattr(source, "close", None)
+    if callable(close):
+        close()
 
 
 def train_loop(config: dict):
@@ -293,7 +338,7 @@ def train_loop(config: dict):
     wrapped = session.wrap(trainee)
     groups = trainee.param_groups(L["lr"])
     params = [p for g in groups for p in g["params"]]
-    opt = make_optimizer(groups, L)
+    opt = make_optimizer(groups, {**L, "fused": device.type == "cuda"})
     total = L["total_steps"]
     sched = make_schedule(opt, L)
     if state is not None:
@@ -350,7 +395,14 @@ def train_loop(config: dict):
 
     t_run = time.perf_counter()  # max_seconds counts this process's training only
     max_seconds, ckpt_every = L.get("max_seconds") or 0, L.get("checkpoint_every") or 0
-    running, n_running, last_metrics = 0.0, 0, {}
+    # The loss is read back from the device at sync points only: every `sync_every` steps, at each history
+    # point and checkpoint, and where one worker alone decides to stop. On a CPU that is every step, as
+    # reading costs nothing there; on a GPU a read makes the host wait for every queued kernel. A loss
+    # that stops being finite between sync points is caught at the next one, and no checkpoint is
+    # written from it (checkpoints are only written after that check).
+    sync_every = L.get("sync_every") or (1 if device.type == "cpu" else 32)
+    watch = LossWatch(device)
+    last_metrics = {}
     last_saved = step if state else -1
     # a run resumed with its budget already spent (run again after it finished, or with a smaller budget)
     # trains no step: the check after each step below would first take one more
@@ -367,25 +419,29 @@ def train_loop(config: dict):
                 loss, metrics = wrapped(batch, device)
             step += 1
             in_epoch += 1
-            finite, stop = session.check(loss, (bool(max_seconds) and time.perf_counter() - t_run >= max_seconds)
-                                         or trainee.budget_spent())
-            if not finite:
-                info = {"nan_step": step, "nan_value": str(float(loss.detach().cpu()))}
-                session.stop(info)
-                return {**info, "history": history} if rank0 else None
+            watch.add(loss, step)
+            wants_stop = (bool(max_seconds) and time.perf_counter() - t_run >= max_seconds) or trainee.budget_spent()
+            point_due = (step >= total or step % L["eval_every"] == 0 or (ckpt_every and step % ckpt_every == 0)
+                         or (L.get("log_every") and step % L["log_every"] == 0))
+            stop = False
+            if step % sync_every == 0 or point_due or (wants_stop and session.world == 1):
+                finite, stop = session.check(watch, wants_stop)
+                if not finite:  # before this step's update: a loss caught here was never applied
+                    info = watch.failure(step)
+                    session.stop(info)
+                    _close(source)
+                    return {**info, "history": history} if rank0 else None
             loss.backward()
             if L.get("max_grad_norm"):
                 torch.nn.utils.clip_grad_norm_(params, L["max_grad_norm"])
             opt.step()
             sched.step()
-            running += float(loss.detach())
-            n_running += 1
             last_metrics = metrics
             last = stop or step >= total
             at_eval = step % L["eval_every"] == 0 or last
             at_save = at_eval or (ckpt_every and step % ckpt_every == 0)
             if at_save or (L.get("log_every") and step % L["log_every"] == 0):
-                point = {"step": step, "epoch": epoch, "train_loss": running / n_running, **lrs(),
+                point = {"step": step, "epoch": epoch, "train_loss": watch.mean(), **lrs(),
                          **metrics, **clocks()}
                 if at_eval:
                     point.update(evaluate())
@@ -397,12 +453,17 @@ def train_loop(config: dict):
                 if at_save:
                     session.report(point, save_at(epoch, in_epoch))
                     last_saved = step
-                running, n_running = 0.0, 0
             if last:
                 break
+        _close(source)
         skip = 0
     if last_saved != step:  # the data ran out before total_steps (e.g. an uneven estimate)
-        point = {"step": step, "epoch": epoch, "train_loss": running / n_running if n_running else None,
+        finite, _ = session.check(watch, False)
+        if not finite:
+            info = watch.failure(step)
+            session.stop(info)
+            return {**info, "history": history} if rank0 else None
+        point = {"step": step, "epoch": epoch, "train_loss": watch.mean(),
                  **lrs(), **last_metrics, **clocks(), **evaluate()}
         if rank0:
             history.append(point)

@@ -1,0 +1,356 @@
+"""The bucketed training stream of the context models (`batching: bucketed`).
+
+Per training worker (rank r of `world`), three steps:
+
+    reader    the corpus slices in the seeded order of `train_windows`, each slice's sentences
+              tokenised once, its (document, sentence) windows in the same seeded permutation; the
+              windows cut into chunks of about `bucket_batches` batches, each chunk's examples
+              measured from token counts alone (no example is built), planned into batches of
+              near-equal source and target length (`batching.plan_batches`), the batches of a
+              chunk in a seeded order
+    builders  each batch's examples built (`windows.build_example`) and padded (`collate_np`)
+    trainer   batch n from builder n % W (numpy arrays; the trainer copies them to its device)
+
+The batch sequence depends on the corpus, tokenizer, config, seed, rank and world only, never on
+the number of builder processes (`data_workers`; 0 runs all three steps in the training process).
+A resumed run passes over the batches already trained on in the reader, without building them.
+The legacy stream (`batching: buffer`) is `train.train_batches`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import random
+import threading
+import traceback
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from sentsim.context.batching import collate_np, plan_batches
+from sentsim.context.config import ContextTrainConfig
+from sentsim.context.windows import _water_fill, build_example, iter_slices, mix_seed
+from sentsim.errors import UsageError
+
+TRAIN_SLICES = 8  # as train.TRAIN_SLICES: the same slices in the same order as the legacy stream
+SOURCE_OVERHEAD = 4  # tag, two separators, </s> (windows.build_example)
+PART_OF = {"left": 0, "fwd": 1, "right": 2}  # which part of (left, centre, right) a direction predicts
+
+
+@dataclass
+class BatchTask:
+    """What a builder needs for one batch: the token ids of the windows it uses, and its examples."""
+
+    seq: int  # position in the stream (0 = the first batch of epoch 0)
+    epoch: int  # the pass over this worker's training windows it belongs to
+    tokens: np.ndarray  # int32, every present window sentence's ids, window by window, slot by slot
+    lengths: np.ndarray  # int32 [windows, 2k+1]: token count of the sentences at offsets -k..k (0 = none)
+    window: np.ndarray  # int32 [examples]: row of `lengths`
+    direction: np.ndarray  # int8 [examples]: index into the run's directions
+    src_len: np.ndarray  # planned lengths, checked when the examples are built
+    tgt_len: np.ndarray
+
+
+# ------------------------------------------------------------------------------------------------- lengths
+
+
+def example_lengths(parts: np.ndarray, direction: str, max_source: int, max_target: int):
+    """Source and target lengths of one direction's examples from the windows' part lengths
+    [n, 3] = (left, centre, right tokens), as `build_example` makes them; -1 where there is no example
+    (an empty target). The part a direction predicts is its target, and a <blank> in the source."""
+    col = PART_OF[direction]
+    target = parts[:, col].copy()
+    src = parts.copy()
+    src[:, col] = 1
+    budget = max_source - SOURCE_OVERHEAD
+    total = src.sum(1)
+    s = total + SOURCE_OVERHEAD
+    for i in np.flatnonzero(total > budget):  # rare: the water-filled truncation of build_example
+        cap = _water_fill(src[i].tolist(), budget)
+        s[i] = SOURCE_OVERHEAD + int(np.minimum(src[i], cap).sum())
+    t = np.minimum(target + 1, max_target)
+    return np.where(target > 0, s, -1), np.where(target > 0, t, -1)
+
+
+# -------------------------------------------------------------------------------------------------- reader
+
+
+
+
+def batch_tasks(corpus: str, tok, cfg: ContextTrainConfig, directions: Sequence[str], rank: int, world: int,
+                seed: int, skip: int = 0) -> Iterator[BatchTask]:
+    """The endless, seeded sequence of batch tasks from position `skip` on (see the module doc)."""
+    k = cfg.model.context_sentences
+    mc = cfg.model
+    if not cfg.batch_tokens:
+        raise ValueError("batch_tokens is 0 (by device): resolve it first (ContextTrainConfig.resolved_batch_tokens)")
+    target_tokens = cfg.bucket_batches * cfg.batch_tokens
+    seq = 0
+    for epoch in itertools.count():
+        order = mix_seed(seed, epoch)
+        produced = 0
+        for part, docs in iter_slices(corpus, cfg.heldout_percent, "train", rank, world, order, TRAIN_SLICES,
+                                      cfg.doc_id_prefixes):
+            units = [(d, i) for d, doc in enumerate(docs) for i in range(len(doc))]
+            if not units:
+                continue
+            random.Random(mix_seed(order, part)).shuffle(units)  # the legacy stream's permutation
+            enc = tok.encode([s for doc in docs for s in doc])  # each sentence once
+            sent_len = np.fromiter((len(e) for e in enc), np.int64, len(enc))
+            flat = np.fromiter(itertools.chain.from_iterable(enc), np.int32, int(sent_len.sum()))
+            tok_start = np.concatenate([[0], np.cumsum(sent_len)])
+            doc_len = np.fromiter((len(doc) for doc in docs), np.int64, len(docs))
+            doc_start = np.concatenate([[0], np.cumsum(doc_len)])
+            d_of = np.fromiter((d for d, _ in units), np.int64, len(units))
+            i_of = np.fromiter((i for _, i in units), np.int64, len(units))
+            pos = i_of[:, None] + np.arange(-k, k + 1)
+            present = (pos >= 0) & (pos < doc_len[d_of][:, None])
+            sent = np.where(present, doc_start[d_of][:, None] + pos, -1)  # slice-wide sentence index per slot
+            lens = np.where(present, sent_len[np.maximum(sent, 0)], 0)
+            parts = np.stack([lens[:, :k].sum(1), lens[:, k], lens[:, k + 1:].sum(1)], axis=1)
+            keep = lens[:, k] >= cfg.min_sentence_tokens
+            # every (window, direction) example, window by window as the legacy stream builds them
+            s_all, t_all = zip(*(example_lengths(parts, d, mc.max_source_tokens, mc.max_target_tokens)
+                                 for d in directions))
+            s_all, t_all = np.stack(s_all, 1), np.stack(t_all, 1)  # [windows, directions]
+            exists = (s_all > 0) & keep[:, None]
+            produced += int(exists.sum())
+            cost = np.where(exists, s_all + t_all, 0).sum(1)  # padded-free tokens of each window
+            n_chunks = max(1, int(round(cost.sum() / target_tokens)))
+            bounds = np.searchsorted(np.cumsum(cost), np.arange(1, n_chunks) * cost.sum() / n_chunks)
+            for c, (lo, hi) in enumerate(zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(units)]]))):
+                w, dcol = np.nonzero(exists[lo:hi])
+                if not len(w):
+                    continue
+                s, t = s_all[lo:hi][w, dcol], t_all[lo:hi][w, dcol]
+                plan = plan_batches(s, t, cfg.batch_tokens)
+                order_rng = np.random.default_rng([seed, rank, epoch, part, c])
+                for b in order_rng.permutation(len(plan)):
+                    if seq >= skip:
+                        rows = plan[b]
+                        yield _task(seq, epoch, rows, w + lo, dcol, s, t, sent, lens, flat, tok_start)
+                    seq += 1
+        if produced == 0:
+            raise UsageError(f"{corpus}: no training windows{_among(cfg)} for worker {rank}/{world} "
+                             f"(corpus too small for heldout_percent={cfg.heldout_percent} and {world} workers?)")
+
+
+def _task(seq, epoch, rows, window, dcol, s, t, sent, lens, flat, tok_start) -> BatchTask:
+    wins, local = np.unique(window[rows], return_inverse=True)
+    g = sent[wins].ravel()
+    g = g[g >= 0]
+    tokens = (np.concatenate([flat[tok_start[x]:tok_start[x + 1]] for x in g]) if len(g)
+              else np.zeros(0, np.int32))
+    return BatchTask(seq, epoch, tokens, lens[wins].astype(np.int32), local.astype(np.int32),
+                     dcol[rows].astype(np.int8), s[rows], t[rows])
+
+
+def _among(cfg: ContextTrainConfig) -> str:
+    return f" among the documents with doc_id prefixes {cfg.doc_id_prefixes}" if cfg.doc_id_prefixes else ""
+
+
+# ------------------------------------------------------------------------------------------------- builder
+
+
+def build_batch(task: BatchTask, ids: dict, cfg: ContextTrainConfig, directions: Sequence[str]) -> dict:
+    """The padded batch of a task (numpy int32, `batching.BATCH_KEYS`) plus its token counts."""
+    k = cfg.model.context_sentences
+    mc = cfg.model
+    flat = task.tokens.tolist()
+    sents, at = [], 0
+    for row in task.lengths.tolist():
+        cur = []
+        for n in row:
+            cur.append(flat[at:at + n])
+            at += n
+        sents.append(cur)
+    exs = []
+    for w, d in zip(task.window.tolist(), task.direction.tolist()):
+        x = sents[w]
+        exs.append(build_example(ids, k, directions[d], x[:k], x[k], x[k + 1:], mc.max_source_tokens,
+                                 mc.max_target_tokens))
+    if any(e is None for e in exs) or [len(e.src) for e in exs] != task.src_len.tolist() or \
+            [len(e.tgt) for e in exs] != task.tgt_len.tolist():
+        raise RuntimeError(f"batch {task.seq}: built examples do not have their planned lengths")
+    batch = collate_np(exs, ids["pad"], ids["bos"])
+    batch["n_src"] = int(task.src_len.sum())
+    batch["n_tgt"] = int(task.tgt_len.sum())
+    return batch
+
+
+# ------------------------------------------------------------------------------------------------- stream
+
+
+def _reader_main(args: dict, task_queues: list, stop) -> None:
+    """Reader process: tasks round-robin into the builders' queues (task n -> builder n % W)."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"  # a slice's sentences in one call, on every core it may use
+    w = len(task_queues)
+    try:
+        tok = _tokenizer(args)
+        for task in batch_tasks(args["corpus"], tok, _cfg(args), args["directions"], args["rank"], args["world"],
+                                args["seed"], args["skip"]):
+            _put(task_queues[task.seq % w], ("task", task), stop)
+    except BaseException as exc:  # noqa: BLE001 - every builder must hear of it, or the trainer waits forever
+        for q in task_queues:
+            _put(q, ("error", _portable(exc)), stop)
+
+
+def _builder_main(args: dict, tasks, results, stop) -> None:
+    cfg, ids = _cfg(args), args["ids"]
+    while not stop.is_set():
+        kind, payload = tasks.get()
+        if kind == "error":
+            _put(results, ("error", payload), stop)
+            return
+        try:
+            _put(results, ("batch", build_batch(payload, ids, cfg, args["directions"])), stop)
+        except BaseException as exc:  # noqa: BLE001
+            _put(results, ("error", _portable(exc)), stop)
+            return
+
+
+def _put(q, item, stop) -> None:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.5)
+            return
+        except queue.Full:
+            continue
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """The exception as the trainer should see it: a UsageError keeps its one line, anything else
+    carries the worker's traceback."""
+    if isinstance(exc, UsageError):
+        return exc
+    return RuntimeError(f"training-stream worker failed:\n{''.join(traceback.format_exception(exc))}")
+
+
+def _cfg(args: dict) -> ContextTrainConfig:
+    return ContextTrainConfig.model_validate(args["cfg"])
+
+
+def _tokenizer(args: dict):
+    from sentsim.context.tokenizer import ContextTokenizer
+
+    return ContextTokenizer.load(args["tokenizer_dir"])
+
+
+class BatchStream:
+    """Iterator over the training batches (dicts of int32 torch tensors plus `n_src`/`n_tgt`).
+
+    `workers` 0: every step in this process. Otherwise one reader and `workers` builder processes
+    (spawned: safe beside CUDA), and a thread here that takes their batches in order and keeps
+    `prefetch` ready. close() (or the end of the process) stops them."""
+
+    def __init__(self, corpus: str, tokenizer_dir: str, cfg: ContextTrainConfig, directions: Sequence[str],
+                 rank: int, world: int, seed: int, skip: int = 0, workers: int = 0, prefetch: int = 8):
+        self.args = {"corpus": corpus, "tokenizer_dir": str(tokenizer_dir), "cfg": cfg.model_dump(),
+                     "directions": list(directions), "rank": rank, "world": world, "seed": seed, "skip": skip}
+        self.workers, self.prefetch = workers, prefetch
+        self._procs: list = []
+        self._stop = None
+        self.wait_seconds = 0.0  # time the trainer waited for a batch (host-bound when large)
+
+    def __iter__(self):
+        return self._inline() if self.workers == 0 else self._parallel()
+
+    def _tensors(self, batch: dict) -> dict:
+        import torch
+
+        out = {}
+        for key, v in batch.items():
+            if isinstance(v, np.ndarray):
+                out[key] = torch.from_numpy(v)
+            else:
+                out[key] = v
+        return out
+
+    def _inline(self) -> Iterator[dict]:
+        tok = _tokenizer(self.args)
+        cfg, dirs = _cfg(self.args), self.args["directions"]
+        a = self.args
+        for task in batch_tasks(a["corpus"], tok, cfg, dirs, a["rank"], a["world"], a["seed"], a["skip"]):
+            yield self._tensors(build_batch(task, tok.ids, cfg, dirs))
+
+    def _parallel(self) -> Iterator[dict]:
+        import multiprocessing as mp
+        import time
+
+        ctx = mp.get_context("spawn")
+        stop = self._stop = ctx.Event()
+        w = self.workers
+        args = dict(self.args, ids=_tokenizer(self.args).ids)
+        tasks = [ctx.Queue(maxsize=32) for _ in range(w)]
+        results = [ctx.Queue(maxsize=4) for _ in range(w)]
+        self._procs = [ctx.Process(target=_reader_main, args=(args, tasks, stop), daemon=True,
+                                   name="sentsim-stream-reader")]
+        self._procs += [ctx.Process(target=_builder_main, args=(args, tasks[i], results[i], stop), daemon=True,
+                                    name=f"sentsim-stream-builder-{i}") for i in range(w)]
+        for p in self._procs:
+            p.start()
+        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
+
+        def collect():  # batch n from builder n % W: the stream's order whatever the builders' speed
+            n = 0
+            while not stop.is_set():
+                try:
+                    kind, payload = results[n % w].get(timeout=1.0)
+                except queue.Empty:
+                    dead = [p.name for p in self._procs if not p.is_alive()]
+                    if dead:
+                        _put(ready, ("error", RuntimeError(f"training-stream process(es) died: {dead}")), stop)
+                        return
+                    continue
+                if kind == "batch":
+                    payload = self._tensors(payload)
+                _put(ready, (kind, payload), stop)
+                if kind == "error":
+                    return
+                n += 1
+
+        threading.Thread(target=collect, daemon=True, name="sentsim-stream-collect").start()
+        try:
+            while True:
+                t0 = time.perf_counter()
+                kind, payload = ready.get()
+                self.wait_seconds += time.perf_counter() - t0
+                if kind == "error":
+                    raise payload
+                yield payload
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        for p in self._procs:
+            if p.is_alive():
+                p.terminate()
+        for p in self._procs:
+            p.join(timeout=5)
+        self._procs = []
+
+
+def resolve_workers(setting: int, device_type: str, world: int = 1) -> int:
+    """data_workers: -1 (auto) = none on a CPU, where the training process needs every core; on a GPU,
+    the CPUs this worker's share of the node leaves after the trainer itself and the reader, up to 8."""
+    if setting >= 0:
+        return setting
+    if device_type != "cuda":
+        return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, cpus // max(world, 1) - 2))
+
+
+def stream_for(corpus: str, tokenizer_dir: str, cfg: ContextTrainConfig, directions: Sequence[str], rank: int,
+               world: int, seed: int, skip: int, device_type: str) -> BatchStream:
+    return BatchStream(corpus, tokenizer_dir, cfg, directions, rank, world, seed, skip,
+                       workers=resolve_workers(cfg.data_workers, device_type, world))
+
+
+__all__ = ["BatchStream", "BatchTask", "batch_tasks", "build_batch", "example_lengths", "resolve_workers",
+           "stream_for"]
