@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from corpus.units import input_sha256
 from sentsim.config import fingerprint, load_config
 from sentsim.errors import UsageError
 from sentsim.executor import ShardedJob, execute
@@ -33,7 +34,6 @@ from sentsim.pairs_file import read_pairs_file
 from sentsim.pipeline import Resources, StageSpec, UnitPlan
 from sentsim.screening.cache_job import ensure_rep_cache, rep_cache_uri
 from storage import ShardStore
-from storage.fs import sha256_path
 
 STAGE = "harvest"
 ANCHORS_TABLE = "rank_anchors"  # side table: the anchor sentences behind every rank vector
@@ -82,7 +82,7 @@ def plan(cfg: HarvestConfig, corpus) -> tuple[UnitPlan, dict]:
         pairs = read_pairs_file(cfg.pairs_file)
         n_units = -(-len(pairs) // cfg.pairs_per_unit)
         return UnitPlan(n_units, PairUnits(pairs, cfg.pairs_per_unit)), {
-            "pairs_file": cfg.pairs_file, "pairs_file_sha256": sha256_path(cfg.pairs_file)[:16], "pairs": len(pairs)}
+            "pairs_file": cfg.pairs_file, "pairs_file_sha256": input_sha256(cfg.pairs_file)[:16], "pairs": len(pairs)}
     anchors = plan_anchors(cfg, corpus)
     n_units = -(-len(anchors) // cfg.anchors.per_unit)
     return UnitPlan(n_units, AnchorUnits(anchors, cfg.anchors.per_unit)), {"anchors": len(anchors)}

@@ -231,6 +231,23 @@ def check_base_vectors(root, manifest: dict, sentences: pa.Table, ids, texts, n_
 # ----------------------------------------------------------------------------- RSE
 
 
+def _text_lines(p: Path) -> list[str]:
+    """The lines of a UTF-8 text file, gzip-compressed or not (by its first bytes, as the corpus readers
+    tell), as pairs_file.decode_text reads them: a byte-order mark dropped, bad bytes and a truncated
+    gzip stream an InputError naming the file."""
+    import gzip
+
+    from sentsim.pairs_file import decode_text, split_lines
+
+    raw = p.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise InputError(f"{p}: unreadable or truncated gzip file ({exc})") from None
+    return split_lines(decode_text(p, raw))
+
+
 def read_triples_file(path: str, allowed: Optional[list[str]] = None) -> pa.Table:
     """A user file of (s_i, relation, s_j[, hard_negative]) rows, JSONL(.gz) or Parquet."""
     p = Path(path)
@@ -249,20 +266,16 @@ def read_triples_file(path: str, allowed: Optional[list[str]] = None) -> pa.Tabl
         rows = t.to_pylist()
         where = lambda i: f"{path}: row {i}"  # noqa: E731
     elif name.endswith((".jsonl", ".jsonl.gz", ".json")):
-        import gzip
-
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(p, "rt", encoding="utf-8") as fh:
-            for i, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
-                    raise InputError(f"{path}:{i}: not valid JSON") from None
-                if not isinstance(obj, dict):
-                    raise InputError(f"{path}:{i}: expected an object with s_i, relation, s_j")
-                rows.append(obj)
+        for i, line in enumerate(_text_lines(p), start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                raise InputError(f"{path}:{i}: not valid JSON") from None
+            if not isinstance(obj, dict):
+                raise InputError(f"{path}:{i}: expected an object with s_i, relation, s_j")
+            rows.append(obj)
         where = lambda i: f"{path}:{i}"  # noqa: E731
     else:
         raise UsageError(f"rse.triples {path}: use .jsonl, .jsonl.gz or .parquet")
