@@ -14,9 +14,14 @@ def build_index_for(corpus: Path, out: Path) -> Path:
     return out
 
 
-def tiny_context_bundle(corpus: Path, out: Path, seed: int = 0) -> Path:
+def tiny_context_bundle(corpus: Path, out: Path, seed: int = 0, weight_scale: float = 1.0) -> Path:
     """A 1+1-layer BART with a 500-token BPE trained on the corpus; untrained weights are enough
-    for pipeline mechanics (scores are deterministic functions of the inputs)."""
+    for pipeline mechanics (scores are deterministic functions of the inputs).
+
+    Untrained weights give pair scores that all lie within ~3e-5 of each other (Eq. 4 cannot then tell
+    C_s1 + C_s2 from C_s1 alone). `weight_scale` multiplies every weight matrix (not the layer norms), so
+    that the model's log-probabilities react to the sentence: at 10, and with λ_fwd dominant, pair scores
+    spread over about -0.2..0.95."""
     from sentsim.context.config import DIRECTIONS, ContextModelConfig
     from sentsim.context.model import build_model, save_bundle
     from sentsim.context.tokenizer import train_bpe
@@ -26,6 +31,13 @@ def tiny_context_bundle(corpus: Path, out: Path, seed: int = 0) -> Path:
     cfg = ContextModelConfig(vocab_size=500, d_model=32, encoder_layers=1, decoder_layers=1, attention_heads=2,
                              ffn_dim=64, dropout=0.0, max_source_tokens=96, max_target_tokens=64)
     model = build_model(cfg, tok, seed=seed)
+    if weight_scale != 1.0:
+        import torch
+
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" not in name:
+                    p.mul_(weight_scale)
     save_bundle(out, cfg, tok, {"shared": model}, {d: "shared" for d in DIRECTIONS})
     return out
 
