@@ -11,16 +11,13 @@ from __future__ import annotations
 import json
 import re
 
-import numpy as np
-import pyarrow as pa
 import pytest
 from conftest import sentsim_cli
-from harvest_support import tiny_bert
+from harvest_support import small_pairs_run, tiny_bert, write_pairs_run
 
 pytestmark = pytest.mark.slow
 
-N, NULLS, DEV, TEST = 119, 12, 3, 2
-WORDS = "river city vote law war peace tax school farm road bridge court union trade health".split()
+N, NULLS, DEV, TEST = 119, 12, 3, 2  # the counts of harvest_support.small_pairs_run
 NOTE = re.compile(r"^note: training on (\d+) of (\d+) (.+?)(?: \((.*)\))?(?:;.*)?$", re.M)
 
 
@@ -37,38 +34,9 @@ def note_of(stdout: str, noun: str) -> tuple[int, int, dict]:
     return int(m.group(1)), int(m.group(2)), parts
 
 
-def run_tables(nan_first: bool = False) -> tuple[pa.Table, pa.Table]:
-    """119 pairs: 12 null scores, 3 scored dev and 2 scored test pairs (under 16: a carve), the rest train;
-    and 60 sentence rows, some repeated, some without a RAKE phrase (stop words only), two empty."""
-    rng = np.random.default_rng(0)
-    s1 = [" ".join(rng.choice(WORDS, 4)) + f" {i}" for i in range(N)]
-    s2 = [" ".join(rng.choice(WORDS, 3)) + f" {i}" for i in range(N)]
-    split = ["dev"] * (DEV + 2) + ["test"] * (TEST + 2) + ["train"] * (N - DEV - TEST - 4)
-    nulls = [0, 1, DEV + 2, DEV + 3] + list(range(20, 20 + NULLS - 4))  # 2 dev, 2 test, 8 train
-    score = [None if i in nulls else float(x) for i, x in enumerate(rng.uniform(-0.5, 1.0, N))]
-    if nan_first:
-        score[30] = float("nan")
-    pairs = pa.table({"pair_id": pa.array(range(N), pa.int64()), "s1": s1, "s2": s2,
-                      "score": pa.array(score, pa.float64()), "split": split})
-    texts = s1[:50] + s1[:5] + ["the of and", "it is", "a"] + [""] * 2  # 5 repeats, 3 phrase-less, 2 empty
-    return pairs, pa.table({"sentence_id": pa.array(range(len(texts)), pa.int64()), "text": texts})
-
-
-def write_run(root, pairs: pa.Table, sentences: pa.Table):
-    """A harvest run as the shard store writes one: manifest, two units, each with its marker."""
-    from storage import ShardStore
-
-    store = ShardStore(str(root))
-    store.open_run("harvest", "notes", {}, [], {"pairs": pairs.schema, "sentences": sentences.schema}, planned_units=2)
-    for u in range(2):
-        store.write_unit(u, {"pairs": pairs.slice(u * 60, 60), "sentences": sentences.slice(u * 30, 30)}, "notes")
-    store.finalize(2, {})
-    return root
-
-
 @pytest.fixture(scope="module")
 def harvest(tmp_path_factory):
-    return write_run(tmp_path_factory.mktemp("notes") / "h", *run_tables())
+    return write_pairs_run(tmp_path_factory.mktemp("notes") / "h", *small_pairs_run())
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +94,7 @@ def test_paser_student_says_what_it_trains_on(harvest, backbone, tmp_path):
 
 def test_a_nan_score_in_a_harvest_is_refused_by_the_students(backbone, tmp_path):
     """The surrogate refused NaN scores; the students read them as scored (keep_split keeps NaN)."""
-    bad = write_run(tmp_path / "h", *run_tables(nan_first=True))
+    bad = write_pairs_run(tmp_path / "h", *small_pairs_run(nan_score=True))
     r = sentsim_cli("train", "student", "--objective", "rse", "--data", bad, "--backbone", backbone,
                     "--out", tmp_path / "o", "--executor", "inline", *TINY)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
