@@ -16,6 +16,7 @@ LIGHT = [
     ["context_scoring.py"],
     ["harvest.py", "--runs", "3"],
     ["sts_suite.py"],
+    ["bad_inputs.py", "--out", str(HERE / "results" / "bad_inputs.md")],
 ]
 
 if __name__ == "__main__":

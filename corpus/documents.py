@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
@@ -83,6 +84,8 @@ def parse_record(rec: RawRecord) -> Tuple[Optional[str], List[str]]:
             return doc_id, [p or "" for p in body]
         raise BadDocument("text column must hold a string or a list of strings")
     raw: bytes = rec.payload
+    if rec.line == 1 and raw.startswith(codecs.BOM_UTF8):  # a file's byte-order mark, not its first document's text
+        raw = raw[len(codecs.BOM_UTF8):]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -32,7 +32,9 @@ class RawRecord:
         doc_id, body = self.payload
         if isinstance(body, str):
             return len(body)
-        return sum(len(p or "") for p in (body or []))
+        if not isinstance(body, list):  # parse_record refuses it, naming the row
+            return 0
+        return sum(len(p) for p in body if isinstance(p, str))
 
 
 def detect_kind(path: str) -> str:
@@ -79,6 +81,19 @@ def iter_records(path: str, text_column: str = "text", id_column: Optional[str] 
         yield from _iter_parquet(path, name, text_column, id_column)
 
 
+def _is_string_type(kind) -> bool:
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+            or pa.types.is_null(kind))
+
+
+def _is_text_type(kind) -> bool:
+    """A string column (any of Arrow's spellings), or a list of strings, as a corpus text column."""
+    lists = (pa.types.is_list, pa.types.is_large_list, pa.types.is_list_view, pa.types.is_large_list_view)
+    return _is_string_type(kind) or (any(f(kind) for f in lists) and _is_string_type(kind.value_type))
+
+
 def _iter_parquet(path: str, name: str, text_column: str, id_column: Optional[str]) -> Iterator[RawRecord]:
     try:
         pf = pq.ParquetFile(path)
@@ -91,9 +106,20 @@ def _iter_parquet(path: str, name: str, text_column: str, id_column: Optional[st
         )
     if id_column and id_column not in cols:
         raise InputError(f"{path}: no column '{id_column}' (columns: {', '.join(cols)}); check id_column")
+    kind = pf.schema_arrow.field(text_column).type
+    if not _is_text_type(kind):
+        raise InputError(f"{path}: column '{text_column}' has type {kind}; it must hold strings (one document "
+                         "each) or lists of strings (its paragraphs)")
     wanted = [text_column] + ([id_column] if id_column else [])
     row = 0
-    for batch in pf.iter_batches(columns=wanted, batch_size=1024):
+    batches = pf.iter_batches(columns=wanted, batch_size=1024)
+    while True:
+        try:  # a footer that reads but a damaged page behind it
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as exc:
+            raise InputError(f"{path}: unreadable Parquet data after row {row} ({exc})") from None
+        if batch is None:
+            return
         texts = batch.column(0).to_pylist()
         ids = batch.column(1).to_pylist() if id_column else [None] * len(texts)
         for doc_id, body in zip(ids, texts):

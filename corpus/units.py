@@ -5,6 +5,7 @@ part, in `sentsim.corpus_job`; this module imports from sentsim only the config 
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -24,8 +25,27 @@ def describe_inputs(paths: Sequence[str]) -> List[dict]:
         if not os.path.isfile(p):
             raise InputError(f"{p}: no such file")
         out.append({"path": os.path.abspath(p), "name": os.path.basename(p), "bytes": os.path.getsize(p),
-                    "sha256": sha256_path(p)})
+                    "sha256": input_sha256(p)})
     return out
+
+
+def input_sha256(path: str) -> str:
+    """sha256 of a local input file (a corpus input, a pairs file), as fingerprints have always taken it.
+
+    pyarrow's streams decompress by the file's name, so a gzip file named *.gz has been hashed by its
+    decompressed bytes (kept: the fingerprints of runs over such inputs stay); a truncated one is then an
+    InputError, not a traceback. Any other file, a plain file named *.gz among them (the readers take it
+    as plain text, by its first bytes), is hashed by its bytes, which pyarrow would have tried to inflate.
+    """
+    with open(path, "rb") as f:
+        gzipped = path.lower().endswith(".gz") and f.read(2) == b"\x1f\x8b"
+        if not gzipped:
+            f.seek(0)
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    try:
+        return sha256_path(path)
+    except (OSError, EOFError, ValueError) as exc:
+        raise InputError(f"{path}: unreadable or truncated gzip file ({(str(exc).splitlines() or [''])[0]})") from None
 
 
 def plan_units(paths: Sequence[str], cfg: CorpusConfig) -> Iterator[dict]:

@@ -13,10 +13,10 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, TypeVar
+from typing import Annotated, Any, Iterable, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sentsim.errors import UsageError
 
@@ -44,9 +44,14 @@ def expand_path(p):
 
 
 class Section(BaseModel):
-    """Base for every config schema: strict about unknown keys, immutable once validated."""
+    """Base for every config schema: strict about unknown keys, immutable once validated, and no NaN or
+    infinity in any float (a weight of `.nan` or `inf` once finished a harvest with every score null)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+
+
+# A random seed: numpy's generators refuse negative ones, and torch's those past 64 bits.
+Seed = Annotated[int, Field(ge=0, lt=2**63)]
 
 
 class _Loader(yaml.SafeLoader):
@@ -117,8 +122,11 @@ def format_validation_error(exc: ValidationError) -> str:
         if err.get("type") == "extra_forbidden":
             msg = "unknown key"
         got = err.get("input")
-        shown = "" if err.get("type") in ("extra_forbidden", "missing") else f" (got {got!r})"
-        parts.append(f"{key}: {msg}{shown}")
+        # a validator's own message names the values it refuses; its input is the whole section
+        shown = "" if err.get("type") in ("extra_forbidden", "missing", "value_error") else f" (got {got!r})"
+        if err.get("type") == "value_error":
+            msg = msg.removeprefix("Value error, ")
+        parts.append(f"{msg}" if key == "<root>" else f"{key}: {msg}{shown}")
     return "invalid config: " + "; ".join(parts)
 
 

@@ -12,6 +12,7 @@ Every problem is an InputError naming the file and, where there is one, the line
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -56,9 +57,13 @@ def is_stsb_line(cols: Sequence[str]) -> bool:
     return True
 
 
-def decode_text(path: Path) -> str:
-    """UTF-8 text, or an InputError naming the first line that is not UTF-8."""
-    raw = path.read_bytes()
+def decode_text(path: Path, raw: Optional[bytes] = None) -> str:
+    """UTF-8 text (of `raw`, the file's bytes when not given), or an InputError naming the first line that
+    is not UTF-8. A byte-order mark (which Excel and Notepad write) is dropped: it would otherwise hide a
+    header line's first column name, and that header would be read as a pair."""
+    raw = path.read_bytes() if raw is None else raw
+    if raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8):]
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -162,15 +167,25 @@ def _parquet(p: Path) -> List[Pair]:
 
     try:
         t = pq.read_table(p)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(f"{p}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(f"{p}: not a readable Parquet file ({(str(exc).splitlines() or [''])[0]})") from None
     if not {"s1", "s2"} <= set(t.column_names):
         raise InputError(f"{p}: needs columns s1 and s2 (has {', '.join(t.column_names) or 'none'})")
-    gold = t.column("gold").to_pylist() if "gold" in t.column_names else [None] * t.num_rows
+    gold = [None] * t.num_rows
+    if "gold" in t.column_names:
+        kind = t.schema.field("gold").type
+        # checked here, before any scoring: a string gold once failed only when the scored unit was written
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)
+                or pa.types.is_null(kind)):
+            raise InputError(f"{p}: column gold has type {kind}; it must hold numbers (null for an unscored pair)")
+        gold = [None if g is None else float(g) for g in t.column("gold").to_pylist()]
     rows = list(zip(t.column("s1").to_pylist(), t.column("s2").to_pylist(), gold))
-    for i, (a, b, _) in enumerate(rows):
+    for i, (a, b, g) in enumerate(rows):
         if not isinstance(a, str) or not isinstance(b, str):
             raise InputError(f"{p}: row {i}: s1 and s2 must be non-null strings")
+        if g is not None and not math.isfinite(g):
+            # refused, as a text file's 'nan' is: null is how a Parquet file says 'no gold score'
+            raise InputError(f"{p}: row {i}: gold {g!r} is not finite (leave it null for a pair without gold)")
     return rows
 
 

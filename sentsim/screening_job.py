@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from sentsim.config import Section, fingerprint
+from sentsim.config import Section, Seed, fingerprint
 from sentsim.errors import UsageError
 from sentsim.executor import ShardedJob, execute
 from sentsim.harvest.config import ContextSetConfig, StageResources
@@ -47,7 +47,7 @@ class ScreenConfig(Section):
     sentences: Optional[str] = Field(None, description="file of sentences (one per line, or TAB-separated pairs); "
                                                        "default: sample the corpus")
     sample: int = Field(1000, ge=1, description="corpus sentences to screen when no file is given")
-    seed: int = 0
+    seed: Seed = 0
     window: int = Field(1, ge=1, le=8, description="sentences on each side of a context")
     per_unit: int = Field(64, ge=1)
     contexts: ContextSetConfig = ContextSetConfig()

@@ -14,9 +14,14 @@ def build_index_for(corpus: Path, out: Path) -> Path:
     return out
 
 
-def tiny_context_bundle(corpus: Path, out: Path, seed: int = 0) -> Path:
+def tiny_context_bundle(corpus: Path, out: Path, seed: int = 0, weight_scale: float = 1.0) -> Path:
     """A 1+1-layer BART with a 500-token BPE trained on the corpus; untrained weights are enough
-    for pipeline mechanics (scores are deterministic functions of the inputs)."""
+    for pipeline mechanics (scores are deterministic functions of the inputs).
+
+    Untrained weights give pair scores that all lie within ~3e-5 of each other (Eq. 4 cannot then tell
+    C_s1 + C_s2 from C_s1 alone). `weight_scale` multiplies every weight matrix (not the layer norms), so
+    that the model's log-probabilities react to the sentence: at 10, and with λ_fwd dominant, pair scores
+    spread over about -0.2..0.95."""
     from sentsim.context.config import DIRECTIONS, ContextModelConfig
     from sentsim.context.model import build_model, save_bundle
     from sentsim.context.tokenizer import train_bpe
@@ -26,6 +31,13 @@ def tiny_context_bundle(corpus: Path, out: Path, seed: int = 0) -> Path:
     cfg = ContextModelConfig(vocab_size=500, d_model=32, encoder_layers=1, decoder_layers=1, attention_heads=2,
                              ffn_dim=64, dropout=0.0, max_source_tokens=96, max_target_tokens=64)
     model = build_model(cfg, tok, seed=seed)
+    if weight_scale != 1.0:
+        import torch
+
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" not in name:
+                    p.mul_(weight_scale)
     save_bundle(out, cfg, tok, {"shared": model}, {d: "shared" for d in DIRECTIONS})
     return out
 
@@ -59,3 +71,39 @@ def tiny_bert(out: Path, layers: int = 2, width: int = 64, heads: int = 4, posit
                          intermediate_size=2 * width, max_position_embeddings=positions)).save_pretrained(str(out))
     tok.save_pretrained(str(out))
     return out
+
+
+def small_pairs_run(nan_score: bool = False):
+    """(pairs, sentences) of a small harvest for the trainers: 119 pairs with 12 null scores, 3 scored
+    dev and 2 scored test pairs (under 16: the trainers carve more out of train), the rest train; 60
+    sentence rows, 5 repeated, 3 without a RAKE phrase (stop words only), 2 empty. `nan_score`: one
+    score is NaN."""
+    import numpy as np
+    import pyarrow as pa
+
+    n, nulls_n, dev, test = 119, 12, 3, 2
+    words = "river city vote law war peace tax school farm road bridge court union trade health".split()
+    rng = np.random.default_rng(0)
+    s1 = [" ".join(rng.choice(words, 4)) + f" {i}" for i in range(n)]
+    s2 = [" ".join(rng.choice(words, 3)) + f" {i}" for i in range(n)]
+    split = ["dev"] * (dev + 2) + ["test"] * (test + 2) + ["train"] * (n - dev - test - 4)
+    nulls = [0, 1, dev + 2, dev + 3] + list(range(20, 20 + nulls_n - 4))  # 2 dev, 2 test, 8 train
+    score = [None if i in nulls else float(x) for i, x in enumerate(rng.uniform(-0.5, 1.0, n))]
+    if nan_score:
+        score[30] = float("nan")
+    pairs = pa.table({"pair_id": pa.array(range(n), pa.int64()), "s1": s1, "s2": s2,
+                      "score": pa.array(score, pa.float64()), "split": split})
+    texts = s1[:50] + s1[:5] + ["the of and", "it is", "a"] + [""] * 2  # 5 repeats, 3 phrase-less, 2 empty
+    return pairs, pa.table({"sentence_id": pa.array(range(len(texts)), pa.int64()), "text": texts})
+
+
+def write_pairs_run(root, pairs, sentences):
+    """A harvest run as the shard store writes one: manifest, two units, each with its marker."""
+    from storage import ShardStore
+
+    store = ShardStore(str(root))
+    store.open_run("harvest", "notes", {}, [], {"pairs": pairs.schema, "sentences": sentences.schema}, planned_units=2)
+    for u in range(2):
+        store.write_unit(u, {"pairs": pairs.slice(u * 60, 60), "sentences": sentences.slice(u * 30, 30)}, "notes")
+    store.finalize(2, {})
+    return root

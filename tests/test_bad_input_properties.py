@@ -121,18 +121,119 @@ def test_sts_readers(tmp_path_factory, data, layout):
 def test_corpus_build_random_input(tmp_path_factory, data, ext, skip):
     """Random bytes or JSON lines as a corpus input: a corpus, or exit 2 with one line; and never a
     `_COMPLETE` run after a failure."""
+    corpus_or_one_line(tmp_path_factory.mktemp("corpus"), f"docs{ext}", data, skip, "corpus build")
+
+
+def corpus_or_one_line(tmp, name: str, data: bytes, skip: bool, case: str) -> None:
+    """`data` as the corpus input `name`: a complete corpus, or one line naming the input (or saying
+    that it holds nothing) and no `_COMPLETE`."""
     from sentsim.corpus_job import build_corpus
 
-    tmp = tmp_path_factory.mktemp("corpus")
-    src = tmp / f"docs{ext}"
+    src = tmp / name
     src.write_bytes(data)
     out = tmp / "out"
-    count("corpus build")
+    count(case)
     try:
         m = build_corpus([str(src)], str(out), overrides=["on_error=skip"] if skip else [], executor="inline",
                          quiet=True)
     except UsageError as exc:
-        assert "\n" not in str(exc)
+        assert "\n" not in str(exc) and (name in str(exc) or "nothing to process" in str(exc)), str(exc)
         assert not (out / "_COMPLETE").exists()
         return
     assert m["complete"] and m["counts"]["documents"] > 0 and (out / "_COMPLETE").exists()
+
+
+# ---- Parquet inputs: wrong types, NaN and infinity, no rows, truncated files
+
+_floats = st.floats(allow_nan=True, allow_infinity=True)
+# the values of a column of each Arrow type (None: a null); _arrow_type names the type
+_COLUMN_KINDS = {
+    "string": st.one_of(st.none(), st.text(max_size=30)),
+    "int": st.one_of(st.none(), st.integers(-10, 10)),
+    "float": st.one_of(st.none(), _floats),
+    "bool": st.one_of(st.none(), st.booleans()),
+    "binary": st.one_of(st.none(), st.binary(max_size=12)),
+    "list<string>": st.one_of(st.none(), st.lists(st.one_of(st.none(), st.text(max_size=12)), max_size=3)),
+    "list<float>": st.one_of(st.none(), st.lists(_floats, max_size=3)),
+    "null": st.none(),
+}
+
+
+def _arrow_type(kind):
+    import pyarrow as pa
+
+    return {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
+            "binary": pa.binary(), "list<string>": pa.list_(pa.string()), "list<float>": pa.list_(pa.float64()),
+            "null": pa.null()}[kind]
+
+
+@st.composite
+def parquet_tables(draw, names, usual):
+    """A Parquet file's bytes: some of `names` as columns of random types and values (0-5 rows), and
+    sometimes only the first part of those bytes (a truncated file) or none at all. `usual`: a column's
+    expected type, drawn three times in four (and then half the time without nulls), so that files good
+    enough to reach the checks of types and values behind the first ones are common."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = draw(st.integers(0, 5))
+    cols = {}
+    mostly = st.sampled_from([True, True, True, False])  # (hypothesis leans to the first choice)
+    for name in names:
+        if not draw(mostly):  # a quarter of the time the file lacks the column
+            continue
+        kind = usual[name] if name in usual and draw(mostly) else draw(st.sampled_from(sorted(_COLUMN_KINDS)))
+        strategy = _COLUMN_KINDS[kind]
+        if kind == usual.get(name) and draw(st.sampled_from([True, False])):
+            strategy = strategy.filter(lambda v: v is not None)
+        values = draw(st.lists(strategy, min_size=n, max_size=n))
+        cols[name] = pa.array(values, _arrow_type(kind))
+    buf = io.BytesIO()
+    pq.write_table(pa.table(cols) if cols else pa.table({"_": pa.array([], pa.int8())}), buf)
+    data = buf.getvalue()
+    cut = draw(st.sampled_from(["whole", "whole", "whole", "truncated", "empty"]))
+    if cut == "truncated":
+        data = data[:draw(st.integers(1, max(1, len(data) - 1)))]
+    elif cut == "empty":
+        data = b""
+    return data
+
+
+@SETTINGS
+@given(data=parquet_tables(["s1", "s2", "gold", "x"], {"s1": "string", "s2": "string", "gold": "float"}))
+def test_pairs_file_random_parquet(tmp_path_factory, data):
+    """Any Parquet file as a pairs file: pairs of two strings and a finite gold (or none), or one line."""
+    import math
+
+    from sentsim.pairs_file import read_pairs_file
+
+    p = tmp_path_factory.mktemp("pq") / "pairs.parquet"
+    p.write_bytes(data)
+    rows = one_line_or_ok(read_pairs_file, p, "pairs: parquet")
+    if rows is not None:
+        assert rows and all(isinstance(a, str) and isinstance(b, str) for a, b, _ in rows)
+        assert all(g is None or (isinstance(g, float) and math.isfinite(g)) for _, _, g in rows)
+
+
+@SETTINGS
+@given(data=parquet_tables(["s1", "s2", "score", "x"], {"s1": "string", "s2": "string", "score": "float"}))
+def test_scores_file_random_parquet(tmp_path_factory, data):
+    """Any Parquet file as `eval sts --scores`: finite scores for some pairs, or one line."""
+    import numpy as np
+
+    from sentsim.evaluation import PairFileScorer
+
+    p = tmp_path_factory.mktemp("sc") / "scores.parquet"
+    p.write_bytes(data)
+    scorer = one_line_or_ok(PairFileScorer, p, "scores: parquet")
+    if scorer is not None:
+        assert scorer.table and all(np.isfinite(v) for v in scorer.table.values())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=parquet_tables(["text", "id", "x"], {"text": "string", "id": "int"}), skip=st.booleans())
+def test_corpus_build_random_parquet(tmp_path_factory, data, skip):
+    """Any Parquet file as a corpus input: a corpus, or exit 2 with one line and never `_COMPLETE`."""
+    corpus_or_one_line(tmp_path_factory.mktemp("pqcorpus"), "docs.parquet", data, skip, "corpus build: parquet")

@@ -86,3 +86,150 @@ def test_teacher_config_reads_the_user_cache_that_sentsim_cache_names(tmp_path, 
     # only the variable's own name at the start of a path is the cache; ~ is still the home folder
     cfg = load_config(HarvestConfig, teacher, ["corpus=~/c", "out=$SENTSIM_CACHEX/o"])
     assert cfg.corpus == str(tmp_path / "home/c") and cfg.out == "$SENTSIM_CACHEX/o"
+
+
+# ---- every numeric value finite and in range (issue 37: a NaN λ once finished a run with every score null)
+
+
+def _schemas():
+    """Every config schema of the project: each Section subclass, once its module is imported."""
+    import importlib
+    import pkgutil
+
+    import corpus
+    import sentsim
+    from sentsim.config import Section
+
+    for pkg in (sentsim, corpus):
+        for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+            if not info.name.startswith(("sentsim.demo", "sentsim.cli")):
+                importlib.import_module(info.name)
+    seen, todo = [], list(Section.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        if cls not in seen:
+            seen.append(cls)
+            todo += cls.__subclasses__()
+    return seen
+
+
+def _with_bad(kind, bad):
+    """A value of type `kind` that holds `bad` where a float goes (None: `kind` holds no float)."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is float:
+        return bad
+    if origin is typing.Annotated:
+        return _with_bad(args[0], bad)
+    if origin in (typing.Union, types.UnionType):
+        return next((v for v in (_with_bad(a, bad) for a in args) if v is not None), None)
+    if origin is dict:
+        inner = _with_bad(args[1], bad)
+        return None if inner is None else {"k": inner}
+    if origin in (tuple, list):
+        inner = [_with_bad(a, bad) for a in args if a is not Ellipsis]
+        return None if all(v is None for v in inner) else [v if v is not None else 0 for v in inner]
+    return None
+
+
+def _float_fields(schema, prefix=""):
+    """(dotted key, owning schema, field name, annotation) of every field that holds a float, nested
+    sections included."""
+    import typing
+
+    from sentsim.config import Section
+
+    for name, field in schema.model_fields.items():
+        kinds = [field.annotation, *typing.get_args(field.annotation)]
+        for sub in (k for k in kinds if isinstance(k, type) and issubclass(k, Section)):
+            yield from _float_fields(sub, f"{prefix}{name}.")
+        if _with_bad(field.annotation, 0.0) is not None:
+            yield f"{prefix}{name}", schema, name, field.annotation
+
+
+def test_every_schema_refuses_nan_and_infinity_in_every_float():
+    from pydantic import ValidationError
+
+    from sentsim.config import Section
+
+    schemas = _schemas()
+    names = {s.__name__ for s in schemas}
+    # the schemas of the harvest, context, scorer, screening, students, surrogate, discriminator, corpus, index
+    assert {"HarvestConfig", "ContextTrainConfig", "ScorerConfig", "ScreenConfig", "ContextSetConfig", "StudentConfig",
+            "SurrogateConfig", "DiscriminatorJob", "CorpusConfig", "IndexConfig", "RemixConfig",
+            "StageResources", "RepCacheConfig", "EvalStsConfig"} <= names, names
+    assert all(s.model_config.get("allow_inf_nan") is False for s in schemas)
+    tried = 0
+    for schema in schemas:
+        if schema is Section:
+            continue
+        for key, owner, field, kind in _float_fields(schema):
+            for bad in (float("nan"), float("inf"), float("-inf"), "nan", "inf"):
+                with pytest.raises(ValidationError, match="finite number"):
+                    owner.model_validate({field: _with_bad(kind, bad)})
+                tried += 1
+    assert tried > 100  # λ, learning rates, fractions, resources, ... across the schemas
+
+
+@pytest.mark.parametrize("override, message", [
+    ("scoring.lambda_fwd=.nan", "scoring.lambda_fwd: Input should be a finite number"),
+    ("scoring.lambda_left=inf", "scoring.lambda_left: Input should be a finite number"),
+    ("scoring.lambda_right=-0.5", "Eq. 3 weights must be 0 or more"),
+    ("splits=[1.5,-0.25,-0.25]", "splits.0: Input should be less than or equal to 1"),
+    ("splits=[0.5,0.2,0.2]", "splits must sum to 1"),
+    ("splits=[.nan,0.5,0.5]", "splits.0: Input should be a finite number"),
+    ("seed=-1", "seed: Input should be greater than or equal to 0"),
+    ("scoring.ablation=no_both", None),  # fine: fwd and the discriminator term remain
+    ("contexts.jaccard=.inf", "contexts.jaccard: Input should be a finite number"),
+])
+def test_harvest_config_values(override, message):
+    from sentsim.harvest.config import HarvestConfig
+
+    base = ["corpus=c", "out=o", "context_models=[m]", "index=i"]
+    if message is None:
+        load_config(HarvestConfig, None, base + [override])
+        return
+    with pytest.raises(UsageError) as err:
+        load_config(HarvestConfig, None, base + [override])
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["scoring.lambda_disc=0", "scoring.lambda_fwd=0", "scoring.lambda_left=0", "scoring.lambda_right=0"],
+    ["scoring.use_fwd=false", "scoring.ablation=no_both", "scoring.lambda_disc=0"],
+    ["scoring.ablation=no_discriminative", "scoring.lambda_fwd=0", "scoring.lambda_left=0", "scoring.lambda_right=0"],
+])
+def test_a_harvest_whose_every_score_would_be_null_is_refused(overrides):
+    from sentsim.harvest.config import HarvestConfig
+
+    with pytest.raises(UsageError, match="every pair's score would be null"):
+        load_config(HarvestConfig, None, ["corpus=c", "out=o", "context_models=[m]", "index=i"] + overrides)
+    # the discriminator term alone, with no discriminator to score it
+    with pytest.raises(UsageError, match="discriminator term is the only one weighted"):
+        load_config(HarvestConfig, None, ["corpus=c", "out=o", "context_models=[m]", "index=i", "scoring.lambda_fwd=0",
+                                          "scoring.lambda_left=0", "scoring.lambda_right=0"])
+    # no partner of any kind: no anchor would have a pair
+    with pytest.raises(UsageError, match="no anchor would have a pair"):
+        load_config(HarvestConfig, None, ["corpus=c", "out=o", "context_models=[m]", "index=i", "partners.neighbours=0",
+                                          "partners.same_doc=0", "partners.random=0"])
+
+
+@pytest.mark.parametrize("argv", [
+    ["harvest", "--corpus", "c", "--context-models", "m", "--out", "o", "--set", "scoring.lambda_fwd=.nan"],
+    ["harvest", "--corpus", "c", "--context-models", "m", "--out", "o", "--set", "splits=[1.5,-0.25,-0.25]"],
+    ["train", "surrogate", "--data", "h", "--out", "o", "--set", "lr=.inf"],
+    ["train", "student", "--data", "h", "--out", "o", "--set", "rankencoder.lambda_train=nan"],
+    ["train", "context", "--corpus", "c", "--out", "o", "--set", "lr=-.inf"],
+    ["corpus", "build", "x.jsonl", "--out", "o", "--set", "unit_bytes=1e400"],
+    ["remix", "h", "--out", "o", "--lambda-fwd", "inf"],
+    ["remix", "h", "--out", "o", "--lambda-left", "nan"],
+])
+def test_commands_refuse_non_finite_values_in_one_line(argv, tmp_path):
+    from conftest import sentsim_cli
+
+    r = sentsim_cli(*argv, cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "o").exists()

@@ -72,3 +72,59 @@ def test_empty_parquet_and_missing_file(tmp_path):
         read_pairs_file(str(p))
     with pytest.raises(UsageError, match="not found"):
         read_pairs_file(str(tmp_path / "nope.tsv"))
+
+
+@pytest.mark.parametrize("name, data", [
+    ("h.tsv", "s1\ts2\tgold\na\tb\tnan\n"),
+    ("i.tsv", "s1\ts2\tgold\na\tb\tinf\n"),
+    ("m.tsv", "s1\ts2\tgold\na\tb\t-Infinity\n"),
+    ("n.tsv", "a\tb\tNaN\n"),  # header-less s1, s2, gold
+    ("s.csv", "main-news\tf\t2012\t0001\tnan\tA cat.\tA dog.\n"),  # an STS-B line
+    ("c.csv", "sentence1,sentence2,score\na,b,inf\n"),
+    ("j.jsonl", '{"s1": "a", "s2": "b", "gold": NaN}\n'),  # the json module writes and reads these tokens
+    ("k.jsonl", '{"s1": "a", "s2": "b", "gold": -Infinity}\n'),
+])
+def test_a_non_finite_gold_is_refused_in_every_text_format(tmp_path, name, data):
+    """A NaN or infinite gold score is refused, naming file and line, never stored as if it were one."""
+    with pytest.raises(InputError, match=rf"{name}:\d+: score .* is not finite") as err:
+        read_pairs_file(write(tmp_path, name, data))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("gold, message", [
+    (pa.array([1.0, float("nan")]), r"row 1: gold nan is not finite"),
+    (pa.array([float("-inf"), 1.0]), r"row 0: gold -inf is not finite"),
+    (pa.array(["3.5", "4"]), r"column gold has type string"),
+    (pa.array([True, False]), r"column gold has type bool"),
+    (pa.array([[1.0], [2.0]]), r"column gold has type list"),
+])
+def test_a_parquet_gold_that_is_not_a_finite_number_is_refused(tmp_path, gold, message):
+    """Checked when the file is read, before any scoring: a string gold once crashed after scoring."""
+    p = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"s1": ["a", "c"], "s2": ["b", "d"], "gold": gold}), p)
+    with pytest.raises(InputError, match=message) as err:
+        read_pairs_file(str(p))
+    assert "p.parquet" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_parquet_gold_of_integers_decimals_or_nulls_is_read(tmp_path):
+    from decimal import Decimal
+
+    for gold, want in ((pa.array([3, None], pa.int32()), [3.0, None]),
+                       (pa.array([Decimal("2.5"), None], pa.decimal128(4, 2)), [2.5, None]),
+                       (pa.array([None, None], pa.null()), [None, None])):
+        p = tmp_path / "p.parquet"
+        pq.write_table(pa.table({"s1": ["a", "c"], "s2": ["b", "d"], "gold": gold}), p)
+        assert [g for _, _, g in read_pairs_file(str(p))] == want
+
+
+def test_a_byte_order_mark_does_not_turn_the_header_into_a_pair(tmp_path):
+    bom = "\ufeff"
+    assert read_pairs_file(write(tmp_path, "b.tsv", bom + "s1\ts2\tgold\nA cat.\tA dog.\t2\n")) == [
+        ("A cat.", "A dog.", 2.0)]
+    assert read_pairs_file(write(tmp_path, "b.csv", bom + "sentence1,sentence2\nA cat.,A dog.\n")) == [
+        ("A cat.", "A dog.", None)]
+    assert read_pairs_file(write(tmp_path, "b.jsonl", bom + '{"s1": "a", "s2": "b"}\n')) == [("a", "b", None)]
+    # a bad byte after the mark is still named at its own line
+    with pytest.raises(InputError, match=r"l.tsv:2: not UTF-8 text \(byte 0xe9\)"):
+        read_pairs_file(write(tmp_path, "l.tsv", b"\xef\xbb\xbfa\tb\ncaf\xe9\tx\n"))

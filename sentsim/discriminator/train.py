@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 from pydantic import Field
 
-from sentsim.config import Section, fingerprint
+from sentsim.config import Section, Seed, fingerprint
 from sentsim.discriminator.model import ModelConfig
 from sentsim.errors import UsageError
 from sentsim.training.loop import Trainee
@@ -43,7 +43,7 @@ class TrainConfig(Section):
     eval_every: Optional[int] = Field(None, ge=1)
     num_workers: int = Field(1, ge=1)
     cpus_per_worker: float = Field(1.0, gt=0)
-    seed: int = 0
+    seed: Seed = 0
 
 
 class DiscriminatorJob(Section):

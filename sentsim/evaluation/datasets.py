@@ -112,6 +112,9 @@ def load_senteval_year(folder: Path, task: str) -> StsTask:
         sets.append(load_senteval_pair(inp, gs))
         files += [inp, gs]
     skipped = sum(s.skipped for s in sets)
+    if not sum(len(s) for s in sets):
+        raise InputError(f"{folder}: no pair with a gold score ({skipped} with an empty gold line); "
+                         "nothing to evaluate")
     note = f"{len(sets)} sets pooled ('all')" + (f"; {skipped} unscored pairs skipped" if skipped else "")
     return StsTask(task, sets, files, note)
 

@@ -130,14 +130,49 @@ class TfidfScorer(Scorer):
         return np.asarray(a.multiply(b).sum(axis=1)).reshape(-1)
 
 
+def _pair_frame(table, where: str):
+    """(s1, s2, score) of an Arrow table as a DataFrame; its score column checked while nulls and NaN still differ."""
+    missing = [c for c in ("s1", "s2", "score") if c not in table.column_names]
+    if missing:
+        raise InputError(f"--scores {where}: missing column(s) {', '.join(missing)}; "
+                         f"found {', '.join(table.column_names)}")
+    import pandas as pd
+
+    return pd.DataFrame({"s1": table.column("s1").to_pylist(), "s2": table.column("s2").to_pylist(),
+                         "score": present_scores(table.column("score").to_pylist(), where)})
+
+
+def present_scores(values: list, where: str) -> list:
+    """A score column as floats, NaN where a pair has none (null, or an empty cell: read as None here). A
+    value that is there but is not a finite number is refused: a NaN or infinite score is no score, and
+    taking it as 'none' would hide a broken scorer; a text is not a score."""
+    out, bad = [], []
+    for row, v in enumerate(values):
+        if v is None:
+            out.append(float("nan"))
+            continue
+        try:
+            x = float(v) if not isinstance(v, bool) else None
+        except (TypeError, ValueError):
+            x = None
+        if x is None:
+            raise InputError(f"--scores {where}: row {row}: score {v!r} is not a number")
+        if not np.isfinite(x):
+            bad.append(row)
+        out.append(x)
+    if bad:
+        raise InputError(f"--scores {where}: {len(bad)} score(s) are NaN or infinite (first at row {bad[0]}); "
+                         "leave a pair without a score empty (null)")
+    return out
+
+
 def _read_pair_table(path: Path):
     import pandas as pd
+    import pyarrow.parquet as pq
 
     suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
     try:
         if path.is_dir():
-            import pyarrow.parquet as pq
-
             if (path / "manifest.json").is_file():  # a run: its completed pairs/ shards only
                 return _read_run_pairs(str(path))
             # a hand-made folder: its pairs/ table when it has one (never dot-temp files)
@@ -152,21 +187,45 @@ def _read_pair_table(path: Path):
                 missing = [c for c in ("s1", "s2", "score") if c not in names]
                 if missing:
                     raise InputError(f"--scores {part}: missing column(s) {', '.join(missing)}")
-                frames.append(pq.read_table(part, columns=["s1", "s2", "score"]).to_pandas())
+                frames.append(_pair_frame(pq.read_table(part, columns=["s1", "s2", "score"]), str(part)))
             return pd.concat(frames, ignore_index=True)
         if suffix == ".parquet":
-            return pd.read_parquet(path)
-        if suffix in (".csv", ".csv.gz"):
-            return pd.read_csv(path, keep_default_na=False, na_values=[""])
-        if suffix in (".tsv", ".tsv.gz"):
-            return pd.read_csv(path, sep="\t", quoting=3, keep_default_na=False, na_values=[""])
+            return _pair_frame(pq.read_table(path), str(path))
+        if suffix in (".csv", ".csv.gz", ".tsv", ".tsv.gz"):
+            # score read as text: an empty cell is the only 'no score', a literal nan or inf is refused
+            tsv = dict(sep="\t", quoting=3) if suffix.startswith(".tsv") else {}
+            df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"score": str}, **tsv)
+            if "score" in df.columns:
+                df["score"] = present_scores([None if pd.isna(v) else v for v in df["score"]], str(path))
+            return df
         if suffix in (".jsonl", ".jsonl.gz", ".json"):
-            return pd.read_json(path, lines=True)
+            return _read_jsonl_pairs(path)
     except UsageError:
         raise
     except Exception as exc:  # a corrupt file is the user's input problem, not a crash
         raise InputError(f"--scores {path}: cannot read ({type(exc).__name__}: {exc})") from None
     raise UsageError(f"--scores {path}: unsupported file type; use .parquet, .csv, .tsv or .jsonl")
+
+
+def _read_jsonl_pairs(path: Path):
+    """JSON lines read by the json module, where null (no score) and NaN (refused) stay apart."""
+    import gzip
+
+    import pandas as pd
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    rows = []
+    with opener(path, "rt", encoding="utf-8-sig") as fh:
+        for n, line in enumerate(fh, start=1):
+            if line.strip():
+                obj = json.loads(line)
+                if not isinstance(obj, dict):
+                    raise InputError(f"--scores {path}:{n}: expected a JSON object with s1, s2, score")
+                rows.append(obj)
+    if any("score" in r for r in rows):  # a line without one has none
+        scores = present_scores([r.get("score") for r in rows], str(path))
+        rows = [dict(r, score=x) for r, x in zip(rows, scores)]
+    return pd.DataFrame(rows)
 
 
 def _read_run_pairs(uri: str):
@@ -178,9 +237,10 @@ def _read_run_pairs(uri: str):
     if not reader.files("pairs", required=False):
         raise UsageError(f"--scores {uri}: a run, but it has no completed pairs/ shards")
     try:
-        return reader.read_table("pairs", ["s1", "s2", "score"]).to_pandas()
+        table = reader.read_table("pairs", ["s1", "s2", "score"])
     except InputError as exc:
         raise InputError(f"--scores {exc}") from None
+    return _pair_frame(table, uri)
 
 
 class PairFileScorer(Scorer):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Tuple
+from typing import Annotated, Literal, Optional, Tuple
 
 from pydantic import Field, field_validator, model_validator
 
-from sentsim.config import Section, expand_path
+from sentsim.config import Section, Seed, expand_path
 from sentsim.context.config import ScorerConfig
 from sentsim.harvest.similarity import METRICS
 from sentsim.pipeline import StageResources  # noqa: F401  (re-exported: jobs' configs import it from here)
@@ -69,6 +69,10 @@ UNFINGERPRINTED = ("out", "resources", "contexts.rep_cache", "scoring.device", "
                    "scoring.batch_tokens", "rank.encoder") + INPUT_PATHS
 
 
+# a share of the pairs (train, dev or test; 003 §4)
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
 class HarvestConfig(Section):
     corpus: str
     out: str
@@ -78,7 +82,7 @@ class HarvestConfig(Section):
     pairs_file: Optional[str] = Field(
         None, description="explicit mode: score these pairs (TSV/CSV/JSONL/Parquet with s1, s2)")
     pairs_per_unit: int = Field(64, ge=1, description="explicit mode: pairs per work unit")
-    seed: int = 0
+    seed: Seed = 0
     anchors: AnchorConfig = AnchorConfig()
     partners: PartnerConfig = PartnerConfig()
     contexts: ContextSetConfig = ContextSetConfig()
@@ -88,7 +92,7 @@ class HarvestConfig(Section):
     metric: Literal["cosine", "pearson", "spearman", "double-centred"] = "pearson"
     reference_sentences: int = Field(
         8, ge=0, description="sentences whose mean score per context is the context effect (double-centred)")
-    splits: Tuple[float, float, float] = (0.98, 0.01, 0.01)  # 003 §4: 98/1/1 train/dev/test
+    splits: Tuple[Fraction, Fraction, Fraction] = (0.98, 0.01, 0.01)  # 003 §4: 98/1/1 train/dev/test
     # The context_scores table (every scored (sentence, context) term, float32: 36 bytes per item before
     # compression) is what `sentsim remix` re-weighs Eq. 3 from. At |C_s| = 500 a pair needs ~2,000 items,
     # the largest table of a harvest by far (issue 16); `none` keeps no such table when λ are settled
@@ -105,10 +109,32 @@ class HarvestConfig(Section):
         user cache, `~/...` the home folder (sentsim.config.expand_path)."""
         return [expand_path(p) for p in v] if isinstance(v, list) else expand_path(v)
 
+    @field_validator("scoring")
+    @classmethod
+    def _eq3_weights(cls, v: ScorerConfig) -> ScorerConfig:
+        """Eq. 3 (003 §3.3) is a weighted sum of log-probabilities: a negative λ would reward a context for
+        making the sentence less likely, and with no term both kept and weighted every S, and so every
+        pair's score, is null (`--set scoring.lambda_fwd=0` ... once finished such a run as complete)."""
+        weights, on = v.weights(), v.enabled()
+        negative = [f"lambda_{t}={w:g}" for t, w in weights.items() if w < 0]
+        if negative:
+            raise ValueError(f"Eq. 3 weights must be 0 or more (003 §3.3), got {', '.join(negative)}")
+        if not any(on[t] and w > 0 for t, w in weights.items()):
+            raise ValueError("no Eq. 3 term is both kept (ablation, use_fwd) and weighted above 0, so every pair's "
+                             "score would be null; give at least one kept term a λ above 0")
+        return v
+
     @model_validator(mode="after")
     def _check(self):
         if abs(sum(self.splits) - 1.0) > 1e-6:
-            raise ValueError("splits must sum to 1")
+            raise ValueError(f"splits must sum to 1 (got {list(self.splits)})")
+        if not self.pairs_file and self.partners.neighbours + self.partners.same_doc + self.partners.random == 0:
+            raise ValueError("partners: neighbours, same_doc and random are all 0, so no anchor would have a pair")
+        weights, on = self.scoring.weights(), self.scoring.enabled()
+        weighted = [t for t in weights if on[t] and weights[t] > 0]
+        if weighted == ["disc"] and not (self.discriminator and self.contexts.mode == "screened"):
+            raise ValueError("scoring: the discriminator term is the only one weighted, but it is scored only with a "
+                             "discriminator and screened contexts; every pair's score would be null")
         if not self.context_models:
             raise ValueError("context_models: give at least one context-model folder")
         if self.contexts.mode == "screened" and not self.index:

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from corpus.units import input_sha256
 from sentsim.config import fingerprint, load_config
 from sentsim.errors import UsageError
 from sentsim.executor import ShardedJob, execute
@@ -34,7 +35,6 @@ from sentsim.pairs_file import read_pairs_file
 from sentsim.pipeline import Resources, StageSpec, UnitPlan
 from sentsim.screening.cache_job import ensure_rep_cache, given_rep_cache, rep_cache_uri
 from storage import ShardStore
-from storage.fs import sha256_path
 
 STAGE = "harvest"
 ANCHORS_TABLE = "rank_anchors"  # side table: the anchor sentences behind every rank vector
@@ -83,7 +83,7 @@ def plan(cfg: HarvestConfig, corpus) -> tuple[UnitPlan, dict]:
         pairs = read_pairs_file(cfg.pairs_file)
         n_units = -(-len(pairs) // cfg.pairs_per_unit)
         return UnitPlan(n_units, PairUnits(pairs, cfg.pairs_per_unit)), {
-            "pairs_file": cfg.pairs_file, "pairs_file_sha256": sha256_path(cfg.pairs_file)[:16], "pairs": len(pairs)}
+            "pairs_file": cfg.pairs_file, "pairs_file_sha256": input_sha256(cfg.pairs_file)[:16], "pairs": len(pairs)}
     anchors = plan_anchors(cfg, corpus)
     n_units = -(-len(anchors) // cfg.anchors.per_unit)
     return UnitPlan(n_units, AnchorUnits(anchors, cfg.anchors.per_unit)), {"anchors": len(anchors)}
@@ -92,6 +92,39 @@ def plan(cfg: HarvestConfig, corpus) -> tuple[UnitPlan, dict]:
 def uses_rep_cache(cfg: HarvestConfig) -> bool:
     """Screening with a discriminator scores contexts from its representation cache (003 §3.3)."""
     return bool(cfg.discriminator) and cfg.contexts.mode == "screened"
+
+
+def check_scorable_terms(cfg: HarvestConfig) -> None:
+    """Refuse, before anything starts, a harvest none of whose weighted Eq. 3 terms can be scored: a
+    direction no context-model folder provides (or the discriminator term without a discriminator) is
+    NaN for every item, so every S and every pair's score would be null."""
+    from sentsim.context.model import read_bundle_meta
+    from sentsim.context.scorer import TERMS
+
+    have = {d for p in cfg.context_models for d in read_bundle_meta(p).get("directions", {})}
+    if uses_rep_cache(cfg):
+        have.add("disc")
+    weights, on = cfg.scoring.weights(), cfg.scoring.enabled()
+    weighted = [t for t in TERMS if on[t] and weights[t] > 0]
+    if not set(weighted) & have:
+        raise UsageError(f"scoring: the weighted Eq. 3 term(s) {', '.join(weighted)} cannot be scored here (the "
+                         f"context models provide {', '.join(sorted(have - {'disc'})) or 'no direction'}"
+                         f"{'' if 'disc' in have else ', and there is no discriminator'}), so every pair's score "
+                         "would be null; weigh a term that is scored")
+
+
+def all_null_refusal(store, fp: str, planned: int, check: str = "scoring.lambda_* and the context models"
+                     ) -> Optional[str]:
+    """A finished run in which no pair got a score is not a result: the line that refuses to mark it
+    complete (None when some pair is scored, or units are still to do)."""
+    markers = [m for u, m in store.markers().items() if u < planned and m.get("fingerprint") == fp]
+    pairs = sum(int(m.get("extra", {}).get("pairs", 0)) for m in markers)
+    nulls = sum(int(m.get("extra", {}).get("null_scores", 0)) for m in markers)
+    if len(markers) < planned or pairs == 0 or nulls < pairs:
+        return None
+    reasons = sorted({r for m in markers for r in m.get("extra", {}).get("null_reasons", []) if r})
+    return (f"{store.uri}: every one of the {pairs} pairs has a null score ({'; '.join(reasons[:2]) or 'no reason'}), "
+            f"so the run is not marked complete; check {check}")
 
 
 def model_hashes(cfg: HarvestConfig) -> dict:
@@ -197,6 +230,7 @@ def harvest(
         from sentsim.retrieval.base import check_index
 
         check_index(cfg.index, corpus=cfg.corpus)
+    check_scorable_terms(cfg)
     corpus = CorpusIndex(cfg.corpus)
     units, plan_info = plan(cfg, corpus)
     hashes = model_hashes(cfg)
@@ -241,6 +275,12 @@ def harvest(
                              cfg.resources.contexts, executor=ctx.executor, force_new=ctx.force_new,
                              address=ctx.address, quiet=ctx.quiet)
 
+    def summary(ctx) -> dict:
+        refusal = all_null_refusal(ctx.store, ctx.fp, len(units))
+        if refusal:
+            raise UsageError(refusal)
+        return {"plan": plan_info}
+
     job = ShardedJob(
         stage=STAGE, out=cfg.out, fingerprint_parts=parts,
         earlier_fingerprint=lambda stored: earlier_fingerprint(cfg, corpus.fingerprint, plan_info, hashes, stored),
@@ -248,7 +288,7 @@ def harvest(
         config=cfg.model_dump(), inputs=[{"corpus": cfg.corpus, "fingerprint": corpus.fingerprint, **plan_info}],
         tables={"pairs": pair_schema(cfg.grouping.enabled), "sentences": SENTENCE_SCHEMA,
                 **({"context_scores": CONTEXT_SCORE_SCHEMA} if cfg.keep_context_scores == "all" else {})},
-        units=units, stages=stages, prepare=prepare, summary=lambda ctx: {"plan": plan_info}, count="pairs",
+        units=units, stages=stages, prepare=prepare, summary=summary, count="pairs",
         detail=lambda r: f"nulls {r['null_scores']}", gauges="sentsim_harvest", deep=True,
         open_extra={"scoring_precision": precision})
     m = execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet, max_units=max_units)

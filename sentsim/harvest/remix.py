@@ -65,12 +65,19 @@ class RemixConfig(Section):
 
 def resolve(cfg: RemixConfig, manifest: dict) -> tuple[dict, str]:
     """The remix's weights and metric: each unset λ is the source's (0 for a term its ablation left out)."""
+    from pydantic import ValidationError
+
+    from sentsim.config import format_validation_error
     from sentsim.context.config import ScorerConfig
 
     src = manifest.get("config", {})
     # harvests from before the scorer's actor settings were removed still carry them
     legacy = ("actor_num_cpus", "actor_num_gpus")
-    scoring = ScorerConfig(**{k: v for k, v in src.get("scoring", {}).items() if k not in legacy})
+    try:  # a harvest from before λ had to be finite (a NaN λ scored no pair) is refused here
+        scoring = ScorerConfig(**{k: v for k, v in src.get("scoring", {}).items() if k not in legacy})
+    except ValidationError as exc:
+        raise UsageError(f"{cfg.source}: its manifest's scoring config is not valid "
+                         f"({format_validation_error(exc).removeprefix('invalid config: ')})") from None
     on, src_lam = scoring.enabled(), scoring.weights()
     lam = {}
     for t in TERMS:
@@ -280,6 +287,11 @@ def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False, execut
     config["scoring"] = dict(config.get("scoring", {}), **{f"lambda_{t}": lam[t] for t in TERMS})
 
     def summary(ctx) -> dict:
+        from sentsim.harvest.job import all_null_refusal
+
+        refusal = all_null_refusal(ctx.store, ctx.fp, len(units), check="the --lambda-* weights")
+        if refusal:
+            raise UsageError(refusal)
         totals = dict.fromkeys(("pairs", "null_scores", "approximate", "rescored"), 0)
         for u, m in ctx.store.markers().items():
             if u in units and m.get("fingerprint") == ctx.fp:

@@ -36,8 +36,9 @@ class RSEConfig(Section):
     relation_lr: float = Field(1e-2, gt=0)        # 000 appendix D: relation embeddings lr 1e-2
     # sources (000 §3.2): harvested pairs above a threshold, dropout same-sentence, a user triples file
     context_similar: bool = True
-    score_threshold: float = 0.5                  # harvested score >= this -> (s1, context-similar, s2)
-    hard_negative_below: float = 0.0              # a partner scoring below this is s1's in-relation hard negative
+    # harvested scores are Eq. 4 similarities (003 §3.3): cosines and correlations, within [-1, 1]
+    score_threshold: float = Field(0.5, ge=-1, le=1)      # harvested score >= this -> (s1, context-similar, s2)
+    hard_negative_below: float = Field(0.0, ge=-1, le=1)  # a partner scoring below this: s1's in-relation hard neg.
     same_sent: bool = True                        # 000 §3.2 relation r6 (SimCSE dropout)
     same_sent_max: int = Field(150_000, ge=0)     # 000 §3.2: at most 150K samples for other relations
     triples: Optional[str] = None                 # JSONL/Parquet with s_i, relation, s_j[, hard_negative]
@@ -50,8 +51,8 @@ class RSEConfig(Section):
 class PaSeRConfig(Section):
     top_k: int = Field(3, ge=1)                   # 002 §4.5.3 Table 5: top-3 RAKE phrases
     max_phrase_words: int = Field(4, ge=1)
-    signal_m: float = 10.0                        # 002 appendix A: m = n = 10 best
-    signal_n: float = 10.0
+    signal_m: float = Field(10.0, ge=0)           # 002 appendix A: m = n = 10 best (Eq. 2's weights of |.|)
+    signal_n: float = Field(10.0, ge=0)
     decoder_layers: int = Field(6, ge=1)          # 002 §4.2: 6-layer Transformer decoder
     decoder_heads: int = Field(4, ge=1)
     max_target_tokens: int = Field(24, ge=2)

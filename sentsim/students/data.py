@@ -47,17 +47,39 @@ def read_table(root, table: str, columns: list[str]) -> pa.Table:
     return root.read_table(table, columns)
 
 
-def scored_pairs(root, split: Optional[str] = "train") -> pa.Table:
-    """Scored pairs of `split`. A harvest with too few scored dev pairs gets a dev set carved out of
-    train (the surrogate's rule, sentsim.surrogate.data.plan_dev_carve), printed once when dev is read."""
-    from sentsim.surrogate.data import MIN_DEV_PAIRS, carve_note, keep_split, plan_dev_carve
+def harvest_pairs(root) -> tuple[pa.Table, Optional[dict], dict]:
+    """The run's pairs (s1, s2, score, split), checked as the surrogate checks them (no NaN or infinite
+    score, no split but train, dev and test); the dev carve when the harvest has too few scored dev (or
+    test) pairs (the surrogate's rule, sentsim.surrogate.data.plan_dev_carve); and the pairs that are not
+    train pairs, by why (sentsim.surrogate.data.pairs_left_out)."""
+    from sentsim.surrogate.data import (
+        MIN_DEV_PAIRS,
+        SPLITS,
+        keep_split,
+        pairs_left_out,
+        plan_dev_carve,
+        refuse_nonfinite_scores,
+        refuse_unknown_splits,
+    )
 
     t = read_table(root, "pairs", ["s1", "s2", "score", "split"])
-    if not split:
-        return t.filter(pc.is_valid(t["score"]))
-    have = {s: keep_split(t, s).num_rows for s in ("dev", "test")}
+    refuse_nonfinite_scores(t["score"], f"--data {root}")
+    refuse_unknown_splits(t["split"], f"--data {root}")
+    scored = {s: keep_split(t, s).num_rows for s in SPLITS}
+    have = {s: scored[s] for s in ("dev", "test")}
     carve = (plan_dev_carve(keep_split(t, "train").select(["s1", "s2"]), have)
              if min(have.values()) < MIN_DEV_PAIRS else None)
+    return t, carve, pairs_left_out(t.num_rows, scored, carve)
+
+
+def scored_pairs(root, split: Optional[str] = "train") -> pa.Table:
+    """Scored pairs of `split` (every split: None), after the dev carve (harvest_pairs), which is printed
+    once, when dev is read."""
+    from sentsim.surrogate.data import carve_note, keep_split
+
+    t, carve, _ = harvest_pairs(root)
+    if not split:
+        return t.filter(pc.is_valid(t["score"]))
     if carve and split == "dev":
         print(carve_note(carve))
     return keep_split(t, split, carve)
@@ -231,6 +253,23 @@ def check_base_vectors(root, manifest: dict, sentences: pa.Table, ids, texts, n_
 # ----------------------------------------------------------------------------- RSE
 
 
+def _text_lines(p: Path) -> list[str]:
+    """The lines of a UTF-8 text file, gzip-compressed or not (by its first bytes, as the corpus readers
+    tell), as pairs_file.decode_text reads them: a byte-order mark dropped, bad bytes and a truncated
+    gzip stream an InputError naming the file."""
+    import gzip
+
+    from sentsim.pairs_file import decode_text, split_lines
+
+    raw = p.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise InputError(f"{p}: unreadable or truncated gzip file ({exc})") from None
+    return split_lines(decode_text(p, raw))
+
+
 def read_triples_file(path: str, allowed: Optional[list[str]] = None) -> pa.Table:
     """A user file of (s_i, relation, s_j[, hard_negative]) rows, JSONL(.gz) or Parquet."""
     p = Path(path)
@@ -249,20 +288,16 @@ def read_triples_file(path: str, allowed: Optional[list[str]] = None) -> pa.Tabl
         rows = t.to_pylist()
         where = lambda i: f"{path}: row {i}"  # noqa: E731
     elif name.endswith((".jsonl", ".jsonl.gz", ".json")):
-        import gzip
-
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(p, "rt", encoding="utf-8") as fh:
-            for i, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
-                    raise InputError(f"{path}:{i}: not valid JSON") from None
-                if not isinstance(obj, dict):
-                    raise InputError(f"{path}:{i}: expected an object with s_i, relation, s_j")
-                rows.append(obj)
+        for i, line in enumerate(_text_lines(p), start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                raise InputError(f"{path}:{i}: not valid JSON") from None
+            if not isinstance(obj, dict):
+                raise InputError(f"{path}:{i}: expected an object with s_i, relation, s_j")
+            rows.append(obj)
         where = lambda i: f"{path}:{i}"  # noqa: E731
     else:
         raise UsageError(f"rse.triples {path}: use .jsonl, .jsonl.gz or .parquet")
@@ -291,8 +326,13 @@ def rse_triples(root: Optional[Path], cfg) -> tuple[pa.Table, list[str], dict]:
     rc = cfg.rse
     parts, counts = [], {}
     if root is not None and rc.context_similar:
-        t = scored_pairs(root, "train").to_pandas()
+        from sentsim.surrogate.data import keep_split, training_note
+
+        run, carve, left_out = harvest_pairs(root)
+        t = keep_split(run, "train", carve).to_pandas()
         pos = t[t.score >= rc.score_threshold]
+        print(training_note(len(pos), run.num_rows, "pairs as context-similar triples",
+                            {**left_out, f"train below rse.score_threshold {rc.score_threshold:g}": len(t) - len(pos)}))
         low = t[t.score < rc.hard_negative_below]
         hard_of: dict[str, str] = {}
         for a, b in zip(low.s1, low.s2):  # a partner the teacher scored dissimilar: the hardest negative we have
@@ -303,10 +343,16 @@ def rse_triples(root: Optional[Path], cfg) -> tuple[pa.Table, list[str], dict]:
             "hard_negative": [hard_of.get(a) for a in pos.s1]}, schema=TRIPLE_SCHEMA))
         counts["context-similar"] = len(pos)
     if root is not None and rc.same_sent:
-        texts = read_table(root, "sentences", ["text"])["text"].to_pylist()
-        texts = [s for s in dict.fromkeys(texts) if s and s.strip()]
+        from sentsim.surrogate.data import training_note
+
+        rows = read_table(root, "sentences", ["text"])["text"].to_pylist()
+        texts = [s for s in dict.fromkeys(rows) if s and s.strip()]
+        distinct = len(texts)
         if len(texts) > rc.same_sent_max:
             texts = [texts[i] for i in sorted(rng.choice(len(texts), rc.same_sent_max, replace=False))]
+        print(training_note(len(texts), len(rows), "sentences as same-sent triples",
+                            {"repeated or empty texts": len(rows) - distinct,
+                             f"over rse.same_sent_max {rc.same_sent_max}": distinct - len(texts)}))
         parts.append(pa.Table.from_pydict({"s_i": texts, "relation": ["same-sent"] * len(texts), "s_j": texts,
                                            "hard_negative": [None] * len(texts)}, schema=TRIPLE_SCHEMA))
         counts["same-sent"] = len(texts)
@@ -350,7 +396,8 @@ def paser_examples(texts: list[str], mask_token: str, top_k: int, max_words: int
 
     out = {"text": [], "masked": [], "target": []}
     skipped, examples = 0, []
-    for s in dict.fromkeys(texts):
+    distinct = dict.fromkeys(texts)
+    for s in distinct:
         phrases = top_phrases(s or "", top_k, max_words=max_words)
         if not phrases:
             skipped += 1
@@ -363,4 +410,4 @@ def paser_examples(texts: list[str], mask_token: str, top_k: int, max_words: int
     if not out["text"]:
         raise UsageError(f"paser: none of the {skipped} sentences has an extractable RAKE phrase")
     return pa.Table.from_pydict(out), {"sentences": len(out["text"]), "skipped_no_phrase": skipped,
-                                       "skipped_examples": examples}
+                                       "skipped_examples": examples, "repeated": len(texts) - len(distinct)}

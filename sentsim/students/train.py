@@ -29,6 +29,7 @@ from sentsim.training.config import RESUMABLE_KEYS
 from sentsim.training.run import (
     TrainingDiverged,
     claim_out,
+    epoch_shortfall,
     fit,
     loop_settings,
     plan_steps,
@@ -60,12 +61,9 @@ def prepare_data(cfg: StudentConfig, data: Optional[str], mask_token: str = "[MA
             print(note)
     spec: dict = {"counts": {}, "skips": {}}
     dev = None
-    if root is not None:
-        try:
-            dev = D.scored_pairs(root, "dev")
-            dev = dev.slice(0, cfg.eval_max_pairs) if dev.num_rows >= 2 else None
-        except UsageError:
-            dev = None
+    if root is not None and root.files("pairs", required=False):  # a bad pairs table is refused, not skipped
+        dev = D.scored_pairs(root, "dev")
+        dev = dev.slice(0, cfg.eval_max_pairs) if dev.num_rows >= 2 else None
     if cfg.objective == "rankencoder":
         if root is None:
             raise UsageError("--objective rankencoder needs --data HARVEST_DIR (its rank vectors)")
@@ -85,9 +83,13 @@ def prepare_data(cfg: StudentConfig, data: Optional[str], mask_token: str = "[MA
                 spec["skips"]["anchors"] = str(exc)
         spec.update(anchors=anchors, n_anchors=n_anchors)
         if rc.score_weight > 0:
-            pairs = D.scored_pairs(root, "train")
+            from sentsim.surrogate.data import keep_split, training_note
+
+            run, carve, left_out = D.harvest_pairs(root)
+            pairs = keep_split(run, "train", carve)
             if pairs.num_rows == 0:
                 raise UsageError(f"--data {data}: rankencoder.score_weight > 0 but no scored train pairs")
+            print(training_note(pairs.num_rows, run.num_rows, "pairs for the score loss", left_out))
             spec["pairs"] = {"s1": pairs["s1"].to_pylist(), "s2": pairs["s2"].to_pylist(),
                              "score": pairs["score"].to_numpy().tolist()}
             spec["counts"]["score_pairs"] = pairs.num_rows
@@ -106,6 +108,10 @@ def prepare_data(cfg: StudentConfig, data: Optional[str], mask_token: str = "[MA
             raise UsageError("--objective paser needs --data HARVEST_DIR (its sentences)")
         texts = D.read_table(root, "sentences", ["text"])["text"].to_pylist()
         table, info = D.paser_examples(texts, mask_token, cfg.paser.top_k, cfg.paser.max_phrase_words)
+        from sentsim.surrogate.data import training_note
+
+        print(training_note(info["sentences"], len(texts), "sentences",
+                            {"repeated texts": info["repeated"], "without a RAKE phrase": info["skipped_no_phrase"]}))
         spec["counts"]["sentences"] = info["sentences"]
         spec["skips"]["no_phrase"] = {"count": info["skipped_no_phrase"], "examples": info["skipped_examples"]}
     if table.num_rows < 2:
@@ -220,6 +226,10 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
     spec = prepare_data(cfg, data, mask_token)
     table = spec.pop("table")
     n_rows = table.num_rows
+    workers = cfg.num_workers if executor == "ray" else 1
+    short = epoch_shortfall(n_rows, workers, cfg.batch_size, drop_last=True)
+    if short:
+        print(f"note: {n_rows} {cfg.objective} training rows" + short)
     # drop_last: InfoNCE wants full batches
     total = plan_steps(cfg.objective, n_rows, num_workers=cfg.num_workers, batch_size=cfg.batch_size,
                        epochs=cfg.epochs, max_steps=cfg.max_steps, drop_last=True)

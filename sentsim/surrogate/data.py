@@ -32,9 +32,13 @@ class HarvestInfo:
     manifest: dict = field(default_factory=dict)
     reader: object = None  # storage.RunReader
     carve: Optional[dict] = None  # plan_dev_carve's plan, None when the harvest's own dev split is used
+    left_out: dict = field(default_factory=dict)  # the rows not trained on, by why (pairs_left_out)
 
     def incomplete_note(self) -> str | None:
         return incomplete_harvest_note(self.reader or self.root, f"its {self.rows} pairs")
+
+    def training_note(self) -> str:
+        return training_note(self.scored["train"], self.rows, "pairs", self.left_out)
 
     def summary(self) -> dict:
         out = {"root": str(self.root), "files": len(self.files), "rows": self.rows, "scored": self.scored,
@@ -62,6 +66,45 @@ def incomplete_harvest_note(root, what: str) -> str | None:
     store = root.store if hasattr(root, "store") else open_store(str(root))
     note = store.incomplete_note()
     return f"note: harvest {note}; training on {what}. Resume the harvest to add the rest." if note else None
+
+
+def refuse_nonfinite_scores(score, shown: str) -> None:
+    """A harvest marks an unscored pair with a null score; a NaN or infinite one is a broken shard or a
+    hand-made table, and training on it would diverge (or drop it unseen): one InputError naming `shown`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    finite = pc.is_finite(score.cast(pa.float64()))
+    n_nonfinite = int(pc.sum(pc.invert(finite.fill_null(True))).as_py() or 0)
+    if n_nonfinite:
+        raise InputError(f"{shown}: {n_nonfinite} score(s) are NaN or infinite "
+                         "(null is the way to mark 'not scored')")
+
+
+def refuse_unknown_splits(split, shown: str) -> None:
+    """Every pair is train, dev or test: a row of another split (or none) would be read by no one."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    known = pc.is_in(split, pa.array(SPLITS)).fill_null(False)
+    bad = pc.unique(split.filter(pc.invert(known))).to_pylist()
+    if bad:
+        raise InputError(f"{shown}: split must be train, dev or test; found {bad[:3]}")
+
+
+def pairs_left_out(rows: int, scored: dict, carve: Optional[dict]) -> dict:
+    """Why each of a harvest's `rows` pairs that is not a training pair is left out: a null score, the
+    harvest's own dev or test split, or carved out of train into them. `scored`: scored rows per split
+    before any carve. What is left, scored["train"] less the carve, is what training reads."""
+    carved = sum(carve["n"].values()) if carve else 0
+    return {"null score": rows - sum(scored.values()), "dev": scored.get("dev", 0), "test": scored.get("test", 0),
+            "carved out of train to dev/test": carved}
+
+
+def training_note(used: int, total: int, noun: str, left_out: dict) -> str:
+    """The one line a trainer prints about what it reads: both counts, and every row left out by why."""
+    why = ", ".join(f"{n} {reason}" for reason, n in left_out.items() if n)
+    return f"note: training on {used} of {total} {noun}" + (f" ({why})" if why else "")
 
 
 # ----------------------------------------------------------------------------- dev carve
@@ -174,14 +217,8 @@ def inspect_harvest(root: str | Path, seed: int = CARVE_SEED) -> HarvestInfo:
         table = reader.read_file(f, ["score", "split"])  # two narrow columns: cheap at any size
         rows += table.num_rows
         score = table["score"].cast(pa.float64())
-        bad_split = pc.unique(table["split"].filter(pc.invert(pc.is_in(table["split"], pa.array(SPLITS))))).to_pylist()
-        if bad_split:
-            raise InputError(f"{shown}: split must be train, dev or test; found {bad_split[:3]}")
-        finite = pc.is_finite(score)
-        n_nonfinite = int(pc.sum(pc.invert(finite.fill_null(True))).as_py() or 0)
-        if n_nonfinite:
-            raise InputError(f"{shown}: {n_nonfinite} score(s) are NaN or infinite "
-                             "(null is the way to mark 'not scored')")
+        refuse_unknown_splits(table["split"], shown)
+        refuse_nonfinite_scores(score, shown)
         valid = pc.is_valid(score)
         for s in SPLITS:
             scored[s] += int(pc.sum(pc.and_(valid, pc.equal(table["split"], s))).as_py() or 0)
@@ -193,6 +230,7 @@ def inspect_harvest(root: str | Path, seed: int = CARVE_SEED) -> HarvestInfo:
     if sum(scored.values()) == 0:
         raise UsageError(f"--data {reader.uri}: all {rows} scores are null; the harvest has not been scored")
     carve = None
+    harvested = dict(scored)  # before any carve
     if min(scored["dev"], scored["test"]) < MIN_DEV_PAIRS and scored["train"]:
         # only small harvests get here (1% of the pairs is under MIN_DEV_PAIRS): reading train's texts is cheap
         pairs = reader.read_table("pairs", list(NEEDED))
@@ -208,7 +246,8 @@ def inspect_harvest(root: str | Path, seed: int = CARVE_SEED) -> HarvestInfo:
             f"--data {reader.uri}: split {', '.join(repr(s) for s in empty)} has no scored rows "
             f"(scored rows per split: {scored}); training needs train, dev and test"
         )
-    return HarvestInfo(reader.uri, files, rows, scored, (lo, hi), reader.manifest, reader, carve)
+    return HarvestInfo(reader.uri, files, rows, scored, (lo, hi), reader.manifest, reader, carve,
+                       pairs_left_out(rows, harvested, carve))
 
 
 def _schema(reader, path: str):

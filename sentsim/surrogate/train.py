@@ -23,6 +23,7 @@ from sentsim.training.config import RESUMABLE_KEYS
 from sentsim.training.run import (
     TrainingDiverged,
     claim_out,
+    epoch_shortfall,
     fit,
     loop_settings,
     plan_steps,
@@ -83,6 +84,9 @@ def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, ou
     note = harvest.incomplete_note() if harvest else None
     if note:
         print(note)
+    if harvest:
+        print(harvest.training_note() + epoch_shortfall(harvest.scored["train"], cfg.num_workers, cfg.batch_size,
+                                                        drop_last=False))
     if harvest and cfg.loss == "cosine_regression" and (harvest.score_range[0] < -1 or harvest.score_range[1] > 1):
         print(f"warning: harvested scores span {harvest.score_range}, outside a cosine's [-1, 1]")
     out_dir = Path(out)

@@ -10,7 +10,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from sentsim.config import Section
+from sentsim.config import Section, Seed
 
 # Settings a resumed run may change: how long and how wide to train, not what is trained. They are
 # left out of the run's fingerprint, so changing them against the same --out resumes.
@@ -38,5 +38,5 @@ class TrainingSection(Section):
     use_gpu: Optional[bool] = None  # None: use GPUs when the cluster has one per worker
     bf16: bool = True  # autocast to bfloat16 on GPUs that support it; losses reduce in float32
     checkpoints_to_keep: int = Field(2, ge=1)
-    seed: int = 0
+    seed: Seed = 0
     scratch: ScratchConfig = ScratchConfig()

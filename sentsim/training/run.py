@@ -93,6 +93,18 @@ def plan_steps(label: str, n_rows: int, *, num_workers: int, batch_size: int, ep
     return min(total, max_steps) if max_steps else total
 
 
+def epoch_shortfall(n_rows: int, num_workers: int, batch_size: int, drop_last: bool) -> str:
+    """The tail of a trainer's note when an epoch does not reach every row: the workers take equal shares
+    (the remainder of n_rows / num_workers waits), and with drop_last a share's last part batch is dropped.
+    Which rows those are changes with each epoch's shuffle."""
+    per_worker = n_rows // num_workers
+    used = (per_worker // batch_size * batch_size if drop_last else per_worker) * num_workers
+    if used >= n_rows:
+        return ""
+    why = "do not fill a last batch" if drop_last else f"do not split evenly over {num_workers} workers"
+    return f"; each epoch leaves out {n_rows - used} of them (a reshuffled few that {why})"
+
+
 def loop_settings(cfg, *, label: str, total_steps: int, verbose: bool = True, **over) -> dict:
     """config["loop"] for train_loop from a TrainingSection; `over` replaces per-stage values. It also
     carries the Ray resources `fit` asks for (num_workers, cpus_per_worker, use_gpu, checkpoints_to_keep)."""

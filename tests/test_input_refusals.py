@@ -1,0 +1,234 @@
+"""Bad input files through the `sentsim` commands, as a user types them (issue 37's last tracebacks):
+each ends in exit 2 and one line naming the file, before anything is scored or marked complete; or it
+is read as the user meant (a plain file named .gz, a byte-order mark).
+
+NaN and infinite numbers are refused wherever a file gives a score or a gold label; an absent one
+(an empty cell, null) is 'no score'. Non-finite gold and scores are refused, never taken as missing.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import SAMPLE, sentsim_cli
+from harvest_support import build_index_for, tiny_bert, tiny_context_bundle
+
+pytestmark = pytest.mark.slow
+
+
+def one_line_exit_2(r, *needles):
+    assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("sentsim: error:")]
+    assert len(errors) == 1, r.stderr
+    for n in needles:
+        assert n in errors[0], errors[0]
+    return errors[0]
+
+
+# ---------------------------------------------------------------- corpus build
+
+
+def test_truncated_gzip_input_is_one_line(tmp_path):
+    src = tmp_path / "docs.jsonl.gz"
+    src.write_bytes(SAMPLE.read_bytes()[:3000])
+    one_line_exit_2(sentsim_cli("corpus", "build", src, "--out", tmp_path / "o", "--executor", "inline"),
+                    "docs.jsonl.gz", "truncated gzip")
+    assert not (tmp_path / "o" / "_COMPLETE").exists()
+
+
+def test_plain_file_named_gz_is_read_and_hashed_as_plain(tmp_path):
+    from corpus.units import input_sha256
+
+    src = tmp_path / "docs.jsonl.gz"
+    src.write_bytes(b'{"id": "a", "paragraphs": ["One plain sentence. And another one."]}\n')
+    r = sentsim_cli("corpus", "build", src, "--out", tmp_path / "o", "--executor", "inline")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert m["complete"] and m["inputs"][0]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
+    # a real gzip input keeps the fingerprint it has always had: the hash of its decompressed bytes
+    assert input_sha256(str(SAMPLE)) == hashlib.sha256(gzip.decompress(SAMPLE.read_bytes())).hexdigest()
+
+
+@pytest.mark.parametrize("column", [
+    pa.array([1, 2]), pa.array([b"One. Two.", b"x"]), pa.array([[1, 2], [3]]), pa.array([{"a": 1}, {"a": 2}]),
+    pa.array([1.5, float("nan")]), pa.array([True, False]),
+], ids=["int", "binary", "list-of-int", "struct", "float", "bool"])
+def test_parquet_text_that_is_not_text_is_one_line(tmp_path, column):
+    src = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"text": column}), src)
+    one_line_exit_2(sentsim_cli("corpus", "build", src, "--out", tmp_path / "o", "--executor", "inline"),
+                    "docs.parquet", "column 'text' has type")
+    assert not (tmp_path / "o").exists()
+
+
+def test_byte_order_mark_opens_a_file_not_a_document(tmp_path):
+    import pyarrow.dataset as ds
+
+    for name, body in (("bom.jsonl", b'{"id": "a", "paragraphs": ["Hello there. This is fine."]}\n'),
+                       ("bom.txt", b"Hello there. This is fine.\n")):
+        src = tmp_path / name
+        src.write_bytes(b"\xef\xbb\xbf" + body)
+        out = tmp_path / f"o-{name}"
+        r = sentsim_cli("corpus", "build", src, "--out", out, "--executor", "inline")
+        assert r.returncode == 0, r.stderr
+        texts = ds.dataset(str(out / "sentences")).to_table().column("text").to_pylist()
+        assert texts == ["Hello there.", "This is fine."]
+
+
+# ---------------------------------------------------------------- harvest --pairs: refused before scoring
+
+
+@pytest.fixture(scope="module")
+def harvest_inputs(speech_corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("refusal_inputs")
+    return {"corpus": speech_corpus, "index": build_index_for(speech_corpus, root / "index"),
+            "bundle": tiny_context_bundle(speech_corpus, root / "ctx")}
+
+
+def harvest_cli(inputs, out, *extra):
+    return sentsim_cli("harvest", "--corpus", inputs["corpus"], "--index", inputs["index"], "--context-models",
+                       inputs["bundle"], "--out", out, "--executor", "inline", "--set", "rank.enabled=false",
+                       "--set", "contexts.size=4", "--set", "contexts.retrieve_chunks=20", *extra)
+
+
+def pairs_parquet(path, gold):
+    pq.write_table(pa.table({"s1": ["The nation must stay strong.", "Taxes were cut."],
+                             "s2": ["Our country has to remain powerful.", "Taxes went down."], "gold": gold}), path)
+    return path
+
+
+@pytest.mark.parametrize("name, write, needle", [
+    ("string-gold.parquet", lambda p: pairs_parquet(p, ["3.5", "high"]), "column gold has type string"),
+    ("nan-gold.parquet", lambda p: pairs_parquet(p, [1.0, float("nan")]), "row 1: gold nan is not finite"),
+    ("inf-gold.parquet", lambda p: pairs_parquet(p, [float("inf"), 2.0]), "row 0: gold inf is not finite"),
+    ("inf-gold.tsv", lambda p: p.write_text("s1\ts2\tgold\nA cat sat.\tA dog sat.\tinf\n"),
+     "score 'inf' is not finite"),
+    ("nan-gold.jsonl", lambda p: p.write_text('{"s1": "a b", "s2": "c d", "gold": NaN}\n'), "is not finite"),
+    ("truncated.parquet", lambda p: p.write_bytes(pairs_parquet(p, [1.0, 2.0]).read_bytes()[:-40]),
+     "not a readable Parquet file"),
+])
+def test_harvest_refuses_a_bad_pairs_file_before_scoring(harvest_inputs, tmp_path, name, write, needle):
+    f = tmp_path / name
+    write(f)
+    one_line_exit_2(harvest_cli(harvest_inputs, tmp_path / "run", "--pairs", f), name, needle)
+    assert not (tmp_path / "run").exists()  # refused before the run was opened, let alone scored
+
+
+def test_harvest_refuses_terms_its_models_cannot_score(harvest_inputs, tmp_path):
+    import shutil
+
+    fwd_only = tmp_path / "fwd-only"
+    shutil.copytree(harvest_inputs["bundle"], fwd_only)
+    meta = json.loads((fwd_only / "context.json").read_text())
+    meta["directions"] = {"fwd": meta["directions"]["fwd"]}
+    (fwd_only / "context.json").write_text(json.dumps(meta))
+    inputs = dict(harvest_inputs, bundle=fwd_only)
+    one_line_exit_2(harvest_cli(inputs, tmp_path / "run", "--set", "scoring.lambda_fwd=0"),
+                    "left, right", "cannot be scored", "would be null")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_harvest_in_which_every_pair_is_null_is_not_marked_complete(harvest_inputs, tmp_path):
+    # neither sentence of any pair retrieves a chunk: no contexts, so no score for any pair
+    f = tmp_path / "gibberish.tsv"
+    f.write_text("zzqx qqzx\txqzz zqxq\nqxqz zzxq\tqqqz xxzq\n")
+    run = tmp_path / "run"
+    one_line_exit_2(harvest_cli(harvest_inputs, run, "--pairs", f), "every one of the 2 pairs has a null score",
+                    "not marked complete")
+    m = json.loads((run / "manifest.json").read_text())
+    assert not m.get("complete") and not (run / "_COMPLETE").exists()
+
+
+# ---------------------------------------------------------------- eval sts --scores and the STS readers
+
+
+@pytest.fixture
+def stsb(tmp_path):
+    d = tmp_path / "sts" / "stsbenchmark"
+    d.mkdir(parents=True)
+    (d / "sts-test.csv").write_text("g\tf\t2012\t1\t4.0\tA cat sits.\tA cat sat.\n"
+                                    "g\tf\t2012\t2\t1.0\tA dog runs.\tThe sky is blue.\n"
+                                    "g\tf\t2012\t3\t3.0\tHe is here.\tHe came.\n")
+    return tmp_path / "sts"
+
+
+SCORED = [("A cat sits.", "A cat sat."), ("A dog runs.", "The sky is blue."), ("He is here.", "He came.")]
+
+
+def scores_file(tmp_path, fmt, values):
+    rows = [dict(s1=a, s2=b, score=v) for (a, b), v in zip(SCORED, values)]
+    p = tmp_path / f"scores.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.table({k: [r[k] for r in rows] for k in ("s1", "s2", "score")}), p)
+    elif fmt == "jsonl":
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))  # json writes NaN and Infinity tokens
+    else:
+        sep = "," if fmt == "csv" else "\t"
+        p.write_text("s1{0}s2{0}score\n".format(sep) + "".join(
+            f"{r['s1']}{sep}{r['s2']}{sep}{'' if r['score'] is None else r['score']}\n" for r in rows))
+    return p
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "jsonl", "parquet"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+def test_scores_file_with_a_non_finite_score_is_refused(tmp_path, stsb, fmt, bad):
+    f = scores_file(tmp_path, fmt, [0.9, bad, 0.5])
+    one_line_exit_2(sentsim_cli("eval", "sts", "--scores", f, "--data", stsb, "--tasks", "STSb"),
+                    f.name, "NaN or infinite")
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "jsonl", "parquet"])
+def test_scores_file_with_an_absent_score_counts_it_as_unscored(tmp_path, stsb, fmt):
+    f = scores_file(tmp_path, fmt, [0.9, None, 0.5])
+    r = sentsim_cli("eval", "sts", "--scores", f, "--data", stsb, "--tasks", "STSb", "--json", tmp_path / "r.json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    task = json.loads((tmp_path / "r.json").read_text())["tasks"][0]
+    assert task["n"] == 3 and task["scored"] == 2
+
+
+def test_sts_year_with_every_gold_line_empty_is_one_line(tmp_path):
+    d = tmp_path / "sts" / "STS2012-en-test"
+    d.mkdir(parents=True)
+    (d / "STS.input.x.txt").write_text("a b\tc d\ne f\tg h\n")
+    (d / "STS.gs.x.txt").write_text("\n\n")
+    one_line_exit_2(sentsim_cli("eval", "sts", "--tfidf", "--data", tmp_path / "sts", "--tasks", "STS12"),
+                    "STS2012-en-test", "no pair with a gold score", "2 with an empty gold line")
+
+
+# ---------------------------------------------------------------- train student --triples
+
+
+@pytest.fixture(scope="module")
+def backbone(tmp_path_factory):
+    return tiny_bert(tmp_path_factory.mktemp("bert"), layers=1, width=32, heads=2, positions=64)
+
+
+TRIPLES = "".join(json.dumps({"s_i": f"sentence {i} about {w}", "relation": "entailment", "s_j": f"a line on {w}"})
+                  + "\n" for i, w in enumerate("river city vote law war peace tax school".split()))
+
+
+@pytest.mark.parametrize("name, data, needle", [
+    ("t.jsonl.gz", gzip.compress(TRIPLES.encode())[:-30], "truncated gzip"),
+    ("t.jsonl", TRIPLES.replace("river", "caf\xe9").encode("latin-1"), "t.jsonl:1: not UTF-8"),
+    ("t.jsonl", TRIPLES.encode()[:-8] + b"\n", "t.jsonl:8: not valid JSON"),
+])
+def test_triples_file_problems_are_one_line(tmp_path, backbone, name, data, needle):
+    f = tmp_path / name
+    f.write_bytes(data)
+    one_line_exit_2(sentsim_cli("train", "student", "--objective", "rse", "--triples", f, "--backbone", backbone,
+                                "--out", tmp_path / "o", "--executor", "inline", "--max-steps", "1"), needle)
+
+
+def test_triples_file_with_a_byte_order_mark_or_plain_bytes_named_gz_is_read(tmp_path):
+    from sentsim.students.data import read_triples_file
+
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + TRIPLES.encode())
+    (tmp_path / "plain.jsonl.gz").write_bytes(TRIPLES.encode())
+    for f in ("bom.jsonl", "plain.jsonl.gz"):
+        assert read_triples_file(str(tmp_path / f)).num_rows == 8
