@@ -16,8 +16,11 @@ from sentsim.config import Section
 
 # Token budgets of a batch (padded tokens of one forward pass) when a config leaves batch_tokens at 0: on a
 # CPU 2,048-4,096 measured best (bench/results/context_scoring.md); a GPU needs far larger batches to fill.
+# On an H200 a 52.5M BART trained at 373K target tokens/s with 131,072-token batches against 317K with
+# 65,536 (BENCHMARKS.md, "GPU"); scoring, a forward pass only, fills it at 65,536.
 CPU_BATCH_TOKENS = 4096
-GPU_BATCH_TOKENS = 65536
+GPU_TRAIN_BATCH_TOKENS = 131072
+GPU_SCORE_BATCH_TOKENS = 65536
 
 DIRECTIONS = ("fwd", "left", "right")
 """fwd = p(s | c<, c>), left = p(c< | s, c>), right = p(c> | c<, s)   (paper §3.2.2)."""
@@ -76,7 +79,7 @@ class ContextTrainConfig(Section):
     # tokens); 0 = no such stop. Counted over all workers.
     max_target_tokens: int = Field(0, ge=0)
     # Token budget per batch (per worker; padded source + target tokens); not given in §3.2.2. 0 = by device:
-    # 4,096 on a CPU (as before 2026-11-26), GPU_BATCH_TOKENS on a GPU (BENCHMARKS.md, "GPU").
+    # 4,096 on a CPU (as before 2026-11-26), GPU_TRAIN_BATCH_TOKENS on a GPU (BENCHMARKS.md, "GPU").
     batch_tokens: int = Field(0, ge=0)
     # Not in §3.2.2: keep a warm-started (pretrained) encoder fixed and run it without gradients, which
     # roughly halves the cost of a step on CPU. Its sentence-position table then trains via the decoder only.
@@ -138,7 +141,7 @@ class ContextTrainConfig(Section):
         return v
 
     def resolved_batch_tokens(self, gpu: bool) -> int:
-        return self.batch_tokens or (GPU_BATCH_TOKENS if gpu else CPU_BATCH_TOKENS)
+        return self.batch_tokens or (GPU_TRAIN_BATCH_TOKENS if gpu else CPU_BATCH_TOKENS)
 
     def cross_attention_from_self(self) -> bool:
         """Whether a fresh warm start copies self-attention into cross-attention (see cross_attention_init)."""
@@ -175,7 +178,7 @@ class ScorerConfig(Section):
     # Batching: a token budget per forward pass instead of a batch size (padded source tokens for encoder
     # batches, padded source + target tokens for decoder batches). Not in §3.3; 2048-4096 measured best on
     # CPU (bench/results/context_scoring.md), use 65536 or more on a GPU.
-    batch_tokens: int = Field(0, ge=0)  # 0 = by device: 4,096 on a CPU, GPU_BATCH_TOKENS on a GPU
+    batch_tokens: int = Field(0, ge=0)  # 0 = by device: 4,096 on a CPU, GPU_SCORE_BATCH_TOKENS on a GPU
     # Directions skipped entirely (not computed) when their λ is zero or ablated away.
     skip_disabled: bool = True  # execution, not in the paper
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")  # auto = cuda if available
@@ -192,7 +195,7 @@ class ScorerConfig(Section):
         return v
 
     def resolved_batch_tokens(self, gpu: bool) -> int:
-        return self.batch_tokens or (GPU_BATCH_TOKENS if gpu else CPU_BATCH_TOKENS)
+        return self.batch_tokens or (GPU_SCORE_BATCH_TOKENS if gpu else CPU_BATCH_TOKENS)
 
     def enabled(self) -> dict:
         """Which Eq. 3 terms the ablation keeps (Table 8)."""
@@ -211,5 +214,5 @@ class ScorerConfig(Section):
         return {"disc": self.lambda_disc, "fwd": self.lambda_fwd, "left": self.lambda_left, "right": self.lambda_right}
 
 
-__all__ = ["CPU_BATCH_TOKENS", "GPU_BATCH_TOKENS", "DIRECTIONS", "ContextModelConfig", "ContextTrainConfig",
-           "ScorerConfig"]
+__all__ = ["CPU_BATCH_TOKENS", "GPU_SCORE_BATCH_TOKENS", "GPU_TRAIN_BATCH_TOKENS", "DIRECTIONS", "ContextModelConfig",
+           "ContextTrainConfig", "ScorerConfig"]
