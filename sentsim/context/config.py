@@ -122,7 +122,7 @@ class ContextTrainConfig(Section):
     doc_id_prefixes: list[str] = []
     tokenizer_sentences: int = Field(200_000, ge=100)  # sentences read to train the BPE tokenizer
     min_sentence_tokens: int = Field(1, ge=0)  # windows whose centre is shorter are skipped
-    seed: int = 0  # not in the paper
+    seed: int = Field(0, ge=0)  # not in the paper
     # Ray Train: DDP over `num_workers`; fractional CPUs per worker on small CPU nodes.
     num_workers: int = Field(1, ge=1)  # execution, not in the paper
     cpus_per_worker: float = Field(1.0, gt=0)  # execution, not in the paper
@@ -168,10 +168,10 @@ class ContextTrainConfig(Section):
 
 class ScorerConfig(Section):
     # Eq. 3 weights λ1..λ4 (§3.3); the paper does not give their values, equal weights by default.
-    lambda_disc: float = 1.0  # λ1 · log p(y=1 | s, c<, c>)
-    lambda_fwd: float = 1.0  # λ2 · (1/|s|) log p(s | c<, c>)
-    lambda_left: float = 1.0  # λ3 · (1/|c<|) log p(c< | s, c>)
-    lambda_right: float = 1.0  # λ4 · (1/|c>|) log p(c> | c<, s)
+    lambda_disc: float = Field(1.0, ge=0)  # λ1 · log p(y=1 | s, c<, c>)
+    lambda_fwd: float = Field(1.0, ge=0)  # λ2 · (1/|s|) log p(s | c<, c>)
+    lambda_left: float = Field(1.0, ge=0)  # λ3 · (1/|c<|) log p(c< | s, c>)
+    lambda_right: float = Field(1.0, ge=0)  # λ4 · (1/|c>|) log p(c> | c<, s)
     # Table 8 ablations: full / w/o discriminative / w/o left-context / w/o right-context / w/o both contexts.
     ablation: Literal["full", "no_discriminative", "no_left", "no_right", "no_both"] = "full"
     use_fwd: bool = True  # not a Table 8 row; lets a job skip the forward model
