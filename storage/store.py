@@ -482,14 +482,19 @@ class ShardStore:
         return sfs.exists(self.fs, self.path(COMPLETE))
 
     def incomplete_note(self) -> Optional[str]:
-        """One line for readers of a run that is still going (or stopped part-way): training on it
-        works, on the units written so far, but the user should know. None when the manifest does
-        not say `complete: false` (finished runs, hand-made folders)."""
+        """One line for readers of a run that is still going (or stopped part-way), or of a finished run
+        that has lost units since (a deleted or damaged completion marker): training on it works, on
+        the units there are, but the user should know. None when every planned unit is readable, and
+        for hand-made folders (no manifest)."""
         manifest = self.read_manifest() or {}
-        if manifest.get("complete", True) is not False:
-            return None
         planned = manifest.get("planned_units")
-        return f"{self.uri} is not complete ({len(self.markers())}/{planned if planned else '?'} units written)"
+        done = len(self.markers())
+        if manifest.get("complete", True) is not False:
+            if not isinstance(planned, int) or done >= planned:
+                return None
+            return (f"{self.uri} says it is complete, but only {done}/{planned} units are readable "
+                    "(`sentsim store verify` names the others; resuming the job redoes them)")
+        return f"{self.uri} is not complete ({done}/{planned if planned else '?'} units written)"
 
 
 def open_store(uri: str) -> ShardStore:
