@@ -524,3 +524,19 @@ def test_a_resumed_run_keeps_the_format_it_began_in(inputs, tmp_path, monkeypatc
     assert m["scoring_precision"] == "off"
     assert json.loads((moved / "report.json").read_text())["scoring_precision"] == {"off": 4}
     assert not pairs_of(moved).column("score").equals(pairs_of(whole).column("score"))
+
+
+def test_units_scored_together_give_the_rows_of_units_scored_alone(inline_run, tmp_path):
+    """resources.scoring.units_per_call hands several units to one scoring call (one scorer pass over all
+    their items, to fill a GPU): every unit's rows are those it gets alone, inline as on Ray."""
+    from sentsim.harvest.job import harvest
+
+    cfg, out = inline_run
+    cfg = cfg.model_copy(update={"scoring": cfg.scoring.model_copy(update={"autocast": "off"})})
+    alone, together = tmp_path / "alone", tmp_path / "together"
+    harvest(cfg.model_copy(update={"out": str(alone)}), executor="inline", quiet=True)
+    res = cfg.resources.model_copy(update={"scoring": cfg.resources.scoring.model_copy(update={"units_per_call": 3})})
+    harvest(cfg.model_copy(update={"out": str(together), "resources": res}), executor="inline", quiet=True)
+    a, b = pairs_of(alone).to_pandas(), pairs_of(together).to_pandas()
+    assert len(a) == len(b) > 0 and a.pair_id.equals(b.pair_id)
+    assert np.allclose(a.score.astype(float), b.score.astype(float), rtol=0, atol=1e-6, equal_nan=True)
