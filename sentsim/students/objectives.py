@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-__all__ = ["Registration", "describe", "names", "objective_class", "register", "registered"]
+__all__ = ["Registration", "describe", "names", "objective_class", "register", "registered", "seal"]
 
 
 @dataclass(frozen=True)
