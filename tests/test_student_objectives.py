@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 import typing
@@ -82,7 +83,7 @@ def test_an_unknown_objective_is_refused_in_one_line(tmp_path):
 def toy_cli(*args, timeout=600) -> subprocess.CompletedProcess:
     """`sentsim ARGS` in a process that imported tests/toy_objective.py first, as a user's wrapper would."""
     code = "import sys, toy_objective; from sentsim.cli import main; sys.exit(main())"
-    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parent), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=env,
                            cwd=ROOT, timeout=timeout)
 
