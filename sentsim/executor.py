@@ -25,8 +25,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from sentsim.config import fingerprint
 from sentsim.errors import UsageError
+from sentsim.identity import fingerprint
 from sentsim.pipeline import PLACEMENT_KEY, StageSpec, UnitPlan, run_pipeline
 
 EXECUTORS = ("ray", "inline")

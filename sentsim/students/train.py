@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from sentsim.config import fingerprint
 from sentsim.errors import UsageError
+from sentsim.identity import fingerprint
 from sentsim.students.config import StudentConfig
 from sentsim.training.config import RESUMABLE_KEYS
 from sentsim.training.run import (
