@@ -475,6 +475,7 @@ def test_a_run_resumes_under_another_spelling_of_its_input_paths(inline_run, tmp
     from sentsim.harvest.job import STAGE, harvest, model_hashes, plan
     from sentsim.identity import fingerprint
     from storage import StoreError
+    from storage.store import FORMAT_VERSION
 
     cfg, out = inline_run
     corpus = CorpusIndex(cfg.corpus)
@@ -494,6 +495,10 @@ def test_a_run_resumes_under_another_spelling_of_its_input_paths(inline_run, tmp
         m = harvest(cfg.model_copy(update={**respelt, "out": str(run)}), executor="inline", quiet=True)
         assert m["complete"] and m["fingerprint"] == fp and m["this_run"]["units"] == 1, name
         assert pairs_of(run).equals(pairs_of(out)), name
+    # only a run of format 1 can hold such a fingerprint: a later run holding one is another run, refused
+    later = as_fingerprinted(shutil.copytree(out, tmp_path / "later"), before, run_format=FORMAT_VERSION)
+    with pytest.raises(StoreError, match=f"written with fingerprint {before}"):
+        harvest(cfg.model_copy(update={**respelt, "out": str(later)}), executor="inline", quiet=True)
     with pytest.raises(StoreError, match="fingerprint") as refused:
         harvest(cfg.model_copy(update={**respelt, "out": str(tmp_path / "earlier"), "seed": 1}), executor="inline",
                 quiet=True)
