@@ -199,6 +199,7 @@ def as_written_with_float64_context_scores(src, dst):
         pq.write_table(pq.read_table(dst / f["path"]).cast(LEGACY_CONTEXT_SCORE_SCHEMA), buf, compression="zstd")
         (dst / f["path"]).write_bytes(buf.getvalue())
         f.update(bytes=len(buf.getvalue()), sha256=hashlib.sha256(buf.getvalue()).hexdigest())
+        rec.pop("check", None)  # that code wrote markers without their own checksum
         marker.write_text(json.dumps(rec))
     m = json.loads((dst / "manifest.json").read_text())
     m["tables"]["context_scores"] = schema_signature(LEGACY_CONTEXT_SCORE_SCHEMA)
