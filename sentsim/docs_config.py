@@ -58,7 +58,7 @@ COMMANDS = (
     Command("sentsim index build", "sentsim.retrieval.base:IndexConfig"),
     Command("sentsim train discriminator", "sentsim.discriminator.train:DiscriminatorJob"),
     Command("sentsim cache build", "sentsim.screening.cache_job:RepCacheConfig"),
-    Command("sentsim contexts", "sentsim.screening_job:ScreenConfig"),
+    Command("sentsim contexts", "sentsim.screening.contexts_job:ScreenConfig"),
     Command("sentsim train context", "sentsim.context.config:ContextTrainConfig"),
     Command("sentsim harvest", "sentsim.harvest.config:HarvestConfig"),
     Command("sentsim remix", "sentsim.harvest.remix:RemixConfig",

@@ -165,7 +165,7 @@ class RankEncoderObjective(Objective):
 
     def anchor_matrix(self, device):
         if self._anchors is None:
-            from sentsim.harvest.job import stored_anchor_vectors
+            from sentsim.harvest.anchors import stored_anchor_vectors
             from sentsim.rank import AnchorMatrix
             from storage import ShardStore
 

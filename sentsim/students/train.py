@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from sentsim.config import fingerprint
 from sentsim.errors import UsageError
+from sentsim.identity import fingerprint
 from sentsim.students.common import Harvest
 from sentsim.students.config import StudentConfig
 from sentsim.students.objectives import names as objective_names
