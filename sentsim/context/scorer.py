@@ -37,15 +37,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sentsim.context.batching import HostToDevice, collate_np, padded, plan_batches
+from sentsim.context.batching import HostToDevice, collate_targets, plan_batches
 from sentsim.context.config import DIRECTIONS, ScorerConfig
+from sentsim.context.example_arrays import ExampleArrays, TextTable, build_examples, context_columns
 from sentsim.context.flops import decoder_flops, encoder_flops, model_shape
 from sentsim.context.model import ContextModel, load_bundle
-from sentsim.context.windows import build_example
 from sentsim.errors import UsageError
 from sentsim.hardware import prefer_shape_free_attention, resolve_autocast
 
 TERMS = ("disc", "fwd", "left", "right")
+# Batch plans (`batching.plan_batches`): groups are cut where they pad least, and a batch that fits the token
+# budget but is more than MAX_PADDING padding is cut again, while each part keeps 1/MIN_BATCH_SHARE of the
+# budget in real tokens (issue 38: <= 10% padding; on a GPU a batch far below its budget costs more in
+# kernel launches than in arithmetic). bench/results/scoring_host.md measures both on a harvest's units.
+MAX_PADDING = 0.10
+MIN_BATCH_SHARE = 16
 Context = Union[str, Sequence[str], None]
 
 
@@ -75,14 +81,6 @@ class ScoreResult:
             "score": self.score, "logprob": self.logprob, "logprob_sum": self.logprob_sum,
             "n_tokens": self.n_tokens, "truncated": self.truncated, "dropped": self.dropped, "stats": self.stats,
         }
-
-
-def _as_list(ctx: Context) -> list[str]:
-    if ctx is None:
-        return []
-    if isinstance(ctx, str):
-        return [ctx] if ctx.strip() else []
-    return [c for c in ctx if c and c.strip()]
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -152,6 +150,8 @@ class ContextScorer:
         self.precision = resolve_autocast(self.config.autocast, self.device.type)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         self._tok_cache: dict[str, list[int]] = {}
+        # batch plans (`batching.plan_batches`); a bench may change them on the instance
+        self.max_padding, self.min_batch_share = MAX_PADDING, MIN_BATCH_SHARE
         # sums over every score() call: items, seconds, matrix FLOPs (sentsim.context.flops), real and padded tokens
         self.totals: dict[str, float] = {}
 
@@ -189,55 +189,93 @@ class ContextScorer:
 
     def score(self, items: Sequence[Union[ContextItem, tuple]]) -> ScoreResult:
         t0 = time.perf_counter()
-        norm: list[ContextItem] = []
-        for it in items:
-            if not isinstance(it, ContextItem):
-                it = ContextItem(*it)
-            norm.append(ContextItem(it.sentence or "", _as_list(it.left), _as_list(it.right), it.log_p_disc))
-        n = len(norm)
-        self._encode_texts([t for it in norm for t in (it.sentence, *it.left, *it.right)])
+        n = len(items)
         mc = self.model_config
         k = mc.context_sentences
-        ids = self.tokenizer.ids
-        tc = self._tok_cache
-
+        table, centre, left, right, disc = self._layout(items)
         lp_sum = {d: np.full(n, np.nan) for d in DIRECTIONS}
         n_tok = {d: np.zeros(n, dtype=np.int64) for d in DIRECTIONS}
         trunc = {d: np.zeros(n, dtype=np.int64) for d in DIRECTIONS}
         stats = defaultdict(float)
-        active = self.active_directions()
         # jobs grouped by model object: a shared model serves all directions in one schedule
-        by_model: dict[int, list] = defaultdict(list)
+        dirs_of: dict[int, list[str]] = defaultdict(list)
         model_of: dict[int, ContextModel] = {}
-        for d in active:
-            m = self.models[d]
-            model_of[id(m)] = m
-            for i, it in enumerate(norm):
-                ex = build_example(ids, k, d, [tc[x] for x in it.left], tc[it.sentence], [tc[x] for x in it.right],
-                                   mc.max_source_tokens, mc.max_target_tokens)
-                if ex is None:
-                    continue
-                trunc[d][i] = ex.src_truncated + ex.tgt_truncated
-                n_tok[d][i] = len(ex.tgt)
-                by_model[id(m)].append((i, d, ex))
+        for d in self.active_directions():
+            model_of[id(self.models[d])] = self.models[d]
+            dirs_of[id(self.models[d])].append(d)
         with torch.inference_mode():
-            for mid, jobs in by_model.items():
-                self._run_jobs(model_of[mid], jobs, lp_sum, stats)
+            for mid, dirs in dirs_of.items():
+                ex = build_examples(table, self.tokenizer.ids, k, dirs, centre, left, right,
+                                    mc.max_source_tokens, mc.max_target_tokens)
+                stats["fallback_examples"] += ex.fallbacks
+                out = self._run_jobs(model_of[mid], ex, stats)
+                for j, d in enumerate(dirs):
+                    mine = ex.direction == j
+                    rows = ex.item[mine]
+                    lp_sum[d][rows] = out[mine]
+                    n_tok[d][rows] = ex.tgt.lengths[mine]
+                    trunc[d][rows] = ex.src_truncated[mine] + ex.tgt_truncated[mine]
 
         logprob = {}
         for d in DIRECTIONS:
             with np.errstate(invalid="ignore", divide="ignore"):
                 logprob[d] = np.where(n_tok[d] > 0, lp_sum[d] / np.maximum(n_tok[d], 1), np.nan)
-        score, dropped = self.combine(logprob, [it.log_p_disc for it in norm])
+        score, dropped = self.combine(logprob, disc)
         stats["items"] = n
         stats["seconds"] = time.perf_counter() - t0
         for d in DIRECTIONS:
             stats[f"truncated_items_{d}"] = int((trunc[d] > 0).sum())
         pad = stats.get("padded_tokens", 0.0)
         stats["padding_fraction"] = (1.0 - stats.get("real_tokens", 0.0) / pad) if pad else 0.0
-        for k in ("items", "seconds", "flops", "real_tokens", "padded_tokens"):
-            self.totals[k] = self.totals.get(k, 0.0) + stats.get(k, 0.0)
+        for key in ("items", "seconds", "flops", "real_tokens", "padded_tokens"):
+            self.totals[key] = self.totals.get(key, 0.0) + stats.get(key, 0.0)
         return ScoreResult(score, logprob, lp_sum, n_tok, trunc, dropped, dict(stats))
+
+    def _layout(self, items) -> tuple:
+        """(the call's `TextTable`, each item's sentence [n], left and right context sentences [n, k] as text
+        ids, its discriminator values). The one loop over items: text ids only, no tokens."""
+        text_id: dict[str, int] = {}
+        get = text_id.get
+        centre = np.empty(len(items), dtype=np.int64)
+        sides = {"left": ([], []), "right": ([], [])}  # (item, text id) of each context sentence given
+        disc = []
+
+        def add(i: int, ctx, into: tuple) -> None:
+            for t in ((ctx,) if isinstance(ctx, str) else ctx):
+                if t:
+                    c = get(t)
+                    if c is None:
+                        c = text_id[t] = len(text_id)
+                    into[0].append(i)
+                    into[1].append(c)
+
+        for i, it in enumerate(items):
+            if not isinstance(it, ContextItem):
+                it = ContextItem(*it)
+            s = it.sentence or ""
+            c = get(s)
+            if c is None:
+                c = text_id[s] = len(text_id)
+            centre[i] = c
+            if it.left:
+                add(i, it.left, sides["left"])
+            if it.right:
+                add(i, it.right, sides["right"])
+            disc.append(it.log_p_disc)
+        texts = list(text_id)
+        self._encode_texts(texts)
+        tc = self._tok_cache
+        table = TextTable([tc[t] for t in texts], self.tokenizer.ids)
+        # a context sentence counts if it has a non-blank character and a token (as build_example); the sentence
+        # itself always does (an empty one has no fwd target)
+        usable = np.fromiter((bool(t.strip()) for t in texts), bool, len(texts)) & (table.lengths[:len(texts)] > 0)
+        k = self.model_config.context_sentences
+        cols = []
+        for side, (item, text) in sides.items():
+            item, text = np.asarray(item, dtype=np.int64), np.asarray(text, dtype=np.int64)
+            keep = usable[text]
+            cols.append(context_columns(item[keep], text[keep], len(items), k, side, table.null))
+        return table, centre, cols[0], cols[1], disc
 
     def combine(self, logprob: dict, log_p_disc: Sequence[Optional[float]]):
         """Eq. 3 from per-direction length-normalised log-probs; returns (S, dropped-terms per item)."""
@@ -258,105 +296,82 @@ class ContextScorer:
 
     # ------------------------------------------------------------------------------------------ batches
 
-    def _run_jobs(self, model: ContextModel, jobs: list, lp_sum: dict, stats: dict) -> None:
-        """Score the (item, direction, Example) jobs of one model: each distinct source through the encoder
-        once (sorted by length, batched under the token budget), then the decoder over batches planned on
-        source and target length together (`batching.plan_batches`), gathering each row's encoder states.
-        Nothing is read back from the device until every batch has been queued: the host builds the next
-        batch while the device runs this one."""
+    def _run_jobs(self, model: ContextModel, ex: ExampleArrays, stats: dict) -> np.ndarray:
+        """The log-probability sum of each job's target (`ExampleArrays`) under one model: each distinct
+        source through the encoder once, its states packed into one [source tokens, H] tensor; then the
+        decoder over batches planned on source and target length together (`batching.plan_batches`),
+        each row's encoder states gathered from the packed tensor in one index. Nothing is read back from
+        the device until every batch has been queued: the host builds the next batch while the device
+        runs this one."""
         budget = self.batch_tokens
         dev = self.device
         pad_id, bos = self.tokenizer.pad_id, self.tokenizer.bos_id
         shape = model_shape(model)
-        # 1. distinct sources
-        src_index: dict[tuple, int] = {}
-        srcs: list = []
-        job_src = np.empty(len(jobs), dtype=np.int64)
-        for q, (_, _, ex) in enumerate(jobs):
-            key = (tuple(ex.src), tuple(ex.src_slots))
-            j = src_index.get(key)
-            if j is None:
-                j = src_index[key] = len(srcs)
-                srcs.append(ex)
-            job_src[q] = j
-        stats["encoder_rows"] += len(srcs)
-        stats["decoder_rows"] += len(jobs)
-        # 2. encoder batches: sorted by length, so each is padded to within a token or two
-        src_len = np.fromiter((len(e.src) for e in srcs), np.int64, len(srcs))
-        order = np.argsort(src_len, kind="stable")
-        enc_out: list = []  # per encoder batch: (states [b, L, H], mask [b, L])
-        loc_batch = np.empty(len(srcs), dtype=np.int64)  # distinct source -> (encoder batch, row)
-        loc_row = np.empty(len(srcs), dtype=np.int64)
-        start = 0
-        while start < len(order):
-            end = start + 1
-            while end < len(order) and (end - start + 1) * int(src_len[order[end]]) <= budget:
-                end += 1
-            rows = order[start:end]
-            sl = src_len[rows]
+        src, tgt = ex.src, ex.tgt
+        plan_args = dict(max_padding=self.max_padding, min_tokens=budget // self.min_batch_share)
+        # what a padded position of a decoder row costs, source against target: per layer 4d^2 for the
+        # cross-attention keys and values of a source position, 12d^2 + 4df for a target position
+        # (sentsim.context.flops; ~1 : 7 at f = 4d)
+        dec_weights = (1.0, (12 * shape.d ** 2 + 4 * shape.d * shape.ffn_dec) / (4 * shape.d ** 2))
+        stats["encoder_rows"] += len(src)
+        stats["decoder_rows"] += len(ex)
+        if not len(ex):
+            return np.zeros(0)
+        # 1. encoder batches, alike in length; each source's states land at packed[start[j]:start[j] + len]
+        plan = plan_batches(src.lengths, np.zeros(len(src), np.int64), budget, weights=(1.0, 0.0), **plan_args)
+        in_order = np.concatenate(plan)
+        start = np.empty(len(src), dtype=np.int64)
+        start[in_order] = np.cumsum(src.lengths[in_order]) - src.lengths[in_order]
+        n_packed = int(src.lengths.sum())
+        packed = None  # [n_packed + 1, H]: the last row stays zero, the states of a decoder row's padding
+        at = 0
+        for rows in plan:
+            sl = src.lengths[rows]
             width = int(sl.max())
-            arrays = {"src": padded([srcs[j].src for j in rows], sl, width, pad_id),
-                      "slots": padded([srcs[j].src_slots for j in rows], sl, width, 0),
-                      "mask": (np.arange(width) < sl[:, None]).astype(np.int32)}
-            t = self.h2d(arrays)
+            tokens, slots, real = src.take(rows, width, pad_id)
+            t = self.h2d({"src": tokens, "slots": slots, "mask": real, "real": np.flatnonzero(real)})
             with self._autocast():
                 h = model.encode(t["src"], t["slots"], t["mask"])
-            loc_batch[rows] = len(enc_out)
-            loc_row[rows] = np.arange(len(rows))
-            enc_out.append((h, t["mask"]))
-            real, n_padded = int(sl.sum()), len(rows) * width
+            if packed is None:
+                packed = torch.zeros(n_packed + 1, h.shape[-1], dtype=h.dtype, device=dev)
+            n_real = int(sl.sum())
+            packed[at:at + n_real] = h.reshape(-1, h.shape[-1]).index_select(0, t["real"])
+            at += n_real
+            n_padded = len(rows) * width
             stats["flops"] += encoder_flops(shape, len(rows), width)
-            stats["encoder_real_tokens"] += real
+            stats["encoder_real_tokens"] += n_real
             stats["encoder_padded_tokens"] += n_padded
-            stats["real_tokens"] += real
+            stats["real_tokens"] += n_real
             stats["padded_tokens"] += n_padded
-            start = end
-        # 3. decoder batches over (source length, target length)
-        tgt_len = np.fromiter((len(ex.tgt) for _, _, ex in jobs), np.int64, len(jobs))
-        sums = torch.zeros(len(jobs), dtype=torch.float64, device=dev)
-        for rows in plan_batches(src_len[job_src], tgt_len, budget):
-            exs = [jobs[q][2] for q in rows]
-            batch = collate_np(exs, pad_id, bos)
+            stats["encoder_batches"] += 1
+        # 2. decoder batches over (source length, target length)
+        sums = torch.zeros(len(ex), dtype=torch.float64, device=dev)
+        job_src_len = src.lengths[ex.job_src]
+        for rows in plan_batches(job_src_len, tgt.lengths, budget, weights=dec_weights, **plan_args):
+            batch = collate_targets(tgt, rows, pad_id, bos)
             labels = batch["labels"]
             T = labels.shape[1]
             pos = np.flatnonzero(labels.reshape(-1) >= 0)  # the scored positions, row by row
-            S = int(src_len[job_src[rows]].max())
-            # each row's encoder states: rows of the same encoder batch taken together, padded to S
-            eb = loc_batch[job_src[rows]]
-            groups = np.unique(eb)
-            perm = np.concatenate([np.flatnonzero(eb == b) for b in groups])  # batch row of each gathered row
+            sl = job_src_len[rows]
+            S = int(sl.max())
+            real = np.arange(S) < sl[:, None]
+            gather = np.where(real, start[ex.job_src[rows]][:, None] + np.arange(S), n_packed)
             t = self.h2d({"dec_in": batch["dec_in"], "dec_slots": batch["dec_slots"],
-                                  "targets": labels.reshape(-1)[pos], "pos": pos, "row": pos // T,
-                                  "enc_rows": loc_row[job_src[rows]][perm], "inverse": np.argsort(perm),
-                                  "out": rows})
-            parts_h, parts_m, at = [], [], 0
-            for b in groups:
-                n = int((eb == b).sum())
-                h, m = enc_out[b]
-                idx = t["enc_rows"][at:at + n]
-                at += n
-                hb, mb = h.index_select(0, idx), m.index_select(0, idx)
-                if hb.shape[1] < S:
-                    hb = F.pad(hb, (0, 0, 0, S - hb.shape[1]))
-                    mb = F.pad(mb, (0, S - mb.shape[1]))
-                parts_h.append(hb[:, :S])
-                parts_m.append(mb[:, :S])
-            h = torch.cat(parts_h).index_select(0, t["inverse"])
-            m = torch.cat(parts_m).index_select(0, t["inverse"])
+                          "targets": labels.reshape(-1)[pos], "pos": pos, "row": pos // T,
+                          "gather": gather, "mask": real, "out": rows})
+            h = packed.index_select(0, t["gather"].reshape(-1)).view(len(rows), S, -1)
             with self._autocast():
-                hidden = model.decoder_states(h, m, t["dec_in"], t["dec_slots"])
+                hidden = model.decoder_states(h, t["mask"], t["dec_in"], t["dec_slots"])
                 logits = model.project(hidden.reshape(-1, hidden.shape[-1]).index_select(0, t["pos"]))
             tok_lp = -F.cross_entropy(logits.float(), t["targets"], reduction="none")
             row_sums = torch.zeros(len(rows), dtype=torch.float64, device=dev).index_add_(0, t["row"], tok_lp.double())
             sums.index_copy_(0, t["out"], row_sums)
-            real = len(pos)
-            stats["flops"] += decoder_flops(shape, len(rows), S, T, real)
-            stats["decoder_real_tokens"] += real
+            n_real = len(pos)
+            stats["flops"] += decoder_flops(shape, len(rows), S, T, n_real)
+            stats["decoder_real_tokens"] += n_real
             stats["decoder_padded_tokens"] += labels.size
-            stats["real_tokens"] += real
+            stats["real_tokens"] += n_real
             stats["padded_tokens"] += labels.size
-            stats["target_tokens"] += real
+            stats["target_tokens"] += n_real
             stats["decoder_batches"] += 1
-        out = sums.cpu().numpy()  # the one read back
-        for q, (i, d, _) in enumerate(jobs):
-            lp_sum[d][i] = out[q]
+        return sums.cpu().numpy()  # the one read back
