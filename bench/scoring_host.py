@@ -145,35 +145,38 @@ def minilm_triple(tok_only: bool = False):
 
 
 def host(old, new, todo, rounds: int, lines: list) -> None:
+    """Each round: for old and new (alternating which goes first), a fresh stage over every unit (its
+    texts tokenised as a harvest's new units bring them), then the same stage again (tokens cached: the
+    host work besides tokenising)."""
     mc, tok, _ = minilm_triple(tok_only=True)
     null = NullModel()
-    triple = lambda: (mc, tok, {"left": null, "right": null, "fwd": null})  # noqa: E731
     rows = {}
     for per_call in (1, 8):
-        got = {"old": [], "new": []}
+        got = {(n, c): [] for n in ("old", "new") for c in ("cold", "warm")}
         for r in range(rounds):
             for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
                 mod = old if name == "old" else new
-                stage = stage_with(mod, triple(), 65536)  # a fresh scorer: a harvest's units bring new texts
-                res = run_stage(stage, todo, per_call)
-                got[name].append(res)
-        per_cpu = {k: [x["items"] / x["cpu_s"] for x in v] for k, v in got.items()}
-        ratios = [b / a for a, b in zip(per_cpu["old"], per_cpu["new"])]
-        rows[per_call] = (per_cpu, ratios, got["new"][0]["items"])
+                stage = stage_with(mod, (mc, tok, {"left": null, "right": null, "fwd": null}), 65536)
+                got[(name, "cold")].append(run_stage(stage, todo, per_call))
+                got[(name, "warm")].append(run_stage(stage, todo, per_call))
+        rows[per_call] = got
+    n_items = rows[1][("new", "cold")][0]["items"]
     lines += ["", "### Host side (null model): items per CPU-second of `ScoreStage.process`", "",
-              f"{len(todo)} units of the k=16 export, {rows[1][2]:,} items (x2 directions: the teacher's "
-              f"lambda_fwd = 0 skips fwd), scoring.batch_tokens 65,536, {rounds} rounds alternating old and new, "
-              "one torch thread.", "",
-              "| units/call | old items/CPU-s (median) | new items/CPU-s (median) | new/old (median of rounds) | "
-              "rounds new/old |", "|---|---|---|---|---|"]
-    for per_call, (per_cpu, ratios, _) in rows.items():
-        lines.append(f"| {per_call} | {statistics.median(per_cpu['old']):,.0f} | "
-                     f"{statistics.median(per_cpu['new']):,.0f} | {statistics.median(ratios):.1f}x | "
-                     + ", ".join(f"{x:.1f}" for x in ratios) + " |")
-    us_old = 1e6 / statistics.median(rows[1][0]["old"])
-    us_new = 1e6 / statistics.median(rows[1][0]["new"])
-    lines += ["", f"Host CPU time per item, 1 unit/call: old {us_old:.0f} us, new {us_new:.0f} us "
-              "(whole stage: its own pair rows included)."]
+              f"{len(todo)} units of the k=16 export, {n_items:,} items (x2 directions: the teacher's lambda_fwd = 0 "
+              f"skips fwd), scoring.batch_tokens 65,536, {rounds} rounds alternating old and new, one torch thread. "
+              "*cold*: a fresh scorer, every text tokenised (as in a harvest, whose units bring new texts); *warm*: "
+              "the same units again, tokens cached (the host work besides tokenising). CPU seconds of the process "
+              "(the tokenizer's threads included); us/item = CPU microseconds per item.", "",
+              "| units/call | tokens | old items/CPU-s | new items/CPU-s | old us/item | new us/item | "
+              "new/old (median of rounds) | rounds new/old |", "|---|---|---|---|---|---|---|---|"]
+    for per_call, got in rows.items():
+        for c in ("cold", "warm"):
+            o = [x["items"] / x["cpu_s"] for x in got[("old", c)]]
+            n = [x["items"] / x["cpu_s"] for x in got[("new", c)]]
+            ratios = [b / a for a, b in zip(o, n)]
+            lines.append(f"| {per_call} | {c} | {statistics.median(o):,.0f} | {statistics.median(n):,.0f} | "
+                         f"{1e6 / statistics.median(o):.0f} | {1e6 / statistics.median(n):.0f} | "
+                         f"{statistics.median(ratios):.2f}x | " + ", ".join(f"{x:.2f}" for x in ratios) + " |")
 
 
 def host_profile(new, todo, lines: list) -> None:
@@ -185,6 +188,7 @@ def host_profile(new, todo, lines: list) -> None:
     mc, tok, _ = minilm_triple(tok_only=True)
     null = NullModel()
     stage = stage_with(new, (mc, tok, {"left": null, "right": null, "fwd": null}), 65536)
+    run_stage(stage, todo, 1)  # tokens cached: the profile shows the rest
     prof = cProfile.Profile()
     prof.enable()
     run_stage(stage, todo, 1)
@@ -193,45 +197,64 @@ def host_profile(new, todo, lines: list) -> None:
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
     text = buf.getvalue()
     body = text[text.index("ncalls"):] if "ncalls" in text else text
-    lines += ["", "<details><summary>cProfile of the new stage, 1 unit/call, null model (tottime)</summary>", "",
+    lines += ["", "<details><summary>cProfile of the new stage, 1 unit/call, null model, tokens cached "
+              "(tottime)</summary>", "",
               "```", body.rstrip(), "```", "</details>"]
 
 
-def _padding_row(old, new, todo, bt, per_call, mc, tok, null) -> str:
+PLANS = [("old", None), ("new", (0.10, 16)), ("new", (0.10, 8)), ("new", (0.10, 4))]
+
+
+def plan_stats(mod, todo, bt: int, per_call: int, plan, mc, tok, null) -> dict:
+    """Padding and batch counts of the scoring batches of every unit, summed from each call's stats."""
     from teacher_gpu import _item
 
-    out = {}
-    for name, mod in (("old", old), ("new", new)):
-        stage = stage_with(mod, (mc, tok, {"left": null, "right": null, "fwd": null}), bt)
-        tot = {"real": 0.0, "padded": 0.0, "enc_real": 0.0, "enc_padded": 0.0, "dec_real": 0.0, "dec_padded": 0.0,
-               "batches": 0.0}
-        real_score = stage.scorer.score
+    stage = stage_with(mod, (mc, tok, {"left": null, "right": null, "fwd": null}), bt)
+    if plan is not None:
+        stage.scorer.max_padding, stage.scorer.min_batch_share = plan
+    keys = ("real_tokens", "padded_tokens", "encoder_real_tokens", "encoder_padded_tokens", "decoder_real_tokens",
+            "decoder_padded_tokens", "encoder_batches", "decoder_batches")
+    tot = dict.fromkeys(keys, 0.0)
+    score = stage.scorer.score
 
-        def spy(items, _real=real_score, _tot=tot):
-            res = _real(items)
-            st = res.stats
-            _tot["real"] += st.get("real_tokens", 0)
-            _tot["padded"] += st.get("padded_tokens", 0)
-            _tot["enc_real"] += st.get("encoder_real_tokens", 0)
-            _tot["enc_padded"] += st.get("encoder_padded_tokens", 0)
-            _tot["dec_real"] += st.get("decoder_real_tokens", 0)
-            _tot["dec_padded"] += st.get("decoder_padded_tokens", 0)
-            _tot["batches"] += st.get("decoder_batches", 0) + st.get("encoder_batches", 0)
-            return res
+    def counted(items):
+        res = score(items)
+        for k in keys:
+            tot[k] += res.stats.get(k, 0.0)
+        return res
 
-        stage.scorer.score = spy
-        for i in range(0, len(todo), per_call):
-            stage.process([_item(u) for u in todo[i:i + per_call]])
-        out[name] = tot
-    o, n = out["old"], out["new"]
+    stage.scorer.score = counted
+    for i in range(0, len(todo), per_call):
+        stage.process([_item(u) for u in todo[i:i + per_call]])
+    return tot
+
+
+def padding_table(old, new, todo, lines: list) -> None:
+    mc, tok, _ = minilm_triple(tok_only=True)
+    null = NullModel()
+    lines += ["", "### Padding of the scoring batches", "",
+              "Share of the padded tokens that is padding (encoder: source positions; decoder: target positions, "
+              "as `ScoreResult.stats` counts them), and batches per unit (the old scorer counted no encoder "
+              "batches: decoder only). Plan = (max_padding, min batch = budget / share).", "",
+              "| batch_tokens | units/call | scorer | plan | padding | encoder / decoder padding | "
+              "batches/unit (enc + dec) |", "|---|---|---|---|---|---|---|"]
 
     def frac(real, padded):
         return 1 - real / padded if padded else 0.0
 
-    # the old scorer did not count its encoder batches: its column has the decoder's only
-    return (f"| {bt:,} | {per_call} | {frac(o['real'], o['padded']):.1%} | {frac(n['real'], n['padded']):.1%} | "
-            f"{o['batches']:.0f} | {n['batches']:.0f} | "
-            f"{frac(n['enc_real'], n['enc_padded']):.1%} / {frac(n['dec_real'], n['dec_padded']):.1%} |")
+    for bt in (65536, 4096):
+        for per_call in (1, 8):
+            for name, plan in PLANS:
+                t = plan_stats(old if name == "old" else new, todo, bt, per_call, plan, mc, tok, null)
+                per_unit = len(todo)
+                batches = (f"{t['decoder_batches'] / per_unit:.1f} (dec)" if name == "old" else
+                           f"{(t['encoder_batches'] + t['decoder_batches']) / per_unit:.1f} "
+                           f"({t['encoder_batches'] / per_unit:.1f} + {t['decoder_batches'] / per_unit:.1f})")
+                shown = "-" if plan is None else f"{plan[0]:.2f}, 1/{plan[1]}"
+                lines.append(f"| {bt:,} | {per_call} | {name} | {shown} | "
+                             f"{frac(t['real_tokens'], t['padded_tokens']):.1%} | "
+                             f"{frac(t['encoder_real_tokens'], t['encoder_padded_tokens']):.1%} / "
+                             f"{frac(t['decoder_real_tokens'], t['decoder_padded_tokens']):.1%} | {batches} |")
 
 
 def full(old, new, todo, n_units: int, lines: list) -> None:
@@ -281,9 +304,12 @@ def main(argv=None) -> int:
     for mod in (old, new):
         null_functional(mod)
     todo = units()
-    lines = ["", f"## scoring host side: old (scorer at {a.baseline}) against new (checkout at {head}), "
-             f"{time.strftime('%Y-%m-%d %H:%M')}", "", f"Machine: {machine()}.", "",
-             f"Command: `python bench/scoring_host.py --rounds {a.rounds} --full-units {a.full_units}`"]
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    lines = ["", f"## scoring host side: old (scorer at {a.baseline}) against new (checkout at {head}"
+             f"{' + uncommitted changes' if dirty else ''}), {time.strftime('%Y-%m-%d %H:%M')}", "",
+             f"Command: `python bench/scoring_host.py --rounds {a.rounds} --full-units {a.full_units} "
+             f"--sections {a.sections}`"]
     sections = a.sections.split(",")
     if "host" in sections:
         host(old, new, todo, a.rounds, lines)
@@ -296,19 +322,9 @@ def main(argv=None) -> int:
         for mod in (old, new):
             mod.F = F
         full(old, new, todo, a.full_units, lines)
+    lines[3:3] = [f"Machine: {machine()}.", ""]
     append_results(a.out, lines)
     return 0
-
-
-def padding_table(old, new, todo, lines: list) -> None:
-    mc, tok, _ = minilm_triple(tok_only=True)
-    null = NullModel()
-    lines += ["", "### Padding of the scoring batches (share of the padded source + target tokens)", "",
-              "| batch_tokens | units/call | old | new | old decoder batches | new batches (enc + dec) | "
-              "new: encoder / decoder padding |", "|---|---|---|---|---|---|---|"]
-    for bt in (65536, 4096):
-        for per_call in (1, 8):
-            lines.append(_padding_row(old, new, todo, bt, per_call, mc, tok, null))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sentsim.context.batching import collate_np, collate_targets, plan_batches
+from sentsim.context.batching import collate_np, padded_index, plan_batches
 from sentsim.context.config import DIRECTIONS, ContextModelConfig, ScorerConfig
 from sentsim.context.example_arrays import build_examples
 from sentsim.context.model import build_model, load_bundle, save_bundle, warm_start_tokenizer
@@ -155,19 +155,29 @@ def test_vectorised_examples_equal_build_example(bundle, docs, k, max_source, ma
     for q in range(len(ex)):  # jobs that share an encoder row have the same source
         assert ex.src.row(int(ex.job_src[q])) == (want[(int(ex.item[q]), DIRECTIONS[ex.direction[q]])].src,
                                                   want[(int(ex.item[q]), DIRECTIONS[ex.direction[q]])].src_slots)
+    # the padded batches, cut as the scorer cuts them on the device, are collate_np's
+    src_flat = torch.from_numpy(np.concatenate([ex.src.tokens, [tok.pad_id]]).astype(np.int64))
+    src_slots = torch.from_numpy(np.concatenate([ex.src.slots, [0]]).astype(np.int64))
+    tgt_flat = torch.from_numpy(np.concatenate([ex.tgt.tokens, [tok.pad_id, tok.bos_id]]).astype(np.int64))
+    tgt_slots = torch.from_numpy(np.concatenate([ex.tgt.slots, [0, 0]]).astype(np.int64))
+    n_tgt = len(ex.tgt.tokens)
     rng = np.random.default_rng(0)
     for _ in range(5):
         rows = np.sort(rng.choice(len(ex), size=min(37, len(ex)), replace=False))
         ref = collate_np([ex.example(q) for q in rows], tok.pad_id, tok.bos_id)
-        dec = collate_targets(ex.tgt, rows, tok.pad_id, tok.bos_id)
-        for key in ("dec_in", "dec_slots", "labels"):
-            np.testing.assert_array_equal(dec[key], ref[key])
         srows = ex.job_src[rows]
-        width = int(ex.src.lengths[srows].max())
-        src, slots, real = ex.src.take(srows, width, tok.pad_id)
-        np.testing.assert_array_equal(src, ref["src"])
-        np.testing.assert_array_equal(slots, ref["src_slots"])
-        np.testing.assert_array_equal(real, ref["src_mask"] > 0)
+        S, T = ref["src"].shape[1], ref["labels"].shape[1]
+        at, real = padded_index(torch.from_numpy(ex.src.offsets[srows]), torch.from_numpy(ex.src.lengths[srows]),
+                                torch.arange(S), len(ex.src.tokens))
+        np.testing.assert_array_equal(src_flat[at].numpy(), ref["src"])
+        np.testing.assert_array_equal(src_slots[at].numpy(), ref["src_slots"])
+        np.testing.assert_array_equal(real.long().numpy(), ref["src_mask"])
+        at, real = padded_index(torch.from_numpy(ex.tgt.offsets[rows]), torch.from_numpy(ex.tgt.lengths[rows]),
+                                torch.arange(T), n_tgt, shift=1)
+        at[:, 0] = n_tgt + 1
+        np.testing.assert_array_equal(tgt_flat[at].numpy(), ref["dec_in"])
+        np.testing.assert_array_equal(tgt_slots[at].numpy(), ref["dec_slots"])
+        np.testing.assert_array_equal(real.numpy(), ref["labels"] >= 0)
 
 
 def test_scoring_plan_pads_little_and_keeps_every_example():

@@ -15,8 +15,8 @@ target as well (`max_padding`): groups are cut where the two parts pad least, do
 
 `collate_np` pads with numpy in a few vectorised steps (numpy int32, cheap to send between
 processes); `collate` is the same batch as int64 torch tensors. The scorer keeps its examples as
-`RaggedRows` (flat token and slot arrays) and cuts its batches from them (`RaggedRows.take`,
-`collate_targets`) without a loop over rows. The layout is the training
+`RaggedRows` (flat token and slot arrays), sends them to the device once per call, and cuts each
+batch there (`padded_index`). The layout is the training
 loss's and the scorer's: decoder input = <bos> + target[:-1], labels = target, -100 where padded.
 """
 
@@ -114,7 +114,9 @@ def _least_padded_cut(idx: np.ndarray, s: np.ndarray, t: np.ndarray, min_tokens:
     ws, wt = weights
     best = None
     h = np.arange(1, n)  # first part = rows [0, h)
-    for key in (s, t):
+    for key, w in ((s, ws), (t, wt)):
+        if not w or key.min() == key.max():  # sorting on it would change nothing
+            continue
         o = np.argsort(key, kind="stable")
         so, to = s[o], t[o]
         pre = ws * np.maximum.accumulate(so) + wt * np.maximum.accumulate(to)  # widths of the first h+1 rows
@@ -175,27 +177,16 @@ class RaggedRows:
         a, n = int(self.offsets[i]), int(self.lengths[i])
         return self.tokens[a:a + n].tolist(), self.slots[a:a + n].tolist()
 
-    def take(self, rows: np.ndarray, width: int, fill: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The rows padded to `width`: int32 tokens (`fill` where padded), slots (0 there) and the
-        boolean mask of real positions, each [len(rows), width]."""
-        real = np.arange(width) < self.lengths[rows][:, None]
-        if not len(self.tokens):  # every row empty
-            return np.full(real.shape, fill, np.int32), np.zeros(real.shape, np.int32), real
-        at = np.where(real, self.offsets[rows][:, None] + np.arange(width), 0)
-        tokens = np.where(real, self.tokens[at], np.int32(fill)).astype(np.int32, copy=False)
-        return tokens, np.where(real, self.slots[at], np.int32(0)).astype(np.int32, copy=False), real
 
+def padded_index(offsets, lengths, positions, fill_index: int, shift: int = 0):
+    """Torch [B, W] indices into a flat array: row r's position j -> offsets[r] + j - shift where
+    j < lengths[r], else `fill_index` (an element holding the padding value); and the [B, W] mask of
+    real positions. `positions` is arange(W) on the rows' device. A batch cut this way from examples
+    uploaded once costs the host a few kernel launches instead of a [B, W] array to build and send."""
+    import torch
 
-def collate_targets(tgt: RaggedRows, rows: np.ndarray, pad_id: int, bos_id: int) -> dict:
-    """The decoder half of `collate_np` for rows of a `RaggedRows` of targets: dec_in, dec_slots, labels."""
-    T = int(tgt.lengths[rows].max())
-    labels, tgt_slots, real = tgt.take(rows, T, -100)
-    dec_in = np.full(labels.shape, pad_id, dtype=np.int32)
-    dec_in[:, 0] = bos_id
-    dec_in[:, 1:] = np.where(real[:, 1:], labels[:, :-1], pad_id)
-    dec_slots = np.zeros(labels.shape, dtype=np.int32)
-    dec_slots[:, 1:] = np.where(real[:, 1:], tgt_slots[:, :-1], 0)
-    return {"dec_in": dec_in, "dec_slots": dec_slots, "labels": labels.astype(np.int32)}
+    real = positions < lengths[:, None]
+    return torch.where(real, offsets[:, None] + (positions - shift), fill_index), real
 
 
 def example_lengths(exs: Sequence[Example]) -> tuple[np.ndarray, np.ndarray]:

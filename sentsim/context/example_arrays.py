@@ -20,7 +20,6 @@ it token for token (tests/test_context_scorer.py compares them over random items
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -36,12 +35,12 @@ class TextTable:
     """The tokens of a call's distinct texts (text id = position in `texts`) in one flat int32 array,
     then one text per special token, then the empty text (`null`): an absent sentence."""
 
-    def __init__(self, token_lists: Sequence[Sequence[int]], ids: dict):
-        lists = list(token_lists) + [[ids[r]] for r in SPECIALS] + [[]]
-        self.lengths = np.fromiter(map(len, lists), np.int64, len(lists))
+    def __init__(self, token_arrays: Sequence[np.ndarray], ids: dict):
+        arrays = list(token_arrays) + [np.array([ids[r]], np.int32) for r in SPECIALS] + [np.zeros(0, np.int32)]
+        self.lengths = np.fromiter(map(len, arrays), np.int64, len(arrays))
         self.offsets = np.cumsum(self.lengths) - self.lengths
-        self.tokens = np.fromiter(itertools.chain.from_iterable(lists), np.int32, int(self.lengths.sum()))
-        n = len(token_lists)
+        self.tokens = np.concatenate(arrays).astype(np.int32, copy=False)
+        n = len(token_arrays)
         self.special = {r: n + j for j, r in enumerate(SPECIALS)}
         self.null = n + len(SPECIALS)
 

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sentsim.context.batching import HostToDevice, collate_targets, plan_batches
+from sentsim.context.batching import HostToDevice, padded_index, plan_batches
 from sentsim.context.config import DIRECTIONS, ScorerConfig
 from sentsim.context.example_arrays import ExampleArrays, TextTable, build_examples, context_columns
 from sentsim.context.flops import decoder_flops, encoder_flops, model_shape
@@ -149,7 +149,7 @@ class ContextScorer:
         # auto: bf16 where it is native (GPUs, CPUs with avx512_bf16 / AMX; sentsim.hardware), else fp32
         self.precision = resolve_autocast(self.config.autocast, self.device.type)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-        self._tok_cache: dict[str, list[int]] = {}
+        self._tok_cache: dict[str, np.ndarray] = {}  # text -> its token ids
         # batch plans (`batching.plan_batches`); a bench may change them on the instance
         self.max_padding, self.min_batch_share = MAX_PADDING, MIN_BATCH_SHARE
         # sums over every score() call: items, seconds, matrix FLOPs (sentsim.context.flops), real and padded tokens
@@ -178,7 +178,7 @@ class ContextScorer:
         todo = [t for t in dict.fromkeys(texts) if t not in self._tok_cache]
         if todo:
             for t, ids in zip(todo, self.tokenizer.encode(todo)):
-                self._tok_cache[t] = ids
+                self._tok_cache[t] = np.array(ids, dtype=np.int32)
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -297,81 +297,116 @@ class ContextScorer:
     # ------------------------------------------------------------------------------------------ batches
 
     def _run_jobs(self, model: ContextModel, ex: ExampleArrays, stats: dict) -> np.ndarray:
-        """The log-probability sum of each job's target (`ExampleArrays`) under one model: each distinct
-        source through the encoder once, its states packed into one [source tokens, H] tensor; then the
-        decoder over batches planned on source and target length together (`batching.plan_batches`),
-        each row's encoder states gathered from the packed tensor in one index. Nothing is read back from
-        the device until every batch has been queued: the host builds the next batch while the device
-        runs this one."""
+        """The log-probability sum of each job's target (`ExampleArrays`) under one model.
+
+        The host plans every batch of the call first (numpy: distinct sources through the encoder in
+        batches alike in length, then decoder batches planned on source and target length together,
+        `batching.plan_batches`) and sends the call's examples and plans to the device in one copy; each
+        batch is then cut from them on the device (`batching.padded_index`), so a batch costs the host
+        a few kernel launches besides the model's. Encoder states stay on the device in one buffer,
+        batch after batch, and each decoder row gathers its source's from there. Nothing is read back
+        until every batch has been queued."""
         budget = self.batch_tokens
         dev = self.device
-        pad_id, bos = self.tokenizer.pad_id, self.tokenizer.bos_id
         shape = model_shape(model)
         src, tgt = ex.src, ex.tgt
+        stats["encoder_rows"] += len(src)
+        stats["decoder_rows"] += len(ex)
+        if not len(ex):
+            return np.zeros(0)
         plan_args = dict(max_padding=self.max_padding, min_tokens=budget // self.min_batch_share)
         # what a padded position of a decoder row costs, source against target: per layer 4d^2 for the
         # cross-attention keys and values of a source position, 12d^2 + 4df for a target position
         # (sentsim.context.flops; ~1 : 7 at f = 4d)
         dec_weights = (1.0, (12 * shape.d ** 2 + 4 * shape.d * shape.ffn_dec) / (4 * shape.d ** 2))
-        stats["encoder_rows"] += len(src)
-        stats["decoder_rows"] += len(ex)
-        if not len(ex):
-            return np.zeros(0)
-        # 1. encoder batches, alike in length; each source's states land at packed[start[j]:start[j] + len]
-        plan = plan_batches(src.lengths, np.zeros(len(src), np.int64), budget, weights=(1.0, 0.0), **plan_args)
-        in_order = np.concatenate(plan)
-        start = np.empty(len(src), dtype=np.int64)
-        start[in_order] = np.cumsum(src.lengths[in_order]) - src.lengths[in_order]
-        n_packed = int(src.lengths.sum())
-        packed = None  # [n_packed + 1, H]: the last row stays zero, the states of a decoder row's padding
-        at = 0
-        for rows in plan:
-            sl = src.lengths[rows]
-            width = int(sl.max())
-            tokens, slots, real = src.take(rows, width, pad_id)
-            t = self.h2d({"src": tokens, "slots": slots, "mask": real, "real": np.flatnonzero(real)})
+        enc = _Plan(plan_batches(src.lengths, np.zeros(len(src), np.int64), budget, weights=(1.0, 0.0),
+                                 **plan_args))
+        enc_len = src.lengths[enc.rows]
+        enc_width = np.maximum.reduceat(enc_len, enc.starts)
+        # the encoder buffer holds batch after batch, [rows x width] each, then one zero row (padding)
+        enc_base = np.cumsum(enc.sizes * enc_width) - enc.sizes * enc_width
+        n_buf = int((enc.sizes * enc_width).sum())
+        state_at = np.empty(len(src), dtype=np.int64)  # where each distinct source's states begin
+        state_at[enc.rows] = np.repeat(enc_base, enc.sizes) + enc.local * np.repeat(enc_width, enc.sizes)
+
+        job_src_len = src.lengths[ex.job_src]
+        dec = _Plan(plan_batches(job_src_len, tgt.lengths, budget, weights=dec_weights, **plan_args))
+        dec_len, dec_src_len = tgt.lengths[dec.rows], job_src_len[dec.rows]
+        dec_T = np.maximum.reduceat(dec_len, dec.starts)
+        dec_S = np.maximum.reduceat(dec_src_len, dec.starts)
+        # the scored positions of each decoder batch, row by row (r * T + j), their rows and target ids
+        n_real = int(dec_len.sum())
+        first = np.cumsum(dec_len) - dec_len
+        within = np.arange(n_real) - np.repeat(first, dec_len)
+        pos = np.repeat(dec.local * np.repeat(dec_T, dec.sizes), dec_len) + within
+        targets = tgt.tokens[np.repeat(tgt.offsets[dec.rows], dec_len) + within]
+        tok_cut = np.concatenate([[0], np.cumsum(np.add.reduceat(dec_len, dec.starts))])
+
+        # the flat stores end with the elements that padding points at
+        n_src_tok, n_tgt_tok = len(src.tokens), len(tgt.tokens)
+        pad_id, bos_id = self.tokenizer.pad_id, self.tokenizer.bos_id
+        width = int(max(enc_width.max(), dec_T.max(), dec_S.max()))
+        t = self.h2d({
+            "src": np.concatenate([src.tokens, [pad_id]]), "src_slots": np.concatenate([src.slots, [0]]),
+            "tgt": np.concatenate([tgt.tokens, [pad_id, bos_id]]), "tgt_slots": np.concatenate([tgt.slots, [0, 0]]),
+            "enc_off": src.offsets[enc.rows], "enc_len": enc_len,
+            "dec_off": tgt.offsets[dec.rows], "dec_len": dec_len, "dec_rows": dec.rows,
+            "dec_state_at": state_at[ex.job_src[dec.rows]], "dec_src_len": dec_src_len,
+            "pos": pos, "row": np.repeat(dec.local, dec_len), "targets": targets,
+            "positions": np.arange(width)})
+        ar = t["positions"]
+
+        states = None
+        for b, (lo, hi) in enumerate(enc.bounds()):
+            W = int(enc_width[b])
+            at, real = padded_index(t["enc_off"][lo:hi], t["enc_len"][lo:hi], ar[:W], n_src_tok)
             with self._autocast():
-                h = model.encode(t["src"], t["slots"], t["mask"])
-            if packed is None:
-                packed = torch.zeros(n_packed + 1, h.shape[-1], dtype=h.dtype, device=dev)
-            n_real = int(sl.sum())
-            packed[at:at + n_real] = h.reshape(-1, h.shape[-1]).index_select(0, t["real"])
-            at += n_real
-            n_padded = len(rows) * width
-            stats["flops"] += encoder_flops(shape, len(rows), width)
-            stats["encoder_real_tokens"] += n_real
+                h = model.encode(t["src"][at], t["src_slots"][at], real.long())
+            if states is None:
+                states = torch.zeros(n_buf + 1, h.shape[-1], dtype=h.dtype, device=dev)
+            states[int(enc_base[b]):int(enc_base[b]) + (hi - lo) * W] = h.reshape(-1, h.shape[-1])
+            real_tok, n_padded = int(enc_len[lo:hi].sum()), (hi - lo) * W
+            stats["flops"] += encoder_flops(shape, hi - lo, W)
+            stats["encoder_real_tokens"] += real_tok
             stats["encoder_padded_tokens"] += n_padded
-            stats["real_tokens"] += n_real
+            stats["real_tokens"] += real_tok
             stats["padded_tokens"] += n_padded
             stats["encoder_batches"] += 1
-        # 2. decoder batches over (source length, target length)
+
         sums = torch.zeros(len(ex), dtype=torch.float64, device=dev)
-        job_src_len = src.lengths[ex.job_src]
-        for rows in plan_batches(job_src_len, tgt.lengths, budget, weights=dec_weights, **plan_args):
-            batch = collate_targets(tgt, rows, pad_id, bos)
-            labels = batch["labels"]
-            T = labels.shape[1]
-            pos = np.flatnonzero(labels.reshape(-1) >= 0)  # the scored positions, row by row
-            sl = job_src_len[rows]
-            S = int(sl.max())
-            real = np.arange(S) < sl[:, None]
-            gather = np.where(real, start[ex.job_src[rows]][:, None] + np.arange(S), n_packed)
-            t = self.h2d({"dec_in": batch["dec_in"], "dec_slots": batch["dec_slots"],
-                          "targets": labels.reshape(-1)[pos], "pos": pos, "row": pos // T,
-                          "gather": gather, "mask": real, "out": rows})
-            h = packed.index_select(0, t["gather"].reshape(-1)).view(len(rows), S, -1)
+        for b, (lo, hi) in enumerate(dec.bounds()):
+            T, S, B = int(dec_T[b]), int(dec_S[b]), hi - lo
+            # decoder input = <bos> + target[:-1], padded; its slots alike (the <bos> and padding slots are 0)
+            at, _ = padded_index(t["dec_off"][lo:hi], t["dec_len"][lo:hi], ar[:T], n_tgt_tok, shift=1)
+            at[:, 0] = n_tgt_tok + 1
+            gather, src_real = padded_index(t["dec_state_at"][lo:hi], t["dec_src_len"][lo:hi], ar[:S], n_buf)
+            a, z = int(tok_cut[b]), int(tok_cut[b + 1])
             with self._autocast():
-                hidden = model.decoder_states(h, t["mask"], t["dec_in"], t["dec_slots"])
-                logits = model.project(hidden.reshape(-1, hidden.shape[-1]).index_select(0, t["pos"]))
-            tok_lp = -F.cross_entropy(logits.float(), t["targets"], reduction="none")
-            row_sums = torch.zeros(len(rows), dtype=torch.float64, device=dev).index_add_(0, t["row"], tok_lp.double())
-            sums.index_copy_(0, t["out"], row_sums)
-            n_real = len(pos)
-            stats["flops"] += decoder_flops(shape, len(rows), S, T, n_real)
-            stats["decoder_real_tokens"] += n_real
-            stats["decoder_padded_tokens"] += labels.size
-            stats["real_tokens"] += n_real
-            stats["padded_tokens"] += labels.size
-            stats["target_tokens"] += n_real
+                hidden = model.decoder_states(states[gather], src_real.long(), t["tgt"][at], t["tgt_slots"][at])
+                logits = model.project(hidden.reshape(-1, hidden.shape[-1]).index_select(0, t["pos"][a:z]))
+            tok_lp = -F.cross_entropy(logits.float(), t["targets"][a:z], reduction="none")
+            row_sums = torch.zeros(B, dtype=torch.float64, device=dev).index_add_(0, t["row"][a:z], tok_lp.double())
+            sums.index_copy_(0, t["dec_rows"][lo:hi], row_sums)
+            real_tok = z - a
+            stats["flops"] += decoder_flops(shape, B, S, T, real_tok)
+            stats["decoder_real_tokens"] += real_tok
+            stats["decoder_padded_tokens"] += B * T
+            stats["real_tokens"] += real_tok
+            stats["padded_tokens"] += B * T
+            stats["target_tokens"] += real_tok
             stats["decoder_batches"] += 1
         return sums.cpu().numpy()  # the one read back
+
+
+class _Plan:
+    """A batch plan (`plan_batches`) as flat arrays: the rows batch after batch, each batch's size and
+    first place, and each row's place in its batch."""
+
+    def __init__(self, batches: list):
+        self.sizes = np.fromiter(map(len, batches), np.int64, len(batches))
+        self.rows = np.concatenate(batches)
+        self.starts = np.cumsum(self.sizes) - self.sizes
+        self.local = np.arange(len(self.rows)) - np.repeat(self.starts, self.sizes)
+
+    def bounds(self):
+        return zip(self.starts.tolist(), (self.starts + self.sizes).tolist())
