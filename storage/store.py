@@ -25,10 +25,10 @@ TMP_DIR = "_tmp"  # temporary files, renamed into place when whole: never inside
 COMPLETE = "_COMPLETE"
 # The run format: the layout and table schemas a run's files follow. open_run writes it into a new run's
 # manifest ("format_version") and a resume keeps it, so a run has one format for its whole life. Code that
-# still reads runs of an earlier format asks `run_format` (NOTES-i39-layout.md lists each such path and
-# the formats that need it, so it can be retired with them). 1: every run opened before format versions
-# were read (2026-11); its harvests may lack columns or keep older types, and its fingerprint may hold
-# its input paths as spelt. 2: the schemas and fingerprints of this version.
+# still reads runs of an earlier format asks `run_format` (docs/notes/2026-11-26-one-home-per-concept.md
+# lists each such path and the formats that need it, so it can be retired with them). 1: every run opened
+# before format versions were read (2026-11); its harvests may lack columns or keep older types, and its
+# fingerprint may hold its input paths as spelt. 2: the schemas and fingerprints of this version.
 FORMAT_VERSION = 2
 
 
