@@ -121,8 +121,7 @@ def resolve_variant(cfg: RemixConfig, manifest: dict) -> Optional[str]:
 
 def remix_unit(tables: dict, lam: dict, metric: str, variant: Optional[str] = None) -> tuple[dict, dict]:
     """Recompute S and every pair's Eq. 4 row for one unit (eq4_rows.py; in a grouped harvest the three
-    variants of each pair's group too, `variant` filling `score`); returns (tables, counts). Pairs
-    the source left without contexts keep their rows."""
+    variants of each pair's group too, `variant` filling `score`); returns (tables, counts)."""
     from sentsim.context.scorer import combine_terms
 
     cs, sent, pairs = tables["context_scores"], tables["sentences"], tables["pairs"]
@@ -136,11 +135,16 @@ def remix_unit(tables: dict, lam: dict, metric: str, variant: Optional[str] = No
            if "context_ids" in sent.column_names else None)
 
     cols = pairs.to_pydict()
-    todo = [i for i in range(len(cols["pair_id"]))
-            if cols["score"][i] is not None or not has_no_contexts(cols["null_reason"][i])]
+    scored = [i for i in range(len(cols["pair_id"]))
+              if cols["score"][i] is not None or not has_no_contexts(cols["null_reason"][i])]
+    # With C_s known every pair is rebuilt, as the harvest built it: a pair without contexts still
+    # belongs to its group, whose sentences the centred variant averages over. Before context_ids,
+    # such a pair keeps its row (its shared contexts are other pairs').
+    todo = list(range(len(cols["pair_id"]))) if own is not None else scored
+    shortfall = dict(zip(sent.column("sentence_id").to_pylist(), sent.column("shortfall").to_pylist()))
     grouped = variant is not None and own is not None
     try:
-        rows = pair_rows([(cols["s1_id"][i], cols["s2_id"][i]) for i in todo], terms, metric, own,
+        rows = pair_rows([(cols["s1_id"][i], cols["s2_id"][i]) for i in todo], terms, metric, own, shortfall,
                          group_of=[cols["group_id"][i] for i in todo] if grouped else None,
                          variant=variant if grouped else "paper")
     except MissingTerm as exc:
@@ -150,7 +154,7 @@ def remix_unit(tables: dict, lam: dict, metric: str, variant: Optional[str] = No
         for k, v in row.items():
             cols[k][i] = v
     counts = {"pairs": len(cols["pair_id"]), "null_scores": sum(x is None for x in cols["score"]),
-              "approximate": len(todo) if own is None else 0, "rescored": len(todo)}
+              "approximate": len(scored) if own is None else 0, "rescored": len(scored)}
     out_pairs = pa.Table.from_pydict(cols, schema=pairs.schema)
     return {"pairs": out_pairs, "sentences": sent, "context_scores": cs}, counts
 
