@@ -34,13 +34,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+    from corpus.view import CorpusIndex
     from sentsim.config import load_config
     from sentsim.context.model import read_bundle_meta
     from sentsim.harvest.config import HarvestConfig
-    from sentsim.harvest.contexts import ContextSource
-    from sentsim.harvest.corpus_index import CorpusIndex
     from sentsim.pairs_file import read_pairs_file
     from sentsim.retrieval import open_retriever
+    from sentsim.screening.contexts import ContextSource
 
     cfg = load_config(HarvestConfig, args.config, args.sets, out="unused")
     window = int(read_bundle_meta(cfg.context_models[0]).get("model_config", {}).get("context_sentences", 1))

@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     from sentsim.context.config import ContextTrainConfig
     from sentsim.context.model import build_model, load_bundle
     from sentsim.context.train import evaluate, heldout_examples
-    from sentsim.rank.targets import checkpoint_hash
+    from sentsim.identity import checkpoint_hash
 
     ref = (Path(args.cache).expanduser() if args.cache else user_cache()) / "reference"
     corpus = str(ref / "corpus")

@@ -124,8 +124,8 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
+    from corpus.view import ChunkTable, SentenceTable
     from sentsim.retrieval import IndexConfig, build_index, open_retriever
-    from sentsim.retrieval.corpus_view import ChunkTable, SentenceTable
 
     t = time.perf_counter()
     corpus = build_gutenberg(args.books)

@@ -47,7 +47,7 @@ def reset_peak():
 
 corpus_path, n, sample_only = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 from sentsim.harvest.config import HarvestConfig
-from sentsim.harvest.corpus_index import CorpusIndex
+from corpus.view import CorpusIndex
 from sentsim.harvest import job
 
 cfg = HarvestConfig.model_validate(dict(corpus=corpus_path, out="/tmp/unused", context_models=["m"],

@@ -36,7 +36,7 @@ def rank_only_harvest(out: Path, n_anchors: int, n_sentences: int, seed: int = 0
     import pyarrow.dataset as ds
 
     from sentsim.corpus_job import build_corpus
-    from sentsim.harvest.job import ANCHORS_TABLE
+    from sentsim.harvest.anchors import ANCHORS_TABLE
     from sentsim.harvest.stages import PAIR_SCHEMA, SENTENCE_SCHEMA
     from sentsim.rank import rank_similarity
     from sentsim.rank.targets import RankTargets, default_base_encoder, sample_anchors

@@ -100,7 +100,7 @@ def export(sizes: list[int], work: Path) -> None:
 
 def _item(u: dict) -> dict:
     """One exported unit as the item ScoreStage takes from ContextStage."""
-    from sentsim.harvest.contexts import Context, ContextSet
+    from sentsim.screening.contexts import Context, ContextSet
 
     return {"unit": u["unit"], "pairs": [tuple(p) for p in u["pairs"]], "timing": {},
             "texts": {int(s): t for s, t in u["texts"].items()},
@@ -160,8 +160,8 @@ def report(scores: Path) -> None:
     res = json.loads(scores.read_text())
     cpu = json.loads((RESULTS / "teacher_curve_scores.json").read_text())
     curve = json.loads((RESULTS / "teacher_curve.json").read_text())
+    from corpus.documents import text_id
     from sentsim.harvest.pairs import pair_id
-    from sentsim.harvest.stages import text_id
 
     def by_pair(rows):
         return {(pair_id(text_id(r["s1"]), text_id(r["s2"])), float(r["gold"])): r["score"] for r in rows}

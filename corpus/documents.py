@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
@@ -50,6 +51,17 @@ def sentence_id_of(doc_key, sent_idx):
 
 def same_doc(a, b):
     return doc_key_of(a) == doc_key_of(b)
+
+
+# Sentences given as text (a pairs file, `sentsim contexts --sentences`), not taken from the corpus, get
+# ids with this bit set: a document key would need 42 bits to reach it, so they never meet a corpus id.
+EXPLICIT_ID_BIT = 1 << 62
+
+
+def text_id(text: str) -> int:
+    """The id of a sentence given by its text: a hash of the text, the same in every run and process."""
+    h = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+    return EXPLICIT_ID_BIT | (h & (EXPLICIT_ID_BIT - 1))
 
 
 class BadDocument(Exception):

@@ -1,11 +1,11 @@
-"""Ingestion in work units: the inputs' identity, their cut into units of whole documents, and
-one unit's sentence and chunk tables. Running units (Ray, resume, the shard store) is the job's
-part, in `sentsim.corpus_job`; this module imports from sentsim only the config kernel.
+"""Ingestion in work units: the inputs' identity (their sha256: storage.fs.input_sha256), their cut
+into units of whole documents, and one unit's sentence and chunk tables. Running units (Ray, resume,
+the shard store) is the job's part, in `sentsim.corpus_job`; this module imports from sentsim only
+the config kernel.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -15,7 +15,7 @@ from corpus.config import CorpusConfig
 from corpus.documents import BadDocument, UnitResult, ingest_document
 from corpus.readers import RawRecord, iter_records
 from sentsim.errors import InputError
-from storage.fs import sha256_path
+from storage.fs import input_sha256
 
 
 def describe_inputs(paths: Sequence[str]) -> List[dict]:
@@ -27,25 +27,6 @@ def describe_inputs(paths: Sequence[str]) -> List[dict]:
         out.append({"path": os.path.abspath(p), "name": os.path.basename(p), "bytes": os.path.getsize(p),
                     "sha256": input_sha256(p)})
     return out
-
-
-def input_sha256(path: str) -> str:
-    """sha256 of a local input file (a corpus input, a pairs file), as fingerprints have always taken it.
-
-    pyarrow's streams decompress by the file's name, so a gzip file named *.gz has been hashed by its
-    decompressed bytes (kept: the fingerprints of runs over such inputs stay); a truncated one is then an
-    InputError, not a traceback. Any other file, a plain file named *.gz among them (the readers take it
-    as plain text, by its first bytes), is hashed by its bytes, which pyarrow would have tried to inflate.
-    """
-    with open(path, "rb") as f:
-        gzipped = path.lower().endswith(".gz") and f.read(2) == b"\x1f\x8b"
-        if not gzipped:
-            f.seek(0)
-            return hashlib.file_digest(f, "sha256").hexdigest()
-    try:
-        return sha256_path(path)
-    except (OSError, EOFError, ValueError) as exc:
-        raise InputError(f"{path}: unreadable or truncated gzip file ({(str(exc).splitlines() or [''])[0]})") from None
 
 
 def plan_units(paths: Sequence[str], cfg: CorpusConfig) -> Iterator[dict]:

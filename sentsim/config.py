@@ -8,8 +8,6 @@ Defaults follow the papers; the comment beside each default cites its section.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import re
 from pathlib import Path
@@ -154,12 +152,6 @@ def load_config(schema: type[T], path: str | None = None, overrides: Iterable[st
         return schema.model_validate(data)
     except ValidationError as exc:
         raise UsageError(format_validation_error(exc)) from None
-
-
-def fingerprint(*parts: Any) -> str:
-    """Stable hash of JSON-able parts (resolved config, input manifests, checkpoint hashes)."""
-    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
 def add_run_arguments(parser, executor: str = "ray") -> None:

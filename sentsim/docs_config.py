@@ -58,7 +58,7 @@ COMMANDS = (
     Command("sentsim index build", "sentsim.retrieval.base:IndexConfig"),
     Command("sentsim train discriminator", "sentsim.discriminator.train:DiscriminatorJob"),
     Command("sentsim cache build", "sentsim.screening.cache_job:RepCacheConfig"),
-    Command("sentsim contexts", "sentsim.screening_job:ScreenConfig"),
+    Command("sentsim contexts", "sentsim.screening.contexts_job:ScreenConfig"),
     Command("sentsim train context", "sentsim.context.config:ContextTrainConfig"),
     Command("sentsim harvest", "sentsim.harvest.config:HarvestConfig"),
     Command("sentsim remix", "sentsim.harvest.remix:RemixConfig",
@@ -103,7 +103,9 @@ def _source(cls: type) -> _Source:
     tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     node: ast.AST = tree
     for part in cls.__qualname__.split("."):
-        node = next(n for n in ast.iter_child_nodes(node) if isinstance(n, ast.ClassDef) and n.name == part)
+        node = next((n for n in ast.iter_child_nodes(node) if isinstance(n, ast.ClassDef) and n.name == part), None)
+        if node is None:  # a class made by pydantic.create_model (StudentConfig): no statement, so no notes
+            return _Source(path, {}, None, {})
     fields = {stmt.target.id: (stmt.lineno, stmt.end_lineno) for stmt in node.body
               if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)}
     return _Source(path, fields, ast.get_docstring(node), _module_comments(path))
@@ -117,6 +119,8 @@ def field_comments(cls: type, name: str) -> list[str]:
     """The comment block right above field `name`'s statement (no blank line between), then the comments on the
     statement's own lines, each as one text."""
     src = _source(_declaring_class(cls, name))
+    if name not in src.fields:  # a field create_model added (a student objective's section): notes are its class's
+        return []
     first, last = src.fields[name]
     above, row = [], first - 1
     while row in src.comments and src.comments[row][1]:

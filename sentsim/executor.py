@@ -25,8 +25,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from sentsim.config import fingerprint
 from sentsim.errors import UsageError
+from sentsim.identity import fingerprint
 from sentsim.pipeline import PLACEMENT_KEY, StageSpec, UnitPlan, run_pipeline
 
 EXECUTORS = ("ray", "inline")
@@ -54,7 +54,8 @@ class ShardedJob:
     open_extra: Optional[dict] = None  # extra manifest keys at open_run
     window: Optional[int] = None  # units per Ray Data pass when units are a generator
     # given a stored manifest with another fingerprint: the one an earlier sentsim gave this same run
-    # (e.g. before input paths left the fingerprint); equal to the stored one, the run resumes under it
+    # (e.g. before input paths left the fingerprint); equal to the stored one, the run resumes under it.
+    # Asked of runs of format 1 only (storage.store.FORMAT_VERSION): later ones hold today's fingerprints
     earlier_fingerprint: Optional[Callable[[dict], str]] = None
     # config keys outside the fingerprint (flattened, e.g. "resources"; "inputs.0.corpus" for an input): a
     # refused resume does not list their differences as if they had caused it
@@ -195,8 +196,10 @@ def execute(job: ShardedJob, executor: str = "ray", address: Optional[str] = Non
 
 
 def _fingerprint_to_resume(job: ShardedJob, store, fp: str, force_new: bool) -> str:
-    """This run's fingerprint, or the stored run's when an earlier sentsim gave this same run that one."""
+    """This run's fingerprint, or the stored run's when an earlier sentsim gave this same run that one
+    (a run of format 1: those fingerprints held the input paths as spelt, until 2026-11-24)."""
     from storage import StoreError
+    from storage.store import run_format
 
     if force_new or job.earlier_fingerprint is None:
         return fp
@@ -205,7 +208,7 @@ def _fingerprint_to_resume(job: ShardedJob, store, fp: str, force_new: bool) -> 
     except StoreError:  # open_run says what is wrong with it
         return fp
     if stored and stored.get("stage") == job.stage and stored.get("fingerprint") not in (None, fp) \
-            and job.earlier_fingerprint(stored) == stored["fingerprint"]:
+            and run_format(stored) == 1 and job.earlier_fingerprint(stored) == stored["fingerprint"]:
         return stored["fingerprint"]
     return fp
 

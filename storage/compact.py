@@ -53,17 +53,22 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from storage import fs as sfs
+from storage.compaction import (
+    COMPACT_DIR,
+    COMPACT_MANIFEST,
+    FILE_PREFIX,
+    Compaction,
+    compact_path,
+    load_compaction,
+    read_compaction,
+    write_manifest,
+)
 from storage.lease import RunLease
-from storage.store import ShardStore, StoreError, _now, record_check
+from storage.reader import RunReader
+from storage.records import StoreError, timestamp
+from storage.store import ShardStore
 
-COMPACT_DIR = "_compact"
-COMPACT_MANIFEST = "manifest.json"
 PLAN = "plan.json"
-FILE_PREFIX = "compact-"
-
-
-def compact_path(store: ShardStore, *parts: str) -> str:
-    return store.path(COMPACT_DIR, *parts)
 
 
 def file_name(generation: int, i: int) -> str:
@@ -73,128 +78,6 @@ def file_name(generation: int, i: int) -> str:
 def fix_hint(uri: str) -> str:
     return (f"run `sentsim store verify {uri}` to list the problems, resume the job that wrote the run (the same "
             "command) to redo those units, then compact again")
-
-
-def read_compaction(store: ShardStore, fingerprint: Optional[str]) -> Optional[dict]:
-    """The committed compaction of this run (same fingerprint), or None: the run reads per-unit files."""
-    found, rec = sfs.read_json(store.fs, compact_path(store, COMPACT_MANIFEST))
-    if not found:
-        return None
-    if not isinstance(rec, dict) or not isinstance(rec.get("tables"), dict) or \
-            (rec.get("check") is not None and rec["check"] != record_check(rec)):
-        raise StoreError(f"{store.uri}/{COMPACT_DIR}/{COMPACT_MANIFEST} is not valid (edited or corrupt), so the "
-                         "compacted files it indexes cannot be read; restore it from a copy, or start the run over "
-                         "with --force-new")
-    return rec if rec.get("fingerprint") == fingerprint else None
-
-
-def load_compaction(store: ShardStore, fingerprint: Optional[str]) -> Optional["Compaction"]:
-    rec = read_compaction(store, fingerprint)
-    return Compaction(store, rec) if rec is not None else None
-
-
-class Compaction:
-    """A committed compaction, read against the run's current unit markers."""
-
-    def __init__(self, store: ShardStore, record: dict):
-        self.store, self.record = store, record
-        self.generation = int(record.get("generation", 0))
-        self.tables: Dict[str, List[dict]] = record.get("tables", {})
-        self._index: Dict[str, Dict[int, tuple]] = {}
-        self._where: Dict[str, str] = {}
-        self._listed: Dict[str, set] = {}
-
-    def entries(self, table: str) -> Dict[int, tuple]:
-        """unit -> (file record, its first row in the file, its rows, the sha256 of the shard it was
-        copied from; None in compactions written before sentsim recorded it)."""
-        if table not in self._index:
-            index = {}
-            for rec in self.tables.get(table, []):
-                offset = 0
-                for entry in rec["units"]:  # in unit order, each unit's rows as written
-                    u, n = int(entry[0]), int(entry[1])
-                    index[u] = (rec, offset, n, entry[2] if len(entry) > 2 else None)
-                    offset += n
-            self._index[table] = index
-        return self._index[table]
-
-    def covers(self, table: str, unit: int, marker_file: Optional[dict]) -> Optional[Tuple[dict, int, int]]:
-        """(file record, offset, rows) when the compacted slice holds the very rows the unit's marker
-        names (`marker_file`: the marker's entry for `table`), else None."""
-        e = self.entries(table).get(unit)
-        if e is None or marker_file is None:
-            return None
-        rec, offset, n, sha = e
-        if (sha is not None and sha != marker_file.get("sha256")) or n != int(marker_file.get("rows", -1)):
-            return None
-        return rec, offset, n
-
-    def stale(self, table: str, markers: Dict[int, dict]) -> Dict[str, List[int]]:
-        """Compacted files of `table` that also hold rows no current marker vouches for (a unit redone
-        or its marker lost since): file path -> those units. Such a file cannot be read whole."""
-        out: Dict[str, List[int]] = {}
-        for u, (rec, _, _, _) in sorted(self.entries(table).items()):
-            m = markers.get(u)
-            if self.covers(table, u, (m or {}).get("files", {}).get(table)) is None:
-                out.setdefault(rec["path"], []).append(u)
-        return out
-
-    def location(self, rec: dict) -> str:
-        """The file's path relative to the run: in the table's folder, or still at its staged name
-        when the compaction was killed before moving it there. One listing of the folder per table
-        (not a request per file: an object store answers a listing of 1,000 names at once)."""
-        rel = rec["path"]
-        if rel not in self._where:
-            folder, _, name = rel.rpartition("/")
-            if folder not in self._listed:
-                d = self.store.path(folder)
-                self._listed[folder] = ({i.base_name for i in self.store.fs.get_file_info(pafs.FileSelector(d))}
-                                        if sfs.exists(self.store.fs, d) else set())
-            staged = rec.get("staged")
-            if staged and name not in self._listed[folder] and sfs.exists(self.store.fs, self.store.path(staged)):
-                rel = staged
-            self._where[rec["path"]] = rel
-        return self._where[rec["path"]]
-
-    def file_problem(self, rec: dict, deep: bool = True) -> Optional[str]:
-        """None if the compacted file checks out against its record (size; sha256 when `deep`)."""
-        rel = self.location(rec)
-        info = self.store.fs.get_file_info(self.store.path(rel))
-        if info.type == pafs.FileType.NotFound:
-            return f"{rel}: missing (named by {COMPACT_DIR}/{COMPACT_MANIFEST})"
-        if info.size != rec["bytes"]:
-            return (f"{rel}: size {info.size} bytes, {COMPACT_DIR}/{COMPACT_MANIFEST} says {rec['bytes']} "
-                    "(truncated or edited)")
-        if deep and sfs.sha256_file(self.store.fs, self.store.path(rel))[0] != rec["sha256"]:
-            return f"{rel}: checksum differs from {COMPACT_DIR}/{COMPACT_MANIFEST} (edited or corrupt)"
-        return None
-
-    def withdraw(self, paths: List[str]) -> None:
-        """Drop broken compacted files from the committed compaction (a resumed job then redoes their
-        units): the new manifest first, then the files."""
-        drop = set(paths)
-        record = dict(self.record, tables={t: [r for r in recs if r["path"] not in drop]
-                                           for t, recs in self.tables.items()}, written=_now())
-        write_manifest(self.store, record)
-        for recs in self.tables.values():
-            for r in recs:
-                if r["path"] in drop:
-                    for rel in {r["path"], r.get("staged") or r["path"]}:
-                        if sfs.exists(self.store.fs, self.store.path(rel)):
-                            sfs.delete_durable(self.store.fs, self.store.path(rel))
-        self.__init__(self.store, record)
-
-
-def write_manifest(store: ShardStore, record: dict) -> None:
-    record = {k: v for k, v in record.items() if k != "check"}
-    record["check"] = record_check(record)
-    store.commit_bytes(compact_path(store, COMPACT_MANIFEST), json.dumps(record, sort_keys=True).encode())
-
-
-def compacted_units(store: ShardStore, fingerprint: Optional[str]) -> set:
-    """Units with rows in the committed compaction (whether or not their markers still agree)."""
-    comp = load_compaction(store, fingerprint)
-    return {u for t in (comp.tables if comp else {}) for u in comp.entries(t)} if comp else set()
 
 
 # ---- planning -------------------------------------------------------------------------------------
@@ -386,8 +269,6 @@ def _problems(store: ShardStore, fp: str, planned: int,
 def compact_run(uri: str, target_bytes: int = 128 << 20, stop_after: Optional[int] = None, stream=None) -> dict:
     """Compact the complete run at `uri` (resumable, incremental). `stop_after`: write at most that many
     output files, then stop before the commit (tests; a kill does the same). Returns a summary dict."""
-    from storage.reader import RunReader
-
     stream = stream or sys.stderr
     if not target_bytes >= 1:
         raise StoreError(f"target size must be positive, got {target_bytes} bytes")
@@ -426,7 +307,7 @@ def compact_run(uri: str, target_bytes: int = 128 << 20, stop_after: Optional[in
                 print(f"[compact] resuming the compaction begun with a target of {plan['target_bytes']:,} bytes",
                       file=stream, flush=True)
         if plan is None:
-            plan = {"fingerprint": fp, "generation": generation, "target_bytes": target_bytes, "created": _now(),
+            plan = {"fingerprint": fp, "generation": generation, "target_bytes": target_bytes, "created": timestamp(),
                     "tables": {t: plan_groups(markers, t, target_bytes, _kept_files(comp, t, markers))
                                for t in tables}}
             store.commit_bytes(plan_p, json.dumps(plan, sort_keys=True).encode())
@@ -460,7 +341,7 @@ def compact_run(uri: str, target_bytes: int = 128 << 20, stop_after: Optional[in
                     any(sum(int(e[1]) for e in r["units"]) != r["rows"] for r in records[t]):
                 raise StoreError(f"{uri}: compacted {t} would not hold exactly the units' rows; nothing committed")
         manifest = {"fingerprint": fp, "generation": generation, "target_bytes": plan["target_bytes"],
-                    "units": sorted(markers), "tables": records, "written": _now()}
+                    "units": sorted(markers), "tables": records, "written": timestamp()}
         lease.check()
         write_manifest(store, manifest)  # the commit point
         removed = _finish(store, Compaction(store, read_compaction(store, fp)), markers)

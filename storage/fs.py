@@ -21,6 +21,8 @@ from typing import Any, Optional, Tuple
 
 import pyarrow.fs as pafs
 
+from sentsim.errors import InputError
+
 TMP_PREFIX = ".tmp-"  # temporary files: dot-prefixed, which every dataset reader skips
 
 
@@ -185,3 +187,22 @@ def sha256_path(uri: str) -> str:
     """Hex sha256 of the file at a local path or a URI."""
     fs, path = resolve(uri)
     return sha256_file(fs, path)[0]
+
+
+def input_sha256(path: str) -> str:
+    """sha256 of a local input file (a corpus input, a pairs file), as fingerprints have always taken it.
+
+    pyarrow's streams decompress by the file's name, so a gzip file named *.gz has been hashed by its
+    decompressed bytes (kept: the fingerprints of runs over such inputs stay); a truncated one is then an
+    InputError, not a traceback. Any other file, a plain file named *.gz among them (the readers take it
+    as plain text, by its first bytes), is hashed by its bytes, which pyarrow would have tried to inflate.
+    """
+    with open(path, "rb") as f:
+        gzipped = path.lower().endswith(".gz") and f.read(2) == b"\x1f\x8b"
+        if not gzipped:
+            f.seek(0)
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    try:
+        return sha256_path(path)
+    except (OSError, EOFError, ValueError) as exc:
+        raise InputError(f"{path}: unreadable or truncated gzip file ({(str(exc).splitlines() or [''])[0]})") from None

@@ -30,8 +30,9 @@ import pyarrow.parquet as pq
 
 from sentsim.errors import InputError
 from storage import fs as sfs
-from storage.compact import COMPACT_DIR, COMPACT_MANIFEST, Compaction, load_compaction
-from storage.store import MANIFEST, ShardStore, StoreError
+from storage.compaction import COMPACT_DIR, COMPACT_MANIFEST, Compaction, load_compaction
+from storage.records import StoreError
+from storage.store import MANIFEST, ShardStore, check_format, run_format
 
 
 class RunReader:
@@ -49,6 +50,7 @@ class RunReader:
         self.manifest: dict = self.store.read_manifest() or {}
         if manifest_required and not self.manifest:
             raise StoreError(f"{self._where}: not a sentsim run directory (no {MANIFEST})")
+        check_format(self.manifest, self._where, "read it with that sentsim")
         self._units: Optional[Dict[int, dict]] = None
         self._compaction: Optional[dict] = None
         self._view: Optional[Compaction] = None
@@ -62,6 +64,11 @@ class RunReader:
     @property
     def fingerprint(self) -> Optional[str]:
         return self.manifest.get("fingerprint")
+
+    @property
+    def format_version(self) -> int:
+        """The run format (storage.store.FORMAT_VERSION) the run was written in; 1 for runs from before."""
+        return run_format(self.manifest)
 
     @property
     def planned_units(self) -> Optional[int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import io
 import json
@@ -14,20 +13,38 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sentsim.errors import UsageError
 from storage import fs as sfs
+from storage.compaction import COMPACT_DIR, load_compaction
 from storage.lease import RunLease
+from storage.records import StoreError, record_check, timestamp
 
 MANIFEST = "manifest.json"
 UNITS_DIR = "_units"
 SIDE_DIR = "_side"  # run-level tables that belong to no unit (e.g. the harvest's rank anchors)
 TMP_DIR = "_tmp"  # temporary files, renamed into place when whole: never inside a table's folder
 COMPLETE = "_COMPLETE"
-FORMAT_VERSION = 1
+# The run format: the layout and table schemas a run's files follow. open_run writes it into a new run's
+# manifest ("format_version") and a resume keeps it, so a run has one format for its whole life. Code that
+# still reads runs of an earlier format asks `run_format` (NOTES-i39-layout.md lists each such path and
+# the formats that need it, so it can be retired with them). 1: every run opened before format versions
+# were read (2026-11); its harvests may lack columns or keep older types, and its fingerprint may hold
+# its input paths as spelt. 2: the schemas and fingerprints of this version.
+FORMAT_VERSION = 2
 
 
-class StoreError(UsageError):
-    """A store that cannot be used as asked: another run's fingerprint, a missing manifest, ..."""
+def run_format(manifest: Optional[dict]) -> int:
+    """The format a run was opened with: its manifest's "format_version" (1 where the manifest has none)."""
+    v = (manifest or {}).get("format_version", 1)
+    return v if isinstance(v, int) and not isinstance(v, bool) else 1
+
+
+def check_format(manifest: Optional[dict], uri: str, fix: str) -> None:
+    """Refuse a run written in a format newer than this sentsim's: it could be misread, or resumed
+    with shards of another layout. `fix` ends the line (what the user can do)."""
+    v = run_format(manifest)
+    if v > FORMAT_VERSION:
+        raise StoreError(f"{uri} was written by a newer sentsim (run format {v}; this one knows formats up to "
+                         f"{FORMAT_VERSION}); {fix}")
 
 
 def part_name(unit: int) -> str:
@@ -81,17 +98,6 @@ def what_changed(stored: dict, config: dict, inputs: List[dict], most: int = 6, 
     if changed:
         parts.append(f"input(s) changed: {', '.join(changed[:3])}" + (" ..." if len(changed) > 3 else ""))
     return "; ".join(parts) if parts else "same config and inputs, so a model or checkpoint they name changed"
-
-
-def record_check(record: dict) -> str:
-    """A checksum of a JSON record (less its own `check`): an edited or bit-flipped marker or compaction
-    record that still parses is caught, not trusted."""
-    body = json.dumps({k: v for k, v in record.items() if k != "check"}, sort_keys=True, default=str)
-    return hashlib.sha256(body.encode()).hexdigest()[:16]
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 class ShardStore:
@@ -164,6 +170,7 @@ class ShardStore:
             self.lease = RunLease(self.fs, self.root, self.uri).acquire()
         existing = self.read_manifest()
         if existing is not None and not force_new:
+            check_format(existing, self.uri, "resume it with that sentsim, or pass --force-new to start it over here")
             if existing.get("stage") != stage:
                 raise StoreError(
                     f"{self.uri} holds a '{existing.get('stage')}' run, not '{stage}'; "
@@ -193,7 +200,7 @@ class ShardStore:
             "inputs": inputs,
             "tables": {t: schema_signature(s) for t, s in schemas.items()},
             "planned_units": planned_units,
-            "created": _now(),
+            "created": timestamp(),
             "complete": False,
         }
         if extra:
@@ -232,7 +239,7 @@ class ShardStore:
         p = self.path(COMPLETE)
         if sfs.exists(self.fs, p):
             sfs.delete_durable(self.fs, p)
-        for name in [UNITS_DIR, SIDE_DIR, "_compact"]:  # _compact/manifest.json commits a compaction
+        for name in [UNITS_DIR, SIDE_DIR, COMPACT_DIR]:  # _compact/manifest.json commits a compaction
             d = self.path(name)
             if sfs.exists(self.fs, d):
                 self.fs.delete_dir(d)
@@ -262,7 +269,8 @@ class ShardStore:
                 "bytes": len(blob),
                 "sha256": hashlib.sha256(blob).hexdigest(),
             }
-        record = {"unit": unit, "fingerprint": fingerprint, "files": files, "extra": extra or {}, "written": _now()}
+        record = {"unit": unit, "fingerprint": fingerprint, "files": files, "extra": extra or {},
+                  "written": timestamp()}
         record["check"] = record_check(record)
         # the commit point of the unit: only once every shard above is durably in place
         self.commit_bytes(self.marker_path(unit), json.dumps(record, sort_keys=True).encode())
@@ -335,7 +343,7 @@ class ShardStore:
 
     def check_unit(self, record: dict, deep: bool = True, compaction=None) -> Optional[str]:
         """None if the unit's files match its marker; otherwise what is wrong. A table whose rows a
-        committed compaction holds (`compaction`, storage.compact.Compaction) is checked there."""
+        committed compaction holds (`compaction`, storage.compaction.Compaction) is checked there."""
         for table, f in record["files"].items():
             if compaction is not None and compaction.covers(table, int(record["unit"]), f) is not None:
                 continue  # its compacted file is checked once, for all its units (completed_units)
@@ -349,8 +357,6 @@ class ShardStore:
 
         On a compacted run (`sentsim store compact`) a unit's rows may live in a compacted file: a file
         that no longer checks out is withdrawn from the compaction first, and its units are redone."""
-        from storage.compact import load_compaction
-
         done: Dict[int, UnitRecord] = {}
         self.redo_reasons: Dict[int, str] = {}
         compaction = load_compaction(self, fingerprint)
@@ -394,7 +400,7 @@ class ShardStore:
         manifest["planned_units"] = planned_units
         manifest["completed_units"] = len(done)
         manifest["complete"] = len(done) == planned_units
-        manifest["finished"] = _now()
+        manifest["finished"] = timestamp()
         self.write_manifest(manifest)
         if manifest["complete"]:
             self.commit_bytes(self.path(COMPLETE), manifest["fingerprint"].encode())
@@ -407,8 +413,6 @@ class ShardStore:
         (same sha256) is removed, so DIR/<table> holds each row once; units redone with other bytes
         leave a compacted file holding rows no marker vouches for, which readers refuse until
         `sentsim store compact` rewrites it: said here, once."""
-        from storage.compact import load_compaction
-
         comp = load_compaction(self, fingerprint)
         if comp is None:
             return
@@ -437,7 +441,7 @@ class ShardStore:
         blob = buf.getvalue()
         self.commit_bytes(self.side_path(name), blob)
         record = {"name": name, "path": f"{SIDE_DIR}/{name}.parquet", "rows": data.num_rows, "bytes": len(blob),
-                  "sha256": hashlib.sha256(blob).hexdigest(), "fingerprint": fingerprint, "written": _now()}
+                  "sha256": hashlib.sha256(blob).hexdigest(), "fingerprint": fingerprint, "written": timestamp()}
         self.commit_bytes(self.path(SIDE_DIR, f"{name}.json"), json.dumps(record, sort_keys=True).encode())
         return record
 
@@ -482,14 +486,19 @@ class ShardStore:
         return sfs.exists(self.fs, self.path(COMPLETE))
 
     def incomplete_note(self) -> Optional[str]:
-        """One line for readers of a run that is still going (or stopped part-way): training on it
-        works, on the units written so far, but the user should know. None when the manifest does
-        not say `complete: false` (finished runs, hand-made folders)."""
+        """One line for readers of a run that is still going (or stopped part-way), or of a finished run
+        that has lost units since (a deleted or damaged completion marker): training on it works, on
+        the units there are, but the user should know. None when every planned unit is readable, and
+        for hand-made folders (no manifest)."""
         manifest = self.read_manifest() or {}
-        if manifest.get("complete", True) is not False:
-            return None
         planned = manifest.get("planned_units")
-        return f"{self.uri} is not complete ({len(self.markers())}/{planned if planned else '?'} units written)"
+        done = len(self.markers())
+        if manifest.get("complete", True) is not False:
+            if not isinstance(planned, int) or done >= planned:
+                return None
+            return (f"{self.uri} says it is complete, but only {done}/{planned} units are readable "
+                    "(`sentsim store verify` names the others; resuming the job redoes them)")
+        return f"{self.uri} is not complete ({done}/{planned if planned else '?'} units written)"
 
 
 def open_store(uri: str) -> ShardStore:

@@ -13,9 +13,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from storage import fs as sfs
-from storage.store import UNITS_DIR, ShardStore, StoreError, schema_signature
+from storage.compaction import FILE_PREFIX, load_compaction
+from storage.records import StoreError
+from storage.store import UNITS_DIR, ShardStore, check_format, schema_signature
 
-COMPACT = "_compact"
 AGAIN = "run `sentsim store compact` again"
 
 
@@ -34,12 +35,11 @@ def _check_parquet(store: ShardStore, rel: str, rows: int, expected, table: str,
 
 def verify_store(uri: str) -> List[str]:
     """Every problem found, one line each, naming the shard. Empty means the run checks out."""
-    from storage.compact import FILE_PREFIX, load_compaction
-
     store = ShardStore(uri)
     manifest = store.read_manifest()
     if manifest is None:
         raise StoreError(f"{uri}: no manifest.json here; is this a sentsim run directory?")
+    check_format(manifest, uri, "verify it with that sentsim")
     problems: List[str] = []
     fp = manifest.get("fingerprint")
     tables = manifest.get("tables", {})

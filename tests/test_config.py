@@ -3,8 +3,9 @@
 import pytest
 
 from corpus.config import CorpusConfig
-from sentsim.config import fingerprint, load_config, parse_overrides
+from sentsim.config import load_config, parse_overrides
 from sentsim.errors import UsageError
+from sentsim.identity import fingerprint
 
 
 def test_defaults_and_overrides(tmp_path):

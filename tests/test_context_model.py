@@ -374,9 +374,10 @@ def test_doc_id_prefixes_train_and_hold_out_only_the_chosen_documents(corpus_dir
     """doc_id_prefixes keeps the training stream and the held-out set to the documents it names (a
     Wikipedia-only teacher from the full corpus), every such sentence once a pass; a prefix that names
     nothing is a one-line error, and a run trained before the setting existed keeps its fingerprint."""
-    from sentsim.config import fingerprint, load_config
+    from sentsim.config import load_config
     from sentsim.context.train import RESUMABLE, heldout_examples, run_fingerprint, train_windows
     from sentsim.errors import UsageError
+    from sentsim.identity import fingerprint
 
     cfg = ContextTrainConfig.model_validate({"model": TINY_MODEL, **TRAIN, "doc_id_prefixes": ["nltk:inaugural"]})
     every = list(iter_documents(corpus_dir, 20, "train"))

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from sentsim.context.config import ContextModelConfig, ScorerConfig
+from sentsim.context.batching import collate_np, padded_index, plan_batches
+from sentsim.context.config import DIRECTIONS, ContextModelConfig, ScorerConfig
+from sentsim.context.example_arrays import build_examples
 from sentsim.context.model import build_model, load_bundle, save_bundle, warm_start_tokenizer
 from sentsim.context.scorer import ContextItem, ContextScorer
 from sentsim.context.tokenizer import train_bpe
@@ -78,6 +81,124 @@ def test_batched_equals_one_at_a_time(bundle, items):
     # a tiny budget (one item per batch) gives the same numbers as a large one
     small = ContextScorer(bundle, ScorerConfig(**FP32, batch_tokens=16)).score(items)
     np.testing.assert_allclose(small.score, batched.score, atol=1e-4)
+
+
+def _as_list(ctx) -> list:
+    """How the scorer took a context before its examples were built in numpy (main at e3dd5d2)."""
+    if ctx is None:
+        return []
+    if isinstance(ctx, str):
+        return [ctx] if ctx.strip() else []
+    return [c for c in ctx if c and c.strip()]
+
+
+def _random_items(docs, n: int, seed: int) -> list:
+    """Items as a harvest and a caller may give them: edges of documents, several or no context sentences,
+    a context as one string, blank and None entries, empty and over-long sentences, repeated contexts, tuples."""
+    rng = random.Random(seed)
+    pool = [x for d in docs for x in d if x.strip()]
+    odd = ["", "   ", None, " ".join(["word"] * 150), "Short."]
+
+    def ctx():
+        r = rng.random()
+        if r < 0.1:
+            return None
+        if r < 0.15:
+            return rng.choice(["", "  ", rng.choice(pool)])  # one string
+        return [rng.choice(pool) if rng.random() < 0.85 else rng.choice(odd) for _ in range(rng.randrange(0, 5))]
+
+    shared = [(ctx(), ctx()) for _ in range(8)]  # contexts that many sentences are scored against
+    items = []
+    for _ in range(n):
+        sent = rng.choice(pool) if rng.random() < 0.85 else rng.choice(odd + [" ".join(["long"] * 80)])
+        left, right = rng.choice(shared) if rng.random() < 0.4 else (ctx(), ctx())
+        items.append(ContextItem(sent, left, right) if rng.random() < 0.8 else (sent, left, right))
+    return items
+
+
+@pytest.mark.parametrize("k,max_source,max_target", [(1, 96, 40), (2, 96, 40), (3, 24, 8), (2, 12, 4)])
+def test_vectorised_examples_equal_build_example(bundle, docs, k, max_source, max_target):
+    """Every (item, direction) example the scorer builds in numpy is `build_example`'s, token for token, slots
+    and truncation counts included; an item gets an example in a direction exactly when build_example gives
+    one; items with the same source share one encoder row; the padded batches are `collate_np`'s."""
+    _, tok, _ = load_bundle(bundle)
+    cfg = ContextModelConfig(**{**TINY, "context_sentences": k, "max_source_tokens": max_source,
+                                "max_target_tokens": max_target})
+    scorer = ContextScorer((cfg, tok, {}), ScorerConfig(**FP32))
+    items = _random_items(docs, 400, seed=k * 1000 + max_source)
+    table, centre, left, right, _ = scorer._layout(items)
+    ex = build_examples(table, tok.ids, k, DIRECTIONS, centre, left, right, max_source, max_target)
+
+    def ids(texts):
+        return tok.encode(texts)
+
+    want = {}
+    for i, it in enumerate(items):
+        it = it if isinstance(it, ContextItem) else ContextItem(*it)
+        lt, rt = ids(_as_list(it.left)), ids(_as_list(it.right))
+        for d in DIRECTIONS:
+            e = build_example(tok.ids, k, d, lt, ids([it.sentence or ""])[0], rt, max_source, max_target)
+            if e is not None:
+                want[(i, d)] = e
+    got = {(int(ex.item[q]), DIRECTIONS[ex.direction[q]]): ex.example(q) for q in range(len(ex))}
+    assert set(got) == set(want)
+    for key, e in want.items():
+        assert got[key] == e, key
+    if max_source < 30:
+        assert ex.fallbacks > 0 and any(e.src_truncated for e in want.values())
+        assert any(e.tgt_truncated for e in want.values())
+    distinct = {(tuple(e.src), tuple(e.src_slots)) for e in want.values()}
+    if not any(e.src_truncated for e in want.values()):
+        assert len(ex.src) == len(distinct)
+    else:  # the key is the texts: two long texts cut to the same tokens are encoded twice (harmless)
+        assert len(distinct) <= len(ex.src) < len(ex)
+    for q in range(len(ex)):  # jobs that share an encoder row have the same source
+        assert ex.src.row(int(ex.job_src[q])) == (want[(int(ex.item[q]), DIRECTIONS[ex.direction[q]])].src,
+                                                  want[(int(ex.item[q]), DIRECTIONS[ex.direction[q]])].src_slots)
+    # the padded batches, cut as the scorer cuts them on the device, are collate_np's
+    src_flat = torch.from_numpy(np.concatenate([ex.src.tokens, [tok.pad_id]]).astype(np.int64))
+    src_slots = torch.from_numpy(np.concatenate([ex.src.slots, [0]]).astype(np.int64))
+    tgt_flat = torch.from_numpy(np.concatenate([ex.tgt.tokens, [tok.pad_id, tok.bos_id]]).astype(np.int64))
+    tgt_slots = torch.from_numpy(np.concatenate([ex.tgt.slots, [0, 0]]).astype(np.int64))
+    n_tgt = len(ex.tgt.tokens)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        rows = np.sort(rng.choice(len(ex), size=min(37, len(ex)), replace=False))
+        ref = collate_np([ex.example(q) for q in rows], tok.pad_id, tok.bos_id)
+        srows = ex.job_src[rows]
+        S, T = ref["src"].shape[1], ref["labels"].shape[1]
+        at, real = padded_index(torch.from_numpy(ex.src.offsets[srows]), torch.from_numpy(ex.src.lengths[srows]),
+                                torch.arange(S), len(ex.src.tokens))
+        np.testing.assert_array_equal(src_flat[at].numpy(), ref["src"])
+        np.testing.assert_array_equal(src_slots[at].numpy(), ref["src_slots"])
+        np.testing.assert_array_equal(real.long().numpy(), ref["src_mask"])
+        at, real = padded_index(torch.from_numpy(ex.tgt.offsets[rows]), torch.from_numpy(ex.tgt.lengths[rows]),
+                                torch.arange(T), n_tgt, shift=1)
+        at[:, 0] = n_tgt + 1
+        np.testing.assert_array_equal(tgt_flat[at].numpy(), ref["dec_in"])
+        np.testing.assert_array_equal(tgt_slots[at].numpy(), ref["dec_slots"])
+        np.testing.assert_array_equal(real.numpy(), ref["labels"] >= 0)
+
+
+def test_scoring_plan_pads_little_and_keeps_every_example():
+    """The scorer's batch plan: every example once, within the budget, and at most ~10% padding where the
+    lengths allow it with batches of at least budget/16 real tokens; the training plan is unchanged."""
+    rng = np.random.default_rng(1)
+    s = np.concatenate([rng.integers(15, 60, 1500), rng.integers(60, 190, 100)])
+    t = np.concatenate([rng.integers(3, 40, 1500), rng.integers(40, 96, 100)])
+    budget = 16384
+    for weights in ((1.0, 1.0), (1.0, 7.0), (1.0, 0.0)):
+        tt = t if weights[1] else np.zeros_like(t)
+        plan = plan_batches(s, tt, budget, max_padding=0.1, min_tokens=budget // 16, weights=weights)
+        assert sorted(np.concatenate(plan).tolist()) == list(range(len(s)))
+        assert all(len(b) * (s[b].max() + tt[b].max()) <= budget for b in plan)
+        ws, wt = weights
+        padded = sum(len(b) * (ws * s[b].max() + wt * tt[b].max()) for b in plan)
+        assert 1 - (ws * s.sum() + wt * tt.sum()) / padded <= 0.10, weights
+        plain = plan_batches(s, tt, budget)
+        plain_padded = sum(len(b) * (ws * s[b].max() + wt * tt[b].max()) for b in plain)
+        assert padded < plain_padded
+        assert sum(int(s[b].sum() + tt[b].sum()) < budget // 16 for b in plan) <= 1  # a short tail at most
 
 
 def test_shared_encoder_output(bundle, items):

@@ -14,7 +14,7 @@ def index(speech_corpus, tmp_path_factory):
 
 
 def test_context_sets_obey_diversity_rules(speech_corpus, index, tmp_path):
-    from sentsim.harvest.corpus_index import CorpusIndex
+    from corpus.view import CorpusIndex
 
     out = tmp_path / "ctx"
     r = sentsim_cli("contexts", "--corpus", speech_corpus, "--index", index, "--out", out, "--executor", "inline",

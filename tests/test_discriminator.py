@@ -92,9 +92,9 @@ def test_saved_model_loads_and_refuses_another_corpus(trained, wiki_corpus, spee
 def test_trained_head_ranks_contexts_per_sentence(trained, wiki_corpus):
     """Screening is sentence-specific: for 40 real windows of held-out documents, each centre
     sentence ranks its own context well above the others, so rankings differ between sentences."""
+    from corpus.view import ChunkTable, SentenceTable
     from sentsim.discriminator import Discriminator
     from sentsim.discriminator.data import window_centres
-    from sentsim.retrieval.corpus_view import ChunkTable, SentenceTable
     from sentsim.screening import ContextCache, expand_candidates, score_candidates
 
     d = Discriminator.load(trained, corpus=wiki_corpus)

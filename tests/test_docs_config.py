@@ -113,5 +113,18 @@ def test_rows_read_descriptions_comments_types_and_the_parents_defaults():
     assert rows["path"].default == '`""`'
 
 
+def test_a_model_built_by_create_model_keeps_its_bases_notes_and_its_sections_own():
+    """StudentConfig is built with create_model (a section per registered student objective): the fields it
+    adds have no statement, hence no notes of their own, while its base's fields and the sections' keys keep theirs."""
+    from pydantic import create_model
+
+    built = create_model("Built", __base__=_Toy, __module__=__name__, added=(_Inner, _Inner(n=3)))
+    rows = {r.key: r for r in docs_config.rows(built)}
+    assert rows["size"].text == "what it is. a block above the field, on two lines. §1.2 of a paper."
+    assert rows["added"].type == "section" and rows["added"].text == "The keys of `_Inner`, as above."
+    assert rows["added.n"].default == "`3`" and rows["added.n"].text == "trailing note."
+    assert docs_config.class_doc(built) == ""
+
+
 def test_cells_escape_pipes_and_html_like_tags_outside_code():
     assert docs_config._cell("under <out>/x, `<kept>`, c< and |C_s|") == "under &lt;out>/x, `<kept>`, c< and \\|C_s\\|"

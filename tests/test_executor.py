@@ -105,7 +105,7 @@ def inputs(speech_corpus, tmp_path_factory):
 def test_contexts_runs_the_configured_actor_pool(inputs, ray_2gpu, tmp_path):
     """`resources.max_actors=2` of `sentsim contexts` gives 2 screening actors that both work."""
     from sentsim.config import load_config
-    from sentsim.screening_job import ScreenConfig, screen_contexts
+    from sentsim.screening.contexts_job import ScreenConfig, screen_contexts
 
     cfg = load_config(ScreenConfig, None, ["sample=48", "per_unit=4", "contexts.size=5", "contexts.retrieve_chunks=40",
                                            "resources.num_cpus=0.5", "resources.min_actors=2",

@@ -86,10 +86,10 @@ def test_rank_anchors_are_stored_with_the_run(inline_run, tmp_path):
 
 def test_eq4_value_of_one_pair_matches_direct_computation(inline_run, inputs):
     """Recompute one pair's score from the scorer directly: Eq. 3 per (sentence, context), Eq. 4 over C_s1 + C_s2."""
+    from corpus.view import CorpusIndex
     from sentsim.context.scorer import ContextItem, ContextScorer
-    from sentsim.harvest.contexts import ContextSource
-    from sentsim.harvest.corpus_index import CorpusIndex
     from sentsim.retrieval import open_retriever
+    from sentsim.screening.contexts import ContextSource
 
     cfg, out = inline_run
     t = pairs_of(out).to_pandas()
@@ -167,12 +167,12 @@ def test_discriminator_terms_match_direct_scoring(inputs):
     the ranking is sentence-specific."""
     import torch
 
+    from corpus.view import CorpusIndex
     from sentsim.discriminator import CoherenceModel, Discriminator, ModelConfig
     from sentsim.discriminator.vocab import Vocab
     from sentsim.harvest.config import ContextSetConfig
-    from sentsim.harvest.contexts import ContextSource
-    from sentsim.harvest.corpus_index import CorpusIndex
     from sentsim.retrieval import open_retriever
+    from sentsim.screening.contexts import ContextSource
 
     corpus = CorpusIndex(str(inputs["corpus"]))
     torch.manual_seed(0)
@@ -378,6 +378,7 @@ def as_written_before_context_ids(src, dst):
         marker.write_text(json.dumps(rec))
     m = json.loads((dst / "manifest.json").read_text())
     m["tables"]["sentences"] = [c for c in m["tables"]["sentences"] if c[0] != "context_ids"]
+    m["format_version"] = 1
     (dst / "manifest.json").write_text(json.dumps(m))
     return dst
 
@@ -450,12 +451,15 @@ def test_anchors_that_partner_each_other_give_each_pair_once(inputs, tmp_path):
     assert len(keys) > 12  # many pairs, each proposed from both ends
 
 
-def as_fingerprinted(run, fp):
-    """The run with every record's fingerprint replaced by `fp` (manifest, unit markers, side tables)."""
+def as_fingerprinted(run, fp, run_format=1):
+    """The run with every record's fingerprint replaced by `fp` (manifest, unit markers, side tables), as
+    an earlier sentsim wrote it: run format 1, markers without a checksum of their own."""
     for f in [run / "manifest.json", *(run / "_units").glob("*.json"), *(run / "_side").glob("*.json")]:
         rec = json.loads(f.read_text())
         rec["fingerprint"] = fp
-        rec.pop("check", None)  # as an earlier sentsim wrote it: markers had no checksum of their own
+        rec.pop("check", None)
+        if f.name == "manifest.json":
+            rec["format_version"] = run_format
         f.write_text(json.dumps(rec))
     (run / "_COMPLETE").unlink()
     return run
@@ -467,10 +471,11 @@ def test_a_run_resumes_under_another_spelling_of_its_input_paths(inline_run, tmp
     under its own fingerprint; a changed setting is still refused."""
     import os
 
-    from sentsim.config import fingerprint
-    from sentsim.harvest.corpus_index import CorpusIndex
+    from corpus.view import CorpusIndex
     from sentsim.harvest.job import STAGE, harvest, model_hashes, plan
+    from sentsim.identity import fingerprint
     from storage import StoreError
+    from storage.store import FORMAT_VERSION
 
     cfg, out = inline_run
     corpus = CorpusIndex(cfg.corpus)
@@ -490,6 +495,10 @@ def test_a_run_resumes_under_another_spelling_of_its_input_paths(inline_run, tmp
         m = harvest(cfg.model_copy(update={**respelt, "out": str(run)}), executor="inline", quiet=True)
         assert m["complete"] and m["fingerprint"] == fp and m["this_run"]["units"] == 1, name
         assert pairs_of(run).equals(pairs_of(out)), name
+    # only a run of format 1 can hold such a fingerprint: a later run holding one is another run, refused
+    later = as_fingerprinted(shutil.copytree(out, tmp_path / "later"), before, run_format=FORMAT_VERSION)
+    with pytest.raises(StoreError, match=f"written with fingerprint {before}"):
+        harvest(cfg.model_copy(update={**respelt, "out": str(later)}), executor="inline", quiet=True)
     with pytest.raises(StoreError, match="fingerprint") as refused:
         harvest(cfg.model_copy(update={**respelt, "out": str(tmp_path / "earlier"), "seed": 1}), executor="inline",
                 quiet=True)
@@ -524,3 +533,19 @@ def test_a_resumed_run_keeps_the_format_it_began_in(inputs, tmp_path, monkeypatc
     assert m["scoring_precision"] == "off"
     assert json.loads((moved / "report.json").read_text())["scoring_precision"] == {"off": 4}
     assert not pairs_of(moved).column("score").equals(pairs_of(whole).column("score"))
+
+
+def test_units_scored_together_give_the_rows_of_units_scored_alone(inline_run, tmp_path):
+    """resources.scoring.units_per_call hands several units to one scoring call (one scorer pass over all
+    their items, to fill a GPU): every unit's rows are those it gets alone, inline as on Ray."""
+    from sentsim.harvest.job import harvest
+
+    cfg, out = inline_run
+    cfg = cfg.model_copy(update={"scoring": cfg.scoring.model_copy(update={"autocast": "off"})})
+    alone, together = tmp_path / "alone", tmp_path / "together"
+    harvest(cfg.model_copy(update={"out": str(alone)}), executor="inline", quiet=True)
+    res = cfg.resources.model_copy(update={"scoring": cfg.resources.scoring.model_copy(update={"units_per_call": 3})})
+    harvest(cfg.model_copy(update={"out": str(together), "resources": res}), executor="inline", quiet=True)
+    a, b = pairs_of(alone).to_pandas(), pairs_of(together).to_pandas()
+    assert len(a) == len(b) > 0 and a.pair_id.equals(b.pair_id)
+    assert np.allclose(a.score.astype(float), b.score.astype(float), rtol=0, atol=1e-6, equal_nan=True)

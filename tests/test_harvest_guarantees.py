@@ -157,7 +157,8 @@ EXECUTION = {
     "scoring.device": "cpu", "scoring.torch_threads": 1, "scoring.batch_tokens": 1024,
     "contexts.rep_cache": "/nowhere/rep_cache",  # used only with a discriminator, and then by its identity
     **{f"resources.{stage}.{k}": v for stage in ("contexts", "scoring", "rank")
-       for k, v in (("num_cpus", 2.0), ("num_gpus", 1.0), ("memory_gb", 1.5), ("min_actors", 2), ("max_actors", 3))},
+       for k, v in (("num_cpus", 2.0), ("num_gpus", 1.0), ("memory_gb", 1.5), ("min_actors", 2), ("max_actors", 3),
+                    ("units_per_call", 4))},
 }
 # keys that cannot change alone: the other keys that change with them
 ALONG = {f"resources.{stage}.min_actors": {f"resources.{stage}.max_actors": 2}

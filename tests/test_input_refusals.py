@@ -43,7 +43,7 @@ def test_truncated_gzip_input_is_one_line(tmp_path):
 
 
 def test_plain_file_named_gz_is_read_and_hashed_as_plain(tmp_path):
-    from corpus.units import input_sha256
+    from storage.fs import input_sha256
 
     src = tmp_path / "docs.jsonl.gz"
     src.write_bytes(b'{"id": "a", "paragraphs": ["One plain sentence. And another one."]}\n')

@@ -97,7 +97,7 @@ def vectors_run(speech_corpus, tmp_path_factory):
 
 @slow
 def test_vectors_round_trip_parquet_and_ray_data(vectors_run, ray_local):
-    from sentsim.harvest.job import stored_anchor_vectors
+    from sentsim.harvest.anchors import stored_anchor_vectors
     from storage import ShardStore, verify_store
     from storage.reader import open_run
 

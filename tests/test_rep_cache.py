@@ -23,10 +23,11 @@ def save_untrained_discriminator(corpus, out, seed: int = 0, window: int = 1):
     import torch
     from safetensors.torch import save_file
 
+    from corpus.view import SentenceTable
     from sentsim.discriminator import CoherenceModel, ModelConfig
     from sentsim.discriminator.io import FORMAT
     from sentsim.discriminator.vocab import Vocab
-    from sentsim.retrieval.corpus_view import SentenceTable, corpus_fingerprint
+    from sentsim.identity import corpus_fingerprint
 
     torch.manual_seed(seed)
     mc = ModelConfig(window=window, embed_dim=16, hidden=16, head_dim=16, embed_init="random")
@@ -67,8 +68,9 @@ def _tables(out):
 
 
 def test_store_cache_reads_back_and_equals_the_in_memory_build(speech_corpus, parts, built):
+    from corpus.documents import doc_key_of
+    from corpus.view import SentenceTable
     from sentsim.discriminator import Discriminator
-    from sentsim.retrieval.corpus_view import DOC_SHIFT, SentenceTable
     from sentsim.screening import ContextCache
     from storage import verify_store
 
@@ -84,7 +86,7 @@ def test_store_cache_reads_back_and_equals_the_in_memory_build(speech_corpus, pa
     # units hold whole documents: no document is split between two shards
     doc_units = {}
     for part in sorted((built / "reps").glob("part-*.parquet")):
-        docs = set((ds.dataset(str(part)).to_table().column("sentence_id").to_numpy() >> DOC_SHIFT).tolist())
+        docs = set(doc_key_of(ds.dataset(str(part)).to_table().column("sentence_id").to_numpy()).tolist())
         for d in docs:
             assert d not in doc_units, f"document {d} in {doc_units.get(d)} and {part.name}"
             doc_units[d] = part.name
@@ -135,9 +137,9 @@ def test_cache_for_another_discriminator_or_corpus_is_refused(speech_corpus, par
     from sentsim.corpus_job import build_corpus
     from sentsim.discriminator import Discriminator
     from sentsim.errors import UsageError
-    from sentsim.retrieval.corpus_view import corpus_fingerprint
+    from sentsim.identity import cache_identity, corpus_fingerprint
     from sentsim.screening import ContextCache
-    from sentsim.screening.cache_job import cache_identity, check_rep_cache
+    from sentsim.screening.cache_job import check_rep_cache
 
     # another discriminator into the same run directory: one line, exit 2, no traceback
     r = sentsim_cli("cache", "build", "--corpus", speech_corpus, "--discriminator", parts["other_disc"],
@@ -202,8 +204,8 @@ def _reference_context_sets(corpus, retriever, disc, texts, size, chunks):
 
 
 def test_screening_through_the_store_cache_selects_the_same_context_sets(speech_corpus, parts, built, tmp_path):
+    from corpus.view import CorpusIndex
     from sentsim.discriminator import Discriminator
-    from sentsim.harvest.corpus_index import CorpusIndex
     from sentsim.retrieval import open_retriever
 
     index = build_index_for(speech_corpus, tmp_path / "index")
@@ -250,11 +252,10 @@ def test_harvest_builds_the_cache_first_and_scores_from_it(speech_corpus, parts,
     of the full head on freshly encoded reps."""
     from harvest_support import harvest_config, tiny_context_bundle
 
+    from corpus.view import CorpusIndex
     from sentsim.discriminator import Discriminator
-    from sentsim.harvest.corpus_index import CorpusIndex
     from sentsim.harvest.job import harvest, model_hashes
-    from sentsim.retrieval.corpus_view import corpus_fingerprint
-    from sentsim.screening.cache_job import cache_identity
+    from sentsim.identity import cache_identity, corpus_fingerprint
 
     index = build_index_for(speech_corpus, tmp_path / "index")
     bundle = tiny_context_bundle(speech_corpus, tmp_path / "ctx")

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from corpus.view import ChunkTable, SentenceTable
 from sentsim.cli import main as cli_main
 from sentsim.errors import UsageError
 from sentsim.retrieval import IndexConfig, build_index, open_retriever
 from sentsim.retrieval.base import merge_topk, topk_sparse_rows
-from sentsim.retrieval.corpus_view import ChunkTable, SentenceTable
 
 
 def build_small_corpus(tmp: Path, docs: list[dict], name: str) -> Path:
@@ -288,7 +288,7 @@ def test_classic_and_bm25_scores_follow_lucene_formulas(tmp_path):
         "Nothing here matches the query at all."])]
     corpus = build_small_corpus(tmp_path, docs, "three")
     ch, st = ChunkTable.load(corpus), SentenceTable.load(corpus)
-    from sentsim.retrieval.corpus_view import chunk_texts
+    from corpus.view import chunk_texts
 
     texts = chunk_texts(ch, st)
     grams = [[f"{a} {b}" for a, b in zip(w, w[1:])] for w in

@@ -165,8 +165,9 @@ def test_eval_scores_reads_marked_pairs_only(dirty_run):
 def test_corpus_readers_use_markers(speech_corpus, tmp_path):
     import shutil
 
+    from corpus.view import SentenceTable
     from sentsim.context.windows import iter_documents
-    from sentsim.retrieval.corpus_view import SentenceTable, corpus_fingerprint
+    from sentsim.identity import corpus_fingerprint
 
     c = tmp_path / "corpus"
     shutil.copytree(speech_corpus, c)

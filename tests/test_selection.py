@@ -7,8 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
+from corpus.documents import doc_key_of
+from corpus.view import ChunkTable, SentenceTable
 from sentsim.errors import UsageError
-from sentsim.retrieval.corpus_view import DOC_SHIFT, ChunkTable, SentenceTable
 from sentsim.screening import (
     ContextCache,
     ContextSetConfig,
@@ -98,7 +99,7 @@ def test_selection_rejects_inconsistent_inputs():
 
 def test_candidate_expansion_edges(tables):
     st, ch = tables
-    doc0 = st.ids[(st.ids >> DOC_SHIFT) == (st.ids[0] >> DOC_SHIFT)]
+    doc0 = st.ids[doc_key_of(st.ids) == doc_key_of(st.ids[0])]
     first_chunk = int(ch.chunk_ids[0])
     c = expand_candidates([first_chunk, -1, -1], [0.7, 0.0, 0.0], ch, st.ids, window=1)
     # slot 0 is the first sentence of the document: no left context, dropped
@@ -127,7 +128,7 @@ def _untrained_discriminator(corpus, st):
 
     from sentsim.discriminator import CoherenceModel, Discriminator, ModelConfig
     from sentsim.discriminator.vocab import Vocab
-    from sentsim.retrieval.corpus_view import corpus_fingerprint
+    from sentsim.identity import corpus_fingerprint
 
     torch.manual_seed(0)
     cfg = ModelConfig(embed_dim=32, hidden=32, head_dim=32)
@@ -230,18 +231,18 @@ def test_screened_sets_equal_the_eager_selection(speech_corpus, tables, screenin
 
 
 def _source(corpus, idx, disc, cache, cfg):
-    from sentsim.harvest.contexts import ContextSource
-    from sentsim.harvest.corpus_index import CorpusIndex
+    from corpus.view import CorpusIndex
     from sentsim.retrieval import open_retriever
+    from sentsim.screening.contexts import ContextSource
 
     return ContextSource(CorpusIndex(str(corpus)), cfg, window=1, seed=0, retriever=open_retriever(idx),
                          discriminator=disc, cache=cache)
 
 
 def test_screening_refuses_mixed_corpora(speech_corpus, screening_parts):
-    from sentsim.harvest.contexts import ContextSource
-    from sentsim.harvest.corpus_index import CorpusIndex
+    from corpus.view import CorpusIndex
     from sentsim.retrieval import open_retriever
+    from sentsim.screening.contexts import ContextSource
 
     disc, cache, idx = screening_parts
     r = open_retriever(idx)

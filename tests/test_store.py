@@ -164,7 +164,7 @@ def test_s3_write_resume_and_verify(s3_server, sample_path, speech_corpus):
 def test_refused_resume_names_changed_keys_and_inputs(tmp_path):
     import pyarrow as pa
 
-    from storage.store import StoreError
+    from storage import StoreError
 
     schemas = {"t": pa.schema([("x", pa.int64())])}
     store = ShardStore(str(tmp_path / "run"))
@@ -178,9 +178,47 @@ def test_refused_resume_names_changed_keys_and_inputs(tmp_path):
     assert "splits" not in msg  # a tuple is the list it was stored as, not a change
 
 
+def test_a_run_records_its_format_and_every_reader_refuses_a_newer_one(run_copy, sample_path):
+    """The manifest carries the run format; a run from before format versions reads as format 1 and
+    still resumes; a run of a format newer than this sentsim knows is refused by every reader and by a
+    resume, in one line (exit 2 through the commands), rather than misread or extended with shards of
+    another layout."""
+    from storage import RunReader, StoreError
+    from storage.store import FORMAT_VERSION
+
+    manifest = json.loads((run_copy / "manifest.json").read_text())
+    assert manifest["format_version"] == FORMAT_VERSION == RunReader(str(run_copy)).format_version
+    manifest.pop("format_version")  # as a run written before the manifest carried one
+    (run_copy / "manifest.json").write_text(json.dumps(manifest))
+    assert RunReader(str(run_copy)).format_version == 1 and verify_store(str(run_copy)) == []
+    (run_copy / "_units" / "00002.json").unlink()  # stopped before unit 2's marker: resumed by this sentsim
+    r = sentsim_cli("corpus", "build", sample_path, "--out", run_copy, "--executor", "inline",
+                    "--set", "docs_per_unit=4")
+    assert r.returncode == 0 and "resuming" in r.stderr, r.stderr
+    resumed = json.loads((run_copy / "manifest.json").read_text())
+    assert resumed["complete"] and "format_version" not in resumed  # a run keeps the format it began in
+
+    (run_copy / "manifest.json").write_text(json.dumps(dict(resumed, format_version=FORMAT_VERSION + 1)))
+    newer = f"written by a newer sentsim (run format {FORMAT_VERSION + 1}"
+    with pytest.raises(StoreError, match=r"newer sentsim.*read it with that sentsim"):
+        RunReader(str(run_copy))
+    store = ShardStore(str(run_copy))
+    with pytest.raises(StoreError, match=r"newer sentsim.*--force-new"):
+        store.open_run("corpus", resumed["fingerprint"], {}, [], {})
+    store.release()  # the lease open_run took before it read the manifest
+    build = ("corpus", "build", sample_path, "--out", run_copy, "--executor", "inline", "--set", "docs_per_unit=4")
+    for args in (("store", "verify", run_copy), ("store", "compact", run_copy), build):
+        r = sentsim_cli(*args)
+        assert r.returncode == 2 and newer in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = sentsim_cli(*build, "--force-new")  # starts it over, in this sentsim's format
+    assert r.returncode == 0, r.stderr
+    assert json.loads((run_copy / "manifest.json").read_text())["format_version"] == FORMAT_VERSION
+
+
 @pytest.mark.parametrize("content", [b"", b"{not json", b"[1, 2]"])
 def test_broken_manifest_says_what_to_do(tmp_path, content):
-    from storage.store import StoreError
+    from storage import StoreError
 
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "manifest.json").write_bytes(content)

@@ -157,7 +157,11 @@ def test_incomplete_harvest_is_named(tmp_path, stsb_pairs):
     (h / "manifest.json").write_text(json.dumps({**m, "complete": False, "planned_units": 5}))
     note = inspect_harvest(h).incomplete_note()
     assert "not complete (2/5 units written)" in note and "training on its 50 pairs" in note
+    # a finished run that lost units since (a marker deleted or damaged) is named too, not read silently
     (h / "manifest.json").write_text(json.dumps({**m, "complete": True, "planned_units": 5}))
+    note = inspect_harvest(h).incomplete_note()
+    assert "says it is complete, but only 2/5 units are readable" in note and "training on its 50 pairs" in note
+    (h / "manifest.json").write_text(json.dumps({**m, "complete": True, "planned_units": 2}))
     assert inspect_harvest(h).incomplete_note() is None
 
 

@@ -20,7 +20,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from sentsim.config import load_config, run_exit_code
-    from sentsim.screening_job import ScreenConfig, screen_contexts
+    from sentsim.screening.contexts_job import ScreenConfig, screen_contexts
 
     cfg = load_config(ScreenConfig, args.config, args.overrides, corpus=args.corpus, index=args.index,
                       discriminator=args.discriminator, sentences=args.sentences, out=args.out)

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from sentsim.config import load_config
+from sentsim.students import objectives
 from sentsim.training.cli import add_training_arguments, backbone_or_default, training_overrides
 
 COMMAND = ("train", "student")
-HELP = "train a student encoder (rankencoder | rse | paser) from harvested shards"
+HELP = f"train a student encoder ({' | '.join(objectives.names())}) from harvested shards"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--objective", choices=["rankencoder", "rse", "paser"], default=None,
-                        help="rankencoder (004: rank-vector targets), rse (000: relational), "
-                             "paser (002: phrase reconstruction)")
+    parser.add_argument("--objective", choices=objectives.names(), default=None, help=objectives.describe())
     parser.add_argument("--triples", metavar="FILE", help="rse: JSONL/Parquet of s_i, relation, s_j[, hard_negative]")
     parser.add_argument("--eval-sts", metavar="DIR", help="after training, run the STS suite found under DIR")
     parser.add_argument("--executor", choices=["ray", "inline"], default="ray",

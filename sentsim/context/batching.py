@@ -10,8 +10,13 @@ target) padded tokens):
     in both lengths. With ~200 batches to plan, 6-7% of the tokens are padding at 131,072 tokens
     a batch and ~1% at 4,096 (BENCHMARKS.md, "GPU").
 
+The scorer (`ContextScorer`, many batches per call from a few thousand examples) plans with a padding
+target as well (`max_padding`): groups are cut where the two parts pad least, down to a minimum size.
+
 `collate_np` pads with numpy in a few vectorised steps (numpy int32, cheap to send between
-processes); `collate` is the same batch as int64 torch tensors. The layout is the training
+processes); `collate` is the same batch as int64 torch tensors. The scorer keeps its examples as
+`RaggedRows` (flat token and slot arrays), sends them to the device once per call, and cuts each
+batch there (`padded_index`). The layout is the training
 loss's and the scorer's: decoder input = <bos> + target[:-1], labels = target, -100 where padded.
 """
 
@@ -46,15 +51,26 @@ def token_batches(exs: list[Example], budget: int, rng: Optional[random.Random] 
     return out
 
 
-def plan_batches(src_len: np.ndarray, tgt_len: np.ndarray, budget: int, fill: float = 0.95) -> list[np.ndarray]:
+def plan_batches(src_len: np.ndarray, tgt_len: np.ndarray, budget: int, fill: float = 0.95,
+                 max_padding: Optional[float] = None, min_tokens: int = 0,
+                 weights: tuple[float, float] = (1.0, 1.0)) -> list[np.ndarray]:
     """Indices of each batch, in plan order (sorted by length; shuffle them yourself).
 
     A group that fits the budget padded to its longest source and target is a batch; otherwise it is
     split on the length (source or target) whose range is wider, at the share that leaves the first
     part about floor(m/2) of the m batches the group needs at `fill` of the budget, so that batches
-    come out nearly full. An example longer than the budget alone is a batch of one."""
+    come out nearly full. An example longer than the budget alone is a batch of one.
+
+    max_padding (scoring): groups are cut where the two parts pad least (sorted on source or on target
+    length, whichever pads less), each part keeping `min_tokens` real tokens, and a group that fits but
+    is more than `max_padding` padding is cut too. Padding is counted with `weights` (source, target)
+    per position: what a padded position costs.
+    Training does not ask for it: its budget is filled by many groups (stream.py), a scoring call's by
+    a few, and a few groups cut only to fit the budget span wide ranges of length (49% padding at
+    65,536 tokens on one harvest unit, bench/results/scoring_host.md)."""
     src_len = np.asarray(src_len, dtype=np.int64)
     tgt_len = np.asarray(tgt_len, dtype=np.int64)
+    ws, wt = weights
     out: list[np.ndarray] = []
     stack = [np.arange(len(src_len))]
     while stack:
@@ -62,16 +78,115 @@ def plan_batches(src_len: np.ndarray, tgt_len: np.ndarray, budget: int, fill: fl
         if not len(idx):
             continue
         s, t = src_len[idx], tgt_len[idx]
-        if len(idx) == 1 or len(idx) * (int(s.max()) + int(t.max())) <= budget:
+        fits = len(idx) * (int(s.max()) + int(t.max())) <= budget
+        if len(idx) == 1 or (fits and max_padding is None):
             out.append(idx)
             continue
-        key = s if (s.max() - s.min()) >= (t.max() - t.min()) else t
-        order = idx[np.argsort(key, kind="stable")]
-        m = max(2, int(np.ceil((int(s.sum()) + int(t.sum())) / (budget * fill))))
-        h = min(max(int(round(len(order) * (m // 2) / m)), 1), len(order) - 1)
-        stack.append(order[h:])  # popped second: the plan runs from short to long
-        stack.append(order[:h])
+        parts = None
+        if max_padding is not None:
+            padded_now = len(idx) * (ws * int(s.max()) + wt * int(t.max()))
+            if not fits or (padded_now and 1.0 - (ws * int(s.sum()) + wt * int(t.sum())) / padded_now > max_padding):
+                # an over-budget group prefers the cut `fill` would make (nearly full batches), one that
+                # fits a cut in the middle
+                m = max(2, int(np.ceil((int(s.sum()) + int(t.sum())) / (budget * fill))))
+                prefer = 0.5 if fits else (m // 2) / m
+                parts = _least_padded_cut(idx, s, t, min_tokens, padded_now if fits else np.inf, weights, prefer)
+            if parts is None and fits:
+                out.append(idx)
+                continue
+        if parts is None:
+            key = s if (s.max() - s.min()) >= (t.max() - t.min()) else t
+            order = idx[np.argsort(key, kind="stable")]
+            m = max(2, int(np.ceil((int(s.sum()) + int(t.sum())) / (budget * fill))))
+            h = min(max(int(round(len(order) * (m // 2) / m)), 1), len(order) - 1)
+            parts = order[h:], order[:h]
+        stack.extend(parts)  # the shorter part popped first: the plan runs from short to long
     return out
+
+
+def _least_padded_cut(idx: np.ndarray, s: np.ndarray, t: np.ndarray, min_tokens: int, padded_now: float,
+                      weights: tuple[float, float], prefer: float) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """(longer part, shorter part) of the two-way cut of a group, sorted on source or on target length,
+    with the fewest (weighted) padded positions and at least `min_tokens` real tokens each side; among
+    cuts that pad alike (lengths repeat), the one nearest `prefer` (a share of the group's rows). None if
+    no cut pads less than the group does whole."""
+    n = len(idx)
+    ws, wt = weights
+    best = None
+    h = np.arange(1, n)  # first part = rows [0, h)
+    for key, w in ((s, ws), (t, wt)):
+        if not w or key.min() == key.max():  # sorting on it would change nothing
+            continue
+        o = np.argsort(key, kind="stable")
+        so, to = s[o], t[o]
+        pre = ws * np.maximum.accumulate(so) + wt * np.maximum.accumulate(to)  # widths of the first h+1 rows
+        suf = (ws * np.maximum.accumulate(so[::-1]) + wt * np.maximum.accumulate(to[::-1]))[::-1]
+        cost = h * pre[:-1] + (n - h) * suf[1:]
+        real = np.cumsum(so + to)
+        cost = np.where((real[:-1] >= min_tokens) & (real[-1] - real[:-1] >= min_tokens), cost, np.inf)
+        low = cost.min()
+        if not np.isfinite(low) or (best is not None and low >= best[0]):
+            continue
+        ties = np.flatnonzero(cost <= low)
+        j = int(ties[np.argmin(np.abs(h[ties] - prefer * n))])
+        best = (float(low), idx[o], int(h[j]))
+    if best is None or best[0] >= padded_now:
+        return None
+    _, order, cut = best
+    return order[cut:], order[:cut]
+
+
+class RaggedRows:
+    """Rows of different lengths (token ids and their slots) in flat int32 arrays: row i is
+    tokens[offsets[i]:offsets[i] + lengths[i]]. The scorer's examples (`example_arrays`) live here, and
+    its padded batches are cut from here with a few array operations, no loop over rows."""
+
+    def __init__(self, tokens: np.ndarray, slots: np.ndarray, offsets: np.ndarray, lengths: np.ndarray):
+        self.tokens, self.slots = tokens, slots
+        self.offsets, self.lengths = offsets, lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @classmethod
+    def gather(cls, tokens: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, segments: np.ndarray,
+               segment_slots: np.ndarray) -> "RaggedRows":
+        """Row i = the concatenation of the pieces `segments[i, :]` (indices into `offsets`/`lengths`, a
+        piece of `tokens` each), each piece's tokens with slot `segment_slots[i, j]` (or `[j]`)."""
+        seg_len = lengths[segments]  # [rows, pieces]
+        row_len = seg_len.sum(1)
+        flat_len = seg_len.reshape(-1)
+        total = int(flat_len.sum())
+        out_start = np.cumsum(flat_len) - flat_len  # where each piece lands in the output
+        at = np.repeat(offsets[segments].reshape(-1) - out_start, flat_len) + np.arange(total)
+        slots = np.broadcast_to(segment_slots, segments.shape).reshape(-1)
+        return cls(tokens[at], np.repeat(slots, flat_len).astype(np.int32), np.cumsum(row_len) - row_len, row_len)
+
+    def replaced(self, rows: dict) -> "RaggedRows":
+        """A copy with rows {i: (tokens, slots)} replaced (their new contents appended at the end)."""
+        offsets, lengths = self.offsets.copy(), self.lengths.copy()
+        at = len(self.tokens)
+        for i, (toks, _) in rows.items():
+            offsets[i], lengths[i] = at, len(toks)
+            at += len(toks)
+        tok = [self.tokens] + [np.asarray(t, dtype=np.int32) for t, _ in rows.values()]
+        sl = [self.slots] + [np.asarray(s, dtype=np.int32) for _, s in rows.values()]
+        return RaggedRows(np.concatenate(tok), np.concatenate(sl), offsets, lengths)
+
+    def row(self, i: int) -> tuple[list[int], list[int]]:
+        a, n = int(self.offsets[i]), int(self.lengths[i])
+        return self.tokens[a:a + n].tolist(), self.slots[a:a + n].tolist()
+
+
+def padded_index(offsets, lengths, positions, fill_index: int, shift: int = 0):
+    """Torch [B, W] indices into a flat array: row r's position j -> offsets[r] + j - shift where
+    j < lengths[r], else `fill_index` (an element holding the padding value); and the [B, W] mask of
+    real positions. `positions` is arange(W) on the rows' device. A batch cut this way from examples
+    uploaded once costs the host a few kernel launches instead of a [B, W] array to build and send."""
+    import torch
+
+    real = positions < lengths[:, None]
+    return torch.where(real, offsets[:, None] + (positions - shift), fill_index), real
 
 
 def example_lengths(exs: Sequence[Example]) -> tuple[np.ndarray, np.ndarray]:

@@ -168,10 +168,10 @@ class ContextTrainConfig(Section):
 
 class ScorerConfig(Section):
     # Eq. 3 weights λ1..λ4 (§3.3); the paper does not give their values, equal weights by default.
-    lambda_disc: float = Field(1.0, ge=0)  # λ1 · log p(y=1 | s, c<, c>)
-    lambda_fwd: float = Field(1.0, ge=0)  # λ2 · (1/|s|) log p(s | c<, c>)
-    lambda_left: float = Field(1.0, ge=0)  # λ3 · (1/|c<|) log p(c< | s, c>)
-    lambda_right: float = Field(1.0, ge=0)  # λ4 · (1/|c>|) log p(c> | c<, s)
+    lambda_disc: float = 1.0  # λ1 · log p(y=1 | s, c<, c>)
+    lambda_fwd: float = 1.0  # λ2 · (1/|s|) log p(s | c<, c>)
+    lambda_left: float = 1.0  # λ3 · (1/|c<|) log p(c< | s, c>)
+    lambda_right: float = 1.0  # λ4 · (1/|c>|) log p(c> | c<, s)
     # Table 8 ablations: full / w/o discriminative / w/o left-context / w/o right-context / w/o both contexts.
     ablation: Literal["full", "no_discriminative", "no_left", "no_right", "no_both"] = "full"
     use_fwd: bool = True  # not a Table 8 row; lets a job skip the forward model
@@ -186,6 +186,13 @@ class ScorerConfig(Section):
     autocast: Literal["auto", "bf16", "fp16", "off"] = "auto"
     torch_threads: int = Field(0, ge=0)  # execution; 1 on small shared CPU nodes
     # Where scoring runs (CPUs, GPU fractions, actors) is the harvest's resources.scoring.
+
+    @field_validator("lambda_disc", "lambda_fwd", "lambda_left", "lambda_right")
+    @classmethod
+    def _check_lambda(cls, v):
+        if v < 0:
+            raise ValueError(f"Eq. 3 weights must be 0 or more (003 §3.3), got {v:g}")
+        return v
 
     @field_validator("batch_tokens")
     @classmethod

@@ -20,7 +20,6 @@ Weights are only ever read from safetensors; nothing is unpickled.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -331,9 +330,10 @@ def save_bundle(out: str | Path, cfg: ContextModelConfig, tok: ContextTokenizer,
         "directions": {d: f"models/{n}" for d, n in directions.items()},
         **(extra or {}),
     }
-    tmp = out / "context.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
-    os.replace(tmp, out / "context.json")
+    from storage.fs import write_text_atomic
+
+    # context.json last, durably: a bundle is whole once it names its models (a kill before leaves none)
+    write_text_atomic(str(out / "context.json"), json.dumps(meta, indent=1, sort_keys=True))
     return out
 
 

@@ -17,10 +17,13 @@ model for that direction) is *dropped with its λ*: it contributes nothing and i
 
 Efficiency:
   * one teacher-forced decoder pass per (item, direction);
-  * encoder outputs are shared: items whose source sequence is identical (for p(s|c): every sentence
+  * encoder outputs are shared: items whose source is made of the same texts (for p(s|c): every sentence
     scored against the same context) are encoded once;
-  * sources are sorted by length and batched under a token budget; decoder jobs are sorted by target
-    length and batched under the same budget (padded decoder + encoder tokens);
+  * the host side is numpy over the whole call (`example_arrays`): each distinct text tokenised once, every
+    example built by gathers, no loop over (item, direction); the call's examples and batch plans go to
+    the device in one copy and each batch is cut there;
+  * sources are batched under a token budget, decoder jobs under the same budget (padded decoder + encoder
+    tokens), each batch alike in length: groups are cut where they pad least, to <= MAX_PADDING padding;
   * `torch.inference_mode`, and bf16 autocast where bf16 is native (GPUs, CPUs with avx512_bf16 or AMX;
     `autocast: auto`), fp32 elsewhere; fp16 on request.
 """
@@ -37,15 +40,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sentsim.context.batching import HostToDevice, collate_np, padded, plan_batches
+from sentsim.context.batching import HostToDevice, padded_index, plan_batches
 from sentsim.context.config import DIRECTIONS, ScorerConfig
+from sentsim.context.example_arrays import ExampleArrays, TextTable, build_examples, context_columns
 from sentsim.context.flops import decoder_flops, encoder_flops, model_shape
 from sentsim.context.model import ContextModel, load_bundle
-from sentsim.context.windows import build_example
 from sentsim.errors import UsageError
 from sentsim.hardware import prefer_shape_free_attention, resolve_autocast
 
 TERMS = ("disc", "fwd", "left", "right")
+# Batch plans (`batching.plan_batches`): groups are cut where they pad least, and a batch that fits the token
+# budget but is more than MAX_PADDING padding is cut again, while each part keeps 1/MIN_BATCH_SHARE of the
+# budget in real tokens (issue 38: <= 10% padding; on a GPU a batch far below its budget costs more in
+# kernel launches than in arithmetic). bench/results/scoring_host.md measures both on a harvest's units.
+MAX_PADDING = 0.10
+MIN_BATCH_SHARE = 16
 Context = Union[str, Sequence[str], None]
 
 
@@ -75,14 +84,6 @@ class ScoreResult:
             "score": self.score, "logprob": self.logprob, "logprob_sum": self.logprob_sum,
             "n_tokens": self.n_tokens, "truncated": self.truncated, "dropped": self.dropped, "stats": self.stats,
         }
-
-
-def _as_list(ctx: Context) -> list[str]:
-    if ctx is None:
-        return []
-    if isinstance(ctx, str):
-        return [ctx] if ctx.strip() else []
-    return [c for c in ctx if c and c.strip()]
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -151,7 +152,9 @@ class ContextScorer:
         # auto: bf16 where it is native (GPUs, CPUs with avx512_bf16 / AMX; sentsim.hardware), else fp32
         self.precision = resolve_autocast(self.config.autocast, self.device.type)
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-        self._tok_cache: dict[str, list[int]] = {}
+        self._tok_cache: dict[str, np.ndarray] = {}  # text -> its token ids
+        # batch plans (`batching.plan_batches`); a bench may change them on the instance
+        self.max_padding, self.min_batch_share = MAX_PADDING, MIN_BATCH_SHARE
         # sums over every score() call: items, seconds, matrix FLOPs (sentsim.context.flops), real and padded tokens
         self.totals: dict[str, float] = {}
 
@@ -178,7 +181,7 @@ class ContextScorer:
         todo = [t for t in dict.fromkeys(texts) if t not in self._tok_cache]
         if todo:
             for t, ids in zip(todo, self.tokenizer.encode(todo)):
-                self._tok_cache[t] = ids
+                self._tok_cache[t] = np.array(ids, dtype=np.int32)
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -189,55 +192,94 @@ class ContextScorer:
 
     def score(self, items: Sequence[Union[ContextItem, tuple]]) -> ScoreResult:
         t0 = time.perf_counter()
-        norm: list[ContextItem] = []
-        for it in items:
-            if not isinstance(it, ContextItem):
-                it = ContextItem(*it)
-            norm.append(ContextItem(it.sentence or "", _as_list(it.left), _as_list(it.right), it.log_p_disc))
-        n = len(norm)
-        self._encode_texts([t for it in norm for t in (it.sentence, *it.left, *it.right)])
+        items = items if isinstance(items, (list, tuple)) else list(items)
+        n = len(items)
         mc = self.model_config
         k = mc.context_sentences
-        ids = self.tokenizer.ids
-        tc = self._tok_cache
-
+        table, centre, left, right, disc = self._layout(items)
         lp_sum = {d: np.full(n, np.nan) for d in DIRECTIONS}
         n_tok = {d: np.zeros(n, dtype=np.int64) for d in DIRECTIONS}
         trunc = {d: np.zeros(n, dtype=np.int64) for d in DIRECTIONS}
         stats = defaultdict(float)
-        active = self.active_directions()
         # jobs grouped by model object: a shared model serves all directions in one schedule
-        by_model: dict[int, list] = defaultdict(list)
+        dirs_of: dict[int, list[str]] = defaultdict(list)
         model_of: dict[int, ContextModel] = {}
-        for d in active:
-            m = self.models[d]
-            model_of[id(m)] = m
-            for i, it in enumerate(norm):
-                ex = build_example(ids, k, d, [tc[x] for x in it.left], tc[it.sentence], [tc[x] for x in it.right],
-                                   mc.max_source_tokens, mc.max_target_tokens)
-                if ex is None:
-                    continue
-                trunc[d][i] = ex.src_truncated + ex.tgt_truncated
-                n_tok[d][i] = len(ex.tgt)
-                by_model[id(m)].append((i, d, ex))
+        for d in self.active_directions():
+            model_of[id(self.models[d])] = self.models[d]
+            dirs_of[id(self.models[d])].append(d)
         with torch.inference_mode():
-            for mid, jobs in by_model.items():
-                self._run_jobs(model_of[mid], jobs, lp_sum, stats)
+            for mid, dirs in dirs_of.items():
+                ex = build_examples(table, self.tokenizer.ids, k, dirs, centre, left, right,
+                                    mc.max_source_tokens, mc.max_target_tokens)
+                stats["fallback_examples"] += ex.fallbacks
+                out = self._run_jobs(model_of[mid], ex, stats)
+                for j, d in enumerate(dirs):
+                    mine = ex.direction == j
+                    rows = ex.item[mine]
+                    lp_sum[d][rows] = out[mine]
+                    n_tok[d][rows] = ex.tgt.lengths[mine]
+                    trunc[d][rows] = ex.src_truncated[mine] + ex.tgt_truncated[mine]
 
         logprob = {}
         for d in DIRECTIONS:
             with np.errstate(invalid="ignore", divide="ignore"):
                 logprob[d] = np.where(n_tok[d] > 0, lp_sum[d] / np.maximum(n_tok[d], 1), np.nan)
-        score, dropped = self.combine(logprob, [it.log_p_disc for it in norm])
+        score, dropped = self.combine(logprob, disc)
         stats["items"] = n
         stats["seconds"] = time.perf_counter() - t0
         for d in DIRECTIONS:
             stats[f"truncated_items_{d}"] = int((trunc[d] > 0).sum())
         pad = stats.get("padded_tokens", 0.0)
         stats["padding_fraction"] = (1.0 - stats.get("real_tokens", 0.0) / pad) if pad else 0.0
-        for k in ("items", "seconds", "flops", "real_tokens", "padded_tokens"):
-            self.totals[k] = self.totals.get(k, 0.0) + stats.get(k, 0.0)
+        for key in ("items", "seconds", "flops", "real_tokens", "padded_tokens"):
+            self.totals[key] = self.totals.get(key, 0.0) + stats.get(key, 0.0)
         return ScoreResult(score, logprob, lp_sum, n_tok, trunc, dropped, dict(stats))
+
+    def _layout(self, items) -> tuple:
+        """(the call's `TextTable`, each item's sentence [n], left and right context sentences [n, k] as text
+        ids, its discriminator values). The one loop over items: text ids only, no tokens."""
+        text_id: dict[str, int] = {}
+        get = text_id.get
+        centre = np.empty(len(items), dtype=np.int64)
+        sides = {"left": ([], []), "right": ([], [])}  # (item, text id) of each context sentence given
+        disc = []
+
+        def add(i: int, ctx, into: tuple) -> None:
+            for t in ((ctx,) if isinstance(ctx, str) else ctx):
+                if t:
+                    c = get(t)
+                    if c is None:
+                        c = text_id[t] = len(text_id)
+                    into[0].append(i)
+                    into[1].append(c)
+
+        for i, it in enumerate(items):
+            if not isinstance(it, ContextItem):
+                it = ContextItem(*it)
+            s = it.sentence or ""
+            c = get(s)
+            if c is None:
+                c = text_id[s] = len(text_id)
+            centre[i] = c
+            if it.left:
+                add(i, it.left, sides["left"])
+            if it.right:
+                add(i, it.right, sides["right"])
+            disc.append(it.log_p_disc)
+        texts = list(text_id)
+        self._encode_texts(texts)
+        tc = self._tok_cache
+        table = TextTable([tc[t] for t in texts], self.tokenizer.ids)
+        # a context sentence counts if it has a non-blank character and a token (as build_example); the sentence
+        # itself always does (an empty one has no fwd target)
+        usable = np.fromiter((bool(t.strip()) for t in texts), bool, len(texts)) & (table.lengths[:len(texts)] > 0)
+        k = self.model_config.context_sentences
+        cols = []
+        for side, (item, text) in sides.items():
+            item, text = np.asarray(item, dtype=np.int64), np.asarray(text, dtype=np.int64)
+            keep = usable[text]
+            cols.append(context_columns(item[keep], text[keep], len(items), k, side, table.null))
+        return table, centre, cols[0], cols[1], disc
 
     def combine(self, logprob: dict, log_p_disc: Sequence[Optional[float]]):
         """Eq. 3 from per-direction length-normalised log-probs; returns (S, dropped-terms per item)."""
@@ -258,105 +300,117 @@ class ContextScorer:
 
     # ------------------------------------------------------------------------------------------ batches
 
-    def _run_jobs(self, model: ContextModel, jobs: list, lp_sum: dict, stats: dict) -> None:
-        """Score the (item, direction, Example) jobs of one model: each distinct source through the encoder
-        once (sorted by length, batched under the token budget), then the decoder over batches planned on
-        source and target length together (`batching.plan_batches`), gathering each row's encoder states.
-        Nothing is read back from the device until every batch has been queued: the host builds the next
-        batch while the device runs this one."""
+    def _run_jobs(self, model: ContextModel, ex: ExampleArrays, stats: dict) -> np.ndarray:
+        """The log-probability sum of each job's target (`ExampleArrays`) under one model.
+
+        The host plans every batch of the call first (numpy: distinct sources through the encoder in
+        batches alike in length, then decoder batches planned on source and target length together,
+        `batching.plan_batches`) and sends the call's examples and plans to the device in one copy; each
+        batch is then cut from them on the device (`batching.padded_index`), so a batch costs the host
+        a few kernel launches besides the model's. Encoder states stay on the device in one buffer,
+        batch after batch, and each decoder row gathers its source's from there. Nothing is read back
+        until every batch has been queued."""
         budget = self.batch_tokens
         dev = self.device
-        pad_id, bos = self.tokenizer.pad_id, self.tokenizer.bos_id
         shape = model_shape(model)
-        # 1. distinct sources
-        src_index: dict[tuple, int] = {}
-        srcs: list = []
-        job_src = np.empty(len(jobs), dtype=np.int64)
-        for q, (_, _, ex) in enumerate(jobs):
-            key = (tuple(ex.src), tuple(ex.src_slots))
-            j = src_index.get(key)
-            if j is None:
-                j = src_index[key] = len(srcs)
-                srcs.append(ex)
-            job_src[q] = j
-        stats["encoder_rows"] += len(srcs)
-        stats["decoder_rows"] += len(jobs)
-        # 2. encoder batches: sorted by length, so each is padded to within a token or two
-        src_len = np.fromiter((len(e.src) for e in srcs), np.int64, len(srcs))
-        order = np.argsort(src_len, kind="stable")
-        enc_out: list = []  # per encoder batch: (states [b, L, H], mask [b, L])
-        loc_batch = np.empty(len(srcs), dtype=np.int64)  # distinct source -> (encoder batch, row)
-        loc_row = np.empty(len(srcs), dtype=np.int64)
-        start = 0
-        while start < len(order):
-            end = start + 1
-            while end < len(order) and (end - start + 1) * int(src_len[order[end]]) <= budget:
-                end += 1
-            rows = order[start:end]
-            sl = src_len[rows]
-            width = int(sl.max())
-            arrays = {"src": padded([srcs[j].src for j in rows], sl, width, pad_id),
-                      "slots": padded([srcs[j].src_slots for j in rows], sl, width, 0),
-                      "mask": (np.arange(width) < sl[:, None]).astype(np.int32)}
-            t = self.h2d(arrays)
+        src, tgt = ex.src, ex.tgt
+        stats["encoder_rows"] += len(src)
+        stats["decoder_rows"] += len(ex)
+        if not len(ex):
+            return np.zeros(0)
+        plan_args = dict(max_padding=self.max_padding, min_tokens=budget // self.min_batch_share)
+        # what a padded position of a decoder row costs, source against target: per layer 4d^2 for the
+        # cross-attention keys and values of a source position, 12d^2 + 4df for a target position
+        # (sentsim.context.flops; ~1 : 7 at f = 4d)
+        dec_weights = (1.0, (12 * shape.d ** 2 + 4 * shape.d * shape.ffn_dec) / (4 * shape.d ** 2))
+        enc = _Plan(plan_batches(src.lengths, np.zeros(len(src), np.int64), budget, weights=(1.0, 0.0),
+                                 **plan_args))
+        enc_len = src.lengths[enc.rows]
+        enc_width = np.maximum.reduceat(enc_len, enc.starts)
+        # the encoder buffer holds batch after batch, [rows x width] each, then one zero row (padding)
+        enc_base = np.cumsum(enc.sizes * enc_width) - enc.sizes * enc_width
+        n_buf = int((enc.sizes * enc_width).sum())
+        state_at = np.empty(len(src), dtype=np.int64)  # where each distinct source's states begin
+        state_at[enc.rows] = np.repeat(enc_base, enc.sizes) + enc.local * np.repeat(enc_width, enc.sizes)
+
+        job_src_len = src.lengths[ex.job_src]
+        dec = _Plan(plan_batches(job_src_len, tgt.lengths, budget, weights=dec_weights, **plan_args))
+        dec_len, dec_src_len = tgt.lengths[dec.rows], job_src_len[dec.rows]
+        dec_T = np.maximum.reduceat(dec_len, dec.starts)
+        dec_S = np.maximum.reduceat(dec_src_len, dec.starts)
+        # the scored positions of each decoder batch, row by row (r * T + j), their rows and target ids
+        n_real = int(dec_len.sum())
+        first = np.cumsum(dec_len) - dec_len
+        within = np.arange(n_real) - np.repeat(first, dec_len)
+        pos = np.repeat(dec.local * np.repeat(dec_T, dec.sizes), dec_len) + within
+        targets = tgt.tokens[np.repeat(tgt.offsets[dec.rows], dec_len) + within]
+        tok_cut = np.concatenate([[0], np.cumsum(np.add.reduceat(dec_len, dec.starts))])
+
+        # the flat stores end with the elements that padding points at
+        n_src_tok, n_tgt_tok = len(src.tokens), len(tgt.tokens)
+        pad_id, bos_id = self.tokenizer.pad_id, self.tokenizer.bos_id
+        width = int(max(enc_width.max(), dec_T.max(), dec_S.max()))
+        t = self.h2d({
+            "src": np.concatenate([src.tokens, [pad_id]]), "src_slots": np.concatenate([src.slots, [0]]),
+            "tgt": np.concatenate([tgt.tokens, [pad_id, bos_id]]), "tgt_slots": np.concatenate([tgt.slots, [0, 0]]),
+            "enc_off": src.offsets[enc.rows], "enc_len": enc_len,
+            "dec_off": tgt.offsets[dec.rows], "dec_len": dec_len, "dec_rows": dec.rows,
+            "dec_state_at": state_at[ex.job_src[dec.rows]], "dec_src_len": dec_src_len,
+            "pos": pos, "row": np.repeat(dec.local, dec_len), "targets": targets,
+            "positions": np.arange(width)})
+        ar = t["positions"]
+
+        states = None
+        for b, (lo, hi) in enumerate(enc.bounds()):
+            W = int(enc_width[b])
+            at, real = padded_index(t["enc_off"][lo:hi], t["enc_len"][lo:hi], ar[:W], n_src_tok)
             with self._autocast():
-                h = model.encode(t["src"], t["slots"], t["mask"])
-            loc_batch[rows] = len(enc_out)
-            loc_row[rows] = np.arange(len(rows))
-            enc_out.append((h, t["mask"]))
-            real, n_padded = int(sl.sum()), len(rows) * width
-            stats["flops"] += encoder_flops(shape, len(rows), width)
-            stats["encoder_real_tokens"] += real
+                h = model.encode(t["src"][at], t["src_slots"][at], real.long())
+            if states is None:
+                states = torch.zeros(n_buf + 1, h.shape[-1], dtype=h.dtype, device=dev)
+            states[int(enc_base[b]):int(enc_base[b]) + (hi - lo) * W] = h.reshape(-1, h.shape[-1])
+            real_tok, n_padded = int(enc_len[lo:hi].sum()), (hi - lo) * W
+            stats["flops"] += encoder_flops(shape, hi - lo, W)
+            stats["encoder_real_tokens"] += real_tok
             stats["encoder_padded_tokens"] += n_padded
-            stats["real_tokens"] += real
+            stats["real_tokens"] += real_tok
             stats["padded_tokens"] += n_padded
-            start = end
-        # 3. decoder batches over (source length, target length)
-        tgt_len = np.fromiter((len(ex.tgt) for _, _, ex in jobs), np.int64, len(jobs))
-        sums = torch.zeros(len(jobs), dtype=torch.float64, device=dev)
-        for rows in plan_batches(src_len[job_src], tgt_len, budget):
-            exs = [jobs[q][2] for q in rows]
-            batch = collate_np(exs, pad_id, bos)
-            labels = batch["labels"]
-            T = labels.shape[1]
-            pos = np.flatnonzero(labels.reshape(-1) >= 0)  # the scored positions, row by row
-            S = int(src_len[job_src[rows]].max())
-            # each row's encoder states: rows of the same encoder batch taken together, padded to S
-            eb = loc_batch[job_src[rows]]
-            groups = np.unique(eb)
-            perm = np.concatenate([np.flatnonzero(eb == b) for b in groups])  # batch row of each gathered row
-            t = self.h2d({"dec_in": batch["dec_in"], "dec_slots": batch["dec_slots"],
-                                  "targets": labels.reshape(-1)[pos], "pos": pos, "row": pos // T,
-                                  "enc_rows": loc_row[job_src[rows]][perm], "inverse": np.argsort(perm),
-                                  "out": rows})
-            parts_h, parts_m, at = [], [], 0
-            for b in groups:
-                n = int((eb == b).sum())
-                h, m = enc_out[b]
-                idx = t["enc_rows"][at:at + n]
-                at += n
-                hb, mb = h.index_select(0, idx), m.index_select(0, idx)
-                if hb.shape[1] < S:
-                    hb = F.pad(hb, (0, 0, 0, S - hb.shape[1]))
-                    mb = F.pad(mb, (0, S - mb.shape[1]))
-                parts_h.append(hb[:, :S])
-                parts_m.append(mb[:, :S])
-            h = torch.cat(parts_h).index_select(0, t["inverse"])
-            m = torch.cat(parts_m).index_select(0, t["inverse"])
+            stats["encoder_batches"] += 1
+
+        sums = torch.zeros(len(ex), dtype=torch.float64, device=dev)
+        for b, (lo, hi) in enumerate(dec.bounds()):
+            T, S, B = int(dec_T[b]), int(dec_S[b]), hi - lo
+            # decoder input = <bos> + target[:-1], padded; its slots alike (the <bos> and padding slots are 0)
+            at, _ = padded_index(t["dec_off"][lo:hi], t["dec_len"][lo:hi], ar[:T], n_tgt_tok, shift=1)
+            at[:, 0] = n_tgt_tok + 1
+            gather, src_real = padded_index(t["dec_state_at"][lo:hi], t["dec_src_len"][lo:hi], ar[:S], n_buf)
+            a, z = int(tok_cut[b]), int(tok_cut[b + 1])
             with self._autocast():
-                hidden = model.decoder_states(h, m, t["dec_in"], t["dec_slots"])
-                logits = model.project(hidden.reshape(-1, hidden.shape[-1]).index_select(0, t["pos"]))
-            tok_lp = -F.cross_entropy(logits.float(), t["targets"], reduction="none")
-            row_sums = torch.zeros(len(rows), dtype=torch.float64, device=dev).index_add_(0, t["row"], tok_lp.double())
-            sums.index_copy_(0, t["out"], row_sums)
-            real = len(pos)
-            stats["flops"] += decoder_flops(shape, len(rows), S, T, real)
-            stats["decoder_real_tokens"] += real
-            stats["decoder_padded_tokens"] += labels.size
-            stats["real_tokens"] += real
-            stats["padded_tokens"] += labels.size
-            stats["target_tokens"] += real
+                hidden = model.decoder_states(states[gather], src_real.long(), t["tgt"][at], t["tgt_slots"][at])
+                logits = model.project(hidden.reshape(-1, hidden.shape[-1]).index_select(0, t["pos"][a:z]))
+            tok_lp = -F.cross_entropy(logits.float(), t["targets"][a:z], reduction="none")
+            row_sums = torch.zeros(B, dtype=torch.float64, device=dev).index_add_(0, t["row"][a:z], tok_lp.double())
+            sums.index_copy_(0, t["dec_rows"][lo:hi], row_sums)
+            real_tok = z - a
+            stats["flops"] += decoder_flops(shape, B, S, T, real_tok)
+            stats["decoder_real_tokens"] += real_tok
+            stats["decoder_padded_tokens"] += B * T
+            stats["real_tokens"] += real_tok
+            stats["padded_tokens"] += B * T
+            stats["target_tokens"] += real_tok
             stats["decoder_batches"] += 1
-        out = sums.cpu().numpy()  # the one read back
-        for q, (i, d, _) in enumerate(jobs):
-            lp_sum[d][i] = out[q]
+        return sums.cpu().numpy()  # the one read back
+
+
+class _Plan:
+    """A batch plan (`plan_batches`) as flat arrays: the rows batch after batch, each batch's size and
+    first place, and each row's place in its batch."""
+
+    def __init__(self, batches: list):
+        self.sizes = np.fromiter(map(len, batches), np.int64, len(batches))
+        self.rows = np.concatenate(batches)
+        self.starts = np.cumsum(self.sizes) - self.sizes
+        self.local = np.arange(len(self.rows)) - np.repeat(self.starts, self.sizes)
+
+    def bounds(self):
+        return zip(self.starts.tolist(), (self.starts + self.sizes).tolist())

@@ -406,7 +406,7 @@ def loop_settings(cfg: ContextTrainConfig, name: str) -> dict:
 def run_fingerprint(cfg: ContextTrainConfig, corpus_id: str, tokenizer_from: str) -> str:
     """What a run trains (its config less RESUMABLE, its corpus and tokenizer): another fingerprint at the
     same --out is refused. A setting in ADDED_LATER left at its default is left out, as in older runs."""
-    from sentsim.config import fingerprint
+    from sentsim.identity import fingerprint
 
     what = {k: v for k, v in cfg.model_dump().items()
             if k not in RESUMABLE and not (k in ADDED_LATER and v == ADDED_LATER[k])}
@@ -484,7 +484,7 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
     out_p = Path(out)
     t0 = time.perf_counter()
     try:
-        from sentsim.retrieval.corpus_view import corpus_fingerprint
+        from sentsim.identity import corpus_fingerprint
 
         corpus_id = corpus_fingerprint(corpus)
     except UsageError:

@@ -22,7 +22,6 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
-from corpus.documents import SENT_BITS as DOC_SHIFT  # noqa: F401  (re-exported; the layout lives in corpus/)
 from corpus.documents import doc_key_of
 from sentsim.errors import UsageError
 
@@ -123,7 +122,7 @@ def build_example(
 
 def open_sentences(corpus: str):
     """The corpus run (local or s3://) with at least one completed sentences shard."""
-    from sentsim.retrieval.corpus_view import open_corpus
+    from corpus.view import open_corpus
 
     reader = open_corpus(corpus)
     if not reader.files("sentences", required=False):

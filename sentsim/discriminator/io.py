@@ -12,8 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from sentsim.config import fingerprint
 from sentsim.errors import UsageError
+from sentsim.identity import fingerprint
 
 FORMAT = "sentsim-discriminator-v1"
 

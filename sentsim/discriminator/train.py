@@ -20,9 +20,10 @@ from typing import Optional
 import numpy as np
 from pydantic import Field
 
-from sentsim.config import Section, Seed, fingerprint
+from sentsim.config import Section, Seed
 from sentsim.discriminator.model import ModelConfig
 from sentsim.errors import UsageError
+from sentsim.identity import fingerprint
 from sentsim.training.loop import Trainee
 
 
@@ -55,9 +56,9 @@ class DiscriminatorJob(Section):
 
 
 def _load_worker_data(corpus: str, vocab_path: str, mcfg: ModelConfig, tcfg: TrainConfig):
+    from corpus.view import SentenceTable
     from sentsim.discriminator.data import doc_ranges, split_heldout, window_centres
     from sentsim.discriminator.vocab import Vocab
-    from sentsim.retrieval.corpus_view import SentenceTable
 
     st = SentenceTable.load(corpus)
     vocab = Vocab.load(vocab_path)
@@ -211,11 +212,12 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     """Build the vocabulary, train through the shared loop on Ray Train, save model + vocab + config
     into `out`. Training state lives in OUT/_train until the model is exported (a rerun with the same
     --out resumes from its latest checkpoint)."""
+    from corpus.view import SentenceTable
     from sentsim.discriminator.data import window_centres
     from sentsim.discriminator.io import save_config
     from sentsim.discriminator.vocab import Vocab
+    from sentsim.identity import corpus_fingerprint
     from sentsim.out_paths import check_out
-    from sentsim.retrieval.corpus_view import SentenceTable, corpus_fingerprint
     from sentsim.runtime import absolute_local, init_ray
     from sentsim.training.run import claim_out, fit, plan_steps, quiet_progress, release_out
 

@@ -10,8 +10,8 @@ from typing import Iterable
 
 import numpy as np
 
-from sentsim.config import fingerprint
 from sentsim.errors import UsageError
+from sentsim.identity import fingerprint
 
 PAD, UNK, EMPTY = "<pad>", "<unk>", "<empty>"
 SPECIALS = [PAD, UNK, EMPTY]

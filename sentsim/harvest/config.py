@@ -9,8 +9,8 @@ from pydantic import Field, field_validator, model_validator
 from sentsim.config import Section, Seed, expand_path
 from sentsim.context.config import ScorerConfig
 from sentsim.harvest import metrics
-from sentsim.pipeline import StageResources  # noqa: F401  (re-exported: jobs' configs import it from here)
-from sentsim.screening.config import ContextSetConfig  # noqa: F401  (the harvest's `contexts:` section)
+from sentsim.pipeline import StageResources
+from sentsim.screening.config import ContextSetConfig  # the harvest's `contexts:` section
 
 
 class AnchorConfig(Section):

@@ -15,10 +15,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from corpus.units import input_sha256
-from sentsim.config import fingerprint, load_config
+from sentsim.config import load_config
 from sentsim.errors import UsageError
 from sentsim.executor import ShardedJob, execute
+from sentsim.harvest.anchors import ANCHORS_TABLE
 from sentsim.harvest.config import INPUT_PATHS, UNFINGERPRINTED, HarvestConfig
 from sentsim.harvest.stages import (
     CONTEXT_SCORE_SCHEMA,
@@ -30,14 +30,15 @@ from sentsim.harvest.stages import (
     pair_schema,
     sentence_schema_of,
 )
+from sentsim.identity import fingerprint
 from sentsim.out_paths import check_out
 from sentsim.pairs_file import read_pairs_file
 from sentsim.pipeline import Resources, StageSpec, UnitPlan
 from sentsim.screening.cache_job import ensure_rep_cache, given_rep_cache, rep_cache_uri
 from storage import ShardStore
+from storage.fs import input_sha256
 
 STAGE = "harvest"
-ANCHORS_TABLE = "rank_anchors"  # side table: the anchor sentences behind every rank vector
 
 
 class AnchorUnits:
@@ -128,7 +129,8 @@ def all_null_refusal(store, fp: str, planned: int, check: str = "scoring.lambda_
 
 
 def model_hashes(cfg: HarvestConfig) -> dict:
-    from sentsim.rank.targets import checkpoint_hash, default_base_encoder
+    from sentsim.identity import checkpoint_hash
+    from sentsim.rank.targets import default_base_encoder
 
     out = {"context_models": [checkpoint_hash(p) for p in cfg.context_models]}
     if cfg.index:
@@ -138,8 +140,7 @@ def model_hashes(cfg: HarvestConfig) -> dict:
     if cfg.discriminator:
         out["discriminator"] = checkpoint_hash(cfg.discriminator)
     if uses_rep_cache(cfg):
-        from sentsim.retrieval.corpus_view import corpus_fingerprint
-        from sentsim.screening.cache_job import cache_identity
+        from sentsim.identity import cache_identity, corpus_fingerprint
 
         out["rep_cache"] = cache_identity(corpus_fingerprint(cfg.corpus), cfg.discriminator)
     if cfg.rank.enabled:
@@ -222,7 +223,7 @@ def harvest(
     cfg: HarvestConfig, executor: str = "ray", force_new: bool = False, address: Optional[str] = None,
     quiet: bool = False, max_units: Optional[int] = None,
 ) -> dict:
-    from sentsim.harvest.corpus_index import CorpusIndex
+    from corpus.view import CorpusIndex
     from sentsim.harvest.report import write_report
 
     check_out(cfg.out, harvest_inputs(cfg))
@@ -325,20 +326,6 @@ def run_anchors(cfg: HarvestConfig, store: ShardStore, fp: str) -> tuple[np.ndar
             pa.list_(pa.float16()))
     store.write_side_table(ANCHORS_TABLE, pa.table(cols), fp)
     return ids, texts
-
-
-def stored_anchor_vectors(store: ShardStore, fp: Optional[str], where: Optional[str] = None) -> np.ndarray:
-    """The run's anchor matrix [n_anchors, dim] (float16) from its `rank_anchors` side table; a run
-    without one (missing, from another run, or written without vectors) is one UsageError line."""
-    from sentsim.rank.targets import anchor_matrix
-
-    where = where or store.uri
-    table = store.read_side_table(ANCHORS_TABLE, fingerprint=fp)
-    if table is None:
-        raise UsageError(f"{where}: rank.storage=vectors but _side/{ANCHORS_TABLE}.parquet is missing or from another "
-                         "run, so the anchor matrix behind its base vectors is unknown; re-run the harvest "
-                         "(--force-new) or restore that side table")
-    return anchor_matrix(table, f"{where}/_side/{ANCHORS_TABLE}.parquet")
 
 
 def load_harvest_config(path: Optional[str], overrides: Sequence[str], **explicit) -> HarvestConfig:

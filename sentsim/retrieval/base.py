@@ -199,7 +199,7 @@ def check_fingerprint(manifest: dict, where: str, corpus: str | Path | None = No
                       expected: str | None = None) -> None:
     """Refuse an index (or model) built for another corpus."""
     if corpus is not None:
-        from sentsim.retrieval.corpus_view import corpus_fingerprint
+        from sentsim.identity import corpus_fingerprint
 
         expected = corpus_fingerprint(corpus)
     if expected is not None and manifest.get("corpus_fingerprint") != expected:

@@ -53,10 +53,10 @@ from typing import Sequence
 
 import numpy as np
 
-from sentsim.config import fingerprint
+from corpus.view import ChunkTable, SentenceTable, chunk_texts
 from sentsim.errors import UsageError
+from sentsim.identity import corpus_fingerprint, fingerprint
 from sentsim.retrieval.base import IndexConfig, Retriever, check_queries
-from sentsim.retrieval.corpus_view import ChunkTable, SentenceTable, chunk_texts, corpus_fingerprint
 from sentsim.retrieval.index_store import IndexWriter
 
 FORMAT = "sentsim-lucene-v1"

@@ -54,8 +54,9 @@ import scipy.sparse as sp
 from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.preprocessing import normalize
 
-from sentsim.config import fingerprint
+from corpus.view import ChunkTable, SentenceTable, chunk_texts
 from sentsim.errors import UsageError
+from sentsim.identity import corpus_fingerprint, fingerprint
 from sentsim.retrieval.base import (
     Hits,
     IndexConfig,
@@ -66,7 +67,6 @@ from sentsim.retrieval.base import (
     read_index_manifest,
     topk_sparse_rows,
 )
-from sentsim.retrieval.corpus_view import ChunkTable, SentenceTable, chunk_texts, corpus_fingerprint
 from sentsim.retrieval.index_store import IndexWriter, load_npy, load_npz, npy_bytes, npz_bytes, read_bytes
 from storage import fs as sfs
 

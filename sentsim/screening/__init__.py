@@ -1,8 +1,9 @@
 """Context screening (paper 003 §3.3): candidate expansion, head-only scoring from cached reps,
-and the greedy diverse selection of C_s. `ContextSetConfig` holds the paper's parameters; the
-harvest's `ContextSource` (sentsim.harvest.contexts) composes these parts and is the one
-implementation every job ships. The representation cache is `cache.ContextCache`; the job that
-writes it through the shard store (`sentsim cache build`) is `cache_job`."""
+and the greedy diverse selection of C_s. `ContextSetConfig` holds the paper's parameters;
+`contexts.ContextSource` composes these parts and is the one screening implementation, shipped by
+the harvest's ContextStage and by `sentsim contexts` (its job: `contexts_job`). The representation
+cache is `cache.ContextCache`; the job that writes it through the shard store (`sentsim cache
+build`) is `cache_job`."""
 
 from sentsim.screening.cache import ContextCache
 from sentsim.screening.candidates import Candidates, expand_candidates

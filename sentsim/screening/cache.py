@@ -22,9 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from sentsim.errors import UsageError
-
-FORMAT = "sentsim-repcache-v1"
-STORE_STAGE = "rep_cache"  # the shard-store stage name of a cache run
+from sentsim.identity import REP_CACHE_FORMAT, REP_CACHE_STAGE
 
 
 def store_schemas(rep_dim: int, core_dim: int):
@@ -93,7 +91,7 @@ class ContextCache:
             left = reps[c[:, None] - offs[::-1][None, :]]
             right = reps[c[:, None] + offs[None, :]]
             core[lo:lo + batch_size] = disc.context_core(left, right)
-        meta = {"format": FORMAT, "corpus_fingerprint": disc.corpus_fingerprint,
+        meta = {"format": REP_CACHE_FORMAT, "corpus_fingerprint": disc.corpus_fingerprint,
                 "discriminator_fingerprint": disc.config.get("fingerprint"), "window": w,
                 "rep_dim": int(reps.shape[1]), "core_dim": int(core.shape[1]),
                 "n_sentences": int(len(sentences)), "n_centres": int(len(centres))}
@@ -116,7 +114,7 @@ class ContextCache:
         if not mp.is_file():
             raise UsageError(f"{path}: not a representation cache (no cache.json)")
         meta = json.loads(mp.read_text(encoding="utf-8"))
-        if meta.get("format") != FORMAT:
+        if meta.get("format") != REP_CACHE_FORMAT:
             raise UsageError(f"{path}: unknown cache format {meta.get('format')!r}")
         check_meta(meta, disc, str(path))
         mode = "r" if mmap else None
@@ -147,12 +145,12 @@ class ContextCache:
 
         reader = RunReader(uri, manifest_required=False)
         manifest = reader.manifest
-        if manifest.get("stage") != STORE_STAGE:
-            raise UsageError(f"{uri}: not a representation cache run (no {STORE_STAGE} manifest.json)")
+        if manifest.get("stage") != REP_CACHE_STAGE:
+            raise UsageError(f"{uri}: not a representation cache run (no {REP_CACHE_STAGE} manifest.json)")
         if not reader.is_complete():
             raise UsageError(f"{uri}: the representation cache is incomplete; finish it with `sentsim cache build`")
         meta = dict(manifest.get("cache") or {})
-        if meta.get("format") != FORMAT:
+        if meta.get("format") != REP_CACHE_FORMAT:
             raise UsageError(f"{uri}: unknown cache format {meta.get('format')!r}")
         check_meta(meta, disc, uri)
 

@@ -17,20 +17,20 @@ corpus or discriminator is refused. The run's fingerprint adds the unit size (th
 from __future__ import annotations
 
 import functools
-import json
 import time
-from pathlib import Path
 from typing import List, Optional
 
 import numpy as np
 from pydantic import Field
 
-from sentsim.config import Section, fingerprint
+from corpus.documents import doc_key_of
+from sentsim.config import Section
 from sentsim.errors import UsageError
 from sentsim.executor import ShardedJob, execute
+from sentsim.identity import REP_CACHE_FORMAT, REP_CACHE_STAGE, cache_identity, corpus_fingerprint
 from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
-from sentsim.screening.cache import FORMAT, STORE_STAGE, store_schemas
+from sentsim.screening.cache import store_schemas
 from storage import ShardStore
 
 SUBDIR = "rep_cache"  # where the harvest and `sentsim contexts` build it inside their own --out
@@ -51,24 +51,11 @@ class RepCacheConfig(Section):
     resources: StageResources = StageResources()
 
 
-def cache_identity(corpus_fp: str, discriminator: str) -> str:
-    """What the cache's content depends on: corpus, discriminator checkpoint, window."""
-    from sentsim.rank.targets import checkpoint_hash
-
-    cp = Path(discriminator) / "config.json"
-    if not cp.is_file():
-        raise UsageError(f"{discriminator}: not a discriminator directory (no config.json)")
-    window = int(json.loads(cp.read_text(encoding="utf-8")).get("model", {}).get("window", 1))
-    return fingerprint(STORE_STAGE, FORMAT, corpus_fp, checkpoint_hash(discriminator), window)
-
-
 def plan_units(ids: np.ndarray, per_unit: int) -> List[dict]:
     """Sorted sentence ids -> units of whole documents, each an id range [lo, hi)."""
-    from sentsim.retrieval.corpus_view import DOC_SHIFT
-
     if not len(ids):
         return []
-    docs = ids >> DOC_SHIFT
+    docs = doc_key_of(ids)
     starts = np.flatnonzero(np.r_[True, docs[1:] != docs[:-1]])  # first position of each document
     units, lo = [], 0
     for s in list(starts[1:]) + [len(ids)]:
@@ -97,7 +84,7 @@ class CacheStage(Stage):
     def _sentences(self, lo: int, hi: int):
         import pyarrow.dataset as pads
 
-        from sentsim.retrieval.corpus_view import SentenceTable, open_corpus
+        from corpus.view import SentenceTable, open_corpus
 
         # only this unit's rows: Parquet statistics skip the other shards' row groups; only committed shards
         # (the run reader's), local or s3://
@@ -126,20 +113,20 @@ class CacheStage(Stage):
 def build_rep_cache(cfg: RepCacheConfig, executor: str = "ray", force_new: bool = False,
                     address: Optional[str] = None, quiet: bool = False, max_units: Optional[int] = None) -> dict:
     """Build (or finish, or confirm) the cache run at cfg.out; returns its manifest."""
+    from corpus.view import read_table
     from sentsim.discriminator import Discriminator
-    from sentsim.retrieval.corpus_view import corpus_fingerprint, read_table
 
     check_out(cfg.out, {"--corpus": cfg.corpus, "--discriminator": cfg.discriminator})
     corpus_fp = corpus_fingerprint(cfg.corpus)
     disc = Discriminator.load(cfg.discriminator, corpus=cfg.corpus)  # refuses another corpus's model
     identity = cache_identity(corpus_fp, cfg.discriminator)
     old = ShardStore(cfg.out).read_manifest()
-    if old is not None and not force_new and old.get("stage") == STORE_STAGE and old.get("identity") != identity:
+    if old is not None and not force_new and old.get("stage") == REP_CACHE_STAGE and old.get("identity") != identity:
         raise UsageError(f"{cfg.out}: this representation cache was built for another corpus or discriminator; "
                          "choose another --out or pass --force-new to rebuild it")
     ids = np.sort(
         read_table(cfg.corpus, "sentences", ["sentence_id"]).column("sentence_id").to_numpy().astype(np.int64))
-    meta = {"format": FORMAT, "corpus_fingerprint": corpus_fp,
+    meta = {"format": REP_CACHE_FORMAT, "corpus_fingerprint": corpus_fp,
             "discriminator_fingerprint": disc.config.get("fingerprint"), "window": disc.window,
             "rep_dim": disc.rep_dim, "core_dim": disc.model.head.context_core_dim}
 
@@ -149,7 +136,8 @@ def build_rep_cache(cfg: RepCacheConfig, executor: str = "ray", force_new: bool 
         return {"counts": {"sentences": count("sentences"), "centres": count("centres")}}
 
     job = ShardedJob(
-        stage=STORE_STAGE, out=cfg.out, fingerprint_parts=(identity, cfg.sentences_per_unit), config=cfg.model_dump(),
+        stage=REP_CACHE_STAGE, out=cfg.out, fingerprint_parts=(identity, cfg.sentences_per_unit),
+        config=cfg.model_dump(),
         inputs=[{"corpus": cfg.corpus, "fingerprint": corpus_fp, "sentences": len(ids)}],
         tables=store_schemas(meta["rep_dim"], meta["core_dim"]), units=plan_units(ids, cfg.sentences_per_unit),
         stages=lambda ctx: [StageSpec(functools.partial(CacheStage, cfg, ctx.fp), Resources.of(cfg.resources))],
@@ -176,7 +164,7 @@ def check_rep_cache(uri: str, identity: str) -> None:
     """A given (not built here) cache must be complete and made for this corpus and discriminator."""
     store = ShardStore(uri)
     m = store.read_manifest()
-    if m is None or m.get("stage") != STORE_STAGE:
+    if m is None or m.get("stage") != REP_CACHE_STAGE:
         raise UsageError(f"{uri}: not a representation cache (build one with `sentsim cache build`)")
     if m.get("identity") != identity:
         raise UsageError(f"{uri}: the representation cache was built for another corpus or discriminator; rebuild it")

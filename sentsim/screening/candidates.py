@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sentsim.retrieval.corpus_view import DOC_SHIFT, ChunkTable
+from corpus.documents import doc_key_of
+from corpus.view import ChunkTable
 
 
 @dataclass
@@ -64,10 +65,10 @@ def expand_candidates(chunk_ids: np.ndarray, retrieval_scores: np.ndarray, chunk
     slot = (np.arange(total) - np.repeat(starts, n)).astype(np.int32)
     centre = chunks.first[rows][rep] + slot
     left, right = window_ids(centre, window)
-    doc = centre >> DOC_SHIFT
+    doc = doc_key_of(centre)
     ok = np.ones(total, dtype=bool)
     for ids in (left, right):
-        same_doc = (ids >> DOC_SHIFT) == doc[:, None]
+        same_doc = doc_key_of(ids) == doc[:, None]
         pos = np.searchsorted(sentence_ids, ids)
         pos_c = np.minimum(pos, max(len(sentence_ids) - 1, 0))
         present = ((pos < len(sentence_ids)) & (sentence_ids[pos_c] == ids) if len(sentence_ids)

@@ -1,11 +1,14 @@
-"""What the three objectives share: the encoder (helper models from sentsim.surrogate), tokenising,
+"""What the objectives share: the encoder (helper models from sentsim.surrogate), tokenising,
 mean-pooled sentence vectors, and `Objective`, the students' form of the shared loop's Trainee
-(sentsim.training.loop): checkpoint contents, resume state and the dev metric are the same for all."""
+(sentsim.training.loop): checkpoint contents, resume state and the dev metric are the same for all.
+`Objective` also holds what every objective declares for the trainer (its settings, its data, its
+encoder, its inference files and scorers; sentsim.students.objectives lists them), with defaults."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -28,15 +31,44 @@ def stack_lists(values) -> np.ndarray:
     return np.stack([np.asarray(v) for v in values])
 
 
+@dataclass(frozen=True)
+class Harvest:
+    """What an objective's `prepare` reads: --data as given, its harvest run (a storage.RunReader, None
+    without --data) and manifest, and the backbone's local path."""
+
+    data: Optional[str]
+    root: Any
+    manifest: dict
+    backbone: str
+
+
+@dataclass
+class Prepared:
+    """An objective's training data, from `prepare` on the driver: the table the loop reads, the counts
+    and skips the run summary reports (counts are part of the run's fingerprint), and what `build`
+    needs on the workers (JSON-able; it travels in the training config; keys other than the trainer's,
+    sentsim.students.train.WORKER_KEYS)."""
+
+    table: Any  # pyarrow.Table
+    counts: dict = field(default_factory=dict)
+    skips: dict = field(default_factory=dict)
+    for_workers: dict = field(default_factory=dict)
+
+
 class Objective(Trainee):
     """One training objective around a Siamese encoder (`self.model.embed(**enc)` -> mean-pooled vectors).
 
     step(batch, device) -> (loss, metrics); extra parameters (relation table, decoder) are submodules
     with their own learning rate from `param_groups`; `save_extras(folder)` writes what inference needs
     beside the sentence-transformers folder; the decoder of PaSeR writes nothing (dropped).
+
+    The class attributes and classmethods below are what the trainer (sentsim.students.train) asks of a
+    registered objective (sentsim.students.objectives); a subclass overrides those it needs.
     """
 
-    name = "objective"
+    settings: Optional[type] = None  # its config section (a sentsim.config.Section), reached as cfg.<name>
+    needs_data: Optional[str] = None  # what it reads from --data (words for the error); None: --data optional
+    side_files: tuple[str, ...] = ()  # files `save_extras` writes that the exported student keeps
     # relation rows or the MLM head may sit out a step; DDP must not wait for their gradients
     find_unused_parameters = True
 
@@ -46,6 +78,46 @@ class Objective(Trainee):
         self.tok = tok
         self.cfg = cfg
         self.dev = None  # {"s1", "s2", "score"}: harvested dev pairs for the dev metric, when there are any
+
+    # ------------------------------------------------------------- what the trainer asks of an objective
+
+    @classmethod
+    def input_paths(cls, cfg) -> dict:
+        """{config key or flag: path} of the inputs its settings name, which --out must not overlap."""
+        return {}
+
+    @classmethod
+    def check(cls, cfg, backbone: str, backbone_path: str) -> None:
+        """Refuse settings or a backbone (--backbone as given, and its model folder) it cannot train with,
+        with a UsageError, before any data is read."""
+
+    @classmethod
+    def prepare(cls, cfg, harvest: Harvest) -> Prepared:
+        """On the driver: the training table and its counts, checked here so that a bad input fails
+        before Ray starts."""
+        raise NotImplementedError
+
+    @classmethod
+    def build(cls, cfg, backbone: str, init: str, spec: dict) -> "Objective":
+        """On a worker: the objective around a Siamese encoder from `backbone` (init pretrained or scratch,
+        the surrogate's `build_model`); `spec` holds `Prepared.for_workers`."""
+        from sentsim.surrogate.models import build_model
+
+        model, tok = build_model("siamese", backbone, init, cfg.scratch.model_dump(), cfg.seed)
+        return cls.around(model, tok, cfg, spec)
+
+    @classmethod
+    def around(cls, model, tok, cfg, spec: dict) -> "Objective":
+        """The objective around a built encoder; override to pass it what `prepare` gave the workers."""
+        return cls(model, tok, cfg)
+
+    @classmethod
+    def scorers(cls, cfg, model_dir: str) -> dict:
+        """{report name: sentsim.evaluation scorer} for the objective's own inference rule, evaluated
+        beside plain cosine by --eval-sts."""
+        return {}
+
+    # ------------------------------------------------------------- training
 
     def embed(self, texts: Sequence[str], device) -> torch.Tensor:
         return self.model.embed(**tokenize(self.tok, texts, self.cfg.max_seq_length, device))

@@ -146,7 +146,7 @@ def vector_sentences(root, manifest: dict, t: pa.Table) -> tuple[pa.Table, int]:
 
 def anchor_vectors(root, manifest: dict) -> np.ndarray:
     """The run's anchor matrix [n, dim] (float16), or one UsageError line naming what is wrong."""
-    from sentsim.harvest.job import stored_anchor_vectors
+    from sentsim.harvest.anchors import stored_anchor_vectors
 
     return stored_anchor_vectors(root.store, manifest.get("fingerprint"), where=f"--data {root}")
 
@@ -154,7 +154,7 @@ def anchor_vectors(root, manifest: dict) -> np.ndarray:
 def recover_anchors(manifest: dict, root) -> tuple[np.ndarray, list[str]]:
     """The harvest's anchor sentences: the run's `rank_anchors` side table when it has one (harvests
     from this version on), else re-sampled exactly as older harvests did (seed + 1 over the corpus)."""
-    from sentsim.harvest.job import ANCHORS_TABLE
+    from sentsim.harvest.anchors import ANCHORS_TABLE
     from sentsim.rank.targets import sample_anchors
     from storage import ShardStore
 
@@ -172,7 +172,7 @@ def recover_anchors(manifest: dict, root) -> tuple[np.ndarray, list[str]]:
 
 
 def _corpus_reachable(corpus: str) -> bool:
-    from sentsim.retrieval.corpus_view import open_corpus
+    from corpus.view import open_corpus
 
     try:
         return bool(open_corpus(corpus).files("sentences", required=False))
@@ -196,7 +196,8 @@ def check_anchor_set(root, manifest: dict, sentences: pa.Table, n_check: int,
     """
     from scipy.stats import spearmanr
 
-    from sentsim.rank.targets import RankTargets, checkpoint_hash
+    from sentsim.identity import checkpoint_hash
+    from sentsim.rank.targets import RankTargets
 
     e1 = harvest_base_encoder(manifest)
     if base_encoder and checkpoint_hash(base_encoder) != checkpoint_hash(e1):

@@ -17,12 +17,42 @@ The decoder and MLM head are training-only: the saved student is the encoder alo
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 
+from sentsim.config import Section
+from sentsim.errors import UsageError
 from sentsim.losses.phrase_reconstruction import IGNORE, PhraseReconstructionLoss
-from sentsim.students.common import Objective, column, tokenize
+from sentsim.students.common import Harvest, Objective, Prepared, column, tokenize
+
+
+class PaSeRConfig(Section):
+    top_k: int = Field(3, ge=1)                   # 002 §4.5.3 Table 5: top-3 RAKE phrases
+    max_phrase_words: int = Field(4, ge=1)
+    signal_m: float = Field(10.0, ge=0)           # 002 appendix A: m = n = 10 best (Eq. 2's weights of |.|)
+    signal_n: float = Field(10.0, ge=0)
+    decoder_layers: int = Field(6, ge=1)          # 002 §4.2: 6-layer Transformer decoder
+    decoder_heads: int = Field(4, ge=1)
+    max_target_tokens: int = Field(24, ge=2)
+    mlm_probability: float = Field(0.15, ge=0, lt=1)  # BERT's MLM rate (002 §3.2.4 keeps MLM)
+    mlm_weight: float = Field(1.0, ge=0)          # 002 Eq. 4: L_MLM + L_generative
+    decoder_lr: float = Field(1e-4, gt=0)         # random-init decoder and MLM head (002 gives no value)
+    # EDA (002 §3.1.3, Wei & Zou 2019); probabilities per word
+    synonym_replacement: float = Field(0.0, ge=0, le=1)
+    random_deletion: float = Field(0.0, ge=0, le=1)
+    token_reordering: float = Field(0.0, ge=0, le=1)
+
+
+@lru_cache(maxsize=4)
+def mask_token(backbone_path: str):
+    """The backbone tokenizer's mask token (s~ masks the phrases with it), or None: read once per run."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(backbone_path).mask_token
 
 
 def decoder_signal(e_s: torch.Tensor, e_masked: torch.Tensor, m: float = 10.0, n: float = 10.0) -> torch.Tensor:
@@ -57,7 +87,55 @@ class PhraseDecoder(nn.Module):
 
 
 class PaSeRObjective(Objective):
-    name = "paser"
+    settings = PaSeRConfig
+    needs_data = "its sentences"
+
+    @classmethod
+    def check(cls, cfg, backbone: str, backbone_path: str) -> None:
+        if mask_token(backbone_path) is None:
+            raise UsageError(f"--backbone {backbone}: its tokenizer has no mask token; PaSeR needs one")
+
+    @classmethod
+    def prepare(cls, cfg, harvest: Harvest) -> Prepared:
+        """(text, masked, target) rows from the harvest's distinct sentences (sentsim.students.data.paser_examples)."""
+        from sentsim.students import data as D
+        from sentsim.surrogate.data import training_note
+
+        texts = D.read_table(harvest.root, "sentences", ["text"])["text"].to_pylist()
+        table, info = D.paser_examples(texts, mask_token(harvest.backbone), cfg.paser.top_k,
+                                       cfg.paser.max_phrase_words)
+        print(training_note(info["sentences"], len(texts), "sentences",
+                            {"repeated texts": info["repeated"], "without a RAKE phrase": info["skipped_no_phrase"]}))
+        return Prepared(table, {"sentences": info["sentences"]},
+                        {"no_phrase": {"count": info["skipped_no_phrase"], "examples": info["skipped_examples"]}})
+
+    @classmethod
+    def build(cls, cfg, backbone: str, init: str, spec: dict) -> "PaSeRObjective":
+        """The encoder inside a masked-LM model: the MLM head is trained beside it (Eq. 4's L_MLM)."""
+        import os
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM
+
+        from sentsim.surrogate.models import SiameseSurrogate, resolve_backbone
+
+        p = resolve_backbone(backbone)
+        tok = AutoTokenizer.from_pretrained(str(p))
+        if tok.mask_token is None:
+            raise UsageError(f"--backbone {backbone}: its tokenizer has no mask token; PaSeR needs one")
+        torch.manual_seed(cfg.seed)
+        if init == "scratch":
+            s = cfg.scratch
+            mlm = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=s.hidden_size,
+                                             num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads,
+                                             intermediate_size=s.intermediate_size,
+                                             pad_token_id=tok.pad_token_id or 0))
+        else:
+            mlm = AutoModelForMaskedLM.from_pretrained(str(p))  # the MLM head is new if the checkpoint lacks it
+        head = getattr(mlm, "cls", None) or getattr(mlm, "lm_head", None)
+        if head is None:
+            raise UsageError(f"--backbone {backbone}: no masked-LM head class for {type(mlm).__name__}")
+        return cls(SiameseSurrogate(mlm.base_model), tok, cfg, head)
 
     def __init__(self, model, tok, cfg, mlm_head: nn.Module):
         super().__init__(model, tok, cfg)

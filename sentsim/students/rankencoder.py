@@ -16,27 +16,106 @@ Loss per batch of m sentences (encoded twice; dropout makes the two views differ
 A batch whose filter keeps no pair contributes l_cl alone and is counted (`empty_filter_batches`).
 
 Inference (§3.6 Eq. 7): sim = lambda_inf * u_i.u_j + (1 - lambda_inf) * cos, lambda_inf 0.1, with u
-now computed by the trained encoder E2 over the same anchors: `RankEncoderScorer`.
+now computed by the trained encoder E2 over the same anchors: `RankEncoderScorer` (saved beside the
+student: rank_anchors.json, the anchor sentences and lambda_inf).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
+from pydantic import Field, model_validator
 
+from sentsim.config import Section
+from sentsim.errors import UsageError
 from sentsim.losses.infonce import InfoNCELoss
 from sentsim.losses.rank_mse import RankMSELoss, hinge
-from sentsim.students.common import Objective, column, stack_lists, tokenize
+from sentsim.students.common import Harvest, Objective, Prepared, column, stack_lists, tokenize
 
 ANCHORS_FILE = "rank_anchors.json"
 
 
+class RankEncoderConfig(Section):
+    temperature: float = Field(0.05, gt=0)        # 004 §3.1 Eq. 1, SimCSE's tau (§4.3 follows the base encoder)
+    lambda_train: float = Field(0.05, ge=0)       # 004 §4.3: lambda_train = 0.05 (Eq. 5)
+    tau_lower: float = Field(0.5, ge=-1, le=1)    # 004 §4.3: tau_l = 0.5 (Eq. 6)
+    tau_upper: float = Field(0.8, ge=-1, le=1)    # 004 §4.3: tau_u = 0.8 (Eq. 6)
+    lambda_inf: float = Field(0.1, ge=0, le=1)    # 004 §4.3: lambda_inf = 0.1 (Eq. 7)
+    # issue 7: optional regression on the harvested pair scores (003 §3.4's L2), added to Eq. 5's total
+    score_weight: float = Field(0.0, ge=0)
+    score_batch_size: int = Field(32, ge=1)
+    check_sentences: int = Field(8, ge=0)  # stored rank codes re-computed to prove the anchor set (0: skip)
+    base_encoder: Optional[str] = None  # expected E1; must be the harvest's rank.encoder (default: theirs)
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.tau_lower > self.tau_upper:
+            raise ValueError(f"tau_lower {self.tau_lower} > tau_upper {self.tau_upper}")
+        return self
+
+
 class RankEncoderObjective(Objective):
-    name = "rankencoder"
+    settings = RankEncoderConfig
+    needs_data = "its rank vectors"
+    side_files = (ANCHORS_FILE,)
+
+    @classmethod
+    def input_paths(cls, cfg) -> dict:
+        return {"rankencoder.base_encoder": cfg.rankencoder.base_encoder}
+
+    @classmethod
+    def prepare(cls, cfg, harvest: Harvest) -> Prepared:
+        """The harvest's sentences with their rank codes (or base vectors), the anchor set proved against
+        them, and, with rankencoder.score_weight > 0, the scored train pairs of the regression term."""
+        from sentsim.students import data as D
+
+        root, manifest = harvest.root, harvest.manifest
+        table, n_anchors = D.rank_sentences(root, manifest)
+        counts, skips, workers = {}, {}, {}
+        if "base_vector" in table.column_names:  # rank.storage=vectors: workers read the run's anchor matrix
+            workers["rank_vectors"] = {"data": str(root), "fingerprint": manifest.get("fingerprint")}
+        rc = cfg.rankencoder
+        anchors = None
+        if rc.check_sentences > 0 or rc.base_encoder:
+            ids, texts = D.check_anchor_set(root, manifest, table, rc.check_sentences, rc.base_encoder)
+            anchors = ([int(i) for i in ids], list(texts))
+        else:
+            try:
+                ids, texts = D.recover_anchors(manifest, root)
+                anchors = ([int(i) for i in ids], list(texts))
+            except UsageError as exc:
+                skips["anchors"] = str(exc)
+        workers.update(anchors=anchors, n_anchors=n_anchors)
+        if rc.score_weight > 0:
+            from sentsim.surrogate.data import keep_split, training_note
+
+            run, carve, left_out = D.harvest_pairs(root)
+            pairs = keep_split(run, "train", carve)
+            if pairs.num_rows == 0:
+                raise UsageError(f"--data {harvest.data}: rankencoder.score_weight > 0 but no scored train pairs")
+            print(training_note(pairs.num_rows, run.num_rows, "pairs for the score loss", left_out))
+            workers["pairs"] = {"s1": pairs["s1"].to_pylist(), "s2": pairs["s2"].to_pylist(),
+                                "score": pairs["score"].to_numpy().tolist()}
+            counts["score_pairs"] = pairs.num_rows
+        counts["sentences"] = table.num_rows
+        return Prepared(table, counts, skips, workers)
+
+    @classmethod
+    def around(cls, model, tok, cfg, spec: dict) -> "RankEncoderObjective":
+        obj = cls(model, tok, cfg, spec.get("pairs"), spec.get("rank_vectors"))
+        if spec.get("anchors"):
+            obj.anchors = spec["anchors"]
+        return obj
+
+    @classmethod
+    def scorers(cls, cfg, model_dir: str) -> dict:
+        if not Path(model_dir, ANCHORS_FILE).is_file():  # the anchors could not be recovered (a skip)
+            return {}
+        return {"rankencoder-eq7": RankEncoderScorer(model_dir, cfg.rankencoder.lambda_inf)}
 
     def __init__(self, model, tok, cfg, pairs=None, rank_vectors=None):
         super().__init__(model, tok, cfg)
@@ -86,7 +165,7 @@ class RankEncoderObjective(Objective):
 
     def anchor_matrix(self, device):
         if self._anchors is None:
-            from sentsim.harvest.job import stored_anchor_vectors
+            from sentsim.harvest.anchors import stored_anchor_vectors
             from sentsim.rank import AnchorMatrix
             from storage import ShardStore
 
@@ -141,7 +220,6 @@ class RankEncoderScorer:
 
     def __init__(self, path: str, lambda_inf: float | None = None, anchors: Sequence[str] | None = None,
                  batch_size: int = 64, device: str = "cpu"):
-        from sentsim.errors import UsageError
         from sentsim.evaluation.scorers import load_model_scorer
 
         meta = {}

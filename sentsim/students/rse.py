@@ -22,19 +22,74 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 
+from sentsim.config import Section
+from sentsim.errors import UsageError
 from sentsim.losses.rse_relational import RelationalContrastiveLoss, relational_similarity
-from sentsim.students.common import Objective, column, tokenize
+from sentsim.students.common import Harvest, Objective, Prepared, column, tokenize
 
 RELATIONS_FILE = "relations.json"
 
 
+class RSEConfig(Section):
+    temperature: float = Field(0.05, gt=0)        # 000 Table 4 / appendix D: tau = 0.05
+    relation_lr: float = Field(1e-2, gt=0)        # 000 appendix D: relation embeddings lr 1e-2
+    # sources (000 §3.2): harvested pairs above a threshold, dropout same-sentence, a user triples file
+    context_similar: bool = True
+    # harvested scores are Eq. 4 similarities (003 §3.3): cosines and correlations, within [-1, 1]
+    score_threshold: float = Field(0.5, ge=-1, le=1)      # harvested score >= this -> (s1, context-similar, s2)
+    hard_negative_below: float = Field(0.0, ge=-1, le=1)  # a partner scoring below this: s1's in-relation hard neg.
+    same_sent: bool = True                        # 000 §3.2 relation r6 (SimCSE dropout)
+    same_sent_max: int = Field(150_000, ge=0)     # 000 §3.2: at most 150K samples for other relations
+    triples: Optional[str] = None                 # JSONL/Parquet with s_i, relation, s_j[, hard_negative]
+    relations: Optional[list[str]] = None         # allowed relation names for the triples file (None: any)
+    # inference (000 §3.3 "How can we use?"): weights over relations; None = the first relation alone
+    inference_weights: Optional[dict[str, float]] = None
+    grad_cache_chunk: int = Field(0, ge=0)        # >0: gradient caching (Gao et al. 2021a), chunk size per pass
+
+
 class RSEObjective(Objective):
-    name = "rse"
+    settings = RSEConfig
+    side_files = (RELATIONS_FILE,)
+    # needs_data stays None: a triples file alone is enough
+
+    @classmethod
+    def input_paths(cls, cfg) -> dict:
+        return {"--triples": cfg.rse.triples}
+
+    @classmethod
+    def check(cls, cfg, backbone: str, backbone_path: str) -> None:
+        if cfg.rse.grad_cache_chunk and cfg.num_workers > 1:
+            raise UsageError("rse.grad_cache_chunk with num_workers > 1 is not supported (gradient caching runs its "
+                             "own backward passes, which DDP cannot synchronise); use one worker or grad_cache_chunk=0")
+
+    @classmethod
+    def prepare(cls, cfg, harvest: Harvest) -> Prepared:
+        """Every relation source as one triples table (sentsim.students.data.rse_triples); the relation
+        names, in id order, go to the workers (one learned vector each)."""
+        from sentsim.students import data as D
+
+        table, relations, counts = D.rse_triples(harvest.root, cfg)
+        if cfg.rse.inference_weights:
+            unknown = [r for r in cfg.rse.inference_weights if r not in relations]
+            if unknown:
+                raise UsageError(f"rse.inference_weights: unknown relation(s) {', '.join(unknown)}; "
+                                 f"training has {', '.join(relations)}")
+        return Prepared(table, {"triples": table.num_rows, "per_relation": counts}, {}, {"relations": relations})
+
+    @classmethod
+    def around(cls, model, tok, cfg, spec: dict) -> "RSEObjective":
+        return cls(model, tok, cfg, spec["relations"], model.encoder.config.hidden_size)
+
+    @classmethod
+    def scorers(cls, cfg, model_dir: str) -> dict:
+        return {"relational": RelationalScorer(model_dir)}
 
     def __init__(self, model, tok, cfg, relations: list[str], dim: int):
         super().__init__(model, tok, cfg)
@@ -113,8 +168,6 @@ class RSEObjective(Objective):
 
 
 def load_relations(path: str) -> tuple[list[str], np.ndarray, dict | None]:
-    from sentsim.errors import UsageError
-
     f = Path(path) / RELATIONS_FILE
     if not f.is_file():
         raise UsageError(f"{path}: no {RELATIONS_FILE}; not an RSE student")
@@ -124,8 +177,6 @@ def load_relations(path: str) -> tuple[list[str], np.ndarray, dict | None]:
 
 def mix_relation_vector(relations, vectors, weights: dict | None):
     """[(weight, vector)] for a weighted mix; None = the first relation alone."""
-    from sentsim.errors import UsageError
-
     if not weights:
         return [(1.0, vectors[0])]
     unknown = [r for r in weights if r not in relations]

@@ -5,8 +5,9 @@ sentence-transformers folder.
 Shared with the surrogate (sentsim.surrogate): backbone checks and construction (`check_backbone`,
 `build_model`, `resolve_backbone`), checkpoint format (`save_hf`), export (`export_model`: Transformer +
 mean Pooling), the dev metric (sentsim.surrogate.trainee), and the STS evaluator (sentsim.evaluation)
-as the end-of-run hook. What differs per objective lives in rankencoder.py, rse.py and paser.py, side
-by side; each objective is a Trainee of the shared loop (students.common.Objective).
+as the end-of-run hook. What differs per objective lives in its own module (rankencoder.py, rse.py,
+paser.py, ...), registered by name in students/objectives.py: each is a Trainee of the shared loop that
+also declares its data, its encoder and its scorers (students.common.Objective); nothing here names one.
 
 OUT/ holds model/ (the student; plus rank_anchors.json or relations.json for the inference
 scorers), summary.json (config, data counts, history, skips), curves/<objective>.json and .png,
@@ -22,9 +23,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from sentsim.config import fingerprint
 from sentsim.errors import UsageError
+from sentsim.identity import fingerprint
+from sentsim.students.common import Harvest
 from sentsim.students.config import StudentConfig
+from sentsim.students.objectives import names as objective_names
+from sentsim.students.objectives import objective_class
 from sentsim.training.config import RESUMABLE_KEYS
 from sentsim.training.run import (
     TrainingDiverged,
@@ -42,15 +46,16 @@ __all__ = ["TrainingDiverged", "evaluate_student", "train_student"]
 
 # ----------------------------------------------------------------------------- driver: data
 
+# the workers' spec: these entries are the trainer's, the rest an objective's own (Prepared.for_workers)
+WORKER_KEYS = frozenset({"counts", "skips", "dev", "table", "backbone", "total_steps"})
 
-def prepare_data(cfg: StudentConfig, data: Optional[str], mask_token: str = "[MASK]") -> dict:
-    """Everything the workers need, checked here so that a bad input fails before Ray starts."""
+
+def prepare_data(cfg: StudentConfig, data: Optional[str], backbone_path: str) -> dict:
+    """Everything the workers need, checked here so that a bad input fails before Ray starts: the harvest's
+    dev pairs (the dev metric) and the objective's own table (`Objective.prepare`)."""
     from sentsim.students import data as D
 
-    if cfg.objective == "rse" and cfg.rse.grad_cache_chunk and cfg.num_workers > 1:
-        raise UsageError("rse.grad_cache_chunk with num_workers > 1 is not supported (gradient caching runs its own "
-                         "backward passes, which DDP cannot synchronise); use one worker or grad_cache_chunk=0")
-
+    objective = objective_class(cfg.objective)
     root = D.harvest_root(data) if data else None
     manifest = D.read_manifest(root) if root else {}
     if root is not None:
@@ -59,63 +64,20 @@ def prepare_data(cfg: StudentConfig, data: Optional[str], mask_token: str = "[MA
         note = incomplete_harvest_note(root, "the units written")
         if note:
             print(note)
-    spec: dict = {"counts": {}, "skips": {}}
     dev = None
     if root is not None and root.files("pairs", required=False):  # a bad pairs table is refused, not skipped
         dev = D.scored_pairs(root, "dev")
         dev = dev.slice(0, cfg.eval_max_pairs) if dev.num_rows >= 2 else None
-    if cfg.objective == "rankencoder":
-        if root is None:
-            raise UsageError("--objective rankencoder needs --data HARVEST_DIR (its rank vectors)")
-        table, n_anchors = D.rank_sentences(root, manifest)
-        if "base_vector" in table.column_names:  # rank.storage=vectors: workers read the run's anchor matrix
-            spec["rank_vectors"] = {"data": str(root), "fingerprint": manifest.get("fingerprint")}
-        rc = cfg.rankencoder
-        anchors = None
-        if rc.check_sentences > 0 or rc.base_encoder:
-            ids, texts = D.check_anchor_set(root, manifest, table, rc.check_sentences, rc.base_encoder)
-            anchors = ([int(i) for i in ids], list(texts))
-        else:
-            try:
-                ids, texts = D.recover_anchors(manifest, root)
-                anchors = ([int(i) for i in ids], list(texts))
-            except UsageError as exc:
-                spec["skips"]["anchors"] = str(exc)
-        spec.update(anchors=anchors, n_anchors=n_anchors)
-        if rc.score_weight > 0:
-            from sentsim.surrogate.data import keep_split, training_note
-
-            run, carve, left_out = D.harvest_pairs(root)
-            pairs = keep_split(run, "train", carve)
-            if pairs.num_rows == 0:
-                raise UsageError(f"--data {data}: rankencoder.score_weight > 0 but no scored train pairs")
-            print(training_note(pairs.num_rows, run.num_rows, "pairs for the score loss", left_out))
-            spec["pairs"] = {"s1": pairs["s1"].to_pylist(), "s2": pairs["s2"].to_pylist(),
-                             "score": pairs["score"].to_numpy().tolist()}
-            spec["counts"]["score_pairs"] = pairs.num_rows
-        spec["counts"]["sentences"] = table.num_rows
-    elif cfg.objective == "rse":
-        table, relations, counts = D.rse_triples(root, cfg)
-        spec.update(relations=relations)
-        spec["counts"].update(triples=table.num_rows, per_relation=counts)
-        if cfg.rse.inference_weights:
-            unknown = [r for r in cfg.rse.inference_weights if r not in relations]
-            if unknown:
-                raise UsageError(f"rse.inference_weights: unknown relation(s) {', '.join(unknown)}; "
-                                 f"training has {', '.join(relations)}")
-    else:
-        if root is None:
-            raise UsageError("--objective paser needs --data HARVEST_DIR (its sentences)")
-        texts = D.read_table(root, "sentences", ["text"])["text"].to_pylist()
-        table, info = D.paser_examples(texts, mask_token, cfg.paser.top_k, cfg.paser.max_phrase_words)
-        from sentsim.surrogate.data import training_note
-
-        print(training_note(info["sentences"], len(texts), "sentences",
-                            {"repeated texts": info["repeated"], "without a RAKE phrase": info["skipped_no_phrase"]}))
-        spec["counts"]["sentences"] = info["sentences"]
-        spec["skips"]["no_phrase"] = {"count": info["skipped_no_phrase"], "examples": info["skipped_examples"]}
+    if root is None and objective.needs_data:
+        raise UsageError(f"--objective {cfg.objective} needs --data HARVEST_DIR ({objective.needs_data})")
+    prepared = objective.prepare(cfg, Harvest(data, root, manifest, backbone_path))
+    table = prepared.table
     if table.num_rows < 2:
         raise UsageError(f"{cfg.objective}: only {table.num_rows} training row(s); need at least 2 for a batch")
+    taken = WORKER_KEYS & set(prepared.for_workers)
+    if taken:  # they would overwrite the trainer's own entries of the workers' spec
+        raise ValueError(f"{cfg.objective}: Prepared.for_workers may not use the trainer's keys {sorted(taken)}")
+    spec = {"counts": prepared.counts, "skips": prepared.skips, **prepared.for_workers}
     spec["dev"] = None if dev is None else {"s1": dev["s1"].to_pylist(), "s2": dev["s2"].to_pylist(),
                                             "score": dev["score"].to_numpy().tolist()}
     spec["table"] = table
@@ -126,48 +88,13 @@ def prepare_data(cfg: StudentConfig, data: Optional[str], mask_token: str = "[MA
 
 
 def build_objective(cfg: StudentConfig, backbone: str, init: str, spec: dict):
-    """(objective, tokenizer) on the worker: the encoder via the surrogate's `build_model`, plus the
-    objective's own parts."""
+    """(objective, tokenizer) on the worker: the registered objective's `build` (its encoder and its own
+    parts) from `backbone`."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from sentsim.surrogate.models import SiameseSurrogate, build_model, resolve_backbone
-
-    if cfg.objective == "paser":
-        import torch
-        from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM
-
-        from sentsim.students.paser import PaSeRObjective
-
-        p = resolve_backbone(backbone)
-        tok = AutoTokenizer.from_pretrained(str(p))
-        if tok.mask_token is None:
-            raise UsageError(f"--backbone {backbone}: its tokenizer has no mask token; PaSeR needs one")
-        torch.manual_seed(cfg.seed)
-        if init == "scratch":
-            s = cfg.scratch
-            mlm = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=s.hidden_size,
-                                             num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads,
-                                             intermediate_size=s.intermediate_size,
-                                             pad_token_id=tok.pad_token_id or 0))
-        else:
-            mlm = AutoModelForMaskedLM.from_pretrained(str(p))  # the MLM head is new if the checkpoint lacks it
-        head = getattr(mlm, "cls", None) or getattr(mlm, "lm_head", None)
-        if head is None:
-            raise UsageError(f"--backbone {backbone}: no masked-LM head class for {type(mlm).__name__}")
-        model = SiameseSurrogate(mlm.base_model)
-        return PaSeRObjective(model, tok, cfg, head), tok
-    model, tok = build_model("siamese", backbone, init, cfg.scratch.model_dump(), cfg.seed)
-    if cfg.objective == "rankencoder":
-        from sentsim.students.rankencoder import RankEncoderObjective
-
-        obj = RankEncoderObjective(model, tok, cfg, spec.get("pairs"), spec.get("rank_vectors"))
-        if spec.get("anchors"):
-            obj.anchors = spec["anchors"]
-        return obj, tok
-    from sentsim.students.rse import RSEObjective
-
-    return RSEObjective(model, tok, cfg, spec["relations"], model.encoder.config.hidden_size), tok
+    obj = objective_class(cfg.objective).build(cfg, backbone, init, spec)
+    return obj, obj.tok
 
 
 def build_trainee(config: dict, session, ckpt):
@@ -191,7 +118,7 @@ def _export(ckpt_dir: Path, out: Path, cfg: StudentConfig) -> Path:
 
     model_dir = out / "model"
     export_model(ckpt_dir / "model", model_dir, "siamese", cfg.max_seq_length)
-    for extra in ("rank_anchors.json", "relations.json"):  # inference scorers' side files; the decoder is not kept
+    for extra in objective_class(cfg.objective).side_files:  # its inference scorers' files; a decoder is not kept
         if (ckpt_dir / extra).is_file():
             shutil.copy(ckpt_dir / extra, model_dir / extra)
     return model_dir
@@ -205,8 +132,10 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
     from sentsim.runtime import absolute_local
     from sentsim.surrogate.models import check_backbone
 
-    check_out(out, {"--data": data, "--backbone": backbone, "--eval-sts": eval_sts, "--triples": cfg.rse.triples,
-                    "rankencoder.base_encoder": cfg.rankencoder.base_encoder}, local="a model and its training state")
+    inputs = {"--data": data, "--backbone": backbone, "--eval-sts": eval_sts}
+    for name in objective_names():  # every objective's, used or not: a path --out would overwrite stays refused
+        inputs.update(objective_class(name).input_paths(cfg))
+    check_out(out, inputs, local="a model and its training state")
     data, backbone, out, eval_sts = (absolute_local(p) for p in (data, backbone, out, eval_sts))
 
     if executor not in ("ray", "inline"):
@@ -216,14 +145,8 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
         from sentsim.evaluation.datasets import discover_tasks
 
         discover_tasks(eval_sts)  # fails now, not after training
-    mask_token = "[MASK]"
-    if cfg.objective == "paser":
-        from transformers import AutoTokenizer
-
-        mask_token = AutoTokenizer.from_pretrained(bb["path"]).mask_token
-        if mask_token is None:
-            raise UsageError(f"--backbone {backbone}: its tokenizer has no mask token; PaSeR needs one")
-    spec = prepare_data(cfg, data, mask_token)
+    objective_class(cfg.objective).check(cfg, backbone, bb["path"])
+    spec = prepare_data(cfg, data, bb["path"])
     table = spec.pop("table")
     n_rows = table.num_rows
     workers = cfg.num_workers if executor == "ray" else 1
@@ -273,19 +196,13 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
 
 def evaluate_student(cfg: StudentConfig, model_dir: str, sts_dir: str, out_dir: Path) -> dict:
     """The surrogate's evaluation hook for students: the STS suite by cosine, plus the objective's
-    own inference rule (Eq. 7 for RankEncoder, relational similarity for RSE)."""
+    own inference rule (`Objective.scorers`: Eq. 7 for RankEncoder, relational similarity for RSE)."""
     from sentsim.evaluation import discover_tasks, evaluate, load_model_scorer, to_markdown
 
     tasks, missing = discover_tasks(sts_dir)
     reports = {"cosine": evaluate(load_model_scorer(model_dir), tasks, missing)}
-    if cfg.objective == "rankencoder" and Path(model_dir, "rank_anchors.json").is_file():
-        from sentsim.students.rankencoder import RankEncoderScorer
-
-        reports["rankencoder-eq7"] = evaluate(RankEncoderScorer(model_dir, cfg.rankencoder.lambda_inf), tasks, missing)
-    if cfg.objective == "rse":
-        from sentsim.students.rse import RelationalScorer
-
-        reports["relational"] = evaluate(RelationalScorer(model_dir), tasks, missing)
+    for name, scorer in objective_class(cfg.objective).scorers(cfg, model_dir).items():
+        reports[name] = evaluate(scorer, tasks, missing)
     (out_dir / "eval.json").write_text(json.dumps({k: r.to_dict() for k, r in reports.items()}, indent=2))
     (out_dir / "eval.md").write_text("\n".join(to_markdown(r, k) for k, r in reports.items()))
     return {k: r.average for k, r in reports.items()}

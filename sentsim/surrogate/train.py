@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sentsim.config import fingerprint
 from sentsim.errors import UsageError
+from sentsim.identity import fingerprint
 from sentsim.surrogate.config import SurrogateConfig
 from sentsim.training.config import RESUMABLE_KEYS
 from sentsim.training.run import (

@@ -1,26 +1,31 @@
-"""Read-only access to a corpus run (the ingestion job's layout, local or s3://), shared by
-retrieval, the discriminator, screening and the harvest.
+"""The corpus reader: read-only access to a corpus run (the layout `sentsim corpus build` writes, local
+or s3://), shared by retrieval, the discriminator, screening, context training and the harvest.
 
 Layout: `sentences/part-*.parquet` (sentence_id, doc_id, para_idx, sent_idx, text, n_tokens),
 `chunks/part-*.parquet` (chunk_id, doc_id, first_sentence_id, n_sentences), `manifest.json`
-with a "fingerprint". Shards are read through storage.RunReader: only units with a completion
-marker. Sentence ids follow corpus.documents (SENT_BITS): within a document the neighbours of a
-sentence are id-1 and id+1.
+with a "fingerprint" (the corpus's identity: sentsim.identity.corpus_fingerprint). Shards are read
+through storage.RunReader: only units with a completion marker. Sentence ids follow
+corpus.documents (SENT_BITS): within a document the neighbours of a sentence are id-1 and id+1.
+
+`SentenceTable` and `ChunkTable` are lookups by id; `CorpusIndex` holds both (and the token counts)
+in memory once per actor of the jobs that screen contexts or harvest.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 
-from corpus.documents import SENT_BITS as DOC_SHIFT  # noqa: F401  (re-exported: the id layout's one home)
+from corpus.documents import doc_key_of, same_doc, sentence_id_of
 from sentsim.errors import UsageError
 
 
 def open_corpus(corpus: str | Path):
-    """A RunReader over a corpus run; anything else is a one-line UsageError naming it."""
+    """A RunReader over a corpus run, its `fingerprint` a non-empty string; anything else is a one-line
+    UsageError naming it."""
     from storage import RunReader, StoreError
 
     try:
@@ -30,14 +35,9 @@ def open_corpus(corpus: str | Path):
             str(exc).replace(": no such directory", ": not a corpus directory (no such directory)")) from None
     if not reader.manifest:
         raise UsageError(f"{corpus}: not a corpus directory (no manifest.json)")
-    return reader
-
-
-def corpus_fingerprint(corpus: str | Path) -> str:
-    fp = open_corpus(corpus).fingerprint
-    if not isinstance(fp, str) or not fp:
+    if not isinstance(reader.fingerprint, str) or not reader.fingerprint:
         raise UsageError(f"{corpus}/manifest.json: has no \"fingerprint\" string")
-    return fp
+    return reader
 
 
 def read_table(corpus, sub: str, columns: list[str]) -> pa.Table:
@@ -115,3 +115,55 @@ def chunk_texts(chunks: ChunkTable, sentences: SentenceTable, rows: np.ndarray |
         hi = int(np.searchsorted(sentences.ids, first + n))
         out.append(" ".join(sentences.texts[lo:hi]))
     return out
+
+
+class CorpusIndex:
+    """In-memory view of a corpus for the actors of a harvest or `sentsim contexts`: texts by id,
+    documents, chunks. Held once per actor: a corpus of 1M sentences takes a few hundred MB here;
+    beyond that, shard the corpus and run one harvest per shard."""
+
+    def __init__(self, corpus: str):
+        self.path = corpus
+        reader = open_corpus(corpus)  # local or s3://; only units with a completion marker
+        self.fingerprint: str = reader.fingerprint  # the corpus's identity (sentsim.identity.corpus_fingerprint)
+        # one read of the sentence shards serves both the texts and the token counts
+        t = read_table(reader, "sentences", ["sentence_id", "text", "n_tokens"])
+        ids = t.column("sentence_id").to_numpy().astype(np.int64)
+        self.sentences = SentenceTable(ids, t.column("text").to_pylist())
+        self.n_tokens = t.column("n_tokens").to_numpy()[np.argsort(ids, kind="stable")]
+        self.chunks = ChunkTable.load(reader)
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self.sentences.ids
+
+    def text(self, sid: int) -> Optional[str]:
+        pos = self.sentences.positions(np.array([sid]))[0]
+        return None if pos < 0 else self.sentences.texts[pos]
+
+    def texts(self, ids: Sequence[int]) -> List[Optional[str]]:
+        pos = self.sentences.positions(np.asarray(ids, dtype=np.int64))
+        return [None if p < 0 else self.sentences.texts[p] for p in pos]
+
+    def doc_members(self, sid: int) -> np.ndarray:
+        """All sentence ids of the document holding `sid` (ids share the high bits)."""
+        doc = doc_key_of(sid)
+        lo = np.searchsorted(self.ids, sentence_id_of(doc, 0))
+        hi = np.searchsorted(self.ids, sentence_id_of(doc + 1, 0))
+        return self.ids[lo:hi]
+
+    @staticmethod
+    def same_doc(a: int, b: int) -> bool:
+        return bool(same_doc(a, b))
+
+    def chunk(self, chunk_id: int) -> Optional[Tuple[int, int]]:
+        r = int(self.chunks.rows(np.array([chunk_id]))[0])
+        return None if r < 0 else (int(self.chunks.first[r]), int(self.chunks.n[r]))
+
+    def window(self, centre: int, w: int) -> Tuple[List[str], List[str]]:
+        """The w sentences before and after `centre` within its document (fewer at the edges)."""
+        left_ids = [i for i in range(centre - w, centre) if i >= 0 and same_doc(i, centre)]
+        right_ids = [i for i in range(centre + 1, centre + w + 1) if same_doc(i, centre)]
+        left = [t for t in self.texts(left_ids) if t is not None] if left_ids else []
+        right = [t for t in self.texts(right_ids) if t is not None] if right_ids else []
+        return left, right

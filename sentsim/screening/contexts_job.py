@@ -19,12 +19,13 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from sentsim.config import Section, Seed, fingerprint
+from sentsim.config import Section, Seed
 from sentsim.errors import UsageError
 from sentsim.executor import ShardedJob, execute
-from sentsim.harvest.config import ContextSetConfig, StageResources
+from sentsim.identity import fingerprint
 from sentsim.out_paths import check_out
-from sentsim.pipeline import Resources, Stage, StageSpec
+from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
+from sentsim.screening.config import ContextSetConfig
 from storage import ShardStore
 
 STAGE = "contexts"
@@ -63,9 +64,9 @@ class ScreenStage(Stage):
         self.rep_cache = rep_cache
 
     def setup(self) -> None:
-        from sentsim.harvest.contexts import ContextSource
-        from sentsim.harvest.corpus_index import CorpusIndex
+        from corpus.view import CorpusIndex
         from sentsim.retrieval import open_retriever
+        from sentsim.screening.contexts import ContextSource
 
         corpus = CorpusIndex(self.cfg.corpus)
         disc = cache = None
@@ -103,7 +104,7 @@ class ScreenStage(Stage):
 
 
 def _queries(cfg: ScreenConfig, corpus) -> tuple[list, list]:
-    from sentsim.harvest.stages import text_id
+    from corpus.documents import text_id
 
     if cfg.sentences:
         from sentsim.pairs_file import decode_text, is_stsb_line, split_lines, stsb_fields
@@ -138,10 +139,10 @@ def earlier_fingerprint(cfg: ScreenConfig, corpus_fp: str, models: dict, n: int,
 
 def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = False,
                     address: Optional[str] = None, quiet: bool = False, max_units: Optional[int] = None) -> dict:
-    from sentsim.harvest.corpus_index import CorpusIndex
-    from sentsim.rank.targets import checkpoint_hash
+    from corpus.view import CorpusIndex
+    from sentsim.identity import cache_identity, checkpoint_hash
     from sentsim.retrieval.base import check_index
-    from sentsim.screening.cache_job import cache_identity, ensure_rep_cache, given_rep_cache, rep_cache_uri
+    from sentsim.screening.cache_job import ensure_rep_cache, given_rep_cache, rep_cache_uri
 
     check_out(cfg.out, {"--corpus": cfg.corpus, "--index": cfg.index, "--discriminator": cfg.discriminator,
                         "--sentences": cfg.sentences, "contexts.rep_cache": given_rep_cache(cfg.contexts.rep_cache,

@@ -1,11 +1,12 @@
-"""Context sets C_s for the harvest (003 §3.3): retrieve chunks, expand slots, screen, select.
+"""Context sets C_s (003 §3.3): retrieve chunks, expand slots, screen, select. The one screening
+implementation: the harvest's ContextStage and `sentsim contexts` (contexts_job.py) both ship it.
 
 `ContextSource.context_sets(texts)` returns, per sentence, an ordered list of `Context`s. In
 `screened` mode: TF-IDF bigram retrieval of chunks, one candidate per sentence slot, ranked by
 the discriminator's log p(y=1 | s, c), then the greedy diverse selection. The discriminator runs
 its LSTM on the query only: every context is scored from the corpus representation cache
-(`sentsim.screening.ContextCache`, built once per corpus and discriminator by cache_job.py) by
-the head alone (`sentsim.screening.score_windows`), as 003 §3.3 prescribes. In `random` mode
+(`cache.ContextCache`, built once per corpus and discriminator by cache_job.py) by
+the head alone (`score.score_windows`), as 003 §3.3 prescribes. In `random` mode
 (the paper's ablation): contexts around random corpus sentences, seeded by the sentence text.
 """
 
@@ -17,10 +18,10 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from corpus.view import CorpusIndex
 from sentsim.errors import UsageError
-from sentsim.harvest.config import ContextSetConfig
-from sentsim.harvest.corpus_index import CorpusIndex
 from sentsim.screening.candidates import expand_candidates, window_ids
+from sentsim.screening.config import ContextSetConfig
 from sentsim.screening.select import select_diverse, word_set
 
 

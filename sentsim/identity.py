@@ -1,0 +1,73 @@
+"""Identities: what a run's fingerprint is made of, each computed in one place.
+
+A resumable run is refused when its fingerprint changes, and a fingerprint holds what the run's
+output depends on, never how a path was spelt:
+
+    fingerprint(*parts)         the hash of JSON-able parts: a resolved config, the identities below
+    checkpoint_hash(path)       a model folder (or file) by the bytes of its weight, config and vocab files
+    corpus_fingerprint(corpus)  a corpus run by the fingerprint its build recorded (config and inputs' sha256)
+    cache_identity(corpus, d)   a representation cache by its format, corpus, discriminator and window
+
+Files by their bytes are `storage.fs` (`sha256_file`, and `input_sha256` for the inputs a job reads:
+corpus documents, a pairs file); the store's own checksums of shards and records stay in storage/.
+Each job composes these into its fingerprint parts: corpus_job, screening/cache_job.py,
+screening/contexts_job.py, harvest/job.py (model_hashes), harvest/remix.py, and the trainers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from sentsim.errors import UsageError
+
+# A representation cache (screening/cache.py, written by `sentsim cache build`) is known by the stage name of
+# its run and the format of its content, both part of its identity: a change to either makes every cache
+# made before another cache, rebuilt rather than misread.
+REP_CACHE_STAGE = "rep_cache"
+REP_CACHE_FORMAT = "sentsim-repcache-v1"
+
+
+def fingerprint(*parts: Any) -> str:
+    """Stable hash of JSON-able parts (resolved config, input manifests, checkpoint hashes)."""
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def checkpoint_hash(path: str) -> str:
+    """sha256 over a checkpoint folder's weight and config files: goes into every fingerprint."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{path}: no such model checkpoint")
+    from pyarrow.fs import LocalFileSystem
+
+    from storage.fs import hash_into
+
+    local = LocalFileSystem()
+    h = hashlib.sha256()
+    files = sorted(x for x in (p.rglob("*") if p.is_dir() else [p]) if x.is_file())
+    for f in files:
+        if f.suffix in (".safetensors", ".json", ".txt", ".model", ".bin") or f.name == "tokenizer.json":
+            h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
+            hash_into(h, local, str(f))
+    return h.hexdigest()[:16]
+
+
+def corpus_fingerprint(corpus: str | Path) -> str:
+    """The corpus run's fingerprint, as its build recorded it (a UsageError line when it is no corpus)."""
+    from corpus.view import open_corpus
+
+    return open_corpus(corpus).fingerprint
+
+
+def cache_identity(corpus_fp: str, discriminator: str) -> str:
+    """What a representation cache's content depends on: its format, the corpus, the discriminator
+    checkpoint and the discriminator's window. The harvest and `sentsim contexts` put it into their
+    own fingerprints, and a cache made for another corpus or discriminator is refused."""
+    cp = Path(discriminator) / "config.json"
+    if not cp.is_file():
+        raise UsageError(f"{discriminator}: not a discriminator directory (no config.json)")
+    window = int(json.loads(cp.read_text(encoding="utf-8")).get("model", {}).get("window", 1))
+    return fingerprint(REP_CACHE_STAGE, REP_CACHE_FORMAT, corpus_fp, checkpoint_hash(discriminator), window)
