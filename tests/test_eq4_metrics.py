@@ -40,6 +40,18 @@ def test_each_metric_name_is_spelt_once_in_the_code():
         assert hits == [f"sentsim/harvest/metrics/{name.replace('-', '_')}.py"], (name, hits)
 
 
+def test_listing_the_metrics_imports_no_numpy():
+    """`sentsim --help` (every command's parser) lists remix's --metric choices from the registry: that
+    imports the metric files, which leave numpy to the call."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import sentsim.cli; sentsim.cli.build_parser(); "
+            "assert 'numpy' not in sys.modules, 'building the parser imported numpy'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+
+
 def test_configs_and_the_remix_command_take_their_choices_from_the_registry(toy):
     from pydantic import ValidationError
 

@@ -8,15 +8,18 @@ it is kept to reproduce the paper; the default is `pearson`. `cos` is the other 
 
 from __future__ import annotations
 
-from typing import Optional
-
-import numpy as np
+from typing import TYPE_CHECKING, Optional
 
 from sentsim.harvest.metrics.registry import Metric
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def cos(a: np.ndarray, b: np.ndarray) -> float:
     """cos(a, b); NaN when either vector is zero (or the product of their norms is not finite)."""
+    import numpy as np
+
     na, nb = np.linalg.norm(a), np.linalg.norm(b)
     if na == 0 or nb == 0 or not np.isfinite(na * nb):
         return float("nan")

@@ -10,12 +10,13 @@ harvest keeps no reference scores, so `sentsim remix` cannot recompute it.
 
 from __future__ import annotations
 
-from typing import Optional
-
-import numpy as np
+from typing import TYPE_CHECKING, Optional
 
 from sentsim.harvest.metrics.cosine import cos
 from sentsim.harvest.metrics.registry import Metric
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def double_centred(a: np.ndarray, b: np.ndarray, effect: Optional[np.ndarray] = None) -> float:

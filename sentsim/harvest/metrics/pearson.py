@@ -7,12 +7,13 @@ removes how predictable it is in any context, which dominates the paper's plain 
 
 from __future__ import annotations
 
-from typing import Optional
-
-import numpy as np
+from typing import TYPE_CHECKING, Optional
 
 from sentsim.harvest.metrics.cosine import cos
 from sentsim.harvest.metrics.registry import Metric
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def pearson(a: np.ndarray, b: np.ndarray, effect: Optional[np.ndarray] = None) -> float:

@@ -15,13 +15,14 @@ registered after `sentsim.harvest.config` was imported (a test's, a plug-in's) i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is not imported to list the names: `sentsim --help` builds --metric's choices
+    import numpy as np
 
 # compare(a, b, effect): a and b finite and aligned; effect the context effect over the same
 # entries, or None when the caller has none
-Compare = Callable[[np.ndarray, np.ndarray, Optional[np.ndarray]], float]
+Compare = Callable[["np.ndarray", "np.ndarray", Optional["np.ndarray"]], float]
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,17 @@ counts, so a few contexts with extreme log-probabilities cannot carry the pair's
 
 from __future__ import annotations
 
-from typing import Optional
-
-import numpy as np
+from typing import TYPE_CHECKING, Optional
 
 from sentsim.harvest.metrics.cosine import cos
 from sentsim.harvest.metrics.registry import Metric
 
+if TYPE_CHECKING:
+    import numpy as np
+
 
 def spearman(a: np.ndarray, b: np.ndarray, effect: Optional[np.ndarray] = None) -> float:
+    import numpy as np
     from scipy.stats import rankdata
 
     ra, rb = rankdata(a).astype(np.float64), rankdata(b).astype(np.float64)
