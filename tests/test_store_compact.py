@@ -169,7 +169,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, case):
     r = sentsim_cli("store", "compact", *args)
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     expected = {"missing": "no such directory", "not a run": "not a sentsim run directory",
-                "incomplete": "not complete"}.get(case, "--target-mb must be a positive number of MB")
+                "incomplete": "not complete"}.get(case, "--target-mb must be positive and finite")
     assert expected in r.stderr
     if case == "incomplete":
         m = json.loads((run / "manifest.json").read_text())
