@@ -27,7 +27,6 @@ go in order.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Annotated, List, Literal, Optional
 
@@ -293,7 +292,7 @@ def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False, execut
         fingerprint_parts=(STAGE, manifest["fingerprint"], lam, metric) + ((variant,) if variant else ()),
         inputs=[{"harvest": cfg.source, "fingerprint": manifest["fingerprint"]}], tables=schemas,
         units=[{"unit": u, "record": units[u]} for u in sorted(units)],
-        stages=lambda ctx: [StageSpec(functools.partial(RemixStage, cfg.source, cfg.out, ctx.fp, lam, metric, variant),
-                                      Resources.of(cfg.resources))],
+        stages=lambda ctx: [StageSpec(RemixStage, Resources.of(cfg.resources), args=dict(
+            source=cfg.source, out=cfg.out, fp=ctx.fp, lam=lam, metric=metric, variant=variant))],
         summary=summary, count="pairs", deep=True)
     return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet, max_units=max_units)
