@@ -10,7 +10,6 @@ sent to Ray at once.
 
 from __future__ import annotations
 
-import functools
 from typing import List, Optional, Sequence
 
 from pydantic import Field
@@ -115,7 +114,8 @@ def build_corpus(
         fingerprint_parts=(STAGE, cfg.semantic(), [(i["name"], i["bytes"], i["sha256"]) for i in input_meta]),
         config=cfg.model_dump(), inputs=input_meta, tables={"sentences": SENTENCE_SCHEMA, "chunks": CHUNK_SCHEMA},
         units=plan_units(inputs, cfg),
-        stages=lambda ctx: [StageSpec(functools.partial(IngestStage, out, ctx.fp, cfg), Resources.of(cfg.resources))],
+        stages=lambda ctx: [StageSpec(IngestStage, Resources.of(cfg.resources),
+                                      args=dict(out=out, fp=ctx.fp, cfg=cfg))],
         summary=summary, on_result=on_result, count="sentences", deep=True,
         detail=lambda r: f"{r['chunks']:,} chunks" if not r["error"] else "bad document",
         window=None)

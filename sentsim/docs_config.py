@@ -137,14 +137,21 @@ def class_doc(cls: type) -> str:
 # ---------------------------------------------------------------- rendering
 
 
-def type_name(tp) -> str:
+def _choices(metadata) -> Optional[tuple]:
+    """The values a registry-checked field takes (`choices()` of its metadata, e.g. the Eq. 4 metrics)."""
+    return next((m.choices() for m in metadata if callable(getattr(m, "choices", None))), None)
+
+
+def type_name(tp, metadata=()) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if _choices(metadata) is not None:  # shown as the Literal it validates like
+        return " | ".join(json.dumps(a) for a in _choices(metadata))
     if tp is type(None):
         return "null"
     if origin is typing.Literal:
         return " | ".join(json.dumps(a) for a in args)
     if origin is typing.Annotated:
-        return type_name(args[0])
+        return type_name(args[0], args[1:])
     if origin in (typing.Union, types.UnionType):
         return " | ".join(type_name(a) for a in args)
     if origin is not None:
@@ -231,7 +238,7 @@ def rows(cls: type[Section], prefix: str = "", defaults: Optional[Section] = Non
             default = "required"
         else:
             default = f"`{show_value(info.get_default(call_default_factory=True))}`"
-        kind = ", ".join(f"`{t}`" for t in [type_name(info.annotation)] + constraints(info))
+        kind = ", ".join(f"`{t}`" for t in [type_name(info.annotation, info.metadata)] + constraints(info))
         yield Row(key, kind, default, " ".join(_sentence(p) for p in parts))
 
 

@@ -1,8 +1,9 @@
 """Stages and the one runner that executes a list of them, on Ray Data or in-process.
 
 A Stage loads its models once in `setup()` and maps a batch of work items to a batch of work
-items in `process()`. A pipeline is a plain list of `StageSpec`s: the stage's factory and its
-`Resources`, which the job sets from its config (`StageResources`), one declaration per stage.
+items in `process()`. A pipeline is a plain list of `StageSpec`s: the stage's class, the keyword
+arguments it is built with, and its `Resources`, which the job sets from its config
+(`StageResources`), one declaration per stage.
 `run_pipeline` turns it into chained `map_batches(compute=ActorPoolStrategy(...))` calls with
 those resources, or runs the same objects in this process (tests, debugging): stages never
 know which.
@@ -17,8 +18,8 @@ import itertools
 import logging
 import os
 import pickle
-from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Type
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -89,16 +90,20 @@ class Stage:
 
 @dataclass(frozen=True)
 class StageSpec:
-    """A stage of a pipeline: a zero-argument factory (a class, or functools.partial of one), so
-    that each Ray actor builds its own instance, and the resources of each of its actors."""
+    """A stage of a pipeline: its class, the keyword arguments it is built with, and the resources of
+    each of its actors. Each Ray actor builds its own instance (`build`), so the arguments travel to
+    the actors and the stage's models load there, in `setup`."""
 
-    factory: Callable[[], Stage]
+    stage: Type[Stage]
     resources: Resources = Resources()
+    args: Mapping[str, Any] = field(default_factory=dict)  # stage(**args)
 
     @property
     def name(self) -> str:
-        proto = self.factory if isinstance(self.factory, type) else getattr(self.factory, "func", self.factory)
-        return getattr(proto, "name", "stage")
+        return self.stage.name
+
+    def build(self) -> Stage:
+        return self.stage(**self.args)
 
 
 def where_this_runs() -> dict:
@@ -135,8 +140,8 @@ def _run_stage(stage: Stage, items: List[dict], name: str, where: dict) -> List[
 class _StageActor:
     """The callable class Ray Data instantiates once per actor."""
 
-    def __init__(self, factory: Callable[[], Stage], name: str):
-        self.stage = factory()
+    def __init__(self, spec: StageSpec, name: str):
+        self.stage = spec.build()
         self.stage.setup()
         self.name = name
         self.where = where_this_runs()
@@ -236,7 +241,7 @@ def run_pipeline(items: Sequence[dict], stages: Sequence[StageSpec], executor: s
     if executor == "inline":
         built = []
         for spec in stages:
-            st = spec.factory()
+            st = spec.build()
             st.setup()
             built.append((spec.name, st))
         where = where_this_runs()
@@ -267,7 +272,7 @@ def run_pipeline(items: Sequence[dict], stages: Sequence[StageSpec], executor: s
         actor_cls = type(f"{name.title().replace('_', '')}Actor", (_StageActor,), {})
         ds = ds.map_batches(
             actor_cls,
-            fn_constructor_args=(spec.factory, name),
+            fn_constructor_args=(spec, name),
             batch_size=res.batch_size,
             batch_format="numpy",
             compute=ActorPoolStrategy(min_size=lo, max_size=hi),

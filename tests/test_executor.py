@@ -6,7 +6,6 @@ CPU machine: Ray only counts them and sets CUDA_VISIBLE_DEVICES for the actors i
 
 from __future__ import annotations
 
-import functools
 import io
 from collections import Counter
 
@@ -43,8 +42,8 @@ def _job(out, units, **more):
 
     return ShardedJob(stage="toy", out=str(out), fingerprint_parts=("toy", 1), config={}, inputs=[],
                       tables={"t": SCHEMA},
-                      units=units, stages=lambda ctx: [StageSpec(functools.partial(_Write, str(out), ctx.fp),
-                                                                 Resources(num_cpus=0.25))],
+                      units=units, stages=lambda ctx: [StageSpec(_Write, Resources(num_cpus=0.25),
+                                                                 args=dict(out=str(out), fp=ctx.fp))],
                       summary=lambda ctx: {"n": ctx.planned}, count="rows", **more)
 
 

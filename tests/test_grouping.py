@@ -143,3 +143,41 @@ def test_grouped_pairs_run_groups_neighbours_and_scores_the_chosen_variant(input
     assert t.loc["The nation must remain strong."].group_id == t.loc["Our nation must stay strong."].group_id
     assert t.loc["Taxes were cut this year."].group_id == t.loc["Taxes were lowered this year."].group_id
     np.testing.assert_allclose(t.score, t.score_centred)
+
+
+@pytest.mark.slow
+def test_remix_keeps_a_pair_without_contexts_in_its_group(inputs, tmp_path):
+    """A grouped --pairs harvest in which one pair's sentences get no context (no word of theirs is in
+    the corpus): the pair has no score, but its sentences still belong to its group, and the centred
+    variant averages over all of the group's sentences. A remix with the source's weights gives every
+    pair's three variants as the harvest did (to float32 rounding of the terms), that pair's included,
+    and keeps its null score and reason."""
+    from sentsim.harvest.eq4_rows import NO_CONTEXTS
+    from sentsim.harvest.job import harvest
+    from sentsim.harvest.remix import RemixConfig, remix
+
+    f = tmp_path / "pairs.tsv"
+    f.write_text("s1\ts2\n"
+                 "The nation must remain strong.\tOur country has to stay powerful.\n"
+                 "Taxes were cut this year.\tThe government lowered taxes.\n"
+                 "zzqx qqzx\txqzz zqxq\n"
+                 "We will defend our freedom.\tThe weather was cold.\n")
+    run = tmp_path / "run"
+    cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], run, pairs_file=str(f),
+                         pairs_per_unit=4, rank={"enabled": False},
+                         grouping={"enabled": True, "pairs_per_group": 2, "score": "centred"})
+    assert harvest(cfg, executor="inline", quiet=True)["complete"]
+    src = _pairs(run)
+    lonely = src.null_reason.fillna("").str.startswith(NO_CONTEXTS)
+    assert lonely.sum() == 1 and src[lonely].score.isna().all()
+    group = src[src.group_id == src[lonely].group_id.iloc[0]]
+    assert len(group) == 2 and group.score_centred.notna().all()  # its partner pair's contexts are the union
+
+    remix(RemixConfig(source=str(run), out=str(tmp_path / "same")), quiet=True)
+    out = _pairs(tmp_path / "same")
+    assert list(out.pair_id) == list(src.pair_id)
+    for v, tol in (("paper", 1e-5), ("union", 1e-5), ("centred", 1e-2)):  # tolerances as in the remix test above
+        np.testing.assert_allclose(out[f"score_{v}"], src[f"score_{v}"], atol=tol)
+    assert out.score.isna().tolist() == src.score.isna().tolist()
+    assert out.null_reason.tolist() == src.null_reason.tolist()
+    assert (out.n_ctx_s1 == src.n_ctx_s1).all() and (out.n_ctx_s2 == src.n_ctx_s2).all()

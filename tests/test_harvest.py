@@ -549,3 +549,28 @@ def test_units_scored_together_give_the_rows_of_units_scored_alone(inline_run, t
     a, b = pairs_of(alone).to_pandas(), pairs_of(together).to_pandas()
     assert len(a) == len(b) > 0 and a.pair_id.equals(b.pair_id)
     assert np.allclose(a.score.astype(float), b.score.astype(float), rtol=0, atol=1e-6, equal_nan=True)
+
+
+def test_the_harvest_is_three_stages_each_built_from_named_arguments(inline_run):
+    """harvest() reads as its pipeline: HarvestRun.stages lists the three stages in order, each a
+    class and the keyword arguments its actors build it with (no closure, no partial)."""
+    import inspect
+
+    from sentsim.executor import RunContext
+    from sentsim.harvest.job import HarvestRun
+    from sentsim.harvest.stages import ContextStage, RankAndWriteStage, ScoreStage
+    from storage import ShardStore
+
+    cfg, out = inline_run
+    run = HarvestRun(cfg, "inline", force_new=False, quiet=True)
+    store = ShardStore(str(out))
+    manifest = store.read_manifest()
+    job = run.job()
+    assert job.fp == manifest["fingerprint"]  # the resolved run is the stored one: it would resume, not restart
+    ctx = RunContext(job, job.fp, store, manifest, "inline", None, False, True)
+    specs = run.stages(ctx)
+    assert [s.stage for s in specs] == [ContextStage, ScoreStage, RankAndWriteStage]
+    assert [s.name for s in specs] == ["contexts", "scoring", "rank"]
+    for spec in specs:
+        inspect.signature(spec.stage).bind(**spec.args)  # every argument named, none missing
+        assert isinstance(spec.build(), spec.stage)

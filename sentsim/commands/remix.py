@@ -15,8 +15,9 @@ def add_arguments(p) -> None:
                        ("right", "right-context")):
         p.add_argument(f"--lambda-{term}", type=float, metavar="X",
                        help=f"weight of the {what} term (default: the source harvest's)")
-    p.add_argument("--metric", choices=["cosine", "pearson", "spearman"],
-                   help="Eq. 4 similarity (default: the source's)")
+    from sentsim.harvest import metrics
+
+    p.add_argument("--metric", choices=metrics.remixable(), help="Eq. 4 similarity (default: the source's)")
     p.add_argument("--variant", choices=["paper", "union", "centred"],
                    help="grouped harvests: the Eq. 4 variant that fills score (default: the source's grouping.score)")
     add_run_arguments(p, executor="inline")

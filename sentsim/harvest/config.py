@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from sentsim.config import Section, Seed, expand_path
 from sentsim.context.config import ScorerConfig
-from sentsim.harvest.similarity import METRICS
+from sentsim.harvest import metrics
 from sentsim.pipeline import StageResources
 from sentsim.screening.config import ContextSetConfig  # the harvest's `contexts:` section
 
@@ -89,7 +89,7 @@ class HarvestConfig(Section):
     scoring: ScorerConfig = ScorerConfig()
     # Eq. 4 similarity of v_s1 and v_s2. 003 uses plain cosine; `pearson` (centred) is the default
     # because raw log-probability vectors give cosine ~1.0 for every pair (see README).
-    metric: Literal["cosine", "pearson", "spearman", "double-centred"] = "pearson"
+    metric: Annotated[str, metrics.OneOf(metrics.names)] = metrics.DEFAULT
     reference_sentences: int = Field(
         8, ge=0, description="sentences whose mean score per context is the context effect (double-centred)")
     splits: Tuple[Fraction, Fraction, Fraction] = (0.98, 0.01, 0.01)  # 003 §4: 98/1/1 train/dev/test
@@ -139,7 +139,6 @@ class HarvestConfig(Section):
             raise ValueError("context_models: give at least one context-model folder")
         if self.contexts.mode == "screened" and not self.index:
             raise ValueError("index: screened contexts need a retrieval index (or set contexts.mode=random)")
-        assert self.metric in METRICS
         return self
 
     def semantic(self, with_paths: bool = False) -> dict:

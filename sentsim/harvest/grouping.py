@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import numpy as np
 import pyarrow as pa
 
+from sentsim.harvest.metrics import DOUBLE_CENTRED
 from sentsim.harvest.similarity import pair_similarity
 
 VARIANTS = ("paper", "union", "centred")
@@ -107,7 +108,7 @@ def group_scores(pairs: Sequence[Tuple[int, int]], group_of: Sequence[int], own:
         out.append({
             "paper": pair_similarity(v1, v2, metric),
             "union": pair_similarity(u1, u2, metric),
-            "centred": pair_similarity(u1, u2, "double-centred", effect),
+            "centred": pair_similarity(u1, u2, DOUBLE_CENTRED, effect),
         })
     return out
 

@@ -8,16 +8,15 @@ is part of the harvest's fingerprint, and each context actor loads it once.
 
 from __future__ import annotations
 
-import functools
 import sys
 from types import SimpleNamespace
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
 from sentsim.config import load_config
 from sentsim.errors import UsageError
-from sentsim.executor import ShardedJob, execute
+from sentsim.executor import RunContext, ShardedJob, execute
 from sentsim.harvest.anchors import ANCHORS_TABLE
 from sentsim.harvest.config import INPUT_PATHS, UNFINGERPRINTED, HarvestConfig
 from sentsim.harvest.stages import (
@@ -39,6 +38,119 @@ from storage import ShardStore
 from storage.fs import input_sha256
 
 STAGE = "harvest"
+
+
+def harvest(
+    cfg: HarvestConfig, executor: str = "ray", force_new: bool = False, address: Optional[str] = None,
+    quiet: bool = False, max_units: Optional[int] = None,
+) -> dict:
+    """Harvest scored pairs from `cfg.corpus` into `cfg.out`, resuming a run that is there. The
+    pipeline a unit goes through is `HarvestRun.stages`."""
+    from sentsim.harvest.report import write_report
+
+    run = HarvestRun(cfg, executor, force_new, quiet)
+    m = execute(run.job(), executor=executor, address=address, force_new=force_new, quiet=quiet,
+                max_units=max_units)
+    this = m["this_run"]
+    write_report(cfg.out, m, SimpleNamespace(done=this["units"], rows=this["pairs"]), this["wall_seconds"])
+    return dict(ShardStore(cfg.out).read_manifest(), this_run=m["this_run"])
+
+
+class HarvestRun:
+    """One harvest, resolved before anything is written: its inputs checked, its units planned, its
+    fingerprint and scoring format fixed. `stages` is its pipeline; `job()` hands it to the executor."""
+
+    def __init__(self, cfg: HarvestConfig, executor: str, force_new: bool, quiet: bool):
+        from corpus.view import CorpusIndex
+
+        check_out(cfg.out, harvest_inputs(cfg))
+        if cfg.index:  # whole and built for this corpus: said now, not when the first unit searches it
+            from sentsim.retrieval.base import check_index
+
+            check_index(cfg.index, corpus=cfg.corpus)
+        check_scorable_terms(cfg)
+        self.cfg = cfg
+        self.corpus = CorpusIndex(cfg.corpus)
+        self.units, self.plan_info = plan(cfg, self.corpus)
+        self.hashes = model_hashes(cfg)
+        self.rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if uses_rep_cache(cfg) else None
+        self.fingerprint_parts = (STAGE, cfg.semantic(), self.corpus.fingerprint, without_paths(self.plan_info),
+                                  self.hashes)
+        stored = None if force_new else ShardStore(cfg.out).read_manifest()  # a new run reads no old manifest
+        if stored and stored.get("fingerprint") != fingerprint(*self.fingerprint_parts):
+            stored = None  # another run's (resuming it is refused, or it is an earlier sentsim's: no format kept)
+        self.precision, note = scoring_precision(cfg, stored, force_new, executor)
+        if note and not quiet:
+            print(f"[{STAGE}] {note}", file=sys.stderr, flush=True)
+
+    def stages(self, ctx: RunContext) -> List[StageSpec]:
+        """A unit's way through the harvest (each stage in harvest/stages.py), built once there is work:
+
+        1. ContextStage: each sentence of the unit's pairs and its context set C_s, retrieved by the
+           index and screened by the discriminator (003 §3.3);
+        2. ScoreStage: S(s, c) for every (sentence, context), Eq. 3, then each pair's Eq. 4 row
+           (harvest/eq4_rows.py);
+        3. RankAndWriteStage: the rank-vector targets (004 §3.2), then the unit's shards and marker.
+        """
+        cfg, r = self.cfg, self.cfg.resources
+        anchor_ids = anchor_texts = None
+        if cfg.rank.enabled:
+            anchor_ids, anchor_texts = run_anchors(cfg, ctx.store, ctx.fp)
+        # the stages score in the run's resolved format; the fingerprint keeps the setting as given (auto)
+        scoring_cfg = cfg.model_copy(update={"scoring": cfg.scoring.model_copy(update={"autocast": self.precision})})
+        return [
+            StageSpec(ContextStage, Resources.of(r.contexts), args=dict(
+                cfg=cfg, window=self.context_window(), rep_cache=self.rep_cache,
+                # the sorted anchor ids go to each context actor once (pair ownership), not with every unit
+                anchors=self.units.make.anchors if isinstance(self.units.make, AnchorUnits) else None)),
+            StageSpec(ScoreStage, Resources.of(r.scoring), args=dict(
+                cfg=scoring_cfg, reference_texts=self.reference_texts())),
+            StageSpec(RankAndWriteStage, Resources.of(r.rank), args=dict(
+                cfg=cfg, fp=ctx.fp, anchor_ids=anchor_ids, anchor_texts=anchor_texts,
+                # a run resumed from before sentences.context_ids (or float32 context scores) keeps its schemas
+                sentence_schema=sentence_schema_of(ctx.manifest),
+                context_schema=context_score_schema_of(ctx.manifest))),
+        ]
+
+    def context_window(self) -> int:
+        """Sentences on each side of a context (the context models were trained with this window)."""
+        from sentsim.context.model import read_bundle_meta
+
+        meta = read_bundle_meta(self.cfg.context_models[0])
+        return int(meta.get("model_config", {}).get("context_sentences", 1))
+
+    def reference_texts(self) -> List[str]:
+        """The sampled corpus sentences the double-centred metric reads each context's effect from."""
+        cfg, corpus = self.cfg, self.corpus
+        rng = np.random.default_rng(cfg.seed + 2)
+        return list(corpus.texts(rng.choice(corpus.ids, size=min(cfg.reference_sentences, len(corpus.ids)),
+                                            replace=False)))
+
+    def prepare(self, ctx: RunContext) -> None:
+        if self.rep_cache:  # every corpus sentence encoded once, before the pipeline
+            cfg = self.cfg
+            ensure_rep_cache(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator,
+                             self.hashes["rep_cache"], cfg.resources.contexts, executor=ctx.executor,
+                             force_new=ctx.force_new, address=ctx.address, quiet=ctx.quiet)
+
+    def summary(self, ctx: RunContext) -> dict:
+        refusal = all_null_refusal(ctx.store, ctx.fp, len(self.units))
+        if refusal:
+            raise UsageError(refusal)
+        return {"plan": self.plan_info}
+
+    def job(self) -> ShardedJob:
+        cfg, plan_info, hashes, corpus_fp = self.cfg, self.plan_info, self.hashes, self.corpus.fingerprint
+        return ShardedJob(
+            stage=STAGE, out=cfg.out, fingerprint_parts=self.fingerprint_parts,
+            earlier_fingerprint=lambda stored: earlier_fingerprint(cfg, corpus_fp, plan_info, hashes, stored),
+            unfingerprinted=UNFINGERPRINTED + ("inputs.0.corpus", "inputs.0.pairs_file"),
+            config=cfg.model_dump(), inputs=[{"corpus": cfg.corpus, "fingerprint": corpus_fp, **plan_info}],
+            tables={"pairs": pair_schema(cfg.grouping.enabled), "sentences": SENTENCE_SCHEMA,
+                    **({"context_scores": CONTEXT_SCORE_SCHEMA} if cfg.keep_context_scores == "all" else {})},
+            units=self.units, stages=self.stages, prepare=self.prepare, summary=self.summary, count="pairs",
+            detail=lambda r: f"nulls {r['null_scores']}", gauges="sentsim_harvest", deep=True,
+            open_extra={"scoring_precision": self.precision})
 
 
 class AnchorUnits:
@@ -217,85 +329,6 @@ def earlier_fingerprint(cfg: HarvestConfig, corpus_fp: str, plan_info: dict, has
     sem["rank"]["encoder"] = (old.get("rank") or {}).get("encoder", sem["rank"]["encoder"])
     info = dict(plan_info, pairs_file=old.get("pairs_file")) if "pairs_file" in plan_info else plan_info
     return fingerprint(STAGE, sem, corpus_fp, info, hashes)
-
-
-def harvest(
-    cfg: HarvestConfig, executor: str = "ray", force_new: bool = False, address: Optional[str] = None,
-    quiet: bool = False, max_units: Optional[int] = None,
-) -> dict:
-    from corpus.view import CorpusIndex
-    from sentsim.harvest.report import write_report
-
-    check_out(cfg.out, harvest_inputs(cfg))
-    if cfg.index:  # whole and built for this corpus: said now, not when the first unit searches it
-        from sentsim.retrieval.base import check_index
-
-        check_index(cfg.index, corpus=cfg.corpus)
-    check_scorable_terms(cfg)
-    corpus = CorpusIndex(cfg.corpus)
-    units, plan_info = plan(cfg, corpus)
-    hashes = model_hashes(cfg)
-    rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if uses_rep_cache(cfg) else None
-    parts = (STAGE, cfg.semantic(), corpus.fingerprint, without_paths(plan_info), hashes)
-    stored = None if force_new else ShardStore(cfg.out).read_manifest()  # a new run reads no old manifest
-    if stored and stored.get("fingerprint") != fingerprint(*parts):
-        stored = None  # another run's (resuming it is refused, or it is an earlier sentsim's: no format kept)
-    precision, note = scoring_precision(cfg, stored, force_new, executor)
-    if note and not quiet:
-        print(f"[{STAGE}] {note}", file=sys.stderr, flush=True)
-    # the stages score in the run's resolved format; the fingerprint keeps the setting as given (auto)
-    scoring_cfg = cfg.model_copy(update={"scoring": cfg.scoring.model_copy(update={"autocast": precision})})
-
-    def stages(ctx) -> list:
-        from sentsim.context.model import read_bundle_meta
-
-        window = int(read_bundle_meta(cfg.context_models[0]).get("model_config", {}).get("context_sentences", 1))
-        anchor_ids = anchor_texts = None
-        if cfg.rank.enabled:
-            anchor_ids, anchor_texts = run_anchors(cfg, ctx.store, ctx.fp)
-        rng = np.random.default_rng(cfg.seed + 2)
-        refs = list(corpus.texts(rng.choice(corpus.ids, size=min(cfg.reference_sentences, len(corpus.ids)),
-                                            replace=False)))
-        # a run resumed from before sentences.context_ids keeps one schema across its shards
-        sentence_schema = sentence_schema_of(ctx.manifest)
-        r = cfg.resources
-        return [
-            # the sorted anchor ids go to each context actor once (pair ownership), not with every unit
-            StageSpec(functools.partial(ContextStage, cfg, window, rep_cache, units.make.anchors
-                                        if isinstance(units.make, AnchorUnits) else None), Resources.of(r.contexts)),
-            StageSpec(functools.partial(ScoreStage, scoring_cfg, refs), Resources.of(r.scoring)),
-            # a run resumed from before float32 context scores keeps float64 (None: it keeps none)
-            StageSpec(functools.partial(RankAndWriteStage, cfg, ctx.fp, anchor_ids, anchor_texts, sentence_schema,
-                                        context_score_schema_of(ctx.manifest)),
-                      Resources.of(r.rank)),
-        ]
-
-    def prepare(ctx) -> None:
-        if rep_cache:  # every corpus sentence encoded once, before the pipeline
-            ensure_rep_cache(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator, hashes["rep_cache"],
-                             cfg.resources.contexts, executor=ctx.executor, force_new=ctx.force_new,
-                             address=ctx.address, quiet=ctx.quiet)
-
-    def summary(ctx) -> dict:
-        refusal = all_null_refusal(ctx.store, ctx.fp, len(units))
-        if refusal:
-            raise UsageError(refusal)
-        return {"plan": plan_info}
-
-    job = ShardedJob(
-        stage=STAGE, out=cfg.out, fingerprint_parts=parts,
-        earlier_fingerprint=lambda stored: earlier_fingerprint(cfg, corpus.fingerprint, plan_info, hashes, stored),
-        unfingerprinted=UNFINGERPRINTED + ("inputs.0.corpus", "inputs.0.pairs_file"),
-        config=cfg.model_dump(), inputs=[{"corpus": cfg.corpus, "fingerprint": corpus.fingerprint, **plan_info}],
-        tables={"pairs": pair_schema(cfg.grouping.enabled), "sentences": SENTENCE_SCHEMA,
-                **({"context_scores": CONTEXT_SCORE_SCHEMA} if cfg.keep_context_scores == "all" else {})},
-        units=units, stages=stages, prepare=prepare, summary=summary, count="pairs",
-        detail=lambda r: f"nulls {r['null_scores']}", gauges="sentsim_harvest", deep=True,
-        open_extra={"scoring_precision": precision})
-    m = execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet, max_units=max_units)
-    this = m["this_run"]
-    write_report(cfg.out, m, SimpleNamespace(done=this["units"], rows=this["pairs"]), this["wall_seconds"])
-    return dict(ShardStore(cfg.out).read_manifest(), this_run=m["this_run"])
 
 
 def run_anchors(cfg: HarvestConfig, store: ShardStore, fp: str) -> tuple[np.ndarray, list]:

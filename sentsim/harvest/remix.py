@@ -27,9 +27,8 @@ go in order.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
-from typing import List, Literal, Optional
+from typing import Annotated, List, Literal, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +38,8 @@ from sentsim.config import Section
 from sentsim.context.scorer import TERMS  # the Eq. 3 terms: disc, fwd, left, right
 from sentsim.errors import UsageError
 from sentsim.executor import ShardedJob, execute
-from sentsim.harvest.similarity import pair_similarity
+from sentsim.harvest import metrics
+from sentsim.harvest.eq4_rows import MissingTerm, UnitTerms, has_no_contexts, pair_rows
 from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
 
@@ -54,7 +54,7 @@ class RemixConfig(Section):
     lambda_fwd: Optional[float] = Field(None, ge=0, description="λ2, log p(s | c<, c>) per token")
     lambda_left: Optional[float] = Field(None, ge=0, description="λ3, log p(c< | s, c>) per token")
     lambda_right: Optional[float] = Field(None, ge=0, description="λ4, log p(c> | c<, s) per token")
-    metric: Optional[Literal["cosine", "pearson", "spearman"]] = Field(
+    metric: Optional[Annotated[str, metrics.OneOf(metrics.remixable)]] = Field(
         None, description="Eq. 4 similarity; unset = the source's (double-centred cannot be remixed)")
     # Grouped harvests (grouping.enabled) keep three Eq. 4 variants; this picks the one in `score`.
     # Unset = the source's grouping.score (sentsim/harvest/grouping.py).
@@ -83,10 +83,14 @@ def resolve(cfg: RemixConfig, manifest: dict) -> tuple[dict, str]:
     for t in TERMS:
         given = getattr(cfg, f"lambda_{t}")
         lam[t] = float(given) if given is not None else (src_lam[t] if on[t] else 0.0)
-    metric = cfg.metric or src.get("metric", "pearson")
-    if metric == "double-centred":
-        raise UsageError(f"{cfg.source}: metric double-centred needs the reference sentences' scores, which a harvest "
-                         "does not store; pass --metric pearson (or cosine, spearman)")
+    metric = cfg.metric or src.get("metric", metrics.DEFAULT)
+    others = ", ".join(m for m in metrics.remixable() if m != metrics.DEFAULT)
+    if metric not in metrics.names():
+        raise UsageError(f"{cfg.source}: its Eq. 4 metric {metric!r} is not one this sentsim has "
+                         f"({', '.join(metrics.names())}); pass --metric {metrics.DEFAULT} (or {others})")
+    if metrics.get(metric).uses_context_effect:
+        raise UsageError(f"{cfg.source}: metric {metric} needs the reference sentences' scores, which a harvest "
+                         f"does not store; pass --metric {metrics.DEFAULT} (or {others})")
     if not any(lam.values()):
         raise UsageError("every λ is 0: Eq. 3 would be empty")
     return lam, metric
@@ -115,8 +119,8 @@ def resolve_variant(cfg: RemixConfig, manifest: dict) -> Optional[str]:
 
 
 def remix_unit(tables: dict, lam: dict, metric: str, variant: Optional[str] = None) -> tuple[dict, dict]:
-    """Recompute S and every pair's Eq. 4 similarity for one unit (and, in a grouped harvest, the three
-    variants of each pair's group, `variant` filling `score`); returns (tables, counts)."""
+    """Recompute S and every pair's Eq. 4 row for one unit (eq4_rows.py; in a grouped harvest the three
+    variants of each pair's group too, `variant` filling `score`); returns (tables, counts)."""
     from sentsim.context.scorer import combine_terms
 
     cs, sent, pairs = tables["context_scores"], tables["sentences"], tables["pairs"]
@@ -124,57 +128,32 @@ def remix_unit(tables: dict, lam: dict, metric: str, variant: Optional[str] = No
     S, _ = combine_terms(values, dict.fromkeys(TERMS, True), lam)
     # S in the stored precision (float32 since issue 16, float64 in older harvests)
     cs = cs.set_column(cs.schema.get_field_index("S"), "S", pa.array(S, cs.schema.field("S").type))
-    row_of = {(s, k): i for i, (s, k) in enumerate(zip(cs.column("sentence_id").to_pylist(),
-                                                      cs.column("context_id").to_pylist()))}
-    by_sentence: dict = {}
-    for s, k in row_of:
-        by_sentence.setdefault(s, []).append(k)
+    terms = UnitTerms(zip(cs.column("sentence_id").to_pylist(), cs.column("context_id").to_pylist()), S, values)
+    # C_s of each sentence; None before context_ids, when pairs run over their shared contexts (approximate)
     own = (dict(zip(sent.column("sentence_id").to_pylist(), sent.column("context_ids").to_pylist()))
            if "context_ids" in sent.column_names else None)
 
     cols = pairs.to_pydict()
-    counts = {"pairs": len(cols["pair_id"]), "null_scores": 0, "approximate": 0, "rescored": 0}
-    for i, (a, b) in enumerate(zip(cols["s1_id"], cols["s2_id"])):
-        if cols["score"][i] is None and (cols["null_reason"][i] or "").startswith("no contexts"):
-            counts["null_scores"] += 1
-            continue
-        if own is not None:
-            keys = list(own.get(a) or []) + list(own.get(b) or [])
-        else:  # before context_ids: the contexts both were scored in, within this unit
-            shared = set(by_sentence.get(b, []))
-            keys = [k for k in by_sentence.get(a, []) if k in shared]
-            counts["approximate"] += 1
-        idx1 = [row_of.get((a, k)) for k in keys]
-        idx2 = [row_of.get((b, k)) for k in keys]
-        if any(j is None for j in idx1 + idx2):
-            raise UsageError(f"pair {cols['pair_id'][i]}: a context of its C_s1 + C_s2 has no stored score; "
-                             "the source harvest's shards do not match each other")
-        score = pair_similarity(S[idx1], S[idx2], metric)
-        cols["score"][i] = float(score) if np.isfinite(score) else None
-        cols["null_reason"][i] = None if np.isfinite(score) else "score vectors degenerate (constant or unscored)"
-        counts["null_scores"] += cols["score"][i] is None
-        for t in TERMS:
-            v = pair_similarity(values[t][idx1], values[t][idx2], metric)
-            cols[f"sim_{t}"][i] = float(v) if np.isfinite(v) else None
-        counts["rescored"] += 1
-    if variant is not None and own is not None:
-        from sentsim.harvest.grouping import group_scores
-
-        def s_of(s, k):
-            j = row_of.get((s, k))
-            return S[j] if j is not None else float("nan")
-
-        todo = [i for i in range(len(cols["pair_id"])) if cols["score"][i] is not None or
-                not (cols["null_reason"][i] or "").startswith("no contexts")]
-        found = group_scores([(cols["s1_id"][i], cols["s2_id"][i]) for i in todo],
-                             [cols["group_id"][i] for i in todo], own, s_of, metric)
-        for i, v in zip(todo, found):
-            for name, x in v.items():
-                cols[f"score_{name}"][i] = float(x) if np.isfinite(x) else None
-            if variant != "paper":
-                x = v[variant]
-                cols["score"][i] = float(x) if np.isfinite(x) else None
-                cols["null_reason"][i] = None if np.isfinite(x) else "score vectors degenerate (constant or unscored)"
+    scored = [i for i in range(len(cols["pair_id"]))
+              if cols["score"][i] is not None or not has_no_contexts(cols["null_reason"][i])]
+    # With C_s known every pair is rebuilt, as the harvest built it: a pair without contexts still
+    # belongs to its group, whose sentences the centred variant averages over. Before context_ids,
+    # such a pair keeps its row (its shared contexts are other pairs').
+    todo = list(range(len(cols["pair_id"]))) if own is not None else scored
+    shortfall = dict(zip(sent.column("sentence_id").to_pylist(), sent.column("shortfall").to_pylist()))
+    grouped = variant is not None and own is not None
+    try:
+        rows = pair_rows([(cols["s1_id"][i], cols["s2_id"][i]) for i in todo], terms, metric, own, shortfall,
+                         group_of=[cols["group_id"][i] for i in todo] if grouped else None,
+                         variant=variant if grouped else "paper")
+    except MissingTerm as exc:
+        raise UsageError(f"pair {cols['pair_id'][todo[exc.pair]]}: a context of its C_s1 + C_s2 has no stored score; "
+                         "the source harvest's shards do not match each other") from None
+    for i, row in zip(todo, rows):
+        for k, v in row.items():
+            cols[k][i] = v
+    counts = {"pairs": len(cols["pair_id"]), "null_scores": sum(x is None for x in cols["score"]),
+              "approximate": len(scored) if own is None else 0, "rescored": len(scored)}
     out_pairs = pa.Table.from_pydict(cols, schema=pairs.schema)
     return {"pairs": out_pairs, "sentences": sent, "context_scores": cs}, counts
 
@@ -313,7 +292,7 @@ def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False, execut
         fingerprint_parts=(STAGE, manifest["fingerprint"], lam, metric) + ((variant,) if variant else ()),
         inputs=[{"harvest": cfg.source, "fingerprint": manifest["fingerprint"]}], tables=schemas,
         units=[{"unit": u, "record": units[u]} for u in sorted(units)],
-        stages=lambda ctx: [StageSpec(functools.partial(RemixStage, cfg.source, cfg.out, ctx.fp, lam, metric, variant),
-                                      Resources.of(cfg.resources))],
+        stages=lambda ctx: [StageSpec(RemixStage, Resources.of(cfg.resources), args=dict(
+            source=cfg.source, out=cfg.out, fp=ctx.fp, lam=lam, metric=metric, variant=variant))],
         summary=summary, count="pairs", deep=True)
     return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet, max_units=max_units)

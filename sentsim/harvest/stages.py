@@ -16,9 +16,10 @@ import numpy as np
 import pyarrow as pa
 
 from corpus.documents import text_id
+from sentsim.harvest import metrics
 from sentsim.harvest.config import HarvestConfig
+from sentsim.harvest.eq4_rows import UnitTerms, context_effect, pair_rows
 from sentsim.harvest.pairs import owned_pairs, pair_id, pair_split, sample_partners
-from sentsim.harvest.similarity import pair_similarity
 from sentsim.pipeline import PLACEMENT_KEY, Stage, where_this_runs
 
 DIRS = ("fwd", "left", "right")
@@ -256,77 +257,42 @@ class ScoreStage(Stage):
 
             for key in needed(grouping[0], grouping[1], grouping[2]):
                 need.setdefault(key, None)
-        refs = self.reference_texts if self.cfg.metric == "double-centred" else []
+        refs = self.reference_texts if metrics.get(self.cfg.metric).uses_context_effect else []
         ref_keys = [(("ref", i), k) for i in range(len(refs)) for k in ctx_by_key]
         return list(need) + ref_keys, grouping, refs, ctx_by_key
 
     def _rows(self, item: dict, res, start: int, combos: list, grouping, refs: list, ctx_by_key: dict,
               seconds: float) -> dict:
-        """The unit's pair rows (Eq. 4) and context_scores from its slice [start, start + len(combos)) of
-        the call's scores."""
+        """The unit's pair rows (Eq. 4, eq4_rows.py) and context_scores from its slice
+        [start, start + len(combos)) of the call's scores."""
         csets, disc = item["csets"], item["disc"]
-        S = {}
-        comp = {d: {} for d in DIRS}
-        for i, key in enumerate(combos, start):
-            S[key] = res.score[i]
-            for d in DIRS:
-                comp[d][key] = res.logprob[d][i]
-        effect = {}
-        if refs:
-            for k in ctx_by_key:
-                effect[k] = float(np.nanmean([S[(("ref", i), k)] for i in range(len(refs))]))
-        variants = None
+        part = slice(start, start + len(combos))
+        none = np.zeros(0)  # no unit of the call needed an item (every pair without contexts): no result
+        terms = UnitTerms(combos, res.score[part] if res is not None else none, {
+            "disc": np.array([disc.get(key, np.nan) for key in combos], dtype=np.float64),
+            **{d: res.logprob[d][part] if res is not None else none for d in DIRS}})
+        effect = context_effect(terms, [("ref", i) for i in range(len(refs))], ctx_by_key) if refs else None
+        pairs = item["pairs"]
+        eq4 = pair_rows([(a, b) for a, b, _, _ in pairs], terms, self.cfg.metric,
+                        own={s: [c.key for c in cs.contexts] for s, cs in csets.items()},
+                        shortfall={s: cs.shortfall_reason for s, cs in csets.items()}, effect=effect,
+                        group_of=grouping[1] if grouping is not None else None, variant=self.cfg.grouping.score)
+        rows = [{"s1_id": a, "s2_id": b, "kind": kind, "gold": gold, **row}
+                for (a, b, kind, gold), row in zip(pairs, eq4)]
         if grouping is not None:
-            from sentsim.harvest.grouping import group_scores
-
-            variants = group_scores(grouping[0], grouping[1], grouping[2], lambda s, k: S[(s, k)],
-                                    self.cfg.metric)
-        rows = []
-        for i_pair, (a, b, kind, gold) in enumerate(item["pairs"]):
-            keys = [c.key for c in csets[a].contexts] + [c.key for c in csets[b].contexts]
-            row = {"s1_id": a, "s2_id": b, "kind": kind, "gold": gold,
-                   "n_ctx_s1": len(csets[a].contexts), "n_ctx_s2": len(csets[b].contexts)}
-            if variants is not None:
-                v = variants[i_pair]
-                row["group_id"] = grouping[3][i_pair]
-                for name, x in v.items():
-                    row[f"score_{name}"] = float(x) if np.isfinite(x) else None
-            if not keys:
-                row.update(score=None, null_reason="no contexts for either sentence: "
-                           + "; ".join(filter(None, [csets[a].shortfall_reason, csets[b].shortfall_reason])))
-                for d in (*DIRS, "disc"):
-                    row[f"sim_{d}"] = None
-                rows.append(row)
-                continue
-            v1 = np.array([S[(a, k)] for k in keys], dtype=np.float64)
-            v2 = np.array([S[(b, k)] for k in keys], dtype=np.float64)
-            eff = np.array([effect[k] for k in keys]) if refs else None
-            score = pair_similarity(v1, v2, self.cfg.metric, eff)
-            if variants is not None and self.cfg.grouping.score != "paper":
-                score = variants[i_pair][self.cfg.grouping.score]
-            row["score"] = None if not np.isfinite(score) else score
-            row["null_reason"] = None if np.isfinite(score) else "score vectors degenerate (constant or unscored)"
-            for d in DIRS:
-                x1 = np.array([comp[d][(a, k)] for k in keys])
-                x2 = np.array([comp[d][(b, k)] for k in keys])
-                v = pair_similarity(x1, x2, self.cfg.metric)
-                row[f"sim_{d}"] = None if not np.isfinite(v) else v
-            d1 = np.array([disc.get((a, k), np.nan) for k in keys], dtype=np.float64)
-            d2 = np.array([disc.get((b, k), np.nan) for k in keys], dtype=np.float64)
-            v = pair_similarity(d1, d2, self.cfg.metric)
-            row["sim_disc"] = None if not np.isfinite(v) else v
-            rows.append(row)
+            for row, group_id in zip(rows, grouping[3]):
+                row["group_id"] = group_id
         # keep_context_scores=none: no table to write, so no rows travel to the write stage
         cs_rows = [] if self.cfg.keep_context_scores == "none" else [
-            (s, k, comp["fwd"][(s, k)], comp["left"][(s, k)], comp["right"][(s, k)], disc.get((s, k)), S[(s, k)])
-            for (s, k) in combos if not (isinstance(s, tuple) and s[0] == "ref")]
+            (s, k, terms.terms["fwd"][i], terms.terms["left"][i], terms.terms["right"][i], disc.get((s, k)),
+             terms.S[i])
+            for i, (s, k) in enumerate(combos) if not (isinstance(s, tuple) and s[0] == "ref")]
         item.update(rows=rows, context_scores=cs_rows, n_scored=len(combos), precision=self.scorer.precision)
         del item["disc"]
         item["csets"] = {s: (len(cs.contexts), cs.shortfall_reason, [c.key for c in cs.contexts])
                          for s, cs in csets.items()}
         item["timing"]["scoring"] = seconds
         return item
-
 
     def _groups(self, item: dict) -> tuple:
         """(pairs, group of each pair, C_s keys per sentence, run-unique group id of each pair)."""

@@ -16,7 +16,6 @@ corpus or discriminator is refused. The run's fingerprint adds the unit size (th
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import List, Optional
 
@@ -140,7 +139,7 @@ def build_rep_cache(cfg: RepCacheConfig, executor: str = "ray", force_new: bool 
         config=cfg.model_dump(),
         inputs=[{"corpus": cfg.corpus, "fingerprint": corpus_fp, "sentences": len(ids)}],
         tables=store_schemas(meta["rep_dim"], meta["core_dim"]), units=plan_units(ids, cfg.sentences_per_unit),
-        stages=lambda ctx: [StageSpec(functools.partial(CacheStage, cfg, ctx.fp), Resources.of(cfg.resources))],
+        stages=lambda ctx: [StageSpec(CacheStage, Resources.of(cfg.resources), args=dict(cfg=cfg, fp=ctx.fp))],
         summary=summary, count="sentences", open_extra={"identity": identity, "cache": meta})
     return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet,
                    max_units=max_units)

@@ -10,7 +10,6 @@ candidate context by the head alone (003 §3.3); its identity is part of the run
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -179,8 +178,8 @@ def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = 
         unfingerprinted=("out", "resources", "contexts.rep_cache", "inputs.0.corpus") + PATHS,
         config=cfg.model_dump(), inputs=[{"corpus": cfg.corpus, "sentences": len(ids)}],
         tables={"contexts": CONTEXT_SCHEMA, "queries": QUERY_SCHEMA}, units=units,
-        stages=lambda ctx: [StageSpec(functools.partial(ScreenStage, cfg, ctx.fp, rep_cache),
-                                      Resources.of(cfg.resources))],
+        stages=lambda ctx: [StageSpec(ScreenStage, Resources.of(cfg.resources),
+                                      args=dict(cfg=cfg, fp=ctx.fp, rep_cache=rep_cache))],
         prepare=prepare, summary=summary, count="sentences")
     return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet,
                    max_units=max_units)
