@@ -2,6 +2,7 @@
 loss per target token as today on the same data")
 
     python bench/stream_quality.py [--corpus DIR] [--target-tokens 300000] [--seeds 0,1]
+                                   [--batchings buffer,bucketed] [--plan 2d|total]
 
 Trains the same small BART (`sentsim train context`, inline, on this CPU) on the same corpus once per
 batching (`buffer`, the legacy stream, and `bucketed`) and seed, each until the same number of target
@@ -33,6 +34,11 @@ def main(argv=None) -> int:
     ap.add_argument("--target-tokens", type=int, default=300_000)
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--batch-tokens", type=int, default=4096)
+    ap.add_argument("--batchings", default="buffer,bucketed", help="the streams to train with, comma-separated")
+    ap.add_argument("--plan", default="2d",
+                    help="an experiment: 'total' plans the bucketed stream's batches on source + target length "
+                         "alone, as the legacy stream sorts (more padding, more mixed target lengths); 'coarse:G' "
+                         "plans groups of G batches alike in length and fills each batch at random from its group")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "stream_quality"))
     a = ap.parse_args(argv)
     from common import machine
@@ -42,6 +48,17 @@ def main(argv=None) -> int:
     from sentsim.context.train import train_context
     from sentsim.context.windows import iter_documents
 
+    if a.plan != "2d":
+        import functools
+
+        import sentsim.context.stream as stream
+
+        if a.plan == "total":
+            stream.plan_batches = plan_on_total_length
+        elif a.plan.startswith("coarse:"):
+            stream.plan_batches = functools.partial(plan_coarse, int(a.plan.split(":")[1]))
+        else:
+            ap.error(f"--plan: 2d, total or coarse:G, not {a.plan!r}")
     work = Path(tempfile.mkdtemp(prefix="stream-quality-"))
     corpus = a.corpus
     if not corpus:
@@ -55,7 +72,7 @@ def main(argv=None) -> int:
     tok.save(tok_dir)
     runs = []
     for seed in (int(x) for x in a.seeds.split(",")):
-        for batching in ("buffer", "bucketed"):
+        for batching in a.batchings.split(","):
             cfg = ContextTrainConfig.model_validate({
                 "model": MODEL, "lr": 1e-3, "warmup_steps": 50, "schedule": "inverse_sqrt", "seed": seed,
                 "batch_tokens": a.batch_tokens, "batching": batching, "max_steps": 10_000_000,
@@ -77,7 +94,8 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"machine": machine(), "model": MODEL, "runs": runs}, indent=1))
     lines = [f"Machine: {machine()}", "",
-             f"`python bench/stream_quality.py --target-tokens {a.target_tokens} --seeds {a.seeds}`: BART "
+             f"`python bench/stream_quality.py --target-tokens {a.target_tokens} --seeds {a.seeds} "
+             f"--batchings {a.batchings} --plan {a.plan}{' --corpus ' + a.corpus if a.corpus else ''}`: BART "
              f"d_model {MODEL['d_model']}, {MODEL['encoder_layers']}+{MODEL['decoder_layers']} layers, BPE "
              f"{MODEL['vocab_size']}, batch_tokens {a.batch_tokens}, fp32, on the same corpus and held-out windows", "",
              "| batching | seed | steps | target tokens | padding | CPU-s | held-out loss fwd / left / right | "
@@ -87,12 +105,54 @@ def main(argv=None) -> int:
                      f"| {r['cpu_s']:.0f} | " + " / ".join(f"{r['loss'][d]:.3f}" for d in ("fwd", "left", "right"))
                      + " | " + " / ".join(f"{r['gap'][d]:+.3f}" for d in ("fwd", "left", "right")) + " |")
     mean = {b: statistics.mean(statistics.mean(r["loss"].values()) for r in runs if r["batching"] == b)
-            for b in ("buffer", "bucketed")}
-    lines += ["", f"Mean held-out loss over directions and seeds: buffer {mean['buffer']:.3f}, "
-              f"bucketed {mean['bucketed']:.3f} (bucketed - buffer = {mean['bucketed'] - mean['buffer']:+.3f} nats)."]
+            for b in a.batchings.split(",")}
+    lines += ["", "Mean held-out loss over directions and seeds: " + ", ".join(f"{b} {v:.3f}" for b, v in mean.items())
+              + (f" (bucketed - buffer = {mean['bucketed'] - mean['buffer']:+.3f} nats)."
+                 if {"buffer", "bucketed"} <= set(mean) else ".")]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def plan_on_total_length(src_len, tgt_len, budget: int, **_):
+    """Batches cut from the examples sorted by source + target length (ties by target), each at most
+    `budget` padded tokens: the legacy stream's sort (`batching.token_batches`) over a whole chunk."""
+    import numpy as np
+
+    out, cur, ms, mt = [], [], 0, 0
+    for i in np.lexsort((tgt_len, src_len + tgt_len)):
+        ns, nt = max(ms, int(src_len[i])), max(mt, int(tgt_len[i]))
+        if cur and (len(cur) + 1) * (ns + nt) > budget:
+            out.append(np.array(cur))
+            cur, ns, nt = [], int(src_len[i]), int(tgt_len[i])
+        cur.append(i)
+        ms, mt = ns, nt
+    if cur:
+        out.append(np.array(cur))
+    return out
+
+
+def plan_coarse(groups_of: int, src_len, tgt_len, budget: int, **_):
+    """Groups of about `groups_of` batches alike in length (the 2-D plan at `groups_of` x the budget),
+    each cut into batches filled at random from its group: more mixed lengths in a batch, more padding."""
+    import numpy as np
+
+    from sentsim.context.batching import plan_batches
+
+    rng = np.random.default_rng(len(src_len))
+    out = []
+    for group in plan_batches(src_len, tgt_len, budget * groups_of):
+        cur, ms, mt = [], 0, 0
+        for i in rng.permutation(group):
+            ns, nt = max(ms, int(src_len[i])), max(mt, int(tgt_len[i]))
+            if cur and (len(cur) + 1) * (ns + nt) > budget:
+                out.append(np.array(cur))
+                cur, ns, nt = [], int(src_len[i]), int(tgt_len[i])
+            cur.append(i)
+            ms, mt = ns, nt
+        if cur:
+            out.append(np.array(cur))
+    return out
 
 
 if __name__ == "__main__":

@@ -99,7 +99,8 @@ class ContextTrainConfig(Section):
     # "bucketed" = the slice's windows in chunks of `bucket_batches` batches, each batch alike in source
     # and target length (few % padding, sentsim/context/stream.py); "buffer" = the stream before 2026-11-26:
     # `shuffle_buffer` examples sorted by length and cut (a third or more of a GPU batch was padding).
-    # configs/reference_context.yaml keeps "buffer", so `make reference` rebuilds the measured teacher.
+    # configs/reference_context.yaml keeps "buffer", so `make reference` rebuilds the measured teacher. In early
+    # CPU runs "bucketed" trained 0.07-0.15 nats behind "buffer" per target token (BENCHMARKS.md, "GPU").
     batching: Literal["bucketed", "buffer"] = "bucketed"
     bucket_batches: int = Field(256, ge=1)  # batching=bucketed: batches planned together (more: less padding)
     shuffle_buffer: int = Field(4096, ge=1)  # batching=buffer: examples sorted together by length
