@@ -2,7 +2,8 @@
 loss per target token as today on the same data")
 
     python bench/stream_quality.py [--corpus DIR] [--target-tokens 300000] [--seeds 0,1]
-                                   [--batchings buffer,bucketed] [--plan 2d|total]
+                                   [--batchings buffer,bucketed] [--plan 2d|total|coarse:G]
+                                   [--config configs/gpu_context.yaml --tokenizer DIR --device cuda]
 
 Trains the same small BART (`sentsim train context`, inline, on this CPU) on the same corpus once per
 batching (`buffer`, the legacy stream, and `bucketed`) and seed, each until the same number of target
@@ -33,7 +34,13 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", default="", help="a corpus run (default: the bundled sample, built here)")
     ap.add_argument("--target-tokens", type=int, default=300_000)
     ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--batch-tokens", type=int, default=4096)
+    ap.add_argument("--batch-tokens", type=int, default=None,
+                    help="padded tokens a batch (default: 4096 for the built-in model, the config's with --config)")
+    ap.add_argument("--config", default="", help="a context training config (e.g. configs/gpu_context.yaml) instead "
+                    "of the built-in small BART; its model, lr, schedule and held-out settings are kept")
+    ap.add_argument("--tokenizer", default="", help="a tokenizer folder to use instead of a BPE trained here")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: train on the GPU, in the config's precision (bf16 auto); cpu: fp32")
     ap.add_argument("--batchings", default="buffer,bucketed", help="the streams to train with, comma-separated")
     ap.add_argument("--plan", default="2d",
                     help="an experiment: 'total' plans the bucketed stream's batches on source + target length "
@@ -67,18 +74,27 @@ def main(argv=None) -> int:
         corpus = str(work / "corpus")
         build_corpus([str(ROOT / "corpus" / "sample" / "us_speeches_sample.jsonl.gz")], corpus,
                      overrides=["docs_per_unit=4"], executor="inline", quiet=True)
-    tok = train_bpe((s for d in iter_documents(corpus, 5.0, "train", order_seed=0) for s in d), MODEL["vocab_size"])
-    tok_dir = work / "bpe"
-    tok.save(tok_dir)
+    if a.config:
+        import yaml
+
+        base = yaml.safe_load(Path(a.config).read_text())
+    else:
+        base = {"model": MODEL, "lr": 1e-3, "warmup_steps": 50, "schedule": "inverse_sqrt", "heldout_percent": 5.0,
+                "heldout_windows": 512, "batch_tokens": 4096}
+    if a.batch_tokens is not None:
+        base["batch_tokens"] = a.batch_tokens
+    tok_dir = Path(a.tokenizer) if a.tokenizer else work / "bpe"
+    if not a.tokenizer:
+        vocab = base["model"]["vocab_size"]
+        train_bpe((s for d in iter_documents(corpus, 5.0, "train", order_seed=0) for s in d), vocab).save(tok_dir)
     runs = []
     for seed in (int(x) for x in a.seeds.split(",")):
         for batching in a.batchings.split(","):
             cfg = ContextTrainConfig.model_validate({
-                "model": MODEL, "lr": 1e-3, "warmup_steps": 50, "schedule": "inverse_sqrt", "seed": seed,
-                "batch_tokens": a.batch_tokens, "batching": batching, "max_steps": 10_000_000,
-                "max_target_tokens": a.target_tokens, "heldout_percent": 5.0, "heldout_windows": 512,
-                "eval_every": 10_000_000, "checkpoint_every": 10_000_000, "bf16": "off", "executor": "inline",
-                "use_gpu": "no"})
+                **base, "seed": seed, "batching": batching, "max_steps": 10_000_000, "max_seconds": 0.0,
+                "max_target_tokens": a.target_tokens, "eval_every": 10_000_000, "checkpoint_every": 10_000_000,
+                "executor": "inline", "use_gpu": "yes" if a.device == "cuda" else "no",
+                "bf16": base.get("bf16", "auto") if a.device == "cuda" else "off"})
             s = train_context(corpus, str(work / f"{batching}-{seed}"), cfg, tokenizer_from=str(tok_dir))
             r = next(iter(s["runs"].values()))
             hist = json.loads((work / f"{batching}-{seed}" / "runs" / "shared" / "history.json").read_text())
@@ -92,12 +108,18 @@ def main(argv=None) -> int:
             print(json.dumps(runs[-1]), flush=True)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"machine": machine(), "model": MODEL, "runs": runs}, indent=1))
+    m = base["model"]
+    out.with_suffix(".json").write_text(json.dumps({"machine": machine(), "device": a.device, "config": base,
+                                                    "runs": runs}, indent=1))
     lines = [f"Machine: {machine()}", "",
              f"`python bench/stream_quality.py --target-tokens {a.target_tokens} --seeds {a.seeds} "
-             f"--batchings {a.batchings} --plan {a.plan}{' --corpus ' + a.corpus if a.corpus else ''}`: BART "
-             f"d_model {MODEL['d_model']}, {MODEL['encoder_layers']}+{MODEL['decoder_layers']} layers, BPE "
-             f"{MODEL['vocab_size']}, batch_tokens {a.batch_tokens}, fp32, on the same corpus and held-out windows", "",
+             f"--batchings {a.batchings} --plan {a.plan}{' --corpus ' + a.corpus if a.corpus else ''}"
+             f"{' --config ' + a.config if a.config else ''}{' --device cuda' if a.device == 'cuda' else ''}"
+             f"{' --batch-tokens %d' % a.batch_tokens if a.batch_tokens is not None else ''}`: BART "
+             f"d_model {m['d_model']}, {m['encoder_layers']}+{m['decoder_layers']} layers, vocabulary "
+             f"{m['vocab_size']}, batch_tokens {base['batch_tokens'] or 'by device'}, "
+             f"{'fp32' if a.device == 'cpu' else 'bf16 ' + str(base.get('bf16', 'auto'))} on {a.device}, "
+             "on the same corpus and held-out windows", "",
              "| batching | seed | steps | target tokens | padding | CPU-s | held-out loss fwd / left / right | "
              "context gap fwd / left / right |", "|---|---:|---:|---:|---:|---:|---|---|"]
     for r in runs:
