@@ -141,17 +141,7 @@ def plan_on_total_length(src_len, tgt_len, budget: int, **_):
     `budget` padded tokens: the legacy stream's sort (`batching.token_batches`) over a whole chunk."""
     import numpy as np
 
-    out, cur, ms, mt = [], [], 0, 0
-    for i in np.lexsort((tgt_len, src_len + tgt_len)):
-        ns, nt = max(ms, int(src_len[i])), max(mt, int(tgt_len[i]))
-        if cur and (len(cur) + 1) * (ns + nt) > budget:
-            out.append(np.array(cur))
-            cur, ns, nt = [], int(src_len[i]), int(tgt_len[i])
-        cur.append(i)
-        ms, mt = ns, nt
-    if cur:
-        out.append(np.array(cur))
-    return out
+    return cut_in_order(np.lexsort((tgt_len, src_len + tgt_len)), src_len, tgt_len, budget)
 
 
 def plan_coarse(groups_of: int, src_len, tgt_len, budget: int, **_):
@@ -162,18 +152,24 @@ def plan_coarse(groups_of: int, src_len, tgt_len, budget: int, **_):
     from sentsim.context.batching import plan_batches
 
     rng = np.random.default_rng(len(src_len))
-    out = []
-    for group in plan_batches(src_len, tgt_len, budget * groups_of):
-        cur, ms, mt = [], 0, 0
-        for i in rng.permutation(group):
-            ns, nt = max(ms, int(src_len[i])), max(mt, int(tgt_len[i]))
-            if cur and (len(cur) + 1) * (ns + nt) > budget:
-                out.append(np.array(cur))
-                cur, ns, nt = [], int(src_len[i]), int(tgt_len[i])
-            cur.append(i)
-            ms, mt = ns, nt
-        if cur:
+    return [batch for group in plan_batches(src_len, tgt_len, budget * groups_of)
+            for batch in cut_in_order(rng.permutation(group), src_len, tgt_len, budget)]
+
+
+def cut_in_order(order, src_len, tgt_len, budget: int) -> list:
+    """`order` cut into consecutive batches of at most `budget` tokens padded to their longest source and target."""
+    import numpy as np
+
+    out, cur, ms, mt = [], [], 0, 0
+    for i in order:
+        ns, nt = max(ms, int(src_len[i])), max(mt, int(tgt_len[i]))
+        if cur and (len(cur) + 1) * (ns + nt) > budget:
             out.append(np.array(cur))
+            cur, ns, nt = [], int(src_len[i]), int(tgt_len[i])
+        cur.append(i)
+        ms, mt = ns, nt
+    if cur:
+        out.append(np.array(cur))
     return out
 
 

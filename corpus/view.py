@@ -49,6 +49,15 @@ def read_table(corpus, sub: str, columns: list[str]) -> pa.Table:
     return reader.read_table(sub, columns)
 
 
+def rows_in_sorted(sorted_ids: np.ndarray, ids) -> np.ndarray:
+    """Row of each id in the sorted id array, -1 where it is not there (an empty array included)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if not len(sorted_ids):
+        return np.full(ids.shape, -1, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
+    return np.where(sorted_ids[pos] == ids, pos, -1)
+
+
 class SentenceTable:
     """All sentence ids (sorted) with their texts; lookup by id through searchsorted."""
 
@@ -67,11 +76,7 @@ class SentenceTable:
 
     def positions(self, ids: np.ndarray) -> np.ndarray:
         """Row of each id, -1 where the id is not in the corpus."""
-        ids = np.asarray(ids, dtype=np.int64)
-        pos = np.searchsorted(self.ids, ids)
-        pos_c = np.minimum(pos, max(len(self.ids) - 1, 0))
-        ok = (pos < len(self.ids)) & (self.ids[pos_c] == ids) if len(self.ids) else np.zeros(ids.shape, bool)
-        return np.where(ok, pos_c, -1)
+        return rows_in_sorted(self.ids, ids)
 
     def text(self, sentence_id: int) -> str | None:
         p = int(self.positions(np.array([sentence_id]))[0])
@@ -98,11 +103,7 @@ class ChunkTable:
         return len(self.chunk_ids)
 
     def rows(self, chunk_ids: np.ndarray) -> np.ndarray:
-        chunk_ids = np.asarray(chunk_ids, dtype=np.int64)
-        pos = np.searchsorted(self.chunk_ids, chunk_ids)
-        pos_c = np.minimum(pos, max(len(self.chunk_ids) - 1, 0))
-        ok = (pos < len(self.chunk_ids)) & (self.chunk_ids[pos_c] == chunk_ids)
-        return np.where(ok, pos_c, -1)
+        return rows_in_sorted(self.chunk_ids, chunk_ids)
 
 
 def chunk_texts(chunks: ChunkTable, sentences: SentenceTable, rows: np.ndarray | None = None) -> list[str]:
