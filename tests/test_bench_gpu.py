@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_tiny_bench_runs_every_section_on_a_cpu(tmp_path, speech_corpus):
     out = tmp_path / "gpu"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--tiny", "--device", "cpu",
-                           "--corpus", str(speech_corpus), "--teacher-minutes", "0.1", "--out", str(out)],
+                           "--corpus", str(speech_corpus), "--teacher-minutes", "0.1", "--micro-batches", "8,1",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -28,6 +29,8 @@ def test_tiny_bench_runs_every_section_on_a_cpu(tmp_path, speech_corpus):
     assert last["score_fp32_max_rel_diff"] < 1e-4  # the scorer's fp32 log-probs are a plain forward's
     assert 0 <= last["train_padding"] < 0.25 and 0 < last["train_mfu"] < 1
     assert (out / "gpu.md").read_text().startswith("Device: cpu")
+    trained = [r["shape"] for r in json.loads((out / "gpu.json").read_text())["sections"]["train"]["rows"]]
+    assert trained == ["bart", "bart, micro_batches=1", "warm_start"]
 
 
 def test_a_gpu_asked_for_where_there_is_none_is_refused_in_one_line(tmp_path):

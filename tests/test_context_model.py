@@ -132,6 +132,26 @@ def test_killed_run_resumes_from_checkpoint(tmp_path, corpus_dir):
     assert json.loads((out / "context.json").read_text())["directions"] == {"fwd": "models/fwd"}
 
 
+def test_a_run_from_before_micro_batches_resumes_with_the_setting_the_refusal_names(tmp_path, corpus_dir, capsys):
+    """A bucketed run recorded before `micro_batches` existed trained one micro-batch a step: resumed under
+    today's default it is refused in one line naming the setting that resumes it, and resumes with it."""
+    from sentsim.cli import main
+
+    out = tmp_path / "model"
+    args = ["train", "context", "--corpus", corpus_dir, "--direction", "fwd", "--out", str(out)]
+    sets = dict(executor="inline", eval_every=100000, checkpoint_every=1)
+    assert main(args + _sets(micro_batches=1, max_steps=2, **sets)) == 0
+    run = json.loads((out / "run.json").read_text())
+    del run["config"]["micro_batches"]  # as such a run recorded its config
+    (out / "run.json").write_text(json.dumps(run))
+    capsys.readouterr()
+    assert main(args + _sets(max_steps=3, **sets)) == 2
+    err = capsys.readouterr().err
+    assert "--set micro_batches=1" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert main(args + _sets(micro_batches=1, max_steps=3, **sets)) == 0
+    assert json.loads((out / "train_summary.json").read_text())["runs"]["fwd"]["steps"] == 3
+
+
 def test_a_finished_run_run_again_trains_no_further(tmp_path, corpus_dir):
     """A target-token budget already spent (the same command again, or a smaller budget on a bundle trained
     past it) trains no step: one more would move the model past the budget it is named by."""
@@ -410,7 +430,7 @@ def test_doc_id_prefixes_train_and_hold_out_only_the_chosen_documents(corpus_dir
     # a config recorded before doc_id_prefixes (and batching) existed had no such key: at the value those
     # runs had, each is left out; the bucketed stream is another run
     plain = ContextTrainConfig.model_validate({"model": TINY_MODEL, **TRAIN, "batching": "buffer"})
-    later = ("doc_id_prefixes", "batching", "bucket_batches")
+    later = ("doc_id_prefixes", "batching", "bucket_batches", "micro_batches")
     before = {k: v for k, v in plain.model_dump().items() if k not in RESUMABLE and k not in later}
     assert run_fingerprint(plain, "c", "") == fingerprint("context", before, "c", "")
     assert run_fingerprint(cfg, "c", "") != run_fingerprint(plain, "c", "")

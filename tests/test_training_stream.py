@@ -13,7 +13,15 @@ import torch
 
 from sentsim.context.batching import collate, collate_np, padding_fraction, plan_batches, token_batches
 from sentsim.context.config import ContextTrainConfig
-from sentsim.context.stream import BatchStream, batch_tasks, build_batch, example_lengths
+from sentsim.context.stream import (
+    BatchStream,
+    as_tensors,
+    batch_tasks,
+    build_batch,
+    example_lengths,
+    micro_batches_of,
+    micro_batches_per_step,
+)
 from sentsim.context.tokenizer import train_bpe
 from sentsim.context.train import _examples_of_window, train_batches, train_windows
 from sentsim.context.windows import build_example, iter_documents
@@ -90,7 +98,12 @@ def test_one_pass_holds_the_legacy_streams_examples_with_less_padding(corpus_dir
     tok = _tok(tok_dir)
     cfg = _cfg()
     tasks = _epoch0(batch_tasks(corpus_dir, tok, cfg, DIRS, 0, 1, seed=3))
-    new = [build_batch(t, tok.ids, cfg, DIRS) for t in tasks]
+    steps = [build_batch(t, tok.ids, cfg, DIRS) for t in tasks]
+    new = [b for step in steps for b in micro_batches_of(step)]
+    assert len(new) > len(steps)  # several micro-batches a step
+    k = micro_batches_per_step(cfg)
+    assert all(sum(b["src"].size + b["labels"].size for b in micro_batches_of(step)) <= cfg.batch_tokens
+               for step in steps)
 
     def rows(b):
         return Counter((tuple(s[m > 0]), tuple(lab[lab >= 0])) for s, m, lab in zip(b["src"], b["src_mask"],
@@ -104,7 +117,7 @@ def test_one_pass_holds_the_legacy_streams_examples_with_less_padding(corpus_dir
     for b in new:
         got.update(rows(b))
     assert got == legacy
-    assert all(b["src"].size + b["labels"].size <= cfg.batch_tokens or len(b["src"]) == 1 for b in new)
+    assert all(b["src"].size + b["labels"].size <= cfg.batch_tokens // k or len(b["src"]) == 1 for b in new)
     new_pad = sum(padding_fraction(b) * (b["src"].size + b["labels"].size) for b in new) / \
         sum(b["src"].size + b["labels"].size for b in new)
     old = list(itertools.islice(train_batches(corpus_dir, tok, cfg.model_copy(update={"batching": "buffer"}), DIRS,
@@ -141,16 +154,21 @@ def test_batches_do_not_depend_on_builder_processes_and_a_resume_skips_exactly(c
         finally:
             stream.close()
 
+    def same(a, b):
+        return len(micro_batches_of(a)) == len(micro_batches_of(b)) and all(
+            x.keys() == y.keys() and all(torch.equal(x[k], y[k]) if torch.is_tensor(x[k]) else x[k] == y[k]
+                                         for k in x)
+            for x, y in zip(micro_batches_of(a), micro_batches_of(b)))
+
     inline = take(30)
     parallel = take(30, workers=2)
     resumed = take(10, workers=2, skip=20)
-    for a, b in zip(inline, parallel, strict=True):
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k]
-                                            for k in a)
-    for a, b in zip(inline[20:], resumed, strict=True):
-        assert all(torch.equal(a[k], b[k]) for k in ("src", "labels"))
-    assert inline[0]["n_tgt"] == int((inline[0]["labels"] >= 0).sum())
-    assert inline[0]["n_src"] == int(inline[0]["src_mask"].sum())
+    assert all(same(a, b) for a, b in zip(inline, parallel, strict=True))
+    assert all(same(a, b) for a, b in zip(inline[20:], resumed, strict=True))
+    for step in inline:
+        parts = micro_batches_of(step)
+        assert step["n_tgt"] == sum(int((b["labels"] >= 0).sum()) for b in parts)
+        assert step["n_src"] == sum(int(b["src_mask"].sum()) for b in parts)
 
 
 @pytest.mark.slow
@@ -226,3 +244,40 @@ def test_flop_counts_match_torchs_counter(arch):
     with torch.no_grad():
         full = model.eval()(*args[:5])
     assert torch.allclose(full[labels >= 0], logits, atol=1e-5) and torch.equal(targets, labels[labels >= 0])
+
+
+def test_a_step_spans_the_lengths_of_its_chunk_and_trains_as_one_batch(corpus_dir, tok_dir):
+    """Each bucketed step is `micro_batches` micro-batches, each alike in length, together spread over
+    the lengths of the chunk (a step alike in length trained behind the legacy stream,
+    bench/stream_quality.py); the step's loss is the loss of the same examples in one batch."""
+    from sentsim.context.model import build_model
+    from sentsim.context.train import ContextTrainee, to_device, token_loss
+
+    tok = _tok(tok_dir)
+    cfg = _cfg(micro_batches=4)
+    steps = [build_batch(t, tok.ids, cfg, DIRS) for t in _epoch0(batch_tasks(corpus_dir, tok, cfg, DIRS, 0, 1, 3))]
+    sizes = [len(micro_batches_of(s)) for s in steps]
+    assert max(sizes) == 4 and np.mean(sizes) > 3  # a chunk's shortfall is spread: 4 or 3 micro-batches a step
+    full = [s for s in steps if len(micro_batches_of(s)) == 4]
+    mean_tgt = [[float((b["labels"] >= 0).sum(1).mean()) for b in micro_batches_of(s)] for s in full]
+    every = sorted(x for m in mean_tgt for x in m)
+    # a step's micro-batches spread over most of the chunk's range of target lengths, not one bucket
+    assert np.median([max(m) - min(m) for m in mean_tgt]) > 0.5 * (every[-1] - every[0])
+    one = full[0]
+    exs = []  # the step's examples rebuilt from its padded micro-batches
+    for b in micro_batches_of(one):
+        for src, mask, slots, lab, dslots in zip(b["src"], b["src_mask"], b["src_slots"], b["labels"],
+                                                 b["dec_slots"]):
+            t = lab[lab >= 0].tolist()
+            tgt_slots = dslots[1:len(t)].tolist() + [0]  # the last is never an input
+            exs.append(type("E", (), {"src": src[mask > 0].tolist(), "src_slots": slots[mask > 0].tolist(),
+                                      "tgt": t, "tgt_slots": tgt_slots})())
+    merged = collate_np(exs, tok.pad_id, tok.bos_id)
+    assert merged["labels"].size + merged["src"].size > sum(b["labels"].size + b["src"].size
+                                                            for b in micro_batches_of(one))  # the padding saved
+    model = build_model(ContextTrainConfig.model_validate({"model": TINY_MODEL}).model, tok, seed=0)
+    trainee = ContextTrainee(model, cfg, tok, corpus_dir, DIRS, None)
+    with torch.no_grad():
+        step_loss, _ = trainee.forward(as_tensors(one), torch.device("cpu"))
+        whole = token_loss(model, to_device(merged, "cpu"))
+    assert abs(float(step_loss) - float(whole)) < 1e-4

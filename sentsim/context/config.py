@@ -99,10 +99,14 @@ class ContextTrainConfig(Section):
     # "bucketed" = the slice's windows in chunks of `bucket_batches` batches, each batch alike in source
     # and target length (few % padding, sentsim/context/stream.py); "buffer" = the stream before 2026-11-26:
     # `shuffle_buffer` examples sorted by length and cut (a third or more of a GPU batch was padding).
-    # configs/reference_context.yaml keeps "buffer", so `make reference` rebuilds the measured teacher. In early
-    # CPU runs "bucketed" trained 0.07-0.15 nats behind "buffer" per target token (BENCHMARKS.md, "GPU").
+    # configs/reference_context.yaml keeps "buffer", so `make reference` rebuilds the measured teacher.
     batching: Literal["bucketed", "buffer"] = "bucketed"
-    bucket_batches: int = Field(256, ge=1)  # batching=bucketed: batches planned together (more: less padding)
+    bucket_batches: int = Field(256, ge=1)  # batching=bucketed: steps planned together (more: less padding)
+    # batching=bucketed: a step's batch_tokens split into this many micro-batches, each alike in length (little
+    # padding) and together spread over the lengths of their chunk; their losses are summed before one backward.
+    # Steps alike in length (1) trained 0.07-0.15 nats behind "buffer" per target token in early CPU runs; 8 were
+    # within the noise of it (+0.02) at about its number of steps (bench/stream_quality.py; BENCHMARKS.md, "GPU").
+    micro_batches: int = Field(8, ge=1)
     shuffle_buffer: int = Field(4096, ge=1)  # batching=buffer: examples sorted together by length
     # batching=bucketed: processes that build batches beside the trainer; -1 = none on a CPU (the trainer
     # needs the cores), on a GPU the node's CPU share of this worker less two, up to 8. The batches are

@@ -53,6 +53,7 @@ from sentsim.context.model import (
     save_bundle,
     warm_start_tokenizer,
 )
+from sentsim.context.stream import micro_batches_of
 from sentsim.context.tokenizer import ContextTokenizer, train_bpe
 from sentsim.context.windows import Example, build_example, iter_documents, iter_slices, mix_seed
 from sentsim.errors import UsageError
@@ -203,11 +204,23 @@ def to_device(batch: dict, device, h2d: Optional[HostToDevice] = None) -> dict:
     """A collated batch (numpy or torch CPU arrays) on `device` as int64 tensors, with the flat positions of
     its target tokens and their ids, found on the host: a boolean mask taken on the device would make the
     host wait for it every step."""
-    arrays = {k: np.asarray(v) for k, v in batch.items() if k in BATCH_KEYS}
-    labels = arrays["labels"].reshape(-1)
-    arrays["positions"] = np.flatnonzero(labels >= 0)
-    arrays["targets"] = labels[arrays["positions"]]
-    return (h2d or HostToDevice(device))(arrays)
+    return to_device_all([batch], device, h2d)[0]
+
+
+def to_device_all(batches: list, device, h2d: Optional[HostToDevice] = None) -> list:
+    """`to_device` for a step's micro-batches, in one host-to-device copy."""
+    arrays = {}
+    for i, batch in enumerate(batches):
+        one = {k: np.asarray(v) for k, v in batch.items() if k in BATCH_KEYS}
+        labels = one["labels"].reshape(-1)
+        one["positions"] = np.flatnonzero(labels >= 0)
+        one["targets"] = labels[one["positions"]]
+        arrays.update({(i, k): v for k, v in one.items()})
+    moved = (h2d or HostToDevice(device))(arrays)
+    out = [{} for _ in batches]
+    for (i, k), v in moved.items():
+        out[i][k] = v
+    return out
 
 
 def _loss_sum(model, exs, tok, budget, device, autocast) -> tuple[float, int]:
@@ -264,7 +277,8 @@ def param_groups(model: ContextModel, cfg: ContextTrainConfig) -> list[dict]:
 
 class ContextTrainee(Trainee):
     """One context model in the shared loop: a step is the mean token cross-entropy of a token-budget
-    batch; evaluation is held-out loss, perplexity and context-use gap per direction (rank 0)."""
+    batch (or of a bucketed step's micro-batches together); evaluation is held-out loss, perplexity and
+    context-use gap per direction (rank 0)."""
 
     def __init__(self, model: ContextModel, cfg: ContextTrainConfig, tok: ContextTokenizer, corpus: str,
                  directions: list[str], heldout: Optional[dict], tokenizer_dir: str = ""):
@@ -305,18 +319,28 @@ class ContextTrainee(Trainee):
             self.stream.close()
 
     def forward(self, batch: dict, device):
-        # counted on the host (a bucketed batch carries its counts): no device sync
-        n_tgt = batch["n_tgt"] if "n_tgt" in batch else int((batch["labels"] >= 0).sum())
-        n_src = batch["n_src"] if "n_src" in batch else int(batch["src_mask"].sum())
-        (B, S), T = batch["src"].shape, batch["labels"].shape[1]
-        self.tokens_seen += (n_src + n_tgt) * self.world
-        self.target_tokens_seen += n_tgt * self.world
-        self.padded_tokens_seen += B * (S + T) * self.world
-        self.flops += training_flops(self.shape, B, S, T, n_tgt, self.cfg.freeze_encoder) * self.world
+        """The mean token cross-entropy of a step: one batch, or the micro-batches of a bucketed step
+        (their summed losses over their target tokens: the loss of the same examples in one batch)."""
+        parts = micro_batches_of(batch)
+        step_tgt = 0
+        for part in parts:
+            # counted on the host (a bucketed batch carries its counts): no device sync
+            n_tgt = part["n_tgt"] if "n_tgt" in part else int((part["labels"] >= 0).sum())
+            n_src = part["n_src"] if "n_src" in part else int(part["src_mask"].sum())
+            (B, S), T = part["src"].shape, part["labels"].shape[1]
+            self.tokens_seen += (n_src + n_tgt) * self.world
+            self.target_tokens_seen += n_tgt * self.world
+            self.padded_tokens_seen += B * (S + T) * self.world
+            self.flops += training_flops(self.shape, B, S, T, n_tgt, self.cfg.freeze_encoder) * self.world
+            step_tgt += n_tgt
         if self.h2d is None:
             self.h2d = HostToDevice(device)
             prefer_shape_free_attention(device)
-        loss = token_loss(self.model, to_device(batch, device, self.h2d))
+        on_device = to_device_all(parts, device, self.h2d)
+        if len(on_device) == 1:
+            loss = token_loss(self.model, on_device[0])
+        else:
+            loss = sum(token_loss(self.model, b, reduction="sum") for b in on_device) / max(step_tgt, 1)
         return loss, self.counters()
 
     def counters(self) -> dict:
@@ -384,8 +408,9 @@ RESUMABLE = ("max_steps", "max_seconds", "eval_every", "checkpoint_every", "num_
              "compile")
 # settings added after runs were trained, with the value those runs had: counted in the fingerprint only when
 # set to another, so a run from before the setting existed still resumes with it. A run from before
-# `batching` resumed under today's default (bucketed) is refused, naming the key: --set batching=buffer
-ADDED_LATER = {"doc_id_prefixes": [], "batching": "buffer", "bucket_batches": 256}
+# `batching` (or `micro_batches`) resumed under today's default is refused naming the key, e.g.
+# --set batching=buffer
+ADDED_LATER = {"doc_id_prefixes": [], "batching": "buffer", "bucket_batches": 256, "micro_batches": 1}
 
 
 def loop_settings(cfg: ContextTrainConfig, name: str) -> dict:
@@ -410,14 +435,16 @@ def run_fingerprint(cfg: ContextTrainConfig, corpus_id: str, tokenizer_from: str
 
     what = {k: v for k, v in cfg.model_dump().items()
             if k not in RESUMABLE and not (k in ADDED_LATER and v == ADDED_LATER[k])}
-    if what.get("batching") != "bucketed":  # bucket_batches is the bucketed stream's alone
+    if what.get("batching") != "bucketed":  # bucket_batches and micro_batches are the bucketed stream's alone
         what.pop("bucket_batches", None)
+        what.pop("micro_batches", None)
     return fingerprint("context", what, corpus_id, tokenizer_from)
 
 
 def _refuse_legacy_resume(out: Path, cfg: ContextTrainConfig, force_new: bool, out_arg: str) -> None:
-    """A run trained before `batching` existed read the legacy stream: resumed with today's default it
-    would be refused as another run, so say how to resume it."""
+    """A run trained before `batching` existed read the legacy stream, and one before `micro_batches` one
+    micro-batch a step: resumed with today's defaults it would be refused as another run, so say how to
+    resume it."""
     run_file = out / "run.json"
     if force_new or cfg.batching == "buffer" or not run_file.is_file() or not (out / "runs").exists():
         return
@@ -428,6 +455,9 @@ def _refuse_legacy_resume(out: Path, cfg: ContextTrainConfig, force_new: bool, o
     if "batching" not in before:
         raise UsageError(f"--out {out_arg} holds a run trained before `batching` existed, on the legacy stream; "
                          "resume it with --set batching=buffer (or --force-new to start over)")
+    if before.get("batching") == "bucketed" and "micro_batches" not in before and cfg.micro_batches != 1:
+        raise UsageError(f"--out {out_arg} holds a run trained before `micro_batches` existed, one micro-batch a "
+                         "step; resume it with --set micro_batches=1 (or --force-new to start over)")
 
 
 def trains_on_gpu(cfg: ContextTrainConfig) -> bool:
