@@ -132,3 +132,27 @@ def pyplot(script: str):
         print(f"{script}: matplotlib is not installed (make install does it); no plot drawn")
         return None
     return plt
+
+
+def sample_corpus_and_bpe(work, vocab_size: int, corpus: str = "", tokenizer: str = "") -> tuple[str, str]:
+    """(corpus run, tokenizer folder): the given ones, or the bundled sample built under `work` and a BPE of
+    `vocab_size` trained on its training documents."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    from sentsim.context.tokenizer import train_bpe
+    from sentsim.context.windows import iter_documents
+
+    if not corpus:
+        from sentsim.corpus_job import build_corpus
+
+        corpus = str(Path(work) / "corpus")
+        build_corpus([str(root / "corpus" / "sample" / "us_speeches_sample.jsonl.gz")], corpus,
+                     overrides=["docs_per_unit=4"], executor="inline", quiet=True)
+    if not tokenizer:
+        tokenizer = str(Path(work) / "bpe")
+        sentences = (s for d in iter_documents(corpus, 5.0, "train", order_seed=0) for s in d)
+        train_bpe(sentences, vocab_size).save(tokenizer)
+    return corpus, tokenizer

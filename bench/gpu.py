@@ -175,11 +175,11 @@ class Bench:
     def host(self) -> dict:
         """The training stream alone, old against new, at the bart shape's batch size."""
         from sentsim.context.config import ContextTrainConfig
-        from sentsim.context.stream import BatchStream
+        from sentsim.context.stream import BatchStream, micro_batches_of
         from sentsim.context.tokenizer import ContextTokenizer
         from sentsim.context.train import train_batches
 
-        cfg = self.train_config(TINY_BART if self.a.tiny else BART)
+        cfg = self.train_config(TINY_BART if self.a.tiny else BART, micro_batches=self.a.micro_batches[0])
         cfg = cfg.model_copy(update={"batch_tokens": cfg.resolved_batch_tokens(self.cuda)})  # as train_context does
         tok_dir = self.bpe()
         tok = ContextTokenizer.load(tok_dir)
@@ -194,12 +194,13 @@ class Bench:
             first_s = time.perf_counter() - t_first
             c0, k0, t0 = time.process_time(), _children_cpu(procs()), time.perf_counter()
             n = tgt = real = padded = 0
-            for b in it:
+            for step in it:
                 n += 1
-                lab = b["labels"]
-                tgt += int((lab >= 0).sum())
-                real += int((lab >= 0).sum()) + int(b["src_mask"].sum())
-                padded += lab.numel() + b["src"].numel()
+                for b in micro_batches_of(step):
+                    lab = b["labels"]
+                    tgt += int((lab >= 0).sum())
+                    real += int((lab >= 0).sum()) + int(b["src_mask"].sum())
+                    padded += lab.numel() + b["src"].numel()
                 if time.perf_counter() - t0 >= seconds and n >= 2:
                     break
             wall = time.perf_counter() - t0
@@ -278,9 +279,17 @@ class Bench:
         seconds = 8 if self.a.tiny else self.a.train_seconds
         shapes = [("bart", TINY_BART if self.a.tiny else BART, self.bpe())]
         shapes.append(("warm_start", {**WARM, "warm_start_path": self.warm_checkpoint()}, ""))
-        runs = [(name, self.train_config(model, max_seconds=seconds), tok) for name, model, tok in shapes]
+        first = self.a.micro_batches[0]
+        runs = [(name, self.train_config(model, max_seconds=seconds, micro_batches=first), tok)
+                for name, model, tok in shapes]
+        # the bart shape again at other micro-batch counts: 1 is a step of one micro-batch, as measured before
+        # micro_batches existed; more, smaller micro-batches mix lengths better but launch more kernels
+        runs[1:1] = [(f"bart, micro_batches={k}", self.train_config(shapes[0][1], max_seconds=seconds,
+                                                                     micro_batches=k), shapes[0][2])
+                     for k in self.a.micro_batches[1:]]
         if self.cuda:  # after the eager runs: a compile that fails costs them nothing
-            runs += [(f"{name}+compile", self.train_config(model, max_seconds=seconds + 45, compile=True), tok)
+            runs += [(f"{name}+compile", self.train_config(model, max_seconds=seconds + 45, compile=True,
+                                                           micro_batches=first), tok)
                      for name, model, tok in shapes if name in self.a.compile]
         for name, cfg, tok in runs:
             if self.left() < cfg.max_seconds + 40:
@@ -550,6 +559,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-tokens", type=int, default=0, help="training batch_tokens (default: by device)")
     ap.add_argument("--score-batch-tokens", type=int, default=0, help="scoring.batch_tokens (default: by device)")
     ap.add_argument("--train-seconds", type=float, default=35.0)
+    ap.add_argument("--micro-batches", default="8", help="training micro-batches a step, comma-separated: every "
+                    "shape trains with the first, the bart shape again with each further one (e.g. 8,1)")
     ap.add_argument("--host-seconds", type=float, default=8.0)
     ap.add_argument("--budget-s", type=float, default=540.0, help="start no section that would end after this")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "gpu"))
@@ -564,6 +575,7 @@ def main(argv=None) -> int:
     a.workers = ([int(x) for x in a.workers.split(",")] if a.workers else
                  [0, 1] if a.tiny else [w for w in (0, 2, 8) if w <= max(1, cpus - 2)])
     a.sections = set(a.sections.split(","))
+    a.micro_batches = [int(x) for x in a.micro_batches.split(",")]
     a.compile = set(filter(None, a.compile.split(",")))
     if not a.teacher_minutes:
         a.sections.discard("teacher")

@@ -2,7 +2,7 @@
 loss per target token as today on the same data")
 
     python bench/stream_quality.py [--corpus DIR] [--target-tokens 300000] [--seeds 0,1]
-                                   [--batchings buffer,bucketed] [--plan 2d|total|coarse:G]
+                                   [--batchings buffer,bucketed] [--plan 2d|total|coarse:G] [--micro-batches K]
                                    [--config configs/gpu_context.yaml --tokenizer DIR --device cuda]
 
 Trains the same small BART (`sentsim train context`, inline, on this CPU) on the same corpus once per
@@ -43,37 +43,33 @@ def main(argv=None) -> int:
                     help="cuda: train on the GPU, in the config's precision (bf16 auto); cpu: fp32")
     ap.add_argument("--batchings", default="buffer,bucketed", help="the streams to train with, comma-separated")
     ap.add_argument("--plan", default="2d",
-                    help="an experiment: 'total' plans the bucketed stream's batches on source + target length "
-                         "alone, as the legacy stream sorts (more padding, more mixed target lengths); 'coarse:G' "
-                         "plans groups of G batches alike in length and fills each batch at random from its group")
+                    help="an experiment on the bucketed stream's (micro-)batches: 'total', 'source' or 'target' "
+                         "sorts them on source + target length (as the legacy stream does), on source or on target "
+                         "length alone and cuts them in that order; 'random' cuts them in a random order; "
+                         "'coarse:G' plans groups of G batches alike in length and fills each batch at random from "
+                         "its group (each measured with --micro-batches 1)")
+    ap.add_argument("--micro-batches", type=int, default=None,
+                    help="the bucketed stream's micro-batches a step (default: the config's, 8; 1 = steps alike in "
+                         "length, the stream as first landed)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "stream_quality"))
     a = ap.parse_args(argv)
-    from common import machine
+    from common import machine, sample_corpus_and_bpe
 
     from sentsim.context.config import ContextTrainConfig
-    from sentsim.context.tokenizer import train_bpe
     from sentsim.context.train import train_context
-    from sentsim.context.windows import iter_documents
 
     if a.plan != "2d":
         import functools
 
         import sentsim.context.stream as stream
 
-        if a.plan == "total":
-            stream.plan_batches = plan_on_total_length
+        if a.plan in ("total", "source", "target", "random"):
+            stream.plan_batches = functools.partial(plan_in_order, a.plan)
         elif a.plan.startswith("coarse:"):
             stream.plan_batches = functools.partial(plan_coarse, int(a.plan.split(":")[1]))
         else:
-            ap.error(f"--plan: 2d, total or coarse:G, not {a.plan!r}")
+            ap.error(f"--plan: 2d, total, source, target, random or coarse:G, not {a.plan!r}")
     work = Path(tempfile.mkdtemp(prefix="stream-quality-"))
-    corpus = a.corpus
-    if not corpus:
-        from sentsim.corpus_job import build_corpus
-
-        corpus = str(work / "corpus")
-        build_corpus([str(ROOT / "corpus" / "sample" / "us_speeches_sample.jsonl.gz")], corpus,
-                     overrides=["docs_per_unit=4"], executor="inline", quiet=True)
     if a.config:
         import yaml
 
@@ -83,10 +79,9 @@ def main(argv=None) -> int:
                 "heldout_windows": 512, "batch_tokens": 4096}
     if a.batch_tokens is not None:
         base["batch_tokens"] = a.batch_tokens
-    tok_dir = Path(a.tokenizer) if a.tokenizer else work / "bpe"
-    if not a.tokenizer:
-        vocab = base["model"]["vocab_size"]
-        train_bpe((s for d in iter_documents(corpus, 5.0, "train", order_seed=0) for s in d), vocab).save(tok_dir)
+    if a.micro_batches is not None:
+        base["micro_batches"] = a.micro_batches
+    corpus, tok_dir = sample_corpus_and_bpe(work, base["model"]["vocab_size"], a.corpus, a.tokenizer)
     runs = []
     for seed in (int(x) for x in a.seeds.split(",")):
         for batching in a.batchings.split(","):
@@ -115,9 +110,12 @@ def main(argv=None) -> int:
              f"`python bench/stream_quality.py --target-tokens {a.target_tokens} --seeds {a.seeds} "
              f"--batchings {a.batchings} --plan {a.plan}{' --corpus ' + a.corpus if a.corpus else ''}"
              f"{' --config ' + a.config if a.config else ''}{' --device cuda' if a.device == 'cuda' else ''}"
-             f"{' --batch-tokens %d' % a.batch_tokens if a.batch_tokens is not None else ''}`: BART "
+             f"{' --batch-tokens %d' % a.batch_tokens if a.batch_tokens is not None else ''}"
+             f"{' --micro-batches %d' % a.micro_batches if a.micro_batches is not None else ''}`: BART "
              f"d_model {m['d_model']}, {m['encoder_layers']}+{m['decoder_layers']} layers, vocabulary "
-             f"{m['vocab_size']}, batch_tokens {base['batch_tokens'] or 'by device'}, "
+             f"{m['vocab_size']}, batch_tokens {base['batch_tokens'] or 'by device'} (bucketed: "
+             f"{base.get('micro_batches', ContextTrainConfig.model_fields['micro_batches'].default)} micro-batches a "
+             "step), "
              f"{'fp32' if a.device == 'cpu' else 'bf16 ' + str(base.get('bf16', 'auto'))} on {a.device}, "
              "on the same corpus and held-out windows", "",
              "| batching | seed | steps | target tokens | padding | CPU-s | held-out loss fwd / left / right | "
@@ -136,12 +134,16 @@ def main(argv=None) -> int:
     return 0
 
 
-def plan_on_total_length(src_len, tgt_len, budget: int, **_):
-    """Batches cut from the examples sorted by source + target length (ties by target), each at most
-    `budget` padded tokens: the legacy stream's sort (`batching.token_batches`) over a whole chunk."""
+def plan_in_order(key: str, src_len, tgt_len, budget: int, **_):
+    """Batches of at most `budget` padded tokens cut from the examples in one order: sorted by source +
+    target length, ties by target (`total`: the legacy stream's sort, `batching.token_batches`, over a whole
+    chunk), by source or by target length (ties by the other), or shuffled (`random`)."""
     import numpy as np
 
-    return cut_in_order(np.lexsort((tgt_len, src_len + tgt_len)), src_len, tgt_len, budget)
+    order = {"total": lambda: np.lexsort((tgt_len, src_len + tgt_len)),
+             "source": lambda: np.lexsort((tgt_len, src_len)), "target": lambda: np.lexsort((src_len, tgt_len)),
+             "random": lambda: np.random.default_rng(len(src_len)).permutation(len(src_len))}[key]()
+    return cut_in_order(order, src_len, tgt_len, budget)
 
 
 def plan_coarse(groups_of: int, src_len, tgt_len, budget: int, **_):
