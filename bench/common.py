@@ -137,12 +137,11 @@ def pyplot(script: str):
 def sample_corpus_and_bpe(work, vocab_size: int, corpus: str = "", tokenizer: str = "") -> tuple[str, str]:
     """(corpus run, tokenizer folder): the given ones, or the bundled sample built under `work` and a BPE of
     `vocab_size` trained on its training documents."""
-    import sys
     from pathlib import Path
 
+    from sentsim.context.tokenizer import train_bpe  # the caller has put the repository on sys.path
+
     root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root))
-    from sentsim.context.tokenizer import train_bpe
     from sentsim.context.windows import iter_documents
 
     if not corpus:

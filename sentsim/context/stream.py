@@ -97,7 +97,7 @@ def steps_of(plan: list, src_len: np.ndarray, tgt_len: np.ndarray, k: int) -> li
     source length (alike targets in a step cost most, bench/stream_quality.py), step j of m takes the
     micro-batches ranked j, j + m, j + 2m, ...: every step spans the chunk's lengths, none exceeds
     k micro-batches (so none exceeds the step's token budget)."""
-    if k == 1:
+    if k == 1:  # the plan's own order: a run trained before micro_batches resumes on the same steps
         return [[b] for b in plan]
     rank = np.lexsort((np.array([src_len[b].mean() for b in plan]), np.array([tgt_len[b].mean() for b in plan])))
     m = -(-len(plan) // k)

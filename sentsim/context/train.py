@@ -337,7 +337,7 @@ class ContextTrainee(Trainee):
             self.h2d = HostToDevice(device)
             prefer_shape_free_attention(device)
         on_device = to_device_all(parts, device, self.h2d)
-        if len(on_device) == 1:
+        if len(on_device) == 1:  # the batch's own mean, bit for bit as before micro-batches
             loss = token_loss(self.model, on_device[0])
         else:
             loss = sum(token_loss(self.model, b, reduction="sum") for b in on_device) / max(step_tgt, 1)
