@@ -40,7 +40,7 @@ bench: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run_all.py
 
 # The GPU bench (issue 38; BENCHMARKS.md, "GPU"): on ../shared/gpu's data where it is there, else on the bundled
-# sample. Add GPU_FLAGS="--teacher-minutes 3 --compile bart" for a teacher and compiled training.
+# sample. Add GPU_FLAGS="--teacher-minutes 3 --compile bart,score" for a teacher, compiled training and scoring.
 GPU_DATA ?= ../shared/gpu/data
 bench-gpu: $(STAMP)
 	$(BIN)/python bench/gpu.py $(if $(wildcard $(GPU_DATA)/corpus-enwiki58k),--corpus $(GPU_DATA)/corpus-enwiki58k \

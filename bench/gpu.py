@@ -1,7 +1,7 @@
 """How much of a GPU sentsim uses (issue 38): the matmul peak, the training stream, training and scoring.
 
     python bench/gpu.py --device cuda --corpus CORPUS --tokenizer BPE_DIR --warm-start-shape BERT_DIR \
-        --contexts CONTEXTS_DIR [--teacher-minutes 3] [--compile] [--out DIR]
+        --contexts CONTEXTS_DIR [--teacher-minutes 3] [--compile bart,warm_start,score] [--out DIR]
     python bench/gpu.py --tiny                       # seconds on a CPU: tests/test_bench_gpu.py runs it
     make bench-gpu                                   # the first form, with ../shared/gpu's data
 
@@ -19,6 +19,10 @@ Sections, each timed by the product's own code and reported against the bf16 mat
            and several; first a check that the scores equal a plain forward pass in fp32
   teacher  with --teacher-minutes N: configs/gpu_context.yaml trained for N minutes, then the dev sample's
            context sets scored with it: Spearman x 100 against gold
+
+With --compile, the shapes named (bart, warm_start) are trained again with `compile: true`, and with `score`
+the scoring stage runs again with `scoring.compile: true` at 8 units a call: each after the eager runs, its
+compile out of the timing (sentsim/context/compiled.py).
 
 The last line is one JSON object (device, peak_tflops, train_mfu, train_padding, score_mfu, score_padding,
 host_target_tokens_per_s, ...); everything is also written to OUT/gpu.json and OUT/gpu.md. A section that
@@ -287,10 +291,11 @@ class Bench:
         runs[1:1] = [(f"bart, micro_batches={k}", self.train_config(shapes[0][1], max_seconds=seconds,
                                                                      micro_batches=k), shapes[0][2])
                      for k in self.a.micro_batches[1:]]
-        if self.cuda:  # after the eager runs: a compile that fails costs them nothing
-            runs += [(f"{name}+compile", self.train_config(model, max_seconds=seconds + 45, compile=True,
-                                                           micro_batches=first), tok)
-                     for name, model, tok in shapes if name in self.a.compile]
+        # after the eager runs, so a compile that fails costs them nothing; the compile's minute or two is
+        # before the first timed history point
+        runs += [(f"{name}+compile", self.train_config(model, max_seconds=seconds + self.a.compile_seconds,
+                                                       compile=True, micro_batches=first), tok)
+                 for name, model, tok in shapes if name in self.a.compile]
         for name, cfg, tok in runs:
             if self.left() < cfg.max_seconds + 40:
                 self.res["errors"][f"train {name}"] = "skipped: out of time"
@@ -345,15 +350,16 @@ class Bench:
             units.append({"unit": u, "pairs": pairs, "texts": texts, "csets": csets})
         return units
 
-    def scoring_stage(self, bundle: str, autocast: str = "auto"):
+    def scoring_stage(self, bundle: str, autocast: str = "auto", compiled: bool = False):
         from teacher_gpu import teacher_config
 
         from sentsim.harvest.stages import ScoreStage
 
         cfg = teacher_config(16, "unused", "unused", device=str(self.device), autocast=autocast, bundle=bundle)
+        over = {"compile": compiled}
         if self.a.score_batch_tokens:
-            cfg = cfg.model_copy(update={"scoring": cfg.scoring.model_copy(
-                update={"batch_tokens": self.a.score_batch_tokens})})
+            over["batch_tokens"] = self.a.score_batch_tokens
+        cfg = cfg.model_copy(update={"scoring": cfg.scoring.model_copy(update=over)})
         stage = ScoreStage(cfg, [])
         stage.setup()
         return stage
@@ -373,21 +379,28 @@ class Bench:
         save_bundle(d, mc, tok, {"shared": model}, {x: "shared" for x in ("fwd", "left", "right")})
         return str(d)
 
+    @staticmethod
+    def probe_items(units) -> list:
+        """24 items of the first unit: 3 of its sentences, each in 8 of its contexts."""
+        from teacher_gpu import _item
+
+        from sentsim.context.scorer import ContextItem
+
+        item = _item(units[0])
+        ctxs = [c for cs in item["csets"].values() for c in cs.contexts][:8]
+        sents = list(item["texts"].values())[:3]
+        return [ContextItem(s, c.left, c.right) for s in sents for c in ctxs]
+
     def exactness(self, stage, units) -> dict:
         """The scorer's fp32 log-probabilities against each item alone through the full forward pass."""
         import numpy as np
         import torch.nn.functional as F
-        from teacher_gpu import _item
 
         from sentsim.context.batching import collate
-        from sentsim.context.scorer import ContextItem
         from sentsim.context.windows import build_example
 
         sc = stage.scorer
-        item = _item(units[0])
-        ctxs = [c for cs in item["csets"].values() for c in cs.contexts][:8]
-        sents = list(item["texts"].values())[:3]
-        items = [ContextItem(s, c.left, c.right) for s in sents for c in ctxs]
+        items = self.probe_items(units)
         res = sc.score(items)
         worst = 0.0
         with self.torch.no_grad():
@@ -405,6 +418,7 @@ class Bench:
         return {"items": len(items), "max_rel_diff": worst, "ok": bool(np.isfinite(worst) and worst < 1e-4)}
 
     def score(self) -> dict:
+        import numpy as np
         from teacher_gpu import _item
 
         units = self.units(16)
@@ -413,30 +427,22 @@ class Bench:
         self.log(f"score: fp32 scores against a plain forward, max relative difference {check['max_rel_diff']:.2e}")
         del stage32
         stage = self.scoring_stage(self.teacher_bundle())
-        rows = []
         calls = [1, 8] if not self.a.tiny else [1, 2]
         stage.process([_item(units[0])])  # allocator, cuBLAS handles and kernel choices out of the timing
-        for per_call in calls:
-            sc = stage.scorer
-            sc.totals = {}
-            todo = units[: max(per_call, len(units) - len(units) % per_call)]
-            self.sync()
+        rows = [self.score_run(stage, per_call, units) for per_call in calls]
+        if "score" in self.a.compile:
+            comp = self.scoring_stage(self.teacher_bundle(), compiled=True)
             t0 = time.perf_counter()
-            items = 0
-            for i in range(0, len(todo), per_call):
-                for out in stage.process([_item(u) for u in todo[i:i + per_call]]):
-                    items += out["n_scored"]
-            self.sync()
-            wall = time.perf_counter() - t0
-            tot = sc.totals
-            peak = self.res.get("peak_tflops")
-            row = {"units_per_call": per_call, "units": len(todo), "items": items, "wall_s": wall,
-                   "items_per_s": items / wall, "model_tflops_per_s": tot.get("flops", 0) / wall / 1e12,
-                   "mfu": tot.get("flops", 0) / wall / 1e12 / peak if peak else None,
-                   "padding": 1 - tot.get("real_tokens", 0) / max(tot.get("padded_tokens", 1), 1),
-                   "precision": sc.precision, "batch_tokens": sc.batch_tokens}
-            self.log(f"score {per_call} unit(s)/call: {row['items_per_s']:,.0f} items/s, MFU {row['mfu'] or 0:.1%}, "
-                     f"padding {row['padding']:.1%}")
+            for part in ([units[0]], units[: calls[-1]]):  # the compile, and a batch of one row's, untimed
+                comp.process([_item(u) for u in part])
+            compile_s = time.perf_counter() - t0
+            probe = self.probe_items(units)
+            a, b = stage.scorer.score(probe), comp.scorer.score(probe)
+            diff = max(float(np.nanmax(np.abs(b.logprob[d] - a.logprob[d])))
+                       for d in stage.scorer.active_directions())
+            row = self.score_run(comp, calls[-1], units)
+            row.update(compile=True, compile_s=compile_s, max_abs_diff_vs_eager=diff)
+            self.log(f"score, compiled: {compile_s:.0f} s to compile; mean token log-probs within {diff:.2e} of eager")
             rows.append(row)
         best = max(rows, key=lambda r: r["mfu"] or 0)
         self.res["score_mfu"] = best["mfu"]
@@ -444,6 +450,32 @@ class Bench:
         self.res["score_items_per_s"] = best["items_per_s"]
         self.res["score_fp32_max_rel_diff"] = check["max_rel_diff"]
         return {"exactness": check, "rows": rows}
+
+    def score_run(self, stage, per_call: int, units: list) -> dict:
+        """The scoring stage over the units, `per_call` units a call: items/s, MFU, padding."""
+        from teacher_gpu import _item
+
+        sc = stage.scorer
+        sc.totals = {}
+        todo = units[: max(per_call, len(units) - len(units) % per_call)]
+        self.sync()
+        t0 = time.perf_counter()
+        items = 0
+        for i in range(0, len(todo), per_call):
+            for out in stage.process([_item(u) for u in todo[i:i + per_call]]):
+                items += out["n_scored"]
+        self.sync()
+        wall = time.perf_counter() - t0
+        tot = sc.totals
+        peak = self.res.get("peak_tflops")
+        row = {"units_per_call": per_call, "units": len(todo), "items": items, "wall_s": wall,
+               "items_per_s": items / wall, "model_tflops_per_s": tot.get("flops", 0) / wall / 1e12,
+               "mfu": tot.get("flops", 0) / wall / 1e12 / peak if peak else None,
+               "padding": 1 - tot.get("real_tokens", 0) / max(tot.get("padded_tokens", 1), 1),
+               "precision": sc.precision, "batch_tokens": sc.batch_tokens, "compile": sc.config.compile}
+        self.log(f"score {per_call} unit(s)/call{', compiled' if sc.config.compile else ''}: "
+                 f"{row['items_per_s']:,.0f} items/s, MFU {row['mfu'] or 0:.1%}, padding {row['padding']:.1%}")
+        return row
 
     def teacher(self) -> dict:
         """configs/gpu_context.yaml for --teacher-minutes, then Spearman on the dev sample's context sets."""
@@ -526,7 +558,8 @@ def table(res: dict) -> str:
                      f"target tokens/s, {r['model_tflops_per_s']:.1f} TFLOP/s (data wait {pct(r['data_wait_share'])}) "
                      f"| {pct(r['mfu'])} | {pct(r['padding'])} |")
     for r in s.get("score", {}).get("rows", []):
-        lines.append(f"| scoring stage, teacher shape, {r['units_per_call']} unit(s)/call, {r['precision']} "
+        lines.append(f"| scoring stage, teacher shape, {r['units_per_call']} unit(s)/call, {r['precision']}"
+                     f"{', compiled' if r.get('compile') else ''} "
                      f"| {r['items_per_s']:,.0f} items/s, {r['model_tflops_per_s']:.1f} TFLOP/s | {pct(r['mfu'])} "
                      f"| {pct(r['padding'])} |")
     t = s.get("teacher")
@@ -552,7 +585,9 @@ def main(argv=None) -> int:
                     "default: context sets drawn at random from the corpus)")
     ap.add_argument("--units", type=int, default=0, help="score only the first N units of --contexts (a dry run)")
     ap.add_argument("--teacher-minutes", type=float, default=0.0)
-    ap.add_argument("--compile", default="", help="shapes to train again with compile=true (bart,warm_start)")
+    ap.add_argument("--compile", default="", help="run again compiled: bart, warm_start (training), score")
+    ap.add_argument("--compile-seconds", type=float, default=150.0, help="time a compiled training run is given "
+                    "on top of --train-seconds for its compile")
     ap.add_argument("--sections", default="peak,host,train,score,teacher")
     ap.add_argument("--workers", default="", help="builder processes to measure the stream with (default 0,2,8 "
                     "up to the CPUs; --tiny 0,1)")
@@ -584,7 +619,7 @@ def main(argv=None) -> int:
         # the device figures first: on a lent GPU, time is what runs out
         b.section("peak", 5, b.peak)
         b.section("train", 20 if a.tiny else a.train_seconds + 40, b.train)
-        b.section("score", 15 if a.tiny else 60, b.score)
+        b.section("score", (15 if a.tiny else 60) + (a.compile_seconds if "score" in a.compile else 0), b.score)
         b.section("host", 20 if a.tiny else 60, b.host)
         b.section("teacher", 30 if a.tiny else a.teacher_minutes * 60 + 60, b.teacher)
     finally:

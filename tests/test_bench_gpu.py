@@ -18,6 +18,7 @@ def test_tiny_bench_runs_every_section_on_a_cpu(tmp_path, speech_corpus):
     out = tmp_path / "gpu"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--tiny", "--device", "cpu",
                            "--corpus", str(speech_corpus), "--teacher-minutes", "0.1", "--micro-batches", "8,1",
+                           "--compile", "score",
                            "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -31,6 +32,9 @@ def test_tiny_bench_runs_every_section_on_a_cpu(tmp_path, speech_corpus):
     assert (out / "gpu.md").read_text().startswith("Device: cpu")
     trained = [r["shape"] for r in json.loads((out / "gpu.json").read_text())["sections"]["train"]["rows"]]
     assert trained == ["bart", "bart, micro_batches=1", "warm_start"]
+    scored = json.loads((out / "gpu.json").read_text())["sections"]["score"]["rows"]
+    assert [r["compile"] for r in scored] == [False, False, True]
+    assert scored[-1]["max_abs_diff_vs_eager"] < 0.05  # bf16 where this CPU has it
 
 
 def test_a_gpu_asked_for_where_there_is_none_is_refused_in_one_line(tmp_path):

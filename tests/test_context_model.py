@@ -152,6 +152,32 @@ def test_a_run_from_before_micro_batches_resumes_with_the_setting_the_refusal_na
     assert json.loads((out / "train_summary.json").read_text())["runs"]["fwd"]["steps"] == 3
 
 
+@pytest.mark.slow
+def test_compiled_training_takes_the_eager_steps_and_compiles_once_for_every_batch_shape(tmp_path, corpus_dir):
+    """`compile: true` (for GPUs; here on the CPU) trains the step's loss as one compiled graph for every batch
+    shape of the bucketed stream: the losses are eager's step by step, and a run resumes with it switched."""
+    from torch._dynamo.utils import counters
+
+    from sentsim.cli import main
+
+    def train(out, steps, **kw):
+        assert main(["train", "context", "--corpus", corpus_dir, "--direction", "fwd", "--out", str(out),
+                     *_sets(executor="inline", max_steps=steps, eval_every=100000, checkpoint_every=3, log_every=1,
+                            bf16="off", **kw)]) == 0
+        return [h["train_loss"] for h in json.loads((out / "runs" / "fwd" / "history.json").read_text())
+                if h.get("train_loss") is not None]
+
+    eager = train(tmp_path / "eager", 6)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = train(tmp_path / "compiled", 6, compile="true")
+    assert len(compiled) == len(eager) == 6
+    assert compiled == pytest.approx(eager, rel=1e-4)
+    # each step has micro-batches of new shapes; a one-row batch may be specialised once
+    assert 1 <= counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
+    assert train(tmp_path / "compiled", 8)[:6] == compiled  # resumed eager from its step-6 checkpoint
+
+
 def test_a_finished_run_run_again_trains_no_further(tmp_path, corpus_dir):
     """A target-token budget already spent (the same command again, or a smaller budget on a bundle trained
     past it) trains no step: one more would move the model past the budget it is named by."""

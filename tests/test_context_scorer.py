@@ -352,3 +352,23 @@ def test_gpu_bf16_matches_cpu(bundle, items):
     np.testing.assert_allclose(gpu.score[ok], cpu.score[ok], atol=0.1, rtol=0.02)
     fp32 = ContextScorer(bundle, ScorerConfig(device="cuda", autocast="off")).score(items)
     np.testing.assert_allclose(fp32.score[ok], cpu.score[ok], atol=1e-3)
+
+
+@pytest.mark.slow
+def test_compiled_scoring_gives_the_same_scores_and_compiles_once_for_every_batch_shape(bundle, items):
+    """scoring.compile (for GPUs) compiles the encoder and the decoder's log-probabilities once each, with
+    dynamic shapes: batches of new rows and lengths reuse the graphs, and the scores are the eager ones."""
+    from torch._dynamo.utils import counters
+
+    eager = ContextScorer(bundle, ScorerConfig(**FP32, batch_tokens=1024))
+    comp = ContextScorer(bundle, ScorerConfig(**FP32, batch_tokens=1024, compile=True))
+    torch._dynamo.reset()
+    counters.clear()
+    batches = 0
+    for its in (items, items[:9], items[5:]):
+        a, b = eager.score(its), comp.score(its)
+        for d in DIRECTIONS:
+            np.testing.assert_allclose(b.logprob_sum[d], a.logprob_sum[d], rtol=1e-5, atol=1e-4)
+        batches += b.stats["encoder_batches"] + b.stats["decoder_batches"]
+    graphs = counters["stats"]["unique_graphs"]
+    assert 2 <= graphs <= 4 < batches, (graphs, batches)  # a batch of one row may be specialised once

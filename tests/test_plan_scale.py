@@ -125,6 +125,16 @@ def test_keep_context_scores_default_leaves_the_fingerprint_alone():
     assert cfg.model_copy(update={"keep_context_scores": "none"}).semantic()["keep_context_scores"] == "none"
 
 
+def test_how_scoring_runs_leaves_the_fingerprint_alone():
+    """scoring.compile, device, threads and batch size change how fast, not what: a harvest resumes with any."""
+    cfg = _cfg(10)
+    fast = cfg.model_copy(update={"scoring": cfg.scoring.model_copy(update={
+        "compile": True, "device": "cuda", "torch_threads": 3, "batch_tokens": 65536})})
+    assert fast.semantic() == cfg.semantic()
+    assert fast.model_copy(update={"scoring": fast.scoring.model_copy(update={"lambda_fwd": 0.5})}).semantic() \
+        != cfg.semantic()
+
+
 @pytest.mark.slow
 def test_context_scores_are_float32_and_remix_is_exact_to_them(inline_run, tmp_path):  # noqa: F811
     """The remix recomputes every score from the stored float32 terms: exactly (1e-12) what numpy gives

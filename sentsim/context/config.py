@@ -116,8 +116,9 @@ class ContextTrainConfig(Section):
     heldout_windows: int = Field(512, ge=8)  # held-out windows used for loss / perplexity / context gap
     eval_every: int = Field(500, ge=1)  # reporting cadence; not in the paper
     log_every: int = Field(0, ge=0)  # a history point (loss, tokens, FLOPs, time) every N steps; 0 = at evals only
-    # torch.compile each encoder and decoder layer (fuses the element-wise work around the matrix products);
-    # GPU only, execution, not in the paper. Costs a compile of a minute or so at the start (BENCHMARKS.md, "GPU").
+    # torch.compile the step's loss (model, vocabulary projection, cross-entropy) as one graph for every batch
+    # shape (sentsim/context/compiled.py): fuses the element-wise work around the matrix products, for GPUs.
+    # Execution, not in the paper. A compile of a minute or two at the start; no gain on the dev CPU (0.96x).
     compile: bool = False
     checkpoint_every: int = Field(500, ge=1)  # resumability; not in the paper
     # Not in §3.2.2, which trains on its whole corpus: train (and hold out) only the documents whose
@@ -190,6 +191,10 @@ class ScorerConfig(Section):
     # auto = bf16 on GPUs and on CPUs with native bf16 (avx512_bf16 / AMX, sentsim/hardware.py), else fp32
     autocast: Literal["auto", "bf16", "fp16", "off"] = "auto"
     torch_threads: int = Field(0, ge=0)  # execution; 1 on small shared CPU nodes
+    # torch.compile the encoder and the decoder's scored log-probabilities, one graph each for every batch shape
+    # (sentsim/context/compiled.py); the same scores. Execution: a compile of a minute or two per actor; 1.31x on
+    # the dev CPU at the teacher's shape (BENCHMARKS.md, "Scoring").
+    compile: bool = False
     # Where scoring runs (CPUs, GPU fractions, actors) is the harvest's resources.scoring.
 
     @field_validator("lambda_disc", "lambda_fwd", "lambda_left", "lambda_right")

@@ -138,19 +138,6 @@ class ContextModel(nn.Module):
         keep = labels >= 0
         return self.project(hidden[keep]), labels[keep]
 
-    def layers(self) -> list:
-        """The encoder's and the decoder's Transformer layers."""
-        if self.cfg.arch == "bart":
-            return [*self.seq2seq.model.encoder.layers, *self.seq2seq.model.decoder.layers]
-        return [*self.seq2seq.encoder.encoder.layer, *self.seq2seq.decoder.base_model.encoder.layer]
-
-    def compile_layers(self) -> None:
-        """torch.compile every layer in place (its state-dict names unchanged, so checkpoints load either
-        way): the element-wise work between the matrix products is fused into few kernels. Lengths change
-        from batch to batch; after the first change a layer is recompiled once for any length."""
-        for layer in self.layers():
-            layer.compile()
-
     def n_parameters(self) -> int:
         seen, n = set(), 0
         for p in self.parameters():

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sentsim.context import compiled
 from sentsim.context.batching import HostToDevice, padded_index, plan_batches
 from sentsim.context.config import DIRECTIONS, ScorerConfig
 from sentsim.context.example_arrays import ExampleArrays, TextTable, build_examples, context_columns
@@ -157,6 +158,9 @@ class ContextScorer:
         self.max_padding, self.min_batch_share = MAX_PADDING, MIN_BATCH_SHARE
         # sums over every score() call: items, seconds, matrix FLOPs (sentsim.context.flops), real and padded tokens
         self.totals: dict[str, float] = {}
+        # the model's two calls of a batch; compile: one graph each for every batch shape
+        wrap = compiled.dynamic if self.config.compile else (lambda fn: fn)
+        self.encode_states, self.target_logprobs = wrap(encode_states), wrap(target_logprobs)
 
     # ------------------------------------------------------------------------------------------ helpers
 
@@ -365,7 +369,7 @@ class ContextScorer:
             W = int(enc_width[b])
             at, real = padded_index(t["enc_off"][lo:hi], t["enc_len"][lo:hi], ar[:W], n_src_tok)
             with self._autocast():
-                h = model.encode(t["src"][at], t["src_slots"][at], real.long())
+                h = self.encode_states(model, t["src"][at], t["src_slots"][at], real.long())
             if states is None:
                 states = torch.zeros(n_buf + 1, h.shape[-1], dtype=h.dtype, device=dev)
             states[int(enc_base[b]):int(enc_base[b]) + (hi - lo) * W] = h.reshape(-1, h.shape[-1])
@@ -386,9 +390,8 @@ class ContextScorer:
             gather, src_real = padded_index(t["dec_state_at"][lo:hi], t["dec_src_len"][lo:hi], ar[:S], n_buf)
             a, z = int(tok_cut[b]), int(tok_cut[b + 1])
             with self._autocast():
-                hidden = model.decoder_states(states[gather], src_real.long(), t["tgt"][at], t["tgt_slots"][at])
-                logits = model.project(hidden.reshape(-1, hidden.shape[-1]).index_select(0, t["pos"][a:z]))
-            tok_lp = -F.cross_entropy(logits.float(), t["targets"][a:z], reduction="none")
+                tok_lp = self.target_logprobs(model, states[gather], src_real.long(), t["tgt"][at],
+                                              t["tgt_slots"][at], t["pos"][a:z], t["targets"][a:z])
             row_sums = torch.zeros(B, dtype=torch.float64, device=dev).index_add_(0, t["row"][a:z], tok_lp.double())
             sums.index_copy_(0, t["dec_rows"][lo:hi], row_sums)
             real_tok = z - a
@@ -400,6 +403,20 @@ class ContextScorer:
             stats["target_tokens"] += real_tok
             stats["decoder_batches"] += 1
         return sums.cpu().numpy()  # the one read back
+
+
+def encode_states(model: ContextModel, src: torch.Tensor, src_slots: torch.Tensor, src_mask: torch.Tensor):
+    """The encoder's last hidden states [B, S, H] of a padded source batch."""
+    return model.encode(src, src_slots, src_mask)
+
+
+def target_logprobs(model: ContextModel, enc: torch.Tensor, src_mask: torch.Tensor, dec_in: torch.Tensor,
+                    dec_slots: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p of each scored target token (fp32), given the encoder states: the decoder, then the vocabulary
+    projection at the scored `positions` (flat, row by row) only."""
+    hidden = model.decoder_states(enc, src_mask, dec_in, dec_slots)
+    logits = model.project(hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions))
+    return -F.cross_entropy(logits.float(), targets, reduction="none")
 
 
 class _Plan:

@@ -42,6 +42,7 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
+from sentsim.context import compiled
 from sentsim.context.batching import BATCH_KEYS, HostToDevice, collate, token_batches
 from sentsim.context.config import DIRECTIONS, ContextTrainConfig
 from sentsim.context.flops import model_shape, training_flops
@@ -296,6 +297,8 @@ class ContextTrainee(Trainee):
         self.world = 1
         self.tokens_seen = 0
         self.target_tokens_seen = 0
+        # compile: the step's loss (model, vocabulary projection, cross-entropy) as one graph for every shape
+        self.loss = compiled.dynamic(token_loss) if cfg.compile else token_loss
 
     def param_groups(self, lr: float) -> list[dict]:
         return param_groups(self.model, self.cfg)
@@ -338,9 +341,9 @@ class ContextTrainee(Trainee):
             prefer_shape_free_attention(device)
         on_device = to_device_all(parts, device, self.h2d)
         if len(on_device) == 1:  # the batch's own mean, bit for bit as before micro-batches
-            loss = token_loss(self.model, on_device[0])
+            loss = self.loss(self.model, on_device[0])
         else:
-            loss = sum(token_loss(self.model, b, reduction="sum") for b in on_device) / max(step_tgt, 1)
+            loss = sum(self.loss(self.model, b, reduction="sum") for b in on_device) / max(step_tgt, 1)
         return loss, self.counters()
 
     def counters(self) -> dict:
@@ -393,8 +396,6 @@ def build_trainee(config: dict, session, ckpt: Optional[Path]) -> ContextTrainee
             init_cross_attention_from_self(model)
     if cfg.freeze_encoder:
         model.freeze_encoder()
-    if cfg.compile and session.device.type == "cuda":
-        model.compile_layers()
     directions = config["directions"]
     heldout = heldout_examples(config["corpus"], tok, cfg, directions) if session.rank == 0 else None
     return ContextTrainee(model, cfg, tok, config["corpus"], directions, heldout, config["tokenizer_dir"])

@@ -65,8 +65,10 @@ class GroupingConfig(Section):
 INPUT_PATHS = ("corpus", "index", "discriminator", "context_models", "pairs_file")
 # config keys that semantic() leaves out (placement, speed, where things lie), flattened; a refused resume
 # does not list them
-UNFINGERPRINTED = ("out", "resources", "contexts.rep_cache", "scoring.device", "scoring.torch_threads",
-                   "scoring.batch_tokens", "rank.encoder") + INPUT_PATHS
+# scoring settings that change how fast, not what: left out of the fingerprint
+SCORING_EXECUTION = ("device", "torch_threads", "batch_tokens", "compile")
+UNFINGERPRINTED = (("out", "resources", "contexts.rep_cache", "rank.encoder") + INPUT_PATHS
+                   + tuple(f"scoring.{k}" for k in SCORING_EXECUTION))
 
 
 # a share of the pairs (train, dev or test; 003 §4)
@@ -154,7 +156,7 @@ class HarvestConfig(Section):
         d["contexts"].pop("rep_cache")  # where the cache lies is not semantic; its identity is (job.py)
         if not self.grouping.enabled:  # runs from before grouping existed keep their fingerprint
             d.pop("grouping")
-        for k in ("device", "torch_threads", "batch_tokens"):
+        for k in SCORING_EXECUTION:
             d["scoring"].pop(k, None)
         if d.get("keep_context_scores") == "all":  # the default: fingerprints of earlier versions stay
             d.pop("keep_context_scores")
