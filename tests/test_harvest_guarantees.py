@@ -154,7 +154,7 @@ SEMANTIC = {
     "grouping.enabled": False, "grouping.pairs_per_group": 2, "grouping.score": "centred",
 }
 EXECUTION = {
-    "scoring.device": "cpu", "scoring.torch_threads": 1, "scoring.batch_tokens": 1024,
+    "scoring.device": "cpu", "scoring.torch_threads": 1, "scoring.batch_tokens": 1024, "scoring.compile": True,
     "contexts.rep_cache": "/nowhere/rep_cache",  # used only with a discriminator, and then by its identity
     **{f"resources.{stage}.{k}": v for stage in ("contexts", "scoring", "rank")
        for k, v in (("num_cpus", 2.0), ("num_gpus", 1.0), ("memory_gb", 1.5), ("min_actors", 2), ("max_actors", 3),
