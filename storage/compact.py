@@ -30,13 +30,16 @@ Layout and commit order (each step a durable commit, a kill anywhere is safe; `s
                                                    per-unit shards it holds, the files of an earlier
                                                    compaction it replaced, the staging files and the plan
                                                    are removed
+    _foreign/<table>/<name>                     5. anything else in a table's folder (a file dropped in by
+                                                   hand, a partial unit: no marker names it) is moved here,
+                                                   named on stderr, never deleted
 
 Until step 3 readers see the per-unit files (unchanged); from step 3 on, the compacted ones, which
 hold exactly the same rows in the same order (units ascending, each unit's rows as written). A
 compaction killed in 1-2 resumes where it stopped (a record whose sources and file check out is
-kept); one killed in 4 is finished by the next call. GGG is the compaction's generation: a second
+kept); one killed in 4 or 5 is finished by the next call. GGG is the compaction's generation: a second
 compaction keeps every file of the first that still stands for its units and writes the rest anew.
-After step 4 DIR/<table>/ holds exactly the run's rows, so plain Parquet readers of that folder are
+After step 5 DIR/<table>/ holds exactly the run's rows, so plain Parquet readers of that folder are
 right too (README, "Outputs").
 """
 
@@ -69,6 +72,7 @@ from storage.records import StoreError, timestamp
 from storage.store import ShardStore
 
 PLAN = "plan.json"
+FOREIGN_DIR = "_foreign"  # files found in a table folder that the run does not name, moved out by compaction
 
 
 def file_name(generation: int, i: int) -> str:
@@ -232,6 +236,40 @@ def _finish(store: ShardStore, comp: Compaction, markers: Dict[int, dict], stagi
     return removed
 
 
+def _move_foreign(store: ShardStore, comp: Compaction, markers: Dict[int, dict], stream) -> List[str]:
+    """Move out of the table folders whatever no marker or compacted file of the run names (a file
+    dropped in by hand, a partial unit, a folder): plain readers of DIR/<table> would read it too.
+    It goes to FOREIGN_DIR/<table>/, named on `stream`, never deleted: it may be someone's data.
+    Names starting with "." or "_" stay (every Parquet dataset reader skips them). Returns the moved paths."""
+    claimed = {r["path"] for recs in comp.tables.values() for r in recs}
+    claimed.update(f["path"] for u, m in markers.items() for t, f in m.get("files", {}).items()
+                   if comp.covers(t, u, f) is None)
+    moved: List[str] = []
+    for table in comp.tables:
+        d = store.path(table)
+        for info in store.fs.get_file_info(pafs.FileSelector(d, allow_not_found=True)):
+            rel = f"{table}/{info.base_name}"
+            if rel in claimed or info.base_name.startswith((".", "_")):
+                continue
+            dest = sfs.join(FOREIGN_DIR, table, info.base_name)
+            while sfs.exists(store.fs, store.path(dest)):  # an earlier one of the same name is kept too
+                dest = sfs.join(FOREIGN_DIR, table, f"{timestamp()[:19].replace(':', '')}-{dest.rpartition('/')[2]}")
+            if sfs.is_local(store.fs) or info.type == pafs.FileType.File:
+                sfs.move_durable(store.fs, info.path, store.path(dest))
+            else:  # a "folder" on an object store is its keys: moved one by one
+                for sub in store.fs.get_file_info(pafs.FileSelector(info.path, recursive=True)):
+                    if sub.type == pafs.FileType.File:
+                        sfs.move_durable(store.fs, sub.path, store.path(dest) + sub.path[len(info.path):])
+                store.fs.delete_dir(info.path)
+            moved.append(dest)
+    if moved:
+        shown = ", ".join(moved[:3]) + (" ..." if len(moved) > 3 else "")
+        print(f"note: {store.uri}: moved {len(moved)} file(s) no marker names out of the table folders, into "
+              f"{FOREIGN_DIR}/ ({shown}), so DIR/<table> holds exactly the run's rows; delete them once not needed",
+              file=stream, flush=True)
+    return moved
+
+
 # ---- the command ------------------------------------------------------------------------------------
 def _problems(store: ShardStore, fp: str, planned: int,
               comp: Optional[Compaction]) -> Tuple[Dict[int, dict], List[str]]:
@@ -290,12 +328,14 @@ def compact_run(uri: str, target_bytes: int = 128 << 20, stop_after: Optional[in
         if comp is not None:
             # a kill after an earlier commit: finish that one first (a plan begun since is kept)
             removed = _finish(store, comp, markers, staging=False)
-            legacy = any("staged" not in r for recs in comp.tables.values() for r in recs)
+            legacy = any("staged" not in r or any(len(e) < 3 for e in r["units"])
+                         for recs in comp.tables.values() for r in recs)
             covered = all(comp.covers(t, u, f) is not None for u, m in markers.items() for t, f in m["files"].items())
             if covered and not legacy and not any(comp.stale(t, markers) for t in tables):
                 _finish(store, comp, markers)
+                moved = _move_foreign(store, comp, markers, stream)
                 return {"status": "already compacted", "files": {t: len(v) for t, v in comp.tables.items()},
-                        "removed": removed, "written": 0}
+                        "removed": removed, "written": 0, "moved": moved}
         generation = (comp.generation if comp else 0) + 1
         plan_p = compact_path(store, PLAN)
         found, plan = sfs.read_json(store.fs, plan_p)
@@ -344,8 +384,10 @@ def compact_run(uri: str, target_bytes: int = 128 << 20, stop_after: Optional[in
                     "units": sorted(markers), "tables": records, "written": timestamp()}
         lease.check()
         write_manifest(store, manifest)  # the commit point
-        removed = _finish(store, Compaction(store, read_compaction(store, fp)), markers)
-        return {"status": "compacted", "written": written, "removed": removed,
+        comp = Compaction(store, read_compaction(store, fp))
+        removed = _finish(store, comp, markers)
+        moved = _move_foreign(store, comp, markers, stream)
+        return {"status": "compacted", "written": written, "removed": removed, "moved": moved,
                 "files": {t: len(v) for t, v in records.items()}, "units": len(markers)}
     finally:
         lease.release()
@@ -353,9 +395,11 @@ def compact_run(uri: str, target_bytes: int = 128 << 20, stop_after: Optional[in
 
 def _kept_files(comp: Optional[Compaction], table: str, markers: Dict[int, dict]) -> Dict[int, dict]:
     """Files of the committed compaction that still stand for all their units: kept as they are.
-    (Files of compactions before staging existed live in _compact/ and are rewritten into the table.)"""
+    (Files of compactions before staging existed live in _compact/, and those of compactions before the
+    source sha256 was recorded cannot be matched by content: both are rewritten.)"""
     if comp is None:
         return {}
     stale = comp.stale(table, markers)
     return {int(rec["units"][0][0]): rec for rec in comp.tables.get(table, [])
-            if rec["units"] and rec.get("staged") and rec["path"] not in stale}
+            if rec["units"] and rec.get("staged") and rec["path"] not in stale
+            and all(len(e) > 2 for e in rec["units"])}  # kept only with each unit's source sha256

@@ -71,12 +71,22 @@ class Compaction:
 
     def covers(self, table: str, unit: int, marker_file: Optional[dict]) -> Optional[Tuple[dict, int, int]]:
         """(file record, offset, rows) when the compacted slice holds the very rows the unit's marker
-        names (`marker_file`: the marker's entry for `table`), else None."""
+        names (`marker_file`: the marker's entry for `table`), else None. The match is by the shard's
+        content (its sha256), never by its row count alone: a unit redone with as many rows but other
+        bytes is not the compacted one. A compaction from before sentsim recorded that sha256 cannot
+        tell; there the unit's own shard, present again, is what its marker names (a redo wrote it; or
+        the compaction stopped before removing it, and then it holds the same rows)."""
         e = self.entries(table).get(unit)
         if e is None or marker_file is None:
             return None
         rec, offset, n, sha = e
-        if (sha is not None and sha != marker_file.get("sha256")) or n != int(marker_file.get("rows", -1)):
+        if n != int(marker_file.get("rows", -1)):
+            return None
+        if sha is None:
+            folder, _, name = str(marker_file.get("path", "")).rpartition("/")
+            if name in self._names(folder):
+                return None
+        elif sha != marker_file.get("sha256"):
             return None
         return rec, offset, n
 
@@ -97,15 +107,19 @@ class Compaction:
         rel = rec["path"]
         if rel not in self._where:
             folder, _, name = rel.rpartition("/")
-            if folder not in self._listed:
-                d = self.store.path(folder)
-                self._listed[folder] = ({i.base_name for i in self.store.fs.get_file_info(pafs.FileSelector(d))}
-                                        if sfs.exists(self.store.fs, d) else set())
             staged = rec.get("staged")
-            if staged and name not in self._listed[folder] and sfs.exists(self.store.fs, self.store.path(staged)):
+            if staged and name not in self._names(folder) and sfs.exists(self.store.fs, self.store.path(staged)):
                 rel = staged
             self._where[rec["path"]] = rel
         return self._where[rec["path"]]
+
+    def _names(self, folder: str) -> set:
+        """The names in one of the run's folders, listed once."""
+        if folder not in self._listed:
+            d = self.store.path(folder)
+            self._listed[folder] = ({i.base_name for i in self.store.fs.get_file_info(pafs.FileSelector(d))}
+                                    if sfs.exists(self.store.fs, d) else set())
+        return self._listed[folder]
 
     def file_problem(self, rec: dict, deep: bool = True) -> Optional[str]:
         """None if the compacted file checks out against its record (size; sha256 when `deep`)."""

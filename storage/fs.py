@@ -61,15 +61,42 @@ def exists(fs: pafs.FileSystem, path: str) -> bool:
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
+def is_file(fs: pafs.FileSystem, path: str) -> bool:
+    """A regular file is there (a folder, a FIFO or a socket at a file's name is not one)."""
+    return fs.get_file_info(path).type == pafs.FileType.File
+
+
+def not_a_file(info: pafs.FileInfo) -> Optional[str]:
+    """What stands at a file's name when it is not a regular file (None when it is one, or nothing is there)."""
+    if info.type in (pafs.FileType.File, pafs.FileType.NotFound):
+        return None
+    return "a folder" if info.type == pafs.FileType.Directory else "not a regular file"
+
+
+def remove_any(fs: pafs.FileSystem, path: str) -> None:
+    """Remove whatever stands at a run's own file name, a folder included (durably, as delete_durable)."""
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        fs.delete_dir(path)
+        if is_local(fs):
+            fsync_path(posixpath.dirname(path))
+    elif info.type != pafs.FileType.NotFound:
+        delete_durable(fs, path)
+
+
 def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
     with fs.open_input_stream(path) as f:
         return f.read()
 
 
 def read_json(fs: pafs.FileSystem, path: str) -> Tuple[bool, Any]:
-    """(whether the file exists, its parsed JSON or None when it is empty or not valid JSON)."""
-    if not exists(fs, path):
+    """(whether something is at `path`, its parsed JSON or None when it is empty, not valid JSON or not a
+    regular file: a folder at a record's name is a broken record, never read)."""
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
         return False, None
+    if info.type != pafs.FileType.File:
+        return True, None
     try:
         return True, json.loads(read_bytes(fs, path))
     except (json.JSONDecodeError, UnicodeDecodeError):

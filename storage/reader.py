@@ -4,9 +4,14 @@ always right: exactly the committed rows, each once, before and after `sentsim s
 A table's rows are exactly those of the units with a valid completion marker of this run (same
 fingerprint, unit below planned_units, the marker's own checksum intact): a killed writer's temporary
 file, a shard whose marker was never written (or was lost), and a marker left by another run are
-never read. On a compacted run a unit's rows come from the compacted file that holds the very shard
-its marker names (same sha256), else from its own shard; a compacted file that also holds rows no
-marker vouches for any more is refused, naming the fix, rather than read whole.
+never read. Nor is a file at a marker's path that the marker does not vouch for: every file a read
+uses has the size its record says (one listing of its folder) and, as it is opened, its rows (its
+Parquet footer); a file replaced, truncated or edited since is refused in one line naming it. (The
+sha256 is left to `sentsim store verify` and the resume: hashing every read would cost a full read of
+files a column projection only partly reads.) On a compacted run a unit's rows come from the
+compacted file that holds the very shard its marker names (same sha256), else from its own shard; a
+compacted file that also holds rows no marker vouches for any more is refused, naming the fix,
+rather than read whole.
 
     from storage import open_run
     run = open_run("DIR")                      # or "s3://bucket/run"
@@ -34,6 +39,9 @@ from storage.compaction import COMPACT_DIR, COMPACT_MANIFEST, Compaction, load_c
 from storage.records import StoreError
 from storage.store import MANIFEST, ShardStore, check_format, run_format
 
+MARKER = "its unit marker"
+COMPACTED = f"{COMPACT_DIR}/{COMPACT_MANIFEST}"
+
 
 class RunReader:
     """Read-only view of one run. `what` prefixes error messages (e.g. "--data", "--corpus")."""
@@ -56,6 +64,9 @@ class RunReader:
         self._view: Optional[Compaction] = None
         self._held: Dict[str, Tuple[str, pa.Table]] = {}  # table -> the compacted file read last (path, its rows)
         self._checked: set = set()  # compacted files whose checksum this reader has checked
+        self._expect: Dict[str, Tuple[int, int, str]] = {}  # path -> (bytes, rows, whose record), files handed out
+        self._vouched: Dict[str, List[str]] = {}  # table -> its files, their sizes checked
+        self._rows_ok: set = set()  # files whose footer's row count this reader has checked
 
     def __str__(self) -> str:
         return self.uri
@@ -111,15 +122,17 @@ class RunReader:
         self.compaction()
         return self._view
 
-    def _rel_paths(self, table: str) -> List[str]:
-        """The table's files relative to the run, in unit order: each completed unit's shard, or, on a
-        compacted run, the compacted file that holds the very shard its marker names (same sha256).
-        A compacted file that also holds rows no marker vouches for any more (a unit redone, or its
-        marker lost, since the compaction) cannot be read whole: refused, naming the fix."""
+    def _expected(self, table: str) -> List[Tuple[str, int, int, str]]:
+        """(path relative to the run, bytes, rows, whose record says so) of the table's files, in unit
+        order: each completed unit's shard, or, on a compacted run, the compacted file that holds the very
+        shard its marker names (same sha256). A compacted file that also holds rows no marker vouches
+        for any more (a unit redone, or its marker lost, since the compaction) cannot be read whole:
+        refused, naming the fix."""
         comp = self._compacted()
         units = self.units()
         if comp is None:
-            return [rec["files"][table]["path"] for rec in units.values() if table in rec.get("files", {})]
+            return [(f["path"], int(f["bytes"]), int(f["rows"]), MARKER) for f in
+                    (rec["files"][table] for rec in units.values() if table in rec.get("files", {}))]
         stale = comp.stale(table, units)
         if stale:
             path, held = next(iter(stale.items()))
@@ -128,29 +141,94 @@ class RunReader:
                              f"for any more (redone or lost since `sentsim store compact`); run `sentsim store verify "
                              f"{self.uri}`, resume the job if it names missing units, then `sentsim store compact "
                              f"{self.uri}` again")
-        out: List[str] = []
+        out: List[Tuple[str, int, int, str]] = []
         seen = set()  # a compacted file is listed once, where its first unit falls
         for u, rec in units.items():
             f = rec.get("files", {}).get(table)
             if f is None:
                 continue
             found = comp.covers(table, u, f)
-            rel = comp.location(found[0]) if found is not None else f["path"]
+            rel, size, rows, whose = ((comp.location(found[0]), found[0]["bytes"], found[0]["rows"], COMPACTED)
+                                      if found is not None else (f["path"], f["bytes"], f["rows"], MARKER))
             if rel not in seen:
                 seen.add(rel)
-                out.append(rel)
+                out.append((rel, int(size), int(rows), whose))
         return out
 
     def files(self, table: str, required: bool = True) -> List[str]:
-        """Paths (inside `self.fs`) of exactly the table's committed rows' files, in unit order."""
-        out = [self.store.path(p) for p in self._rel_paths(table)]
+        """Paths (inside `self.fs`) of exactly the table's committed rows' files, in unit order, each
+        there with the size its record says (checked once per reader: one listing of each folder)."""
+        if table not in self._vouched:
+            expected = self._expected(table)
+            for rel, size, rows, whose in expected:
+                self._expect[self.store.path(rel)] = (size, rows, whose)
+            self._check_sizes([rel for rel, _, _, _ in expected])
+            self._vouched[table] = [self.store.path(rel) for rel, _, _, _ in expected]
+        out = list(self._vouched[table])
         if not out and required:
             raise StoreError(f"{self._where}: no completed {table}/ shards (no unit marker names one)")
         return out
 
+    def _check_sizes(self, rels: List[str]) -> None:
+        """Each file is there, a regular file, with its record's size: one listing per folder (an object
+        store answers 1,000 names a request), not a request per file."""
+        by_folder: Dict[str, List[str]] = {}
+        for rel in rels:
+            by_folder.setdefault(rel.rpartition("/")[0], []).append(rel)
+        for folder, names in by_folder.items():
+            d = self.store.path(folder)
+            try:
+                listed = {i.base_name: i for i in
+                          self.fs.get_file_info(pafs.FileSelector(d, allow_not_found=True))}
+            except (OSError, pa.ArrowException) as exc:
+                raise StoreError(f"{self.display(d)}: cannot be listed ({type(exc).__name__}: {exc})") from None
+            for rel in names:
+                info = listed.get(rel.rpartition("/")[2])
+                self._refuse_if_not_vouched(self.store.path(rel), info.type if info else None,
+                                            info.size if info else None)
+
+    def _refuse_if_not_vouched(self, path: str, kind, size: Optional[int], rows: Optional[int] = None) -> None:
+        """One line naming the file when what is at `path` is not what its record vouches for."""
+        want_size, want_rows, whose = self._expect[path]
+        if kind is None or kind == pafs.FileType.NotFound:
+            problem = "missing"
+        elif kind != pafs.FileType.File:
+            problem = "not a regular file"
+        elif size != want_size:
+            problem = f"{size:,} bytes, but {whose} says {want_size:,} (replaced, truncated or edited since)"
+        elif rows is not None and rows != want_rows:
+            problem = f"{rows:,} rows, but {whose} says {want_rows:,} (replaced or edited since)"
+        else:
+            return
+        raise StoreError(f"{self.display(path)}: {problem}; its rows are not read. Run `sentsim store verify "
+                         f"{self.uri}`, then resume the job that wrote the run (the same command) to redo its units")
+
+    def _open_checked(self, fh, path: str) -> pq.ParquetFile:
+        """The Parquet file at `path` (open as `fh`), refused unless its size and row count are its record's."""
+        if path in self._expect:  # the size first: a file replaced by one that is not Parquet is named as such
+            self._refuse_if_not_vouched(path, pafs.FileType.File, fh.size())
+        pf = pq.ParquetFile(fh)
+        if path in self._expect:
+            self._refuse_if_not_vouched(path, pafs.FileType.File, fh.size(), pf.metadata.num_rows)
+            self._rows_ok.add(path)
+        return pf
+
+    def _check_rows(self, paths: Sequence[str]) -> None:
+        """The footer's row count of each file not yet read by this reader (for readers that read the files
+        themselves: pyarrow datasets, ray.data)."""
+        for path in paths:
+            if path not in self._rows_ok and path in self._expect:
+                def footer():
+                    with self.fs.open_input_file(path) as fh:
+                        self._open_checked(fh, path)
+                self.guarded(path, footer)
+
     def file_uris(self, table: str) -> List[str]:
-        """The same files as URIs a user can paste (s3://bucket/run/pairs/part-00000.parquet)."""
-        return [f"{self.uri}/{p}" for p in self._rel_paths(table)]
+        """The same files as URIs a user can paste (s3://bucket/run/pairs/part-00000.parquet), their sizes
+        and row counts checked (whoever reads them next does not check)."""
+        files = self.files(table, required=False)
+        self._check_rows(files)
+        return [self.display(p) for p in files]
 
     def rows(self, table: str) -> int:
         """Row count from the markers alone (no Parquet read)."""
@@ -161,8 +239,9 @@ class RunReader:
         return self.guarded(files[0], lambda: pq.read_schema(files[0], filesystem=self.fs))
 
     def dataset(self, table: str) -> pads.Dataset:
-        """A pyarrow dataset over exactly the completed shards."""
+        """A pyarrow dataset over exactly the completed shards, their sizes and row counts checked."""
         files = self.files(table)
+        self._check_rows(files)
         return self.guarded(files[0], lambda: pads.dataset(files, filesystem=self.fs, format="parquet"))
 
     def read_table(self, table: str, columns: Optional[Sequence[str]] = None) -> pa.Table:
@@ -173,7 +252,7 @@ class RunReader:
     def read_file(self, path: str, columns: Optional[Sequence[str]] = None) -> pa.Table:
         def read():
             with self.fs.open_input_file(path) as fh:
-                pf = pq.ParquetFile(fh)
+                pf = self._open_checked(fh, path)
                 if columns is not None:
                     missing = [c for c in columns if c not in pf.schema_arrow.names]
                     if missing:
@@ -195,7 +274,9 @@ class RunReader:
             f = rec.get("files", {}).get(table)
             if f is None:
                 raise StoreError(f"{self._where}: unit {unit} has no {table} shard")
-            return self.read_file(self.store.path(f["path"]))
+            path = self.store.path(f["path"])
+            self._expect[path] = (int(f["bytes"]), int(f["rows"]), MARKER)
+            return self.read_file(path)
         file_rec, offset, rows = found
         return self._compacted_file(table, file_rec).slice(offset, rows)
 
@@ -270,7 +351,7 @@ class RunReader:
         """Record batches shard by shard, in unit order (streaming: one shard open at a time)."""
         for path in self.files(table):
             with self.fs.open_input_file(path) as fh:
-                pf = self.guarded(path, lambda: pq.ParquetFile(fh))
+                pf = self.guarded(path, lambda: self._open_checked(fh, path))
                 yield from pf.iter_batches(columns=list(columns) if columns is not None else None,
                                            batch_size=batch_size)
 
@@ -278,7 +359,9 @@ class RunReader:
         """A ray.data dataset over exactly the completed shards (Ray Train streams from it)."""
         import ray.data
 
-        ds = ray.data.read_parquet(self.files(table), filesystem=self.fs, **kw)
+        files = self.files(table)
+        self._check_rows(files)
+        ds = ray.data.read_parquet(files, filesystem=self.fs, **kw)
         return ds.select_columns(list(columns)) if columns else ds
 
     def hf_dataset(self, table: str, columns: Optional[Sequence[str]] = None):

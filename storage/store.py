@@ -23,6 +23,7 @@ UNITS_DIR = "_units"
 SIDE_DIR = "_side"  # run-level tables that belong to no unit (e.g. the harvest's rank anchors)
 TMP_DIR = "_tmp"  # temporary files, renamed into place when whole: never inside a table's folder
 COMPLETE = "_COMPLETE"
+NOT_A_FILE = "is not a regular file"  # a folder (or FIFO) where a run's file belongs: never read, removed on resume
 # The run format: the layout and table schemas a run's files follow. open_run writes it into a new run's
 # manifest ("format_version") and a resume keeps it, so a run has one format for its whole life. Code that
 # still reads runs of an earlier format asks `run_format` (docs/notes/2026-11-26-one-home-per-concept.md
@@ -130,6 +131,11 @@ class ShardStore:
 
     # ---- manifest -------------------------------------------------------------------------
     def read_manifest(self) -> Optional[dict]:
+        odd = sfs.not_a_file(self.fs.get_file_info(self.path(MANIFEST)))
+        if odd:
+            raise StoreError(
+                f"{self.uri}/{MANIFEST} is {odd}, not a file, so this run cannot be resumed or read; start it over "
+                f"with --force-new (its units are redone), or put the run's {MANIFEST} back in its place")
         found, manifest = sfs.read_json(self.fs, self.path(MANIFEST))
         if not found:
             return None
@@ -168,7 +174,7 @@ class ShardStore:
         # one writer per run: taken before anything is read or deleted, released by finalize/release
         if self.lease is None:
             self.lease = RunLease(self.fs, self.root, self.uri).acquire()
-        existing = self.read_manifest()
+        existing = None if force_new else self.read_manifest()  # --force-new clears even a broken manifest
         if existing is not None and not force_new:
             check_format(existing, self.uri, "resume it with that sentsim, or pass --force-new to start it over here")
             if existing.get("stage") != stage:
@@ -236,22 +242,14 @@ class ShardStore:
         """Delete a run. Commit points go first (completion flag, markers, manifest), data last, so
         a crash part-way leaves data without markers (never read, swept or overwritten on the next
         run) and never markers without their data."""
-        p = self.path(COMPLETE)
-        if sfs.exists(self.fs, p):
-            sfs.delete_durable(self.fs, p)
+        sfs.remove_any(self.fs, self.path(COMPLETE))
         for name in [UNITS_DIR, SIDE_DIR, COMPACT_DIR]:  # _compact/manifest.json commits a compaction
-            d = self.path(name)
-            if sfs.exists(self.fs, d):
-                self.fs.delete_dir(d)
-        p = self.path(MANIFEST)
-        if sfs.exists(self.fs, p):
-            self.fs.delete_file(p)
+            sfs.remove_any(self.fs, self.path(name))
+        sfs.remove_any(self.fs, self.path(MANIFEST))  # a folder at its name too: --force-new clears it
         if sfs.is_local(self.fs):  # the commit points are gone from the disk before any data goes
             sfs.fsync_path(self.root)
         for name in list(tables) + [TMP_DIR]:
-            d = self.path(name)
-            if sfs.exists(self.fs, d):
-                self.fs.delete_dir(d)
+            sfs.remove_any(self.fs, self.path(name))
 
     # ---- units ----------------------------------------------------------------------------
     def write_unit(self, unit: int, tables: Dict[str, pa.Table], fingerprint: str,
@@ -284,8 +282,12 @@ class ShardStore:
         """(marker, None), or (None, what is wrong with it): missing, empty, not JSON, or edited (its own
         checksum, its unit number or its file names disagree). A unit without a valid marker is not done."""
         p = self.marker_path(unit)
-        if not sfs.exists(self.fs, p):
+        info = self.fs.get_file_info(p)
+        if info.type == pafs.FileType.NotFound:
             return None, "is missing"
+        odd = sfs.not_a_file(info)
+        if odd:  # never opened: a folder cannot be read, and a FIFO would block the reader
+            return None, f"{NOT_A_FILE} ({odd})"
         raw = sfs.read_bytes(self.fs, p)
         if not raw.strip():
             return None, "is empty"
@@ -333,6 +335,8 @@ class ShardStore:
         info = self.fs.get_file_info(p)
         if info.type == pafs.FileType.NotFound:
             return f"{f['path']}: missing"
+        if sfs.not_a_file(info):
+            return f"{f['path']}: {NOT_A_FILE} ({sfs.not_a_file(info)})"
         if info.size != f["bytes"]:
             return f"{f['path']}: size {info.size} bytes, marker says {f['bytes']}"
         if deep:
@@ -376,6 +380,9 @@ class ShardStore:
         markers, invalid = self.marker_scan()
         for unit, why in invalid.items():  # an empty or edited marker: the unit is not done
             self.redo_reasons[unit] = f"its completion marker {why}"
+            if why.startswith(NOT_A_FILE):  # a folder at the marker's name: the unit's new marker needs the name
+                self.unmark_complete()
+                sfs.remove_any(self.fs, self.marker_path(unit))
         for unit, rec in markers.items():
             if rec.get("fingerprint") != fingerprint:
                 self.redo_reasons[unit] = "marker from another run"
@@ -385,6 +392,9 @@ class ShardStore:
                 self.redo_reasons[unit] = self.redo_reasons.get(unit, problem)
                 self.unmark_complete()  # before the marker goes: never "complete" with a unit missing
                 sfs.delete_durable(self.fs, self.marker_path(unit))
+                for f in rec["files"].values():  # a folder at a shard's name: the redone shard needs the name
+                    if sfs.not_a_file(self.fs.get_file_info(self.path(f["path"]))):
+                        sfs.remove_any(self.fs, self.path(f["path"]))
                 continue
             self.redo_reasons.pop(unit, None)
             done[unit] = UnitRecord(unit=unit, files=rec["files"], extra=rec.get("extra", {}))
@@ -403,6 +413,8 @@ class ShardStore:
         manifest["finished"] = timestamp()
         self.write_manifest(manifest)
         if manifest["complete"]:
+            if sfs.not_a_file(self.fs.get_file_info(self.path(COMPLETE))):  # a folder at its name: never a flag
+                sfs.remove_any(self.fs, self.path(COMPLETE))
             self.commit_bytes(self.path(COMPLETE), manifest["fingerprint"].encode())
             self._settle_compaction(manifest.get("fingerprint"), markers)
         self.release()
@@ -448,18 +460,19 @@ class ShardStore:
     def side_records(self) -> Dict[str, dict]:
         out: Dict[str, dict] = {}
         for name in self._json_names(SIDE_DIR):
-            try:
-                out[name] = json.loads(sfs.read_bytes(self.fs, self.path(SIDE_DIR, f"{name}.json")))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                out[name] = {"name": name, "path": f"{SIDE_DIR}/{name}.parquet", "broken": True}
+            rec = sfs.read_json(self.fs, self.path(SIDE_DIR, f"{name}.json"))[1]
+            out[name] = rec if isinstance(rec, dict) and "sha256" in rec else \
+                {"name": name, "path": f"{SIDE_DIR}/{name}.parquet", "broken": True}
         return out
 
     def check_side_table(self, record: dict) -> Optional[str]:
         if record.get("broken"):
-            return f"{record['path']}: its record is not valid JSON"
+            return f"{record['path']}: its record is not valid JSON (or not a file)"
         p = self.path(record["path"])
         if not sfs.exists(self.fs, p):
             return f"{record['path']}: missing"
+        if not sfs.is_file(self.fs, p):
+            return f"{record['path']}: {NOT_A_FILE}"
         digest, size = sfs.sha256_file(self.fs, p)
         if digest != record["sha256"]:
             return f"{record['path']}: checksum mismatch (edited or corrupt)"
@@ -478,12 +491,10 @@ class ShardStore:
 
     def unmark_complete(self) -> None:
         """Withdraw `_COMPLETE` while units are being redone; finalize writes it again."""
-        p = self.path(COMPLETE)
-        if sfs.exists(self.fs, p):
-            sfs.delete_durable(self.fs, p)
+        sfs.remove_any(self.fs, self.path(COMPLETE))
 
     def is_complete(self) -> bool:
-        return sfs.exists(self.fs, self.path(COMPLETE))
+        return sfs.is_file(self.fs, self.path(COMPLETE))
 
     def incomplete_note(self) -> Optional[str]:
         """One line for readers of a run that is still going (or stopped part-way), or of a finished run

@@ -220,3 +220,33 @@ def test_two_trainings_into_one_out_second_exits_2_naming_the_holder(tmp_path, s
     assert (out / "model.safetensors").is_file() and not (out / "_train").exists()
     r = sentsim_cli(*args, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_force_new_against_a_live_local_run_exits_2_naming_the_holder_and_deletes_nothing(
+        speech_corpus, sample_path, tmp_path):
+    """`sentsim corpus build --force-new` into a run whose lease a live process holds: exit 2, one line
+    naming that process, and every file of the run (manifest, markers, shards, the lease) as it was."""
+    import shutil
+
+    from conftest import sentsim_cli
+
+    run = tmp_path / "run"
+    shutil.copytree(speech_corpus, run)
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    code = (f"import time, pyarrow.fs as f; from storage.lease import RunLease; "
+            f"RunLease(f.LocalFileSystem(), {str(run)!r}, {str(run)!r}).acquire(); print('held', flush=True); "
+            f"time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r = sentsim_cli("corpus", "build", sample_path, "--out", run, "--executor", "inline",
+                        "--set", "docs_per_unit=4", "--force-new")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert f"is being written by pid {holder.pid} on host" in r.stderr, r.stderr
+        after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+        assert json.loads(after.pop(run.relative_to(run) / LEASE))["pid"] == holder.pid
+        assert after == before  # nothing deleted, nothing rewritten
+    finally:
+        holder.kill()
+        holder.wait()

@@ -481,3 +481,94 @@ def test_compaction_on_s3_through_the_command(s3_server, tmp_path):  # noqa: F81
         assert all(i.base_name.startswith("compact-001-") for i in listed)
     assert verify_store(uri) == []
     assert sentsim_cli("store", "verify", uri, env=s3_server).returncode == 0
+
+
+def test_compaction_moves_a_foreign_file_out_of_the_table_folder(speech_corpus, tmp_path):
+    """A valid Parquet file no marker names, dropped into a table folder: `store compact` moves it into
+    _foreign/<table>/ and names it, so plain readers of DIR/<table> read exactly the run's rows; the
+    file itself is kept. A second call finds nothing more to move."""
+    import pyarrow.dataset as pads
+
+    run = tmp_path / "run"
+    shutil.copytree(speech_corpus, run)
+    want = corpus_rows(speech_corpus)
+    shutil.copyfile(run / "sentences" / "part-00001.parquet", run / "sentences" / "extra.parquet")
+    (run / "chunks" / "stray").mkdir()
+    shutil.copyfile(run / "chunks" / "part-00000.parquet", run / "chunks" / "stray" / "part-00000.parquet")
+    r = sentsim_cli("store", "compact", run, "--target-mb", "0.1")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "moved 2 file(s) no marker names" in r.stderr and "_foreign/sentences/extra.parquet" in r.stderr, r.stderr
+    for t, key in CORPUS_KEYS.items():
+        plain = pads.dataset(str(run / t), format="parquet").to_table()
+        assert plain.sort_by(key).equals(want[t].sort_by(key)), t
+        assert corpus_rows(run)[t].equals(want[t])
+    assert (run / "_foreign" / "sentences" / "extra.parquet").is_file()
+    assert (run / "_foreign" / "chunks" / "stray" / "part-00000.parquet").is_file()
+    assert sentsim_cli("store", "verify", run).returncode == 0
+    again = sentsim_cli("store", "compact", run)
+    assert again.returncode == 0 and "already compacted" in again.stdout and "moved" not in again.stderr
+
+
+def _redo_unit_same_rows_other_bytes(run, unit: int = 2) -> pa.Table:
+    """Unit `unit` written again after the compaction with as many rows, other content (its texts
+    upper-cased): what a resumed job whose redo is not bit-identical leaves. Returns its new rows."""
+    from storage import RunReader, ShardStore
+
+    r = RunReader(str(run))
+    tables = {t: r.unit_table(unit, t) for t in CORPUS_KEYS}
+    s = tables["sentences"]
+    tables["sentences"] = s.set_column(s.schema.get_field_index("text"), "text",
+                                       pa.array([x.upper() for x in s["text"].to_pylist()]))
+    extra = r.units()[unit].get("extra", {})
+    (run / "_units" / f"{unit:05d}.json").unlink()
+    ShardStore(str(run)).write_unit(unit, tables, r.fingerprint, extra)
+    return tables["sentences"]
+
+
+def _strip_source_sha(run) -> None:
+    """The committed compaction as sentsim wrote it before it recorded each unit's source sha256."""
+    from storage.records import record_check
+
+    p = run / "_compact" / "manifest.json"
+    rec = json.loads(p.read_text())
+    for recs in rec["tables"].values():
+        for r in recs:
+            r["units"] = [e[:2] for e in r["units"]]
+    rec["check"] = record_check(rec)
+    p.write_text(json.dumps(rec, sort_keys=True))
+
+
+@pytest.mark.parametrize("compaction", ["current", "without source sha256"])
+def test_a_unit_redone_with_as_many_rows_but_other_bytes_is_never_the_compacted_one(
+        speech_corpus, tmp_path, compaction):
+    """A compacted slice stands for a unit by the content of the shard it copied, not by its row count:
+    the redone unit's new rows are what every reader returns, and nothing deletes them."""
+    import pyarrow.compute as pc
+
+    from storage import RunReader, ShardStore, StoreError
+    from storage.compact import compact_run
+
+    run = tmp_path / "run"
+    shutil.copytree(speech_corpus, run)
+    assert compact_run(str(run), target_bytes=100_000)["status"] == "compacted"
+    if compaction != "current":
+        _strip_source_sha(run)
+    new = _redo_unit_same_rows_other_bytes(run)
+    assert new.num_rows == pq_rows(speech_corpus / "sentences" / "part-00002.parquet")
+    assert RunReader(str(run)).unit_table(2, "sentences").equals(new)
+    with pytest.raises(StoreError, match="holds rows of unit.s. 00002 that no completion marker vouches for"):
+        RunReader(str(run)).read_table("sentences")
+    ShardStore(str(run)).finalize(5, {})  # what the resumed job's end does: must keep the redone shard
+    assert (run / "sentences" / "part-00002.parquet").is_file()
+    r = compact_run(str(run), target_bytes=100_000)
+    assert r["status"] == "compacted"
+    got = RunReader(str(run)).read_table("sentences")
+    assert got.filter(pc.is_in(got["sentence_id"], new["sentence_id"])).equals(new)
+    assert got.num_rows == corpus_rows(speech_corpus)["sentences"].num_rows
+    assert sentsim_cli("store", "verify", run).returncode == 0
+
+
+def pq_rows(path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.read_metadata(path).num_rows

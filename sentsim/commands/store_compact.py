@@ -24,5 +24,7 @@ def run(args) -> int:
         raise UsageError(f"--target-mb must be positive and finite (a size in MB), got {args.target_mb:g}")
     r = compact_run(args.run_dir, target_bytes=max(1, int(args.target_mb * (1 << 20))))
     files = ", ".join(f"{t} {n}" for t, n in sorted(r.get("files", {}).items()))
-    print(f"{args.run_dir}: {r['status']} ({files} file(s); {r.get('removed', 0)} per-unit shard(s) removed)")
+    moved = len(r.get("moved") or [])
+    print(f"{args.run_dir}: {r['status']} ({files} file(s); {r.get('removed', 0)} per-unit shard(s) removed"
+          + (f"; {moved} file(s) no marker names moved to _foreign/" if moved else "") + ")")
     return 0

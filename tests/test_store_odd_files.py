@@ -1,0 +1,105 @@
+"""A folder (or anything not a regular file) where a run's marker, manifest, completion flag or shard
+belongs never wedges the run: `sentsim store verify` names it, a resume treats the unit as not done,
+removes it and redoes the unit, `store compact` refuses in one line, and a manifest that is a folder is
+refused in one line by every command until `--force-new` clears it. Through the real CLI, no traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import sentsim_cli
+
+from storage import RunReader
+
+
+def build(sample_path, run, *extra):
+    return sentsim_cli("corpus", "build", sample_path, "--out", run, "--executor", "inline",
+                       "--set", "docs_per_unit=4", *extra)
+
+
+def one_line(r, code: int = 2) -> str:
+    assert r.returncode == code and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    return r.stderr
+
+
+def rows(run) -> dict:
+    r = RunReader(str(run))
+    return {t: r.read_table(t).sort_by(key) for t, key in (("sentences", "sentence_id"), ("chunks", "chunk_id"))}
+
+
+def make_folder(path) -> None:
+    if path.exists():
+        path.unlink()
+    path.mkdir()
+    (path / "inside.txt").write_text("not a run file")  # a non-empty folder: a rename cannot replace it
+
+
+@pytest.mark.parametrize("where", ["_units/00002.json", "sentences/part-00002.parquet"])
+def test_a_folder_at_a_marker_or_shard_is_named_and_the_unit_redone(speech_corpus, sample_path, tmp_path, where):
+    run = tmp_path / "run"
+    shutil.copytree(speech_corpus, run)
+    want = rows(speech_corpus)
+    make_folder(run / where)
+    v = sentsim_cli("store", "verify", run)
+    assert v.returncode == 1 and "Traceback" not in v.stderr, v.stderr
+    assert f"{where}: " in v.stderr and "not a regular file (a folder)" in v.stderr, v.stderr
+    c = one_line(sentsim_cli("store", "compact", run))
+    assert "not compacted" in c and ("unit 00002's completion marker is not a regular file" in c or where in c), c
+    if where.startswith("_units"):  # the run reads, less the unit, and says so
+        r = RunReader(str(run))
+        assert 2 not in r.units() and "only 4/5 units are readable" in r.incomplete_note()
+        unit2 = pq.read_metadata(run / "sentences" / "part-00002.parquet").num_rows
+        assert r.read_table("sentences").num_rows == want["sentences"].num_rows - unit2
+    resumed = build(sample_path, run)
+    assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr
+    assert "unit 00002 will be redone" in resumed.stderr and "not a regular file" in resumed.stderr, resumed.stderr
+    assert (run / where).is_file() and sentsim_cli("store", "verify", run).returncode == 0
+    got = rows(run)
+    assert all(got[t].equals(want[t]) for t in want)
+
+
+def test_a_folder_at_complete_is_not_a_finished_run(speech_corpus, sample_path, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(speech_corpus, run)
+    make_folder(run / "_COMPLETE")
+    assert not RunReader(str(run)).is_complete()
+    one_line(sentsim_cli("store", "compact", run))
+    resumed = build(sample_path, run)
+    assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr
+    assert (run / "_COMPLETE").is_file() and sentsim_cli("store", "verify", run).returncode == 0
+
+
+def test_a_folder_at_the_manifest_is_refused_in_one_line_until_force_new(speech_corpus, sample_path, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(speech_corpus, run)
+    want = rows(speech_corpus)
+    make_folder(run / "manifest.json")
+    commands = {"verify": ("store", "verify", run), "compact": ("store", "compact", run),
+                "resume": ("corpus", "build", sample_path, "--out", run, "--executor", "inline",
+                           "--set", "docs_per_unit=4"),
+                "index build": ("index", "build", "--corpus", run, "--out", tmp_path / "index")}
+    for name, args in commands.items():
+        err = one_line(sentsim_cli(*args))
+        assert "manifest.json is a folder, not a file" in err and "--force-new" in err, (name, err)
+    assert (run / "manifest.json" / "inside.txt").exists()  # nothing was removed but by --force-new
+    r = build(sample_path, run, "--force-new")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert json.loads((run / "manifest.json").read_text())["complete"]
+    assert sentsim_cli("store", "verify", run).returncode == 0
+    got = rows(run)
+    assert all(got[t].equals(want[t]) for t in want)
+
+
+def test_force_new_clears_a_manifest_that_is_not_valid_json(speech_corpus, sample_path, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(speech_corpus, run)
+    (run / "manifest.json").write_text("{not json")
+    err = one_line(build(sample_path, run))
+    assert "not valid JSON" in err and "--force-new" in err
+    r = build(sample_path, run, "--force-new")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert sentsim_cli("store", "verify", run).returncode == 0
