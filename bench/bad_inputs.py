@@ -53,6 +53,16 @@ def _truncate(path: Path, keep: int = -40) -> None:
     path.write_bytes(path.read_bytes()[:keep])
 
 
+def unreadable_json(number: str, text: str) -> dict:
+    """JSON lines json.loads refuses with RecursionError and ValueError, and one it reads whose string no
+    UTF-8 text can hold; `number` and `text` name the fields that carry the long integer and the surrogate."""
+    return {"nested 100,000 deep": "[" * 100_000 + "]" * 100_000,
+            "integer of 5,001 digits": '{"s1": "a b", "s2": "c d", "id": "x", "paragraphs": ["Fine."], "%s": %s}'
+            % (number, "7" * 5001),
+            "lone surrogate \\ud800": '{"s1": "a b", "s2": "c d", "score": 1, "paragraphs": ["Fine."], "%s": %s}'
+            % (text, '"Bad \\ud800 here."' if text != "paragraphs" else '["Bad \\ud800 here."]')}
+
+
 PAIRS = (["The nation must stay strong.", "Taxes were cut this year."],
          ["Our country has to remain powerful.", "Taxes went down."])
 
@@ -88,6 +98,22 @@ def catalogue() -> list[Case]:
            ("--set", "unit_bytes=.inf"))
     corpus("p.jsonl.gz --set chunk.size=nan", lambda d: (d / "p.jsonl.gz").write_text(docs), "refused",
            ("--set", "chunk.size=nan"))
+    # lines json.loads cannot read (RecursionError, ValueError), and one it reads that no UTF-8 text holds
+    for label, line in unreadable_json("id", "paragraphs").items():
+        corpus(f"j.jsonl ({label})", lambda d, x=line: (d / "j.jsonl").write_text(docs + x + "\n"))
+        corpus(f"j.jsonl ({label}) --set on_error=skip", lambda d, x=line: (d / "j.jsonl").write_text(docs + x + "\n"),
+               "ok", ("--set", "on_error=skip"))
+    corpus("u.parquet (text bytes not UTF-8)", lambda d: _pq(d / "u.parquet", text=pa.array(
+        [b"One. Two.", b"caf\xe9."]).view(pa.string())))
+    corpus("docs (a folder)", lambda d: (d / "docs").mkdir())
+    for label, yaml_text in (("key named twice", b"chunk:\n  size: 4\n  size: 6\n"),
+                             ("top-level key named twice", b"on_error: skip\non_error: fail\n"),
+                             ("docs_per_unit: true", b"docs_per_unit: true\n"),
+                             ("chunk.stride: false", b"chunk:\n  stride: false\n"),
+                             ("latin-1 bytes", b"on_error: sk\xe9p\n"),
+                             ("integer of 5,001 digits", b"unit_bytes: " + b"7" * 5001 + b"\n")):
+        corpus(f"p.jsonl --config c.yaml ({label})", lambda d, y=yaml_text: ((d / "p.jsonl").write_text(docs),
+               (d / "c.yaml").write_bytes(y)), "refused", ("--config", "c.yaml"))
 
     # ---- harvest --pairs and the harvest's config
     def harvest(name, write=None, expect="refused", extra=(), pairs=None, bundle="bundle"):
@@ -117,6 +143,14 @@ def catalogue() -> list[Case]:
         "\ufeffs1\ts2\tgold\n" + "".join(f"{a}\t{b}\t3\n" for a, b in zip(*PAIRS))), "ok", pairs="p.tsv")
     harvest("g.tsv (every pair retrieves nothing: all null)", lambda d: (d / "g.tsv").write_text(
         "zzqx qqzx\txqzz zqxq\nqxqz zzxq\tqqqz xxzq\n"), pairs="g.tsv")
+    for label, line in unreadable_json("gold", "s2").items():
+        harvest(f"p.jsonl ({label})", lambda d, x=line: (d / "p.jsonl").write_text(
+            json.dumps({"s1": PAIRS[0][0], "s2": PAIRS[1][0]}) + "\n" + x + "\n"), pairs="p.jsonl")
+    harvest("p.parquet (s2 bytes not UTF-8)", lambda d: _pq(d / "p.parquet", s1=PAIRS[0], s2=pa.array(
+        [b"fine", b"caf\xe9"]).view(pa.string())), pairs="p.parquet")
+    harvest("p.tsv (a folder)", lambda d: (d / "p.tsv").mkdir(), pairs="p.tsv")
+    harvest("--set pairs_per_unit=true", extra=("--set", "pairs_per_unit=true"))
+    harvest("--set splits=[0.98,0.02,0.01]", extra=("--set", "splits=[0.98,0.02,0.01]"))
     harvest("--set scoring.lambda_fwd=.nan", extra=("--set", "scoring.lambda_fwd=.nan"))
     harvest("--set scoring.lambda_left=inf", extra=("--set", "scoring.lambda_left=inf"))
     harvest("--set splits=[1.5,-0.25,-0.25]", extra=("--set", "splits=[1.5,-0.25,-0.25]"))
@@ -152,6 +186,14 @@ def catalogue() -> list[Case]:
         for value in (float("nan"), float("inf")):
             scores(fmt, value)
     scores("parquet", "high")
+    cases.append(Case("eval sts", "--scores s.parquet (s1 of bytes, not UTF-8)", lambda s, d: [
+        "eval", "sts", "--scores", d / "s.parquet", "--data", s["sts"], "--tasks", "STSb"],
+        lambda d: _pq(d / "s.parquet", s1=pa.array([b"A cat sits.", b"\xff"]), s2=["A cat sat.", "x"],
+                      score=[0.9, 0.1])))
+    for label, line in unreadable_json("score", "s1").items():
+        cases.append(Case("eval sts", f"--scores s.jsonl ({label})", lambda s, d: [
+            "eval", "sts", "--scores", d / "s.jsonl", "--data", s["sts"], "--tasks", "STSb"],
+            lambda d, x=line: (d / "s.jsonl").write_text(x + "\n")))
     cases.append(Case("eval sts", "--scores s.parquet (truncated)", lambda s, d: [
         "eval", "sts", "--scores", d / "s.parquet", "--data", s["sts"], "--tasks", "STSb"],
         lambda d: (_pq(d / "s.parquet", s1=["a"] * 40, s2=["b"] * 40, score=[0.5] * 40), _truncate(d / "s.parquet"))))

@@ -11,8 +11,8 @@ from typing import List, Optional, Tuple
 import pyarrow as pa
 
 from corpus.config import CorpusConfig
-from corpus.readers import RawRecord
-from corpus.splitter import cap_tokens, normalise, split_sentences
+from corpus.readers import NOT_UTF8, RawRecord
+from corpus.splitter import cap_tokens, lone_surrogate, normalise, split_sentences
 
 # sentence_id = (doc_key << SENT_BITS) | sent_idx: ids are unique, stable across re-runs of the
 # same inputs, and consecutive within a document, so a sentence's neighbours are id - 1 and id + 1.
@@ -88,6 +88,8 @@ def parse_record(rec: RawRecord) -> Tuple[Optional[str], List[str]]:
     """(doc_id or None, paragraphs). Raises BadDocument with a reason for the user."""
     if rec.kind == "parquet":
         doc_id, body = rec.payload
+        if body is NOT_UTF8:
+            raise BadDocument("text (or id) is not valid UTF-8")
         if body is None:
             raise BadDocument("empty document (null text)")
         if isinstance(body, str):
@@ -114,10 +116,36 @@ def parse_record(rec: RawRecord) -> Tuple[Optional[str], List[str]]:
         if cur:
             paras.append(" ".join(cur))
         return None, paras
+    return _parse_json_document(text)
+
+
+def json_refusal(exc: Exception) -> str:
+    """What is wrong with a line that json.loads refused: the reason for a user, without a traceback."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"malformed JSON ({exc.msg} at column {exc.colno})"
+    if isinstance(exc, RecursionError):
+        return "malformed JSON (nested too deeply to read)"
+    # Python refuses to read an integer of more than sys.get_int_max_str_digits() digits
+    return f"malformed JSON ({str(exc).split(';')[0]})"
+
+
+def surrogate_refusal(text: str, what: str) -> Optional[str]:
+    """The reason to refuse `text` (named `what`) when it holds a lone surrogate (a JSON escape such as
+    \\ud800 that stands for no character), else None."""
+    at = lone_surrogate(text)
+    if at is None:
+        return None
+    return (f"{what} holds a lone surrogate escape (\\u{ord(text[at]):04x} at character {at}), "
+            "which is no character; fix the escape")
+
+
+def _parse_json_document(text: str) -> Tuple[Optional[str], List[str]]:
     try:
         obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadDocument(f"malformed JSON ({exc.msg} at column {exc.colno})") from None
+        doc_id = obj.get("id") if isinstance(obj, dict) else None
+        doc_id = None if doc_id is None else str(doc_id)  # a nested id is written out: as deep as it was read
+    except (ValueError, RecursionError) as exc:  # ValueError: malformed JSON, or an integer too long to read
+        raise BadDocument(json_refusal(exc)) from None
     if not isinstance(obj, dict):
         raise BadDocument("a JSON line must be an object with a 'paragraphs' list")
     paras = obj.get("paragraphs")
@@ -125,8 +153,11 @@ def parse_record(rec: RawRecord) -> Tuple[Optional[str], List[str]]:
         raise BadDocument("missing 'paragraphs' field")
     if not isinstance(paras, list) or not all(isinstance(p, str) for p in paras):
         raise BadDocument("'paragraphs' must be a list of strings")
-    doc_id = obj.get("id")
-    return (None if doc_id is None else str(doc_id)), paras
+    for what, value in [("id", doc_id or "")] + [(f"paragraph {i}", p) for i, p in enumerate(paras)]:
+        reason = surrogate_refusal(value, what)
+        if reason:
+            raise BadDocument(reason)
+    return doc_id, paras
 
 
 def ingest_document(out: UnitResult, rec: RawRecord, doc_key: int, cfg: CorpusConfig) -> None:

@@ -56,10 +56,10 @@ def _open_maybe_gzip(path: str):
 
 
 def iter_records(path: str, text_column: str = "text", id_column: Optional[str] = None) -> Iterator[RawRecord]:
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a folder, not a file; pass the files inside it")
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise InputError(f"{path}: is a directory; pass the files inside it")
     kind = detect_kind(path)
     name = os.path.basename(path)
     if kind == "jsonl":
@@ -120,8 +120,36 @@ def _iter_parquet(path: str, name: str, text_column: str, id_column: Optional[st
             raise InputError(f"{path}: unreadable Parquet data after row {row} ({exc})") from None
         if batch is None:
             return
-        texts = batch.column(0).to_pylist()
-        ids = batch.column(1).to_pylist() if id_column else [None] * len(texts)
+        texts = _values(batch.column(0))
+        ids = _values(batch.column(1)) if id_column else [None] * len(texts)
         for doc_id, body in zip(ids, texts):
             row += 1
+            if doc_id is NOT_UTF8:
+                doc_id, body = None, NOT_UTF8
             yield RawRecord(name, row, "parquet", (None if doc_id is None else str(doc_id), body))
+
+
+class _NotUtf8:
+    """A Parquet cell of a string column whose bytes are not UTF-8 (Arrow does not check them on write)."""
+
+    def __repr__(self) -> str:
+        return "NOT_UTF8"
+
+
+# the value of such a cell: parse_record refuses its record, so `--on-error skip` can skip and count it
+NOT_UTF8 = _NotUtf8()
+
+
+def _values(column: pa.Array) -> list:
+    """A column's Python values; a cell whose bytes are not UTF-8 becomes NOT_UTF8, not an exception."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        pass
+    out = []
+    for cell in column:
+        try:
+            out.append(cell.as_py())
+        except UnicodeDecodeError:
+            out.append(NOT_UTF8)
+    return out

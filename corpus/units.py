@@ -22,6 +22,9 @@ def describe_inputs(paths: Sequence[str]) -> List[dict]:
     """Name, size and sha256 of each input: part of the fingerprint, so edited inputs are noticed."""
     out = []
     for p in paths:
+        if os.path.isdir(p):
+            raise InputError(f"{p}: is a folder, not a file; pass the files inside it "
+                             f"(e.g. {p.rstrip('/')}/*.jsonl.gz)")
         if not os.path.isfile(p):
             raise InputError(f"{p}: no such file")
         out.append({"path": os.path.abspath(p), "name": os.path.basename(p), "bytes": os.path.getsize(p),

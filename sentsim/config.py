@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import types
+import typing
 from pathlib import Path
-from typing import Annotated, Any, Iterable, TypeVar
+from typing import Annotated, Any, Iterable, Literal, Optional, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from sentsim.errors import UsageError
 
@@ -47,20 +49,95 @@ class Section(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """pydantic reads true as 1 where an int or float goes: `docs_per_unit: true` would be one document
+        per unit. A boolean is refused wherever the field (or an item of it) expects a number, not a boolean."""
+        field = cls.model_fields.get(info.field_name)
+        where = None if field is None else bool_for_number(field.annotation, value)
+        if where is not None:
+            raise ValueError(f"expected a number, not the boolean {where}")
+        return value
+
+
+def _leaf_types(kind: Any) -> set:
+    """The plain types a field annotation admits: int, float, bool, str, ... (Literal: its values' types)."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Annotated:
+        return _leaf_types(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return set().union(*(_leaf_types(a) for a in args))
+    if origin is Literal:
+        return {type(a) for a in args}
+    return {kind}
+
+
+def bool_for_number(kind: Any, value: Any, at: str = "") -> Optional[str]:
+    """Where `value` holds a boolean that `kind` reads as a number ("True", or "True (item 2)"), else None."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Annotated:
+        return bool_for_number(args[0], value, at)
+    if isinstance(value, bool):
+        leaves = _leaf_types(kind)
+        return f"{value}{at}" if leaves & {int, float} and bool not in leaves else None
+    if origin in (typing.Union, types.UnionType):
+        return next((w for w in (bool_for_number(a, value, at) for a in args) if w is not None), None)
+    if origin in (list, tuple, set, frozenset) and isinstance(value, (list, tuple)) and args:
+        items = [a for a in args if a is not Ellipsis]
+        kinds = items if origin is tuple and len(items) == len(args) else [items[0]] * len(value)
+        return next((w for i, (k, v) in enumerate(zip(kinds, value))
+                     if (w := bool_for_number(k, v, f" (item {i})")) is not None), None)
+    if origin is dict and isinstance(value, dict) and len(args) == 2:
+        return next((w for k, v in value.items() if (w := bool_for_number(args[1], v, f" (key {k!r})")) is not None),
+                    None)
+    return None
+
 
 # A random seed: numpy's generators refuse negative ones, and torch's those past 64 bits.
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
 
 
+class YamlRefusal(yaml.constructor.ConstructorError):
+    """A YAML document that parses but that a config must not hold; its problem is the message for the user."""
+
+
 class _Loader(yaml.SafeLoader):
-    """YAML with YAML 1.2's booleans (true/false only).
+    """YAML with YAML 1.2's booleans (true/false only), that refuses a key named twice in one mapping and
+    an integer too long for Python to read, each as a YamlRefusal that names the line.
 
     YAML 1.1 also reads yes/no/on/off as booleans, which turned `autocast: off` and `--set use_gpu=no`
     into False and had them refused by fields whose choices are those words. Read as strings, they still
     validate as booleans where a field is a bool (pydantic accepts them).
     """
 
+    def construct_mapping(self, node, deep=False):
+        # YAML itself keeps the last of two values of one key, silently
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults` may be overridden key by key
+                    continue
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the base constructor says so
+                    continue
+                if first is not None:
+                    raise YamlRefusal(None, None, f"key {key!r} appears twice in one mapping (lines {first} and "
+                                      f"{line}); keep one", key_node.start_mark)
+                seen[key] = line
+        return super().construct_mapping(node, deep)
 
+    def construct_checked_int(self, node):
+        try:
+            return self.construct_yaml_int(node)
+        except ValueError:  # Python reads at most sys.get_int_max_str_digits() digits
+            raise YamlRefusal(None, None, f"the integer {node.value[:12]}... has {len(node.value):,} characters, "
+                              "too many to read", node.start_mark) from None
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_checked_int)
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
@@ -96,7 +173,9 @@ def parse_overrides(pairs: Iterable[str]) -> dict:
             raise UsageError(f"override {item!r} has an empty key")
         try:
             value = _yaml(raw) if raw != "" else ""
-        except yaml.YAMLError:
+        except YamlRefusal as exc:
+            raise UsageError(f"override {key}: {exc.problem}") from None
+        except (yaml.YAMLError, ValueError, RecursionError):  # not YAML: the value is the text as typed
             value = raw
         _set_dotted(tree, key, value)
     return tree
@@ -112,6 +191,15 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def _shown(value: Any, limit: int = 80) -> str:
+    """A refused value as the message shows it: its repr, cut to `limit` characters (a value may be huge)."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # an integer too long to print, a list nested too deeply
+        return f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def format_validation_error(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -121,31 +209,52 @@ def format_validation_error(exc: ValidationError) -> str:
             msg = "unknown key"
         got = err.get("input")
         # a validator's own message names the values it refuses; its input is the whole section
-        shown = "" if err.get("type") in ("extra_forbidden", "missing", "value_error") else f" (got {got!r})"
+        shown = "" if err.get("type") in ("extra_forbidden", "missing", "value_error") else f" (got {_shown(got)})"
         if err.get("type") == "value_error":
             msg = msg.removeprefix("Value error, ")
         parts.append(f"{msg}" if key == "<root>" else f"{key}: {msg}{shown}")
     return "invalid config: " + "; ".join(parts)
 
 
+def _read_config_file(path: str) -> dict:
+    """The mapping of a YAML config file, or a one-line UsageError naming the file (and line) of its fault."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{path}: is a folder; --config takes a YAML file")
+    if not p.is_file():
+        raise UsageError(f"config file not found: {path}")
+    try:
+        raw = p.read_bytes()
+        text = raw.decode("utf-8")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise UsageError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the config as UTF-8"
+                         ) from None
+    try:
+        loaded = _yaml(text)
+    except YamlRefusal as exc:
+        raise UsageError(f"{path}:{exc.problem_mark.line + 1}: {exc.problem}") from None
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        where = f":{line + 1}" if line is not None else ""
+        problem = getattr(exc, "problem", None)
+        raise UsageError(f"{path}{where}: not valid YAML" + (f" ({problem})" if problem else "")) from None
+    except RecursionError:
+        raise UsageError(f"{path}: not valid YAML (nested too deeply to read)") from None
+    except ValueError as exc:  # a value YAML resolves but Python cannot build, such as the date 2024-13-01
+        raise UsageError(f"{path}: not valid YAML ({exc})") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise UsageError(f"{path}: the config must be a mapping of keys to values")
+    return loaded
+
+
 def load_config(schema: type[T], path: str | None = None, overrides: Iterable[str] = (), **explicit: Any) -> T:
     """Build `schema` from an optional YAML file, then dotted overrides, then explicit keyword values."""
-    data: dict = {}
-    if path:
-        p = Path(path)
-        if not p.is_file():
-            raise UsageError(f"config file not found: {path}")
-        try:
-            loaded = _yaml(p.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            line = getattr(getattr(exc, "problem_mark", None), "line", None)
-            where = f":{line + 1}" if line is not None else ""
-            raise UsageError(f"{path}{where}: not valid YAML") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise UsageError(f"{path}: the config must be a mapping of keys to values")
-        data = loaded
+    data = _read_config_file(path) if path else {}
     data = _merge(data, parse_overrides(overrides))
     data = _merge(data, {k: v for k, v in explicit.items() if v is not None})
     try:

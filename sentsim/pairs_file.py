@@ -7,7 +7,13 @@
   relatedness_score), found by name; CSV is parsed with the csv module (quotes, embedded commas);
 - header-less TSV: s1<TAB>s2[<TAB>gold];
 - JSONL objects with s1, s2[, gold]; Parquet with columns s1, s2[, gold].
-Every problem is an InputError naming the file and, where there is one, the line.
+Every problem is an InputError naming the file and, where there is one, the line: JSON that Python
+cannot read (nested too deeply, an integer of thousands of digits), a lone surrogate escape ("\\ud800",
+which json.loads accepts but no text can hold) and Parquet strings that are not UTF-8 included, so that
+a harvest refuses the file before any model loads.
+
+Every row is one pair, in file order, a repeated row included: STS-B's own test file repeats two pairs,
+one of them with two different gold scores, and each row is a judgement to score and compare.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import math
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+from corpus.documents import json_refusal, surrogate_refusal
 from sentsim.errors import InputError, UsageError
 
 Pair = Tuple[str, str, Optional[float]]
@@ -31,12 +38,13 @@ GOLD_NAMES = ("gold", "score", "label", "similarity", "relatedness_score", "rela
 
 def parse_score(text: str, where: str) -> float:
     """A finite gold score, or an InputError naming `where` (file:line)."""
+    shown = repr(text) if len(text) <= 40 else repr(text[:30] + "...")  # a cell may hold a whole paragraph
     try:
         value = float(text)
     except ValueError:
-        raise InputError(f"{where}: score {text!r} is not a number") from None
+        raise InputError(f"{where}: score {shown} is not a number") from None
     if not math.isfinite(value):
-        raise InputError(f"{where}: score {text!r} is not finite")
+        raise InputError(f"{where}: score {shown} is not finite")
     return value
 
 
@@ -145,20 +153,42 @@ def _jsonl(text: str, path: str) -> List[Pair]:
     for n, line in enumerate(split_lines(text), 1):
         if not line.strip():
             continue
+        where = f"{path}:{n}"
         try:
             obj = json.loads(line)
-            s1, s2 = obj["s1"], obj["s2"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise InputError(f"{path}:{n}: expected a JSON object with s1 and s2") from None
+        except (ValueError, RecursionError) as exc:  # ValueError: malformed JSON, or an integer too long to read
+            raise InputError(f"{where}: {json_refusal(exc)}; expected a JSON object with s1 and s2") from None
+        if not isinstance(obj, dict) or "s1" not in obj or "s2" not in obj:
+            raise InputError(f"{where}: expected a JSON object with s1 and s2")
+        s1, s2 = obj["s1"], obj["s2"]
         if not isinstance(s1, str) or not isinstance(s2, str):
-            raise InputError(f"{path}:{n}: s1 and s2 must be strings")
+            raise InputError(f"{where}: s1 and s2 must be strings")
+        for name, value in (("s1", s1), ("s2", s2)):
+            reason = surrogate_refusal(value, name)
+            if reason:  # checked here, not when the pair reaches a model or a Parquet writer
+                raise InputError(f"{where}: {reason}")
         gold = obj.get("gold")
         if gold is not None:
             if isinstance(gold, bool) or not isinstance(gold, (int, float)):
-                raise InputError(f"{path}:{n}: gold must be a number")
-            gold = parse_score(str(gold), f"{path}:{n}")
+                raise InputError(f"{where}: gold must be a number")
+            gold = parse_score(str(gold), where)
         out.append((s1, s2, gold))
     return out
+
+
+def arrow_texts(column, where: str, name: str) -> list:
+    """The Python values of an Arrow column, or an InputError naming the first row whose bytes are not UTF-8
+    (a string column's bytes are not checked when a Parquet file is written)."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        pass
+    for row, cell in enumerate(column):
+        try:
+            cell.as_py()
+        except UnicodeDecodeError:
+            raise InputError(f"{where}: row {row}: {name} is not UTF-8 text") from None
+    raise InputError(f"{where}: column {name} is not UTF-8 text")
 
 
 def _parquet(p: Path) -> List[Pair]:
@@ -179,7 +209,7 @@ def _parquet(p: Path) -> List[Pair]:
                 or pa.types.is_null(kind)):
             raise InputError(f"{p}: column gold has type {kind}; it must hold numbers (null for an unscored pair)")
         gold = [None if g is None else float(g) for g in t.column("gold").to_pylist()]
-    rows = list(zip(t.column("s1").to_pylist(), t.column("s2").to_pylist(), gold))
+    rows = list(zip(arrow_texts(t.column("s1"), f"{p}", "s1"), arrow_texts(t.column("s2"), f"{p}", "s2"), gold))
     for i, (a, b, g) in enumerate(rows):
         if not isinstance(a, str) or not isinstance(b, str):
             raise InputError(f"{p}: row {i}: s1 and s2 must be non-null strings")
@@ -190,8 +220,11 @@ def _parquet(p: Path) -> List[Pair]:
 
 
 def read_pairs_file(path: str) -> List[Pair]:
-    """All pairs of `path`; refuses a missing, unreadable or empty file with a one-line error."""
+    """All pairs of `path`, one per row (repeated rows kept, see the module's docstring); refuses a missing,
+    unreadable or empty file, or a folder, with a one-line error."""
     p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{path}: is a folder; --pairs takes one file of sentence pairs")
     if not p.is_file():
         raise UsageError(f"{path}: pairs file not found")
     name = p.name.lower()

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import string
 
+import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sentsim.errors import UsageError
@@ -27,7 +28,16 @@ json_values = st.recursive(st.none() | st.booleans() | st.floats(allow_nan=True)
                            lambda c: st.lists(c, max_size=3)
                            | st.dictionaries(st.sampled_from(["s1", "s2", "gold", "x"]), c, max_size=4),
                            max_leaves=8)
-jsonl_lines = st.lists(json_values.map(json.dumps), max_size=5).map("\n".join)
+# what json.loads cannot read (RecursionError, ValueError) or reads into a string no UTF-8 text holds
+unreadable_json = st.one_of(
+    st.integers(5_000, 100_000).map(lambda n: "[" * n + "]" * n),
+    st.sampled_from(["s1", "s2", "gold", "id"]).flatmap(
+        lambda k: st.integers(4_301, 6_000).map(lambda n: '{"%s": %s}' % (k, "7" * n))),
+    st.tuples(st.sampled_from(["s1", "s2", "paragraphs", "id", "score"]), st.integers(0xD800, 0xDFFF)).map(
+        lambda kv: '{"s1": "a", "s2": "b", "paragraphs": ["Fine."], "%s": %s}' % (
+            kv[0], ('["x \\u%04x"]' if kv[0] == "paragraphs" else '"x \\u%04x"') % kv[1])),
+)
+jsonl_lines = st.lists(st.one_of(json_values.map(json.dumps), unreadable_json), max_size=5).map("\n".join)
 
 
 def count(name: str) -> None:
@@ -217,8 +227,21 @@ def test_pairs_file_random_parquet(tmp_path_factory, data):
         assert all(g is None or (isinstance(g, float) and math.isfinite(g)) for _, _, g in rows)
 
 
+def _parquet_bytes(**cols) -> bytes:
+    import io
+
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table(cols), buf)
+    return buf.getvalue()
+
+
 @SETTINGS
 @given(data=parquet_tables(["s1", "s2", "score", "x"], {"s1": "string", "s2": "string", "score": "float"}))
+# the file hypothesis once found: s1 of bytes that are not UTF-8 (pandas' astype(str) decoded them)
+@example(data=_parquet_bytes(s1=pa.array([b"\x80"]), s2=["a"], score=[0.5]))
+@example(data=_parquet_bytes(s1=pa.array([b"\x80"]).view(pa.string()), s2=["a"], score=[0.5]))
 def test_scores_file_random_parquet(tmp_path_factory, data):
     """Any Parquet file as `eval sts --scores`: finite scores for some pairs, or one line."""
     import numpy as np
@@ -237,3 +260,55 @@ def test_scores_file_random_parquet(tmp_path_factory, data):
 def test_corpus_build_random_parquet(tmp_path_factory, data, skip):
     """Any Parquet file as a corpus input: a corpus, or exit 2 with one line and never `_COMPLETE`."""
     corpus_or_one_line(tmp_path_factory.mktemp("pqcorpus"), "docs.parquet", data, skip, "corpus build: parquet")
+
+
+# ---- YAML configs: keys named twice (at the top or nested), booleans where numbers go
+
+_yaml_scalars = st.one_of(st.booleans().map(str).map(str.lower), st.integers(-3, 50).map(str),
+                          st.sampled_from(["skip", "fail", "null", "1.5", "'x'", "7" * 5001]))
+
+
+@st.composite
+def corpus_yaml(draw):
+    """(a corpus config's YAML text, whether it names a key twice in one mapping)."""
+    top = draw(st.lists(st.sampled_from(["on_error", "docs_per_unit", "unit_bytes", "max_sentence_tokens", "chunk"]),
+                        min_size=1, max_size=5))
+    lines, twice = [], len(set(top)) < len(top)
+    for key in top:
+        if key == "chunk":
+            inner = draw(st.lists(st.sampled_from(["size", "stride"]), min_size=1, max_size=3))
+            twice = twice or len(set(inner)) < len(inner)
+            lines.append("chunk:")
+            lines += [f"  {k}: {draw(_yaml_scalars)}" for k in inner]
+        else:
+            lines.append(f"{key}: {draw(_yaml_scalars)}")
+    return "\n".join(lines) + "\n", twice
+
+
+@SETTINGS
+@given(drawn=corpus_yaml())
+def test_config_random_yaml(tmp_path_factory, drawn):
+    """A config file: read as written, or one line naming the file; a key named twice or a boolean for a
+    number is never read (YAML's silent last-wins, pydantic's true as 1)."""
+    import yaml
+
+    from corpus.config import CorpusConfig
+    from sentsim.config import load_config
+
+    text, twice = drawn
+    p = tmp_path_factory.mktemp("yaml") / "c.yaml"
+    p.write_text(text)
+    count("config: yaml")
+    try:
+        cfg = load_config(CorpusConfig, str(p))
+    except UsageError as exc:
+        assert "\n" not in str(exc) and ("c.yaml" in str(exc) or str(exc).startswith("invalid config"))
+        return  # (a file with two faults is refused for the first one YAML builds)
+    assert not twice, text
+    plain = yaml.safe_load(text)  # what the file says, key by key
+    for key, value in plain.items():
+        if isinstance(value, dict):
+            for k, v in value.items():
+                assert not isinstance(v, bool) and getattr(cfg.chunk, k) == v
+        elif key != "on_error":
+            assert not isinstance(value, bool) and getattr(cfg, key) == value

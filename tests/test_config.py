@@ -234,3 +234,142 @@ def test_commands_refuse_non_finite_values_in_one_line(argv, tmp_path):
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "o").exists()
+
+
+# ---- a config file's own faults: keys named twice, booleans for numbers, bytes that are not UTF-8
+
+
+@pytest.mark.parametrize("text, message", [
+    ("chunk:\n  size: 4\non_error: skip\nchunk:\n  size: 6\n", r"c.yaml:4: key 'chunk' appears twice in one mapping "
+     r"\(lines 1 and 4\)"),
+    ("chunk:\n  size: 4\n  stride: 2\n  size: 6\n", r"c.yaml:4: key 'size' appears twice .*lines 2 and 4"),
+    ("chunk: {size: 4, size: 6}\n", r"c.yaml:1: key 'size' appears twice"),
+    ("unit_bytes: " + "7" * 5001 + "\n", r"c.yaml:1: the integer 777777777777\.\.\. has 5,001 characters"),
+    ("chunk: " + "[" * 100_000 + "\n", r"c.yaml: not valid YAML \(nested too deeply to read\)"),
+    ("docs_per_unit: 2024-13-01\n", r"c.yaml: not valid YAML \(month must be in 1\.\.12\)"),
+])
+def test_config_file_faults_are_one_line_naming_file_line_and_key(tmp_path, text, message):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(UsageError, match=message) as err:
+        load_config(CorpusConfig, str(f))
+    assert "\n" not in str(err.value)
+
+
+def test_yaml_merge_keys_may_still_be_overridden_one_by_one(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("chunk: &base {size: 4, stride: 2}\n")
+    assert load_config(CorpusConfig, str(f)).chunk.size == 4
+    f.write_text("on_error: skip\nchunk:\n  <<: {size: 4, stride: 2}\n  size: 6\n")
+    assert load_config(CorpusConfig, str(f)).chunk.model_dump() == {"size": 6, "stride": 2}
+
+
+def test_config_that_is_not_utf8_or_is_a_folder_is_one_line(tmp_path):
+    f = tmp_path / "latin.yaml"
+    f.write_bytes(b"chunk:\n  size: 4\non_error: sk\xe9p\n")
+    with pytest.raises(UsageError, match=r"latin.yaml:3: not UTF-8 text \(byte 0xe9\); save the config as UTF-8"):
+        load_config(CorpusConfig, str(f))
+    with pytest.raises(UsageError, match=r": is a folder; --config takes a YAML file"):
+        load_config(CorpusConfig, str(tmp_path))
+    with pytest.raises(UsageError, match=r"override docs_per_unit: key 'a' appears twice"):
+        load_config(CorpusConfig, None, ["docs_per_unit={a: 1, a: 2}"])
+
+
+def _number_fields(schema, prefix=""):
+    """(dotted key, owning schema, field name, annotation, a boolean where it must fail or None) of every field
+    that holds an int or a float and no bool, nested sections included."""
+    import typing
+
+    from sentsim.config import Section
+
+    for name, field in schema.model_fields.items():
+        kinds = [field.annotation, *typing.get_args(field.annotation)]
+        for sub in (k for k in kinds if isinstance(k, type) and issubclass(k, Section)):
+            yield from _number_fields(sub, f"{prefix}{name}.")
+        for kind in (int, float):
+            value = _with_bad(field.annotation, True) if kind is float else _with_int(field.annotation)
+            if value is not None:
+                yield f"{prefix}{name}", schema, name, value
+                break
+
+
+def _with_int(kind):
+    """A value of type `kind` with True where an int goes and no bool does (None: `kind` holds no such int)."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is int:
+        return True
+    if origin is typing.Annotated:
+        return _with_int(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return None if bool in args else next((v for v in map(_with_int, args) if v is not None), None)
+    if origin is dict:
+        inner = _with_int(args[1])
+        return None if inner is None else {"k": inner}
+    if origin in (tuple, list):
+        inner = [_with_int(a) for a in args if a is not Ellipsis]
+        return None if all(v is None for v in inner) else [v if v is not None else 0 for v in inner]
+    return None
+
+
+def test_every_schema_refuses_a_boolean_in_every_number():
+    """`docs_per_unit: true` was read as 1: pydantic takes a bool for an int or a float. Every such field of
+    every schema, and every number inside a list, tuple or dict field, refuses it."""
+    from pydantic import ValidationError
+
+    from sentsim.config import Section
+
+    tried = set()
+    for schema in _schemas():
+        if schema is Section:
+            continue
+        for dotted, owner, field, value in _number_fields(schema):
+            with pytest.raises(ValidationError, match="expected a number, not the boolean True"):
+                owner.model_validate({field: value})
+            tried.add(dotted)
+    assert {"docs_per_unit", "chunk.size", "unit_bytes", "seed", "splits", "scoring.lambda_fwd"} <= tried, tried
+    assert len(tried) > 100
+
+
+@pytest.mark.parametrize("override, message", [
+    ("docs_per_unit=true", "docs_per_unit: expected a number, not the boolean True"),
+    ("chunk.size=false", "chunk.size: expected a number, not the boolean False"),
+    ("max_in_flight=true", "max_in_flight: expected a number, not the boolean True"),  # an int or None
+])
+def test_a_boolean_for_a_number_names_the_key(override, message):
+    with pytest.raises(UsageError, match=message):
+        load_config(CorpusConfig, None, [override])
+
+
+def test_booleans_are_still_read_where_a_field_takes_one():
+    from sentsim.context.config import ScorerConfig
+
+    assert load_config(ScorerConfig, None, ["use_fwd=false"]).use_fwd is False
+    assert load_config(ScorerConfig, None, ["use_fwd=no"]).use_fwd is False  # YAML 1.1's word, read by pydantic
+
+
+@pytest.mark.parametrize("splits", ["[0.98,0.02,0.01]", "[0.9,0.1,0.01]", "[0.5,0.25,0.24]"])
+def test_splits_that_miss_one_by_a_hundredth_are_refused(splits):
+    """The one sum test was off by 0.1; 1.01 and 0.99 must fail too."""
+    from sentsim.harvest.config import HarvestConfig
+
+    with pytest.raises(UsageError, match="splits must sum to 1"):
+        load_config(HarvestConfig, None, ["corpus=c", "out=o", "context_models=[m]", "index=i", f"splits={splits}"])
+    load_config(HarvestConfig, None, ["corpus=c", "out=o", "context_models=[m]", "index=i", "splits=[0.7,0.2,0.1]"])
+
+
+def test_commands_refuse_config_faults_in_one_line(tmp_path):
+    from conftest import sentsim_cli
+
+    (tmp_path / "x.jsonl").write_text('{"paragraphs": ["A fine document."]}\n')
+    (tmp_path / "dup.yaml").write_text("chunk:\n  size: 4\n  size: 6\n")
+    (tmp_path / "bool.yaml").write_text("docs_per_unit: true\n")
+    (tmp_path / "latin.yaml").write_bytes(b"on_error: sk\xe9p\n")
+    for name, needle in (("dup.yaml", "key 'size' appears twice"), ("bool.yaml", "not the boolean True"),
+                         ("latin.yaml", "latin.yaml:1: not UTF-8 text")):
+        r = sentsim_cli("corpus", "build", "x.jsonl", "--out", "o", "--config", name, cwd=tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()

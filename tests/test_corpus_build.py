@@ -107,6 +107,11 @@ BAD_LINES = {
     "not valid UTF-8": b'{"id": "ok", "paragraphs": ["Fine."]}\n{"id": "latin", "paragraphs": ["caf\xe9."]}\n',
     "empty document": b'{"id": "ok", "paragraphs": ["Fine."]}\n{"id": "empty", "paragraphs": ["   ", ""]}\n',
     "missing 'paragraphs'": b'{"id": "ok", "paragraphs": ["Fine."]}\n{"id": "nop", "text": "x"}\n',
+    # lines json.loads refuses with RecursionError and ValueError, and one it reads but no UTF-8 file can hold
+    "nested too deeply": b'{"id": "ok", "paragraphs": ["Fine."]}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n",
+    "integer string conversion": b'{"id": "ok", "paragraphs": ["Fine."]}\n{"id": ' + b"7" * 5001
+    + b', "paragraphs": ["Fine."]}\n',
+    "lone surrogate": b'{"id": "ok", "paragraphs": ["Fine."]}\n{"id": "s", "paragraphs": ["Bad \\ud800 here."]}\n',
 }
 
 
@@ -144,15 +149,40 @@ def test_skip_mode_counts_every_bad_document(tmp_path):
     out = tmp_path / "o"
     m = build_corpus([str(src)], str(out), overrides=["on_error=skip"], executor="inline", quiet=True)
     sk = m["skipped_documents"]
-    assert sk["count"] == 4
-    assert sorted(x["line"] for x in sk["listed"]) == [2, 4, 6, 8]
-    assert m["counts"]["documents"] == 4  # the four good "ok" documents survive
-    assert read(out, "sentences").num_rows == 4
+    assert sk["count"] == len(BAD_LINES)
+    assert sorted(x["line"] for x in sk["listed"]) == list(range(2, 2 * len(BAD_LINES) + 1, 2))
+    assert m["counts"]["documents"] == len(BAD_LINES)  # the good "ok" documents survive
+    assert read(out, "sentences").num_rows == len(BAD_LINES)
+
+
+def test_lone_surrogate_in_an_id_is_refused_and_the_splitter_names_one(tmp_path):
+    from corpus.splitter import split_sentences
+
+    src = tmp_path / "ids.jsonl"
+    src.write_bytes(b'{"id": "\\udc00", "paragraphs": ["Fine. Yes."]}\n')
+    with pytest.raises(InputError, match="ids.jsonl:1: id holds a lone surrogate"):
+        build_corpus([str(src)], str(tmp_path / "o"), executor="inline", quiet=True)
+    with pytest.raises(ValueError, match="lone surrogate"):  # never blingfire's UnicodeEncodeError
+        split_sentences("Bad \ud800 here.")
+
+
+def test_parquet_text_that_is_not_utf8_names_the_row_or_is_skipped(tmp_path):
+    # Arrow writes a string column's bytes unchecked; reading them back fails in to_pylist
+    src = tmp_path / "raw.parquet"
+    text = pa.array([b"Good one. Yes.", b"\xff bad bytes.", b"Also good."], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"text": text}), src)
+    with pytest.raises(InputError, match="raw.parquet:2: text \\(or id\\) is not valid UTF-8"):
+        build_corpus([str(src)], str(tmp_path / "o"), executor="inline", quiet=True)
+    m = build_corpus([str(src)], str(tmp_path / "o2"), overrides=["on_error=skip"], executor="inline", quiet=True)
+    assert m["skipped_documents"]["count"] == 1 and m["counts"]["documents"] == 2
 
 
 def test_bad_paths_and_formats(tmp_path):
     with pytest.raises(InputError, match="no such file"):
         build_corpus([str(tmp_path / "nope.jsonl")], str(tmp_path / "o"), executor="inline")
+    (tmp_path / "docs").mkdir()
+    with pytest.raises(InputError, match="docs: is a folder, not a file; pass the files inside it"):
+        build_corpus([str(tmp_path / "docs")], str(tmp_path / "o1"), executor="inline")
     odd = tmp_path / "doc.pdf"
     odd.write_bytes(b"%PDF")
     with pytest.raises(InputError, match="unknown input type"):

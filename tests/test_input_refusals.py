@@ -67,6 +67,33 @@ def test_parquet_text_that_is_not_text_is_one_line(tmp_path, column):
     assert not (tmp_path / "o").exists()
 
 
+JSON_PYTHON_CANNOT_HOLD = {  # json.loads: RecursionError, ValueError, and a string no UTF-8 file can hold
+    "nested too deeply": "[" * 100_000 + "]" * 100_000,
+    "integer string conversion": '{"id": ' + "7" * 5001 + ', "paragraphs": ["Fine."]}',
+    "lone surrogate": '{"id": "s", "paragraphs": ["Bad \\ud800 here."]}',
+}
+
+
+@pytest.mark.parametrize("reason", sorted(JSON_PYTHON_CANNOT_HOLD))
+def test_json_python_cannot_hold_is_one_line_or_skipped_and_counted(tmp_path, reason):
+    src = tmp_path / "docs.jsonl"
+    src.write_text('{"id": "ok", "paragraphs": ["One plain sentence. And another one."]}\n'
+                   + JSON_PYTHON_CANNOT_HOLD[reason] + "\n")
+    one_line_exit_2(sentsim_cli("corpus", "build", src, "--out", tmp_path / "o", "--executor", "inline"),
+                    "docs.jsonl:2", reason)
+    assert not (tmp_path / "o" / "_COMPLETE").exists()
+    r = sentsim_cli("corpus", "build", src, "--out", tmp_path / "s", "--executor", "inline", "--set", "on_error=skip")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    m = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    assert m["complete"] and m["skipped_documents"]["count"] == 1 and m["counts"]["documents"] == 1
+
+
+def test_a_folder_given_as_a_corpus_input_is_called_a_folder(tmp_path):
+    (tmp_path / "docs").mkdir()
+    one_line_exit_2(sentsim_cli("corpus", "build", tmp_path / "docs", "--out", tmp_path / "o", "--executor", "inline"),
+                    "docs: is a folder, not a file")
+
+
 def test_byte_order_mark_opens_a_file_not_a_document(tmp_path):
     import pyarrow.dataset as ds
 
@@ -112,6 +139,14 @@ def pairs_parquet(path, gold):
     ("nan-gold.jsonl", lambda p: p.write_text('{"s1": "a b", "s2": "c d", "gold": NaN}\n'), "is not finite"),
     ("truncated.parquet", lambda p: p.write_bytes(pairs_parquet(p, [1.0, 2.0]).read_bytes()[:-40]),
      "not a readable Parquet file"),
+    ("deep.jsonl", lambda p: p.write_text("[" * 100_000 + "]" * 100_000 + "\n"), "deep.jsonl:1: malformed JSON"),
+    ("long-int.jsonl", lambda p: p.write_text('{"s1": "a b", "s2": "c d", "gold": ' + "3" * 5001 + "}\n"),
+     "long-int.jsonl:1: malformed JSON"),
+    ("surrogate.jsonl", lambda p: p.write_text('{"s1": "a b", "s2": "c d"}\n{"s1": "a \\ud800", "s2": "c d"}\n'),
+     "surrogate.jsonl:2: s1 holds a lone surrogate escape"),
+    ("raw.parquet", lambda p: pq.write_table(pa.table({"s1": ["a b", "c d"], "s2": pa.array(
+        [b"e f", b"caf\xe9"], pa.binary()).view(pa.string())}), p), "raw.parquet: row 1: s2 is not UTF-8 text"),
+    ("folder.tsv", lambda p: p.mkdir(), "folder.tsv: is a folder"),
 ])
 def test_harvest_refuses_a_bad_pairs_file_before_scoring(harvest_inputs, tmp_path, name, write, needle):
     f = tmp_path / name
@@ -192,6 +227,22 @@ def test_scores_file_with_an_absent_score_counts_it_as_unscored(tmp_path, stsb, 
     assert task["n"] == 3 and task["scored"] == 2
 
 
+@pytest.mark.parametrize("name, write, needle", [
+    ("bytes.parquet", lambda p: pq.write_table(pa.table({"s1": pa.array([b"A cat sits.", b"\xff"]), "s2": ["a", "b"],
+                                                        "score": [0.5, 0.6]}), p), "row 0: s1 is bytes, not text"),
+    ("raw.parquet", lambda p: pq.write_table(pa.table({"s1": pa.array([b"A cat sits.", b"\xff"]).view(pa.string()),
+                                                      "s2": ["a", "b"], "score": [0.5, 0.6]}), p),
+     "row 1: s1 is not UTF-8 text"),
+    ("deep.jsonl", lambda p: p.write_text("[" * 100_000 + "]" * 100_000 + "\n"), "deep.jsonl:1: malformed JSON"),
+    ("surrogate.jsonl", lambda p: p.write_text('{"s1": "A cat \\ud800", "s2": "b", "score": 1}\n'),
+     "surrogate.jsonl:1: s1 holds a lone surrogate"),
+])
+def test_scores_file_with_sentences_that_are_not_text_is_one_line(tmp_path, stsb, name, write, needle):
+    f = tmp_path / name
+    write(f)
+    one_line_exit_2(sentsim_cli("eval", "sts", "--scores", f, "--data", stsb, "--tasks", "STSb"), name, needle)
+
+
 def test_sts_year_with_every_gold_line_empty_is_one_line(tmp_path):
     d = tmp_path / "sts" / "STS2012-en-test"
     d.mkdir(parents=True)
@@ -216,11 +267,16 @@ TRIPLES = "".join(json.dumps({"s_i": f"sentence {i} about {w}", "relation": "ent
 @pytest.mark.parametrize("name, data, needle", [
     ("t.jsonl.gz", gzip.compress(TRIPLES.encode())[:-30], "truncated gzip"),
     ("t.jsonl", TRIPLES.replace("river", "caf\xe9").encode("latin-1"), "t.jsonl:1: not UTF-8"),
-    ("t.jsonl", TRIPLES.encode()[:-8] + b"\n", "t.jsonl:8: not valid JSON"),
+    ("t.jsonl", TRIPLES.encode()[:-8] + b"\n", "t.jsonl:8: malformed JSON"),
+    ("t.jsonl", TRIPLES.encode() + b"[" * 100_000 + b"]" * 100_000 + b"\n", "t.jsonl:9: malformed JSON (nested too"),
+    ("t.jsonl", TRIPLES.encode() + b'{"s_i": ' + b"7" * 5001 + b"}\n", "t.jsonl:9: malformed JSON (Exceeds"),
+    ("t.jsonl", TRIPLES.encode() + b'{"s_i": "a\\ud800", "relation": "entailment", "s_j": "b"}\n',
+     "t.jsonl:9: s_i holds a lone surrogate"),
+    ("folder.jsonl", None, "is a folder, not a file"),
 ])
 def test_triples_file_problems_are_one_line(tmp_path, backbone, name, data, needle):
     f = tmp_path / name
-    f.write_bytes(data)
+    f.mkdir() if data is None else f.write_bytes(data)
     one_line_exit_2(sentsim_cli("train", "student", "--objective", "rse", "--triples", f, "--backbone", backbone,
                                 "--out", tmp_path / "o", "--executor", "inline", "--max-steps", "1"), needle)
 

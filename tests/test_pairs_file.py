@@ -57,6 +57,12 @@ def test_jsonl_and_parquet(tmp_path):
     ("g.tsv", "s1\ts2\tgold\na\tb\thigh\n", r"g.tsv:2: score 'high' is not a number"),
     ("j.jsonl", '{"s1": "a"}\n', r"j.jsonl:1: expected a JSON object"),
     ("q.csv", 'a,"b\n', "not valid CSV|expected s1 and s2"),
+    # json.loads raises RecursionError and ValueError on these; the third it reads, but no text holds it
+    ("d.jsonl", '{"s1": "a", "s2": "b"}\n' + "[" * 100_000 + "]" * 100_000 + "\n", r"d.jsonl:2: .*nested too deeply"),
+    ("n.jsonl", '{"s1": "a", "s2": "b", "gold": ' + "9" * 5001 + "}\n", r"n.jsonl:1: malformed JSON \(.*digits"),
+    ("u.jsonl", '{"s1": "a \\ud800 b", "s2": "b"}\n', r"u.jsonl:1: s1 holds a lone surrogate escape \(\\ud800"),
+    ("v.jsonl", '{"s1": "a", "s2": "\\udfff"}\n', r"v.jsonl:1: s2 holds a lone surrogate"),
+    ("o.jsonl", '{"s1": "a", "s2": "b", "gold": ' + "9" * 400 + "}\n", r"o.jsonl:1: score '9{30}\.\.\.' is not finite"),
 ])
 def test_bad_input_is_one_line_naming_the_file(tmp_path, name, data, message):
     path = write(tmp_path, name, data)
@@ -72,6 +78,25 @@ def test_empty_parquet_and_missing_file(tmp_path):
         read_pairs_file(str(p))
     with pytest.raises(UsageError, match="not found"):
         read_pairs_file(str(tmp_path / "nope.tsv"))
+    (tmp_path / "pairs.tsv").mkdir()
+    with pytest.raises(UsageError, match="pairs.tsv: is a folder; --pairs takes one file"):
+        read_pairs_file(str(tmp_path / "pairs.tsv"))
+
+
+def test_parquet_sentences_that_are_not_utf8_name_the_row(tmp_path):
+    # Arrow writes a string column's bytes unchecked; reading them back must not be a UnicodeDecodeError
+    p = tmp_path / "p.parquet"
+    raw = pa.array([b"fine", b"caf\xe9"], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"s1": ["a", "c"], "s2": raw}), p)
+    with pytest.raises(InputError, match=r"p.parquet: row 1: s2 is not UTF-8 text"):
+        read_pairs_file(str(p))
+
+
+def test_repeated_rows_are_each_their_own_pair(tmp_path):
+    """STS-B's own test file repeats two pairs (one with two gold scores): each row stays a pair, in order."""
+    tsv = "a\tb\t1\nc\td\t2\na\tb\t3\nb\ta\t4\n"
+    assert read_pairs_file(write(tmp_path, "r.tsv", tsv)) == [("a", "b", 1.0), ("c", "d", 2.0), ("a", "b", 3.0),
+                                                               ("b", "a", 4.0)]
 
 
 @pytest.mark.parametrize("name, data", [

@@ -14,7 +14,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from corpus.documents import json_refusal, surrogate_refusal
 from sentsim.errors import InputError, UsageError
+from sentsim.pairs_file import arrow_texts
 
 
 class Scorer:
@@ -138,7 +140,8 @@ def _pair_frame(table, where: str):
                          f"found {', '.join(table.column_names)}")
     import pandas as pd
 
-    return pd.DataFrame({"s1": table.column("s1").to_pylist(), "s2": table.column("s2").to_pylist(),
+    return pd.DataFrame({"s1": arrow_texts(table.column("s1"), f"--scores {where}", "s1"),
+                         "s2": arrow_texts(table.column("s2"), f"--scores {where}", "s2"),
                          "score": present_scores(table.column("score").to_pylist(), where)})
 
 
@@ -194,7 +197,8 @@ def _read_pair_table(path: Path):
         if suffix in (".csv", ".csv.gz", ".tsv", ".tsv.gz"):
             # score read as text: an empty cell is the only 'no score', a literal nan or inf is refused
             tsv = dict(sep="\t", quoting=3) if suffix.startswith(".tsv") else {}
-            df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"score": str}, **tsv)
+            df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"score": str, "s1": str, "s2": str},
+                             **tsv)
             if "score" in df.columns:
                 df["score"] = present_scores([None if pd.isna(v) else v for v in df["score"]], str(path))
             return df
@@ -218,14 +222,33 @@ def _read_jsonl_pairs(path: Path):
     with opener(path, "rt", encoding="utf-8-sig") as fh:
         for n, line in enumerate(fh, start=1):
             if line.strip():
-                obj = json.loads(line)
+                try:
+                    obj = json.loads(line)
+                except (ValueError, RecursionError) as exc:  # ValueError: malformed, or an integer too long
+                    raise InputError(f"--scores {path}:{n}: {json_refusal(exc)}") from None
                 if not isinstance(obj, dict):
                     raise InputError(f"--scores {path}:{n}: expected a JSON object with s1, s2, score")
+                for col in ("s1", "s2"):  # pandas cannot hold such a string, so it is named by its line here
+                    reason = isinstance(obj.get(col), str) and surrogate_refusal(obj[col], col)
+                    if reason:
+                        raise InputError(f"--scores {path}:{n}: {reason}")
                 rows.append(obj)
     if any("score" in r for r in rows):  # a line without one has none
         scores = present_scores([r.get("score") for r in rows], str(path))
         rows = [dict(r, score=x) for r, x in zip(rows, scores)]
     return pd.DataFrame(rows)
+
+
+def check_pair_texts(df, where: str) -> None:
+    """Refuse a pair whose s1 or s2 is not text (bytes, a number, a list) or holds a lone surrogate: such a
+    sentence matches no sentence of a task, and bytes that are not UTF-8 cannot even be compared."""
+    for col in ("s1", "s2"):
+        for row, v in zip(df.index, df[col]):
+            if not isinstance(v, str):
+                raise InputError(f"{where}: row {row}: {col} is {type(v).__name__}, not text")
+            reason = surrogate_refusal(v, col)
+            if reason:
+                raise InputError(f"{where}: row {row}: {reason}")
 
 
 def _read_run_pairs(uri: str):
@@ -265,6 +288,7 @@ class PairFileScorer(Scorer):
         df = df[["s1", "s2", "score"]].dropna()
         if df.empty:
             raise InputError(f"--scores {path}: no rows with a score")
+        check_pair_texts(df, f"--scores {path}")
         try:
             scores = df["score"].astype(float)
         except (TypeError, ValueError):

@@ -273,9 +273,11 @@ def _text_lines(p: Path) -> list[str]:
 
 def read_triples_file(path: str, allowed: Optional[list[str]] = None) -> pa.Table:
     """A user file of (s_i, relation, s_j[, hard_negative]) rows, JSONL(.gz) or Parquet."""
+    from corpus.documents import json_refusal, surrogate_refusal
+
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"rse.triples {path}: no such file")
+        raise UsageError(f"rse.triples {path}: " + ("is a folder, not a file" if p.is_dir() else "no such file"))
     name = p.name.lower()
     rows = []
     if name.endswith(".parquet"):
@@ -286,7 +288,10 @@ def read_triples_file(path: str, allowed: Optional[list[str]] = None) -> pa.Tabl
         missing = [c for c in ("s_i", "relation", "s_j") if c not in t.column_names]
         if missing:
             raise InputError(f"{path}: missing field(s) {', '.join(missing)}; need s_i, relation, s_j[, hard_negative]")
-        rows = t.to_pylist()
+        try:
+            rows = t.to_pylist()
+        except UnicodeDecodeError:  # a Parquet writer does not check that a string column's bytes are UTF-8
+            raise InputError(f"{path}: a text column holds bytes that are not UTF-8") from None
         where = lambda i: f"{path}: row {i}"  # noqa: E731
     elif name.endswith((".jsonl", ".jsonl.gz", ".json")):
         for i, line in enumerate(_text_lines(p), start=1):
@@ -294,10 +299,14 @@ def read_triples_file(path: str, allowed: Optional[list[str]] = None) -> pa.Tabl
                 continue
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError:
-                raise InputError(f"{path}:{i}: not valid JSON") from None
+            except (ValueError, RecursionError) as exc:  # ValueError: malformed, or an integer too long to read
+                raise InputError(f"{path}:{i}: {json_refusal(exc)}") from None
             if not isinstance(obj, dict):
                 raise InputError(f"{path}:{i}: expected an object with s_i, relation, s_j")
+            for k in ("s_i", "relation", "s_j", "hard_negative"):
+                reason = surrogate_refusal(obj[k], k) if isinstance(obj.get(k), str) else None
+                if reason:  # refused here, not later by the Parquet writer
+                    raise InputError(f"{path}:{i}: {reason}")
             rows.append(obj)
         where = lambda i: f"{path}:{i}"  # noqa: E731
     else:
