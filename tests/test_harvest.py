@@ -137,6 +137,29 @@ def test_explicit_pairs_mode_and_null_reason(inputs, tmp_path):
     assert t.loc["zzqx qqzx"].n_ctx_s2 == 0
 
 
+def test_each_row_of_a_pairs_file_is_a_pair_of_its_own_repeats_included(inputs, tmp_path):
+    """STS-B's test file lists two pairs twice: every row keeps an id of its own, across units and in either
+    order, while a repeat lands in its first row's split and gets its score."""
+    from corpus.documents import text_id
+    from sentsim.harvest.job import harvest
+    from sentsim.harvest.pairs import pair_id
+
+    a, b, c = "The nation must remain strong.", "Our country has to stay powerful.", "Taxes were cut this year."
+    f = tmp_path / "pairs.tsv"
+    f.write_text(f"{a}\t{b}\t4.0\n{a}\t{c}\t1.0\n{a}\t{b}\t3.5\n{b}\t{a}\t4.5\n")
+    out = tmp_path / "repeats"
+    cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], out, pairs_file=str(f), pairs_per_unit=2,
+                         rank={"enabled": False})
+    assert harvest(cfg, executor="inline", quiet=True)["complete"]
+    t = pairs_of(out).to_pandas()
+    assert len(t) == 4 and t.pair_id.nunique() == 4
+    same = t[t.s1_id.isin([text_id(a), text_id(b)]) & t.s2_id.isin([text_id(a), text_id(b)])]
+    assert sorted(same.gold) == [3.5, 4.0, 4.5]
+    assert same.split.nunique() == 1 and np.allclose(same.score, same.score.iloc[0])
+    # the first row of a pair keeps the id it always had
+    assert pair_id(text_id(a), text_id(b)) in set(same.pair_id)
+
+
 def test_bad_config_and_refusals(inputs, tmp_path):
     from conftest import sentsim_cli
 

@@ -19,6 +19,7 @@ from sentsim.errors import UsageError
 from sentsim.executor import RunContext, ShardedJob, execute
 from sentsim.harvest.anchors import ANCHORS_TABLE
 from sentsim.harvest.config import INPUT_PATHS, UNFINGERPRINTED, HarvestConfig
+from sentsim.harvest.pairs import repeats
 from sentsim.harvest.stages import (
     CONTEXT_SCORE_SCHEMA,
     SENTENCE_SCHEMA,
@@ -166,13 +167,16 @@ class AnchorUnits:
 
 
 class PairUnits:
-    """Unit u of an explicit (--pairs) harvest: its slice of the pairs file's rows."""
+    """Unit u of an explicit (--pairs) harvest: its slice of the pairs file's rows, and for each row how many
+    earlier rows of the file hold the same pair (its pair_id tells the repeats apart)."""
 
     def __init__(self, pairs: list, per_unit: int):
         self.pairs, self.per_unit = pairs, per_unit
+        self.repeats = repeats([(s1, s2) for s1, s2, _ in pairs])
 
     def __call__(self, u: int) -> dict:
-        return {"unit": u, "pairs": self.pairs[u * self.per_unit:(u + 1) * self.per_unit]}
+        rows = slice(u * self.per_unit, (u + 1) * self.per_unit)
+        return {"unit": u, "pairs": self.pairs[rows], "repeats": self.repeats[rows]}
 
 
 def plan_anchors(cfg: HarvestConfig, corpus) -> Optional[np.ndarray]:

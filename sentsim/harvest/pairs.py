@@ -25,9 +25,23 @@ def _digest(a: int, b: int) -> bytes:
     return hashlib.blake2b(f"{lo}:{hi}".encode(), digest_size=16).digest()
 
 
-def pair_id(a: int, b: int) -> int:
-    """A stable non-negative int64 id for the unordered pair."""
-    return int.from_bytes(_digest(a, b)[:8], "big") >> 1
+def pair_id(a: int, b: int, repeat: int = 0) -> int:
+    """A stable non-negative int64 id for the unordered pair; `repeat` k > 0 is the pair's (k+1)-th row in a
+    pairs file that lists it more than once, so that every row keeps an id of its own."""
+    digest = _digest(a, b) if not repeat else hashlib.blake2b(
+        f"{min(a, b)}:{max(a, b)}:{int(repeat)}".encode(), digest_size=16).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def repeats(pairs: Sequence[Tuple[str, str]]) -> List[int]:
+    """For each (s1, s2) of a pairs file, how many earlier rows hold the same unordered pair (0 for a first)."""
+    seen: dict = {}
+    out = []
+    for s1, s2 in pairs:
+        key = (s1, s2) if s1 <= s2 else (s2, s1)
+        out.append(seen.get(key, 0))
+        seen[key] = out[-1] + 1
+    return out
 
 
 def pair_split(a: int, b: int, fractions: Sequence[float] = (0.98, 0.01, 0.01)) -> str:

@@ -277,8 +277,9 @@ class ScoreStage(Stage):
                         own={s: [c.key for c in cs.contexts] for s, cs in csets.items()},
                         shortfall={s: cs.shortfall_reason for s, cs in csets.items()}, effect=effect,
                         group_of=grouping[1] if grouping is not None else None, variant=self.cfg.grouping.score)
-        rows = [{"s1_id": a, "s2_id": b, "kind": kind, "gold": gold, **row}
-                for (a, b, kind, gold), row in zip(pairs, eq4)]
+        repeat = item.get("repeats") or [0] * len(pairs)  # a pairs file's repeated rows (0 in a corpus harvest)
+        rows = [{"s1_id": a, "s2_id": b, "kind": kind, "gold": gold, "repeat": k, **row}
+                for (a, b, kind, gold), k, row in zip(pairs, repeat, eq4)]
         if grouping is not None:
             for row, group_id in zip(rows, grouping[3]):
                 row["group_id"] = group_id
@@ -368,7 +369,7 @@ class RankAndWriteStage(Stage):
             cols = {k: [] for k in schema.names}
             for r, rs in zip(rows, rsim):
                 r = dict(r, s1=texts[r["s1_id"]], s2=texts[r["s2_id"]], rank_sim=None if rs is None else float(rs),
-                         pair_id=pair_id(r["s1_id"], r["s2_id"]),
+                         pair_id=pair_id(r["s1_id"], r["s2_id"], r["repeat"]),
                          split=pair_split(r["s1_id"], r["s2_id"], self.cfg.splits))
                 for k in schema.names:
                     cols[k].append(r.get(k))
