@@ -89,6 +89,9 @@ def test_rankencoder_trains_reloads_and_scores_with_eq7(harvest_dir, tiny_backbo
     _reload(s["model"], 64)
     meta = json.loads((tmp_path / "re" / "model" / "rank_anchors.json").read_text())
     assert len(meta["anchors"]) == 64 and meta["lambda_inf"] == 0.1
+    # the inference rule's file is part of the folder the export swaps in whole, and of its file list
+    listed = json.loads((tmp_path / "re" / "model" / "sentsim_model.json").read_text())["files"]
+    assert listed["rank_anchors.json"] == (tmp_path / "re" / "model" / "rank_anchors.json").stat().st_size
     scorer = RankEncoderScorer(s["model"])
     rep = evaluate(scorer, [_tiny_sts_task()])
     assert rep.tasks[0].scored == 4 and rep.scorer["kind"] == "rankencoder"

@@ -74,6 +74,16 @@ def tfidf_harvest(root: Path, stsb_pairs, n: int = 600, seed: int = 0) -> Path:
     return write_harvest(root, s1, s2, teacher, split)
 
 
+def read_card(folder: Path) -> tuple[dict, str]:
+    """(YAML front matter, body) of an exported model's README.md."""
+    import yaml
+
+    text = (folder / "README.md").read_text()
+    assert text.startswith("---\n"), text[:200]
+    front, body = text[4:].split("\n---\n", 1)
+    return yaml.safe_load(front), body
+
+
 def tiny_cfg(**kw) -> SurrogateConfig:
     base = dict(init="scratch", scratch=TINY, lr=1e-3, batch_size=32, max_seq_length=40, eval_every=10,
                 cpus_per_worker=0.5, shuffle_buffer=256, eval_max_pairs=100)
@@ -211,6 +221,17 @@ def test_siamese_from_scratch_learns_the_teacher_and_resumes(tmp_path, stsb_pair
     again = SentenceTransformer(str(out / "model"), device="cpu").encode(sents, convert_to_numpy=True)
     np.testing.assert_array_equal(st_vecs, again)  # reloads to the same embeddings
 
+    # its card says what it is: trained from scratch, on which harvest, with what, how far
+    front, body = read_card(out / "model")
+    fingerprint = json.loads((h / "manifest.json").read_text())["fingerprint"]
+    assert "base_model" not in front and front["library_name"] == "sentence-transformers"
+    assert {"sentsim-surrogate", "cosine_regression"} <= set(front["tags"]) and "Unknown" not in body
+    assert "Trained from scratch (random weights); tokenizer from folder" in body
+    assert f"Harvest: `{h}`, fingerprint `{fingerprint}`" in body
+    assert "Rows: trained on 480 of 600 pairs (left out: 60 dev, 60 test)" in body
+    assert "Objective: `cosine_regression`" in body and "Steps: 30 over 10 epoch(s)" in body
+    assert f"Dev/test metrics at step 30: dev_l2 {end['dev_l2']:.4g}" in body and "| arch | `\"siamese\"` |" in body
+
     # different settings against the same --out are refused, not silently mixed
     with pytest.raises(UsageError, match="holds a run with other settings"):
         train_surrogate(tiny_cfg(lr=5e-4), data=str(h), backbone=minilm, out=str(out))
@@ -258,6 +279,11 @@ def test_cross_encoder_from_minilm_finetuned_on_stsb(tmp_path, minilm, shared_da
         enc = tok([a for a, _ in pairs], [b for _, b in pairs], padding=True, return_tensors="pt")
         logits = raw(**enc).logits[:, 0].numpy()
     np.testing.assert_allclose(ce.predict(pairs), logits, atol=1e-5)  # identity activation: raw regression
+    front, body = read_card(out / "model-sts")
+    assert front["base_model"] and front["pipeline_tag"] == "text-ranking" and "cross-encoder" in front["tags"]
+    assert "- Base model: " in body and "fine-tuned from its weights" in body
+    assert f"STS-B train: `{shared_data / 'sts' / 'stsbenchmark'}` (gold scores / 5" in body
+    assert "Rows: trained on 5,749 of 5,749 pairs" in body and "Steps: 4 over 4 epoch(s)" in body
 
 
 @pytest.mark.slow

@@ -45,12 +45,25 @@ def backbone(tmp_path_factory):
 
 
 TINY = ["--max-steps", "1", "--force-new", "--set", "max_seq_length=16", "--set", "eval_every=1"]
+WHOLE_EPOCHS = ["--force-new", "--set", "max_seq_length=16", "--set", "eval_every=1"]  # no step cap
+
+
+def rows_per_epoch(curve) -> dict:
+    """{epoch: rows its steps read} from a run's curves/<name>.json (every step a history point)."""
+    history = json.loads(curve.read_text())
+    steps = [h["step"] for h in history if h["step"] > 0]
+    assert steps == list(range(1, len(steps) + 1)), steps  # every step logged: the sums below are whole
+    out = {}
+    for h in history:
+        if h["step"] > 0:
+            out[h["epoch"]] = out.get(h["epoch"], 0) + h["batch_rows"]
+    return out
 
 
 def test_surrogate_says_what_it_trains_on(harvest, backbone, tmp_path, ray_head):
     env = {**ray_head["env"], "RAY_ADDRESS": ray_head["gcs"]}
     r = sentsim_cli("train", "surrogate", "--data", harvest, "--backbone", backbone, "--out", tmp_path / "s",
-                    "--init", "scratch", "--num-workers", "1", *TINY, "--set", "batch_size=8",
+                    "--init", "scratch", "--num-workers", "1", *WHOLE_EPOCHS, "--set", "batch_size=8",
                     "--set", "scratch.hidden_size=32", "--set", "scratch.num_layers=1", "--set", "scratch.num_heads=2",
                     "--set", "scratch.intermediate_size=64", "--set", "cpus_per_worker=0.5", env=env)
     # (a Ray actor's own traceback, "(PlacementGroupCleaner pid=...) Traceback", is Ray's: it finds the
@@ -63,6 +76,10 @@ def test_surrogate_says_what_it_trains_on(harvest, backbone, tmp_path, ray_head)
     assert left_out["carved out of train to dev/test"] > 0
     summary = json.loads((tmp_path / "s" / "summary.json").read_text())
     assert summary["stages"][0]["train_pairs"] == trained
+    # the epoch's last, short batch is trained on too: every train pair is read once an epoch, and no note
+    # says any is left out
+    assert trained % 8 and rows_per_epoch(tmp_path / "s" / "curves" / "harvest.json") == {0: trained}
+    assert summary["stages"][0]["total_steps"] == -(-trained // 8) and "leaves out" not in r.stdout
 
 
 def test_rse_student_says_what_it_trains_on(harvest, backbone, tmp_path):
@@ -84,12 +101,17 @@ def test_rse_student_says_what_it_trains_on(harvest, backbone, tmp_path):
 
 def test_paser_student_says_what_it_trains_on(harvest, backbone, tmp_path):
     r = sentsim_cli("train", "student", "--objective", "paser", "--data", harvest, "--backbone", backbone,
-                    "--out", tmp_path / "paser", "--executor", "inline", *TINY, "--set", "batch_size=4",
+                    "--out", tmp_path / "paser", "--executor", "inline", *WHOLE_EPOCHS, "--set", "batch_size=4",
+                    "--epochs", "2", "--set", "log_every=1",
                     "--set", "paser.decoder_layers=1", "--set", "paser.decoder_heads=2")
     assert r.returncode == 0 and "Traceback" not in r.stderr, (r.stdout[-2000:], r.stderr[-3000:])
     used, rows, why = note_of(r.stdout, "sentences")
     assert rows == 60 and used + sum(why.values()) == rows
     assert why == {"repeated texts": 6, "without a RAKE phrase": 4}  # 5 copies and the 2nd ""; 3 + ""
+    # PaSeR's loss is per sentence (no in-batch negatives): each epoch's short last batch is trained on, so
+    # every sentence is read once an epoch and no row is left out
+    assert used % 4 and rows_per_epoch(tmp_path / "paser" / "curves" / "paser.json") == {0: used, 1: used}
+    assert "leaves out" not in r.stdout
 
 
 def test_a_nan_score_in_a_harvest_is_refused_by_the_students(backbone, tmp_path):

@@ -58,8 +58,12 @@ def run(args) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     cfg = load_config(EvalStsConfig, args.config, args.overrides, batch_size=args.batch_size, tasks=tasks)
     loaded, missing = discover_tasks(args.data, cfg.tasks)  # bad data fails before any model loads
+    model_dir = None
     if args.model:
-        scorer = load_model_scorer(args.model, cfg.batch_size, cfg.device)
+        from sentsim.evaluation.model_folder import check_model_folder
+
+        model_dir = check_model_folder(args.model)  # a folder cut short is refused before a loader reads it
+        scorer = load_model_scorer(str(model_dir), cfg.batch_size, cfg.device)
     elif args.scores:
         scorer = PairFileScorer(args.scores)
     else:
@@ -68,9 +72,29 @@ def run(args) -> int:
     if args.scores and all(t.scored == 0 for t in report.tasks):
         raise UsageError(f"--scores {args.scores}: none of its pairs match a pair of the evaluated tasks")
     print(format_table(report))
+    if model_dir is not None:
+        record_on_card(model_dir, Path(args.model), report)
     for path, text in ((args.json, to_json(report) if args.json else ""),
                        (args.markdown, to_markdown(report) if args.markdown else "")):
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(text, encoding="utf-8")
     return 0
+
+
+def record_on_card(model_dir: Path, given: Path, report) -> None:
+    """Add the scores to the model card of a folder sentsim exported. Not to the new model of an export cut
+    between its renames (its trainer may be swapping it in now), and a card that cannot be written is
+    said, not fatal: the scores are printed either way."""
+    import sys
+
+    from sentsim.surrogate.card import record_sts
+
+    if model_dir != given:
+        return
+    try:
+        if record_sts(model_dir, report):
+            print(f"model card: {model_dir / 'README.md'} (STS scores recorded)")
+    except (OSError, ValueError) as exc:
+        print(f"note: {model_dir}: STS scores not recorded on its model card ({type(exc).__name__}: {exc})",
+              file=sys.stderr)

@@ -69,6 +69,9 @@ class Objective(Trainee):
     settings: Optional[type] = None  # its config section (a sentsim.config.Section), reached as cfg.<name>
     needs_data: Optional[str] = None  # what it reads from --data (words for the error); None: --data optional
     side_files: tuple[str, ...] = ()  # files `save_extras` writes that the exported student keeps
+    # in-batch negatives (InfoNCE) want every batch full: each epoch's short last batch is dropped, and the
+    # trainer's note says how many rows that leaves out; an objective whose loss is per row trains on it
+    full_batches = True
     # relation rows or the MLM head may sit out a step; DDP must not wait for their gradients
     find_unused_parameters = True
 
@@ -129,8 +132,10 @@ class Objective(Trainee):
         raise NotImplementedError
 
     def forward(self, batch: dict, device) -> tuple[torch.Tensor, dict]:
-        """= step(); the loop calls the (DDP-wrapped) module, so gradients are synchronised."""
-        return self.step(batch, device)
+        """= step(); the loop calls the (DDP-wrapped) module, so gradients are synchronised. Adds the
+        batch's row count to the step's metrics (history points say what each step read)."""
+        loss, metrics = self.step(batch, device)
+        return loss, {**metrics, "batch_rows": len(next(iter(batch.values())))}
 
     def save_extras(self, folder: Path) -> None:
         pass

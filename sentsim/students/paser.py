@@ -89,6 +89,7 @@ class PhraseDecoder(nn.Module):
 class PaSeRObjective(Objective):
     settings = PaSeRConfig
     needs_data = "its sentences"
+    full_batches = False  # each row's loss is its own (no in-batch negatives): a short last batch is trained on
 
     @classmethod
     def check(cls, cfg, backbone: str, backbone_path: str) -> None:

@@ -10,8 +10,9 @@ paser.py, ...), registered by name in students/objectives.py: each is a Trainee 
 also declares its data, its encoder and its scorers (students.common.Objective); nothing here names one.
 
 OUT/ holds model/ (the student; plus rank_anchors.json or relations.json for the inference
-scorers), summary.json (config, data counts, history, skips), curves/<objective>.json and .png,
-run.json, ray/ (Ray Train checkpoints; a rerun with the same --out resumes) or checkpoint/ (inline,
+scorers; its card README.md and sentsim_model.json; swapped in whole by sentsim.surrogate.export),
+summary.json (config, data counts, history, skips), curves/<objective>.json and .png, run.json,
+ray/ (Ray Train checkpoints; a rerun with the same --out resumes) or checkpoint/ (inline,
 resumed the same way), and eval.json/eval.md with --eval-sts.
 """
 
@@ -113,15 +114,46 @@ def build_trainee(config: dict, session, ckpt):
 # ----------------------------------------------------------------------------- driver
 
 
-def _export(ckpt_dir: Path, out: Path, cfg: StudentConfig) -> Path:
+def _export(ckpt_dir: Path, out: Path, cfg: StudentConfig, card: dict, total: int) -> Path:
+    from sentsim.surrogate.card import final_metrics
     from sentsim.surrogate.models import export_model
 
-    model_dir = out / "model"
-    export_model(ckpt_dir / "model", model_dir, "siamese", cfg.max_seq_length)
-    for extra in objective_class(cfg.objective).side_files:  # its inference scorers' files; a decoder is not kept
-        if (ckpt_dir / extra).is_file():
-            shutil.copy(ckpt_dir / extra, model_dir / extra)
-    return model_dir
+    def side_files(folder: Path) -> None:  # its inference scorers' files; a decoder is not kept
+        for extra in objective_class(cfg.objective).side_files:
+            if (ckpt_dir / extra).is_file():
+                shutil.copy(ckpt_dir / extra, folder / extra)
+
+    training = {"steps": total, "epochs": cfg.epochs, "final": final_metrics(ckpt_dir)}
+    return export_model(ckpt_dir / "model", out / "model", "siamese", cfg.max_seq_length,
+                        card={**card, "training": training}, extras=side_files)
+
+
+def student_card(cfg: StudentConfig, bb: dict, data: Optional[str], spec: dict, n_rows: int, left: int) -> dict:
+    """What the student's model card says it is (sentsim.surrogate.card)."""
+    from sentsim.students import data as D
+    from sentsim.students.objectives import registered
+    from sentsim.surrogate.card import base_model, harvest_data
+
+    rows = {"trained": n_rows, "unit": f"{cfg.objective} training rows"}
+    if left:
+        rows["left out of each epoch (a short last batch)"] = left
+    for k, v in spec["counts"].items():
+        for k2, v2 in (v.items() if isinstance(v, dict) else [("", v)]):
+            rows[f"{k} {k2}".strip()] = v2
+    for k, v in spec["skips"].items():
+        rows[f"skipped ({k})"] = v.get("count") if isinstance(v, dict) else v
+    dumped = cfg.model_dump()
+    keys = ("init", "epochs", "batch_size", "lr", "warmup_ratio", "weight_decay", "max_seq_length", "max_steps",
+            "num_workers", "seed")
+    settings = {k: dumped[k] for k in keys}
+    settings.update({f"{cfg.objective}.{k}": v for k, v in (dumped.get(cfg.objective) or {}).items()})
+    summary = {r.name: r.summary for r in registered()}.get(cfg.objective, "")
+    return {"kind": "student", "title": f"sentsim student ({cfg.objective})",
+            "summary": f"A student sentence encoder trained by sentsim with the {cfg.objective} objective "
+                       f"({summary}); sentence similarity is the cosine of its mean-pooled vectors.",
+            "base_model": base_model(bb, cfg.init), "rows": rows, "settings": settings,
+            "data": harvest_data(data, D.read_manifest(D.harvest_root(data))) if data else None,
+            "objective": {"name": cfg.objective, "description": summary}}
 
 
 def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out: str, address: Optional[str] = None,
@@ -130,6 +162,7 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
     """Validate, train, export; returns the run summary (also OUT/summary.json)."""
     from sentsim.out_paths import check_out
     from sentsim.runtime import absolute_local
+    from sentsim.surrogate.export import finish_swap
     from sentsim.surrogate.models import check_backbone
 
     inputs = {"--data": data, "--backbone": backbone, "--eval-sts": eval_sts}
@@ -150,20 +183,22 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
     table = spec.pop("table")
     n_rows = table.num_rows
     workers = cfg.num_workers if executor == "ray" else 1
-    short = epoch_shortfall(n_rows, workers, cfg.batch_size, drop_last=True)
+    drop_last = objective_class(cfg.objective).full_batches
+    short = epoch_shortfall(n_rows, workers, cfg.batch_size, drop_last=drop_last)
     if short:
         print(f"note: {n_rows} {cfg.objective} training rows" + short)
-    # drop_last: InfoNCE wants full batches
-    total = plan_steps(cfg.objective, n_rows, num_workers=cfg.num_workers, batch_size=cfg.batch_size,
-                       epochs=cfg.epochs, max_steps=cfg.max_steps, drop_last=True)
+    total = plan_steps(cfg.objective, n_rows, num_workers=workers, batch_size=cfg.batch_size,
+                       epochs=cfg.epochs, max_steps=cfg.max_steps, drop_last=drop_last)
     out_dir = Path(out)
     what = {k: v for k, v in cfg.model_dump().items() if k not in RESUMABLE_KEYS}
     run_id = fingerprint("student", what, bb, data, spec["counts"])
     claim_out(out_dir, run_id, {"config": cfg.model_dump(), "backbone": bb, "data": data, "counts": spec["counts"]},
               force_new, out)
+    finish_swap(out_dir / "model")  # an export killed between its renames is finished before anything else
+    card = student_card(cfg, bb, data, spec, n_rows, epoch_left_out(n_rows, workers, cfg.batch_size, drop_last))
     spec.update(backbone=bb["path"], total_steps=total)
-    loop = loop_settings(cfg, label=f"student {cfg.objective}", total_steps=total, verbose=verbose, drop_last=True,
-                         shuffle_buffer=max(cfg.batch_size * 4, 1000))
+    loop = loop_settings(cfg, label=f"student {cfg.objective}", total_steps=total, verbose=verbose,
+                         drop_last=drop_last, shuffle_buffer=max(cfg.batch_size * 4, 1000))
     quiet_progress()
     t0 = time.perf_counter()
     if executor == "inline":
@@ -176,7 +211,8 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
         init_ray(address)
         datasets = {"train": ray.data.from_arrow(table)}
     run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "spec": spec}, name=cfg.objective,
-              out_dir=out_dir, datasets=datasets, executor=executor, export=lambda d: _export(d, out_dir, cfg))
+              out_dir=out_dir, datasets=datasets, executor=executor,
+              export=lambda d: _export(d, out_dir, cfg, card, total))
     history, model_dir, rv = run["history"], run["model"], run["result"]
     write_curves(history, out_dir / "curves", cfg.objective, f"student {cfg.objective} ({cfg.init})", [
         ("train loss", [("train_loss", None)], False),
@@ -194,6 +230,13 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
     return summary
 
 
+def epoch_left_out(n_rows: int, workers: int, batch_size: int, drop_last: bool) -> int:
+    """Rows an epoch does not reach: the workers' equal shares' remainder, and with drop_last each share's
+    short last batch (the count epoch_shortfall's note gives)."""
+    per_worker = n_rows // workers
+    return n_rows - (per_worker // batch_size * batch_size if drop_last else per_worker) * workers
+
+
 def evaluate_student(cfg: StudentConfig, model_dir: str, sts_dir: str, out_dir: Path) -> dict:
     """The surrogate's evaluation hook for students: the STS suite by cosine, plus the objective's
     own inference rule (`Objective.scorers`: Eq. 7 for RankEncoder, relational similarity for RSE)."""
@@ -203,6 +246,9 @@ def evaluate_student(cfg: StudentConfig, model_dir: str, sts_dir: str, out_dir: 
     reports = {"cosine": evaluate(load_model_scorer(model_dir), tasks, missing)}
     for name, scorer in objective_class(cfg.objective).scorers(cfg, model_dir).items():
         reports[name] = evaluate(scorer, tasks, missing)
+    from sentsim.surrogate.card import record_sts
+
+    record_sts(Path(model_dir), reports["cosine"])  # the card's STS section, as `sentsim eval sts` writes it
     (out_dir / "eval.json").write_text(json.dumps({k: r.to_dict() for k, r in reports.items()}, indent=2))
     (out_dir / "eval.md").write_text("\n".join(to_markdown(r, k) for k, r in reports.items()))
     return {k: r.average for k, r in reports.items()}

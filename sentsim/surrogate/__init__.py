@@ -4,7 +4,8 @@
     train_surrogate(SurrogateConfig(), data="harvest/", backbone=MINILM, out="surrogate/")
 
 config.py (settings), data.py (harvest checks, ray.data splits), models.py (Siamese and cross forms,
-export), trainee.py (the step and the dev metric), train.py (stages on the shared loop of
+export), export.py (a model folder replaced all or nothing, students' too), card.py (the README.md that
+says what a model is), trainee.py (the step and the dev metric), train.py (stages on the shared loop of
 sentsim.training).
 """
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -150,26 +151,42 @@ def save_hf(model: nn.Module, tok, folder: Path) -> None:
     tok.save_pretrained(str(folder))
 
 
-def export_model(hf_dir: Path, out: Path, arch: str, max_seq_length: int) -> Path:
+def export_model(hf_dir: Path, out: Path, arch: str, max_seq_length: int, card: Optional[dict] = None,
+                 extras: Optional[Callable[[Path], None]] = None) -> Path:
     """Siamese -> a sentence-transformers folder (Transformer + mean Pooling, weights at the root so
     plain AutoModel loads it too). Cross -> a CrossEncoder folder with an identity activation: the
-    head regresses the teacher's similarity directly, so no sigmoid."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import shutil
+    head regresses the teacher's similarity directly, so no sigmoid. `extras(folder)` adds side files;
+    `card` (sentsim.surrogate.card) is what README.md says the model is.
 
-    if out.exists():
-        shutil.rmtree(out)
+    Written beside `out` and swapped in by renames (sentsim.surrogate.export): a kill at any moment
+    leaves the old model or the new one, whole."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentsim.surrogate.card import CARD_FILE, render
+    from sentsim.surrogate.export import replace_folder
+
+    info = {"format": 1, "card": {"form": "cross-encoder" if arch == "cross" else "sentence-transformer",
+                                  "max_seq_length": max_seq_length, **(card or {})}}
+
+    def write(folder: Path) -> None:
+        _save_final(hf_dir, folder, arch, max_seq_length)
+        if extras is not None:
+            extras(folder)
+        (folder / CARD_FILE).write_text(render(info), encoding="utf-8")  # over the library's blank template
+
+    return replace_folder(Path(out), write, info)
+
+
+def _save_final(hf_dir: Path, folder: Path, arch: str, max_seq_length: int) -> None:
     if arch == "cross":
         from sentence_transformers import CrossEncoder
 
         ce = CrossEncoder(str(hf_dir), num_labels=1, max_length=max_seq_length, activation_fn=nn.Identity(),
                           device="cpu")
-        ce.save(str(out))
-        return out
+        ce.save(str(folder))
+        return
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
     tr = Transformer(str(hf_dir), max_seq_length=max_seq_length)
     st = SentenceTransformer(modules=[tr, Pooling(tr.get_embedding_dimension(), "mean")], device="cpu")
-    st.save(str(out))
-    return out
+    st.save(str(folder))

@@ -6,10 +6,10 @@ Stages: "harvest" (fit the harvested Origin scores, paper section 3.4) and optio
 harvest checks (data.py), the step and the dev/test metric (trainee.py), the export to a
 sentence-transformers or CrossEncoder folder (models.py) and the curves' panels.
 
-OUT/ holds model/ (and model-sts/), curves/<stage>.json and .png, run.json, summary.json and
-ray/<stage> (Ray Train checkpoints): running the same command again with the same --out resumes from
-the latest checkpoint (model, optimizer, scheduler, step and curves), and a finished stage is not
-redone.
+OUT/ holds model/ (and model-sts/; each with its card README.md, swapped in whole by export.py),
+curves/<stage>.json and .png, run.json, summary.json and ray/<stage> (Ray Train checkpoints): running the
+same command again with the same --out resumes from the latest checkpoint (model, optimizer, scheduler,
+step and curves), and a finished stage is not redone.
 """
 
 from __future__ import annotations
@@ -34,8 +34,28 @@ from sentsim.training.run import (
 __all__ = ["TrainingDiverged", "run_stage", "train_surrogate"]
 
 
-def run_stage(name: str, datasets: dict, n_train: int, spec: dict, cfg: SurrogateConfig, out: Path) -> dict:
+LOSSES = {"cosine_regression": "L2 between the predicted similarity and the target (paper section 3.4)",
+          "cosent": "CoSENT: the order of the predicted similarities against the targets' order"}
+PREDICTS = {"siamese": "the cosine of the two mean-pooled sentence vectors",
+            "cross": "a regression head on [CLS] s1 [SEP] s2 (identity activation)"}
+
+
+def stage_card(name: str, cfg: SurrogateConfig, spec: dict, base: dict, data: dict, rows: dict) -> dict:
+    """What the stage's model card says it is (sentsim.surrogate.card)."""
+    settings = {k: spec[k] for k in ("epochs", "batch_size", "lr", "max_steps")}
+    settings.update({k: getattr(cfg, k) for k in ("arch", "loss", "warmup_ratio", "weight_decay", "max_seq_length",
+                                                   "num_workers", "seed")})
+    return {"kind": "surrogate", "title": f"sentsim surrogate ({cfg.arch}, {name} stage)",
+            "summary": f"A surrogate of the Origin teacher (paper section 3.4): it predicts a pair's similarity as "
+                       f"{PREDICTS[cfg.arch]}, trained to reproduce the teacher's scores.",
+            "base_model": base, "data": data, "rows": rows, "settings": settings,
+            "objective": {"name": cfg.loss, "description": LOSSES.get(cfg.loss, "")}}
+
+
+def run_stage(name: str, datasets: dict, n_train: int, spec: dict, cfg: SurrogateConfig, out: Path,
+              card: dict) -> dict:
     """Train one stage on Ray Train and export its model; returns the stage summary."""
+    from sentsim.surrogate.card import final_metrics
     from sentsim.surrogate.models import export_model
     from sentsim.surrogate.trainee import build_trainee
 
@@ -47,7 +67,8 @@ def run_stage(name: str, datasets: dict, n_train: int, spec: dict, cfg: Surrogat
     model_dir = out / ("model" if name == "harvest" else "model-sts")
     run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "stage": spec}, name=name,
               out_dir=out, datasets=datasets, hint="training stopped (check the scores' scale, or lower --set lr=...)",
-              export=lambda d: export_model(d / "model", model_dir, cfg.arch, cfg.max_seq_length))
+              export=lambda d: export_model(d / "model", model_dir, cfg.arch, cfg.max_seq_length, card={
+                  **card, "training": {"steps": total, "epochs": spec["epochs"], "final": final_metrics(d)}}))
     history = run["history"]
     write_curves(history, out / "curves", name, f"surrogate ({cfg.arch}, {spec['init']}) - {name}", [
         ("dev L2 (mean squared error vs targets)", [("dev_l2", None)], True),
@@ -97,23 +118,36 @@ def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, ou
                                 "finetune_sts": finetune_sts}, force_new, out)
 
     from sentsim.runtime import init_ray
+    from sentsim.surrogate.card import base_model, harvest_data
+    from sentsim.surrogate.export import finish_swap
 
+    for name in ("model", "model-sts"):  # an export killed between its renames is finished before anything else
+        finish_swap(out_dir / name)
     quiet_progress()
     init_ray(address)
     stages = []
     current_backbone, current_init = backbone, cfg.init
+    base = base_model(bb, cfg.init)
     if harvest:
         spec = {"backbone": bb["path"], "init": cfg.init, "epochs": cfg.epochs, "batch_size": cfg.batch_size,
                 "lr": cfg.lr, "eval_every": cfg.eval_every, "max_steps": cfg.max_steps}
+        rows = {"trained": harvest.scored["train"], "total": harvest.rows, "unit": "pairs",
+                "left_out": harvest.left_out, "dev_pairs": harvest.scored["dev"], "test_pairs": harvest.scored["test"]}
+        card = stage_card("harvest", cfg, spec, base, harvest_data(harvest.root, harvest.manifest), rows)
         stages.append(run_stage("harvest", harvest_datasets(harvest, cfg.eval_max_pairs), harvest.scored["train"],
-                                spec, cfg, out_dir))
+                                spec, cfg, out_dir, card))
         current_backbone, current_init = stages[-1]["model"], "pretrained"
+        base = {"name": None, "path": str(current_backbone), "model_type": bb["model_type"], "init": "pretrained"}
     if finetune_sts:
         ds, counts = stsb_datasets(finetune_sts)
         ft = cfg.finetune
         spec = {"backbone": str(current_backbone), "init": current_init, "epochs": ft.epochs,
                 "batch_size": ft.batch_size, "lr": ft.lr, "eval_every": ft.eval_every, "max_steps": ft.max_steps}
-        stages.append(run_stage("finetune-sts", ds, counts["train"], spec, cfg, out_dir))
+        rows = {"trained": counts["train"], "total": counts["train"], "unit": "pairs", "dev_pairs": counts["dev"],
+                "test_pairs": counts["test"]}
+        data = {"kind": "STS-B train", "path": str(finetune_sts), "targets": "gold scores / 5 (paper section 4.1)"}
+        stages.append(run_stage("finetune-sts", ds, counts["train"], spec, cfg, out_dir,
+                                stage_card("finetune-sts", cfg, spec, base, data, rows)))
     summary = {"fingerprint": run_id, "stages": stages}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

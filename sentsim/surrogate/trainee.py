@@ -77,7 +77,7 @@ class SurrogateTrainee(Trainee):
         enc = tokenize(self.tok, self.cfg.arch, [str(x) for x in batch["s1"]], [str(x) for x in batch["s2"]],
                        self.cfg.max_seq_length, device)
         y = torch.as_tensor(np.asarray(batch["score"], dtype=np.float32), device=device)
-        return self.loss.on_scores(self.model(enc), y), {}
+        return self.loss.on_scores(self.model(enc), y), {"batch_rows": len(y)}  # a short last batch counts too
 
     def save(self, folder: Path) -> None:
         from sentsim.surrogate.models import save_hf

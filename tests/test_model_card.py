@@ -1,0 +1,83 @@
+"""An exported model says what it is: its README.md (YAML front matter, as sentence-transformers' own cards)
+names its base model, the harvest it was trained on (path and fingerprint), the teacher's metric, the
+objective and its settings, the row counts, and, once `sentsim eval sts` has run on it, its STS scores.
+
+After a real tiny training run through the CLI (a PaSeR student, inline, on a small harvest); the surrogate's
+card is checked after its Ray training runs in test_surrogate.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from conftest import sentsim_cli
+from harvest_support import small_pairs_run, tiny_bert, write_pairs_run
+
+from sentsim.evaluation.model_folder import INFO_FILE
+
+pytestmark = pytest.mark.slow
+
+
+def read_card(folder):
+    """(front matter, body) of folder/README.md."""
+    text = (folder / "README.md").read_text()
+    assert text.startswith("---\n"), text[:200]
+    front, body = text[4:].split("\n---\n", 1)
+    return yaml.safe_load(front), body
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("card")
+    harvest = write_pairs_run(root / "h", *small_pairs_run())
+    backbone = tiny_bert(root / "bert", layers=1, width=32, heads=2, positions=64)
+    out = root / "out"
+    r = sentsim_cli("train", "student", "--objective", "paser", "--data", harvest, "--backbone", backbone,
+                    "--out", out, "--executor", "inline", "--max-steps", "2", "--set", "max_seq_length=16",
+                    "--set", "batch_size=8", "--set", "paser.decoder_layers=1", "--set", "paser.decoder_heads=2")
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    sts = root / "sts" / "STS2013-en-test"
+    sts.mkdir(parents=True)
+    pairs = [("a man plays a flute", "a man is playing a flute", 5.0), ("a dog runs", "the cat sleeps", 0.5),
+             ("prices rose", "prices went up", 4.0), ("it rains", "the senate voted", 0.0)]
+    (sts / "STS.input.a.txt").write_text("".join(f"{a}\t{b}\n" for a, b, _ in pairs))
+    (sts / "STS.gs.a.txt").write_text("".join(f"{g}\n" for *_, g in pairs))
+    return {"out": out, "model": out / "model", "harvest": harvest, "backbone": backbone, "sts": sts.parent}
+
+
+def test_a_student_card_says_what_the_model_is(trained):
+    model, harvest = trained["model"], trained["harvest"]
+    front, body = read_card(model)
+    assert front["library_name"] == "sentence-transformers" and front["pipeline_tag"] == "sentence-similarity"
+    assert front["base_model"] == str(trained["backbone"])
+    assert {"sentence-transformers", "sentsim", "sentsim-student", "paser"} <= set(front["tags"])
+    assert "Unknown" not in body and "model-index" not in front  # not the library's blank template; no scores yet
+    fingerprint = json.loads((harvest / "manifest.json").read_text())["fingerprint"]
+    assert f"Harvest: `{harvest}`, fingerprint `{fingerprint}`" in body
+    summary = json.loads((trained["out"] / "summary.json").read_text())
+    assert f"Rows: trained on {summary['rows']} paser training rows" in body
+    assert "skipped (no phrase): 4" in body and "sentences: 50" in body
+    assert "Objective: `paser`, 002: phrase reconstruction" in body
+    assert "| paser.top_k | `3` |" in body and "| batch_size | `8` |" in body
+    assert "Steps: 2 over 1 epoch(s)" in body and "Not evaluated yet" in body
+    card = json.loads((model / INFO_FILE).read_text())["card"]
+    assert card["data"]["fingerprint"] == fingerprint and card["base_model"]["init"] == "pretrained"
+
+
+def test_eval_sts_records_its_scores_on_the_card(trained):
+    model = trained["model"]
+    r = sentsim_cli("eval", "sts", "--model", model, "--data", trained["sts"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "STS scores recorded" in r.stdout
+    front, body = read_card(model)
+    result = front["model-index"][0]["results"][0]
+    assert result["dataset"]["name"] == "STS13"
+    spearman = next(m["value"] for m in result["metrics"] if m["type"] == "spearman_cosine")
+    info = json.loads((model / INFO_FILE).read_text())
+    assert spearman == pytest.approx(info["sts"]["tasks"]["STS13"]["spearman"] / 100, abs=1e-4)
+    assert "| STS13 | 4/4 |" in body and "Not evaluated yet" not in body
+    # the card is documentation: the folder is still whole, and evaluates again
+    r = sentsim_cli("eval", "sts", "--model", model, "--data", trained["sts"])
+    assert r.returncode == 0, r.stderr[-3000:]
