@@ -4,7 +4,8 @@ A resumable run is refused when its fingerprint changes, and a fingerprint holds
 output depends on, never how a path was spelt:
 
     fingerprint(*parts)         the hash of JSON-able parts: a resolved config, the identities below
-    checkpoint_hash(path)       a model folder (or file) by the bytes of its weight, config and vocab files
+    checkpoint_hash(path)       a model folder (or file) by the bytes of its weight, config and vocab files,
+                                not a trainer's scratch beside them nor its model card (`model_files`)
     corpus_fingerprint(corpus)  a corpus run by the fingerprint its build recorded (config and inputs' sha256)
     cache_identity(corpus, d)   a representation cache by its format, corpus, discriminator and window
 
@@ -36,8 +37,47 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
+# The files that make a model, by suffix: weights, configs, vocabularies and tokenizers.
+MODEL_SUFFIXES = (".safetensors", ".json", ".txt", ".model", ".bin")
+# What a trainer keeps in its --out beside the model it exports: training state (Ray Train's timestamped
+# checkpoints, the inline checkpoint, the discriminator's _train), curves and its own records of the run.
+# A rerun rewrites them and none of it is the model, so none of it is the model's identity.
+TRAINER_SCRATCH = frozenset({"ray", "runs", "checkpoint", "checkpoint.old", "checkpoint.tmp", "_train", "curves",
+                             "run.json", "summary.json", "train_summary.json", "eval.json"})
+# A context bundle (context.json) also keeps its training copy of the tokenizer in tokenizer/; the
+# bundle's own is the tokenizer.json beside context.json.
+CONTEXT_BUNDLE_SCRATCH = frozenset({"tokenizer"})
+# What an exported model says about itself (sentsim_model.json: its file list, provenance and the STS scores
+# `eval sts` records there): it describes the model and changes when the model is evaluated, so it is no part
+# of its identity, like the model card README.md.
+MODEL_DESCRIPTION = frozenset({"sentsim_model.json"})
+
+
+def model_files(path: str | Path) -> list[Path]:
+    """The files that are a model folder's model (or the file itself): its weight, config and vocab
+    files, not the trainer's scratch (TRAINER_SCRATCH), documentation (a model card README.md or the
+    export's sentsim_model.json, both of which `eval sts` updates with scores, or any other README) nor a
+    killed writer's temporary file."""
+    from storage.fs import TMP_PREFIX
+
+    p = Path(path)
+    if not p.is_dir():
+        return [p] if p.suffix in MODEL_SUFFIXES or p.name == "tokenizer.json" else []
+    scratch = TRAINER_SCRATCH | (CONTEXT_BUNDLE_SCRATCH if (p / "context.json").is_file() else frozenset())
+    out = []
+    for f in p.rglob("*"):
+        rel = f.relative_to(p)
+        if (rel.parts[0] in scratch or not f.is_file() or f.name.upper().startswith("README")
+                or f.name in MODEL_DESCRIPTION or f.name.startswith(TMP_PREFIX)):
+            continue
+        if f.suffix in MODEL_SUFFIXES or f.name == "tokenizer.json":
+            out.append(f)
+    return sorted(out)
+
+
 def checkpoint_hash(path: str) -> str:
-    """sha256 over a checkpoint folder's weight and config files: goes into every fingerprint."""
+    """sha256 over a model folder's model files (`model_files`): goes into every fingerprint. A rerun of
+    the trainer that wrote it, which rewrites only its scratch, keeps it."""
     p = Path(path)
     if not p.exists():
         raise UsageError(f"{path}: no such model checkpoint")
@@ -47,11 +87,9 @@ def checkpoint_hash(path: str) -> str:
 
     local = LocalFileSystem()
     h = hashlib.sha256()
-    files = sorted(x for x in (p.rglob("*") if p.is_dir() else [p]) if x.is_file())
-    for f in files:
-        if f.suffix in (".safetensors", ".json", ".txt", ".model", ".bin") or f.name == "tokenizer.json":
-            h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
-            hash_into(h, local, str(f))
+    for f in model_files(p):
+        h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
+        hash_into(h, local, str(f))
     return h.hexdigest()[:16]
 
 

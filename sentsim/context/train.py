@@ -20,8 +20,9 @@
      started again with the same `--out`; the data stream is rebuilt with the same seed and the batches
      already trained on are passed over, so it goes on where it stopped. Other
      settings against the same --out are refused (--force-new discards the earlier run);
-  7. the final bundle (tokenizer/, context.json, models/<name>/) is written to `out`, with
-     runs/<name>/history.json and train_summary.json.
+  7. the final bundle (tokenizer.json, context.json, models/<name>/) is written to `out`, with
+     runs/<name>/history.json and train_summary.json; run.json then records the run as finished, and
+     the same command again is a no-op that says so (the bundle keeps its bytes and its identity).
 
 Training state lives in `out/runs/<name>/` (ray/<name>/ for Ray Train, checkpoint/ inline) in the
 shared loop's checkpoint format: model/ (safetensors), state.pt (read with torch.load(weights_only=True)),
@@ -507,7 +508,7 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
                   address: Optional[str] = None, force_new: bool = False) -> dict:
     """Train the context model(s) and write the bundle to `out`. Returns a summary (also `out/train_summary.json`)."""
     from sentsim.runtime import absolute_local
-    from sentsim.training.run import claim_out, fit, quiet_progress
+    from sentsim.training.run import claim_out, finished_run, fit, mark_finished, quiet_progress, say_finished
 
     out_arg = out
     corpus, out, tokenizer_from = (absolute_local(p) if p else p for p in (corpus, out, tokenizer_from))
@@ -528,8 +529,12 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
     cfg = cfg.model_copy(update={"batch_tokens": cfg.resolved_batch_tokens(trains_on_gpu(cfg))})
     run_id = run_fingerprint(cfg, corpus_id, tokenizer_from)
     _refuse_legacy_resume(out_p, cfg, force_new, out_arg)
-    claim_out(out_p, run_id, {"config": cfg.model_dump(), "corpus": corpus, "tokenizer_from": tokenizer_from},
-              force_new, out_arg, state=("runs", "tokenizer"))
+    record = {"config": cfg.model_dump(), "corpus": corpus, "tokenizer_from": tokenizer_from}
+    done = None if force_new else finished_run(out_p, run_id, record, out_p)
+    if done is not None:
+        say_finished("context", out_arg, f"bundle (fingerprint {run_id})")
+        return done["summary"]
+    claim_out(out_p, run_id, record, force_new, out_arg, state=("runs", "tokenizer"))
     tok_dir = out_p / "tokenizer"
     if (tok_dir / "tokenizer.json").is_file():
         tok = ContextTokenizer.load(tok_dir)  # resuming: keep the tokenizer the checkpoints were trained with
@@ -576,4 +581,5 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
         "corpus": str(corpus), "runs": {k: {kk: vv for kk, vv in v.items() if kk != "initial_eval"}
                                         for k, v in summary["runs"].items()}}})
     (out_p / "train_summary.json").write_text(json.dumps(summary, indent=1))
+    mark_finished(out_p, out_p, summary)
     return summary

@@ -30,7 +30,10 @@ def save_config(out: Path, job, corpus_fp: str, vocab, final: dict, history: lis
         "metrics": final,
         "history": history,
     }
-    (Path(out) / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    from storage.fs import write_text_atomic
+
+    # atomically and last: the model is whole (and a rerun of its job a no-op) once config.json is there
+    write_text_atomic(str(Path(out) / "config.json"), json.dumps(cfg, indent=2))
 
 
 class Discriminator:

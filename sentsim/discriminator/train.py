@@ -207,19 +207,67 @@ def build_trainee(config: dict, session, ckpt: Optional[Path]) -> DiscriminatorT
 RESUMABLE_TRAIN_KEYS = ("epochs", "max_steps", "eval_every", "num_workers", "cpus_per_worker")
 
 
+# train settings that leave a finished model as it is: how wide it ran and how often it evaluated (a finished
+# run keeps no training state, so unlike epochs and max_steps they have nothing to resume)
+WIDTH_KEYS = ("eval_every", "num_workers", "cpus_per_worker")
+
+
+def finished_model(out: Path, job: DiscriminatorJob, corpus_fp: str) -> Optional[dict]:
+    """The metrics of the model a finished run of this job on this corpus left in `out` (its config.json,
+    written last, says what it was trained with), or None: then it is trained (again)."""
+    import json
+
+    from sentsim.discriminator.io import FORMAT
+
+    if (out / "_train").exists() or not (out / "model.safetensors").is_file() or not (out / "vocab.json").is_file():
+        return None  # a run is under way, was killed, or left no model
+    try:
+        cfg = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(cfg, dict) or cfg.get("format") != FORMAT or cfg.get("corpus_fingerprint") != corpus_fp:
+        return None
+    same = lambda d: {k: v for k, v in d.items() if k not in WIDTH_KEYS}  # noqa: E731
+    this = json.loads(job.model_dump_json())
+    if cfg.get("model") != this["model"] or same(cfg.get("train") or {}) != same(this["train"]):
+        return None
+    return cfg.get("metrics") or {}
+
+
+def _vocab_and_init(st, job: DiscriminatorJob, state: Path):
+    """The vocabulary (saved in the training state: OUT/vocab.json only with the model it belongs to) and
+    the path of the LSA embeddings the weights start from (None for random ones)."""
+    from sentsim.discriminator.vocab import Vocab
+
+    vocab = Vocab.build(st.texts, job.model.vocab_size, job.model.min_count)
+    if len(vocab) <= 3:
+        vocab = Vocab.build(st.texts, job.model.vocab_size, 1)
+    vocab.save(state / "vocab.json")
+    if job.model.embed_init != "lsa":
+        return vocab, None
+    from sentsim.discriminator.embed_init import lsa_embeddings
+
+    init_path = state / "embed_init.npy"
+    if not init_path.is_file():
+        emb = lsa_embeddings([vocab.encode(t, job.model.max_tokens) for t in st.texts], len(vocab),
+                             job.model.embed_dim, seed=job.train.seed)
+        np.save(init_path, emb, allow_pickle=False)
+    return vocab, init_path
+
+
 def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJob | None = None,
                         address: str | None = None, force_new: bool = False) -> dict:
     """Build the vocabulary, train through the shared loop on Ray Train, save model + vocab + config
     into `out`. Training state lives in OUT/_train until the model is exported (a rerun with the same
-    --out resumes from its latest checkpoint)."""
+    --out resumes from its latest checkpoint); the same command again on the finished model is a no-op
+    that says so and returns its metrics, so the model keeps its bytes and its identity."""
     from corpus.view import SentenceTable
     from sentsim.discriminator.data import window_centres
     from sentsim.discriminator.io import save_config
-    from sentsim.discriminator.vocab import Vocab
     from sentsim.identity import corpus_fingerprint
     from sentsim.out_paths import check_out
     from sentsim.runtime import absolute_local, init_ray
-    from sentsim.training.run import claim_out, fit, plan_steps, quiet_progress, release_out
+    from sentsim.training.run import claim_out, fit, plan_steps, quiet_progress, release_out, say_finished
 
     job = job or DiscriminatorJob()
     check_out(out, {"--corpus": corpus}, local="a model and its training state")
@@ -239,21 +287,14 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     what = {"model": job.model.model_dump(),
             "train": {k: v for k, v in tc.model_dump().items() if k not in RESUMABLE_TRAIN_KEYS}}
     run_id = fingerprint("discriminator", what, corpus_fp)
+    done = None if force_new else finished_model(out, job, corpus_fp)
+    if done is not None:
+        say_finished("discriminator", out_arg, f"model (fingerprint {run_id})")
+        return done
     state = out / "_train"
     claim_out(state, run_id, {"job": job.model_dump(), "corpus": str(corpus)}, force_new, out_arg)
-    vocab = Vocab.build(st.texts, job.model.vocab_size, job.model.min_count)
-    if len(vocab) <= 3:
-        vocab = Vocab.build(st.texts, job.model.vocab_size, 1)
-    vocab.save(state / "vocab.json")  # out/vocab.json only with the model it belongs to
-    init_path = None
-    if job.model.embed_init == "lsa":
-        from sentsim.discriminator.embed_init import lsa_embeddings
-
-        init_path = state / "embed_init.npy"
-        if not init_path.is_file():
-            emb = lsa_embeddings([vocab.encode(t, job.model.max_tokens) for t in st.texts], len(vocab),
-                                 job.model.embed_dim, seed=tc.seed)
-            np.save(init_path, emb, allow_pickle=False)
+    (out / "config.json").unlink(missing_ok=True)  # a model is whole again once its config.json is written, last
+    vocab, init_path = _vocab_and_init(st, job, state)
     del st
 
     # the training windows, as each worker will split them (same seed, same rule): the plan's step count

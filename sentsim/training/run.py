@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import time
 from contextlib import nullcontext
@@ -21,8 +22,8 @@ from typing import Callable, Optional
 from sentsim.errors import UsageError
 from sentsim.training.common import quiet_progress, use_gpu
 
-__all__ = ["TrainingDiverged", "claim_out", "fit", "loop_settings", "plan_steps", "quiet_progress", "release_out",
-           "use_gpu", "write_curves"]
+__all__ = ["TrainingDiverged", "claim_out", "finished_run", "fit", "loop_settings", "mark_finished", "plan_steps",
+           "quiet_progress", "release_out", "say_finished", "use_gpu", "write_curves"]
 
 
 class TrainingDiverged(UsageError):
@@ -81,6 +82,43 @@ def release_out(out_dir: Path) -> None:
         lease.release()
 
 
+def finished_run(out_dir: Path, run_id: str, record: dict, model: Path) -> Optional[dict]:
+    """What `mark_finished` recorded in OUT/run.json when this very run (fingerprint and every setting in
+    `record`, the resumable ones included) finished there and `model` is still the model it exported
+    (by checkpoint_hash); None otherwise, and the run goes on (a resume, or a longer run) as before."""
+    from sentsim.identity import checkpoint_hash
+
+    try:
+        prev = json.loads((out_dir / "run.json").read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    done = prev.get("finished") if isinstance(prev, dict) else None
+    if not isinstance(done, dict) or prev.get("fingerprint") != run_id or not model.exists():
+        return None
+    if {k: prev.get(k) for k in record} != json.loads(json.dumps(record, default=str)):
+        return None
+    return done if done.get("model_hash") == checkpoint_hash(str(model)) else None
+
+
+def mark_finished(out_dir: Path, model: Path, summary: dict) -> None:
+    """Record in OUT/run.json, last and atomically, that the run claim_out recorded there finished, with
+    its exported model's identity and summary: the same command again is a no-op (`finished_run`).
+    claim_out rewrites run.json without it, so a run that trains again is not finished until it ends."""
+    from sentsim.identity import checkpoint_hash
+    from storage.fs import write_text_atomic
+
+    run_file = out_dir / "run.json"
+    record = json.loads(run_file.read_text())
+    record["finished"] = {"model_hash": checkpoint_hash(str(model)), "summary": summary}
+    write_text_atomic(str(run_file), json.dumps(record, indent=2, default=str))
+
+
+def say_finished(label: str, out_arg: str, what: str) -> None:
+    """The one line a rerun of a finished training prints instead of training."""
+    print(f"[{label}] --out {out_arg} already holds this finished {what}; nothing to do "
+          "(--force-new trains it again)", flush=True)
+
+
 def plan_steps(label: str, n_rows: int, *, num_workers: int, batch_size: int, epochs: int, max_steps: int,
                drop_last: bool) -> int:
     """Total optimizer steps: each worker gets n_rows // num_workers rows (an equal split)."""
@@ -129,6 +167,10 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
     for a trainee that reads its own batches. Resources come from loop_config["loop"] (num_workers,
     cpus_per_worker, use_gpu, checkpoints_to_keep, max_failures). Returns {"model", "history", "gpu",
     "result"} (result: rank 0's return value). Raises TrainingDiverged when the loss stopped being finite.
+
+    A fit whose export is a folder or file records it (`FitRecord`): called again with the same settings
+    while that export is unchanged, it says so in one line and returns the record, without starting
+    a trainer nor exporting again, so a finished model keeps its bytes and its identity.
     """
     from sentsim.training.loop import HISTORY_FILE, inline_checkpoint, train_loop  # torch: worker-side, imported late
 
@@ -136,6 +178,14 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
     label = L["label"]
     datasets = datasets or {}
     out_dir = Path(out_dir).absolute()
+    record = FitRecord(out_dir, name, executor, loop_config)
+    done = record.finished()
+    if done is not None:
+        if L.get("verbose", True):
+            print(f"[{label}] already trained to step {done['history'][-1].get('step')} with these settings; "
+                  f"nothing to do ({done['model']} is kept)", flush=True)
+        return done
+    record.clear()
     t0 = time.perf_counter()
     if executor == "inline":
         gpu = False
@@ -175,7 +225,57 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
     with checkpoint as d:
         history = rv.get("history") or json.loads((Path(d) / HISTORY_FILE).read_text())
         model_dir = export(Path(d))
-    return {"model": model_dir, "history": history, "gpu": gpu, "result": rv}
+    out = {"model": model_dir, "history": history, "gpu": gpu, "result": rv}
+    record.write(out)
+    return out
+
+
+class FitRecord:
+    """What a finished fit exported, kept beside its training state (OUT/ray/<name>.done.json, or in the
+    inline checkpoint folder), so that --force-new and a new training discard it with that state: its
+    settings (the loop config as fingerprinted, the trainee's build hook aside; the data's identity is
+    the run's fingerprint, which claim_out keeps for that state), the export and its checkpoint_hash,
+    and the history and result it returned."""
+
+    def __init__(self, out_dir: Path, name: str, executor: str, loop_config: dict):
+        from sentsim.identity import fingerprint
+
+        state = out_dir / ("checkpoint" if executor == "inline" else "ray")
+        self.out_dir, self.path = out_dir, state / f"{name}.done.json"
+        self.settings = fingerprint(name, executor, {k: v for k, v in loop_config.items() if k != "build"})
+
+    def finished(self) -> Optional[dict]:
+        """The fit's return value when it finished with these settings and its export is unchanged."""
+        from sentsim.identity import checkpoint_hash
+
+        try:
+            rec = json.loads(self.path.read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        if not isinstance(rec, dict) or rec.get("settings") != self.settings or not rec.get("history"):
+            return None
+        model = self.out_dir / (rec.get("model") or "")  # kept relative: --out may have moved
+        if not rec.get("model") or not model.exists() or checkpoint_hash(str(model)) != rec.get("model_hash"):
+            return None
+        return {"model": model, "history": rec["history"], "gpu": rec.get("gpu", False),
+                "result": {**rec.get("result", {}), "history": rec["history"]}}
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def write(self, out: dict) -> None:
+        """Kept only for an export that is a path (a trainer whose export is an object keeps its own record)."""
+        from sentsim.identity import checkpoint_hash
+        from storage.fs import write_text_atomic
+
+        model = out["model"]
+        if not isinstance(model, (str, Path)) or not Path(model).exists() or not self.path.parent.is_dir():
+            return
+        model = Path(model).absolute()
+        rec = {"settings": self.settings, "model": os.path.relpath(model, self.out_dir),
+               "model_hash": checkpoint_hash(str(model)), "history": out["history"], "gpu": out["gpu"],
+               "result": {k: v for k, v in out["result"].items() if k != "history"}}
+        write_text_atomic(str(self.path), json.dumps(rec, indent=1, default=str))
 
 
 def write_curves(history: list[dict], folder: Path, name: str, title: str,
