@@ -128,3 +128,52 @@ def test_every_command_refuses_an_out_over_its_input_before_deleting(corpus, sam
     assert _unchanged(corpus) == before and verify_store(c) == []
     assert pairs.read_text() == "a b c\td e f\n" and (model / "config.json").read_text() == "{}"
     assert not (ROOT / "s3:").exists()
+
+
+def test_each_input_of_every_command_is_checked_on_its_own(corpus, tmp_path):
+    """Every input a command reads, with --out over that input alone (the other inputs apart), so that no
+    input is refused only because another one that it sits beside is checked first."""
+    c, t = str(corpus), tmp_path
+    model, sts, enc = t / "model", t / "sts", t / "enc"
+    for d in (model, sts, enc, t / "idx", t / "disc", t / "rcache", t / "tok", t / "pt", t / "ws"):
+        d.mkdir()
+    (model / "config.json").write_text("{}")
+    pairs = t / "pairs.tsv"
+    pairs.write_text("a b c\td e f\n")
+    m, idx = str(model), str(t / "idx")
+    harvest = ("harvest", "--corpus", c, "--index", idx, "--context-models", m, "--force-new")
+    contexts = ("contexts", "--corpus", c, "--index", idx, "--force-new")
+    context = ("train", "context", "--corpus", c, "--force-new")
+    student = ("train", "student", "--data", c, "--backbone", m, "--force-new")
+    cases = [
+        ((*harvest, "--discriminator", str(t / "disc"), "--out", str(t / "disc" / "h")),
+         "lies inside the input --discriminator"),
+        ((*harvest, "--set", f"rank.encoder={enc}", "--out", str(enc)), "is the input rank.encoder"),
+        ((*harvest, "--set", f"contexts.rep_cache={t / 'rcache'}", "--out", str(t / "rcache" / "h")),
+         "lies inside the input contexts.rep_cache"),
+        ((*contexts, "--out", f"{c}/x"), "lies inside the input --corpus"),
+        ((*contexts, "--out", f"{idx}/x"), "lies inside the input --index"),
+        ((*contexts, "--discriminator", m, "--out", m), "is the input --discriminator"),
+        ((*contexts, "--sentences", str(pairs), "--out", str(pairs)), "is the input --sentences"),
+        ((*contexts, "--set", f"contexts.rep_cache={t / 'rcache'}", "--out", str(t / "rcache" / "x")),
+         "lies inside the input contexts.rep_cache"),
+        ((*context, "--tokenizer-from", str(t / "tok"), "--out", str(t / "tok")), "is the input --tokenizer-from"),
+        ((*context, "--set", f"model.pretrained_path={t / 'pt'}", "--out", str(t / "pt" / "x")),
+         "lies inside the input model.pretrained_path"),
+        ((*context, "--set", f"model.warm_start_path={t / 'ws'}", "--out", str(t / "ws")),
+         "is the input model.warm_start_path"),
+        (("train", "surrogate", "--data", c, "--backbone", m, "--out", m, "--force-new"), "is the input --backbone"),
+        (("train", "surrogate", "--finetune-sts", str(sts), "--backbone", str(t / "bb"), "--out", str(sts),
+          "--force-new"), "is the input --finetune-sts"),
+        ((*student, "--out", f"{c}/s"), "lies inside the input --data"),
+        ((*student, "--eval-sts", str(sts), "--out", str(sts)), "is the input --eval-sts"),
+        ((*student, "--set", f"rankencoder.base_encoder={enc}", "--out", str(enc)),
+         "is the input rankencoder.base_encoder"),
+        (("eval", "sts", "--model", m, "--data", c, "--json", f"{m}/r.json"), "--json",
+         "lies inside the input --model"),
+    ]
+    before = _unchanged(corpus)
+    for args, *words in cases:
+        _refused(sentsim_cli(*args, timeout=300), *words)
+    assert _unchanged(corpus) == before and (model / "config.json").read_text() == "{}"
+    assert pairs.read_text() == "a b c\td e f\n" and not any(any(p.iterdir()) for p in (sts, enc, t / "disc"))

@@ -52,10 +52,11 @@ def parts(speech_corpus, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def built(speech_corpus, parts):
-    """The cache built by the real command, in units of ~1000 sentences of whole documents."""
+    """The cache built by the real command, in units of ~1000 sentences of whole documents; its process on
+    3 torch threads, a count no Ray actor here has (the rows must not depend on it)."""
     out = parts["root"] / "cache"
     r = sentsim_cli("cache", "build", "--corpus", speech_corpus, "--discriminator", parts["disc"], "--out", out,
-                    "--executor", "inline", "--set", "sentences_per_unit=1000")
+                    "--executor", "inline", "--set", "sentences_per_unit=1000", env={"OMP_NUM_THREADS": "3"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("rep cache: ") and "-> " in r.stdout
     return out
@@ -116,16 +117,18 @@ def test_partial_build_resumes_to_the_same_tables(speech_corpus, parts, built, t
     with pytest.raises(UsageError, match="incomplete"):
         ContextCache.from_store(str(copy))
     kept = json.loads((copy / "_units" / "00000.json").read_text())
-    # resumed with another thread count: an execution setting, so the same run, and the inline build uses it
+    # resumed with another thread count (torch_threads, and the process's own): an execution setting, so the
+    # same run, and the same bits, since a unit is encoded on one thread wherever it runs
     cfg = RepCacheConfig(corpus=str(speech_corpus), discriminator=str(parts["disc"]), out=str(copy),
                          sentences_per_unit=1000, torch_threads=2)
     import torch
 
     before = torch.get_num_threads()
     try:
+        torch.set_num_threads(3)
         m = build_rep_cache(cfg, executor="inline", quiet=True)
-        assert torch.get_num_threads() == 2
-    finally:  # the thread count is the process's: give the tests after this one what they had
+        assert torch.get_num_threads() == 3  # the process's count is its own
+    finally:  # give the tests after this one what they had
         torch.set_num_threads(before)
     assert m["complete"]
     assert json.loads((copy / "_units" / "00000.json").read_text()) == kept  # done units were not redone
@@ -171,6 +174,8 @@ def test_cache_for_another_discriminator_or_corpus_is_refused(speech_corpus, par
 
 
 def test_ray_actor_pool_build_equals_inline(speech_corpus, parts, built, tmp_path, ray_local):
+    """The same bits whatever the executor: `built` ran inline on torch's default threads (every core), a
+    Ray actor has its one CPU's (OMP_NUM_THREADS=1); each unit is encoded on one thread in both."""
     from sentsim.screening.cache_job import RepCacheConfig, build_rep_cache
 
     cfg = RepCacheConfig(corpus=str(speech_corpus), discriminator=str(parts["disc"]), out=str(tmp_path / "c"),

@@ -5,6 +5,11 @@ an exact resume, and worker errors that reach the trainer as they were raised.""
 from __future__ import annotations
 
 import itertools
+import multiprocessing
+import os
+import signal
+import threading
+import time
 from collections import Counter
 
 import numpy as np
@@ -15,6 +20,7 @@ from sentsim.context.batching import collate, collate_np, padding_fraction, plan
 from sentsim.context.config import ContextTrainConfig
 from sentsim.context.stream import (
     BatchStream,
+    StopFlag,
     as_tensors,
     batch_tasks,
     build_batch,
@@ -182,6 +188,82 @@ def test_a_worker_error_reaches_the_trainer_in_one_line(corpus_dir, tok_dir):
             next(iter(stream))
         stream.close()
         assert not stream._procs
+
+
+def _spin_on(flag) -> None:
+    while not flag.is_set():
+        pass
+
+
+def _returns_within(seconds: float, fn) -> bool:
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    t.join(seconds)
+    return not t.is_alive()
+
+
+def test_the_stop_flag_outlives_a_process_killed_while_it_reads_it():
+    """A process killed in the middle of looking at the stop flag leaves nothing held: the flag is still set
+    and read at once. (A multiprocessing Event, which the stream used, takes a lock shared by every process
+    on each look: a process spinning on it holds that lock most of the time, and killed there, it left
+    close() and the collector thread blocked on it for ever.)"""
+    ctx = multiprocessing.get_context("fork")  # the spinner needs no import in the child
+    for _ in range(10):
+        flag = StopFlag(ctx)
+        spinners = [ctx.Process(target=_spin_on, args=(flag,), daemon=True) for _ in range(2)]
+        for p in spinners:
+            p.start()
+        time.sleep(0.05)
+        for p in spinners:
+            os.kill(p.pid, signal.SIGKILL)
+            p.join()
+        assert _returns_within(5, flag.set) and _returns_within(5, flag.is_set) and flag.is_set()
+
+
+def _kill(proc) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+
+
+@pytest.mark.slow
+def test_a_killed_stream_process_ends_the_iteration_and_close_returns(corpus_dir, tok_dir):
+    """A builder or the reader killed (the OOM killer, a signal) at whatever point, a batch half written
+    into its pipe included: the trainer gets an error naming it within a bound instead of waiting for ever,
+    and close() returns within its bound with no process left."""
+    cfg = _cfg()
+    for victim in (1, 0):  # builder 0 (the reader is _procs[0]), then the reader
+        stream = BatchStream(corpus_dir, tok_dir, cfg, DIRS, 0, 1, seed=5, workers=2)
+        it = iter(stream)
+        next(it)
+        procs = list(stream._procs)
+        _kill(procs[victim])
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="training-stream process\\(es\\) died: .*sentsim-stream-"):
+            for _ in range(1000):  # the batches already made come first
+                next(it)
+        assert time.monotonic() - t0 < 60
+        t0 = time.monotonic()
+        stream.close()
+        assert time.monotonic() - t0 < 30 and not any(p.is_alive() for p in procs)
+
+
+@pytest.mark.slow
+def test_close_returns_within_a_bound_whatever_the_processes_are_doing(corpus_dir, tok_dir):
+    """Closed while its queues are full (the trainer stopped taking batches), with a builder frozen in the
+    middle of whatever it was doing and a builder killed: close() returns within its bound, twice, and ends
+    every process."""
+    stream = BatchStream(corpus_dir, tok_dir, _cfg(), DIRS, 0, 1, seed=5, workers=2, prefetch=2)
+    it = iter(stream)
+    next(it)
+    procs = list(stream._procs)
+    time.sleep(2)  # the builders fill their queues and wait for room
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    _kill(procs[2])
+    t0 = time.monotonic()
+    stream.close()
+    stream.close()
+    assert time.monotonic() - t0 < 30 and not any(p.is_alive() for p in procs)
+    it.close()  # the generator's own close() after the stream's: nothing waits either
 
 
 def test_legacy_examples_match_build_example(corpus_dir, tok_dir):

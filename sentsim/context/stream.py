@@ -236,7 +236,23 @@ def micro_batches_of(batch: dict) -> list[dict]:
 # ------------------------------------------------------------------------------------------------- stream
 
 
-def _reader_main(args: dict, task_queues: list, stop) -> None:
+class StopFlag:
+    """The stop signal the stream shares with its processes: one byte of shared memory and no lock.
+    A multiprocessing Event takes a lock shared by every process on each set() and is_set(); a process
+    that died holding it (killed, or terminated by close) left the trainer's close() and the collector
+    blocked on it forever. A process can die at any instruction holding nothing here."""
+
+    def __init__(self, ctx):
+        self._flag = ctx.RawValue("b", 0)
+
+    def set(self) -> None:
+        self._flag.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self._flag.value)
+
+
+def _reader_main(args: dict, task_queues: list, stop: StopFlag) -> None:
     """Reader process: tasks round-robin into the builders' queues (task n -> builder n % W)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "true"  # a slice's sentences in one call, on every core it may use
     w = len(task_queues)
@@ -244,33 +260,52 @@ def _reader_main(args: dict, task_queues: list, stop) -> None:
         tok = _tokenizer(args)
         for task in batch_tasks(args["corpus"], tok, _cfg(args), args["directions"], args["rank"], args["world"],
                                 args["seed"], args["skip"]):
-            _put(task_queues[task.seq % w], ("task", task), stop)
+            if not _put(task_queues[task.seq % w], ("task", task), stop):
+                break
     except BaseException as exc:  # noqa: BLE001 - every builder must hear of it, or the trainer waits forever
         for q in task_queues:
             _put(q, ("error", _portable(exc)), stop)
+    _leave(task_queues, stop)
 
 
-def _builder_main(args: dict, tasks, results, stop) -> None:
+def _builder_main(args: dict, tasks, results, stop: StopFlag) -> None:
     cfg, ids = _cfg(args), args["ids"]
     while not stop.is_set():
-        kind, payload = tasks.get()
+        try:
+            kind, payload = tasks.get(timeout=0.5)
+        except queue.Empty:
+            continue
         if kind == "error":
             _put(results, ("error", payload), stop)
-            return
+            break
         try:
-            _put(results, ("batch", build_batch(payload, ids, cfg, args["directions"])), stop)
+            item = ("batch", build_batch(payload, ids, cfg, args["directions"]))
         except BaseException as exc:  # noqa: BLE001
             _put(results, ("error", _portable(exc)), stop)
-            return
+            break
+        if not _put(results, item, stop):
+            break
+    _leave([results], stop)
 
 
-def _put(q, item, stop) -> None:
+def _put(q, item, stop) -> bool:
+    """Put `item` on `q`, waiting for room while not stopped; False when stopped first."""
     while not stop.is_set():
         try:
             q.put(item, timeout=0.5)
-            return
+            return True
         except queue.Full:
             continue
+    return False
+
+
+def _leave(written: list, stop: StopFlag) -> None:
+    """On a stop, drop what this process put that its pipes have not taken: nobody reads it any more,
+    and waiting to flush it into a full pipe would keep the process alive until close() terminates it.
+    Otherwise (an error passed on) the process exits only once its message is in the pipe."""
+    if stop.is_set():
+        for q in written:
+            q.cancel_join_thread()
 
 
 def _portable(exc: BaseException) -> BaseException:
@@ -296,7 +331,11 @@ class BatchStream:
 
     `workers` 0: every step in this process. Otherwise one reader and `workers` builder processes
     (spawned: safe beside CUDA), and a thread here that takes their batches in order and keeps
-    `prefetch` ready. close() (or the end of the process) stops them."""
+    `prefetch` ready. close() (or the end of the process) stops them; it returns within a bound
+    whatever state they are in, and a process that dies is an error of the iteration, not a wait."""
+
+    GRACE_S = 5.0  # how long close() lets the processes leave by themselves before it terminates them
+    POLL_S = 1.0  # how often a waiting trainer looks for dead processes
 
     def __init__(self, corpus: str, tokenizer_dir: str, cfg: ContextTrainConfig, directions: Sequence[str],
                  rank: int, world: int, seed: int, skip: int = 0, workers: int = 0, prefetch: int = 8):
@@ -304,7 +343,10 @@ class BatchStream:
                      "directions": list(directions), "rank": rank, "world": world, "seed": seed, "skip": skip}
         self.workers, self.prefetch = workers, prefetch
         self._procs: list = []
-        self._stop = None
+        self._queues: list = []
+        self._stop: StopFlag | None = None  # shared with the processes
+        self._collect_stop = threading.Event()  # this process's own: the collector thread's
+        self._collector: threading.Thread | None = None
         self.wait_seconds = 0.0  # time the trainer waited for a batch (host-bound when large)
 
     def __iter__(self):
@@ -317,47 +359,72 @@ class BatchStream:
         for task in batch_tasks(a["corpus"], tok, cfg, dirs, a["rank"], a["world"], a["seed"], a["skip"]):
             yield as_tensors(build_batch(task, tok.ids, cfg, dirs))
 
-    def _parallel(self) -> Iterator[dict]:
+    def _start(self) -> list:
+        """Start the reader and builders; returns the builders' result queues."""
         import multiprocessing as mp
-        import time
 
         ctx = mp.get_context("spawn")
-        stop = self._stop = ctx.Event()
+        stop = self._stop = StopFlag(ctx)
         w = self.workers
         args = dict(self.args, ids=_tokenizer(self.args).ids)
+        # each queue has one writer process and one reader: a process killed inside a put or get holds its
+        # queue's locks, which no other process takes
         tasks = [ctx.Queue(maxsize=32) for _ in range(w)]
         results = [ctx.Queue(maxsize=4) for _ in range(w)]
+        # held until the processes are gone: a queue's semaphores are unlinked when this process drops it, and
+        # a spawned child that has not yet unpickled its queues would find them gone
+        self._queues = tasks + results
         self._procs = [ctx.Process(target=_reader_main, args=(args, tasks, stop), daemon=True,
                                    name="sentsim-stream-reader")]
         self._procs += [ctx.Process(target=_builder_main, args=(args, tasks[i], results[i], stop), daemon=True,
                                     name=f"sentsim-stream-builder-{i}") for i in range(w)]
         for p in self._procs:
             p.start()
-        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        return results
 
-        def collect():  # batch n from builder n % W: the stream's order whatever the builders' speed
-            n = 0
+    def _collect(self, results: list, ready: queue.Queue) -> None:
+        """Collector thread: batch n from builder n % W, the stream's order whatever the builders' speed."""
+        n, w, stop = 0, len(results), self._collect_stop
+        try:
             while not stop.is_set():
                 try:
-                    kind, payload = results[n % w].get(timeout=1.0)
+                    kind, payload = results[n % w].get(timeout=0.5)
                 except queue.Empty:
-                    dead = [p.name for p in self._procs if not p.is_alive()]
-                    if dead:
-                        _put(ready, ("error", RuntimeError(f"training-stream process(es) died: {dead}")), stop)
-                        return
                     continue
                 if kind == "batch":
                     payload = as_tensors(payload)
-                _put(ready, (kind, payload), stop)
-                if kind == "error":
+                if not _put(ready, (kind, payload), stop) or kind == "error":
                     return
                 n += 1
+        except BaseException as exc:  # noqa: BLE001 - the trainer must hear of it, or it waits forever
+            _put(ready, ("error", RuntimeError(f"training-stream collector failed: {exc!r}")), stop)
 
-        threading.Thread(target=collect, daemon=True, name="sentsim-stream-collect").start()
+    def _died(self) -> list[str]:
+        """Processes that ended other than by passing an error on (exit 0): killed, or crashed."""
+        return [f"{p.name} (exit {p.exitcode})" for p in self._procs if p.exitcode not in (None, 0)]
+
+    def _parallel(self) -> Iterator[dict]:
+        import time
+
+        results = self._start()
+        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        self._collect_stop = threading.Event()
+        self._collector = threading.Thread(target=self._collect, args=(results, ready), daemon=True,
+                                           name="sentsim-stream-collect")
+        self._collector.start()
         try:
             while True:
                 t0 = time.perf_counter()
-                kind, payload = ready.get()
+                while True:
+                    try:
+                        kind, payload = ready.get(timeout=self.POLL_S)
+                        break
+                    except queue.Empty:
+                        # a process killed inside a put may leave half a batch in a pipe, which the
+                        # collector would wait on for ever: its death is the stream's end
+                        dead = self._died()
+                        if dead:
+                            raise RuntimeError(f"training-stream process(es) died: {dead}") from None
                 self.wait_seconds += time.perf_counter() - t0
                 if kind == "error":
                     raise payload
@@ -366,14 +433,32 @@ class BatchStream:
             self.close()
 
     def close(self) -> None:
+        """Stop the collector, then the processes (each leaves at its next look at the stop flag), then
+        terminate, and at last kill, any still running after GRACE_S (the reader inside a slice). Nothing
+        here waits without a bound; closing twice is closing once."""
+        self._collect_stop.set()
+        if self._collector is not None:
+            self._collector.join(timeout=self.GRACE_S)  # before any builder may leave half a batch in a pipe
+            self._collector = None
         if self._stop is not None:
             self._stop.set()
-        for p in self._procs:
+        _end_processes(self._procs, self.GRACE_S)
+        self._procs, self._queues = [], []
+
+
+def _end_processes(procs: list, grace: float) -> None:
+    import time
+
+    procs = [p for p in procs if p.pid is not None]  # started
+    deadline = time.monotonic() + grace
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for end in ("terminate", "kill"):
+        for p in procs:
             if p.is_alive():
-                p.terminate()
-        for p in self._procs:
-            p.join(timeout=5)
-        self._procs = []
+                getattr(p, end)()
+        for p in procs:
+            p.join(timeout=grace)
 
 
 def resolve_workers(setting: int, device_type: str, world: int = 1) -> int:
@@ -393,5 +478,5 @@ def stream_for(corpus: str, tokenizer_dir: str, cfg: ContextTrainConfig, directi
                        workers=resolve_workers(cfg.data_workers, device_type, world))
 
 
-__all__ = ["BatchStream", "BatchTask", "as_tensors", "batch_tasks", "build_batch", "example_lengths",
+__all__ = ["BatchStream", "BatchTask", "StopFlag", "as_tensors", "batch_tasks", "build_batch", "example_lengths",
            "micro_batches_of", "micro_batches_per_step", "resolve_workers", "steps_of", "stream_for"]

@@ -79,18 +79,20 @@ class ContextCache:
     def build(cls, disc, sentences, batch_size: int = 4096) -> "ContextCache":
         """`sentences`: a SentenceTable (ids sorted). Encodes every sentence once."""
         from sentsim.discriminator.data import window_centres
+        from sentsim.screening.threads import one_torch_thread
 
-        reps = disc.encode(sentences.texts)
-        unit = reps / np.maximum(np.linalg.norm(reps, axis=1, keepdims=True), 1e-12)
         w = disc.window
         centres = window_centres(sentences.ids, w)
         offs = np.arange(1, w + 1)
         core = np.empty((len(centres), 1 + 2 * disc.model.head.d), np.float32)
-        for lo in range(0, len(centres), batch_size):
-            c = centres[lo:lo + batch_size]
-            left = reps[c[:, None] - offs[::-1][None, :]]
-            right = reps[c[:, None] + offs[None, :]]
-            core[lo:lo + batch_size] = disc.context_core(left, right)
+        with one_torch_thread():  # the same bits in every executor (screening/threads.py)
+            reps = disc.encode(sentences.texts)
+            for lo in range(0, len(centres), batch_size):
+                c = centres[lo:lo + batch_size]
+                left = reps[c[:, None] - offs[::-1][None, :]]
+                right = reps[c[:, None] + offs[None, :]]
+                core[lo:lo + batch_size] = disc.context_core(left, right)
+        unit = reps / np.maximum(np.linalg.norm(reps, axis=1, keepdims=True), 1e-12)
         meta = {"format": REP_CACHE_FORMAT, "corpus_fingerprint": disc.corpus_fingerprint,
                 "discriminator_fingerprint": disc.config.get("fingerprint"), "window": w,
                 "rep_dim": int(reps.shape[1]), "core_dim": int(core.shape[1]),

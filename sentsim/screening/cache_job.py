@@ -42,9 +42,11 @@ class RepCacheConfig(Section):
     # Units of whole documents of about this many sentences: large enough that the LSTM batches
     # well, small enough that a killed actor loses little.
     sentences_per_unit: int = Field(8192, ge=1)
-    # execution, not part of the run's identity: torch threads of each caching process, 0 = torch's default
-    # (every core). Ray actors get their CPUs' worth from Ray; an inline build beside other work wants 1: two
-    # threads sharing one busy core ran the LSTM ~23x slower (185 against 4,225 sentences/s,
+    # execution, not part of the run's identity, and without effect: kept so that configs naming it still load.
+    # A unit is encoded on one torch thread in every executor, so that its rows are the same bits wherever it
+    # runs (more threads change the last digits, sentsim/screening/threads.py); a build's parallelism is its
+    # units, on several Ray actors. One thread also spares a busy core OpenMP's spinning: two threads sharing
+    # one ran the LSTM ~23x slower (185 against 4,225 sentences/s,
     # docs/experiments/2026-11-24-discriminator-screening.md)
     torch_threads: int = Field(0, ge=0)
     resources: StageResources = StageResources()
@@ -72,12 +74,8 @@ class CacheStage(Stage):
         self._corpus = None  # the corpus' committed sentences shards, opened by the first unit
 
     def setup(self) -> None:
-        import torch
-
         from sentsim.discriminator import Discriminator
 
-        if self.cfg.torch_threads:
-            torch.set_num_threads(self.cfg.torch_threads)
         self.disc = Discriminator.load(self.cfg.discriminator, corpus=self.cfg.corpus)
 
     def _sentences(self, lo: int, hi: int):

@@ -99,7 +99,10 @@ class ContextSource:
     def sentence_features(self, texts: Sequence[str]) -> np.ndarray:
         """The discriminator's per-sentence features (the only LSTM run): compute them once per
         sentence and pass them to `context_sets` and `disc_scores`."""
-        return self.disc.project_sentences(self.disc.encode(list(texts)))
+        from sentsim.screening.threads import one_torch_thread
+
+        with one_torch_thread():  # the same bits in every executor (screening/threads.py)
+            return self.disc.project_sentences(self.disc.encode(list(texts)))
 
     def disc_scores(self, text: str, contexts: Sequence[Context], features: Optional[np.ndarray] = None) -> np.ndarray:
         """log p(y=1 | text, c) for each context (e.g. a partner's C_s, for the cross terms);
