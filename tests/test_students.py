@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import sentsim_cli
-from harvest_support import build_index_for, harvest_config, tiny_bert, tiny_context_bundle
+from harvest_support import build_index_for, harvest_config, reseal, tiny_bert, tiny_context_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -107,6 +107,7 @@ def test_rankencoder_refuses_rank_vectors_of_another_anchor_set(harvest_dir, tin
         codes = [None if c is None else [63 - x for x in c] for c in t["rank_codes"].to_pylist()]
         t = t.set_column(t.schema.get_field_index("rank_codes"), "rank_codes", pa.array(codes, pa.list_(pa.uint32())))
         pq.write_table(t, f)
+    reseal(bad)  # a run written so, not one edited since: the readers would refuse that first
     with pytest.raises(UsageError, match="another anchor set"):
         _train("rankencoder", bad, tiny_backbone, tmp_path / "o1")
     m = json.loads((harvest_dir / "manifest.json").read_text())
