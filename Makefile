@@ -39,8 +39,10 @@ test: $(STAMP) $(LUCENE)
 bench: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run_all.py
 
-# The GPU bench (issue 38; BENCHMARKS.md, "GPU"): on ../shared/gpu's data where it is there, else on the bundled
-# sample. Add GPU_FLAGS="--teacher-minutes 3 --compile bart,score" for a teacher, compiled training and scoring.
+# The GPU bench (BENCHMARKS.md, "GPU"): on ../shared/gpu's data where it is there, else on the bundled sample.
+# Add GPU_FLAGS="--teacher-minutes 3 --compile bart,score" for a teacher (scored on STS-B test, the dev sample and
+# any --pairs FILE at |C_s| = 16 and 100, beside TF-IDF), compiled training and scoring. On a lent GPU machine:
+# `bash bench/gpu_prep.sh` here, then `bash bench/gpu_run.sh` there with `.gpu` carried.
 GPU_DATA ?= ../shared/gpu/data
 bench-gpu: $(STAMP)
 	$(BIN)/python bench/gpu.py $(if $(wildcard $(GPU_DATA)/corpus-enwiki58k),--corpus $(GPU_DATA)/corpus-enwiki58k \

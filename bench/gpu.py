@@ -4,6 +4,7 @@
         --contexts CONTEXTS_DIR [--teacher-minutes 3] [--compile bart,warm_start,score] [--out DIR]
     python bench/gpu.py --tiny                       # seconds on a CPU: tests/test_bench_gpu.py runs it
     make bench-gpu                                   # the first form, with ../shared/gpu's data
+    bash bench/gpu_run.sh                            # on a lent GPU machine, `.gpu/` carried (bench/gpu_prep.sh)
 
 Sections, each timed by the product's own code and reported against the bf16 matmul peak measured here:
   peak     bf16 matrix multiply (8192^3 on a GPU), the median of three timings
@@ -17,17 +18,23 @@ Sections, each timed by the product's own code and reported against the bf16 mat
   score    the harvest's scoring stage (`ScoreStage`, as a Ray actor runs it) at the teacher's shape on
            exported context sets of the STS-B dev sample (bench/teacher_gpu.py export), one unit per call
            and several; first a check that the scores equal a plain forward pass in fp32
-  teacher  with --teacher-minutes N: configs/gpu_context.yaml trained for N minutes, then the dev sample's
-           context sets scored with it: Spearman x 100 against gold
+  teacher  with --teacher-minutes N (or `fill`: the time left less scoring's estimate): configs/gpu_context.yaml
+           trained from scratch on the corpus, while a process of its own makes the context sets of STS-B test
+           (all of it), the 300-pair dev sample and any --pairs files from the same corpus, as the harvest
+           does (bench/gpu_teacher.py); then each set scored at each |C_s| (--teacher-sizes 16,100) by the
+           harvest's scoring stage: Spearman x 100 with 95% bootstrap intervals, TF-IDF cosine on the same
+           pairs and the paired difference; per-pair scores in OUT/teacher-SET.jsonl.gz, from which
+           `python bench/gpu_teacher.py report OUT` remakes every number on a CPU
 
 With --compile, the shapes named (bart, warm_start) are trained again with `compile: true`, and with `score`
 the scoring stage runs again with `scoring.compile: true` at 8 units a call: each after the eager runs, its
 compile out of the timing (sentsim/context/compiled.py).
 
 The last line is one JSON object (device, peak_tflops, train_mfu, train_padding, score_mfu, score_padding,
-host_target_tokens_per_s, ...); everything is also written to OUT/gpu.json and OUT/gpu.md. A section that
-fails is reported and the rest go on; --budget-s stops starting sections that would not fit. It needs no Ray:
-a plain checkout with torch and transformers on Python 3.11 or 3.12.
+host_target_tokens_per_s, ..., teacher_target_tokens, and `teacher`: for each set, for each |C_s| as a string,
+spearman, tfidf, diff, diff_ci and their intervals); everything is also written to OUT/gpu.json and OUT/gpu.md.
+A section that fails is reported and the rest go on; --budget-s stops starting sections that would not fit.
+It needs no Ray: a plain checkout with torch and transformers on Python 3.11 or 3.12.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -350,13 +358,13 @@ class Bench:
             units.append({"unit": u, "pairs": pairs, "texts": texts, "csets": csets})
         return units
 
-    def scoring_stage(self, bundle: str, autocast: str = "auto", compiled: bool = False):
+    def scoring_stage(self, bundle: str, autocast: str = "auto", compiled: bool = False, threads: int = 0):
         from teacher_gpu import teacher_config
 
         from sentsim.harvest.stages import ScoreStage
 
         cfg = teacher_config(16, "unused", "unused", device=str(self.device), autocast=autocast, bundle=bundle)
-        over = {"compile": compiled}
+        over = {"compile": compiled, "torch_threads": threads}
         if self.a.score_batch_tokens:
             over["batch_tokens"] = self.a.score_batch_tokens
         cfg = cfg.model_copy(update={"scoring": cfg.scoring.model_copy(update=over)})
@@ -477,46 +485,142 @@ class Bench:
                  f"{row['items_per_s']:,.0f} items/s, MFU {row['mfu'] or 0:.1%}, padding {row['padding']:.1%}")
         return row
 
+    # ------------------------------------------------------------------------------------------ teacher
+
+    def teacher_sets(self) -> dict:
+        """{name: pairs file}: STS-B test, the 300-pair dev sample and each --pairs file; a set whose file is
+        not found is reported, not scored."""
+        import gpu_teacher as gt
+
+        sets = {"stsb_test": self.a.stsb_test or gt.first_file(gt.STSB_TEST),
+                "dev": self.a.dev_pairs or gt.first_file(gt.DEV_SAMPLE)}
+        for path in self.a.pairs:
+            name = gt.set_name(path)
+            sets[name if name not in sets else f"{name}_pairs"] = path
+        for name in [n for n, p in sets.items() if not p]:
+            self.res["errors"][f"teacher {name}"] = "not scored: no pairs file (bench/gpu_prep.sh copies them)"
+            del sets[name]
+        return sets
+
+    def start_contexts(self, sets: dict, out: Path):
+        """bench/gpu_teacher.py contexts in a process of its own: CPU work (the corpus's index, then retrieval
+        and selection) that runs while the model trains."""
+        cmd = [sys.executable, str(ROOT / "bench" / "gpu_teacher.py"), "contexts", "--corpus", self.corpus(),
+               "--out", str(out), "--size", str(max(self.a.teacher_sizes)), "--limit", str(self.a.teacher_pairs),
+               "--workers", str(self.a.context_workers)] + (["--index", self.a.index] if self.a.index else [])
+        for name, path in sets.items():
+            cmd += ["--set", f"{name}={path}"]
+        log = open(self.work / "contexts.log", "w")
+        # one thread a process: its workers already take the cores the training stream leaves
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+    def wait_contexts(self, proc, out: Path) -> dict:
+        """The context-making process's account of itself, once it has ended (at most the time left)."""
+        t0 = time.perf_counter()
+        try:
+            proc.wait(timeout=max(1.0, self.left()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        waited = time.perf_counter() - t0
+        tail = (self.work / "contexts.log").read_text(errors="replace").strip().splitlines()[-6:]
+        for line in tail:
+            self.log(f"contexts: {line}")
+        if proc.returncode != 0:
+            raise RuntimeError(f"context sets not made (exit {proc.returncode}): " + " | ".join(tail))
+        info = json.loads((out / f"contexts-k{max(self.a.teacher_sizes)}.json").read_text())
+        info["waited_after_training_s"] = waited
+        return info
+
+    def teacher_minutes(self, sets: dict) -> float:
+        """--teacher-minutes, or with `fill` the time left less what scoring every set at every size will
+        take at --teacher-score-rate items/s and a margin for loading, the held-out loss and the statistics.
+        A pair needs up to 4 |C_s| items (both sentences in both sets); STS-B test and the dev sample on the
+        58K-article corpus need 3.0-3.3 |C_s| (sentences without contexts, sentences shared in a unit)."""
+        if self.a.teacher_minutes != "fill":
+            return float(self.a.teacher_minutes)
+        import gpu_teacher as gt
+
+        n = sum(len(gt.read_set(p, self.a.teacher_pairs)) for p in sets.values())
+        score_s = n * 3.5 * sum(self.a.teacher_sizes) / self.a.teacher_score_rate
+        minutes = (self.left() - score_s - self.a.teacher_margin_s) / 60
+        self.log(f"teacher: {n} pairs to score, ~{score_s:.0f} s at {self.a.teacher_score_rate:,.0f} items/s; "
+                 f"training for {minutes:.2f} min")
+        if minutes < 0.25:
+            raise RuntimeError(f"no time left to train ({minutes * 60:.0f} s after scoring's ~{score_s:.0f} s)")
+        return minutes
+
     def teacher(self) -> dict:
-        """configs/gpu_context.yaml for --teacher-minutes, then Spearman on the dev sample's context sets."""
-        import numpy as np
-        from scipy.stats import spearmanr
-        from teacher_gpu import _item
+        """configs/gpu_context.yaml trained from scratch, then each pair set scored at each |C_s| beside
+        TF-IDF cosine (bench/gpu_teacher.py: context sets, score files, statistics)."""
+        import gpu_teacher as gt
 
         from sentsim.config import load_config
         from sentsim.context.config import ContextTrainConfig
 
-        minutes = self.a.teacher_minutes
-        sets = [f"max_seconds={minutes * 60}"] + ([] if self.cuda else ["use_gpu=no"])
-        if self.a.tiny:
-            sets += [f"model.{k}={v}" for k, v in TINY_BART.items() if k not in ("arch",)] + [
-                "batch_tokens=1500", "heldout_percent=20.0", "heldout_windows=16", "bucket_batches=16"]
-        cfg = load_config(ContextTrainConfig, str(ROOT / "configs" / "gpu_context.yaml"), sets)
-        run = self.train_run("teacher", cfg, self.bpe())
-        out = {"train": run, "dev": []}
-        for k in (16, 64):
-            if self.a.contexts and not (Path(self.a.contexts) / f"contexts-k{k}.jsonl.gz").is_file():
-                continue
-            if self.left() < 30:
-                break
-            units = self.units(k)
-            stage = self.scoring_stage(run["bundle"])
-            t0 = time.perf_counter()
-            rows = []
-            for i in range(0, len(units), 8):
-                for o in stage.process([_item(u) for u in units[i:i + 8]]):
-                    rows += o["rows"]
-            wall = time.perf_counter() - t0
-            got = [(r["score"], r["gold"]) for r in rows if r["score"] is not None]
-            rho = spearmanr([g for _, g in got], [s for s, _ in got])[0] * 100 if len(got) > 2 else float("nan")
-            out["dev"].append({"size": k, "pairs": len(rows), "scored": len(got), "spearman": float(rho),
-                               "seconds": wall})
-            self.log(f"teacher |C_s| = {k}: Spearman {rho:.2f} on {len(got)}/{len(rows)} pairs ({wall:.0f}s)")
-            if not np.isfinite(rho):
-                break
-        self.res["teacher_spearman"] = {d["size"]: d["spearman"] for d in out["dev"]}
-        self.res["teacher_target_tokens"] = run["target_tokens_total"]
-        return out
+        sets = self.teacher_sets()
+        ctx_dir = self.work / "teacher-contexts"
+        proc = self.start_contexts(sets, ctx_dir)
+        try:
+            minutes = self.teacher_minutes(sets)
+            over = [f"max_seconds={minutes * 60}"] + ([] if self.cuda else ["use_gpu=no"])
+            if self.a.tiny:
+                over += [f"model.{k}={v}" for k, v in TINY_BART.items() if k not in ("arch",)] + [
+                    "batch_tokens=1500", "heldout_percent=20.0", "heldout_windows=16", "bucket_batches=16",
+                    "torch_threads=1"]
+            cfg = load_config(ContextTrainConfig, str(ROOT / "configs" / "gpu_context.yaml"), over)
+            run = self.train_run("teacher", cfg, self.bpe())
+            self.res["teacher_target_tokens"] = run["target_tokens_total"]
+            contexts = self.wait_contexts(proc, ctx_dir)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        scoring = self.teacher_score(run["bundle"], sets, ctx_dir)
+        t0 = time.perf_counter()
+        teacher = {name: gt.summarise(gt.read_scores(self.out / f"teacher-{name}.jsonl.gz"))
+                   for name in sets if (self.out / f"teacher-{name}.jsonl.gz").is_file()}
+        self.log(f"teacher: statistics in {time.perf_counter() - t0:.1f} s\n" + gt.table(teacher))
+        self.res["teacher"] = teacher
+        self.res["teacher_spearman"] = {k: r["spearman"] for k, r in teacher.get("dev", {}).items()}
+        return {"train": run, "minutes": minutes, "contexts": contexts, "scoring": scoring, "sets": sets}
+
+    def teacher_score(self, bundle: str, sets: dict, ctx_dir: Path) -> list:
+        """Each set at each |C_s|, smaller sizes first, through the harvest's scoring stage; each set's score
+        file rewritten as its sizes finish, so a run cut short keeps what it scored. A run that would not
+        fit in the time left at the rate measured so far is skipped and reported."""
+        import gpu_teacher as gt
+        from teacher_gpu import _item
+
+        # a CPU dry run shares its cores with the context-making process and whatever else runs: one thread
+        # keeps torch's workers from waiting on each other
+        stage = self.scoring_stage(bundle, threads=0 if self.cuda else 1)
+        per_call = 8 if self.cuda else 2  # on a GPU one unit's items are too few batches to keep it busy
+        top = max(self.a.teacher_sizes)
+        rate, done, runs = self.a.teacher_score_rate, {n: {} for n in sets}, []
+        for k in sorted(self.a.teacher_sizes):
+            for name in sets:
+                units = gt.read_units(ctx_dir / f"{name}-k{top}.jsonl.gz", k)
+                items = gt.count_items(units)
+                if self.left() < items / rate + self.a.teacher_margin_s / 2:
+                    self.res["errors"][f"teacher {name} {k}"] = f"skipped: out of time ({items:,} items)"
+                    continue
+                self.sync()
+                t0, rows = time.perf_counter(), []
+                for i in range(0, len(units), per_call):
+                    for o in stage.process([_item(u) for u in units[i:i + per_call]]):
+                        rows += o["rows"]
+                self.sync()
+                wall = time.perf_counter() - t0
+                rate = items / wall
+                pairs = gt.pairs_of(units)
+                done[name][k] = rows
+                gt.write_scores(self.out / f"teacher-{name}.jsonl.gz", pairs, gt.tfidf_cosine(pairs), done[name])
+                runs.append({"set": name, "size": k, "pairs": len(pairs), "items": items, "seconds": wall,
+                             "items_per_s": rate})
+                self.log(f"teacher {name} |C_s| = {k}: {len(pairs)} pairs, {items:,} items in {wall:.1f} s "
+                         f"({rate:,.0f} items/s)")
+        return runs
 
 
 def _children_cpu(procs) -> float:
@@ -530,6 +634,16 @@ def _children_cpu(procs) -> float:
         except (OSError, IndexError, ValueError):
             pass
     return total
+
+
+def _minutes(text: str):
+    """--teacher-minutes: a number of minutes, or `fill`."""
+    if text == "fill":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected minutes or `fill` (got {text!r})") from None
 
 
 def _minilm_path() -> str:
@@ -565,15 +679,23 @@ def table(res: dict) -> str:
     t = s.get("teacher")
     if t:
         tr = t["train"]
-        dev = ", ".join(f"{d['spearman']:.2f} at |C_s| = {d['size']}" for d in t["dev"])
-        lines.append(f"| teacher, configs/gpu_context.yaml, {tr['target_tokens_total']:,} target tokens "
-                     f"| Spearman x 100 on the dev sample: {dev} | {pct(tr['mfu'])} | {pct(tr['padding'])} |")
+        losses = [d["loss"] for d in (tr.get("final_eval") or {}).values() if isinstance(d, dict) and "loss" in d]
+        lines.append(f"| teacher, configs/gpu_context.yaml, {tr['target_tokens_total']:,} target tokens in "
+                     f"{t['minutes']:.2f} min | {tr['target_tokens_per_s']:,.0f} target tokens/s, held-out loss "
+                     f"{statistics.mean(losses) if losses else float('nan'):.3f} | {pct(tr['mfu'])} "
+                     f"| {pct(tr['padding'])} |")
     for name, err in res["errors"].items():
         lines.append(f"| {name} | not measured: {err.strip().splitlines()[-1][:120]} | | |")
+    if res.get("teacher"):
+        from gpu_teacher import table as teacher_table
+
+        lines += ["", "Teacher: Spearman x 100 [95% bootstrap interval] against gold; TF-IDF cosine on the pairs "
+                  "Origin scored; their paired difference [95%] (bench/gpu_teacher.py report OUT remakes it):", "",
+                  teacher_table(res["teacher"])]
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default=None, help="cuda (default where present), cuda:N or cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes and seconds of work (a CPU check)")
@@ -584,7 +706,24 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", default="", help="folder of contexts-k16.jsonl.gz (bench/teacher_gpu.py export; "
                     "default: context sets drawn at random from the corpus)")
     ap.add_argument("--units", type=int, default=0, help="score only the first N units of --contexts (a dry run)")
-    ap.add_argument("--teacher-minutes", type=float, default=0.0)
+    ap.add_argument("--teacher-minutes", type=_minutes, default=0.0, help="train the teacher for N minutes, "
+                    "or `fill`: for the time left less scoring's estimate (--teacher-score-rate)")
+    ap.add_argument("--stsb-test", default="", help="STS-B test (default: .gpu/data/sts-test.csv, else "
+                    "../shared/data/sts/stsbenchmark/sts-test.csv)")
+    ap.add_argument("--dev-pairs", default="", help="the 300-pair dev sample (default: "
+                    ".gpu/data/contexts/stsb-dev-300.jsonl, else ../shared/gpu's)")
+    ap.add_argument("--pairs", action="append", default=[], metavar="FILE", help="another pairs file (s1, s2, "
+                    "gold; any format `sentsim harvest --pairs` reads) scored beside them; repeatable")
+    ap.add_argument("--teacher-sizes", default="16,100", help="the |C_s| each set is scored at")
+    ap.add_argument("--teacher-pairs", type=int, default=-1, help="score the first N pairs of each set only "
+                    "(default: all; --tiny 4)")
+    ap.add_argument("--teacher-score-rate", type=float, default=0.0, help="items/s scoring is expected at, "
+                    "for `fill` and the first run's time check (default 5000 on a GPU, 300 on a CPU)")
+    ap.add_argument("--teacher-margin-s", type=float, default=40.0, help="seconds kept after training and "
+                    "scoring's estimate (model load, held-out loss, statistics)")
+    ap.add_argument("--context-workers", type=int, default=0, help="processes making context sets (default: "
+                    "the CPUs less 4, 1 with --tiny)")
+    ap.add_argument("--index", default="", help="the corpus's TF-IDF index (default: built during the run)")
     ap.add_argument("--compile", default="", help="run again compiled: bart, warm_start (training), score")
     ap.add_argument("--compile-seconds", type=float, default=150.0, help="time a compiled training run is given "
                     "on top of --train-seconds for its compile")
@@ -599,7 +738,11 @@ def main(argv=None) -> int:
     ap.add_argument("--host-seconds", type=float, default=8.0)
     ap.add_argument("--budget-s", type=float, default=540.0, help="start no section that would end after this")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "gpu"))
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
     import torch
 
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -614,6 +757,10 @@ def main(argv=None) -> int:
     a.compile = set(filter(None, a.compile.split(",")))
     if not a.teacher_minutes:
         a.sections.discard("teacher")
+    a.teacher_sizes = sorted({int(x) for x in a.teacher_sizes.split(",")})
+    a.teacher_pairs = (4 if a.tiny else 0) if a.teacher_pairs < 0 else a.teacher_pairs
+    a.teacher_score_rate = a.teacher_score_rate or (5000.0 if a.device.startswith("cuda") else 300.0)
+    a.context_workers = a.context_workers or (1 if a.tiny else max(1, cpus - 4))
     b = Bench(a)
     try:
         # the device figures first: on a lent GPU, time is what runs out
@@ -621,7 +768,8 @@ def main(argv=None) -> int:
         b.section("train", 20 if a.tiny else a.train_seconds + 40, b.train)
         b.section("score", (15 if a.tiny else 60) + (a.compile_seconds if "score" in a.compile else 0), b.score)
         b.section("host", 20 if a.tiny else 60, b.host)
-        b.section("teacher", 30 if a.tiny else a.teacher_minutes * 60 + 60, b.teacher)
+        b.section("teacher", 30 if a.tiny else (180 if a.teacher_minutes == "fill" else a.teacher_minutes * 60 + 60),
+                  b.teacher)
     finally:
         shutil.rmtree(b.work, ignore_errors=True)
     res = b.res
@@ -630,7 +778,7 @@ def main(argv=None) -> int:
     keys = ("device", "peak_tflops", "peak_dtype", "train_mfu", "train_padding", "train_target_tokens_per_s",
             "train_mfu_warm_start", "train_padding_warm_start", "score_mfu", "score_padding", "score_items_per_s",
             "score_fp32_max_rel_diff", "host_target_tokens_per_s", "host_legacy_target_tokens_per_s",
-            "host_padding_before", "host_padding_after", "teacher_spearman", "teacher_target_tokens")
+            "host_padding_before", "host_padding_after", "teacher_spearman", "teacher_target_tokens", "teacher")
     print(json.dumps({k: res.get(k) for k in keys} | {"failed": sorted(res["errors"])}))
     b.save()
     return 0

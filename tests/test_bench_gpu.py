@@ -15,11 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_tiny_bench_runs_every_section_on_a_cpu(tmp_path, speech_corpus):
-    out = tmp_path / "gpu"
+    out, files = tmp_path / "gpu", _pair_files(tmp_path / "pairs")
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--tiny", "--device", "cpu",
                            "--corpus", str(speech_corpus), "--teacher-minutes", "0.1", "--micro-batches", "8,1",
-                           "--compile", "score",
-                           "--out", str(out)],
+                           "--compile", "score", "--stsb-test", str(files["stsb"]), "--dev-pairs", str(files["dev"]),
+                           "--teacher-pairs", "3", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -45,3 +45,110 @@ def test_a_gpu_asked_for_where_there_is_none_is_refused_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--device", "cuda", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no CUDA device" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# The one-run teacher (bench/gpu.py --teacher-minutes, bench/gpu_teacher.py): a CPU dry run of the GPU command,
+# on pair files in each format the harvest reads, with no Ray importable (the GPU machine has none).
+STSB_LINES = [("5.000", "The government of the United States must act now.", "The United States government must act."),
+              ("1.200", "The people of this country want peace.", "The Congress passed a law on taxes."),
+              ("3.400", "We must protect the rights of all citizens.", "The rights of every citizen are protected."),
+              ("0.400", "Our army is strong.", "The year has been a good one for trade.")]
+DEV_ROWS = [("The Constitution gives the President power.", "The President holds power under the Constitution.", 4.6),
+            ("Taxes must be reduced this year.", "The navy needs new ships.", 0.2),
+            ("I thank the Congress for its work.", "Congress has done good work, and I thank it.", 4.0),
+            ("Our economy is growing.", "The public debt must be paid.", 1.0)]
+
+
+def _pair_files(d: Path) -> dict:
+    d.mkdir(parents=True, exist_ok=True)
+    files = {"stsb": d / "sts-test.csv", "dev": d / "dev.jsonl", "extra": d / "extra pairs.csv"}
+    files["stsb"].write_text("".join(f"main-news\theadlines\t2012\t{i:04d}\t{g}\t{a}\t{b}\n"
+                                     for i, (g, a, b) in enumerate(STSB_LINES)))
+    files["dev"].write_text("".join(json.dumps({"s1": a, "s2": b, "gold": g}) + "\n" for a, b, g in DEV_ROWS))
+    files["extra"].write_text('s1,s2,gold\n"The world is at peace, and we are glad.",We are glad of peace.,4.8\n'
+                              "The law was passed by the Senate.,Farmers need better prices.,0.5\n"
+                              "Education is the key to our future.,Our future depends on schools.,3.9\n")
+    return files
+
+
+def _no_ray(tmp_path: Path) -> dict:
+    import os
+
+    (tmp_path / "noray" / "ray").mkdir(parents=True)
+    (tmp_path / "noray" / "ray" / "__init__.py").write_text("raise ImportError('no Ray on the GPU machine')\n")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "noray"), str(ROOT)]))
+
+
+@pytest.mark.slow
+def test_teacher_dry_run_scores_every_set_and_leaves_score_files_that_remake_it(tmp_path, speech_corpus):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_teacher as gt
+
+    files, out = _pair_files(tmp_path / "pairs"), tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--tiny", "--device", "cpu",
+                           "--teacher-minutes", "0.05", "--sections", "teacher", "--corpus", str(speech_corpus),
+                           "--stsb-test", str(files["stsb"]), "--dev-pairs", str(files["dev"]),
+                           "--pairs", str(files["extra"]), "--teacher-pairs", "3", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, env=_no_ray(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert last["failed"] == [], json.loads((out / "gpu.json").read_text())["errors"]
+    assert last["teacher_target_tokens"] > 0
+    teacher = last["teacher"]
+    assert set(teacher) == {"stsb_test", "dev", "extra_pairs"}
+    for name, by_size in teacher.items():
+        assert set(by_size) == {"16", "100"}, name
+        for r in by_size.values():
+            assert r["scored"] == r["pairs"] == 3
+            for key in ("spearman", "tfidf", "diff"):
+                assert -200 <= r[key] <= 200, (name, key, r)
+            assert len(r["diff_ci"]) == 2 and r["diff_ci"][0] <= r["diff_ci"][1]
+            assert abs(r["diff"] - (r["spearman"] - r["tfidf"])) < 1e-9
+        assert by_size["16"]["contexts_per_pair"] <= by_size["100"]["contexts_per_pair"]
+    # the score files are all a CPU needs to remake the numbers, and they hold what the sets hold
+    assert sorted(p.name for p in out.glob("teacher-*.jsonl.gz")) == [
+        "teacher-dev.jsonl.gz", "teacher-extra_pairs.jsonl.gz", "teacher-stsb_test.jsonl.gz"]
+    assert gt.report(out) == teacher
+    rows = gt.read_scores(out / "teacher-dev.jsonl.gz")
+    assert [(r["s1"], r["s2"], r["gold"]) for r in rows] == [tuple(x) for x in DEV_ROWS[:3]]
+    assert [r["tfidf"] for r in rows] == pytest.approx(list(gt.tfidf_cosine(DEV_ROWS[:3])))
+    again = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_teacher.py"), "report", str(out)],
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and json.loads(again.stdout.strip().splitlines()[-1]) == teacher
+    assert "| stsb_test | 100 | 3/3 |" in (out / "gpu.md").read_text()
+
+
+def test_a_smaller_context_set_is_the_prefix_of_a_larger_one(tmp_path, speech_corpus):
+    """Only the largest |C_s| is made; each smaller one is cut from it. That is what ContextStage selects at
+    the smaller size, because selection is greedy in retrieval order."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_teacher as gt
+
+    pairs = [(a, b, float(g)) for g, a, b in STSB_LINES] + list(DEV_ROWS)
+    index = str(tmp_path / "index")
+    gt.ensure_index(str(speech_corpus), index)
+    for size in (4, 40):
+        gt.make_contexts(str(speech_corpus), index, {"s": pairs}, size, tmp_path / "ctx")
+    small = gt.read_units(tmp_path / "ctx" / "s-k4.jsonl.gz", 4)
+    cut = gt.read_units(tmp_path / "ctx" / "s-k40.jsonl.gz", 4)
+    assert cut == small
+    assert any(len(cs["contexts"]) == 4 for u in small for cs in u["csets"].values())
+    assert gt.pairs_of(cut) == pairs
+
+
+def test_the_fast_bootstrap_is_bench_common_s():
+    """All resamples at once, the same draws and statistic as bench/common.py's loops (ties and NaN too)."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import common
+    import gpu_teacher as gt
+
+    rng = np.random.default_rng(3)
+    gold = np.round(rng.random(120) * 5, 1)
+    a, b = np.round(gold + rng.random(120), 1), gold + rng.random(120)
+    a[[5, 17]] = np.nan
+    assert np.allclose(gt.bootstrap(a, gold, n=300), common.bootstrap(a, gold, n=300), atol=1e-9)
+    ok = np.isfinite(a)
+    assert np.allclose(gt.paired_bootstrap(a[ok], b[ok], gold[ok], n=300),
+                       common.paired_bootstrap(a[ok], b[ok], gold[ok], n=300), atol=1e-9)
