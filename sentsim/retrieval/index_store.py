@@ -10,6 +10,10 @@ folder, or the files of an index from before this layout). Killed at any point, 
 the old index, whole, or the new one; the next build sweeps what a killed one left. One build at a time
 holds the folder's lease (storage.lease, the lease of sharded runs).
 
+A build asked for the index already committed there (`finished_index`: the same fingerprint, config and
+format, and every file at its recorded size) writes nothing: it only sweeps what a killed build left,
+under the lease. An index from before build folders has no file sizes to check it by and is rebuilt.
+
 Readers check the files `index.json` names before they use the index (`check_index_files`): an index
 damaged by a killed build of an older sentsim (which rewrote shards in place under the old index.json)
 is named at the start of a harvest, not when its first unit searches.
@@ -22,7 +26,7 @@ import io
 import json
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import pyarrow.fs as pafs
 
@@ -92,6 +96,32 @@ def check_index_files(index_dir, manifest: Optional[dict] = None) -> dict:
     return manifest
 
 
+def finished_index(out, matches: Callable[[dict], bool]) -> Optional[dict]:
+    """The index committed at `out` when `matches(manifest)` and it checks out whole, after sweeping (under
+    the folder's lease) what a killed build left beside it; None when it is to be built. A damaged or
+    unreadable index is None too: the build replaces it, as it would any other index."""
+    fs, root = resolve(out)
+    if fs.get_file_info(sfs.join(root, INDEX_MANIFEST)).type != pafs.FileType.File:
+        return None
+
+    def whole() -> Optional[dict]:
+        try:
+            manifest = read_index_manifest(out)
+            if not isinstance(manifest.get("files"), dict) or not matches(manifest):
+                return None
+            return check_index_files(out, manifest)
+        except UsageError:
+            return None
+
+    if whole() is None:  # looked at first without the lease: a folder to build in is not touched twice
+        return None
+    with IndexWriter(out) as writer:  # a build in progress there is refused as for any other build
+        manifest = whole()
+        if manifest is not None:
+            writer.remove_other_builds(keep={rel.split("/")[0] for rel in manifest["files"]})
+    return manifest
+
+
 class IndexWriter:
     """One build of the index at `out`: `put` files into a new build folder, then `commit` the manifest.
 
@@ -121,7 +151,8 @@ class IndexWriter:
         names = {e.base_name for e in self._entries()} - {LEASE}
         if names and INDEX_MANIFEST not in names:
             raise UsageError(f"{self.uri}: exists, is not empty and is not an index directory")
-        self.fs.create_dir(self.root, recursive=True)
+        if info.type == pafs.FileType.NotFound:  # on S3 create_dir rewrites the folder's marker object
+            self.fs.create_dir(self.root, recursive=True)
         self.lease = RunLease(self.fs, self.root, self.uri).acquire()
         return self
 
@@ -163,9 +194,13 @@ class IndexWriter:
         return manifest
 
     def _remove_earlier_builds(self) -> None:
+        self.remove_other_builds(keep={self.build})
+
+    def remove_other_builds(self, keep: set) -> None:
+        """Delete every entry an index build owns at the top of the folder but those named in `keep`."""
         for e in self._entries():
             name = e.base_name
-            if name == self.build or not any(fnmatch.fnmatchcase(name, pat) for pat in _BUILD_ENTRIES):
+            if name in keep or not any(fnmatch.fnmatchcase(name, pat) for pat in _BUILD_ENTRIES):
                 continue
             if e.type == pafs.FileType.Directory:
                 self.fs.delete_dir(e.path)
