@@ -72,7 +72,7 @@ def test_saved_model_loads_and_refuses_another_corpus(trained, wiki_corpus, spee
     from sentsim.discriminator import Discriminator
 
     names = {p.name for p in trained.iterdir()}
-    assert names == {"model.safetensors", "config.json", "vocab.json"}
+    assert names == {"model.safetensors", "config.json", "vocab.json", "sentsim_model.json"}  # the last: sizes
     d = Discriminator.load(trained, corpus=wiki_corpus)
     reps = d.encode(["The river floods every spring.", "", "?!"])
     assert reps.shape == (3, 128) and np.isfinite(reps).all()

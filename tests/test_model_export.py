@@ -1,6 +1,6 @@
 """A model export is all or nothing, and `sentsim eval sts` reads only whole model folders.
 
-The export (sentsim.surrogate.export, used by the surrogate and every student) writes OUT/model.new beside
+The export (sentsim.model_swap.replace_folder, used by the surrogate and every student) writes OUT/model.new beside
 the old model and swaps it in by renames. Here a real export runs in a child process that SIGKILLs itself
 at each point of that sequence; after each kill the folder a reader gets is the whole old or the whole
 new model, and the next run's `finish_swap` leaves OUT/model whole with nothing beside it. Then the real
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 CHILD = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    import sentsim.surrogate.export as E
+    import sentsim.model_swap as E
     from sentsim.surrogate.models import export_model
 
     new, out, point = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
@@ -178,3 +178,191 @@ def test_the_file_list_names_every_file_a_loader_reads(two_models):
     on_disk = {str(p.relative_to(old)) for p in old.rglob("*") if p.is_file()}
     assert on_disk - listed == {INFO_FILE, "README.md"}
     assert {"model.safetensors", "tokenizer.json", "config.json", "modules.json", "1_Pooling/config.json"} <= listed
+
+
+# ---------------------------------------------------------------- in place: the discriminator and context bundles
+
+# the child: replace the model in OUT (its trainer's state beside it) by the new one, killing itself at the
+# planted point: while writing the staged folder, while linking it in, or after the first k steps
+IN_PLACE_CHILD = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    import sentsim.model_swap as S
+
+    kind, src, out, point = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+    die = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
+    steps, link, linked = S.in_place_steps, S._link_or_copy, []
+    if point == "writing":
+        S.seal = die
+    elif point == "linking":  # one file linked in, the next not
+        S._link_or_copy = lambda a, b: die() if linked else (linked.append(b), link(a, b))
+    elif point.startswith("after-"):
+        k = int(point.split("-")[1])
+        S.in_place_steps = lambda f, c: steps(f, c)[:k] + [die]
+    if kind == "discriminator":
+        from sentsim.discriminator.train import DiscriminatorJob, export_model
+        from sentsim.discriminator.vocab import Vocab
+
+        job = DiscriminatorJob.model_validate_json(sys.argv[5])
+        export_model(out, out / "_train", job, "corpus-fp", Vocab.load(out / "_train" / "vocab.json"), {}, [])
+    else:
+        from sentsim.context.model import load_bundle, save_bundle
+
+        cfg, tok, models = load_bundle(src)
+        save_bundle(out, cfg, tok, {"shared": models["fwd"]}, {d: "shared" for d in models})
+""")
+IN_PLACE_POINTS = ["writing", "linking", *(f"after-{k}" for k in range(7))]
+# what a reader gets right after the kill: the old model until its config.json / context.json is removed
+SEEN_AFTER_KILL = {"writing": "old", "after-0": "old"}
+SMALL_DISC = {"embed_dim": 8, "hidden": 8, "head_dim": 8, "max_tokens": 16, "embed_init": "random"}
+TEXTS = [f"sentence number {i} says {w} things about the {v}." for i in range(40)
+         for w, v in (("many", "river"), ("few", "mountain"))]
+
+
+def _in_place_child(kind: str, src: Path, out: Path, point: str, *more: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", IN_PLACE_CHILD, kind, str(src), str(out), point, *more],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == -9, r.stderr[-2000:]  # killed where planted
+
+
+def _disc_state(state: Path, seed: int) -> None:
+    """What a discriminator's training leaves in OUT/_train for the export: weights and vocabulary."""
+    import torch
+    from safetensors.torch import save_file
+
+    from sentsim.discriminator.model import CoherenceModel, ModelConfig
+    from sentsim.discriminator.vocab import Vocab
+
+    state.mkdir(parents=True)
+    vocab = Vocab.build(TEXTS, 100, 1)
+    vocab.save(state / "vocab.json")
+    torch.manual_seed(seed)
+    model = CoherenceModel(len(vocab), ModelConfig(**SMALL_DISC))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(state / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def two_discriminators(tmp_path_factory):
+    """(old export, new state, new export, job JSON): two tiny discriminators of different weights."""
+    from sentsim.discriminator.train import DiscriminatorJob, export_model
+    from sentsim.discriminator.vocab import Vocab
+
+    root = tmp_path_factory.mktemp("disc")
+    job = DiscriminatorJob.model_validate({"model": SMALL_DISC})
+    for name, seed in (("old", 0), ("new", 1)):
+        _disc_state(root / name / "_train", seed)
+        shutil.copytree(root / name / "_train", root / f"{name}_state")
+        export_model(root / name, root / name / "_train", job, "corpus-fp",
+                     Vocab.load(root / name / "_train" / "vocab.json"), {}, [])
+    return root / "old", root / "new_state", root / "new", job.model_dump_json()
+
+
+def _which_disc(folder: Path, old: Path, new: Path) -> str:
+    """'old' or 'new': which whole discriminator a reader loads for `folder`."""
+    from sentsim.discriminator.io import Discriminator
+    from sentsim.model_swap import resolve_in_place
+
+    Discriminator.load(folder).encode(["A sentence."])
+    weights = (resolve_in_place(folder, "config.json") / "model.safetensors").read_bytes()
+    for name, ref in (("old", old), ("new", new)):
+        if weights == (ref / "model.safetensors").read_bytes():
+            return name
+    raise AssertionError(f"{folder} holds neither model")
+
+
+@pytest.mark.parametrize("point", IN_PLACE_POINTS)
+def test_a_kill_anywhere_in_a_discriminator_export_leaves_the_old_or_the_new_model_whole(two_discriminators,
+                                                                                         tmp_path, point):
+    from sentsim.identity import checkpoint_hash
+    from sentsim.model_swap import finish_in_place
+
+    old, new_state, new, job = two_discriminators
+    out = tmp_path / "disc"
+    shutil.copytree(old, out)
+    shutil.copytree(new_state, out / "_train")  # the finished training the export takes its model from
+    _in_place_child("discriminator", new_state, out, point, job)
+    seen = _which_disc(out, old, new)
+    assert seen == SEEN_AFTER_KILL.get(point, "new")
+    # the next export or training run completes a replacement whose new model was sealed
+    finish_in_place(out, "config.json")
+    after = "old" if point == "writing" else "new"
+    assert _which_disc(out, old, new) == after
+    assert checkpoint_hash(str(out)) == checkpoint_hash(str(old if after == "old" else new))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disc"]  # nothing staged beside it
+    # the training state goes with a finished export; a kill before the seal keeps it for a resume
+    assert (out / "_train").exists() == (point == "writing")
+
+
+@pytest.mark.parametrize("how", ["truncated weights", "no vocabulary"])
+@pytest.mark.parametrize("ours", [True, False])
+def test_a_discriminator_folder_that_is_not_whole_is_refused_in_one_line(two_discriminators, tmp_path, how, ours):
+    from sentsim.discriminator.io import Discriminator
+
+    folder = tmp_path / "disc"
+    shutil.copytree(two_discriminators[0], folder)
+    if not ours:  # as an export from before the file list was written
+        (folder / INFO_FILE).unlink()
+    if how == "truncated weights":
+        os.truncate(folder / "model.safetensors", (folder / "model.safetensors").stat().st_size // 2)
+    else:
+        (folder / "vocab.json").unlink()
+    with pytest.raises(UsageError) as err:
+        Discriminator.load(folder)
+    msg = str(err.value)
+    assert "\n" not in msg and str(folder) in msg and "not a whole model" in msg, msg
+
+
+@pytest.fixture(scope="module")
+def two_bundles(tmp_path_factory):
+    """(old bundle, new bundle): tiny context models of different weights and layouts."""
+    from sentsim.context.config import ContextModelConfig
+    from sentsim.context.model import build_model, save_bundle
+    from sentsim.context.tokenizer import train_bpe
+
+    root = tmp_path_factory.mktemp("bundles")
+    cfg = ContextModelConfig(vocab_size=300, d_model=16, encoder_layers=1, decoder_layers=1, attention_heads=2,
+                             ffn_dim=32, dropout=0.0, context_sentences=1, max_source_tokens=48,
+                             max_target_tokens=24)
+    tok = train_bpe(TEXTS, 300)
+    save_bundle(root / "old", cfg, tok, {d: build_model(cfg, tok, seed=0) for d in ("fwd", "left")},
+                {"fwd": "fwd", "left": "left"})
+    save_bundle(root / "new", cfg, tok, {"shared": build_model(cfg, tok, seed=1)}, {"fwd": "shared", "left": "shared"})
+    return root / "old", root / "new"
+
+
+def _which_bundle(folder: Path, old: Path, new: Path) -> str:
+    """'old' or 'new': which whole bundle a reader loads for `folder` (by its forward model's weights)."""
+    import torch
+
+    from sentsim.context.model import load_bundle
+
+    def weights(p):
+        return load_bundle(p)[2]["fwd"].seq2seq.get_input_embeddings().weight
+
+    w = weights(folder)
+    for name, ref in (("old", old), ("new", new)):
+        if torch.equal(w, weights(ref)):
+            return name
+    raise AssertionError(f"{folder} holds neither bundle")
+
+
+@pytest.mark.parametrize("point", IN_PLACE_POINTS)
+def test_a_kill_anywhere_in_a_bundle_resave_leaves_the_old_or_the_new_bundle_whole(two_bundles, tmp_path, point):
+    from sentsim.model_swap import finish_in_place
+
+    old, new = two_bundles
+    out = tmp_path / "bundle"
+    shutil.copytree(old, out)
+    (out / "runs").mkdir()  # a trainer's state beside the bundle: a save keeps it
+    (out / "runs" / "history.json").write_text("[]")
+    _in_place_child("bundle", new, out, point)
+    seen = _which_bundle(out, old, new)
+    assert seen == SEEN_AFTER_KILL.get(point, "new")
+    finish_in_place(out, "context.json")
+    after = "old" if point == "writing" else "new"
+    assert _which_bundle(out, old, new) == after
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
+    assert (out / "runs" / "history.json").read_text() == "[]"
+    # no file of the other bundle is left: the old per-direction models go with the old bundle
+    assert sorted(p.name for p in (out / "models").iterdir()) == (["fwd", "left"] if after == "old" else ["shared"])

@@ -45,7 +45,7 @@ def test_train_discriminator_relative_paths(tmp_path, speech_corpus, head_env):
     r = _run(tmp_path, head_env, "train", "discriminator", "--corpus", corpus, "--out", "disc", "--num-workers", "1",
              *[x for s in sets for x in ("--set", s)])
     out = tmp_path / "disc"
-    assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "vocab.json"}
+    assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "vocab.json", "sentsim_model.json"}
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["metrics"]["step"] == 2 and [h["step"] for h in cfg["history"]] == [0, 2]
     assert 0.0 <= cfg["metrics"]["heldout_auc"] <= 1.0

@@ -13,6 +13,7 @@ On disk (a *bundle*, written by `save_bundle`):
     tokenizer.json           + tokenizer_roles.json
     models/<name>/           save_pretrained() output (config.json, model.safetensors)
                              + sentence_positions.safetensors
+    sentsim_model.json       every file above and its size (sentsim.model_swap: a save replaces a bundle whole)
 
 Weights are only ever read from safetensors; nothing is unpickled.
 """
@@ -303,12 +304,14 @@ def warm_start_tokenizer(cfg: ContextModelConfig) -> ContextTokenizer:
 
 def save_bundle(out: str | Path, cfg: ContextModelConfig, tok: ContextTokenizer, models: dict[str, ContextModel],
                 directions: dict[str, str], extra: Optional[dict] = None) -> Path:
-    """models: name -> model; directions: direction -> name (e.g. all three -> "shared")."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    tok.save(out)
-    for name, m in models.items():
-        m.save(out / "models" / name)
+    """models: name -> model; directions: direction -> name (e.g. all three -> "shared").
+
+    Replaces any bundle in `out` in place (sentsim.model_swap.replace_in_place, context.json its commit
+    file), keeping the rest of the folder (a trainer's runs/ and tokenizer/): a kill at any moment leaves
+    the old bundle or the new one, whole."""
+    from sentsim.model_swap import replace_in_place
+    from storage.fs import write_text_atomic
+
     meta = {
         "format": FORMAT,
         "model_config": cfg.model_dump(),
@@ -317,15 +320,21 @@ def save_bundle(out: str | Path, cfg: ContextModelConfig, tok: ContextTokenizer,
         "directions": {d: f"models/{n}" for d, n in directions.items()},
         **(extra or {}),
     }
-    from storage.fs import write_text_atomic
 
-    # context.json last, durably: a bundle is whole once it names its models (a kill before leaves none)
-    write_text_atomic(str(out / "context.json"), json.dumps(meta, indent=1, sort_keys=True))
-    return out
+    def write(folder: Path) -> None:
+        tok.save(folder)
+        for name, m in models.items():
+            m.save(folder / "models" / name)
+        write_text_atomic(str(folder / "context.json"), json.dumps(meta, indent=1, sort_keys=True))
+
+    return replace_in_place(Path(out), "context.json", write, {"format": FORMAT})
 
 
 def read_bundle_meta(path: str | Path) -> dict:
-    p = Path(path) / "context.json"
+    """context.json of the bundle a reader loads for `path` (sentsim.model_swap.resolve_in_place)."""
+    from sentsim.model_swap import resolve_in_place
+
+    p = resolve_in_place(path, "context.json") / "context.json"
     if not p.is_file():
         raise UsageError(f"{path}: not a context-model directory (no context.json)")
     meta = json.loads(p.read_text())
@@ -338,7 +347,9 @@ def load_bundle(path: str | Path, expect: Optional[ContextModelConfig] = None,
                 expect_tokenizer_sha256: Optional[str] = None):
     """-> (ContextModelConfig, ContextTokenizer, {direction: ContextModel}). Refuses a bundle whose
     tokenizer file is not the one its models were trained with, or whose config differs from `expect`."""
-    path = Path(path)
+    from sentsim.model_swap import resolve_in_place
+
+    path = resolve_in_place(path, "context.json")
     meta = read_bundle_meta(path)
     cfg = ContextModelConfig.model_validate(meta["model_config"])
     tok = ContextTokenizer.load(path)

@@ -20,7 +20,8 @@
      started again with the same `--out`; the data stream is rebuilt with the same seed and the batches
      already trained on are passed over, so it goes on where it stopped. Other
      settings against the same --out are refused (--force-new discards the earlier run);
-  7. the final bundle (tokenizer.json, context.json, models/<name>/) is written to `out`, with
+  7. the final bundle (tokenizer.json, context.json, models/<name>/) is written to `out` (replacing any
+     bundle there whole: sentsim.context.model.save_bundle), with
      runs/<name>/history.json and train_summary.json; run.json then records the run as finished, and
      the same command again is a no-op that says so (the bundle keeps its bytes and its identity).
 

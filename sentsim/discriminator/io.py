@@ -1,7 +1,10 @@
 """Save and load the discriminator: model.safetensors + config.json + vocab.json.
 
 config.json carries the model config, the corpus fingerprint and the vocabulary fingerprint;
-loading refuses a model trained on another corpus when the caller names the corpus.
+loading refuses a model trained on another corpus when the caller names the corpus. A folder is a model
+while its config.json is there; an export replaces it in place (sentsim.model_swap.replace_in_place), and
+loading reads the new model beside it when a kill cut that replacement short, and refuses in one line a
+folder whose files are not whole (a truncated copy).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def save_config(out: Path, job, corpus_fp: str, vocab, final: dict, history: lis
     }
     from storage.fs import write_text_atomic
 
-    # atomically and last: the model is whole (and a rerun of its job a no-op) once config.json is there
+    # config.json is the model's commit file: a folder without it is no model (sentsim.model_swap)
     write_text_atomic(str(Path(out) / "config.json"), json.dumps(cfg, indent=2))
 
 
@@ -58,12 +61,15 @@ class Discriminator:
 
         from sentsim.discriminator.model import CoherenceModel, ModelConfig
         from sentsim.discriminator.vocab import Vocab
+        from sentsim.evaluation.model_folder import check_model_folder
+        from sentsim.model_swap import resolve_in_place
         from sentsim.retrieval.base import check_fingerprint
 
-        path = Path(path)
+        path = resolve_in_place(path, "config.json")
         cp = path / "config.json"
         if not cp.is_file() or not (path / "model.safetensors").is_file():
             raise UsageError(f"{path}: not a discriminator directory (needs config.json and model.safetensors)")
+        check_model_folder(path, "discriminator")  # every file whole, before any is parsed
         config = json.loads(cp.read_text(encoding="utf-8"))
         if config.get("format") != FORMAT:
             raise UsageError(f"{path}: unknown discriminator format {config.get('format')!r}")

@@ -6,7 +6,9 @@ config), takes every world_size-th training window, and trains the same model un
 on CPU) when there are several workers. Rank 0 evaluates held-out windows (whole held-out
 documents; the window tail when the corpus has one document) and reports accuracy and AUC,
 overall and per negative type. A checkpoint holds model.safetensors plus the loop's state.pt and
-history.json; OUT gets model.safetensors, vocab.json and config.json (metrics and history).
+history.json; OUT gets model.safetensors, vocab.json and config.json (metrics and history), replacing any
+model there in place (sentsim.model_swap.replace_in_place, config.json its commit file): a kill at any
+moment leaves the old model or the new one, whole, and until the export the old one stays usable.
 """
 
 from __future__ import annotations
@@ -258,13 +260,13 @@ def _vocab_and_init(st, job: DiscriminatorJob, state: Path):
 def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJob | None = None,
                         address: str | None = None, force_new: bool = False) -> dict:
     """Build the vocabulary, train through the shared loop on Ray Train, save model + vocab + config
-    into `out`. Training state lives in OUT/_train until the model is exported (a rerun with the same
-    --out resumes from its latest checkpoint); the same command again on the finished model is a no-op
-    that says so and returns its metrics, so the model keeps its bytes and its identity."""
+    into `out` (`export_model`). Training state lives in OUT/_train until the model is exported (a rerun
+    with the same --out resumes from its latest checkpoint); the same command again on the finished model
+    is a no-op that says so and returns its metrics, so the model keeps its bytes and its identity."""
     from corpus.view import SentenceTable
     from sentsim.discriminator.data import window_centres
-    from sentsim.discriminator.io import save_config
     from sentsim.identity import corpus_fingerprint
+    from sentsim.model_swap import finish_in_place
     from sentsim.out_paths import check_out
     from sentsim.runtime import absolute_local, init_ray
     from sentsim.training.run import claim_out, fit, plan_steps, quiet_progress, release_out, say_finished
@@ -287,13 +289,13 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     what = {"model": job.model.model_dump(),
             "train": {k: v for k, v in tc.model_dump().items() if k not in RESUMABLE_TRAIN_KEYS}}
     run_id = fingerprint("discriminator", what, corpus_fp)
+    finish_in_place(out, "config.json")  # an export a kill cut short is completed before anything is read
     done = None if force_new else finished_model(out, job, corpus_fp)
     if done is not None:
         say_finished("discriminator", out_arg, f"model (fingerprint {run_id})")
         return done
     state = out / "_train"
     claim_out(state, run_id, {"job": job.model_dump(), "corpus": str(corpus)}, force_new, out_arg)
-    (out / "config.json").unlink(missing_ok=True)  # a model is whole again once its config.json is written, last
     vocab, init_path = _vocab_and_init(st, job, state)
     del st
 
@@ -323,12 +325,25 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     init_ray(address)
     t0 = time.perf_counter()
     run = fit(config, name="discriminator", out_dir=state, hint="lower --set train.lr=...",
-              export=lambda d: shutil.copy(d / "model.safetensors", out / "model.safetensors"))
+              export=lambda d: shutil.copy(d / "model.safetensors", state / "model.safetensors"))
     history = run["history"]
-    shutil.copy(state / "vocab.json", out / "vocab.json")
-    release_out(state)  # its lease lives in the state folder, removed next
-    shutil.rmtree(state, ignore_errors=True)
     final = dict(history[-1])
     final["fit_seconds"] = round(time.perf_counter() - t0, 2)
-    save_config(out, job, corpus_fp, vocab, final, history)
+    release_out(state)  # its lease lives in the state folder, which the export removes
+    export_model(out, state, job, corpus_fp, vocab, final, history)
     return final
+
+
+def export_model(out: Path, state: Path, job: DiscriminatorJob, corpus_fp: str, vocab, final: dict,
+                 history: list) -> None:
+    """Replace the model in OUT by the trained one in `state` (OUT/_train: its weights and vocabulary) and
+    remove that state, so that a kill at any moment leaves OUT's old model or the new one, whole."""
+    from sentsim.discriminator.io import FORMAT, save_config
+    from sentsim.model_swap import replace_in_place
+
+    def write(folder: Path) -> None:
+        shutil.copyfile(state / "model.safetensors", folder / "model.safetensors")
+        shutil.copyfile(state / "vocab.json", folder / "vocab.json")
+        save_config(folder, job, corpus_fp, vocab, final, history)
+
+    replace_in_place(out, "config.json", write, {"format": FORMAT}, scratch_removed=[state.name])
