@@ -80,7 +80,7 @@ def _which(folder: Path, old: Path, new: Path) -> str:
 
 @pytest.mark.parametrize("point", POINTS)
 def test_a_kill_anywhere_in_an_export_leaves_the_old_or_the_new_model_whole(two_models, tmp_path, point):
-    from sentsim.surrogate.export import finish_swap
+    from sentsim.model_swap import finish_swap
 
     old, new_hf, new = two_models
     out = tmp_path / "model"

@@ -3,7 +3,7 @@ folder cut short (a killed copy, a truncated download, an export from before exp
 refused in one line naming what is missing, never a traceback from deep inside a loader or, worse, a
 score from a model that is not the one trained.
 
-sentsim's own exports (sentsim.surrogate.export) write `sentsim_model.json` beside the weights: the size
+sentsim's own exports (sentsim.model_swap) write `sentsim_model.json` beside the weights: the size
 of every file they wrote. A folder that has it is checked against it exactly; any other folder (a
 sentence-transformers model from elsewhere, a plain transformers checkpoint, a cross-encoder) is checked
 for what its loader needs: a readable config, whole weights, a tokenizer, and each module's folder.

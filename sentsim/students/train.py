@@ -10,7 +10,7 @@ paser.py, ...), registered by name in students/objectives.py: each is a Trainee 
 also declares its data, its encoder and its scorers (students.common.Objective); nothing here names one.
 
 OUT/ holds model/ (the student; plus rank_anchors.json or relations.json for the inference
-scorers; its card README.md and sentsim_model.json; swapped in whole by sentsim.surrogate.export),
+scorers; its card README.md and sentsim_model.json; swapped in whole by sentsim.model_swap),
 summary.json (config, data counts, history, skips), curves/<objective>.json and .png, run.json,
 ray/ (Ray Train checkpoints; a rerun with the same --out resumes) or checkpoint/ (inline,
 resumed the same way), and eval.json/eval.md with --eval-sts.
@@ -160,9 +160,9 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
                   executor: str = "ray", force_new: bool = False, eval_sts: Optional[str] = None,
                   verbose: bool = True) -> dict:
     """Validate, train, export; returns the run summary (also OUT/summary.json)."""
+    from sentsim.model_swap import finish_swap
     from sentsim.out_paths import check_out
     from sentsim.runtime import absolute_local
-    from sentsim.surrogate.export import finish_swap
     from sentsim.surrogate.models import check_backbone
 
     inputs = {"--data": data, "--backbone": backbone, "--eval-sts": eval_sts}

@@ -158,11 +158,11 @@ def export_model(hf_dir: Path, out: Path, arch: str, max_seq_length: int, card: 
     head regresses the teacher's similarity directly, so no sigmoid. `extras(folder)` adds side files;
     `card` (sentsim.surrogate.card) is what README.md says the model is.
 
-    Written beside `out` and swapped in by renames (sentsim.surrogate.export): a kill at any moment
+    Written beside `out` and swapped in by renames (sentsim.model_swap): a kill at any moment
     leaves the old model or the new one, whole."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentsim.model_swap import replace_folder
     from sentsim.surrogate.card import CARD_FILE, render
-    from sentsim.surrogate.export import replace_folder
 
     info = {"format": 1, "card": {"form": "cross-encoder" if arch == "cross" else "sentence-transformer",
                                   "max_seq_length": max_seq_length, **(card or {})}}

@@ -117,9 +117,9 @@ def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, ou
                                 "data": harvest.summary() if harvest else None,
                                 "finetune_sts": finetune_sts}, force_new, out)
 
+    from sentsim.model_swap import finish_swap
     from sentsim.runtime import init_ray
     from sentsim.surrogate.card import base_model, harvest_data
-    from sentsim.surrogate.export import finish_swap
 
     for name in ("model", "model-sts"):  # an export killed between its renames is finished before anything else
         finish_swap(out_dir / name)
