@@ -326,60 +326,15 @@ def compact_run(uri: str, target_bytes: int = 128 << 20, stop_after: Optional[in
             raise StoreError(f"{uri}: not compacted: {problems[0]}{more}; {fix_hint(uri)}")
         tables = sorted({t for rec in markers.values() for t in rec["files"]})
         if comp is not None:
-            # a kill after an earlier commit: finish that one first (a plan begun since is kept)
-            removed = _finish(store, comp, markers, staging=False)
-            legacy = any("staged" not in r or any(len(e) < 3 for e in r["units"])
-                         for recs in comp.tables.values() for r in recs)
-            covered = all(comp.covers(t, u, f) is not None for u, m in markers.items() for t, f in m["files"].items())
-            if covered and not legacy and not any(comp.stale(t, markers) for t in tables):
-                _finish(store, comp, markers)
-                moved = _move_foreign(store, comp, markers, stream)
-                return {"status": "already compacted", "files": {t: len(v) for t, v in comp.tables.items()},
-                        "removed": removed, "written": 0, "moved": moved}
+            done = _finish_earlier(store, comp, markers, tables, stream)
+            if done is not None:
+                return done
         generation = (comp.generation if comp else 0) + 1
-        plan_p = compact_path(store, PLAN)
-        found, plan = sfs.read_json(store.fs, plan_p)
-        if found:
-            if not isinstance(plan, dict) or plan.get("generation") != generation or \
-                    not _plan_matches(plan, fp, markers, tables):
-                plan = None  # begun on units that were redone since, or by another compaction: plan again
-            elif plan.get("target_bytes") != target_bytes:
-                print(f"[compact] resuming the compaction begun with a target of {plan['target_bytes']:,} bytes",
-                      file=stream, flush=True)
-        if plan is None:
-            plan = {"fingerprint": fp, "generation": generation, "target_bytes": target_bytes, "created": timestamp(),
-                    "tables": {t: plan_groups(markers, t, target_bytes, _kept_files(comp, t, markers))
-                               for t in tables}}
-            store.commit_bytes(plan_p, json.dumps(plan, sort_keys=True).encode())
-        sources = _Sources(store, comp)
-        records: Dict[str, List[dict]] = {}
-        written = 0
-        for t in tables:
-            records[t] = []
-            for i, group in enumerate(plan["tables"][t]):
-                if group["keep"]:  # its size and sha256 were checked above (_problems)
-                    records[t].append(next(r for r in comp.tables[t] if r["path"] == group["keep"]))
-                    continue
-                rec = _reusable(store, f"{COMPACT_DIR}/{t}/{file_name(generation, i)[:-len('.parquet')]}.json",
-                                group)
-                if rec is not None:
-                    records[t].append(rec)
-                    continue
-                if stop_after is not None and written >= stop_after:
-                    return {"status": "stopped", "written": written}
-                lease.check()
-                rec = _write_group(store, sources, t, generation, i, group, markers)
-                records[t].append(rec)
-                written += 1
-                print(f"[compact] {t} {i + 1}/{len(plan['tables'][t])}: {len(group['units'])} units, "
-                      f"{rec['rows']:,} rows, {rec['bytes']:,} bytes", file=stream, flush=True)
-        for t in tables:  # every unit exactly once, from the shard its marker names, before anything is committed
-            want = {u: (int(m["files"][t]["rows"]), m["files"][t]["sha256"]) for u, m in markers.items()
-                    if t in m["files"]}
-            got = [(int(e[0]), (int(e[1]), e[2])) for r in records[t] for e in r["units"]]
-            if dict(got) != want or len(got) != len(want) or \
-                    any(sum(int(e[1]) for e in r["units"]) != r["rows"] for r in records[t]):
-                raise StoreError(f"{uri}: compacted {t} would not hold exactly the units' rows; nothing committed")
+        plan = _plan(store, fp, generation, markers, tables, comp, target_bytes, stream)
+        records, written = _write_planned(store, comp, plan, generation, markers, tables, lease, stop_after, stream)
+        if records is None:
+            return {"status": "stopped", "written": written}
+        _check_every_unit_once(uri, tables, records, markers)
         manifest = {"fingerprint": fp, "generation": generation, "target_bytes": plan["target_bytes"],
                     "units": sorted(markers), "tables": records, "written": timestamp()}
         lease.check()
@@ -391,6 +346,82 @@ def compact_run(uri: str, target_bytes: int = 128 << 20, stop_after: Optional[in
                 "files": {t: len(v) for t, v in records.items()}, "units": len(markers)}
     finally:
         lease.release()
+
+
+def _finish_earlier(store: ShardStore, comp: Compaction, markers: Dict[int, dict], tables: List[str],
+                    stream) -> Optional[dict]:
+    """A kill after an earlier commit: finish that one first (a plan begun since is kept). The summary
+    when the committed compaction still covers every unit, else None (compact again)."""
+    removed = _finish(store, comp, markers, staging=False)
+    legacy = any("staged" not in r or any(len(e) < 3 for e in r["units"])
+                 for recs in comp.tables.values() for r in recs)
+    covered = all(comp.covers(t, u, f) is not None for u, m in markers.items() for t, f in m["files"].items())
+    if not covered or legacy or any(comp.stale(t, markers) for t in tables):
+        return None
+    _finish(store, comp, markers)
+    moved = _move_foreign(store, comp, markers, stream)
+    return {"status": "already compacted", "files": {t: len(v) for t, v in comp.tables.items()},
+            "removed": removed, "written": 0, "moved": moved}
+
+
+def _plan(store: ShardStore, fp: str, generation: int, markers: Dict[int, dict], tables: List[str],
+          comp: Optional[Compaction], target_bytes: int, stream) -> dict:
+    """The committed plan of this generation if it still matches the markers, else a new one (committed)."""
+    plan_p = compact_path(store, PLAN)
+    found, plan = sfs.read_json(store.fs, plan_p)
+    if found:
+        if not isinstance(plan, dict) or plan.get("generation") != generation or \
+                not _plan_matches(plan, fp, markers, tables):
+            plan = None  # begun on units that were redone since, or by another compaction: plan again
+        elif plan.get("target_bytes") != target_bytes:
+            print(f"[compact] resuming the compaction begun with a target of {plan['target_bytes']:,} bytes",
+                  file=stream, flush=True)
+    if plan is None:
+        plan = {"fingerprint": fp, "generation": generation, "target_bytes": target_bytes, "created": timestamp(),
+                "tables": {t: plan_groups(markers, t, target_bytes, _kept_files(comp, t, markers))
+                           for t in tables}}
+        store.commit_bytes(plan_p, json.dumps(plan, sort_keys=True).encode())
+    return plan
+
+
+def _write_planned(store: ShardStore, comp: Optional[Compaction], plan: dict, generation: int,
+                   markers: Dict[int, dict], tables: List[str], lease, stop_after: Optional[int], stream) -> tuple:
+    """Write every planned group not already written; (records by table, files written), or
+    (None, written) once `stop_after` files are written."""
+    sources = _Sources(store, comp)
+    records: Dict[str, List[dict]] = {}
+    written = 0
+    for t in tables:
+        records[t] = []
+        for i, group in enumerate(plan["tables"][t]):
+            if group["keep"]:  # its size and sha256 were checked above (_problems)
+                records[t].append(next(r for r in comp.tables[t] if r["path"] == group["keep"]))
+                continue
+            rec = _reusable(store, f"{COMPACT_DIR}/{t}/{file_name(generation, i)[:-len('.parquet')]}.json", group)
+            if rec is not None:
+                records[t].append(rec)
+                continue
+            if stop_after is not None and written >= stop_after:
+                return None, written
+            lease.check()
+            rec = _write_group(store, sources, t, generation, i, group, markers)
+            records[t].append(rec)
+            written += 1
+            print(f"[compact] {t} {i + 1}/{len(plan['tables'][t])}: {len(group['units'])} units, "
+                  f"{rec['rows']:,} rows, {rec['bytes']:,} bytes", file=stream, flush=True)
+    return records, written
+
+
+def _check_every_unit_once(uri: str, tables: List[str], records: Dict[str, List[dict]],
+                           markers: Dict[int, dict]) -> None:
+    """Every unit exactly once, from the shard its marker names, before anything is committed."""
+    for t in tables:
+        want = {u: (int(m["files"][t]["rows"]), m["files"][t]["sha256"]) for u, m in markers.items()
+                if t in m["files"]}
+        got = [(int(e[0]), (int(e[1]), e[2])) for r in records[t] for e in r["units"]]
+        if dict(got) != want or len(got) != len(want) or \
+                any(sum(int(e[1]) for e in r["units"]) != r["rows"] for r in records[t]):
+            raise StoreError(f"{uri}: compacted {t} would not hold exactly the units' rows; nothing committed")
 
 
 def _kept_files(comp: Optional[Compaction], table: str, markers: Dict[int, dict]) -> Dict[int, dict]:

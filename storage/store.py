@@ -26,9 +26,9 @@ COMPLETE = "_COMPLETE"
 NOT_A_FILE = "is not a regular file"  # a folder (or FIFO) where a run's file belongs: never read, removed on resume
 # The run format: the layout and table schemas a run's files follow. open_run writes it into a new run's
 # manifest ("format_version") and a resume keeps it, so a run has one format for its whole life. Code that
-# still reads runs of an earlier format asks `run_format` (docs/notes/2026-11-26-one-home-per-concept.md
-# lists each such path and the formats that need it, so it can be retired with them). 1: every run opened
-# before format versions were read (2026-11); its harvests may lack columns or keep older types, and its
+# still reads runs of an earlier format asks `run_format` (sentsim/run_formats.py lists each such path
+# and the formats that need it, so it can be retired with them). 1: every run whose
+# manifest has no format_version; its harvests may lack columns or keep older types, and its
 # fingerprint may hold its input paths as spelt. 2: the schemas and fingerprints of this version.
 FORMAT_VERSION = 2
 

@@ -7,7 +7,7 @@ plain Parquet readers of DIR/<table> see exactly the run's rows too.
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Set
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -47,7 +47,23 @@ def verify_store(uri: str) -> List[str]:
     for unit, why in sorted(invalid.items()):
         problems.append(f"{UNITS_DIR}/{unit:05d}.json: completion marker {why}; the unit is redone on resume")
     comp = load_compaction(store, fp)
-    claimed = set()
+    claimed: Set[str] = set()
+    _check_marked_files(store, markers, comp, fp, tables, claimed, problems)
+    if comp is not None:
+        _check_compacted_files(store, markers, comp, fp, tables, claimed, problems)
+    _check_unclaimed_files(store, tables, claimed, problems)
+    _check_side_tables(store, fp, problems)
+    _check_planned_units(manifest, markers, problems)
+    if not problems and not store.is_complete():
+        problems.append(
+            f"run incomplete: {len(markers)} units done and no _COMPLETE marker; re-run the same command to finish it"
+        )
+    return problems
+
+
+def _check_marked_files(store: ShardStore, markers: dict, comp, fp, tables: dict, claimed: Set[str],
+                        problems: List[str]) -> None:
+    """Each file a marker of this run names: whole (size, sha256) and a readable Parquet of its rows."""
     for unit, rec in sorted(markers.items()):
         if rec.get("fingerprint") != fp:
             problems.append(f"unit {unit:05d}: marker from another run (fingerprint {rec.get('fingerprint')})")
@@ -66,25 +82,32 @@ def verify_store(uri: str) -> List[str]:
                                 (" (truncated or edited)" if "size" in problem else ""))
                 continue
             _check_parquet(store, f["path"], int(f["rows"]), tables.get(table), table, problems)
-    if comp is not None:
-        current = {u: m for u, m in markers.items() if m.get("fingerprint") == fp}
-        for table, recs in sorted(comp.tables.items()):
-            for path, held in sorted(comp.stale(table, current).items()):
-                shown = ", ".join(f"{u:05d}" for u in held[:5]) + (" ..." if len(held) > 5 else "")
-                problems.append(f"{path}: holds rows of unit(s) {shown} that no marker vouches for any more "
-                                f"(redone or lost since compaction); resume the job if units are missing, then {AGAIN}")
-            for r in recs:
-                where = comp.location(r)
-                claimed.add(where)
-                problem = comp.file_problem(r)
-                if problem:
-                    problems.append(problem)
-                    continue
-                if where != r["path"]:
-                    problems.append(f"{where}: not yet moved to {r['path']} (compaction stopped part-way); {AGAIN}")
-                _check_parquet(store, where, int(r["rows"]), tables.get(table), table, problems)
-    # Files in a table's folder that no marker or compaction names: half-written units, files dropped in
-    # by hand, or an earlier compaction's files. Plain readers of the folder would read them.
+
+
+def _check_compacted_files(store: ShardStore, markers: dict, comp, fp, tables: dict, claimed: Set[str],
+                           problems: List[str]) -> None:
+    """Each compacted file: still vouched for by the markers it holds rows of, moved into place, whole."""
+    current = {u: m for u, m in markers.items() if m.get("fingerprint") == fp}
+    for table, recs in sorted(comp.tables.items()):
+        for path, held in sorted(comp.stale(table, current).items()):
+            shown = ", ".join(f"{u:05d}" for u in held[:5]) + (" ..." if len(held) > 5 else "")
+            problems.append(f"{path}: holds rows of unit(s) {shown} that no marker vouches for any more "
+                            f"(redone or lost since compaction); resume the job if units are missing, then {AGAIN}")
+        for r in recs:
+            where = comp.location(r)
+            claimed.add(where)
+            problem = comp.file_problem(r)
+            if problem:
+                problems.append(problem)
+                continue
+            if where != r["path"]:
+                problems.append(f"{where}: not yet moved to {r['path']} (compaction stopped part-way); {AGAIN}")
+            _check_parquet(store, where, int(r["rows"]), tables.get(table), table, problems)
+
+
+def _check_unclaimed_files(store: ShardStore, tables: dict, claimed: Set[str], problems: List[str]) -> None:
+    """Files in a table's folder that no marker or compaction names: half-written units, files dropped in
+    by hand, or an earlier compaction's files. Plain readers of the folder would read them."""
     for table in tables:
         d = store.path(table)
         if not sfs.exists(store.fs, d):
@@ -97,21 +120,23 @@ def verify_store(uri: str) -> List[str]:
                 problems.append(f"{rel}: a compacted file no compaction names (left over); {AGAIN}")
             elif info.base_name.endswith(".parquet"):
                 problems.append(f"{rel}: no completion marker (partial unit or foreign file)")
+
+
+def _check_side_tables(store: ShardStore, fp, problems: List[str]) -> None:
     for name, rec in sorted(store.side_records().items()):
         problem = store.check_side_table(rec)
         if problem is None and rec.get("fingerprint") != fp:
             problem = f"{rec['path']}: written by another run (fingerprint {rec.get('fingerprint')})"
         if problem:
             problems.append(problem)
+
+
+def _check_planned_units(manifest: dict, markers: dict, problems: List[str]) -> None:
     planned = manifest.get("planned_units")
-    if planned is not None:
-        missing = [u for u in range(planned) if u not in markers]
-        if missing:
-            shown = ", ".join(f"{u:05d}" for u in missing[:10]) + (" ..." if len(missing) > 10 else "")
-            problems.append(f"{len(missing)} of {planned} units not complete: {shown}; resume the job (the same "
-                            "command) to redo them")
-    if not problems and not store.is_complete():
-        problems.append(
-            f"run incomplete: {len(markers)} units done and no _COMPLETE marker; re-run the same command to finish it"
-        )
-    return problems
+    if planned is None:
+        return
+    missing = [u for u in range(planned) if u not in markers]
+    if missing:
+        shown = ", ".join(f"{u:05d}" for u in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        problems.append(f"{len(missing)} of {planned} units not complete: {shown}; resume the job (the same "
+                        "command) to redo them")

@@ -35,7 +35,8 @@ from sentsim.config import Section
 
 
 class ModelConfig(Section):
-    # Issue 3: w sentences on each side of the centre sentence, default 1.
+    # w sentences on each side of the centre sentence (paper 003 §3.2.1 scores [c_<i, c_i, c_>i]); 1 keeps it fast
+    # enough for screening.
     window: int = Field(1, ge=1, le=16)
     embed_dim: int = Field(300, ge=1)
     # Paper 003 §3.2.1: single-layer BiLSTM, hidden size 300.
