@@ -456,7 +456,7 @@ def test_doc_id_prefixes_train_and_hold_out_only_the_chosen_documents(corpus_dir
     # a config recorded before doc_id_prefixes (and batching) existed had no such key: at the value those
     # runs had, each is left out; the bucketed stream is another run
     plain = ContextTrainConfig.model_validate({"model": TINY_MODEL, **TRAIN, "batching": "buffer"})
-    later = ("doc_id_prefixes", "batching", "bucket_batches", "micro_batches")
+    later = ("doc_id_prefixes", "batching", "bucket_batches", "micro_batches", "pack_tokens")
     before = {k: v for k, v in plain.model_dump().items() if k not in RESUMABLE and k not in later}
     assert run_fingerprint(plain, "c", "") == fingerprint("context", before, "c", "")
     assert run_fingerprint(cfg, "c", "") != run_fingerprint(plain, "c", "")

@@ -2,7 +2,7 @@
 
 Two planners, both under a token budget (a batch of B examples costs B * (longest source + longest
 target) padded tokens):
-  * `token_batches` (batching=buffer, the stream before 2026-11-26): sort by source + target length
+  * `token_batches` (batching=buffer, the legacy stream): sort by source + target length
     and cut greedily. Sorting on the sum keeps the sum tight but not each part: on the Wikipedia
     corpus a third to half of a GPU-sized batch was padding;
   * `plan_batches` (batching=bucketed): split the examples recursively on whichever of source or
@@ -12,6 +12,10 @@ target) padded tokens):
 
 The scorer (`ContextScorer`, many batches per call from a few thousand examples) plans with a padding
 target as well (`max_padding`): groups are cut where the two parts pad least, down to a minimum size.
+
+Packed rows (`pack_tokens`): `pack_rows` places examples of any length several to a row, and
+`collate_packed_np` lays each row's examples back to back, `src_mask` then holding segment ids
+(sentsim/context/model.py reads them).
 
 `collate_np` pads with numpy in a few vectorised steps (numpy int32, cheap to send between
 processes); `collate` is the same batch as int64 torch tensors. The scorer keeps its examples as
@@ -221,6 +225,60 @@ def collate_np(exs: Sequence[Example], pad_id: int, bos_id: int) -> dict:
             "dec_in": dec_in, "dec_slots": dec_slots, "labels": labels}
 
 
+def collate_packed_np(exs: Sequence[Example], row_sizes: Sequence[int], pad_id: int, bos_id: int) -> dict:
+    """`collate_np` of packed rows: row r holds the next `row_sizes[r]` examples back to back, in the source
+    and in the decoder input and labels (each example's own <bos> + target[:-1] and target), then padding.
+    `src_mask` is [B, S + T]: the segment id of each source position (1, 2, ... for the row's examples,
+    0 = padding), then of each decoder position."""
+    rows, at = [], 0
+    for n in row_sizes:
+        rows.append(exs[at:at + n])
+        at += n
+    if at != len(exs) or not all(row_sizes):
+        raise ValueError(f"row sizes {list(row_sizes)} do not cut {len(exs)} examples into rows")
+
+    def joined(part) -> list[list[int]]:
+        return [list(itertools.chain.from_iterable(part(j, e) for j, e in enumerate(row, 1))) for row in rows]
+
+    src = joined(lambda j, e: e.src)
+    labels = joined(lambda j, e: e.tgt)
+    sl = np.fromiter(map(len, src), np.int64, len(rows))
+    tl = np.fromiter(map(len, labels), np.int64, len(rows))
+    S, T = int(sl.max()), int(tl.max())
+    src_seg = padded(joined(lambda j, e: [j] * len(e.src)), sl, S, 0)
+    dec_seg = padded(joined(lambda j, e: [j] * len(e.tgt)), tl, T, 0)
+    return {"src": padded(src, sl, S, pad_id), "src_slots": padded(joined(lambda j, e: e.src_slots), sl, S, 0),
+            "src_mask": np.concatenate([src_seg, dec_seg], axis=1),
+            "dec_in": padded(joined(lambda j, e: [bos_id, *e.tgt[:-1]]), tl, T, pad_id),
+            "dec_slots": padded(joined(lambda j, e: [0, *e.tgt_slots[:-1]]), tl, T, 0),
+            "labels": padded(labels, tl, T, -100)}
+
+
+def pack_rows(src_len: np.ndarray, tgt_len: np.ndarray, src_room: int, tgt_room: int,
+              open_rows: int = 8) -> list[np.ndarray]:
+    """Indices of the examples of each packed row, rows in the order they close. Examples are placed in the
+    order given, each into the first of the last `open_rows` rows that has room for its source and its
+    target (at most `src_room` source and `tgt_room` target tokens a row), else into a new row, the oldest
+    open row then closing: a row mixes the lengths of its stretch of the order (shuffle it first), and
+    short examples fill the gaps long ones leave. An example longer than a row is a row of its own."""
+    done: list[list[int]] = []
+    rows: list[list[int]] = []
+    room: list[list[int]] = []
+    for i, (s, t) in enumerate(zip(np.asarray(src_len).tolist(), np.asarray(tgt_len).tolist())):
+        for r, (rs, rt) in enumerate(room):
+            if s <= rs and t <= rt:
+                rows[r].append(i)
+                room[r] = [rs - s, rt - t]
+                break
+        else:
+            if len(rows) == open_rows:
+                done.append(rows.pop(0))
+                room.pop(0)
+            rows.append([i])
+            room.append([src_room - s, tgt_room - t])
+    return [np.array(r, dtype=np.int64) for r in done + rows]
+
+
 def collate(exs: Sequence[Example], pad_id: int, bos_id: int) -> dict:
     """`collate_np` as int64 torch tensors (the training loss's and evaluation's batch)."""
     import torch
@@ -229,8 +287,9 @@ def collate(exs: Sequence[Example], pad_id: int, bos_id: int) -> dict:
 
 
 def padding_fraction(batch: dict) -> float:
-    """Share of a batch's source + target positions that are padding."""
-    real = int((np.asarray(batch["src_mask"]) > 0).sum()) + int((np.asarray(batch["labels"]) >= 0).sum())
+    """Share of a batch's source + target positions that are padding (padded or packed)."""
+    S = np.asarray(batch["src"]).shape[-1]
+    real = int((np.asarray(batch["src_mask"])[..., :S] > 0).sum()) + int((np.asarray(batch["labels"]) >= 0).sum())
     total = np.asarray(batch["src"]).size + np.asarray(batch["labels"]).size
     return 1.0 - real / total if total else 0.0
 

@@ -53,7 +53,7 @@ class ContextModelConfig(Section):
     context_sentences: int = Field(1, ge=1, le=8)
     # §3.2.2: "Sentence position embeddings and token position embeddings are added to word embeddings."
     sentence_position_embeddings: bool = True  # §3.2.2
-    # Longest encoder input / decoder target in tokens; longer ones are truncated and counted (issue 4).
+    # Longest encoder input / decoder target in tokens; longer ones are truncated and counted.
     max_source_tokens: int = Field(256, ge=8)
     max_target_tokens: int = Field(128, ge=4)
 
@@ -79,7 +79,7 @@ class ContextTrainConfig(Section):
     # tokens); 0 = no such stop. Counted over all workers.
     max_target_tokens: int = Field(0, ge=0)
     # Token budget per batch (per worker; padded source + target tokens); not given in §3.2.2. 0 = by device:
-    # 4,096 on a CPU (as before 2026-11-26), GPU_TRAIN_BATCH_TOKENS on a GPU (BENCHMARKS.md, "GPU").
+    # 4,096 on a CPU, GPU_TRAIN_BATCH_TOKENS on a GPU (BENCHMARKS.md, "GPU").
     batch_tokens: int = Field(0, ge=0)
     # Not in §3.2.2: keep a warm-started (pretrained) encoder fixed and run it without gradients, which
     # roughly halves the cost of a step on CPU. Its sentence-position table then trains via the decoder only.
@@ -97,7 +97,7 @@ class ContextTrainConfig(Section):
     grad_clip: float = Field(1.0, ge=0)  # not in §3.2.2; standard for Transformers
     # How windows become batches (not in §3.2.2; execution, but it changes which examples share a step):
     # "bucketed" = the slice's windows in chunks of `bucket_batches` batches, each batch alike in source
-    # and target length (few % padding, sentsim/context/stream.py); "buffer" = the stream before 2026-11-26:
+    # and target length (few % padding, sentsim/context/stream.py); "buffer" = the legacy stream:
     # `shuffle_buffer` examples sorted by length and cut (a third or more of a GPU batch was padding).
     # configs/reference_context.yaml keeps "buffer", so `make reference` rebuilds the measured teacher.
     batching: Literal["bucketed", "buffer"] = "bucketed"
@@ -107,6 +107,14 @@ class ContextTrainConfig(Section):
     # Steps alike in length (1) trained 0.07-0.15 nats behind "buffer" per target token in early CPU runs; 8 were
     # within the noise of it (+0.02) at about its number of steps (bench/stream_quality.py; BENCHMARKS.md, "GPU").
     micro_batches: int = Field(8, ge=1)
+    # batching=bucketed: 0 = one example a row (padded batches). N > 0 = packed rows of at most N tokens (source +
+    # target): several examples back to back in one row, each token carrying its example's segment id, each
+    # example attending only to its own tokens and its token positions counted from 0, as T5 packs its examples
+    # (segment ids); a step's examples are then drawn across the lengths of their chunk, not grouped by length,
+    # and the loss per target token is that of the same examples unpacked (tests/test_context_packing.py). Not
+    # in §3.2.2; execution. Off by default until a GPU has measured it (bench/gpu.py --pack): the CPU path builds
+    # a dense mask per row, and arch=bart only (the warm start's BERT encoder and decoder are not wired for it).
+    pack_tokens: int = 0
     shuffle_buffer: int = Field(4096, ge=1)  # batching=buffer: examples sorted together by length
     # batching=bucketed: processes that build batches beside the trainer; -1 = none on a CPU (the trainer
     # needs the cores), on a GPU the node's CPU share of this worker less two, up to 8. The batches are
@@ -152,6 +160,25 @@ class ContextTrainConfig(Section):
     def cross_attention_from_self(self) -> bool:
         """Whether a fresh warm start copies self-attention into cross-attention (see cross_attention_init)."""
         return self.model.arch == "warm_start" and self.cross_attention_init in ("auto", "self_attention")
+
+    @model_validator(mode="after")
+    def _check_packing(self):
+        if self.pack_tokens == 0:
+            return self
+        longest = self.model.max_source_tokens + self.model.max_target_tokens
+        if self.pack_tokens < 0:
+            raise ValueError(f"pack_tokens must be 0 (no packing) or a positive row length, got {self.pack_tokens}")
+        if self.pack_tokens < longest:
+            raise ValueError(f"pack_tokens ({self.pack_tokens}) must hold the longest example: at least "
+                             f"model.max_source_tokens + model.max_target_tokens ({longest})")
+        if self.batch_tokens and self.pack_tokens > self.batch_tokens:
+            raise ValueError(f"pack_tokens ({self.pack_tokens}) is more than a batch holds (batch_tokens "
+                             f"{self.batch_tokens})")
+        if self.batching != "bucketed":
+            raise ValueError("pack_tokens needs batching=bucketed (the legacy stream pads one example a row)")
+        if self.model.arch != "bart":
+            raise ValueError("pack_tokens needs model.arch=bart: the warm start cannot pack examples yet")
+        return self
 
     @field_validator("doc_id_prefixes", mode="before")
     @classmethod

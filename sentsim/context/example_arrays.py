@@ -1,7 +1,7 @@
 """`windows.build_example` for every (item, direction) of a scoring call at once, in numpy.
 
 The scorer's host side was one `build_example` per (item, direction) plus a hash of each source's token
-tuple: ~200 us an item on an H200's host, a fifth of what the GPU could score (issue 38). Here each
+tuple: ~200 us an item on an H200's host, a fifth of what the GPU could score. Here each
 distinct text of the call is tokenised once and laid out in one flat array (`TextTable`), each item is
 a row of text ids (its left sentences, its sentence, its right sentences), and each example is a row of
 *segments*: the text ids of its parts, in the layout of `windows.py`
@@ -99,6 +99,41 @@ def build_examples(table: TextTable, ids: dict, k: int, directions: Sequence[str
     """Every item's example in each of `directions` (items whose target is empty have none).
 
     centre [n]: the text id of each item's sentence; left, right [n, k]: `context_columns`."""
+    C = 2 * k + 5
+    cols, tgt, tsl, item, direction, col_slot = _segment_rows(table, k, directions, centre, left, right)
+
+    # one encoder source per distinct row of segment text ids (the sep and </s> columns are the same in all)
+    key_cols = [c for c in range(C) if c not in (k + 1, k + 3, C - 1)]
+    keys = np.ascontiguousarray(cols[:, key_cols].astype(np.int32))
+    void = keys.view(np.dtype((np.void, keys.dtype.itemsize * keys.shape[1]))).ravel()
+    _, first, job_src = np.unique(void, return_index=True, return_inverse=True)
+    job_src = job_src.reshape(-1)
+    src = RaggedRows.gather(table.tokens, table.offsets, table.lengths, cols[first], col_slot)
+    tgt_rows = RaggedRows.gather(table.tokens, table.offsets, table.lengths, tgt, tsl)
+
+    # examples to cut: build_example's own rules (water-filled source, target cut short of its </s>)
+    body = src.lengths[job_src] - 4  # source tokens besides the tag, the two <sep> and </s>
+    cut = (body > max_source - 4) | (tgt_rows.lengths > max_target)
+    src_trunc = np.zeros(len(item), dtype=np.int64)
+    tgt_trunc = np.zeros(len(item), dtype=np.int64)
+    fallback = np.flatnonzero(cut)
+    if len(fallback):
+        new_src, new_tgt = {}, {}
+        for q in fallback.tolist():
+            ex = _build_one(table, ids, k, directions[direction[q]], int(item[q]), centre, left, right,
+                            max_source, max_target)
+            src_trunc[q], tgt_trunc[q] = ex.src_truncated, ex.tgt_truncated
+            new_src[int(job_src[q])] = (ex.src, ex.src_slots)
+            new_tgt[q] = (ex.tgt, ex.tgt_slots)
+        src = src.replaced(new_src)
+        tgt_rows = tgt_rows.replaced(new_tgt)
+    return ExampleArrays(item, direction, src, job_src, tgt_rows, src_trunc, tgt_trunc, len(fallback))
+
+
+def _segment_rows(table: TextTable, k: int, directions: Sequence[str], centre: np.ndarray, left: np.ndarray,
+                  right: np.ndarray) -> tuple:
+    """(source segments [jobs, 2k+5], target segments [jobs, k+2], their slots, item, direction, the slot of
+    each source column) of every item's example in each direction, direction by direction."""
     n = len(centre)
     null, sp = table.null, table.special
     C = 2 * k + 5
@@ -151,33 +186,7 @@ def build_examples(table: TextTable, ids: dict, k: int, directions: Sequence[str
     tsl = np.concatenate(tslots) if tslots else np.zeros((0, k + 2), np.int64)
     item = np.concatenate(items) if items else np.zeros(0, np.int64)
     direction = np.concatenate(dirs) if dirs else np.zeros(0, np.int64)
-
-    # one encoder source per distinct row of segment text ids (the sep and </s> columns are the same in all)
-    key_cols = [c for c in range(C) if c not in (k + 1, k + 3, C - 1)]
-    keys = np.ascontiguousarray(cols[:, key_cols].astype(np.int32))
-    void = keys.view(np.dtype((np.void, keys.dtype.itemsize * keys.shape[1]))).ravel()
-    _, first, job_src = np.unique(void, return_index=True, return_inverse=True)
-    job_src = job_src.reshape(-1)
-    src = RaggedRows.gather(table.tokens, table.offsets, table.lengths, cols[first], col_slot)
-    tgt_rows = RaggedRows.gather(table.tokens, table.offsets, table.lengths, tgt, tsl)
-
-    # examples to cut: build_example's own rules (water-filled source, target cut short of its </s>)
-    body = src.lengths[job_src] - 4  # source tokens besides the tag, the two <sep> and </s>
-    cut = (body > max_source - 4) | (tgt_rows.lengths > max_target)
-    src_trunc = np.zeros(len(item), dtype=np.int64)
-    tgt_trunc = np.zeros(len(item), dtype=np.int64)
-    fallback = np.flatnonzero(cut)
-    if len(fallback):
-        new_src, new_tgt = {}, {}
-        for q in fallback.tolist():
-            ex = _build_one(table, ids, k, directions[direction[q]], int(item[q]), centre, left, right,
-                            max_source, max_target)
-            src_trunc[q], tgt_trunc[q] = ex.src_truncated, ex.tgt_truncated
-            new_src[int(job_src[q])] = (ex.src, ex.src_slots)
-            new_tgt[q] = (ex.tgt, ex.tgt_slots)
-        src = src.replaced(new_src)
-        tgt_rows = tgt_rows.replaced(new_tgt)
-    return ExampleArrays(item, direction, src, job_src, tgt_rows, src_trunc, tgt_trunc, len(fallback))
+    return cols, tgt, tsl, item, direction, col_slot
 
 
 def _build_one(table, ids, k, d, i, centre, left, right, max_source, max_target) -> Example:

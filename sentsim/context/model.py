@@ -7,6 +7,14 @@
 and adds a sentence-position embedding (which sentence of the window a token belongs to, paper §3.2.2) to
 the token embeddings before the model adds its own token-position embeddings.
 
+A batch is padded (one example a row; `src_mask` [B, S] is 1 at real source tokens) or packed (several
+examples back to back in a row, `pack_tokens`; arch=bart only): then `src_mask` is [B, S + T], each
+source token's segment id (1, 2, ... for the row's examples, 0 = padding) followed by each decoder
+token's, and every example sees only itself, as T5 packs examples with segment ids: encoder attention
+within a segment, decoder attention causal within a segment, cross-attention to the same segment's
+source, token positions from 0 in each example. Masks are dense [B, 1, Q, K] (sdpa or eager attention),
+correct everywhere; varlen or FlexAttention kernels would skip the masked blocks on a GPU.
+
 On disk (a *bundle*, written by `save_bundle`):
 
     context.json             format, ContextModelConfig, tokenizer SHA-256, direction -> model directory
@@ -21,6 +29,7 @@ Weights are only ever read from safetensors; nothing is unpickled.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -65,6 +74,11 @@ class ContextModel(nn.Module):
         self._enc_emb = seq2seq.get_encoder().get_input_embeddings()
         self.frozen_encoder = False
         self._dec_emb = seq2seq.get_decoder().get_input_embeddings()
+        # BART's encoder and decoder take no position ids: packed rows set theirs through these
+        self._positions = {}
+        if cfg.arch == "bart":
+            for side, module in (("enc", seq2seq.model.encoder), ("dec", seq2seq.model.decoder)):
+                self._positions[side] = _PositionOverride(module.embed_positions)
 
     # -------------------------------------------------------------------------------------------- compute
 
@@ -87,15 +101,43 @@ class ContextModel(nn.Module):
         return self._encode(src, src_slots, src_mask)
 
     def _encode(self, src, src_slots, src_mask):
-        out = self.seq2seq.get_encoder()(
-            inputs_embeds=self._embed(self._enc_emb, src, src_slots), attention_mask=src_mask, return_dict=True
-        )
+        emb = self._embed(self._enc_emb, src, src_slots)
+        segments = self._segments(src_mask, src.shape[1])
+        if segments is None:
+            out = self.seq2seq.get_encoder()(inputs_embeds=emb, attention_mask=src_mask, return_dict=True)
+            return out.last_hidden_state
+        seg = segments[0]
+        with self._positions["enc"].set(segment_positions(seg)):
+            out = self.seq2seq.get_encoder()(inputs_embeds=emb, attention_mask=self._mask(seg, seg, False, emb.dtype),
+                                             return_dict=True)
         return out.last_hidden_state
+
+    def _segments(self, src_mask: torch.Tensor, src_len: int) -> Optional[tuple]:
+        """(source, decoder) segment ids of a packed batch, None for a padded one (see the module doc);
+        told apart by shape, so no device sync."""
+        if src_mask.shape[-1] == src_len:
+            return None
+        if self.cfg.arch != "bart":
+            raise UsageError("packed examples need model.arch=bart")
+        return src_mask[:, :src_len], src_mask[:, src_len:]
+
+    def _mask(self, q_seg: torch.Tensor, k_seg: torch.Tensor, causal: bool, dtype) -> torch.Tensor:
+        """The [B, 1, Q, K] attention mask of packed rows in the model's attention's format."""
+        allowed = segment_mask(q_seg, k_seg, causal)
+        impl = self.seq2seq.config._attn_implementation
+        if impl == "sdpa":
+            return allowed
+        if impl == "eager":
+            return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+                ~allowed, torch.finfo(dtype).min)
+        raise UsageError(f"packed examples need sdpa or eager attention, not {impl}")
 
     def decode(self, enc: torch.Tensor, src_mask: torch.Tensor, dec_in: torch.Tensor,
                dec_slots: torch.Tensor) -> torch.Tensor:
         """Logits for every decoder position (teacher forcing). Decoder inputs are right-padded, so the
         causal mask alone keeps padding out of every real position."""
+        if self._segments(src_mask, enc.shape[1]) is not None:
+            return self.project(self.decoder_states(enc, src_mask, dec_in, dec_slots))
         out = self.seq2seq(
             encoder_outputs=(enc,),
             attention_mask=src_mask,
@@ -113,6 +155,15 @@ class ContextModel(nn.Module):
         """The decoder's last hidden states [B, T, H]: `decode` without the vocabulary projection, which
         `project` then applies to the positions that are scored only."""
         emb = self._embed(self._dec_emb, dec_in, dec_slots)
+        segments = self._segments(src_mask, enc.shape[1])
+        if segments is not None:
+            src_seg, dec_seg = segments
+            with self._positions["dec"].set(segment_positions(dec_seg)):
+                out = self.seq2seq.model.decoder(
+                    inputs_embeds=emb, attention_mask=self._mask(dec_seg, dec_seg, True, emb.dtype),
+                    encoder_hidden_states=enc, encoder_attention_mask=self._mask(dec_seg, src_seg, False, emb.dtype),
+                    use_cache=False, return_dict=True)
+            return out.last_hidden_state
         if self.cfg.arch == "bart":
             body = self.seq2seq.model.decoder
         else:  # EncoderDecoderModel: its BERT decoder without the LM head, as its forward calls it
@@ -183,6 +234,51 @@ class ContextModel(nn.Module):
         with torch.no_grad():
             m.sentence_positions.weight.copy_(w)
         return m
+
+
+class _PositionOverride:
+    """Per-token positions for a BART learned-position table, as BART's encoder and decoder take no position
+    ids: while `set(positions)` holds, the table is read at `positions` [B, L] instead of 0..L-1 (the table's
+    own forward would index past its end on a packed row wider than it). Otherwise its own forward runs."""
+
+    def __init__(self, module: nn.Module):
+        self.positions: Optional[torch.Tensor] = None
+        self.module, self.own_forward = module, module.forward
+        module.forward = self.forward
+
+    def forward(self, *args, **kwargs):
+        if self.positions is None:
+            return self.own_forward(*args, **kwargs)
+        return nn.functional.embedding(self.positions + self.module.offset, self.module.weight)
+
+    @contextmanager
+    def set(self, positions: torch.Tensor):
+        self.positions = positions
+        try:
+            yield
+        finally:
+            self.positions = None
+
+
+def segment_positions(seg: torch.Tensor) -> torch.Tensor:
+    """Each token's position within its own segment ([B, L] ids, a segment's tokens adjacent): 0 at every
+    example's first token, as unpacked; 0 at padding (id 0)."""
+    idx = torch.arange(seg.shape[1], device=seg.device).expand_as(seg)
+    starts = torch.ones_like(seg, dtype=torch.bool)
+    starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    first = torch.where(starts, idx, torch.zeros_like(idx)).cummax(1).values
+    return torch.where(seg > 0, idx - first, torch.zeros_like(idx))
+
+
+def segment_mask(q_seg: torch.Tensor, k_seg: torch.Tensor, causal: bool) -> torch.Tensor:
+    """[B, 1, Q, K] bool, True where a query may attend a key: the same segment (and, `causal`, not a later
+    position). A padding query (id 0) attends every key, so no softmax row is empty (a NaN that would reach
+    the gradients through the matrix products); its output is never read."""
+    same = q_seg[:, :, None] == k_seg[:, None, :]
+    if causal:
+        q, k = q_seg.shape[1], k_seg.shape[1]
+        same = same & torch.ones(q, k, dtype=torch.bool, device=q_seg.device).tril()
+    return (same | (q_seg == 0)[:, :, None])[:, None]
 
 
 def _vocab_size(seq2seq) -> int:

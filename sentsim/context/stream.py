@@ -8,7 +8,8 @@ Per training worker (rank r of `world`), three steps:
               measured from token counts alone (no example is built), planned into micro-batches
               of near-equal source and target length (`batching.plan_batches`) and dealt into
               steps of `micro_batches` that together span the chunk's lengths (`steps_of`), the
-              steps of a chunk in a seeded order
+              steps of a chunk in a seeded order; with `pack_tokens`, the chunk's examples in a seeded
+              order packed several to a row instead (`packed_steps`), a step's rows mixing all lengths
     builders  each step's examples built (`windows.build_example`) and padded (`collate_np`), one
               padded batch per micro-batch
     trainer   step n from builder n % W (numpy arrays; the trainer copies them to its device)
@@ -33,11 +34,11 @@ import random
 import threading
 import traceback
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from sentsim.context.batching import collate_np, plan_batches
+from sentsim.context.batching import collate_np, collate_packed_np, pack_rows, plan_batches
 from sentsim.context.config import ContextTrainConfig
 from sentsim.context.windows import _water_fill, build_example, iter_slices, mix_seed
 from sentsim.errors import UsageError
@@ -60,6 +61,7 @@ class BatchTask:
     src_len: np.ndarray  # planned lengths, checked when the examples are built
     tgt_len: np.ndarray
     micro: np.ndarray  # int32: examples in each micro-batch, in order (the examples are micro-batch by micro-batch)
+    rows: Optional[np.ndarray] = None  # int32, packed (pack_tokens): examples in each row, in order; None = padded
 
 
 # ------------------------------------------------------------------------------------------------- lengths
@@ -87,8 +89,8 @@ def example_lengths(parts: np.ndarray, direction: str, max_source: int, max_targ
 
 
 def micro_batches_per_step(cfg: ContextTrainConfig) -> int:
-    """`micro_batches`, at most as many as leave each micro-batch room for the longest example."""
-    longest = cfg.model.max_source_tokens + cfg.model.max_target_tokens
+    """`micro_batches`, at most as many as leave each micro-batch room for the longest example (a packed row)."""
+    longest = cfg.pack_tokens or cfg.model.max_source_tokens + cfg.model.max_target_tokens
     return max(1, min(cfg.micro_batches, cfg.batch_tokens // longest))
 
 
@@ -102,6 +104,23 @@ def steps_of(plan: list, src_len: np.ndarray, tgt_len: np.ndarray, k: int) -> li
     rank = np.lexsort((np.array([src_len[b].mean() for b in plan]), np.array([tgt_len[b].mean() for b in plan])))
     m = -(-len(plan) // k)
     return [[plan[rank[i]] for i in range(j, len(plan), m)] for j in range(m)]
+
+
+def packed_steps(src_len: np.ndarray, tgt_len: np.ndarray, cfg: ContextTrainConfig,
+                 rng: np.random.Generator) -> list[list[list[np.ndarray]]]:
+    """A chunk's examples packed into rows of `pack_tokens` (`batching.pack_rows`, in a seeded order, so that
+    a row and a step mix the chunk's lengths), the rows cut into micro-batches of batch_tokens / micro-batches
+    tokens and those into steps: steps -> micro-batches -> rows -> example indices. Each row's source and
+    target rooms split `pack_tokens` as the chunk's tokens split, each room holding the longest example."""
+    size = cfg.pack_tokens
+    order = rng.permutation(len(src_len))
+    share = float(src_len.sum()) / max(float(src_len.sum() + tgt_len.sum()), 1.0)
+    src_room = int(np.clip(round(size * share), src_len.max(), size - tgt_len.max()))
+    rows = [order[r] for r in pack_rows(src_len[order], tgt_len[order], src_room, size - src_room)]
+    k = micro_batches_per_step(cfg)
+    per_micro = max(1, cfg.batch_tokens // k // size)
+    micro = [rows[i:i + per_micro] for i in range(0, len(rows), per_micro)]
+    return [micro[i:i + k] for i in range(0, len(micro), k)]
 
 
 def batch_tasks(corpus: str, tok, cfg: ContextTrainConfig, directions: Sequence[str], rank: int, world: int,
@@ -151,18 +170,26 @@ def batch_tasks(corpus: str, tok, cfg: ContextTrainConfig, directions: Sequence[
                 if not len(w):
                     continue
                 s, t = s_all[lo:hi][w, dcol], t_all[lo:hi][w, dcol]
-                steps = steps_of(plan_batches(s, t, cfg.batch_tokens // k_micro), s, t, k_micro)
                 order_rng = np.random.default_rng([seed, rank, epoch, part, c])
+                if cfg.pack_tokens:
+                    steps = packed_steps(s, t, cfg, order_rng)
+                else:
+                    steps = steps_of(plan_batches(s, t, cfg.batch_tokens // k_micro), s, t, k_micro)
                 for b in order_rng.permutation(len(steps)):
                     if seq >= skip:
-                        yield _task(seq, epoch, steps[b], w + lo, dcol, s, t, sent, lens, flat, tok_start)
+                        yield _task(seq, epoch, steps[b], w + lo, dcol, s, t, sent, lens, flat, tok_start,
+                                    packed=bool(cfg.pack_tokens))
                     seq += 1
         if produced == 0:
             raise UsageError(f"{corpus}: no training windows{_among(cfg)} for worker {rank}/{world} "
                              f"(corpus too small for heldout_percent={cfg.heldout_percent} and {world} workers?)")
 
 
-def _task(seq, epoch, micro, window, dcol, s, t, sent, lens, flat, tok_start) -> BatchTask:
+def _task(seq, epoch, micro, window, dcol, s, t, sent, lens, flat, tok_start, packed=False) -> BatchTask:
+    packed_rows = None
+    if packed:  # micro-batches of rows: each micro-batch its rows' examples, row by row
+        packed_rows = np.array([len(r) for m in micro for r in m], np.int32)
+        micro = [np.concatenate(m) for m in micro]
     rows = np.concatenate(micro)
     wins, local = np.unique(window[rows], return_inverse=True)
     g = sent[wins].ravel()
@@ -170,7 +197,8 @@ def _task(seq, epoch, micro, window, dcol, s, t, sent, lens, flat, tok_start) ->
     tokens = (np.concatenate([flat[tok_start[x]:tok_start[x + 1]] for x in g]) if len(g)
               else np.zeros(0, np.int32))
     return BatchTask(seq, epoch, tokens, lens[wins].astype(np.int32), local.astype(np.int32),
-                     dcol[rows].astype(np.int8), s[rows], t[rows], np.array([len(b) for b in micro], np.int32))
+                     dcol[rows].astype(np.int8), s[rows], t[rows], np.array([len(b) for b in micro], np.int32),
+                     packed_rows)
 
 
 def _among(cfg: ContextTrainConfig) -> str:
@@ -181,8 +209,8 @@ def _among(cfg: ContextTrainConfig) -> str:
 
 
 def build_batch(task: BatchTask, ids: dict, cfg: ContextTrainConfig, directions: Sequence[str]) -> dict:
-    """The padded batch of a task (numpy int32, `batching.BATCH_KEYS`) plus its token counts `n_src` and
-    `n_tgt`; a task of several micro-batches gives {"micro": [one such batch each], "n_src", "n_tgt"}."""
+    """The padded (or packed) batch of a task (numpy int32, `batching.BATCH_KEYS`) plus its token counts `n_src`
+    and `n_tgt`; a task of several micro-batches gives {"micro": [one such batch each], "n_src", "n_tgt"}."""
     k = cfg.model.context_sentences
     mc = cfg.model
     flat = task.tokens.tolist()
@@ -202,8 +230,15 @@ def build_batch(task: BatchTask, ids: dict, cfg: ContextTrainConfig, directions:
             [len(e.tgt) for e in exs] != task.tgt_len.tolist():
         raise RuntimeError(f"batch {task.seq}: built examples do not have their planned lengths")
     out, at = [], 0
+    row_sizes = iter(task.rows.tolist() if task.rows is not None else ())
     for n in task.micro.tolist():
-        batch = collate_np(exs[at:at + n], ids["pad"], ids["bos"])
+        if task.rows is None:
+            batch = collate_np(exs[at:at + n], ids["pad"], ids["bos"])
+        else:
+            sizes = [next(row_sizes)]
+            while sum(sizes) < n:
+                sizes.append(next(row_sizes))
+            batch = collate_packed_np(exs[at:at + n], sizes, ids["pad"], ids["bos"])
         batch["n_src"] = int(task.src_len[at:at + n].sum())
         batch["n_tgt"] = int(task.tgt_len[at:at + n].sum())
         out.append(batch)
@@ -479,4 +514,4 @@ def stream_for(corpus: str, tokenizer_dir: str, cfg: ContextTrainConfig, directi
 
 
 __all__ = ["BatchStream", "BatchTask", "StopFlag", "as_tensors", "batch_tasks", "build_batch", "example_lengths",
-           "micro_batches_of", "micro_batches_per_step", "resolve_workers", "steps_of", "stream_for"]
+           "micro_batches_of", "micro_batches_per_step", "packed_steps", "resolve_workers", "steps_of", "stream_for"]
