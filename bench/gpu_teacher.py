@@ -24,7 +24,6 @@ bench/common.py's, over the pairs Origin scored, as bench/teacher_test.py report
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gzip
 import json
 import os
@@ -118,10 +117,9 @@ _STAGE = None  # the ContextStage of this process: set before the workers fork, 
 
 def _unit_line(item: dict) -> str:
     """One unit, selected, as a JSON line of bench/teacher_gpu.py export's format."""
-    item = _STAGE.process([item])[0]
-    return json.dumps({"unit": item["unit"], "pairs": item["pairs"], "texts": {str(s): t for s, t in
-                       item["texts"].items()}, "csets": {str(s): dataclasses.asdict(cs) for s, cs in
-                                                         item["csets"].items()}})
+    from teacher_gpu import unit_line
+
+    return unit_line(_STAGE.process([item])[0])
 
 
 def make_contexts(corpus: str, index: str, sets: dict, size: int, out: Path, workers: int = 1) -> dict:

@@ -119,14 +119,14 @@ def stage_with(mod: types.ModuleType, triple, batch_tokens: int, autocast: str =
 
 
 def run_stage(stage, todo: list, per_call: int) -> dict:
-    from teacher_gpu import _item
+    from teacher_gpu import _item, scored
 
     items = [_item(u) for u in todo]  # as the context stage hands them over: not part of the timing
     c0, w0 = time.process_time(), time.perf_counter()
     n, outs = 0, []
     for i in range(0, len(items), per_call):
         for out in stage.process(items[i:i + per_call]):
-            n += out["n_scored"]
+            n += scored(out)["n_scored"]
             outs.append(out)
     return {"items": n, "cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0, "outs": outs}
 
@@ -327,7 +327,7 @@ def full(old, new, todo, n_units: int, lines: list) -> None:
                          f"{res['items'] / res['cpu_s']:,.0f} |")
     worst = 0.0
     for a, b in zip(outs[("old", "off")], outs[("new", "off")]):
-        for ra, rb in zip(sorted(a["context_scores"]), sorted(b["context_scores"])):
+        for ra, rb in zip(sorted(a["work"].context_scores), sorted(b["work"].context_scores)):
             for x, y in zip(ra[2:5], rb[2:5]):
                 if x is not None and np.isfinite(x):
                     worst = max(worst, abs(x - y) / max(1.0, abs(x)))

@@ -86,10 +86,7 @@ def export(sizes: list[int], work: Path) -> None:
         lines = []
         for u in range(0, len(pairs), PAIRS_PER_UNIT):
             item = {"unit": u // PAIRS_PER_UNIT, "pairs": [tuple(p) for p in pairs[u:u + PAIRS_PER_UNIT]]}
-            item = stage.process([item])[0]
-            lines.append(json.dumps({
-                "unit": item["unit"], "pairs": item["pairs"], "texts": {str(s): t for s, t in item["texts"].items()},
-                "csets": {str(s): dataclasses.asdict(cs) for s, cs in item["csets"].items()}}))
+            lines.append(unit_line(stage.process([item])[0]))
         tmp = dst.with_suffix(".tmp")
         with gzip.open(tmp, "wt", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
@@ -98,14 +95,37 @@ def export(sizes: list[int], work: Path) -> None:
               f"({dst.stat().st_size / 2**20:.1f} MiB)", flush=True)
 
 
+def unit_line(out: dict) -> str:
+    """ContextStage's hand-off for one unit as a line of the export: its pairs as [s1_id, s2_id, kind, gold],
+    its texts and every sentence's context set."""
+    from sentsim.harvest.work import work_of
+
+    w = work_of(out)
+    return json.dumps({"unit": w.unit, "pairs": [[p.s1_id, p.s2_id, p.kind, p.gold] for p in w.pairs],
+                       "texts": {str(s): t for s, t in w.texts.items()},
+                       "csets": {str(s): dataclasses.asdict(cs) for s, cs in w.csets.items()}})
+
+
 def _item(u: dict) -> dict:
-    """One exported unit as the item ScoreStage takes from ContextStage."""
+    """One exported unit as the hand-off ScoreStage takes from ContextStage."""
+    from sentsim.harvest.work import Pair, WithContexts, envelope
     from sentsim.screening.contexts import Context, ContextSet
 
-    return {"unit": u["unit"], "pairs": [tuple(p) for p in u["pairs"]], "timing": {},
-            "texts": {int(s): t for s, t in u["texts"].items()},
-            "csets": {int(s): ContextSet([Context(**c) for c in d["contexts"]], d["candidates"], d["shortfall_reason"])
-                      for s, d in u["csets"].items()}, "disc": {}}
+    return envelope(WithContexts(
+        unit=u["unit"], anchored=False, pairs=[Pair(int(a), int(b), kind, gold) for a, b, kind, gold in u["pairs"]],
+        texts={int(s): t for s, t in u["texts"].items()},
+        csets={int(s): ContextSet([Context(**c) for c in d["contexts"]], d["candidates"], d["shortfall_reason"])
+               for s, d in u["csets"].items()}, disc={}))
+
+
+def scored(out: dict) -> dict:
+    """ScoreStage's hand-off for one unit as plain data: items scored, texts, and each pair's Eq. 4 row with its
+    sentence ids and gold."""
+    from sentsim.harvest.work import work_of
+
+    w = work_of(out)
+    return {"n_scored": w.n_scored, "texts": w.texts,
+            "rows": [{**r.eq4, "s1_id": r.pair.s1_id, "s2_id": r.pair.s2_id, "gold": r.pair.gold} for r in w.rows]}
 
 
 def score(work: Path, out: Path, bundle: Path, fp32: list[int], device: str = "cuda", units: int = 0) -> None:
@@ -136,7 +156,7 @@ def score(work: Path, out: Path, bundle: Path, fp32: list[int], device: str = "c
         sync()
         t0 = time.perf_counter()
         for u in todo:
-            item = stage.process([_item(u)])[0]
+            item = scored(stage.process([_item(u)])[0])
             items += item["n_scored"]
             rows += [{"s1": item["texts"][r["s1_id"]], "s2": item["texts"][r["s2_id"]], "gold": r["gold"],
                       "score": r["score"], "contexts": r["n_ctx_s1"] + r["n_ctx_s2"]} for r in item["rows"]]

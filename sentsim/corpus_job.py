@@ -10,7 +10,7 @@ sent to Ray at once.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence
 
 from pydantic import Field
 
@@ -19,7 +19,7 @@ from corpus.documents import CHUNK_SCHEMA, SENTENCE_SCHEMA
 from corpus.units import describe_inputs, ingest_unit, plan_units
 from sentsim.config import load_config
 from sentsim.errors import InputError, UsageError
-from sentsim.executor import ShardedJob, execute
+from sentsim.executor import EXECUTORS, RunContext, ShardedJob, execute
 from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
 
@@ -82,48 +82,75 @@ def build_corpus(
     check_out(out, {"INPUT": list(inputs)})
     if config is not None and not isinstance(config, CorpusJobConfig):
         config = CorpusJobConfig.model_validate(config.model_dump())
-    cfg = config or load_config(CorpusJobConfig, config_path, overrides)
-    input_meta = describe_inputs(inputs)
-    first_error: list = []  # (unit, message) of the lowest failed unit
+    job = CorpusRun(inputs, out, config or load_config(CorpusJobConfig, config_path, overrides), executor, address)
+    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet,
+                   max_units=max_units)
 
-    def on_result(r: dict) -> bool:
-        if r["error"] and (not first_error or r["unit"] < first_error[0][0]):
-            first_error[:] = [(r["unit"], r["error"])]
-        return bool(first_error)
 
-    def window() -> int:
-        if cfg.max_in_flight or executor != "ray":
-            return cfg.max_in_flight or 1
+class CorpusRun(ShardedJob):
+    """One corpus build (its inputs checked against `out` by `build_corpus`): its inputs described (name,
+    size, sha256), their documents streamed into units while the build runs. A unit that fails to ingest
+    (on_error=fail) stops the build, and the lowest such unit's error is the run's."""
+
+    stage = STAGE
+    count = "sentences"
+    deep = True
+
+    def __init__(self, inputs: Sequence[str], out: str, cfg: CorpusJobConfig, executor: str = "ray",
+                 address: Optional[str] = None):
+        self.paths, self.out, self.cfg = list(inputs), out, cfg
+        self.input_meta = describe_inputs(self.paths)
+        self.first_error: Optional[tuple] = None  # (unit, message) of the lowest failed unit
+        self.window = self._window(executor, address)
+
+    def _window(self, executor: str, address: Optional[str]) -> int:
+        """Units the driver holds and sends to Ray at once: `max_in_flight`, else 4 per cluster CPU (16 or more)."""
+        if executor not in EXECUTORS:
+            raise UsageError(f"unknown executor {executor!r} (ray or inline)")
+        if self.cfg.max_in_flight or executor != "ray":
+            return self.cfg.max_in_flight or 1
         from sentsim.runtime import cluster_cpus, init_ray
 
         init_ray(address)
         return max(16, 4 * cluster_cpus())
 
-    def summary(ctx) -> dict:
-        if first_error:
-            raise InputError(first_error[0][1] + " (use --on-error skip to skip such documents and count them)")
+    @property
+    def units(self) -> Iterator[dict]:
+        return plan_units(self.paths, self.cfg)
+
+    def fingerprint_parts(self) -> tuple:
+        # where the inputs live is not fingerprinted, only what they hold and in which order
+        return (STAGE, self.cfg.semantic(), [(i["name"], i["bytes"], i["sha256"]) for i in self.input_meta])
+
+    def config(self) -> dict:
+        return self.cfg.model_dump()
+
+    def inputs(self) -> List[dict]:
+        return self.input_meta
+
+    def tables(self) -> dict:
+        return {"sentences": SENTENCE_SCHEMA, "chunks": CHUNK_SCHEMA}
+
+    def stages(self, ctx: RunContext) -> List[StageSpec]:
+        return [StageSpec(IngestStage, Resources.of(self.cfg.resources), args=dict(out=self.out, fp=ctx.fp,
+                                                                                   cfg=self.cfg))]
+
+    def on_result(self, result: dict) -> bool:
+        if result["error"] and (self.first_error is None or result["unit"] < self.first_error[0]):
+            self.first_error = (result["unit"], result["error"])
+        return self.first_error is not None
+
+    def detail(self, result: dict) -> str:
+        return f"{result['chunks']:,} chunks" if not result["error"] else "bad document"
+
+    def summary(self, ctx: RunContext) -> dict:
+        if self.first_error:
+            raise InputError(self.first_error[1] + " (use --on-error skip to skip such documents and count them)")
         s = summarise(ctx.store, ctx.planned)
         if s["counts"]["documents"] == 0:  # never a complete corpus of nothing
-            raise InputError(f"no document could be ingested from {', '.join(inputs)} "
+            raise InputError(f"no document could be ingested from {', '.join(self.paths)} "
                              f"({s['skipped_documents']['count']} skipped as bad); the run is not marked complete")
         return s
-
-    job = ShardedJob(
-        # The fingerprint ignores where inputs live, only what they contain and in which order.
-        stage=STAGE, out=out,
-        fingerprint_parts=(STAGE, cfg.semantic(), [(i["name"], i["bytes"], i["sha256"]) for i in input_meta]),
-        config=cfg.model_dump(), inputs=input_meta, tables={"sentences": SENTENCE_SCHEMA, "chunks": CHUNK_SCHEMA},
-        units=plan_units(inputs, cfg),
-        stages=lambda ctx: [StageSpec(IngestStage, Resources.of(cfg.resources),
-                                      args=dict(out=out, fp=ctx.fp, cfg=cfg))],
-        summary=summary, on_result=on_result, count="sentences", deep=True,
-        detail=lambda r: f"{r['chunks']:,} chunks" if not r["error"] else "bad document",
-        window=None)
-    if executor not in ("ray", "inline"):
-        raise UsageError(f"unknown executor {executor!r} (ray or inline)")
-    job.window = window()
-    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet,
-                   max_units=max_units)
 
 
 def summarise(store, planned: int) -> dict:

@@ -1,8 +1,9 @@
 """One executor for every sharded job: corpus build, rep cache, contexts, harvest, remix.
 
-A job only declares what it is, as a `ShardedJob`: its stage name, fingerprint parts, inputs,
-table schemas, planned units and stage specs (each with the resources its config gives it), and
-its own summary. `execute` does the rest the same way for all of them:
+A job is a class that subclasses `ShardedJob`: one instance is one run, resolved before anything is
+written. It says what it is by its class attributes (`stage`, `count`, ...) and by the methods it
+overrides (`fingerprint_parts`, `units`, `stages`, `summary`, ...). `execute` runs any such object
+the same way:
 
     open the run or resume it (printing what is done and which units will be redone)
     start Ray (`sentsim.runtime.init_ray`) when there is work, refuse GPU asks the cluster lacks
@@ -20,6 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
@@ -32,38 +34,76 @@ from sentsim.pipeline import PLACEMENT_KEY, StageSpec, UnitPlan, run_pipeline
 EXECUTORS = ("ray", "inline")
 
 
-@dataclass
-class ShardedJob:
+class ShardedJob(ABC):
+    """One run of a sharded job. A subclass sets `out` (the run's location) when it is built, and overrides
+    the abstract methods; the others have defaults that do nothing."""
+
     stage: str  # the manifest's stage, and the label of the progress lines
     out: str
-    fingerprint_parts: Sequence  # fingerprint(*parts) is the run's fingerprint
-    config: dict  # resolved config, stored in the manifest
-    inputs: List[dict]
-    tables: Dict[str, object]  # table name -> pyarrow schema
-    units: Iterable[dict]  # a list (planned up front) or a generator (planned while streaming)
-    stages: Callable[["RunContext"], List[StageSpec]]  # built once there is work, after Ray is up
-    summary: Callable[["RunContext"], dict] = lambda ctx: {}  # the manifest's counts; may raise
-    prepare: Optional[Callable[["RunContext"], None]] = None  # after the GPU check, before the first unit
-    on_result: Optional[Callable[[dict], bool]] = None  # True: start no further units
     count: str = "items"  # the key of a stage result that the progress line counts, and its noun
-    detail: Optional[Callable[[dict], str]] = None  # a job's own tail of a progress line
     gauges: Optional[str] = None  # publish progress as Ray metrics named <gauges>_<name>
     # resume re-checks each done unit's sha256, so an edited shard of unchanged size is redone, never kept;
     # False (size only) is for a job whose shards are too big to hash on every resume
     deep: bool = True
-    open_extra: Optional[dict] = None  # extra manifest keys at open_run
     window: Optional[int] = None  # units per Ray Data pass when units are a generator
-    # given a stored manifest with another fingerprint: the one an earlier sentsim gave this same run
-    # (e.g. before input paths left the fingerprint); equal to the stored one, the run resumes under it.
-    # Asked of runs of format 1 only (storage.store.FORMAT_VERSION): later ones hold today's fingerprints
-    earlier_fingerprint: Optional[Callable[[dict], str]] = None
     # config keys outside the fingerprint (flattened, e.g. "resources"; "inputs.0.corpus" for an input): a
     # refused resume does not list their differences as if they had caused it
     unfingerprinted: Sequence[str] = ("out", "resources")
 
+    @abstractmethod
+    def fingerprint_parts(self) -> tuple:
+        """What identifies the run's rows: `fingerprint(*parts)` is its fingerprint."""
+
     @property
     def fp(self) -> str:
-        return fingerprint(*self.fingerprint_parts)
+        return fingerprint(*self.fingerprint_parts())
+
+    def fingerprint_in_format(self, version: int, stored: dict) -> Optional[str]:
+        """The fingerprint this same run held when written in run format `version` (older than
+        storage.store.FORMAT_VERSION), given its stored manifest; None where it held today's. A stored run
+        of that format holding it resumes under it (sentsim/run_formats.py)."""
+        return None
+
+    @abstractmethod
+    def config(self) -> dict:
+        """The resolved config, stored in the manifest."""
+
+    @abstractmethod
+    def inputs(self) -> List[dict]:
+        """What the run reads, as the manifest lists it."""
+
+    @abstractmethod
+    def tables(self) -> Dict[str, object]:
+        """Table name -> pyarrow schema."""
+
+    @property
+    @abstractmethod
+    def units(self) -> Iterable[dict]:
+        """A list (planned up front), a UnitPlan, or a generator (planned while streaming; `execute` reads
+        this once per run)."""
+
+    @abstractmethod
+    def stages(self, ctx: "RunContext") -> List[StageSpec]:
+        """The stage specs a unit goes through, built once there is work (after Ray is up)."""
+
+    def prepare(self, ctx: "RunContext") -> None:
+        """After the resource check, before the first unit."""
+
+    def on_result(self, result: dict) -> bool:
+        """Sees each finished unit's result; True: start no further units."""
+        return False
+
+    def detail(self, result: dict) -> Optional[str]:
+        """The job's own tail of a unit's progress line (None: none)."""
+        return None
+
+    def summary(self, ctx: "RunContext") -> dict:
+        """The manifest's counts when the run is finalized; may raise to leave it unfinished."""
+        return {}
+
+    def open_extra(self) -> dict:
+        """Extra manifest keys written when the run is opened."""
+        return {}
 
 
 @dataclass
@@ -96,7 +136,8 @@ class Progress:
     Prometheus show them, tagged by run)."""
 
     def __init__(self, label: str, total: Optional[int], already: int, noun: str, stream=sys.stderr,
-                 gauges: Optional[str] = None, run: str = "", detail: Optional[Callable[[dict], str]] = None):
+                 gauges: Optional[str] = None, run: str = "",
+                 detail: Optional[Callable[[dict], Optional[str]]] = None):
         self.label, self.total, self.already, self.noun = label, total, already, noun
         self.done, self.rows = 0, 0
         self.t0 = time.time()
@@ -140,8 +181,9 @@ class Progress:
         for name, v in values.items():
             if name in self.gauges:
                 self.gauges[name].set(v)
-        if self.detail:
-            line += f" | {self.detail(r)}"
+        tail = self.detail(r) if self.detail else None
+        if tail:
+            line += f" | {tail}"
         print(line, file=self.stream, flush=True)
 
 
@@ -176,8 +218,9 @@ def execute(job: ShardedJob, executor: str = "ray", address: Optional[str] = Non
     if executor not in EXECUTORS:
         raise UsageError(f"unknown executor {executor!r} (ray or inline)")
     fp = job.fp
-    listed = isinstance(job.units, Sequence)
-    units = job.units
+    planned = job.units  # read once: a generator's units are planned while they stream
+    listed = isinstance(planned, Sequence)
+    units = planned
     if listed and not units:
         raise UsageError(f"{job.stage}: nothing to do (0 units planned); refusing to write an empty run at {job.out}")
     if not listed:  # peek: a stream that yields no unit (an empty input) is refused before any write
@@ -190,25 +233,27 @@ def execute(job: ShardedJob, executor: str = "ray", address: Optional[str] = Non
     store = ShardStore(job.out)
     fp = _fingerprint_to_resume(job, store, fp, force_new)
     try:
-        return _execute(job, store, fp, listed, units, executor, address, force_new, quiet, max_units)
+        return _execute(job, store, fp, planned, units, executor, address, force_new, quiet, max_units)
     finally:
         store.release()  # the run's lease: free again for the next writer, whatever happened
 
 
 def _fingerprint_to_resume(job: ShardedJob, store, fp: str, force_new: bool) -> str:
-    """This run's fingerprint, or the stored run's when an earlier sentsim gave this same run that one
-    (a run of format 1: those fingerprints held the input paths as spelt, until 2026-11-24)."""
+    """This run's fingerprint, or the one its stored run holds when that is this same run written in an
+    earlier run format (`job.fingerprint_in_format`; sentsim/run_formats.py says which formats and why)."""
     from storage import StoreError
-    from storage.store import run_format
+    from storage.store import FORMAT_VERSION, run_format
 
-    if force_new or job.earlier_fingerprint is None:
+    if force_new:
         return fp
     try:
         stored = store.read_manifest()
     except StoreError:  # open_run says what is wrong with it
         return fp
-    if stored and stored.get("stage") == job.stage and stored.get("fingerprint") not in (None, fp) \
-            and run_format(stored) == 1 and job.earlier_fingerprint(stored) == stored["fingerprint"]:
+    if not stored or stored.get("stage") != job.stage or stored.get("fingerprint") in (None, fp):
+        return fp
+    version = run_format(stored)
+    if version < FORMAT_VERSION and job.fingerprint_in_format(version, stored) == stored["fingerprint"]:
         return stored["fingerprint"]
     return fp
 
@@ -218,24 +263,27 @@ def _chain_first(first: dict, rest):
     yield from rest
 
 
-def _execute(job: ShardedJob, store, fp: str, listed: bool, units, executor: str, address: Optional[str],
+def _execute(job: ShardedJob, store, fp: str, planned, units, executor: str, address: Optional[str],
              force_new: bool, quiet: bool, max_units: Optional[int]) -> dict:
+    """`planned`: the job's units as it gave them (a list, a UnitPlan or a stream); `units`: the same,
+    a stream's first unit already read back in front."""
     stream = open(os.devnull, "w") if quiet else sys.stderr
-    manifest = store.open_run(job.stage, fp, job.config, job.inputs, job.tables,
-                              planned_units=len(job.units) if listed else None, force_new=force_new,
-                              unfingerprinted=job.unfingerprinted,
-                              **({"extra": job.open_extra} if job.open_extra else {}))
+    listed = isinstance(planned, Sequence)
+    extra = job.open_extra()
+    manifest = store.open_run(job.stage, fp, job.config(), job.inputs(), job.tables(),
+                              planned_units=len(planned) if listed else None, force_new=force_new,
+                              unfingerprinted=job.unfingerprinted, **({"extra": extra} if extra else {}))
     ctx = RunContext(job, fp, store, manifest, executor, address, force_new, quiet)
     ctx.done = store.completed_units(fp, deep=job.deep)
     for u, why in sorted((getattr(store, "redo_reasons", None) or {}).items()):
         print(f"[{job.stage}] unit {u:05d} will be redone: {why}", file=stream, flush=True)
-    plan = job.units if isinstance(job.units, UnitPlan) else None
+    plan = planned if isinstance(planned, UnitPlan) else None
     pending = None
     if plan is not None:  # a plan: pending units by number, never a list of unit dicts here
         pending = plan.numbers[~np.isin(plan.numbers, np.fromiter(ctx.done, np.int64, len(ctx.done)))]
     if ctx.done:
         todo = (f", {len(pending)} to do" if pending is not None
-                else f", {sum(u['unit'] not in ctx.done for u in job.units)} to do" if listed else "")
+                else f", {sum(u['unit'] not in ctx.done for u in planned)} to do" if listed else "")
         print(f"[{job.stage}] resuming {job.out}: {len(ctx.done)} already complete{todo}", file=stream, flush=True)
 
     stopped = False
@@ -251,16 +299,15 @@ def _execute(job: ShardedJob, store, fp: str, listed: bool, units, executor: str
                 init_ray(address)
             ctx.specs = job.stages(ctx)
             check_resources(ctx.specs, executor)
-            if job.prepare:
-                job.prepare(ctx)
-            ctx.progress = Progress(job.stage, len(job.units) if listed else None, len(ctx.done), job.count,
+            job.prepare(ctx)
+            ctx.progress = Progress(job.stage, len(planned) if listed else None, len(ctx.done), job.count,
                                     stream=stream, gauges=job.gauges, run=job.out, detail=job.detail)
         for r in run_pipeline(window, ctx.specs, executor=executor):
             if store.lease is not None:
                 store.lease.check()  # another writer took the run over (stale lease): stop here, exit 2
             ctx.note_placement(r)
             ctx.progress.update(r)
-            if job.on_result and job.on_result(r):
+            if job.on_result(r):
                 stopped = True
 
     t0 = time.time()
@@ -286,7 +333,7 @@ def _execute(job: ShardedJob, store, fp: str, listed: bool, units, executor: str
         run(window)
     ctx.wall = time.time() - t0
     if listed:
-        ctx.planned = len(job.units)
+        ctx.planned = len(planned)
     if store.lease is not None:
         store.lease.check()  # never finalize a run that another writer now holds
     manifest = store.finalize(ctx.planned, job.summary(ctx))

@@ -42,6 +42,12 @@ def tiny_context_bundle(corpus: Path, out: Path, seed: int = 0, weight_scale: fl
     return out
 
 
+def harvest_inputs(corpus: Path, root: Path) -> dict:
+    """A harvest's inputs over `corpus`, built under `root`: its index and a tiny context-model bundle."""
+    return {"corpus": corpus, "index": build_index_for(corpus, root / "index"),
+            "bundle": tiny_context_bundle(corpus, root / "ctx")}
+
+
 def harvest_config(corpus, index, bundle, out, **over):
     from sentsim.harvest.config import HarvestConfig
 

@@ -92,3 +92,45 @@ def test_a_run_resumes_under_another_spelling_of_its_paths_but_not_with_other_se
     f.write_text("The Congress must act on the budget.\nTaxes were cut this year.\n")
     r = sentsim_cli("contexts", "--corpus", speech_corpus, "--index", index, "--sentences", f, "--out", out, *args)
     assert r.returncode == 2 and "fingerprint" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_run_of_format_1_resumes_under_the_fingerprint_it_holds(speech_corpus, index, tmp_path, monkeypatch):
+    """Runs of format 1 were fingerprinted with their input paths as spelt and the number of sentences, not the
+    sentences: such a run resumes under that fingerprint with its paths spelt otherwise; a later run holding
+    it is another run, refused."""
+    import os
+    import shutil
+
+    from test_harvest import as_fingerprinted
+
+    from sentsim.config import load_config
+    from sentsim.identity import fingerprint
+    from sentsim.screening.contexts_job import STAGE, ContextsRun, ScreenConfig, screen_contexts
+    from storage import StoreError
+    from storage.store import FORMAT_VERSION
+
+    f = tmp_path / "s.txt"
+    f.write_text("The Congress must act on the budget.\nWe will defend our nation.\n")
+    cfg = load_config(ScreenConfig, None, ["contexts.size=4", "per_unit=1"], corpus=str(speech_corpus),
+                      index=str(index), sentences=str(f), out=str(tmp_path / "run"))
+    screen_contexts(cfg, executor="inline", quiet=True)
+    run = ContextsRun(cfg)
+    before = fingerprint(STAGE, cfg.model_dump(exclude={"out": True, "resources": True, "contexts": {"rep_cache"}}),
+                         run.corpus.fingerprint, run.models, len(run.ids))
+    assert before != run.fp
+
+    def as_format(src, name, version):  # as stopped before unit 1's marker
+        dst = as_fingerprinted(shutil.copytree(src, tmp_path / name), before, run_format=version)
+        (dst / "_units" / "00001.json").unlink()
+        return dst
+
+    old, later = as_format(tmp_path / "run", "old", 1), as_format(tmp_path / "run", "later", FORMAT_VERSION)
+    monkeypatch.chdir(tmp_path)
+    respelt = dict(corpus=os.path.relpath(speech_corpus), index=os.path.relpath(index), sentences="s.txt")
+    m = screen_contexts(cfg.model_copy(update=dict(respelt, out="old")), executor="inline", quiet=True)
+    assert m["complete"] and m["fingerprint"] == before and m["this_run"]["units"] == 1
+    key = [("sentence_id", "ascending"), ("rank", "ascending")]
+    assert ds.dataset(str(old / "contexts")).to_table().sort_by(key).equals(
+        ds.dataset(str(tmp_path / "run" / "contexts")).to_table().sort_by(key))
+    with pytest.raises(StoreError, match=f"written with fingerprint {before}"):
+        screen_contexts(cfg.model_copy(update=dict(respelt, out=str(later))), executor="inline", quiet=True)

@@ -36,15 +36,61 @@ class _Write:
         return [{"unit": it["unit"], "rows": 1, "x": it["x"]} for it in items]
 
 
-def _job(out, units, **more):
+def _job(out, units, window=None, on_result=None):
+    """A toy job over `units`, each written as a one-row shard; `on_result(r)` True stops it."""
     from sentsim.executor import ShardedJob
     from sentsim.pipeline import Resources, StageSpec
 
-    return ShardedJob(stage="toy", out=str(out), fingerprint_parts=("toy", 1), config={}, inputs=[],
-                      tables={"t": SCHEMA},
-                      units=units, stages=lambda ctx: [StageSpec(_Write, Resources(num_cpus=0.25),
-                                                                 args=dict(out=str(out), fp=ctx.fp))],
-                      summary=lambda ctx: {"n": ctx.planned}, count="rows", **more)
+    class Toy(ShardedJob):
+        stage = "toy"
+        count = "rows"
+
+        def __init__(self):
+            self.out, self.window = str(out), window
+
+        @property
+        def units(self):
+            return units
+
+        def fingerprint_parts(self):
+            return ("toy", 1)
+
+        def config(self):
+            return {}
+
+        def inputs(self):
+            return []
+
+        def tables(self):
+            return {"t": SCHEMA}
+
+        def stages(self, ctx):
+            return [StageSpec(_Write, Resources(num_cpus=0.25), args=dict(out=self.out, fp=ctx.fp))]
+
+        def on_result(self, result):
+            return bool(on_result and on_result(result))
+
+        def summary(self, ctx):
+            return {"n": ctx.planned}
+
+    return Toy()
+
+
+def test_a_job_is_a_class_and_says_only_what_it_must():
+    """A job that leaves out an abstract method cannot be built; the others have defaults that do nothing."""
+    from sentsim.executor import ShardedJob
+
+    class Half(ShardedJob):
+        stage = "half"
+
+        def fingerprint_parts(self):
+            return ("half",)
+
+    with pytest.raises(TypeError, match="abstract"):
+        Half()
+    job = _job("r", [])
+    assert job.fp == _job("elsewhere", [{"unit": 0}]).fp  # the fingerprint is the parts', not the location's
+    assert (job.detail({"unit": 0}), job.open_extra(), job.fingerprint_in_format(1, {})) == (None, {}, None)
 
 
 def test_resume_max_units_and_progress(tmp_path, capsys):

@@ -414,6 +414,8 @@ def test_remix_of_a_harvest_from_before_context_ids(inline_run, tmp_path):
     old = as_written_before_context_ids(out, tmp_path / "old")
     r = remix(RemixConfig(source=str(old), out=str(tmp_path / "re")), quiet=True)["remix"]
     assert r["approximate"] == r["rescored"] > 0
+    # a remix is opened in its source's run format: it holds its source's schemas
+    assert json.loads((tmp_path / "re" / "manifest.json").read_text())["format_version"] == 1
     a, b = _scores(out).dropna(), _scores(tmp_path / "re").reindex(_scores(out).dropna().index)
     assert np.corrcoef(a, b)[0, 1] > 0.9
 
@@ -441,6 +443,13 @@ def test_remix_reads_harvests_with_the_removed_scorer_actor_settings():
     manifest = {"config": {"scoring": {"actor_num_cpus": 1.0, "actor_num_gpus": 0.0, "lambda_fwd": 0.5}}}
     lam, metric = resolve(RemixConfig(source="h", out="r"), manifest)
     assert lam == {"disc": 1.0, "fwd": 0.5, "left": 1.0, "right": 1.0} and metric == "pearson"
+    # only a run of format 1 (no format_version) can hold them: in a later run they are refused in one line
+    from sentsim.errors import UsageError
+    from storage.store import FORMAT_VERSION
+
+    with pytest.raises(UsageError, match="scoring config is not valid .*actor_num_cpus.*; harvest again") as e:
+        resolve(RemixConfig(source="h", out="r"), dict(manifest, format_version=FORMAT_VERSION))
+    assert "\n" not in str(e.value)
 
 
 def test_anchors_that_partner_each_other_give_each_pair_once(inputs, tmp_path):
@@ -574,14 +583,14 @@ def test_units_scored_together_give_the_rows_of_units_scored_alone(inline_run, t
     assert np.allclose(a.score.astype(float), b.score.astype(float), rtol=0, atol=1e-6, equal_nan=True)
 
 
-def test_the_harvest_is_three_stages_each_built_from_named_arguments(inline_run):
-    """harvest() reads as its pipeline: HarvestRun.stages lists the three stages in order, each a
-    class and the keyword arguments its actors build it with (no closure, no partial)."""
+def test_the_harvest_is_four_stages_each_built_from_named_arguments(inline_run):
+    """harvest() reads as its pipeline: HarvestRun.stages lists the four stages in order, the writer
+    last, each a class and the keyword arguments its actors build it with (no closure, no partial)."""
     import inspect
 
     from sentsim.executor import RunContext
     from sentsim.harvest.job import HarvestRun
-    from sentsim.harvest.stages import ContextStage, RankAndWriteStage, ScoreStage
+    from sentsim.harvest.stages import ContextStage, RankStage, ScoreStage, WriteStage
     from storage import ShardStore
 
     cfg, out = inline_run
@@ -592,8 +601,8 @@ def test_the_harvest_is_three_stages_each_built_from_named_arguments(inline_run)
     assert job.fp == manifest["fingerprint"]  # the resolved run is the stored one: it would resume, not restart
     ctx = RunContext(job, job.fp, store, manifest, "inline", None, False, True)
     specs = run.stages(ctx)
-    assert [s.stage for s in specs] == [ContextStage, ScoreStage, RankAndWriteStage]
-    assert [s.name for s in specs] == ["contexts", "scoring", "rank"]
+    assert [s.stage for s in specs] == [ContextStage, ScoreStage, RankStage, WriteStage]
+    assert [s.name for s in specs] == ["contexts", "scoring", "rank", "write"]
     for spec in specs:
         inspect.signature(spec.stage).bind(**spec.args)  # every argument named, none missing
         assert isinstance(spec.build(), spec.stage)

@@ -147,7 +147,7 @@ class HarvestConfig(Section):
         """Everything that changes the rows; resources and placement do not, and neither do the spellings of
         the input paths: what they hold is fingerprinted instead (the corpus fingerprint, checkpoint hashes,
         the pairs file's sha256; job.py), so a run resumes from another folder. `with_paths` keeps them, as
-        fingerprints did before 2026-11-24 (job.earlier_fingerprint)."""
+        run format 1 fingerprinted them (HarvestRun.fingerprint_in_format, sentsim/run_formats.py)."""
         d = self.model_dump()
         for k in ("out", "resources") + (() if with_paths else INPUT_PATHS):
             d.pop(k)

@@ -1,4 +1,4 @@
-"""Grouped scoring: Eq. 4 over a group's union of context sets (issue 15; not in paper 003).
+"""Grouped scoring: Eq. 4 over a group's union of context sets (not in paper 003).
 
 The paper compares s1 and s2 over C_s1 + C_s2 (003 §3.3, Eq. 4). Grouped scoring scores every
 sentence of a *group* against the union U of the group's context sets, and keeps three similarities

@@ -24,8 +24,9 @@ from sentsim.harvest.stages import (
     CONTEXT_SCORE_SCHEMA,
     SENTENCE_SCHEMA,
     ContextStage,
-    RankAndWriteStage,
+    RankStage,
     ScoreStage,
+    WriteStage,
     context_score_schema_of,
     pair_schema,
     sentence_schema_of,
@@ -34,6 +35,7 @@ from sentsim.identity import fingerprint
 from sentsim.out_paths import check_out
 from sentsim.pairs_file import read_pairs_file
 from sentsim.pipeline import Resources, StageSpec, UnitPlan
+from sentsim.run_formats import spelt_as_stored
 from sentsim.screening.cache_job import ensure_rep_cache, given_rep_cache, rep_cache_uri
 from storage import ShardStore
 from storage.fs import input_sha256
@@ -50,16 +52,22 @@ def harvest(
     from sentsim.harvest.report import write_report
 
     run = HarvestRun(cfg, executor, force_new, quiet)
-    m = execute(run.job(), executor=executor, address=address, force_new=force_new, quiet=quiet,
+    m = execute(run, executor=executor, address=address, force_new=force_new, quiet=quiet,
                 max_units=max_units)
     this = m["this_run"]
     write_report(cfg.out, m, SimpleNamespace(done=this["units"], rows=this["pairs"]), this["wall_seconds"])
     return dict(ShardStore(cfg.out).read_manifest(), this_run=m["this_run"])
 
 
-class HarvestRun:
+class HarvestRun(ShardedJob):
     """One harvest, resolved before anything is written: its inputs checked, its units planned, its
-    fingerprint and scoring format fixed. `stages` is its pipeline; `job()` hands it to the executor."""
+    fingerprint and scoring format fixed. `stages` is its pipeline; `execute` runs it."""
+
+    stage = STAGE
+    count = "pairs"
+    gauges = "sentsim_harvest"
+    deep = True
+    unfingerprinted = UNFINGERPRINTED + ("inputs.0.corpus", "inputs.0.pairs_file")
 
     def __init__(self, cfg: HarvestConfig, executor: str, force_new: bool, quiet: bool):
         from corpus.view import CorpusIndex
@@ -70,19 +78,52 @@ class HarvestRun:
 
             check_index(cfg.index, corpus=cfg.corpus)
         check_scorable_terms(cfg)
-        self.cfg = cfg
+        self.cfg, self.out = cfg, cfg.out
         self.corpus = CorpusIndex(cfg.corpus)
-        self.units, self.plan_info = plan(cfg, self.corpus)
+        self.unit_plan, self.plan_info = plan(cfg, self.corpus)
         self.hashes = model_hashes(cfg)
         self.rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if uses_rep_cache(cfg) else None
-        self.fingerprint_parts = (STAGE, cfg.semantic(), self.corpus.fingerprint, without_paths(self.plan_info),
-                                  self.hashes)
         stored = None if force_new else ShardStore(cfg.out).read_manifest()  # a new run reads no old manifest
-        if stored and stored.get("fingerprint") != fingerprint(*self.fingerprint_parts):
-            stored = None  # another run's (resuming it is refused, or it is an earlier sentsim's: no format kept)
+        if stored and stored.get("fingerprint") != self.fp:
+            stored = None  # another run's (resuming it is refused, or one of an earlier format: no format kept)
         self.precision, note = scoring_precision(cfg, stored, force_new, executor)
         if note and not quiet:
             print(f"[{STAGE}] {note}", file=sys.stderr, flush=True)
+
+    @property
+    def units(self) -> UnitPlan:
+        return self.unit_plan
+
+    def fingerprint_parts(self) -> tuple:
+        return (STAGE, self.cfg.semantic(), self.corpus.fingerprint, without_paths(self.plan_info), self.hashes)
+
+    def fingerprint_in_format(self, version: int, stored: dict) -> Optional[str]:
+        """Format 1: the input paths were fingerprinted as spelt (as the stored run spelt them), not by what
+        they hold; every content identity is fingerprinted too, so a match is this same run."""
+        if version != 1:
+            return None
+        sem = spelt_as_stored(self.cfg.semantic(with_paths=True), stored, INPUT_PATHS + ("rank.encoder",))
+        info = self.plan_info
+        if "pairs_file" in info:
+            info = dict(info, pairs_file=(stored.get("config") or {}).get("pairs_file"))
+        return fingerprint(STAGE, sem, self.corpus.fingerprint, info, self.hashes)
+
+    def config(self) -> dict:
+        return self.cfg.model_dump()
+
+    def inputs(self) -> List[dict]:
+        return [{"corpus": self.cfg.corpus, "fingerprint": self.corpus.fingerprint, **self.plan_info}]
+
+    def tables(self) -> dict:
+        cfg = self.cfg
+        return {"pairs": pair_schema(cfg.grouping.enabled), "sentences": SENTENCE_SCHEMA,
+                **({"context_scores": CONTEXT_SCORE_SCHEMA} if cfg.keep_context_scores == "all" else {})}
+
+    def open_extra(self) -> dict:
+        return {"scoring_precision": self.precision}
+
+    def detail(self, result: dict) -> str:
+        return f"nulls {result['null_scores']}"
 
     def stages(self, ctx: RunContext) -> List[StageSpec]:
         """A unit's way through the harvest (each stage in harvest/stages.py), built once there is work:
@@ -91,7 +132,11 @@ class HarvestRun:
            index and screened by the discriminator (003 §3.3);
         2. ScoreStage: S(s, c) for every (sentence, context), Eq. 3, then each pair's Eq. 4 row
            (harvest/eq4_rows.py);
-        3. RankAndWriteStage: the rank-vector targets (004 §3.2), then the unit's shards and marker.
+        3. RankStage: each sentence's rank-vector targets (004 §3.2), each pair's rank similarity;
+        4. WriteStage: the unit's shards and completion marker (last: a stage put before it, such as a
+           filter of pairs, changes what is written; README "Adding a harvest stage").
+
+        What each stage hands the next is declared in harvest/work.py.
         """
         cfg, r = self.cfg, self.cfg.resources
         anchor_ids = anchor_texts = None
@@ -106,10 +151,12 @@ class HarvestRun:
                 anchors=self.units.make.anchors if isinstance(self.units.make, AnchorUnits) else None)),
             StageSpec(ScoreStage, Resources.of(r.scoring), args=dict(
                 cfg=scoring_cfg, reference_texts=self.reference_texts())),
-            StageSpec(RankAndWriteStage, Resources.of(r.rank), args=dict(
+            StageSpec(RankStage, Resources.of(r.rank), args=dict(
                 cfg=cfg, fp=ctx.fp, anchor_ids=anchor_ids, anchor_texts=anchor_texts,
-                # a run resumed from before sentences.context_ids (or float32 context scores) keeps its schemas
-                sentence_schema=sentence_schema_of(ctx.manifest),
+                sentence_schema=sentence_schema_of(ctx.manifest))),
+            # the writer shares the rank stage's resources; a run keeps the schemas it was opened with
+            StageSpec(WriteStage, Resources.of(r.rank), args=dict(
+                cfg=cfg, fp=ctx.fp, sentence_schema=sentence_schema_of(ctx.manifest),
                 context_schema=context_score_schema_of(ctx.manifest))),
         ]
 
@@ -140,18 +187,9 @@ class HarvestRun:
             raise UsageError(refusal)
         return {"plan": self.plan_info}
 
-    def job(self) -> ShardedJob:
-        cfg, plan_info, hashes, corpus_fp = self.cfg, self.plan_info, self.hashes, self.corpus.fingerprint
-        return ShardedJob(
-            stage=STAGE, out=cfg.out, fingerprint_parts=self.fingerprint_parts,
-            earlier_fingerprint=lambda stored: earlier_fingerprint(cfg, corpus_fp, plan_info, hashes, stored),
-            unfingerprinted=UNFINGERPRINTED + ("inputs.0.corpus", "inputs.0.pairs_file"),
-            config=cfg.model_dump(), inputs=[{"corpus": cfg.corpus, "fingerprint": corpus_fp, **plan_info}],
-            tables={"pairs": pair_schema(cfg.grouping.enabled), "sentences": SENTENCE_SCHEMA,
-                    **({"context_scores": CONTEXT_SCORE_SCHEMA} if cfg.keep_context_scores == "all" else {})},
-            units=self.units, stages=self.stages, prepare=self.prepare, summary=self.summary, count="pairs",
-            detail=lambda r: f"nulls {r['null_scores']}", gauges="sentsim_harvest", deep=True,
-            open_extra={"scoring_precision": self.precision})
+    def job(self) -> "HarvestRun":
+        """The run itself: a HarvestRun is the ShardedJob that `execute` runs."""
+        return self
 
 
 class AnchorUnits:
@@ -312,7 +350,7 @@ def scoring_precision(cfg: HarvestConfig, stored: Optional[dict], force_new: boo
     if kept is None or kept == here:
         if stored and "scoring_precision" not in stored:
             return here, (f"{cfg.out}: this run's manifest does not record the format its done units were scored "
-                          f"in (a sentsim before 2026-11-25); the remaining units score in {precision_name(here)}")
+                          f"in (an earlier sentsim); the remaining units score in {precision_name(here)}")
         return here, None
     return kept, (f"scoring in {precision_name(kept)}, the format this run began in (scoring.autocast: auto on "
                   f"this {device.upper()} would pick {precision_name(here)}); pass --force-new to restart the run")
@@ -320,19 +358,6 @@ def scoring_precision(cfg: HarvestConfig, stored: Optional[dict], force_new: boo
 
 def precision_name(autocast: str) -> str:
     return {"off": "fp32", "auto": "the format each GPU actor picks"}.get(autocast, autocast)
-
-
-def earlier_fingerprint(cfg: HarvestConfig, corpus_fp: str, plan_info: dict, hashes: dict, stored: dict) -> str:
-    """The fingerprint that sentsim before 2026-11-24 gave this run, with its input paths spelt as the
-    stored run spelt them. Those fingerprints held the paths as given; equal to the stored one, the
-    stored run is this run (every content identity matched too) and it resumes under its fingerprint."""
-    old = stored.get("config") or {}
-    sem = cfg.semantic(with_paths=True)
-    for k in INPUT_PATHS:
-        sem[k] = old.get(k, sem[k])
-    sem["rank"]["encoder"] = (old.get("rank") or {}).get("encoder", sem["rank"]["encoder"])
-    info = dict(plan_info, pairs_file=old.get("pairs_file")) if "pairs_file" in plan_info else plan_info
-    return fingerprint(STAGE, sem, corpus_fp, info, hashes)
 
 
 def run_anchors(cfg: HarvestConfig, store: ShardStore, fp: str) -> tuple[np.ndarray, list]:

@@ -14,7 +14,7 @@ Harvests written before `context_ids` existed are remixed over the contexts both
 scored in within their unit, which can include a few contexts of other pairs; the summary counts
 those pairs as approximate.
 
-The terms are stored as float32 (issue 16; float64 in older harvests, whose remix keeps float64):
+The terms are stored as float32 (float64 in older harvests, whose remix keeps float64):
 a remix is exact to the stored values, and a remix with the source's own weights reproduces the
 harvest's scores to float32 rounding of the terms (4.9e-8 on the bench harvest). A harvest run with
 keep_context_scores=none stored no terms and is refused.
@@ -37,11 +37,12 @@ from pydantic import Field
 from sentsim.config import Section
 from sentsim.context.scorer import TERMS  # the Eq. 3 terms: disc, fwd, left, right
 from sentsim.errors import UsageError
-from sentsim.executor import ShardedJob, execute
+from sentsim.executor import RunContext, ShardedJob, execute
 from sentsim.harvest import metrics
 from sentsim.harvest.eq4_rows import MissingTerm, UnitTerms, has_no_contexts, pair_rows
 from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
+from sentsim.run_formats import scoring_config
 
 STAGE = "harvest-remix"
 
@@ -71,13 +72,12 @@ def resolve(cfg: RemixConfig, manifest: dict) -> tuple[dict, str]:
     from sentsim.context.config import ScorerConfig
 
     src = manifest.get("config", {})
-    # harvests from before the scorer's actor settings were removed still carry them
-    legacy = ("actor_num_cpus", "actor_num_gpus")
     try:  # a harvest from before λ had to be finite (a NaN λ scored no pair) is refused here
-        scoring = ScorerConfig(**{k: v for k, v in src.get("scoring", {}).items() if k not in legacy})
+        scoring = ScorerConfig(**scoring_config(manifest))
     except ValidationError as exc:
         raise UsageError(f"{cfg.source}: its manifest's scoring config is not valid "
-                         f"({format_validation_error(exc).removeprefix('invalid config: ')})") from None
+                         f"({format_validation_error(exc).removeprefix('invalid config: ')}); harvest again "
+                         "with this sentsim") from None
     on, src_lam = scoring.enabled(), scoring.weights()
     lam = {}
     for t in TERMS:
@@ -126,7 +126,7 @@ def remix_unit(tables: dict, lam: dict, metric: str, variant: Optional[str] = No
     cs, sent, pairs = tables["context_scores"], tables["sentences"], tables["pairs"]
     values = {t: cs.column(t).to_numpy(zero_copy_only=False).astype(np.float64) for t in TERMS}
     S, _ = combine_terms(values, dict.fromkeys(TERMS, True), lam)
-    # S in the stored precision (float32 since issue 16, float64 in older harvests)
+    # S in the stored precision (float32, or float64 in older harvests)
     cs = cs.set_column(cs.schema.get_field_index("S"), "S", pa.array(S, cs.schema.field("S").type))
     terms = UnitTerms(zip(cs.column("sentence_id").to_pylist(), cs.column("context_id").to_pylist()), S, values)
     # C_s of each sentence; None before context_ids, when pairs run over their shared contexts (approximate)
@@ -230,44 +230,91 @@ class RemixStage(Stage):
 def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False, executor: str = "inline",
           address: Optional[str] = None, max_units: Optional[int] = None) -> dict:
     """Seconds of arithmetic per unit: in-process by default, where starting Ray would cost more."""
-    from sentsim.harvest.stages import context_score_schema_of, pair_schema, sentence_schema_of
-    from storage import RunReader, ShardStore
+    return execute(RemixRun(cfg), executor=executor, address=address, force_new=force_new, quiet=quiet,
+                   max_units=max_units)
 
-    check_out(cfg.out, {"HARVEST": cfg.source})
-    if "://" not in cfg.source and not Path(cfg.source).is_dir():
-        raise UsageError(f"{cfg.source}: no such harvest directory")
-    src = ShardStore(cfg.source)
-    manifest = src.read_manifest()
-    if not manifest or manifest.get("stage") not in ("harvest", STAGE):
-        raise UsageError(f"{cfg.source}: not a harvest run (no manifest.json of stage 'harvest')")
-    if not manifest.get("complete"):
-        raise UsageError(f"{src.incomplete_note() or cfg.source + ' is not complete'}; resume the harvest first, "
-                         "so that the remix covers every unit")
-    if context_score_schema_of(manifest) is None:
-        raise UsageError(f"{cfg.source}: this harvest kept no context scores (keep_context_scores=none), so there "
-                         "is nothing to remix; harvest again with keep_context_scores=all")
-    lam, metric = resolve(cfg, manifest)
-    reader = RunReader(cfg.source)
-    units = _checked_units(reader)
-    planned = manifest.get("planned_units") or len(units)
-    if len(units) != planned:
-        raise UsageError(f"{cfg.source}: {planned - len(units)} of {planned} unit(s) have no completion marker")
-    if units:
-        check_terms(cfg, _read_unit(reader, units[min(units)]))
-    del reader  # each stage opens its own; the compacted files read here need not stay in memory
 
-    variant = resolve_variant(cfg, manifest)
-    schemas = {"pairs": pair_schema(variant is not None), "sentences": sentence_schema_of(manifest),
-               "context_scores": context_score_schema_of(manifest)}  # the source's precision
-    settings = {"source": cfg.source, "source_fingerprint": manifest["fingerprint"], "weights": lam, "metric": metric,
-                **({"variant": variant} if variant is not None else {})}
-    # the source's config travels with the run (training and eval read it), the remix's settings on top
-    config = dict(manifest.get("config", {}), remix=settings, metric=metric)
-    config["scoring"] = dict(config.get("scoring", {}), **{f"lambda_{t}": lam[t] for t in TERMS})
+class RemixRun(ShardedJob):
+    """One remix, resolved before anything is written: its source checked (a finished harvest with context
+    scores, every unit whole), its λ, metric and variant fixed; a unit per source unit, each read, recomputed
+    and written by a `RemixStage`."""
 
-    def summary(ctx) -> dict:
+    stage = STAGE
+    count = "pairs"
+    deep = True
+
+    def __init__(self, cfg: RemixConfig):
+        from sentsim.harvest.stages import context_score_schema_of, sentence_schema_of
+        from storage import RunReader, ShardStore
+
+        check_out(cfg.out, {"HARVEST": cfg.source})
+        if "://" not in cfg.source and not Path(cfg.source).is_dir():
+            raise UsageError(f"{cfg.source}: no such harvest directory")
+        src = ShardStore(cfg.source)
+        manifest = src.read_manifest()
+        if not manifest or manifest.get("stage") not in ("harvest", STAGE):
+            raise UsageError(f"{cfg.source}: not a harvest run (no manifest.json of stage 'harvest')")
+        if not manifest.get("complete"):
+            raise UsageError(f"{src.incomplete_note() or cfg.source + ' is not complete'}; resume the harvest "
+                             "first, so that the remix covers every unit")
+        if context_score_schema_of(manifest) is None:
+            raise UsageError(f"{cfg.source}: this harvest kept no context scores (keep_context_scores=none), so "
+                             "there is nothing to remix; harvest again with keep_context_scores=all")
+        lam, metric = resolve(cfg, manifest)
+        reader = RunReader(cfg.source)
+        units = _checked_units(reader)
+        planned = manifest.get("planned_units") or len(units)
+        if len(units) != planned:
+            raise UsageError(f"{cfg.source}: {planned - len(units)} of {planned} unit(s) have no completion marker")
+        if units:
+            check_terms(cfg, _read_unit(reader, units[min(units)]))
+        del reader  # each stage opens its own; the compacted files read here need not stay in memory
+
+        self.cfg, self.out, self.source = cfg, cfg.out, manifest
+        self.lam, self.metric, self.source_units = lam, metric, units
+        self.variant = resolve_variant(cfg, manifest)
+        self.schemas = {"sentences": sentence_schema_of(manifest),
+                        "context_scores": context_score_schema_of(manifest)}  # the source's precision
+        self.settings = {"source": cfg.source, "source_fingerprint": manifest["fingerprint"], "weights": lam,
+                         "metric": metric, **({"variant": self.variant} if self.variant is not None else {})}
+
+    @property
+    def units(self) -> List[dict]:
+        return [{"unit": u, "record": self.source_units[u]} for u in sorted(self.source_units)]
+
+    def fingerprint_parts(self) -> tuple:
+        return (STAGE, self.source["fingerprint"], self.lam, self.metric) + ((self.variant,) if self.variant else ())
+
+    def config(self) -> dict:
+        """The source's config (training and eval read it), the remix's settings on top."""
+        config = dict(self.source.get("config", {}), remix=self.settings, metric=self.metric)
+        config["scoring"] = dict(config.get("scoring", {}), **{f"lambda_{t}": self.lam[t] for t in TERMS})
+        return config
+
+    def open_extra(self) -> dict:
+        """A remix is opened in its source's run format: it holds its source's config and table schemas."""
+        from storage.store import FORMAT_VERSION, run_format
+
+        return {"format_version": min(run_format(self.source), FORMAT_VERSION)}
+
+    def inputs(self) -> List[dict]:
+        return [{"harvest": self.cfg.source, "fingerprint": self.source["fingerprint"]}]
+
+    def tables(self) -> dict:
+        from sentsim.harvest.stages import pair_schema
+
+        return {"pairs": pair_schema(self.variant is not None), **self.schemas}
+
+    def stages(self, ctx: RunContext) -> List[StageSpec]:
+        cfg = self.cfg
+        return [StageSpec(RemixStage, Resources.of(cfg.resources), args=dict(
+            source=cfg.source, out=cfg.out, fp=ctx.fp, lam=self.lam, metric=self.metric, variant=self.variant))]
+
+    def summary(self, ctx: RunContext) -> dict:
         from sentsim.harvest.job import all_null_refusal
+        from storage import ShardStore
 
+        cfg, units = self.cfg, self.source_units
         refusal = all_null_refusal(ctx.store, ctx.fp, len(units), check="the --lambda-* weights")
         if refusal:
             raise UsageError(refusal)
@@ -277,22 +324,13 @@ def remix(cfg: RemixConfig, force_new: bool = False, quiet: bool = False, execut
                 for k in totals:
                     totals[k] += int(m.get("extra", {}).get(k, 0))
         written = ctx.store.side_records()
+        src = ShardStore(cfg.source)
         for name in src.side_records():  # rank_anchors: students read the anchors from the run
             if name not in written:
                 ctx.store.write_side_table(name, src.read_side_table(name), ctx.fp)
-        out = dict(settings, **totals)
+        out = dict(self.settings, **totals)
         for label, root in (("source", cfg.source), ("remix", cfg.out)):
             g = _gold_spearman(root) if "://" not in root else None
             if g is not None:
                 out[f"{label}_spearman_vs_gold"], out["gold_pairs"] = round(g[0], 2), g[1]
         return {"remix": out}
-
-    job = ShardedJob(
-        stage=STAGE, out=cfg.out, config=config,
-        fingerprint_parts=(STAGE, manifest["fingerprint"], lam, metric) + ((variant,) if variant else ()),
-        inputs=[{"harvest": cfg.source, "fingerprint": manifest["fingerprint"]}], tables=schemas,
-        units=[{"unit": u, "record": units[u]} for u in sorted(units)],
-        stages=lambda ctx: [StageSpec(RemixStage, Resources.of(cfg.resources), args=dict(
-            source=cfg.source, out=cfg.out, fp=ctx.fp, lam=lam, metric=metric, variant=variant))],
-        summary=summary, count="pairs", deep=True)
-    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet, max_units=max_units)

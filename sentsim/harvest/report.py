@@ -75,7 +75,8 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
 
 
 def precision_counts(units: dict) -> dict:
-    """format -> units scored in it, from the unit markers ("unrecorded" for units from before 2026-11-25)."""
+    """format -> units scored in it, from the unit markers ("unrecorded" for units of a format 1 run, whose
+    markers may lack it)."""
     out: dict = {}
     for m in units.values():
         p = m.get("extra", {}).get("scoring_precision") or "unrecorded"

@@ -1,16 +1,18 @@
 """The harvest's stages; `job.py` composes them into a list, each with `resources.<name>` of its config.
+What each hands to the next is declared in `work.py`.
 
     ContextStage (CPU)  partners for each anchor, context sets C_s, discriminator terms (head
                         only, from the representation cache each actor loads once)
     ScoreStage   (GPU)  S(s, c) for every needed (sentence, context), Eq. 4 per pair
-    RankStage    (CPU/GPU) rank-vector codes per sentence, rank similarity per pair, then the
-                 unit's shards and completion marker are written
+    RankStage    (CPU/GPU) rank-vector codes (or vectors) per sentence, rank similarity per pair
+    WriteStage   (CPU)  the unit's shards (pairs, sentences, context_scores) and its completion marker
 """
 
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional
+from dataclasses import dataclass, replace
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +22,20 @@ from sentsim.harvest import metrics
 from sentsim.harvest.config import HarvestConfig
 from sentsim.harvest.eq4_rows import UnitTerms, context_effect, pair_rows
 from sentsim.harvest.pairs import owned_pairs, pair_id, pair_split, sample_partners
+from sentsim.harvest.work import (
+    ContextScore,
+    Pair,
+    PairRow,
+    Ranked,
+    Scored,
+    SentenceContexts,
+    SentenceRanks,
+    WithContexts,
+    envelope,
+    work_of,
+)
 from sentsim.pipeline import PLACEMENT_KEY, Stage, where_this_runs
+from storage.store import run_format
 
 DIRS = ("fwd", "left", "right")
 
@@ -38,23 +53,55 @@ SENTENCE_SCHEMA = pa.schema([
     # C_s itself (context ids, in order): a pair's Eq. 4 vectors run over C_s1 + C_s2, which
     # `sentsim remix` needs to recompute scores exactly from context_scores.
     ("context_ids", pa.list_(pa.int64())),
-    # rank.storage=vectors (issue 16): E1's float16 vector, from which ranks over the run's anchor
-    # matrix (side table rank_anchors) are computed where used; rank_codes is then null, and
-    # base_vector is null in a codes run. A run opened before this column existed writes codes.
+    # rank.storage=vectors: E1's float16 vector, from which ranks over the run's anchor matrix (side
+    # table rank_anchors) are computed where used; rank_codes is then null, and base_vector is null in
+    # a codes run.
     ("base_vector", pa.list_(pa.float16())),
 ])
-# Harvests written before context_ids existed; a resumed one keeps writing its own schema.
+# Every scored (sentence, context) term, so `sentsim remix` can re-weigh Eq. 3 without scoring again.
+# float32: 2 x 8 + 5 x 4 = 36 bytes per item before compression, where float64 took 56; the terms are
+# per-token log-probabilities from a float32 (or bf16) model, so float32 drops only digits below the
+# model's own resolution (a remix moves scores by ~1e-7; bench/results/scale.md).
+# harvest keep_context_scores=none writes no such table at all.
+CONTEXT_SCORE_SCHEMA = pa.schema([
+    ("sentence_id", pa.int64()), ("context_id", pa.int64()),
+    ("fwd", pa.float32()), ("left", pa.float32()), ("right", pa.float32()), ("disc", pa.float32()), ("S", pa.float32()),
+])
+# Run format 1 (storage.store.FORMAT_VERSION): a harvest of that format may lack sentences' context_ids or
+# base_vector, and may keep float64 context scores; a resumed one keeps writing its own schema. Format 2
+# harvests are opened with the schemas above. A remix copies its source's schemas into its own run, so a
+# remix of a format 1 harvest holds them too. The typed-hand-offs note in docs/notes/ says when these
+# can go.
 LEGACY_SENTENCE_SCHEMA = pa.schema([f for f in SENTENCE_SCHEMA if f.name not in ("context_ids", "base_vector")])
+LEGACY_CONTEXT_SCORE_SCHEMA = pa.schema([
+    f if f.type != pa.float32() else pa.field(f.name, pa.float64()) for f in CONTEXT_SCORE_SCHEMA])
+
+
+def may_hold_format_1_schemas(manifest: dict) -> bool:
+    """A format 1 run, or a remix (stage "harvest-remix", of any format: its schemas are its source's)."""
+    return run_format(manifest) == 1 or manifest.get("stage") == "harvest-remix"
 
 
 def sentence_schema_of(manifest: dict) -> pa.Schema:
-    """The sentences schema a run was opened with: runs from before context_ids (or base_vector)
-    keep theirs, the current schema less the columns their manifest lacks."""
+    """The sentences schema a run was opened with: the current one, except where a run may hold a format 1
+    schema, which is the current schema less the columns its manifest lacks."""
     tables = manifest.get("tables", {})
-    if "sentences" not in tables:
+    if not may_hold_format_1_schemas(manifest) or "sentences" not in tables:
         return SENTENCE_SCHEMA
     names = {f[0] for f in tables["sentences"]}
     return pa.schema([f for f in SENTENCE_SCHEMA if f.name in names])
+
+
+def context_score_schema_of(manifest: dict) -> Optional[pa.Schema]:
+    """The context_scores schema a run was opened with: None for a run that keeps none
+    (keep_context_scores=none), float64 where a run may hold a format 1 schema and does, else the current one."""
+    tables = manifest.get("tables", {})
+    if "context_scores" not in tables:
+        return None if "pairs" in tables else CONTEXT_SCORE_SCHEMA
+    types = {f[0]: f[1] for f in tables["context_scores"]}
+    if may_hold_format_1_schemas(manifest) and types.get("S") == "double":
+        return LEGACY_CONTEXT_SCORE_SCHEMA
+    return CONTEXT_SCORE_SCHEMA
 
 
 def rank_storage_of(cfg: HarvestConfig, sentence_schema: pa.Schema) -> str:
@@ -70,28 +117,6 @@ def rank_storage_of(cfg: HarvestConfig, sentence_schema: pa.Schema) -> str:
 
         dim = encoder_dim(cfg.rank.encoder or default_base_encoder())
     return resolve_storage(cfg.rank.storage, cfg.rank.n_anchors, cfg.rank.bits, dim)
-# Every scored (sentence, context) term, so `sentsim remix` can re-weigh Eq. 3 without scoring again.
-# float32 (issue 16): 2 x 8 + 5 x 4 = 36 bytes per item before compression, where float64 took 56;
-# the terms are per-token log-probabilities from a float32 (or bf16) model, so float32 drops only
-# digits below the model's own resolution (a remix moves scores by ~1e-7; bench/results/scale.md).
-# harvest keep_context_scores=none writes no such table at all.
-CONTEXT_SCORE_SCHEMA = pa.schema([
-    ("sentence_id", pa.int64()), ("context_id", pa.int64()),
-    ("fwd", pa.float32()), ("left", pa.float32()), ("right", pa.float32()), ("disc", pa.float32()), ("S", pa.float32()),
-])
-# Harvests opened before float32 context scores; a resumed one keeps writing its own schema.
-LEGACY_CONTEXT_SCORE_SCHEMA = pa.schema([
-    f if f.type != pa.float32() else pa.field(f.name, pa.float64()) for f in CONTEXT_SCORE_SCHEMA])
-
-
-def context_score_schema_of(manifest: dict) -> Optional[pa.Schema]:
-    """The context_scores schema a run was opened with: float64 for runs from before float32, None
-    for a run that keeps none (keep_context_scores=none), else the current one."""
-    tables = manifest.get("tables", {})
-    if "context_scores" not in tables:
-        return None if "pairs" in tables else CONTEXT_SCORE_SCHEMA
-    types = {f[0]: f[1] for f in tables["context_scores"]}
-    return LEGACY_CONTEXT_SCORE_SCHEMA if types.get("S") == "double" else CONTEXT_SCORE_SCHEMA
 
 
 def pair_schema(grouped: bool) -> pa.Schema:
@@ -102,6 +127,8 @@ def pair_schema(grouped: bool) -> pa.Schema:
 
 
 class ContextStage(Stage):
+    """A unit dict (job.plan) -> WithContexts."""
+
     name = "contexts"
 
     def __init__(self, cfg: HarvestConfig, window: int, rep_cache: Optional[str] = None,
@@ -134,75 +161,116 @@ class ContextStage(Stage):
         self.retriever = retriever
         self.source = ContextSource(self.corpus, cfg.contexts, self.window, cfg.seed, retriever, disc, cache)
 
-    def _partners(self, anchors: List[int]) -> List[tuple]:
+    def _neighbours(self, anchors: List[int], texts: List[str]) -> List[List[int]]:
+        """For each anchor, the sentence of each retrieved chunk with the most words in common with it,
+        from chunks outside the anchor's own document."""
+        neigh: List[List[int]] = [[] for _ in anchors]
+        ids, _ = self.retriever.search(texts, self.cfg.partners.neighbour_chunks)
+        for i, (a, row) in enumerate(zip(anchors, ids)):
+            words = set(texts[i].lower().split())
+            for cid in row:
+                ch = self.corpus.chunk(int(cid)) if cid >= 0 else None
+                if ch is None:
+                    continue
+                first, n = ch
+                if self.corpus.same_doc(first, a):
+                    continue
+                cand = list(range(first, first + n))
+                ov = [len(words & set((t or "").lower().split())) for t in self.corpus.texts(cand)]
+                neigh[i].append(cand[int(np.argmax(ov))])
+        return neigh
+
+    def _partners(self, anchors: List[int]) -> List[Pair]:
         p = self.cfg.partners
-        texts = self.corpus.texts(anchors)
         neigh: List[List[int]] = [[] for _ in anchors]
         if self.retriever is not None and p.neighbours:
-            ids, _ = self.retriever.search(texts, p.neighbour_chunks)
-            for i, (a, row) in enumerate(zip(anchors, ids)):
-                # the sentence of each retrieved chunk with the most words in common, not from a's own doc
-                words = set(texts[i].lower().split())
-                for cid in row:
-                    ch = self.corpus.chunk(int(cid)) if cid >= 0 else None
-                    if ch is None:
-                        continue
-                    first, n = ch
-                    if self.corpus.same_doc(first, a):
-                        continue
-                    cand = list(range(first, first + n))
-                    ov = [len(words & set((t or "").lower().split())) for t in self.corpus.texts(cand)]
-                    neigh[i].append(cand[int(np.argmax(ov))])
+            neigh = self._neighbours(anchors, self.corpus.texts(anchors))
         out = []
         for a, nb in zip(anchors, neigh):
             parts = sample_partners(a, self.cfg.seed, self.corpus.doc_members(a), self.corpus.ids, nb,
                                     p.neighbours, p.same_doc, p.random)
-            for q, kind in owned_pairs(a, parts, self.anchors):
-                out.append((a, q, kind, None))
+            out.extend(Pair(a, q, kind) for q, kind in owned_pairs(a, parts, self.anchors))
         return out
+
+    def _pairs_and_texts(self, unit: dict) -> tuple[List[Pair], Dict[int, str]]:
+        """The unit's pairs and the text of each sentence they (and its anchors) hold."""
+        if unit.get("pairs") is None:
+            pairs = self._partners(unit["anchors"])
+            sids = sorted({s for p in pairs for s in (p.s1_id, p.s2_id)} | set(unit["anchors"]))
+            return pairs, dict(zip(sids, self.corpus.texts(sids)))
+        pairs, texts = [], {}  # a pairs file's rows: (s1 text, s2 text, gold)
+        repeat = unit.get("repeats") or [0] * len(unit["pairs"])
+        for (s1, s2, gold), k in zip(unit["pairs"], repeat):
+            a, b = text_id(s1), text_id(s2)
+            texts[a], texts[b] = s1, s2
+            pairs.append(Pair(a, b, "explicit", gold, k))
+        return pairs, dict(sorted(texts.items()))
+
+    def _disc_terms(self, pairs: List[Pair], texts: Dict[int, str], csets: dict, feats) -> Dict[tuple, float]:
+        """The discriminator term of each sentence in its own contexts and, for cross terms, in its
+        partner's contexts."""
+        disc: Dict[tuple, float] = {}
+        for s, cs in csets.items():
+            for c in cs.contexts:
+                if c.log_p_disc is not None:
+                    disc[(s, c.key)] = c.log_p_disc
+        if self.source.disc is None:
+            return disc
+        row_of = {s: i for i, s in enumerate(csets)}
+        for p in pairs:
+            for s, other in ((p.s1_id, p.s2_id), (p.s2_id, p.s1_id)):
+                todo = [c for c in csets[other].contexts if (s, c.key) not in disc]
+                if todo:
+                    i = row_of[s]
+                    for c, v in zip(todo, self.source.disc_scores(texts[s], todo, feats[i:i + 1])):
+                        disc[(s, c.key)] = float(v)
+        return disc
 
     def process(self, items: List[dict]) -> List[dict]:
         out = []
-        for item in items:
+        for unit in items:
             t0 = time.perf_counter()
-            if item.get("pairs") is None:
-                pairs = self._partners(item["anchors"])
-                sids = sorted({s for a, b, _, _ in pairs for s in (a, b)} | set(item["anchors"]))
-                texts = dict(zip(sids, self.corpus.texts(sids)))
-            else:  # explicit mode: (s1_text, s2_text, gold)
-                pairs, texts = [], {}
-                for s1, s2, gold in item["pairs"]:
-                    a, b = text_id(s1), text_id(s2)
-                    texts[a], texts[b] = s1, s2
-                    pairs.append((a, b, "explicit", gold))
-                sids = sorted(texts)
+            pairs, texts = self._pairs_and_texts(unit)
+            sids = list(texts)  # sorted
             # the discriminator's LSTM runs once per sentence of the unit: its features serve the
-            # sentence's own screening and every cross term below
+            # sentence's own screening and every cross term
             feats = (self.source.sentence_features([texts[s] for s in sids])
                      if self.source.disc is not None and sids else None)
             csets = dict(zip(sids, self.source.context_sets([texts[s] for s in sids], feats)))
-            row_of = {s: i for i, s in enumerate(sids)}
-            # discriminator terms for cross pairs: the score of s in the *partner's* contexts
-            disc: Dict[tuple, float] = {}
-            for s in sids:
-                for c in csets[s].contexts:
-                    if c.log_p_disc is not None:
-                        disc[(s, c.key)] = c.log_p_disc
-            if self.source.disc is not None:
-                for a, b, _, _ in pairs:
-                    for s, other in ((a, b), (b, a)):
-                        todo = [c for c in csets[other].contexts if (s, c.key) not in disc]
-                        if todo:
-                            i = row_of[s]
-                            for c, v in zip(todo, self.source.disc_scores(texts[s], todo, feats[i:i + 1])):
-                                disc[(s, c.key)] = float(v)
-            item.update(pairs=pairs, texts=texts, csets=csets, disc=disc)
-            item.setdefault("timing", {})["contexts"] = time.perf_counter() - t0
-            out.append(item)
+            work = WithContexts(unit=unit["unit"], anchored=bool(unit.get("anchors")), pairs=pairs, texts=texts,
+                                csets=csets, disc=self._disc_terms(pairs, texts, csets, feats))
+            work.timing["contexts"] = time.perf_counter() - t0
+            out.append(envelope(work))
         return out
 
 
+@dataclass(frozen=True)
+class UnitGroups:
+    """A grouped unit's groups (grouping.py): its pairs as (s1, s2), each pair's group, each sentence's
+    C_s keys, and each pair's run-unique group id."""
+
+    pairs: List[Tuple[int, int]]
+    group_of: List[int]
+    own: Dict[int, List[int]]
+    ids: List[int]
+
+
+@dataclass(frozen=True)
+class ScorePlan:
+    """What one unit asks of a scoring call: its slice [start, start + len(keys)) of the call's items,
+    the (sentence, context) of each, its groups (None when ungrouped), the reference sentences of the
+    context effect, and its contexts by key."""
+
+    start: int
+    keys: List[tuple]
+    groups: Optional[UnitGroups]
+    refs: List[str]
+    ctx_by_key: Dict[int, Any]
+
+
 class ScoreStage(Stage):
+    """WithContexts -> Scored."""
+
     name = "scoring"
 
     def __init__(self, cfg: HarvestConfig, reference_texts: List[str]):
@@ -225,108 +293,96 @@ class ScoreStage(Stage):
         from sentsim.context.scorer import ContextItem
 
         t0 = time.perf_counter()
+        units: List[WithContexts] = [work_of(x) for x in items]
         plans, batch = [], []
-        for item in items:
-            combos, grouping, refs, ctx_by_key = self._needed(item)
-            texts, disc = item["texts"], item["disc"]
-            plans.append((len(batch), combos, grouping, refs, ctx_by_key))
-            for s, k in combos:
-                c = ctx_by_key[k]
-                sent = refs[s[1]] if isinstance(s, tuple) else texts[s]
-                batch.append(ContextItem(sent, c.left, c.right, disc.get((s, k))))
+        for w in units:
+            plan = self._needed(w, start=len(batch))
+            plans.append(plan)
+            for s, k in plan.keys:
+                c = plan.ctx_by_key[k]
+                sent = plan.refs[s[1]] if isinstance(s, tuple) else w.texts[s]
+                batch.append(ContextItem(sent, c.left, c.right, w.disc.get((s, k))))
         res = self.scorer.score(batch) if batch else None
         share = (time.perf_counter() - t0) / max(len(batch), 1)  # a unit's scoring time: its share of the items
-        return [self._rows(item, res, *plan, seconds=share * len(plan[1]))
-                for item, plan in zip(items, plans)]
+        return [envelope(self._scored(w, res, plan, seconds=share * len(plan.keys))) for w, plan in zip(units, plans)]
 
-    def _needed(self, item: dict) -> tuple:
-        """(every (sentence, context) the unit's pairs need, each once; its groups; reference sentences;
-        contexts by key)."""
-        csets = item["csets"]
-        ctx_by_key = {c.key: c for cs in csets.values() for c in cs.contexts}
-        # every (sentence, context) any pair needs, each scored once (own and cross terms alike)
+    def _needed(self, w: WithContexts, start: int) -> ScorePlan:
+        """Every (sentence, context) the unit's pairs need, each once (own and cross terms alike), and
+        with grouping each group's sentences against the group's whole union; then the reference
+        sentences in every context, when the metric reads the context effect."""
+        ctx_by_key = {c.key: c for cs in w.csets.values() for c in cs.contexts}
         need = {}
-        for a, b, _, _ in item["pairs"]:
-            keys = [c.key for c in csets[a].contexts] + [c.key for c in csets[b].contexts]
-            for s in (a, b):
+        for p in w.pairs:
+            keys = [c.key for c in w.csets[p.s1_id].contexts] + [c.key for c in w.csets[p.s2_id].contexts]
+            for s in (p.s1_id, p.s2_id):
                 for k in keys:
                     need.setdefault((s, k), None)
-        grouping = self._groups(item) if self.cfg.grouping.enabled else None
-        if grouping is not None:  # and each group's sentences against the group's whole union
+        groups = self._groups(w) if self.cfg.grouping.enabled else None
+        if groups is not None:
             from sentsim.harvest.grouping import needed
 
-            for key in needed(grouping[0], grouping[1], grouping[2]):
+            for key in needed(groups.pairs, groups.group_of, groups.own):
                 need.setdefault(key, None)
         refs = self.reference_texts if metrics.get(self.cfg.metric).uses_context_effect else []
         ref_keys = [(("ref", i), k) for i in range(len(refs)) for k in ctx_by_key]
-        return list(need) + ref_keys, grouping, refs, ctx_by_key
+        return ScorePlan(start, list(need) + ref_keys, groups, refs, ctx_by_key)
 
-    def _rows(self, item: dict, res, start: int, combos: list, grouping, refs: list, ctx_by_key: dict,
-              seconds: float) -> dict:
-        """The unit's pair rows (Eq. 4, eq4_rows.py) and context_scores from its slice
-        [start, start + len(combos)) of the call's scores."""
-        csets, disc = item["csets"], item["disc"]
-        part = slice(start, start + len(combos))
+    def _scored(self, w: WithContexts, res, plan: ScorePlan, seconds: float) -> Scored:
+        """The unit's pair rows (Eq. 4, eq4_rows.py) and context_scores from its slice of the call's scores."""
+        keys, groups = plan.keys, plan.groups
+        part = slice(plan.start, plan.start + len(keys))
         none = np.zeros(0)  # no unit of the call needed an item (every pair without contexts): no result
-        terms = UnitTerms(combos, res.score[part] if res is not None else none, {
-            "disc": np.array([disc.get(key, np.nan) for key in combos], dtype=np.float64),
+        terms = UnitTerms(keys, res.score[part] if res is not None else none, {
+            "disc": np.array([w.disc.get(key, np.nan) for key in keys], dtype=np.float64),
             **{d: res.logprob[d][part] if res is not None else none for d in DIRS}})
-        effect = context_effect(terms, [("ref", i) for i in range(len(refs))], ctx_by_key) if refs else None
-        pairs = item["pairs"]
-        eq4 = pair_rows([(a, b) for a, b, _, _ in pairs], terms, self.cfg.metric,
-                        own={s: [c.key for c in cs.contexts] for s, cs in csets.items()},
-                        shortfall={s: cs.shortfall_reason for s, cs in csets.items()}, effect=effect,
-                        group_of=grouping[1] if grouping is not None else None, variant=self.cfg.grouping.score)
-        repeat = item.get("repeats") or [0] * len(pairs)  # a pairs file's repeated rows (0 in a corpus harvest)
-        rows = [{"s1_id": a, "s2_id": b, "kind": kind, "gold": gold, "repeat": k, **row}
-                for (a, b, kind, gold), k, row in zip(pairs, repeat, eq4)]
-        if grouping is not None:
-            for row, group_id in zip(rows, grouping[3]):
-                row["group_id"] = group_id
+        refs = [("ref", i) for i in range(len(plan.refs))]
+        effect = context_effect(terms, refs, plan.ctx_by_key) if refs else None
+        eq4 = pair_rows([(p.s1_id, p.s2_id) for p in w.pairs], terms, self.cfg.metric,
+                        own={s: [c.key for c in cs.contexts] for s, cs in w.csets.items()},
+                        shortfall={s: cs.shortfall_reason for s, cs in w.csets.items()}, effect=effect,
+                        group_of=groups.group_of if groups is not None else None, variant=self.cfg.grouping.score)
+        group_ids = groups.ids if groups is not None else [None] * len(w.pairs)
+        rows = [PairRow(p, row, g) for p, row, g in zip(w.pairs, eq4, group_ids)]
         # keep_context_scores=none: no table to write, so no rows travel to the write stage
-        cs_rows = [] if self.cfg.keep_context_scores == "none" else [
-            (s, k, terms.terms["fwd"][i], terms.terms["left"][i], terms.terms["right"][i], disc.get((s, k)),
-             terms.S[i])
-            for i, (s, k) in enumerate(combos) if not (isinstance(s, tuple) and s[0] == "ref")]
-        item.update(rows=rows, context_scores=cs_rows, n_scored=len(combos), precision=self.scorer.precision)
-        del item["disc"]
-        item["csets"] = {s: (len(cs.contexts), cs.shortfall_reason, [c.key for c in cs.contexts])
-                         for s, cs in csets.items()}
-        item["timing"]["scoring"] = seconds
-        return item
+        kept = [] if self.cfg.keep_context_scores == "none" else [
+            ContextScore(s, k, terms.terms["fwd"][i], terms.terms["left"][i], terms.terms["right"][i],
+                         w.disc.get((s, k)), terms.S[i])
+            for i, (s, k) in enumerate(keys) if not (isinstance(s, tuple) and s[0] == "ref")]
+        sentences = {s: SentenceContexts([c.key for c in cs.contexts], cs.shortfall_reason)
+                     for s, cs in w.csets.items()}
+        return Scored(unit=w.unit, texts=w.texts, sentences=sentences, rows=rows, context_scores=kept,
+                      n_scored=len(keys), precision=self.scorer.precision, timing=dict(w.timing, scoring=seconds))
 
-    def _groups(self, item: dict) -> tuple:
-        """(pairs, group of each pair, C_s keys per sentence, run-unique group id of each pair)."""
+    def _groups(self, w: WithContexts) -> UnitGroups:
         from sentsim.harvest.grouping import neighbour_groups
 
-        pairs = [(a, b) for a, b, _, _ in item["pairs"]]
-        own = {s: [c.key for c in cs.contexts] for s, cs in item["csets"].items()}
-        if item.get("anchors"):  # a corpus harvest: the anchor (s1 of each of its pairs) and its partners
+        pairs = [(p.s1_id, p.s2_id) for p in w.pairs]
+        own = {s: [c.key for c in cs.contexts] for s, cs in w.csets.items()}
+        if w.anchored:  # a corpus harvest: the anchor (s1 of each of its pairs) and its partners
             group_of = [a for a, _ in pairs]
             ids = group_of
         else:  # --pairs: TF-IDF neighbours within the unit; ids carry the unit so they are run-unique
-            texts = item["texts"]
+            texts = w.texts
             group_of = neighbour_groups([(texts[a], texts[b]) for a, b in pairs], self.cfg.grouping.pairs_per_group)
-            ids = [(int(item["unit"]) << 20) | g for g in group_of]
-        return pairs, group_of, own, ids
+            ids = [(int(w.unit) << 20) | g for g in group_of]
+        return UnitGroups(pairs, group_of, own, ids)
 
 
-class RankAndWriteStage(Stage):
+class RankStage(Stage):
+    """Scored -> Ranked: each sentence's rank targets (004 §3.2) and each pair's rank similarity."""
+
     name = "rank"
 
     def __init__(self, cfg: HarvestConfig, fp: str, anchor_ids: Optional[np.ndarray], anchor_texts: Optional[List[str]],
-                 sentence_schema: pa.Schema = SENTENCE_SCHEMA,
-                 context_schema: Optional[pa.Schema] = CONTEXT_SCORE_SCHEMA):
+                 sentence_schema: pa.Schema = SENTENCE_SCHEMA):
         self.cfg = cfg
         self.fp = fp
-        self.context_schema = context_schema  # None: this run keeps no context_scores table
         self.sentence_schema = sentence_schema
         self.anchor_ids = anchor_ids
         self.anchor_texts = anchor_texts
 
     def setup(self) -> None:
         self.targets = self.storage = None
-        self.where = where_this_runs()
         if self.cfg.rank.enabled:
             from sentsim.rank.targets import BaseVectors, RankTargets, default_base_encoder
 
@@ -340,71 +396,107 @@ class RankAndWriteStage(Stage):
             else:
                 self.targets = RankTargets(encoder, self.anchor_ids, self.anchor_texts, bits=self.cfg.rank.bits)
 
+    def _ranks(self, texts: Dict[int, str]) -> SentenceRanks:
+        sentences = [texts[s] for s in sorted(texts)]
+        if self.storage == "vectors":
+            return SentenceRanks("vectors", vectors=self.targets.vectors(sentences),
+                                 bytes_per_sentence=self.targets.bytes_per_sentence)
+        if self.targets:
+            return SentenceRanks(self.storage, codes=self.targets.codes(sentences),
+                                 bytes_per_sentence=self.targets.codec.bytes_per_sentence)
+        return SentenceRanks()
+
     def process(self, items: List[dict]) -> List[dict]:
         from sentsim.rank import rank_similarity, spearman_of_ranks
+
+        out = []
+        for item in items:
+            w: Scored = work_of(item)
+            t0 = time.perf_counter()
+            ranks = self._ranks(w.texts)
+            pos = {s: i for i, s in enumerate(sorted(w.texts))}
+            first = [pos[r.pair.s1_id] for r in w.rows]
+            second = [pos[r.pair.s2_id] for r in w.rows]
+            if ranks.vectors is not None and w.rows:  # ranks from the stored float16 vectors, as students compute them
+                sent_ranks = self.targets.anchors.ranks(ranks.vectors)
+                rsim = spearman_of_ranks(sent_ranks[first], sent_ranks[second])
+            elif ranks.codes is not None and w.rows:
+                rsim = rank_similarity(ranks.codes[first], ranks.codes[second])
+            else:
+                rsim = [None] * len(w.rows)
+            rows = [replace(r, rank_sim=None if x is None else float(x)) for r, x in zip(w.rows, rsim)]
+            ranked = Ranked.of(w, rows, ranks)
+            ranked.timing["rank"] = time.perf_counter() - t0
+            out.append(envelope(ranked))
+        return out
+
+
+class WriteStage(Stage):
+    """Ranked -> the unit's shards and completion marker; returns the unit's counts to the executor."""
+
+    name = "write"
+
+    def __init__(self, cfg: HarvestConfig, fp: str, sentence_schema: pa.Schema = SENTENCE_SCHEMA,
+                 context_schema: Optional[pa.Schema] = CONTEXT_SCORE_SCHEMA):
+        self.cfg = cfg
+        self.fp = fp
+        self.sentence_schema = sentence_schema
+        self.context_schema = context_schema  # None: this run keeps no context_scores table
+
+    def setup(self) -> None:
+        self.where = where_this_runs()
+
+    def tables(self, w: Ranked) -> Dict[str, pa.Table]:
+        """The unit's shards: pairs (by pair_id), sentences (by id) and, when the run keeps them, context_scores."""
+        texts, sids = w.texts, sorted(w.texts)
+        schema = pair_schema(self.cfg.grouping.enabled)
+        cols: Dict[str, list] = {k: [] for k in schema.names}
+        for r in w.rows:
+            p = r.pair
+            row = dict(r.eq4, s1_id=p.s1_id, s2_id=p.s2_id, s1=texts[p.s1_id], s2=texts[p.s2_id], kind=p.kind,
+                       gold=p.gold, group_id=r.group_id, rank_sim=r.rank_sim,
+                       pair_id=pair_id(p.s1_id, p.s2_id, p.repeat), split=pair_split(p.s1_id, p.s2_id, self.cfg.splits))
+            for k in schema.names:
+                cols[k].append(row.get(k))
+        codes, vecs = w.ranks.codes, w.ranks.vectors
+        sent_cols = {
+            "sentence_id": sids, "text": [texts[s] for s in sids],
+            "n_contexts": [w.sentences[s].n_contexts for s in sids],
+            "shortfall": [w.sentences[s].shortfall for s in sids],
+            "rank_codes": [None if codes is None else codes[i].astype(np.uint32).tolist() for i in range(len(sids))],
+            "context_ids": [w.sentences[s].context_ids for s in sids],
+            "base_vector": [None if vecs is None else vecs[i] for i in range(len(sids))],
+        }
+        tables = {"pairs": pa.Table.from_pydict(cols, schema=schema).sort_by("pair_id"),
+                  "sentences": pa.Table.from_pydict({k: sent_cols[k] for k in self.sentence_schema.names},
+                                                    schema=self.sentence_schema)}
+        if self.context_schema is not None:
+            cs = sorted(w.context_scores, key=lambda x: (x.sentence_id, x.context_id))
+            tables["context_scores"] = pa.Table.from_pydict(
+                {k: [x[i] for x in cs] for i, k in enumerate(self.context_schema.names)}, schema=self.context_schema)
+        return tables
+
+    def process(self, items: List[dict]) -> List[dict]:
         from storage import ShardStore
 
         out = []
         for item in items:
+            w: Ranked = work_of(item)
             t0 = time.perf_counter()
-            texts = item["texts"]
-            sids = sorted(texts)
-            vecs = codes = None  # float16 E1 vectors (rank.storage=vectors) or rank codes
-            if self.storage == "vectors":
-                vecs = self.targets.vectors([texts[s] for s in sids])
-            elif self.targets:
-                codes = self.targets.codes([texts[s] for s in sids])
-            pos = {s: i for i, s in enumerate(sids)}
-            rows = item["rows"]
-            if vecs is not None and rows:  # ranks from the stored float16 vectors, as students compute them
-                ranks = self.targets.anchors.ranks(vecs)
-                rsim = spearman_of_ranks(ranks[[pos[r["s1_id"]] for r in rows]], ranks[[pos[r["s2_id"]] for r in rows]])
-            elif codes is not None and rows:
-                a = codes[[pos[r["s1_id"]] for r in rows]]
-                b = codes[[pos[r["s2_id"]] for r in rows]]
-                rsim = rank_similarity(a, b)
-            else:
-                rsim = [None] * len(rows)
-            schema = pair_schema(self.cfg.grouping.enabled)
-            cols = {k: [] for k in schema.names}
-            for r, rs in zip(rows, rsim):
-                r = dict(r, s1=texts[r["s1_id"]], s2=texts[r["s2_id"]], rank_sim=None if rs is None else float(rs),
-                         pair_id=pair_id(r["s1_id"], r["s2_id"], r["repeat"]),
-                         split=pair_split(r["s1_id"], r["s2_id"], self.cfg.splits))
-                for k in schema.names:
-                    cols[k].append(r.get(k))
-            pairs_t = pa.Table.from_pydict(cols, schema=schema).sort_by("pair_id")
-            sent_cols = {
-                "sentence_id": sids, "text": [texts[s] for s in sids],
-                "n_contexts": [item["csets"][s][0] for s in sids],
-                "shortfall": [item["csets"][s][1] for s in sids],
-                "rank_codes": [None if codes is None else codes[pos[s]].astype(np.uint32).tolist() for s in sids],
-                "context_ids": [item["csets"][s][2] for s in sids],
-                "base_vector": [None if vecs is None else vecs[pos[s]] for s in sids],
-            }
-            sent_t = pa.Table.from_pydict({k: sent_cols[k] for k in self.sentence_schema.names},
-                                          schema=self.sentence_schema)
-            tables = {"pairs": pairs_t, "sentences": sent_t}
-            if self.context_schema is not None:
-                cs = sorted(item["context_scores"], key=lambda x: (x[0], x[1]))
-                tables["context_scores"] = pa.Table.from_pydict(
-                    {k: [x[i] for x in cs] for i, k in enumerate(self.context_schema.names)},
-                    schema=self.context_schema)
-            item["timing"]["rank"] = time.perf_counter() - t0
-            nulls = [r["null_reason"] for r in rows if r.get("score") is None]
+            tables = self.tables(w)
+            timing = dict(w.timing, write=time.perf_counter() - t0)
+            nulls = [r.eq4.get("null_reason") for r in w.rows if r.score is None]
             ShardStore(self.cfg.out).write_unit(
-                item["unit"], tables, self.fp,
-                {"pairs": len(rows), "null_scores": len(nulls), "null_reasons": nulls[:50],
-                 "scored_items": item["n_scored"], "timing": item["timing"],
-                 "bytes_per_sentence": (self.targets.bytes_per_sentence if vecs is not None else
-                                        self.targets.codec.bytes_per_sentence if self.targets else 0),
-                 "rank_storage": self.storage,
+                w.unit, tables, self.fp,
+                {"pairs": len(w.rows), "null_scores": len(nulls), "null_reasons": nulls[:50],
+                 "scored_items": w.n_scored, "timing": timing,
+                 "bytes_per_sentence": w.ranks.bytes_per_sentence, "rank_storage": w.ranks.storage,
                  # the format its scores were computed in ("off" = fp32): the report counts units by it
-                 "scoring_precision": item.get("precision"),
+                 "scoring_precision": w.precision,
                  # which node ran each stage of this unit (the report sums it over the run, resumes included)
-                 "placement": {stage: {k: w.get(k) for k in ("node", "host", "pid", "cuda_visible_devices")}
-                               for stage, w in {**item.get(PLACEMENT_KEY, {}), self.name: self.where}.items()}},
+                 "placement": {stage: {k: v.get(k) for k in ("node", "host", "pid", "cuda_visible_devices")}
+                               for stage, v in {**item.get(PLACEMENT_KEY, {}), self.name: self.where}.items()}},
             )
-            out.append({"unit": item["unit"], "pairs": len(rows), "null_scores": len(nulls),
-                        "scored_items": item["n_scored"], "timing": item["timing"]})
+            out.append({"unit": w.unit, "pairs": len(w.rows), "null_scores": len(nulls),
+                        "scored_items": w.n_scored, "timing": timing})
         return out

@@ -25,7 +25,7 @@ from pydantic import Field
 from corpus.documents import doc_key_of
 from sentsim.config import Section
 from sentsim.errors import UsageError
-from sentsim.executor import ShardedJob, execute
+from sentsim.executor import RunContext, ShardedJob, execute
 from sentsim.identity import REP_CACHE_FORMAT, REP_CACHE_STAGE, cache_identity, corpus_fingerprint
 from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
@@ -110,37 +110,63 @@ class CacheStage(Stage):
 def build_rep_cache(cfg: RepCacheConfig, executor: str = "ray", force_new: bool = False,
                     address: Optional[str] = None, quiet: bool = False, max_units: Optional[int] = None) -> dict:
     """Build (or finish, or confirm) the cache run at cfg.out; returns its manifest."""
-    from corpus.view import read_table
-    from sentsim.discriminator import Discriminator
+    return execute(RepCacheRun(cfg, force_new), executor=executor, address=address, force_new=force_new,
+                   quiet=quiet, max_units=max_units)
 
-    check_out(cfg.out, {"--corpus": cfg.corpus, "--discriminator": cfg.discriminator})
-    corpus_fp = corpus_fingerprint(cfg.corpus)
-    disc = Discriminator.load(cfg.discriminator, corpus=cfg.corpus)  # refuses another corpus's model
-    identity = cache_identity(corpus_fp, cfg.discriminator)
-    old = ShardStore(cfg.out).read_manifest()
-    if old is not None and not force_new and old.get("stage") == REP_CACHE_STAGE and old.get("identity") != identity:
-        raise UsageError(f"{cfg.out}: this representation cache was built for another corpus or discriminator; "
-                         "choose another --out or pass --force-new to rebuild it")
-    ids = np.sort(
-        read_table(cfg.corpus, "sentences", ["sentence_id"]).column("sentence_id").to_numpy().astype(np.int64))
-    meta = {"format": REP_CACHE_FORMAT, "corpus_fingerprint": corpus_fp,
-            "discriminator_fingerprint": disc.config.get("fingerprint"), "window": disc.window,
-            "rep_dim": disc.rep_dim, "core_dim": disc.model.head.context_core_dim}
 
-    def summary(ctx) -> dict:
-        markers = ctx.store.markers()
-        count = lambda k: sum(m.get("extra", {}).get(k, 0) for m in markers.values() if m.get("fingerprint") == ctx.fp)  # noqa: E731
-        return {"counts": {"sentences": count("sentences"), "centres": count("centres")}}
+class RepCacheRun(ShardedJob):
+    """One cache build, resolved before anything is written: the discriminator loaded (a model of another
+    corpus is refused), the cache's identity fixed, the corpus's sentences cut into units."""
 
-    job = ShardedJob(
-        stage=REP_CACHE_STAGE, out=cfg.out, fingerprint_parts=(identity, cfg.sentences_per_unit),
-        config=cfg.model_dump(),
-        inputs=[{"corpus": cfg.corpus, "fingerprint": corpus_fp, "sentences": len(ids)}],
-        tables=store_schemas(meta["rep_dim"], meta["core_dim"]), units=plan_units(ids, cfg.sentences_per_unit),
-        stages=lambda ctx: [StageSpec(CacheStage, Resources.of(cfg.resources), args=dict(cfg=cfg, fp=ctx.fp))],
-        summary=summary, count="sentences", open_extra={"identity": identity, "cache": meta})
-    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet,
-                   max_units=max_units)
+    stage = REP_CACHE_STAGE
+    count = "sentences"
+
+    def __init__(self, cfg: RepCacheConfig, force_new: bool = False):
+        from corpus.view import read_table
+        from sentsim.discriminator import Discriminator
+
+        check_out(cfg.out, {"--corpus": cfg.corpus, "--discriminator": cfg.discriminator})
+        self.cfg, self.out = cfg, cfg.out
+        self.corpus_fp = corpus_fingerprint(cfg.corpus)
+        disc = Discriminator.load(cfg.discriminator, corpus=cfg.corpus)  # refuses another corpus's model
+        self.identity = cache_identity(self.corpus_fp, cfg.discriminator)
+        old = ShardStore(cfg.out).read_manifest()
+        if old is not None and not force_new and old.get("stage") == REP_CACHE_STAGE \
+                and old.get("identity") != self.identity:
+            raise UsageError(f"{cfg.out}: this representation cache was built for another corpus or discriminator; "
+                             "choose another --out or pass --force-new to rebuild it")
+        self.ids = np.sort(
+            read_table(cfg.corpus, "sentences", ["sentence_id"]).column("sentence_id").to_numpy().astype(np.int64))
+        self.meta = {"format": REP_CACHE_FORMAT, "corpus_fingerprint": self.corpus_fp,
+                     "discriminator_fingerprint": disc.config.get("fingerprint"), "window": disc.window,
+                     "rep_dim": disc.rep_dim, "core_dim": disc.model.head.context_core_dim}
+        self.unit_list = plan_units(self.ids, cfg.sentences_per_unit)
+
+    @property
+    def units(self) -> List[dict]:
+        return self.unit_list
+
+    def fingerprint_parts(self) -> tuple:
+        return (self.identity, self.cfg.sentences_per_unit)
+
+    def config(self) -> dict:
+        return self.cfg.model_dump()
+
+    def inputs(self) -> List[dict]:
+        return [{"corpus": self.cfg.corpus, "fingerprint": self.corpus_fp, "sentences": len(self.ids)}]
+
+    def tables(self) -> dict:
+        return store_schemas(self.meta["rep_dim"], self.meta["core_dim"])
+
+    def open_extra(self) -> dict:
+        return {"identity": self.identity, "cache": self.meta}
+
+    def stages(self, ctx: RunContext) -> List[StageSpec]:
+        return [StageSpec(CacheStage, Resources.of(self.cfg.resources), args=dict(cfg=self.cfg, fp=ctx.fp))]
+
+    def summary(self, ctx: RunContext) -> dict:
+        markers = [m for m in ctx.store.markers().values() if m.get("fingerprint") == ctx.fp]
+        return {"counts": {k: sum(m.get("extra", {}).get(k, 0) for m in markers) for k in ("sentences", "centres")}}
 
 
 def rep_cache_uri(rep_cache: Optional[str], out: str) -> str:

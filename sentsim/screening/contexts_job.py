@@ -20,10 +20,11 @@ from pydantic import Field
 
 from sentsim.config import Section, Seed
 from sentsim.errors import UsageError
-from sentsim.executor import ShardedJob, execute
+from sentsim.executor import RunContext, ShardedJob, execute
 from sentsim.identity import fingerprint
 from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
+from sentsim.run_formats import spelt_as_stored
 from sentsim.screening.config import ContextSetConfig
 from storage import ShardStore
 
@@ -127,59 +128,85 @@ def _queries(cfg: ScreenConfig, corpus) -> tuple[list, list]:
     return ids, corpus.texts(ids)
 
 
-def earlier_fingerprint(cfg: ScreenConfig, corpus_fp: str, models: dict, n: int, stored: dict) -> str:
-    """The fingerprint that sentsim before 2026-11-24 gave this run, with its input paths spelt as the stored
-    run spelt them (harvest.job.earlier_fingerprint, the same): equal to the stored one, it is this run."""
-    old = stored.get("config") or {}
-    sem = cfg.model_dump(exclude={"out": True, "resources": True, "contexts": {"rep_cache"}})
-    sem.update({k: old.get(k, sem[k]) for k in PATHS})
-    return fingerprint(STAGE, sem, corpus_fp, models, n)
-
-
 def screen_contexts(cfg: ScreenConfig, executor: str = "ray", force_new: bool = False,
                     address: Optional[str] = None, quiet: bool = False, max_units: Optional[int] = None) -> dict:
-    from corpus.view import CorpusIndex
-    from sentsim.identity import cache_identity, checkpoint_hash
-    from sentsim.retrieval.base import check_index
-    from sentsim.screening.cache_job import ensure_rep_cache, given_rep_cache, rep_cache_uri
-
-    check_out(cfg.out, {"--corpus": cfg.corpus, "--index": cfg.index, "--discriminator": cfg.discriminator,
-                        "--sentences": cfg.sentences, "contexts.rep_cache": given_rep_cache(cfg.contexts.rep_cache,
-                                                                                            cfg.out)})
-    index = check_index(cfg.index, corpus=cfg.corpus)  # whole and built for this corpus, before any unit searches it
-    corpus = CorpusIndex(cfg.corpus)
-    ids, texts = _queries(cfg, corpus)
-    units = [{"unit": u, "ids": ids[i:i + cfg.per_unit], "texts": texts[i:i + cfg.per_unit]}
-             for u, i in enumerate(range(0, len(ids), cfg.per_unit))]
-    # the input paths' contents are fingerprinted (corpus and index fingerprints, checkpoint hash, the queries
-    # themselves), not their spelling, so a run resumes from another folder (HarvestConfig.semantic, the same)
-    sem = cfg.model_dump(exclude={"out": True, "resources": True, "contexts": {"rep_cache"},
-                                  **dict.fromkeys(PATHS, True)})
-    screened = cfg.discriminator and cfg.contexts.mode == "screened"
-    identity = cache_identity(corpus.fingerprint, cfg.discriminator) if screened else None
-    models = {"index": index.get("fingerprint"),
-              "discriminator": checkpoint_hash(cfg.discriminator) if cfg.discriminator else None,
-              "rep_cache": identity}
-    rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if screened else None
-
-    def prepare(ctx) -> None:
-        if screened:  # the discriminator's reps, cached once before screening (003 §3.3)
-            ensure_rep_cache(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator, identity, cfg.resources,
-                             executor=ctx.executor, force_new=ctx.force_new, address=ctx.address, quiet=ctx.quiet)
-
-    def summary(ctx) -> dict:
-        shortfalls = sum(m.get("extra", {}).get("shortfalls", 0) for m in ctx.store.markers().values())
-        return {"counts": {"sentences": len(ids), "shortfalls": shortfalls}}
-
-    job = ShardedJob(
-        stage=STAGE, out=cfg.out,
-        fingerprint_parts=(STAGE, sem, corpus.fingerprint, models, len(ids), fingerprint(ids)),
-        earlier_fingerprint=lambda stored: earlier_fingerprint(cfg, corpus.fingerprint, models, len(ids), stored),
-        unfingerprinted=("out", "resources", "contexts.rep_cache", "inputs.0.corpus") + PATHS,
-        config=cfg.model_dump(), inputs=[{"corpus": cfg.corpus, "sentences": len(ids)}],
-        tables={"contexts": CONTEXT_SCHEMA, "queries": QUERY_SCHEMA}, units=units,
-        stages=lambda ctx: [StageSpec(ScreenStage, Resources.of(cfg.resources),
-                                      args=dict(cfg=cfg, fp=ctx.fp, rep_cache=rep_cache))],
-        prepare=prepare, summary=summary, count="sentences")
-    return execute(job, executor=executor, address=address, force_new=force_new, quiet=quiet,
+    return execute(ContextsRun(cfg), executor=executor, address=address, force_new=force_new, quiet=quiet,
                    max_units=max_units)
+
+
+class ContextsRun(ShardedJob):
+    """One `sentsim contexts` run, resolved before anything is written: its inputs checked, its
+    sentences read and cut into units, its models identified."""
+
+    stage = STAGE
+    count = "sentences"
+    unfingerprinted = ("out", "resources", "contexts.rep_cache", "inputs.0.corpus") + PATHS
+
+    def __init__(self, cfg: ScreenConfig):
+        from corpus.view import CorpusIndex
+        from sentsim.identity import cache_identity, checkpoint_hash
+        from sentsim.retrieval.base import check_index
+        from sentsim.screening.cache_job import given_rep_cache, rep_cache_uri
+
+        check_out(cfg.out, {"--corpus": cfg.corpus, "--index": cfg.index, "--discriminator": cfg.discriminator,
+                            "--sentences": cfg.sentences,
+                            "contexts.rep_cache": given_rep_cache(cfg.contexts.rep_cache, cfg.out)})
+        index = check_index(cfg.index, corpus=cfg.corpus)  # whole and for this corpus, before a unit searches it
+        self.cfg, self.out = cfg, cfg.out
+        self.corpus = CorpusIndex(cfg.corpus)
+        self.ids, texts = _queries(cfg, self.corpus)
+        self.unit_list = [{"unit": u, "ids": self.ids[i:i + cfg.per_unit], "texts": texts[i:i + cfg.per_unit]}
+                          for u, i in enumerate(range(0, len(self.ids), cfg.per_unit))]
+        self.screened = bool(cfg.discriminator) and cfg.contexts.mode == "screened"
+        self.identity = cache_identity(self.corpus.fingerprint, cfg.discriminator) if self.screened else None
+        self.models = {"index": index.get("fingerprint"),
+                       "discriminator": checkpoint_hash(cfg.discriminator) if cfg.discriminator else None,
+                       "rep_cache": self.identity}
+        self.rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if self.screened else None
+
+    @property
+    def units(self) -> List[dict]:
+        return self.unit_list
+
+    def _semantic(self) -> dict:
+        return self.cfg.model_dump(exclude={"out": True, "resources": True, "contexts": {"rep_cache"}})
+
+    def fingerprint_parts(self) -> tuple:
+        # the input paths' contents are fingerprinted (corpus and index fingerprints, checkpoint hash, the queries
+        # themselves), not their spelling, so a run resumes from another folder (HarvestConfig.semantic, the same)
+        sem = {k: v for k, v in self._semantic().items() if k not in PATHS}
+        return (STAGE, sem, self.corpus.fingerprint, self.models, len(self.ids), fingerprint(self.ids))
+
+    def fingerprint_in_format(self, version: int, stored: dict) -> Optional[str]:
+        """Format 1: the input paths were fingerprinted as spelt (as the stored run spelt them), with the
+        number of sentences but not the sentences themselves."""
+        if version != 1:
+            return None
+        sem = spelt_as_stored(self._semantic(), stored, PATHS)
+        return fingerprint(STAGE, sem, self.corpus.fingerprint, self.models, len(self.ids))
+
+    def config(self) -> dict:
+        return self.cfg.model_dump()
+
+    def inputs(self) -> List[dict]:
+        return [{"corpus": self.cfg.corpus, "sentences": len(self.ids)}]
+
+    def tables(self) -> dict:
+        return {"contexts": CONTEXT_SCHEMA, "queries": QUERY_SCHEMA}
+
+    def stages(self, ctx: RunContext) -> List[StageSpec]:
+        return [StageSpec(ScreenStage, Resources.of(self.cfg.resources),
+                          args=dict(cfg=self.cfg, fp=ctx.fp, rep_cache=self.rep_cache))]
+
+    def prepare(self, ctx: RunContext) -> None:
+        from sentsim.screening.cache_job import ensure_rep_cache
+
+        if self.screened:  # the discriminator's reps, cached once before screening (003 §3.3)
+            cfg = self.cfg
+            ensure_rep_cache(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator, self.identity,
+                             cfg.resources, executor=ctx.executor, force_new=ctx.force_new, address=ctx.address,
+                             quiet=ctx.quiet)
+
+    def summary(self, ctx: RunContext) -> dict:
+        shortfalls = sum(m.get("extra", {}).get("shortfalls", 0) for m in ctx.store.markers().values())
+        return {"counts": {"sentences": len(self.ids), "shortfalls": shortfalls}}
