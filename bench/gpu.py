@@ -1,4 +1,4 @@
-"""How much of a GPU sentsim uses (issue 38): the matmul peak, the training stream, training and scoring.
+"""How much of a GPU sentsim uses: the matmul peak, the training stream, training and scoring.
 
     python bench/gpu.py --device cuda --corpus CORPUS --tokenizer BPE_DIR --warm-start-shape BERT_DIR \
         --contexts CONTEXTS_DIR [--teacher-minutes 3] [--compile bart,warm_start,score] [--out DIR]
@@ -25,6 +25,12 @@ Sections, each timed by the product's own code and reported against the bf16 mat
            harvest's scoring stage: Spearman x 100 with 95% bootstrap intervals, TF-IDF cosine on the same
            pairs and the paired difference; per-pair scores in OUT/teacher-SET.jsonl.gz, from which
            `python bench/gpu_teacher.py report OUT` remakes every number on a CPU
+
+With --pack N[,M...], the bart shape is trained again with packed rows of N tokens (`pack_tokens`: several
+examples a row, each attending only to itself), after the padded runs and with their settings, so one run
+compares packed and padded training; compare them by target tokens per second: the FLOPs counted for a packed
+row include the attention between its examples that the mask throws away (train_mfu_packed, train_padding_packed
+and train_target_tokens_per_s_packed are the best packed run's).
 
 With --compile, the shapes named (bart, warm_start) are trained again with `compile: true`, and with `score`
 the scoring stage runs again with `scoring.compile: true` at 8 units a call: each after the eager runs, its
@@ -299,6 +305,11 @@ class Bench:
         runs[1:1] = [(f"bart, micro_batches={k}", self.train_config(shapes[0][1], max_seconds=seconds,
                                                                      micro_batches=k), shapes[0][2])
                      for k in self.a.micro_batches[1:]]
+        # the bart shape packed: several examples a row (pack_tokens), against the padded runs above
+        at = 1 + len(self.a.micro_batches[1:])
+        runs[at:at] = [(f"bart, pack_tokens={n}", self.train_config(shapes[0][1], max_seconds=seconds,
+                                                                    micro_batches=first, pack_tokens=n), shapes[0][2])
+                       for n in self.a.pack]
         # after the eager runs, so a compile that fails costs them nothing; the compile's minute or two is
         # before the first timed history point
         runs += [(f"{name}+compile", self.train_config(model, max_seconds=seconds + self.a.compile_seconds,
@@ -316,8 +327,8 @@ class Bench:
             if self.cuda:
                 self.torch.cuda.empty_cache()
         by = {r["shape"]: r for r in rows}
-        for shape, suffix in (("bart", ""), ("warm_start", "_warm_start")):
-            done = [r for r in rows if r["shape"].startswith(shape)]
+        for shape, suffix in (("bart", ""), ("warm_start", "_warm_start"), ("bart, pack_tokens=", "_packed")):
+            done = [r for r in rows if r["shape"].startswith(shape) and (suffix or "pack_tokens" not in r["shape"])]
             if done:
                 best = max(done, key=lambda r: r["mfu"] or 0)
                 self.res[f"train_mfu{suffix}"] = best["mfu"]
@@ -394,9 +405,9 @@ class Bench:
 
         from sentsim.context.scorer import ContextItem
 
-        item = _item(units[0])
-        ctxs = [c for cs in item["csets"].values() for c in cs.contexts][:8]
-        sents = list(item["texts"].values())[:3]
+        item = _item(units[0])["work"]
+        ctxs = [c for cs in item.csets.values() for c in cs.contexts][:8]
+        sents = list(item.texts.values())[:3]
         return [ContextItem(s, c.left, c.right) for s in sents for c in ctxs]
 
     def exactness(self, stage, units) -> dict:
@@ -461,7 +472,7 @@ class Bench:
 
     def score_run(self, stage, per_call: int, units: list) -> dict:
         """The scoring stage over the units, `per_call` units a call: items/s, MFU, padding."""
-        from teacher_gpu import _item
+        from teacher_gpu import _item, scored
 
         sc = stage.scorer
         sc.totals = {}
@@ -471,7 +482,7 @@ class Bench:
         items = 0
         for i in range(0, len(todo), per_call):
             for out in stage.process([_item(u) for u in todo[i:i + per_call]]):
-                items += out["n_scored"]
+                items += scored(out)["n_scored"]
         self.sync()
         wall = time.perf_counter() - t0
         tot = sc.totals
@@ -590,7 +601,7 @@ class Bench:
         file rewritten as its sizes finish, so a run cut short keeps what it scored. A run that would not
         fit in the time left at the rate measured so far is skipped and reported."""
         import gpu_teacher as gt
-        from teacher_gpu import _item
+        from teacher_gpu import _item, scored
 
         # a CPU dry run shares its cores with the context-making process and whatever else runs: one thread
         # keeps torch's workers from waiting on each other
@@ -609,7 +620,7 @@ class Bench:
                 t0, rows = time.perf_counter(), []
                 for i in range(0, len(units), per_call):
                     for o in stage.process([_item(u) for u in units[i:i + per_call]]):
-                        rows += o["rows"]
+                        rows += scored(o)["rows"]
                 self.sync()
                 wall = time.perf_counter() - t0
                 rate = items / wall
@@ -735,6 +746,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--train-seconds", type=float, default=35.0)
     ap.add_argument("--micro-batches", default="8", help="training micro-batches a step, comma-separated: every "
                     "shape trains with the first, the bart shape again with each further one (e.g. 8,1)")
+    ap.add_argument("--pack", default="", help="train the bart shape again with packed rows of N tokens "
+                    "(pack_tokens), comma-separated (e.g. 1024,2048; at least its max_source + max_target tokens)")
     ap.add_argument("--host-seconds", type=float, default=8.0)
     ap.add_argument("--budget-s", type=float, default=540.0, help="start no section that would end after this")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "gpu"))
@@ -754,6 +767,7 @@ def main(argv=None) -> int:
                  [0, 1] if a.tiny else [w for w in (0, 2, 8) if w <= max(1, cpus - 2)])
     a.sections = set(a.sections.split(","))
     a.micro_batches = [int(x) for x in a.micro_batches.split(",")]
+    a.pack = [int(x) for x in a.pack.split(",") if x]
     a.compile = set(filter(None, a.compile.split(",")))
     if not a.teacher_minutes:
         a.sections.discard("teacher")
@@ -776,7 +790,8 @@ def main(argv=None) -> int:
     (b.out / "gpu.md").write_text(table(res) + "\n")
     print(table(res))
     keys = ("device", "peak_tflops", "peak_dtype", "train_mfu", "train_padding", "train_target_tokens_per_s",
-            "train_mfu_warm_start", "train_padding_warm_start", "score_mfu", "score_padding", "score_items_per_s",
+            "train_mfu_warm_start", "train_padding_warm_start", "train_mfu_packed", "train_padding_packed",
+            "train_target_tokens_per_s_packed", "score_mfu", "score_padding", "score_items_per_s",
             "score_fp32_max_rel_diff", "host_target_tokens_per_s", "host_legacy_target_tokens_per_s",
             "host_padding_before", "host_padding_after", "teacher_spearman", "teacher_target_tokens", "teacher")
     print(json.dumps({k: res.get(k) for k in keys} | {"failed": sorted(res["errors"])}))

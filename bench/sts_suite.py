@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def speed(model_path: str, sentences: list[str], batch_size: int, rounds: int = 5) -> dict:
-    """The surrogate export path (sentsim.surrogate.models.export_model: Transformer + mean
+    """The surrogate export path (sentsim.training.encoder_models.export_model: Transformer + mean
     Pooling) applied to the MiniLM weights, against SentenceTransformer.encode of the packaged
     model: same weights, same sentences, interleaved rounds in one process."""
     import tempfile
@@ -35,7 +35,7 @@ def speed(model_path: str, sentences: list[str], batch_size: int, rounds: int = 
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from sentsim.surrogate.models import export_model, resolve_backbone
+    from sentsim.training.encoder_models import export_model, resolve_backbone
 
     reference = SentenceTransformer(model_path, device="cpu")
     tmp = Path(tempfile.mkdtemp(prefix="sts_suite_"))

@@ -207,7 +207,7 @@ def main() -> int:
               f"loss {losses[0]:.4g} -> {losses[-1]:.4g}", flush=True)
         if objective == "rankencoder-scratch":
             # the starting point: the same random init, untrained, exported the same way
-            from sentsim.surrogate.models import build_model, export_model, save_hf
+            from sentsim.training.encoder_models import build_model, export_model, save_hf
 
             model, tok = build_model("siamese", minilm, "scratch", cfg.scratch.model_dump(), cfg.seed)
             save_hf(model, tok, work / "scratch-init-hf")

@@ -112,7 +112,7 @@ def untrained_scratch() -> Path:
     """The scratch surrogates' start: the same seeded random 4x256 BERT, exported as they are."""
     from sentsim.rank.targets import default_base_encoder
     from sentsim.surrogate.config import SurrogateConfig
-    from sentsim.surrogate.models import build_model, export_model, save_hf
+    from sentsim.training.encoder_models import build_model, export_model, save_hf
 
     out = work() / "scratch-untrained"
     if not (out / "modules.json").exists():

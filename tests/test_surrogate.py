@@ -212,7 +212,7 @@ def test_siamese_from_scratch_learns_the_teacher_and_resumes(tmp_path, stsb_pair
     am = AutoModel.from_pretrained(str(out / "model")).eval()
     import torch
 
-    from sentsim.surrogate.models import mean_pool
+    from sentsim.training.encoders import mean_pool
 
     with torch.no_grad():
         enc = tok(sents, padding=True, truncation=True, max_length=40, return_tensors="pt")

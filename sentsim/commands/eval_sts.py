@@ -88,7 +88,7 @@ def record_on_card(model_dir: Path, given: Path, report) -> None:
     said, not fatal: the scores are printed either way."""
     import sys
 
-    from sentsim.surrogate.card import record_sts
+    from sentsim.training.model_card import record_sts
 
     if model_dir != given:
         return

@@ -52,7 +52,7 @@ from sentsim.hardware import prefer_shape_free_attention, resolve_autocast
 TERMS = ("disc", "fwd", "left", "right")
 # Batch plans (`batching.plan_batches`): groups are cut where they pad least, and a batch that fits the token
 # budget but is more than MAX_PADDING padding is cut again, while each part keeps 1/MIN_BATCH_SHARE of the
-# budget in real tokens (issue 38: <= 10% padding; on a GPU a batch far below its budget costs more in
+# budget in real tokens (<= 10% padding; on a GPU a batch far below its budget costs more in
 # kernel launches than in arithmetic). bench/results/scoring_host.md measures both on a harvest's units.
 MAX_PADDING = 0.10
 MIN_BATCH_SHARE = 16
@@ -314,14 +314,19 @@ class ContextScorer:
         a few kernel launches besides the model's. Encoder states stay on the device in one buffer,
         batch after batch, and each decoder row gathers its source's from there. Nothing is read back
         until every batch has been queued."""
-        budget = self.batch_tokens
-        dev = self.device
-        shape = model_shape(model)
-        src, tgt = ex.src, ex.tgt
-        stats["encoder_rows"] += len(src)
+        stats["encoder_rows"] += len(ex.src)
         stats["decoder_rows"] += len(ex)
         if not len(ex):
             return np.zeros(0)
+        shape = model_shape(model)
+        plan = self._plan_jobs(ex, shape)
+        states = self._encode_batches(model, plan, shape, stats)
+        return self._decode_batches(model, plan, states, len(ex), shape, stats)
+
+    def _plan_jobs(self, ex: ExampleArrays, shape) -> "_JobPlan":
+        """Every encoder and decoder batch of the call, planned on the host and copied to the device once."""
+        budget = self.batch_tokens
+        src, tgt = ex.src, ex.tgt
         plan_args = dict(max_padding=self.max_padding, min_tokens=budget // self.min_batch_share)
         # what a padded position of a decoder row costs, source against target: per layer 4d^2 for the
         # cross-attention keys and values of a source position, 12d^2 + 4df for a target position
@@ -333,7 +338,6 @@ class ContextScorer:
         enc_width = np.maximum.reduceat(enc_len, enc.starts)
         # the encoder buffer holds batch after batch, [rows x width] each, then one zero row (padding)
         enc_base = np.cumsum(enc.sizes * enc_width) - enc.sizes * enc_width
-        n_buf = int((enc.sizes * enc_width).sum())
         state_at = np.empty(len(src), dtype=np.int64)  # where each distinct source's states begin
         state_at[enc.rows] = np.repeat(enc_base, enc.sizes) + enc.local * np.repeat(enc_width, enc.sizes)
 
@@ -351,7 +355,6 @@ class ContextScorer:
         tok_cut = np.concatenate([[0], np.cumsum(np.add.reduceat(dec_len, dec.starts))])
 
         # the flat stores end with the elements that padding points at
-        n_src_tok, n_tgt_tok = len(src.tokens), len(tgt.tokens)
         pad_id, bos_id = self.tokenizer.pad_id, self.tokenizer.bos_id
         width = int(max(enc_width.max(), dec_T.max(), dec_S.max()))
         t = self.h2d({
@@ -362,33 +365,43 @@ class ContextScorer:
             "dec_state_at": state_at[ex.job_src[dec.rows]], "dec_src_len": dec_src_len,
             "pos": pos, "row": np.repeat(dec.local, dec_len), "targets": targets,
             "positions": np.arange(width)})
-        ar = t["positions"]
+        return _JobPlan(enc, enc_len, enc_width, enc_base, int((enc.sizes * enc_width).sum()), dec, dec_T, dec_S,
+                        tok_cut, len(src.tokens), len(tgt.tokens), t)
 
+    def _encode_batches(self, model: ContextModel, plan: "_JobPlan", shape, stats: dict) -> torch.Tensor:
+        """The encoder states of every distinct source, batch after batch in one buffer on the device."""
+        t, ar = plan.t, plan.t["positions"]
         states = None
-        for b, (lo, hi) in enumerate(enc.bounds()):
-            W = int(enc_width[b])
-            at, real = padded_index(t["enc_off"][lo:hi], t["enc_len"][lo:hi], ar[:W], n_src_tok)
+        for b, (lo, hi) in enumerate(plan.enc.bounds()):
+            W = int(plan.enc_width[b])
+            at, real = padded_index(t["enc_off"][lo:hi], t["enc_len"][lo:hi], ar[:W], plan.n_src_tok)
             with self._autocast():
                 h = self.encode_states(model, t["src"][at], t["src_slots"][at], real.long())
             if states is None:
-                states = torch.zeros(n_buf + 1, h.shape[-1], dtype=h.dtype, device=dev)
-            states[int(enc_base[b]):int(enc_base[b]) + (hi - lo) * W] = h.reshape(-1, h.shape[-1])
-            real_tok, n_padded = int(enc_len[lo:hi].sum()), (hi - lo) * W
+                states = torch.zeros(plan.n_buf + 1, h.shape[-1], dtype=h.dtype, device=self.device)
+            base = int(plan.enc_base[b])
+            states[base:base + (hi - lo) * W] = h.reshape(-1, h.shape[-1])
+            real_tok, n_padded = int(plan.enc_len[lo:hi].sum()), (hi - lo) * W
             stats["flops"] += encoder_flops(shape, hi - lo, W)
             stats["encoder_real_tokens"] += real_tok
             stats["encoder_padded_tokens"] += n_padded
             stats["real_tokens"] += real_tok
             stats["padded_tokens"] += n_padded
             stats["encoder_batches"] += 1
+        return states
 
-        sums = torch.zeros(len(ex), dtype=torch.float64, device=dev)
-        for b, (lo, hi) in enumerate(dec.bounds()):
-            T, S, B = int(dec_T[b]), int(dec_S[b]), hi - lo
+    def _decode_batches(self, model: ContextModel, plan: "_JobPlan", states: torch.Tensor, n_jobs: int, shape,
+                        stats: dict) -> np.ndarray:
+        """Each job's target log-probability sum, decoder batch after decoder batch; read back once."""
+        t, ar, dev = plan.t, plan.t["positions"], self.device
+        sums = torch.zeros(n_jobs, dtype=torch.float64, device=dev)
+        for b, (lo, hi) in enumerate(plan.dec.bounds()):
+            T, S, B = int(plan.dec_T[b]), int(plan.dec_S[b]), hi - lo
             # decoder input = <bos> + target[:-1], padded; its slots alike (the <bos> and padding slots are 0)
-            at, _ = padded_index(t["dec_off"][lo:hi], t["dec_len"][lo:hi], ar[:T], n_tgt_tok, shift=1)
-            at[:, 0] = n_tgt_tok + 1
-            gather, src_real = padded_index(t["dec_state_at"][lo:hi], t["dec_src_len"][lo:hi], ar[:S], n_buf)
-            a, z = int(tok_cut[b]), int(tok_cut[b + 1])
+            at, _ = padded_index(t["dec_off"][lo:hi], t["dec_len"][lo:hi], ar[:T], plan.n_tgt_tok, shift=1)
+            at[:, 0] = plan.n_tgt_tok + 1
+            gather, src_real = padded_index(t["dec_state_at"][lo:hi], t["dec_src_len"][lo:hi], ar[:S], plan.n_buf)
+            a, z = int(plan.tok_cut[b]), int(plan.tok_cut[b + 1])
             with self._autocast():
                 tok_lp = self.target_logprobs(model, states[gather], src_real.long(), t["tgt"][at],
                                               t["tgt_slots"][at], t["pos"][a:z], t["targets"][a:z])
@@ -417,6 +430,26 @@ def target_logprobs(model: ContextModel, enc: torch.Tensor, src_mask: torch.Tens
     hidden = model.decoder_states(enc, src_mask, dec_in, dec_slots)
     logits = model.project(hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions))
     return -F.cross_entropy(logits.float(), targets, reduction="none")
+
+
+@dataclass
+class _JobPlan:
+    """One call's batches (`ContextScorer._plan_jobs`): the encoder and decoder plans, the encoder buffer's
+    layout (each batch's width and first row, n_buf rows in all), each decoder batch's target and source
+    widths and its first scored token, the flat stores' sizes and the arrays on the device (`t`)."""
+
+    enc: "_Plan"
+    enc_len: np.ndarray
+    enc_width: np.ndarray
+    enc_base: np.ndarray
+    n_buf: int
+    dec: "_Plan"
+    dec_T: np.ndarray
+    dec_S: np.ndarray
+    tok_cut: np.ndarray
+    n_src_tok: int
+    n_tgt_tok: int
+    t: dict
 
 
 class _Plan:

@@ -62,6 +62,7 @@ from sentsim.context.windows import Example, build_example, iter_documents, iter
 from sentsim.errors import UsageError
 from sentsim.hardware import prefer_shape_free_attention
 from sentsim.training.loop import Trainee
+from sentsim.training.settings import LoopSettings
 
 # --------------------------------------------------------------------------------------------------- data
 
@@ -413,22 +414,8 @@ RESUMABLE = ("max_steps", "max_seconds", "eval_every", "checkpoint_every", "num_
 # set to another, so a run from before the setting existed still resumes with it. A run from before
 # `batching` (or `micro_batches`) resumed under today's default is refused naming the key, e.g.
 # --set batching=buffer
-ADDED_LATER = {"doc_id_prefixes": [], "batching": "buffer", "bucket_batches": 256, "micro_batches": 1}
-
-
-def loop_settings(cfg: ContextTrainConfig, name: str) -> dict:
-    return {
-        "label": f"context {name}", "verbose": True, "total_steps": cfg.max_steps, "epochs": 1, "seed": cfg.seed,
-        "batch_size": None, "drop_last": False, "shuffle_buffer": 0,
-        "optimizer": "adam", "lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "weight_decay": cfg.weight_decay,
-        "schedule": cfg.schedule, "warmup_steps": cfg.warmup_steps, "max_grad_norm": cfg.grad_clip,
-        "eval_every": cfg.eval_every, "checkpoint_every": cfg.checkpoint_every, "log_every": cfg.log_every or None,
-        "max_seconds": cfg.max_seconds, "bf16": cfg.bf16 == "auto", "cpu_bf16": True,
-        "cpu_threads": cfg.torch_threads,
-        "use_gpu": {"auto": None, "yes": True, "no": False}[cfg.use_gpu],
-        "num_workers": cfg.num_workers, "cpus_per_worker": cfg.cpus_per_worker, "checkpoints_to_keep": 2,
-        "max_failures": 2,
-    }
+ADDED_LATER = {"doc_id_prefixes": [], "batching": "buffer", "bucket_batches": 256, "micro_batches": 1,
+               "pack_tokens": 0}
 
 
 def run_fingerprint(cfg: ContextTrainConfig, corpus_id: str, tokenizer_from: str) -> str:
@@ -554,7 +541,7 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
     models, by_dir = {}, {}
     for name, rdirs in runs.items():
         run_dir = out_p / "runs" / name
-        config = {"build": build_trainee, "loop": loop_settings(cfg, name), "cfg": cfg.model_dump(),
+        config = {"build": build_trainee, "loop": LoopSettings.for_context(cfg, name), "cfg": cfg.model_dump(),
                   "corpus": str(corpus), "directions": rdirs, "tokenizer_dir": str(tok_dir)}
         run = fit(config, name=name, out_dir=run_dir, executor=cfg.executor,
                   hint="lower --set lr=... or raise warmup_steps",

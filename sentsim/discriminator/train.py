@@ -270,6 +270,7 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     from sentsim.out_paths import check_out
     from sentsim.runtime import absolute_local, init_ray
     from sentsim.training.run import claim_out, fit, plan_steps, quiet_progress, release_out, say_finished
+    from sentsim.training.settings import LoopSettings
 
     job = job or DiscriminatorJob()
     check_out(out, {"--corpus": corpus}, local="a model and its training state")
@@ -308,16 +309,7 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     per_epoch = plan_steps("discriminator", n_train, num_workers=tc.num_workers, batch_size=tc.batch_size, epochs=1,
                            max_steps=0, drop_last=False)
     total = tc.max_steps or per_epoch * tc.epochs
-    loop = {
-        "label": "discriminator", "verbose": True, "total_steps": total, "epochs": math.ceil(total / per_epoch),
-        "seed": tc.seed, "batch_size": tc.batch_size, "drop_last": False, "shuffle_buffer": 0,
-        # one-cycle shape (paper-free choice): 10% warm-up, cosine decay
-        "optimizer": "adamw", "lr": tc.lr, "betas": (0.9, 0.999), "weight_decay": tc.weight_decay,
-        "schedule": "cosine", "warmup_steps": int(0.1 * total), "max_grad_norm": tc.grad_clip,
-        "eval_every": tc.eval_every or total, "log_every": None, "bf16": False, "use_gpu": False,
-        "cpu_threads": max(1, int(tc.cpus_per_worker)), "num_workers": tc.num_workers,
-        "cpus_per_worker": tc.cpus_per_worker, "checkpoints_to_keep": 2,
-    }
+    loop = LoopSettings.for_discriminator(tc, total_steps=total, epochs=math.ceil(total / per_epoch))
     config = {"build": build_trainee, "loop": loop, "corpus": str(corpus), "vocab_path": str(state / "vocab.json"),
               "model": job.model.model_dump(), "train": tc.model_dump(),
               "embed_init_path": str(init_path) if init_path else None}

@@ -1,4 +1,4 @@
-"""What the objectives share: the encoder (helper models from sentsim.surrogate), tokenising,
+"""What the objectives share: the encoder (sentsim.training.encoder_models), tokenising,
 mean-pooled sentence vectors, and `Objective`, the students' form of the shared loop's Trainee
 (sentsim.training.loop): checkpoint contents, resume state and the dev metric are the same for all.
 `Objective` also holds what every objective declares for the trainer (its settings, its data, its
@@ -104,7 +104,7 @@ class Objective(Trainee):
     def build(cls, cfg, backbone: str, init: str, spec: dict) -> "Objective":
         """On a worker: the objective around a Siamese encoder from `backbone` (init pretrained or scratch,
         the surrogate's `build_model`); `spec` holds `Prepared.for_workers`."""
-        from sentsim.surrogate.models import build_model
+        from sentsim.training.encoder_models import build_model
 
         model, tok = build_model("siamese", backbone, init, cfg.scratch.model_dump(), cfg.seed)
         return cls.around(model, tok, cfg, spec)
@@ -144,7 +144,7 @@ class Objective(Trainee):
         pass
 
     def save_encoder(self, folder: Path) -> None:
-        from sentsim.surrogate.models import save_hf
+        from sentsim.training.encoder_models import save_hf
 
         save_hf(self.model, self.tok, folder)
 
@@ -166,7 +166,8 @@ class Objective(Trainee):
         """Dev L2 and Spearman x100 of the cosine against the harvested dev scores (the surrogate's metric)."""
         if not self.dev:
             return {}
-        from sentsim.surrogate.trainee import metrics, predict
+        from sentsim.training.encoder_models import predict
+        from sentsim.training.encoders import metrics
 
         pred = predict(self.model, self.tok, "siamese", self.dev["s1"], self.dev["s2"], self.cfg.max_seq_length, 64,
                        device, autocast)

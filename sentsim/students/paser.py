@@ -118,7 +118,8 @@ class PaSeRObjective(Objective):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM
 
-        from sentsim.surrogate.models import SiameseSurrogate, resolve_backbone
+        from sentsim.training.encoder_models import SiameseSurrogate
+        from sentsim.training.encoders import resolve_backbone
 
         p = resolve_backbone(backbone)
         tok = AutoTokenizer.from_pretrained(str(p))
@@ -207,7 +208,7 @@ class PaSeRObjective(Objective):
         mlm_ids, mlm_labels = self._mlm_inputs({k: v[2 * n:] for k, v in enc.items()})
         enc["input_ids"] = torch.cat([enc["input_ids"][:2 * n], mlm_ids])
         out = self.model.encoder(**enc)
-        from sentsim.surrogate.models import mean_pool
+        from sentsim.training.encoders import mean_pool
 
         pooled = mean_pool(out.last_hidden_state[:2 * n], enc["attention_mask"][:2 * n])
         signal = decoder_signal(pooled[:n], pooled[n:], pc.signal_m, pc.signal_n)

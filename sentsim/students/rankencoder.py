@@ -12,7 +12,7 @@ Loss per batch of m sentences (encoded twice; dropout makes the two views differ
     l_r   = mean over pairs i<j with 0.5 <= u_i.u_j <= 0.8 of (u_i.u_j - cos(E2 x_i, E2 x_j))^2
                                                                            (§3.4 Eq. 4, §3.5 Eq. 6)
     total = max(0.05 * l_r, l_cl)                                          (§3.4 Eq. 5)
-          + score_weight * mean (cos(E2 s1, E2 s2) - harvested score)^2    (issue 7, optional; 003 §3.4's L2)
+          + score_weight * mean (cos(E2 s1, E2 s2) - harvested score)^2    (optional; 003 §3.4's L2)
 A batch whose filter keeps no pair contributes l_cl alone and is counted (`empty_filter_batches`).
 
 Inference (§3.6 Eq. 7): sim = lambda_inf * u_i.u_j + (1 - lambda_inf) * cos, lambda_inf 0.1, with u
@@ -45,7 +45,7 @@ class RankEncoderConfig(Section):
     tau_lower: float = Field(0.5, ge=-1, le=1)    # 004 §4.3: tau_l = 0.5 (Eq. 6)
     tau_upper: float = Field(0.8, ge=-1, le=1)    # 004 §4.3: tau_u = 0.8 (Eq. 6)
     lambda_inf: float = Field(0.1, ge=0, le=1)    # 004 §4.3: lambda_inf = 0.1 (Eq. 7)
-    # issue 7: optional regression on the harvested pair scores (003 §3.4's L2), added to Eq. 5's total
+    # optional regression on the harvested pair scores (003 §3.4's L2), added to Eq. 5's total
     score_weight: float = Field(0.0, ge=0)
     score_batch_size: int = Field(32, ge=1)
     check_sentences: int = Field(8, ge=0)  # stored rank codes re-computed to prove the anchor set (0: skip)

@@ -2,12 +2,14 @@
 (sentsim.training: Ray Train, or inline in-process for development and tests), export a
 sentence-transformers folder.
 
-Shared with the surrogate (sentsim.surrogate): backbone checks and construction (`check_backbone`,
-`build_model`, `resolve_backbone`), checkpoint format (`save_hf`), export (`export_model`: Transformer +
-mean Pooling), the dev metric (sentsim.surrogate.trainee), and the STS evaluator (sentsim.evaluation)
-as the end-of-run hook. What differs per objective lives in its own module (rankencoder.py, rse.py,
-paser.py, ...), registered by name in students/objectives.py: each is a Trainee of the shared loop that
-also declares its data, its encoder and its scorers (students.common.Objective); nothing here names one.
+Shared with the surrogate: the driver's steps (`StudentRun` is a sentsim.training.driver.EncoderDriver),
+the encoder helpers of sentsim.training.encoders (backbone checks, mean pooling, the dev metric), and
+of sentsim.training.encoder_models the Siamese encoder's construction (`build_model`), checkpoint format
+(`save_hf`), export (`export_model`: Transformer + mean Pooling) and dev predictions (`predict`); the
+STS evaluator (sentsim.evaluation) is the end-of-run hook. What differs per objective lives in its own
+module (rankencoder.py, rse.py, paser.py, ...), registered by name in students/objectives.py: each is a
+Trainee of the shared loop that also declares its data, its encoder and its scorers
+(students.common.Objective); nothing here names one.
 
 OUT/ holds model/ (the student; plus rank_anchors.json or relations.json for the inference
 scorers; its card README.md and sentsim_model.json; swapped in whole by sentsim.model_swap),
@@ -25,24 +27,15 @@ from pathlib import Path
 from typing import Optional
 
 from sentsim.errors import UsageError
-from sentsim.identity import fingerprint
 from sentsim.students.common import Harvest
 from sentsim.students.config import StudentConfig
 from sentsim.students.objectives import names as objective_names
 from sentsim.students.objectives import objective_class
-from sentsim.training.config import RESUMABLE_KEYS
-from sentsim.training.run import (
-    TrainingDiverged,
-    claim_out,
-    epoch_shortfall,
-    fit,
-    loop_settings,
-    plan_steps,
-    quiet_progress,
-    write_curves,
-)
+from sentsim.training.driver import EncoderDriver
+from sentsim.training.run import TrainingDiverged, epoch_shortfall, fit, plan_steps
+from sentsim.training.settings import LoopSettings
 
-__all__ = ["TrainingDiverged", "evaluate_student", "train_student"]
+__all__ = ["StudentRun", "TrainingDiverged", "evaluate_student", "train_student"]
 
 
 # ----------------------------------------------------------------------------- driver: data
@@ -115,8 +108,8 @@ def build_trainee(config: dict, session, ckpt):
 
 
 def _export(ckpt_dir: Path, out: Path, cfg: StudentConfig, card: dict, total: int) -> Path:
-    from sentsim.surrogate.card import final_metrics
-    from sentsim.surrogate.models import export_model
+    from sentsim.training.encoder_models import export_model
+    from sentsim.training.model_card import final_metrics
 
     def side_files(folder: Path) -> None:  # its inference scorers' files; a decoder is not kept
         for extra in objective_class(cfg.objective).side_files:
@@ -129,10 +122,10 @@ def _export(ckpt_dir: Path, out: Path, cfg: StudentConfig, card: dict, total: in
 
 
 def student_card(cfg: StudentConfig, bb: dict, data: Optional[str], spec: dict, n_rows: int, left: int) -> dict:
-    """What the student's model card says it is (sentsim.surrogate.card)."""
+    """What the student's model card says it is (sentsim.training.model_card)."""
     from sentsim.students import data as D
     from sentsim.students.objectives import registered
-    from sentsim.surrogate.card import base_model, harvest_data
+    from sentsim.training.model_card import base_model, harvest_data
 
     rows = {"trained": n_rows, "unit": f"{cfg.objective} training rows"}
     if left:
@@ -156,78 +149,89 @@ def student_card(cfg: StudentConfig, bb: dict, data: Optional[str], spec: dict, 
             "objective": {"name": cfg.objective, "description": summary}}
 
 
+class StudentRun(EncoderDriver):
+    """The student's steps of the encoder driver: the objective's checks and data, then one fit."""
+
+    panels = [("train loss", [("train_loss", None)], False),
+              ("dev Spearman x100 vs harvested scores", [("dev_spearman", None)], False)]
+
+    def guarded(self) -> dict:
+        inputs = {}
+        for name in objective_names():  # every objective's, used or not: a path --out would overwrite stays refused
+            inputs.update(objective_class(name).input_paths(self.cfg))
+        return inputs
+
+    def check_inputs(self) -> None:
+        if self.executor not in ("ray", "inline"):
+            raise UsageError(f"unknown executor {self.executor!r} (ray or inline)")
+
+    def prepare(self, bb: dict) -> None:
+        cfg, eval_sts = self.cfg, self.inputs["--eval-sts"]
+        if eval_sts:
+            from sentsim.evaluation.datasets import discover_tasks
+
+            discover_tasks(eval_sts)  # fails now, not after training
+        objective = objective_class(cfg.objective)
+        objective.check(cfg, self.inputs["--backbone"], bb["path"])
+        self.spec = prepare_data(cfg, self.inputs["--data"], bb["path"])
+        self.table = self.spec.pop("table")
+        n_rows = self.table.num_rows
+        self.workers = cfg.num_workers if self.executor == "ray" else 1
+        self.drop_last = objective.full_batches
+        short = epoch_shortfall(n_rows, self.workers, cfg.batch_size, drop_last=self.drop_last)
+        if short:
+            print(f"note: {n_rows} {cfg.objective} training rows" + short)
+        self.total = plan_steps(cfg.objective, n_rows, num_workers=self.workers, batch_size=cfg.batch_size,
+                                epochs=cfg.epochs, max_steps=cfg.max_steps, drop_last=self.drop_last)
+
+    def identity(self, what: dict) -> tuple:
+        return "student", what, self.bb, self.inputs["--data"], self.spec["counts"]
+
+    def record(self) -> dict:
+        return {"config": self.cfg.model_dump(), "backbone": self.bb, "data": self.inputs["--data"],
+                "counts": self.spec["counts"]}
+
+    def train(self) -> dict:
+        cfg, spec, table, total, out_dir = self.cfg, self.spec, self.table, self.total, self.out
+        n_rows = table.num_rows
+        card = student_card(cfg, self.bb, self.inputs["--data"], spec, n_rows,
+                            epoch_left_out(n_rows, self.workers, cfg.batch_size, self.drop_last))
+        spec.update(backbone=self.bb["path"], total_steps=total)
+        loop = LoopSettings.from_section(cfg, label=f"student {cfg.objective}", total_steps=total,
+                                         verbose=self.verbose, drop_last=self.drop_last,
+                                         shuffle_buffer=max(cfg.batch_size * 4, 1000))
+        if self.executor == "inline":
+            datasets = {"train": table}
+        else:
+            import ray.data
+
+            datasets = {"train": ray.data.from_arrow(table)}
+        run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "spec": spec}, name=cfg.objective,
+                  out_dir=out_dir, datasets=datasets, executor=self.executor,
+                  export=lambda d: _export(d, out_dir, cfg, card, total))
+        history, model_dir, rv = run["history"], run["model"], run["result"]
+        self.model_dir = model_dir
+        self.curves(history, cfg.objective, f"student {cfg.objective} ({cfg.init})")
+        losses = [h["train_loss"] for h in history if h.get("train_loss") is not None]
+        return {"objective": cfg.objective, "model": str(model_dir), "rows": n_rows,
+                "total_steps": total, "gpu": run["gpu"], "seconds": round(time.perf_counter() - self.t0, 1),
+                "counts": spec["counts"], "skips": spec["skips"],
+                "empty_filter_batches": rv.get("empty_filter_batches"),
+                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+                "loss_points": len(losses), "history": history}
+
+    def finish(self, summary: dict) -> None:
+        eval_sts = self.inputs["--eval-sts"]
+        if eval_sts:
+            summary["eval"] = evaluate_student(self.cfg, str(self.model_dir), eval_sts, self.out)
+
+
 def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out: str, address: Optional[str] = None,
                   executor: str = "ray", force_new: bool = False, eval_sts: Optional[str] = None,
                   verbose: bool = True) -> dict:
     """Validate, train, export; returns the run summary (also OUT/summary.json)."""
-    from sentsim.model_swap import finish_swap
-    from sentsim.out_paths import check_out
-    from sentsim.runtime import absolute_local
-    from sentsim.surrogate.models import check_backbone
-
-    inputs = {"--data": data, "--backbone": backbone, "--eval-sts": eval_sts}
-    for name in objective_names():  # every objective's, used or not: a path --out would overwrite stays refused
-        inputs.update(objective_class(name).input_paths(cfg))
-    check_out(out, inputs, local="a model and its training state")
-    data, backbone, out, eval_sts = (absolute_local(p) for p in (data, backbone, out, eval_sts))
-
-    if executor not in ("ray", "inline"):
-        raise UsageError(f"unknown executor {executor!r} (ray or inline)")
-    bb = check_backbone(backbone, cfg.init)
-    if eval_sts:
-        from sentsim.evaluation.datasets import discover_tasks
-
-        discover_tasks(eval_sts)  # fails now, not after training
-    objective_class(cfg.objective).check(cfg, backbone, bb["path"])
-    spec = prepare_data(cfg, data, bb["path"])
-    table = spec.pop("table")
-    n_rows = table.num_rows
-    workers = cfg.num_workers if executor == "ray" else 1
-    drop_last = objective_class(cfg.objective).full_batches
-    short = epoch_shortfall(n_rows, workers, cfg.batch_size, drop_last=drop_last)
-    if short:
-        print(f"note: {n_rows} {cfg.objective} training rows" + short)
-    total = plan_steps(cfg.objective, n_rows, num_workers=workers, batch_size=cfg.batch_size,
-                       epochs=cfg.epochs, max_steps=cfg.max_steps, drop_last=drop_last)
-    out_dir = Path(out)
-    what = {k: v for k, v in cfg.model_dump().items() if k not in RESUMABLE_KEYS}
-    run_id = fingerprint("student", what, bb, data, spec["counts"])
-    claim_out(out_dir, run_id, {"config": cfg.model_dump(), "backbone": bb, "data": data, "counts": spec["counts"]},
-              force_new, out)
-    finish_swap(out_dir / "model")  # an export killed between its renames is finished before anything else
-    card = student_card(cfg, bb, data, spec, n_rows, epoch_left_out(n_rows, workers, cfg.batch_size, drop_last))
-    spec.update(backbone=bb["path"], total_steps=total)
-    loop = loop_settings(cfg, label=f"student {cfg.objective}", total_steps=total, verbose=verbose,
-                         drop_last=drop_last, shuffle_buffer=max(cfg.batch_size * 4, 1000))
-    quiet_progress()
-    t0 = time.perf_counter()
-    if executor == "inline":
-        datasets = {"train": table}
-    else:
-        import ray.data
-
-        from sentsim.runtime import init_ray
-
-        init_ray(address)
-        datasets = {"train": ray.data.from_arrow(table)}
-    run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "spec": spec}, name=cfg.objective,
-              out_dir=out_dir, datasets=datasets, executor=executor,
-              export=lambda d: _export(d, out_dir, cfg, card, total))
-    history, model_dir, rv = run["history"], run["model"], run["result"]
-    write_curves(history, out_dir / "curves", cfg.objective, f"student {cfg.objective} ({cfg.init})", [
-        ("train loss", [("train_loss", None)], False),
-        ("dev Spearman x100 vs harvested scores", [("dev_spearman", None)], False)])
-    losses = [h["train_loss"] for h in history if h.get("train_loss") is not None]
-    summary = {"fingerprint": run_id, "objective": cfg.objective, "model": str(model_dir), "rows": n_rows,
-               "total_steps": total, "gpu": run["gpu"], "seconds": round(time.perf_counter() - t0, 1),
-               "counts": spec["counts"], "skips": spec["skips"], "empty_filter_batches": rv.get("empty_filter_batches"),
-               "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-               "loss_points": len(losses),
-               "history": history}
-    if eval_sts:
-        summary["eval"] = evaluate_student(cfg, str(model_dir), eval_sts, out_dir)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return StudentRun(cfg, inputs={"--data": data, "--backbone": backbone, "--eval-sts": eval_sts}, out=out,
+                      address=address, executor=executor, force_new=force_new, verbose=verbose).run()
 
 
 def epoch_left_out(n_rows: int, workers: int, batch_size: int, drop_last: bool) -> int:
@@ -246,7 +250,7 @@ def evaluate_student(cfg: StudentConfig, model_dir: str, sts_dir: str, out_dir: 
     reports = {"cosine": evaluate(load_model_scorer(model_dir), tasks, missing)}
     for name, scorer in objective_class(cfg.objective).scorers(cfg, model_dir).items():
         reports[name] = evaluate(scorer, tasks, missing)
-    from sentsim.surrogate.card import record_sts
+    from sentsim.training.model_card import record_sts
 
     record_sts(Path(model_dir), reports["cosine"])  # the card's STS section, as `sentsim eval sts` writes it
     (out_dir / "eval.json").write_text(json.dumps({k: r.to_dict() for k, r in reports.items()}, indent=2))

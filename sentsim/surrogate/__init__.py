@@ -3,10 +3,11 @@
     from sentsim.surrogate import SurrogateConfig, train_surrogate
     train_surrogate(SurrogateConfig(), data="harvest/", backbone=MINILM, out="surrogate/")
 
-config.py (settings), data.py (harvest checks, ray.data splits), models.py (Siamese and cross forms,
-export), export.py (a model folder replaced all or nothing, students' too), card.py (the README.md that
-says what a model is), trainee.py (the step and the dev metric), train.py (stages on the shared loop of
-sentsim.training).
+config.py (settings), data.py (harvest checks, ray.data splits), trainee.py (the step and the dev metric),
+train.py (stages on the shared loop and driver of sentsim.training). Shared with the students, in
+sentsim.training: the Siamese and cross forms, their export (replaced all or nothing by sentsim.model_swap)
+and predictions (encoder_models.py), and the model card, the README.md that says what a model is
+(model_card.py).
 """
 
 from sentsim.surrogate.config import SurrogateConfig

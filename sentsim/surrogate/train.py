@@ -1,12 +1,13 @@
 """Surrogate training: validate the inputs on the driver, then one Ray Train run per stage through the
 shared loop (sentsim.training: TorchTrainer, DDP over `num_workers`, data streamed by ray.data).
 
-Stages: "harvest" (fit the harvested Origin scores, paper section 3.4) and optionally
-"finetune-sts" (continue on STS-B train with L2, section 4.1). What is the surrogate's own: the
+`SurrogateRun` is the surrogate's sentsim.training.driver.EncoderDriver. Stages: "harvest" (fit the
+harvested Origin scores, paper section 3.4) and optionally "finetune-sts" (continue on STS-B train with
+L2, section 4.1). What is the surrogate's own: the
 harvest checks (data.py), the step and the dev/test metric (trainee.py), the export to a
-sentence-transformers or CrossEncoder folder (models.py) and the curves' panels.
+sentence-transformers or CrossEncoder folder (sentsim.training.encoder_models) and the curves' panels.
 
-OUT/ holds model/ (and model-sts/; each with its card README.md, swapped in whole by export.py),
+OUT/ holds model/ (and model-sts/; each with its card README.md, swapped in whole by sentsim.model_swap),
 curves/<stage>.json and .png, run.json, summary.json and ray/<stage> (Ray Train checkpoints): running the
 same command again with the same --out resumes from the latest checkpoint (model, optimizer, scheduler,
 step and curves), and a finished stage is not redone.
@@ -17,21 +18,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from sentsim.errors import UsageError
-from sentsim.identity import fingerprint
 from sentsim.surrogate.config import SurrogateConfig
-from sentsim.training.config import RESUMABLE_KEYS
-from sentsim.training.run import (
-    TrainingDiverged,
-    claim_out,
-    epoch_shortfall,
-    fit,
-    loop_settings,
-    plan_steps,
-    quiet_progress,
-    write_curves,
-)
+from sentsim.training.driver import EncoderDriver
+from sentsim.training.run import TrainingDiverged, epoch_shortfall, fit, plan_steps
+from sentsim.training.settings import LoopSettings
 
-__all__ = ["TrainingDiverged", "run_stage", "train_surrogate"]
+__all__ = ["SurrogateRun", "TrainingDiverged", "train_surrogate"]
 
 
 LOSSES = {"cosine_regression": "L2 between the predicted similarity and the target (paper section 3.4)",
@@ -41,7 +33,7 @@ PREDICTS = {"siamese": "the cosine of the two mean-pooled sentence vectors",
 
 
 def stage_card(name: str, cfg: SurrogateConfig, spec: dict, base: dict, data: dict, rows: dict) -> dict:
-    """What the stage's model card says it is (sentsim.surrogate.card)."""
+    """What the stage's model card says it is (sentsim.training.model_card)."""
     settings = {k: spec[k] for k in ("epochs", "batch_size", "lr", "max_steps")}
     settings.update({k: getattr(cfg, k) for k in ("arch", "loss", "warmup_ratio", "weight_decay", "max_seq_length",
                                                    "num_workers", "seed")})
@@ -52,102 +44,105 @@ def stage_card(name: str, cfg: SurrogateConfig, spec: dict, base: dict, data: di
             "objective": {"name": cfg.loss, "description": LOSSES.get(cfg.loss, "")}}
 
 
-def run_stage(name: str, datasets: dict, n_train: int, spec: dict, cfg: SurrogateConfig, out: Path,
-              card: dict) -> dict:
-    """Train one stage on Ray Train and export its model; returns the stage summary."""
-    from sentsim.surrogate.card import final_metrics
-    from sentsim.surrogate.models import export_model
-    from sentsim.surrogate.trainee import build_trainee
+class SurrogateRun(EncoderDriver):
+    """The surrogate's steps of the encoder driver: the harvest and STS-B checks, then its stages."""
 
-    label = f"surrogate {name}"
-    total = plan_steps(f"stage {name}", n_train, num_workers=cfg.num_workers, batch_size=spec["batch_size"],
-                       epochs=spec["epochs"], max_steps=spec["max_steps"], drop_last=False)
-    loop = loop_settings(cfg, label=label, total_steps=total, epochs=spec["epochs"], batch_size=spec["batch_size"],
-                         lr=spec["lr"], eval_every=spec["eval_every"], shuffle_buffer=cfg.shuffle_buffer)
-    model_dir = out / ("model" if name == "harvest" else "model-sts")
-    run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "stage": spec}, name=name,
-              out_dir=out, datasets=datasets, hint="training stopped (check the scores' scale, or lower --set lr=...)",
-              export=lambda d: export_model(d / "model", model_dir, cfg.arch, cfg.max_seq_length, card={
-                  **card, "training": {"steps": total, "epochs": spec["epochs"], "final": final_metrics(d)}}))
-    history = run["history"]
-    write_curves(history, out / "curves", name, f"surrogate ({cfg.arch}, {spec['init']}) - {name}", [
-        ("dev L2 (mean squared error vs targets)", [("dev_l2", None)], True),
-        # teacher scores; STS gold when fine-tuning
-        ("Spearman x100 vs targets", [("dev_spearman", "dev"), ("test_spearman", "test")], False)])
-    return {"stage": name, "model": str(model_dir), "train_pairs": n_train, "total_steps": total,
-            "gpu": run["gpu"], "first": history[0], "last": history[-1]}
+    models = ("model", "model-sts")
+    panels = [("dev L2 (mean squared error vs targets)", [("dev_l2", None)], True),
+              # teacher scores; STS gold when fine-tuning
+              ("Spearman x100 vs targets", [("dev_spearman", "dev"), ("test_spearman", "test")], False)]
+
+    def check_inputs(self) -> None:
+        from sentsim.surrogate.data import inspect_harvest
+
+        data, finetune_sts = self.inputs["--data"], self.inputs["--finetune-sts"]
+        if not data and not finetune_sts:
+            raise UsageError("give --data HARVEST_DIR, --finetune-sts STSB_DIR, or both")
+        # every check that can fail does so here, before Ray or any worker starts
+        self.harvest = inspect_harvest(data) if data else None
+
+    def prepare(self, bb: dict) -> None:
+        cfg, harvest, finetune_sts = self.cfg, self.harvest, self.inputs["--finetune-sts"]
+        if finetune_sts:
+            from sentsim.evaluation.datasets import locate_task
+
+            if locate_task(Path(finetune_sts), "STSb-train") is None:
+                raise UsageError(f"--finetune-sts {finetune_sts}: no sts-train.csv there (STS-B folder expected)")
+        note = harvest.incomplete_note() if harvest else None
+        if note:
+            print(note)
+        if harvest:
+            print(harvest.training_note() + epoch_shortfall(harvest.scored["train"], cfg.num_workers,
+                                                            cfg.batch_size, drop_last=False))
+        if harvest and cfg.loss == "cosine_regression" and (harvest.score_range[0] < -1
+                                                            or harvest.score_range[1] > 1):
+            print(f"warning: harvested scores span {harvest.score_range}, outside a cosine's [-1, 1]")
+
+    def identity(self, what: dict) -> tuple:
+        return what, self.harvest.summary() if self.harvest else None, self.bb, self.inputs["--finetune-sts"]
+
+    def record(self) -> dict:
+        return {"config": self.cfg.model_dump(), "backbone": self.bb,
+                "data": self.harvest.summary() if self.harvest else None,
+                "finetune_sts": self.inputs["--finetune-sts"]}
+
+    def train(self) -> dict:
+        from sentsim.surrogate.data import harvest_datasets, stsb_datasets
+        from sentsim.training.model_card import base_model, harvest_data
+
+        cfg, harvest, bb, finetune_sts = self.cfg, self.harvest, self.bb, self.inputs["--finetune-sts"]
+        stages = []
+        current_backbone, current_init = self.inputs["--backbone"], cfg.init
+        base = base_model(bb, cfg.init)
+        if harvest:
+            spec = {"backbone": bb["path"], "init": cfg.init, "epochs": cfg.epochs, "batch_size": cfg.batch_size,
+                    "lr": cfg.lr, "eval_every": cfg.eval_every, "max_steps": cfg.max_steps}
+            rows = {"trained": harvest.scored["train"], "total": harvest.rows, "unit": "pairs",
+                    "left_out": harvest.left_out, "dev_pairs": harvest.scored["dev"],
+                    "test_pairs": harvest.scored["test"]}
+            card = stage_card("harvest", cfg, spec, base, harvest_data(harvest.root, harvest.manifest), rows)
+            stages.append(self.stage("harvest", harvest_datasets(harvest, cfg.eval_max_pairs),
+                                     harvest.scored["train"], spec, card))
+            current_backbone, current_init = stages[-1]["model"], "pretrained"
+            base = {"name": None, "path": str(current_backbone), "model_type": bb["model_type"], "init": "pretrained"}
+        if finetune_sts:
+            ds, counts = stsb_datasets(finetune_sts)
+            ft = cfg.finetune
+            spec = {"backbone": str(current_backbone), "init": current_init, "epochs": ft.epochs,
+                    "batch_size": ft.batch_size, "lr": ft.lr, "eval_every": ft.eval_every, "max_steps": ft.max_steps}
+            rows = {"trained": counts["train"], "total": counts["train"], "unit": "pairs", "dev_pairs": counts["dev"],
+                    "test_pairs": counts["test"]}
+            data = {"kind": "STS-B train", "path": str(finetune_sts), "targets": "gold scores / 5 (paper section 4.1)"}
+            stages.append(self.stage("finetune-sts", ds, counts["train"], spec,
+                                     stage_card("finetune-sts", cfg, spec, base, data, rows)))
+        return {"stages": stages}
+
+    def stage(self, name: str, datasets: dict, n_train: int, spec: dict, card: dict) -> dict:
+        """Train one stage on Ray Train and export its model; returns the stage summary."""
+        from sentsim.surrogate.trainee import build_trainee
+        from sentsim.training.encoder_models import export_model
+        from sentsim.training.model_card import final_metrics
+
+        cfg, out = self.cfg, self.out
+        total = plan_steps(f"stage {name}", n_train, num_workers=cfg.num_workers, batch_size=spec["batch_size"],
+                           epochs=spec["epochs"], max_steps=spec["max_steps"], drop_last=False)
+        loop = LoopSettings.from_section(cfg, label=f"surrogate {name}", total_steps=total, epochs=spec["epochs"],
+                                         batch_size=spec["batch_size"], lr=spec["lr"], eval_every=spec["eval_every"],
+                                         shuffle_buffer=cfg.shuffle_buffer)
+        model_dir = out / ("model" if name == "harvest" else "model-sts")
+        run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "stage": spec}, name=name,
+                  out_dir=out, datasets=datasets,
+                  hint="training stopped (check the scores' scale, or lower --set lr=...)",
+                  export=lambda d: export_model(d / "model", model_dir, cfg.arch, cfg.max_seq_length, card={
+                      **card, "training": {"steps": total, "epochs": spec["epochs"], "final": final_metrics(d)}}))
+        history = run["history"]
+        self.curves(history, name, f"surrogate ({cfg.arch}, {spec['init']}) - {name}")
+        return {"stage": name, "model": str(model_dir), "train_pairs": n_train, "total_steps": total,
+                "gpu": run["gpu"], "first": history[0], "last": history[-1]}
 
 
 def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, out: str,
                     finetune_sts: str | None = None, address: str | None = None, force_new: bool = False) -> dict:
     """Validate every input, then run the stages. Returns the run summary (also OUT/summary.json)."""
-    import json
-
-    from sentsim.out_paths import check_out
-    from sentsim.runtime import absolute_local
-    from sentsim.surrogate.data import harvest_datasets, inspect_harvest, stsb_datasets
-    from sentsim.surrogate.models import check_backbone
-
-    check_out(out, {"--data": data, "--backbone": backbone, "--finetune-sts": finetune_sts},
-              local="a model and its training state")
-    data, backbone, out, finetune_sts = (absolute_local(p) for p in (data, backbone, out, finetune_sts))
-
-    if not data and not finetune_sts:
-        raise UsageError("give --data HARVEST_DIR, --finetune-sts STSB_DIR, or both")
-    # every check that can fail does so here, before Ray or any worker starts
-    harvest = inspect_harvest(data) if data else None
-    bb = check_backbone(backbone, cfg.init)
-    if finetune_sts:
-        from sentsim.evaluation.datasets import locate_task
-
-        if locate_task(Path(finetune_sts), "STSb-train") is None:
-            raise UsageError(f"--finetune-sts {finetune_sts}: no sts-train.csv there (STS-B folder expected)")
-    note = harvest.incomplete_note() if harvest else None
-    if note:
-        print(note)
-    if harvest:
-        print(harvest.training_note() + epoch_shortfall(harvest.scored["train"], cfg.num_workers, cfg.batch_size,
-                                                        drop_last=False))
-    if harvest and cfg.loss == "cosine_regression" and (harvest.score_range[0] < -1 or harvest.score_range[1] > 1):
-        print(f"warning: harvested scores span {harvest.score_range}, outside a cosine's [-1, 1]")
-    out_dir = Path(out)
-    what = {k: v for k, v in cfg.model_dump().items() if k not in RESUMABLE_KEYS}
-    run_id = fingerprint(what, harvest.summary() if harvest else None, bb, finetune_sts)
-    claim_out(out_dir, run_id, {"config": cfg.model_dump(), "backbone": bb,
-                                "data": harvest.summary() if harvest else None,
-                                "finetune_sts": finetune_sts}, force_new, out)
-
-    from sentsim.model_swap import finish_swap
-    from sentsim.runtime import init_ray
-    from sentsim.surrogate.card import base_model, harvest_data
-
-    for name in ("model", "model-sts"):  # an export killed between its renames is finished before anything else
-        finish_swap(out_dir / name)
-    quiet_progress()
-    init_ray(address)
-    stages = []
-    current_backbone, current_init = backbone, cfg.init
-    base = base_model(bb, cfg.init)
-    if harvest:
-        spec = {"backbone": bb["path"], "init": cfg.init, "epochs": cfg.epochs, "batch_size": cfg.batch_size,
-                "lr": cfg.lr, "eval_every": cfg.eval_every, "max_steps": cfg.max_steps}
-        rows = {"trained": harvest.scored["train"], "total": harvest.rows, "unit": "pairs",
-                "left_out": harvest.left_out, "dev_pairs": harvest.scored["dev"], "test_pairs": harvest.scored["test"]}
-        card = stage_card("harvest", cfg, spec, base, harvest_data(harvest.root, harvest.manifest), rows)
-        stages.append(run_stage("harvest", harvest_datasets(harvest, cfg.eval_max_pairs), harvest.scored["train"],
-                                spec, cfg, out_dir, card))
-        current_backbone, current_init = stages[-1]["model"], "pretrained"
-        base = {"name": None, "path": str(current_backbone), "model_type": bb["model_type"], "init": "pretrained"}
-    if finetune_sts:
-        ds, counts = stsb_datasets(finetune_sts)
-        ft = cfg.finetune
-        spec = {"backbone": str(current_backbone), "init": current_init, "epochs": ft.epochs,
-                "batch_size": ft.batch_size, "lr": ft.lr, "eval_every": ft.eval_every, "max_steps": ft.max_steps}
-        rows = {"trained": counts["train"], "total": counts["train"], "unit": "pairs", "dev_pairs": counts["dev"],
-                "test_pairs": counts["test"]}
-        data = {"kind": "STS-B train", "path": str(finetune_sts), "targets": "gold scores / 5 (paper section 4.1)"}
-        stages.append(run_stage("finetune-sts", ds, counts["train"], spec, cfg, out_dir,
-                                stage_card("finetune-sts", cfg, spec, base, data, rows)))
-    summary = {"fingerprint": run_id, "stages": stages}
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return SurrogateRun(cfg, inputs={"--data": data, "--backbone": backbone, "--finetune-sts": finetune_sts},
+                        out=out, address=address, force_new=force_new).run()

@@ -2,7 +2,8 @@
 to its target score (paper section 3.4, or STS-B gold / 5 when fine-tuning, section 4.1); the dev
 and test metrics are L2 and Spearman x100 against those targets.
 
-`predict` and `metrics` also serve the students' dev evaluation (sentsim.students).
+Its dev metric is `predict` (sentsim.training.encoder_models) and `metrics` (sentsim.training.encoders), as the
+students' is.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sentsim.training.encoder_models import predict
+from sentsim.training.encoders import metrics
 from sentsim.training.loop import Trainee
 
 
@@ -27,39 +30,6 @@ def collect(shard, limit: int) -> dict:
     return {"s1": s1[:limit], "s2": s2[:limit], "score": np.asarray(y[:limit], dtype=np.float64)}
 
 
-def predict(model, tok, arch: str, s1, s2, max_len: int, batch_size: int, device, autocast) -> np.ndarray:
-    """Surrogate predictions; the Siamese form encodes each unique sentence once (its whole point)."""
-    from sentsim.surrogate.models import tokenize
-
-    model.eval()
-    out = []
-    with torch.no_grad(), autocast():
-        if arch == "cross":
-            for i in range(0, len(s1), batch_size):
-                out.append(model(tokenize(tok, "cross", s1[i:i + batch_size], s2[i:i + batch_size], max_len,
-                                          device)).float().cpu())
-            model.train()
-            return torch.cat(out).numpy().astype(np.float64)
-        uniq = sorted(set(s1) | set(s2), key=len)  # length-sorted: less padding per batch
-        vecs = {}
-        for i in range(0, len(uniq), batch_size):
-            chunk = uniq[i:i + batch_size]
-            enc = tok(chunk, padding=True, truncation=True, max_length=max_len, return_tensors="pt").to(device)
-            emb = model.embed(**enc).float().cpu()
-            vecs.update(zip(chunk, emb))
-    model.train()
-    a = torch.stack([vecs[s] for s in s1])
-    b = torch.stack([vecs[s] for s in s2])
-    return torch.nn.functional.cosine_similarity(a, b, dim=-1).numpy().astype(np.float64)
-
-
-def metrics(pred: np.ndarray, y: np.ndarray, prefix: str) -> dict:
-    from scipy.stats import spearmanr
-
-    rho = spearmanr(pred, y).statistic if len(y) > 1 and np.ptp(pred) > 0 and np.ptp(y) > 0 else float("nan")
-    return {f"{prefix}_l2": float(np.mean((pred - y) ** 2)), f"{prefix}_spearman": float(rho) * 100.0}
-
-
 class SurrogateTrainee(Trainee):
     def __init__(self, model, tok, cfg, evals: dict):
         from sentsim.losses import LOSSES
@@ -72,7 +42,7 @@ class SurrogateTrainee(Trainee):
         self.evals = evals  # {"dev": {s1, s2, score}, "test": ...}
 
     def forward(self, batch: dict, device):
-        from sentsim.surrogate.models import tokenize
+        from sentsim.training.encoder_models import tokenize
 
         enc = tokenize(self.tok, self.cfg.arch, [str(x) for x in batch["s1"]], [str(x) for x in batch["s2"]],
                        self.cfg.max_seq_length, device)
@@ -80,7 +50,7 @@ class SurrogateTrainee(Trainee):
         return self.loss.on_scores(self.model(enc), y), {"batch_rows": len(y)}  # a short last batch counts too
 
     def save(self, folder: Path) -> None:
-        from sentsim.surrogate.models import save_hf
+        from sentsim.training.encoder_models import save_hf
 
         save_hf(self.model, self.tok, folder / "model")
 
@@ -106,7 +76,7 @@ def build_trainee(config: dict, session, ckpt) -> SurrogateTrainee:
     """On the worker: the model from the checkpoint (resume) or the stage's backbone, and the capped
     dev/test splits, which every worker reads whole."""
     from sentsim.surrogate.config import SurrogateConfig
-    from sentsim.surrogate.models import build_model
+    from sentsim.training.encoder_models import build_model
 
     cfg = SurrogateConfig.model_validate(config["cfg"])
     st = config["stage"]

@@ -1,4 +1,5 @@
-"""The two surrogate forms of the paper, their backbones, and export to sentence-transformers folders.
+"""The encoder forms the surrogate and student trainers build, their backbones, predictions, and export to
+sentence-transformers folders (a student is a Siamese encoder).
 
 - Siamese (section 3.4): one encoder, mean pooling over the last layer, cosine of the two vectors.
 - Cross (section 5.6, "BERT-style"): `[CLS] s1 [SEP] s2` through the encoder, a regression head
@@ -7,64 +8,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from sentsim.errors import UsageError
-
-
-def resolve_backbone(path: str) -> Path:
-    """The folder holding the transformers config: the path itself, or the Transformer module's
-    subfolder of a sentence-transformers model. Raises UsageError when there is no model there."""
-    p = Path(path)
-    if not p.is_dir():
-        raise UsageError(f"--backbone {path}: not a directory")
-    if (p / "modules.json").is_file():
-        try:
-            for m in json.loads((p / "modules.json").read_text()):
-                if m.get("type", "").endswith("Transformer"):
-                    p = p / m.get("path", "")
-                    break
-        except (json.JSONDecodeError, AttributeError):
-            raise UsageError(f"--backbone {path}: modules.json is not valid") from None
-    if not (p / "config.json").is_file():
-        raise UsageError(f"--backbone {path}: not a model (no config.json)")
-    return p
-
-
-def check_backbone(path: str, init: str) -> dict:
-    """Load config and tokenizer on the driver, so a bad path fails before any worker starts."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoConfig, AutoTokenizer
-
-    p = resolve_backbone(path)
-    try:
-        config = AutoConfig.from_pretrained(str(p))
-    except (OSError, ValueError, KeyError) as exc:
-        raise UsageError(f"--backbone {path}: config.json is not a transformers config ({exc})") from None
-    try:
-        tok = AutoTokenizer.from_pretrained(str(p))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"--backbone {path}: no usable tokenizer ({type(exc).__name__}: {exc})") from None
-    if init == "pretrained":
-        weights = [f for f in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
-                   if (p / f).is_file()]
-        if not weights:
-            raise UsageError(f"--backbone {path}: no weights (model.safetensors); "
-                             "use --init scratch to train from random weights")
-    return {"path": str(p), "model_type": config.model_type, "vocab_size": len(tok),
-            "hidden_size": getattr(config, "hidden_size", None)}
-
-
-def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    m = mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+from sentsim.training.encoders import mean_pool, resolve_backbone
 
 
 class SiameseSurrogate(nn.Module):
@@ -156,13 +109,13 @@ def export_model(hf_dir: Path, out: Path, arch: str, max_seq_length: int, card: 
     """Siamese -> a sentence-transformers folder (Transformer + mean Pooling, weights at the root so
     plain AutoModel loads it too). Cross -> a CrossEncoder folder with an identity activation: the
     head regresses the teacher's similarity directly, so no sigmoid. `extras(folder)` adds side files;
-    `card` (sentsim.surrogate.card) is what README.md says the model is.
+    `card` (sentsim.training.model_card) is what README.md says the model is.
 
     Written beside `out` and swapped in by renames (sentsim.model_swap): a kill at any moment
     leaves the old model or the new one, whole."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentsim.model_swap import replace_folder
-    from sentsim.surrogate.card import CARD_FILE, render
+    from sentsim.training.model_card import CARD_FILE, render
 
     info = {"format": 1, "card": {"form": "cross-encoder" if arch == "cross" else "sentence-transformer",
                                   "max_seq_length": max_seq_length, **(card or {})}}
@@ -190,3 +143,27 @@ def _save_final(hf_dir: Path, folder: Path, arch: str, max_seq_length: int) -> N
     tr = Transformer(str(hf_dir), max_seq_length=max_seq_length)
     st = SentenceTransformer(modules=[tr, Pooling(tr.get_embedding_dimension(), "mean")], device="cpu")
     st.save(str(folder))
+
+
+def predict(model, tok, arch: str, s1, s2, max_len: int, batch_size: int, device, autocast) -> np.ndarray:
+    """Surrogate predictions; the Siamese form encodes each unique sentence once (its whole point)."""
+    model.eval()
+    out = []
+    with torch.no_grad(), autocast():
+        if arch == "cross":
+            for i in range(0, len(s1), batch_size):
+                out.append(model(tokenize(tok, "cross", s1[i:i + batch_size], s2[i:i + batch_size], max_len,
+                                          device)).float().cpu())
+            model.train()
+            return torch.cat(out).numpy().astype(np.float64)
+        uniq = sorted(set(s1) | set(s2), key=len)  # length-sorted: less padding per batch
+        vecs = {}
+        for i in range(0, len(uniq), batch_size):
+            chunk = uniq[i:i + batch_size]
+            enc = tok(chunk, padding=True, truncation=True, max_length=max_len, return_tensors="pt").to(device)
+            emb = model.embed(**enc).float().cpu()
+            vecs.update(zip(chunk, emb))
+    model.train()
+    a = torch.stack([vecs[s] for s in s1])
+    b = torch.stack([vecs[s] for s in s2])
+    return torch.nn.functional.cosine_similarity(a, b, dim=-1).numpy().astype(np.float64)

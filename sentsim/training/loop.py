@@ -36,6 +36,7 @@ from torch import nn
 
 from sentsim.hardware import bf16_native
 from sentsim.training.common import quiet_progress
+from sentsim.training.settings import LoopSettings
 
 STATE_FILE = "state.pt"
 HISTORY_FILE = "history.json"
@@ -96,22 +97,23 @@ class Trainee(nn.Module):
 SCHEDULES = {"linear": "linear", "cosine": "cosine", "inverse_sqrt": "inverse_sqrt", "constant": "constant_with_warmup"}
 
 
-def make_optimizer(groups: list[dict], L: dict):
+def make_optimizer(groups: list[dict], settings: LoopSettings, fused: bool = False):
+    """Adam or AdamW over the trainee's groups. fused: one kernel for the whole update on a GPU (the
+    for-each default launches several per tensor group)."""
     import torch
 
-    kind = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}[L.get("optimizer", "adamw")]
-    # fused: one kernel for the whole update on a GPU (the for-each default launches several per tensor group)
-    return kind(groups, lr=L["lr"], betas=tuple(L.get("betas") or (0.9, 0.999)), weight_decay=L["weight_decay"],
-                **({"fused": True} if L.get("fused") else {}))
+    kind = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}[settings.optimizer]
+    return kind(groups, lr=settings.lr, betas=tuple(settings.betas or (0.9, 0.999)),
+                weight_decay=settings.weight_decay, **({"fused": True} if fused else {}))
 
 
-def make_schedule(opt, L: dict):
+def make_schedule(opt, settings: LoopSettings):
     """transformers' schedule by name: warm-up over `warmup_steps` (none at 0), then linear or cosine
     decay to zero at total_steps, inverse square root, or constant."""
     from transformers import get_scheduler
 
-    return get_scheduler(SCHEDULES[L.get("schedule", "linear")], opt, num_warmup_steps=int(L.get("warmup_steps") or 0),
-                         num_training_steps=L["total_steps"])
+    return get_scheduler(SCHEDULES[settings.schedule], opt, num_warmup_steps=int(settings.warmup_steps or 0),
+                         num_training_steps=settings.total_steps)
 
 
 # ----------------------------------------------------------------------------- sessions
@@ -156,12 +158,12 @@ class RaySession:
             module, parallel_strategy_kwargs={"find_unused_parameters": module.find_unused_parameters})
 
     def batches(self, config: dict, epoch: int):
-        L = config["loop"]
+        settings: LoopSettings = config["loop"]
         if self._train is None:
             self._train = self.shard("train")
         return self._train.iter_batches(
-            batch_size=L["batch_size"], batch_format="numpy", drop_last=L["drop_last"],
-            local_shuffle_buffer_size=L["shuffle_buffer"] or None, local_shuffle_seed=L["seed"] + epoch)
+            batch_size=settings.batch_size, batch_format="numpy", drop_last=settings.drop_last,
+            local_shuffle_buffer_size=settings.shuffle_buffer or None, local_shuffle_seed=settings.seed + epoch)
 
     def check(self, watch: "LossWatch", stop: bool) -> tuple[bool, bool]:
         """(every rank's losses were finite, some rank wants to stop): every rank must stop together, or
@@ -228,10 +230,10 @@ class InlineSession:
     def batches(self, config: dict, epoch: int):
         import pyarrow as pa
 
-        L = config["loop"]
-        table, bs = config["table"], L["batch_size"]
-        order = np.random.default_rng(L["seed"] + epoch).permutation(table.num_rows)
-        end = len(order) - bs + 1 if L["drop_last"] else len(order)
+        settings: LoopSettings = config["loop"]
+        table, bs = config["table"], settings.batch_size
+        order = np.random.default_rng(settings.seed + epoch).permutation(table.num_rows)
+        end = len(order) - bs + 1 if settings.drop_last else len(order)
         for i in range(0, end, bs):
             yield table.take(pa.array(order[i:i + bs])).to_pydict()
 
@@ -311,161 +313,219 @@ def _close(source) -> None:
 
 
 def train_loop(config: dict):
-    """Runs on every worker. Returns rank 0's summary (history, step, the trainee's result, or
-    nan_step/nan_value when the loss stopped being finite); None on the other ranks."""
+    """Runs on every worker. config["loop"] is the run's `LoopSettings`. Returns rank 0's summary (history,
+    step, the trainee's result, or nan_step/nan_value when the loss stopped being finite); None on the
+    other ranks."""
     import torch
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     quiet_progress()
     t_start = time.perf_counter()
-    L = config["loop"]
-    session = RaySession() if config["ray"] else InlineSession(Path(config["out"]), L.get("use_gpu"))
-    rank0 = session.rank == 0
-    device = session.device
-    if device.type == "cpu" and L.get("cpu_threads"):
-        torch.set_num_threads(L["cpu_threads"])  # fractional-CPU workers must not grab every core
-    torch.manual_seed(L["seed"] + session.rank)
+    settings: LoopSettings = config["loop"]
+    session = RaySession() if config["ray"] else InlineSession(Path(config["out"]), settings.use_gpu)
+    if session.device.type == "cpu" and settings.cpu_threads:
+        torch.set_num_threads(settings.cpu_threads)  # fractional-CPU workers must not grab every core
+    torch.manual_seed(settings.seed + session.rank)
+    worker = _Worker(config, session)
+    worker.announce(t_start)
+    return worker.run()
 
-    state, history = None, []
-    with session.checkpoint() as ckpt:
-        trainee = config["build"](config, session, ckpt)
-        if ckpt is not None:  # resume: weights (built from ckpt/model), optimizer, schedule, position, curves
-            state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True)
-            trainee.load_extra_state(state)
-            history = json.loads((ckpt / HISTORY_FILE).read_text())
-    trainee.to(device)
-    trainee.train()
-    wrapped = session.wrap(trainee)
-    groups = trainee.param_groups(L["lr"])
-    params = [p for g in groups for p in g["params"]]
-    opt = make_optimizer(groups, {**L, "fused": device.type == "cuda"})
-    total = L["total_steps"]
-    sched = make_schedule(opt, L)
-    if state is not None:
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-    step = state["step"] if state else 0
-    epoch0 = state["epoch"] if state else 0
-    skip = state["batches_in_epoch"] if state else 0
 
-    # bf16 where the hardware has it: GPUs always (when asked), CPUs only for trainers that opt in with
-    # cpu_bf16 and only with native bf16 (emulated bf16 on CPU is many times slower than fp32)
-    use_bf16 = L.get("bf16", False) and (
-        (device.type == "cuda" and bf16_native("cuda"))
-        or (device.type == "cpu" and L.get("cpu_bf16", False) and bf16_native("cpu")))
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
-    # each history point says the format its steps ran in, and on how many CPU threads: a run resumed on other
-    # hardware may change either, and both change the arithmetic (a model rebuilt from the same seed with
-    # another thread count is not the same model: docs/experiments/2026-11-25-seeds.md)
-    fmt = {"precision": "bf16" if use_bf16 else "fp32", "threads": torch.get_num_threads()}
-    label, verbose = L["label"], L.get("verbose", True)
-    if rank0 and verbose:
-        n_params = sum(p.numel() for p in params)
-        note = trainee.note()
-        print(f"[{label}] {session.world} worker(s) on {device}{' bf16' if use_bf16 else ''}; "
+class _Worker:
+    """One worker's run of the loop: the trainee, its optimizer and schedule, where the run stands (step,
+    epoch, batches into the epoch), its history, and the clocks its history points carry."""
+
+    def __init__(self, config: dict, session):
+        import torch
+
+        self.config, self.session = config, session
+        self.s: LoopSettings = config["loop"]
+        self.rank0, self.device = session.rank == 0, session.device
+        self.state, self.history = None, []
+        with session.checkpoint() as ckpt:
+            self.trainee = config["build"](config, session, ckpt)
+            if ckpt is not None:  # resume: weights (built from ckpt/model), optimizer, schedule, position, curves
+                self.state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True)
+                self.trainee.load_extra_state(self.state)
+                self.history = json.loads((ckpt / HISTORY_FILE).read_text())
+        self.trainee.to(self.device)
+        self.trainee.train()
+        self.wrapped = session.wrap(self.trainee)
+        groups = self.trainee.param_groups(self.s.lr)
+        self.params = [p for g in groups for p in g["params"]]
+        self.opt = make_optimizer(groups, self.s, fused=self.device.type == "cuda")
+        self.sched = make_schedule(self.opt, self.s)
+        state = self.state or {}
+        if state:
+            self.opt.load_state_dict(state["optimizer"])
+            self.sched.load_state_dict(state["scheduler"])
+        self.step, self.epoch0 = state.get("step", 0), state.get("epoch", 0)
+        self.skip = state.get("batches_in_epoch", 0)
+        self.in_epoch, self.last_metrics, self.stop = self.skip, {}, False
+        self._precision()
+
+    def _precision(self) -> None:
+        """bf16 where the hardware has it: GPUs always (when asked), CPUs only for trainers that opt in with
+        cpu_bf16 and only with native bf16 (emulated bf16 on CPU is many times slower than fp32)."""
+        import torch
+
+        dev = self.device.type
+        self.bf16 = self.s.bf16 and ((dev == "cuda" and bf16_native("cuda"))
+                                     or (dev == "cpu" and bool(self.s.cpu_bf16) and bf16_native("cpu")))
+        self.autocast = (lambda: torch.autocast(dev, dtype=torch.bfloat16)) if self.bf16 else nullcontext
+        # each history point says the format its steps ran in, and on how many CPU threads: a run resumed on
+        # other hardware may change either, and both change the arithmetic (a model rebuilt from the same seed
+        # with another thread count is not the same model: docs/experiments/2026-11-25-seeds.md)
+        self.fmt = {"precision": "bf16" if self.bf16 else "fp32", "threads": torch.get_num_threads()}
+
+    def announce(self, t_start: float) -> None:
+        if not (self.rank0 and self.s.verbose):
+            return
+        n_params = sum(p.numel() for p in self.params)
+        note = self.trainee.note()
+        print(f"[{self.s.label}] {self.session.world} worker(s) on {self.device}{' bf16' if self.bf16 else ''}; "
               f"{n_params / 1e6:.1f}M trainable parameters; ready in {time.perf_counter() - t_start:.1f}s"
-              f"{'; ' + note if note else ''}; {'resuming at step ' + str(step) if state else 'starting'}, "
-              f"{total} steps", flush=True)
+              f"{'; ' + note if note else ''}; {'resuming at step ' + str(self.step) if self.state else 'starting'}, "
+              f"{self.s.total_steps} steps", flush=True)
 
-    def evaluate() -> dict:
-        return trainee.evaluate(device, autocast) if rank0 else {}
+    def evaluate(self) -> dict:
+        return self.trainee.evaluate(self.device, self.autocast) if self.rank0 else {}
 
-    def lrs() -> dict:
-        last = sched.get_last_lr()
+    def lrs(self) -> dict:
+        last = self.sched.get_last_lr()
         return {"lr": last[0], **({"lr_groups": list(last)} if len(last) > 1 else {})}
 
-    def save_at(epoch: int, in_epoch: int):
+    def clocks(self) -> dict:
+        """What every history point after step 0 carries besides its metrics."""
+        return {"time_s": round(time.perf_counter() - self.t0, 2), "cpu_s": round(time.process_time() - self.c0, 2),
+                **self.fmt}
+
+    def saver(self, epoch: int, in_epoch: int):
         def save(folder: Path) -> None:
-            trainee.save(folder)
-            torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "step": step, "epoch": epoch,
-                        "batches_in_epoch": in_epoch, **trainee.extra_state()}, folder / STATE_FILE)
-            (folder / HISTORY_FILE).write_text(json.dumps(history))
+            import torch
+
+            self.trainee.save(folder)
+            torch.save({"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(), "step": self.step,
+                        "epoch": epoch, "batches_in_epoch": in_epoch, **self.trainee.extra_state()},
+                       folder / STATE_FILE)
+            (folder / HISTORY_FILE).write_text(json.dumps(self.history))
         return save
 
-    if step == 0 and rank0 and not history:
-        history.append({"step": 0, "epoch": 0, "train_loss": None, "lr": 0.0, **evaluate(), "time_s": 0.0,
-                        "cpu_s": 0.0, **fmt})
-    t0 = time.perf_counter() - ((history[-1].get("time_s") or 0.0) if history else 0.0)  # resumed: the clock continues
-    # and so does the CPU count: this process's CPU seconds (all threads; rank 0's on Ray). Unlike time_s it
-    # does not count time the process was stopped or waiting for a shared CPU (0 at points from before it)
-    c0 = time.process_time() - ((history[-1].get("cpu_s") or 0.0) if history else 0.0)
+    def _start_clocks(self) -> None:
+        if self.step == 0 and self.rank0 and not self.history:
+            self.history.append({"step": 0, "epoch": 0, "train_loss": None, "lr": 0.0, **self.evaluate(),
+                                 "time_s": 0.0, "cpu_s": 0.0, **self.fmt})
+        last = self.history[-1] if self.history else {}
+        self.t0 = time.perf_counter() - (last.get("time_s") or 0.0)  # resumed: the clock continues
+        # and so does the CPU count: this process's CPU seconds (all threads; rank 0's on Ray). Unlike time_s it
+        # does not count time the process was stopped or waiting for a shared CPU (0 at points from before it)
+        self.c0 = time.process_time() - (last.get("cpu_s") or 0.0)
+        self.t_run = time.perf_counter()  # max_seconds counts this process's training only
+        # The loss is read back from the device at sync points only: every `sync_every` steps, at each history
+        # point and checkpoint, and where one worker alone decides to stop. On a CPU that is every step, as
+        # reading costs nothing there; on a GPU a read makes the host wait for every queued kernel. A loss
+        # that stops being finite between sync points is caught at the next one, and no checkpoint is
+        # written from it (checkpoints are only written after that check).
+        self.sync_every = self.s.sync_every or (1 if self.device.type == "cpu" else 32)
+        self.watch = LossWatch(self.device)
+        self.last_saved = self.step if self.state else -1
 
-    def clocks() -> dict:  # what every history point after step 0 carries besides its metrics
-        return {"time_s": round(time.perf_counter() - t0, 2), "cpu_s": round(time.process_time() - c0, 2), **fmt}
+    def run(self) -> Optional[dict]:
+        self._start_clocks()
+        # a run resumed with its budget already spent (run again after it finished, or with a smaller budget)
+        # trains no step: the check after each step would first take one more
+        self.stop = self.state is not None and self.trainee.budget_spent()
+        epoch, skip = self.epoch0, self.skip
+        for epoch in range(self.epoch0, self.s.epochs):
+            if self.step >= self.s.total_steps or self.stop:
+                break
+            failure = self._epoch(epoch, skip)
+            if failure is not None:
+                return {**failure, "history": self.history} if self.rank0 else None
+            skip = 0
+        return self._finish(epoch)
 
-    t_run = time.perf_counter()  # max_seconds counts this process's training only
-    max_seconds, ckpt_every = L.get("max_seconds") or 0, L.get("checkpoint_every") or 0
-    # The loss is read back from the device at sync points only: every `sync_every` steps, at each history
-    # point and checkpoint, and where one worker alone decides to stop. On a CPU that is every step, as
-    # reading costs nothing there; on a GPU a read makes the host wait for every queued kernel. A loss
-    # that stops being finite between sync points is caught at the next one, and no checkpoint is
-    # written from it (checkpoints are only written after that check).
-    sync_every = L.get("sync_every") or (1 if device.type == "cpu" else 32)
-    watch = LossWatch(device)
-    last_metrics = {}
-    last_saved = step if state else -1
-    # a run resumed with its budget already spent (run again after it finished, or with a smaller budget)
-    # trains no step: the check after each step below would first take one more
-    epoch, in_epoch, stop = epoch0, skip, state is not None and trainee.budget_spent()
-    for epoch in range(epoch0, L["epochs"]):
-        if step >= total or stop:
-            break
-        own = trainee.batches(session, epoch, skip)
-        source = own if own is not None else itertools.islice(session.batches(config, epoch), skip, None)
-        in_epoch = skip  # resumed mid-epoch: the batches already trained on are passed over
+    def _epoch(self, epoch: int, skip: int) -> Optional[dict]:
+        """Train on `epoch`'s batches past the first `skip` (a resumed run's); the failure (nan_step,
+        nan_value) when a loss was not finite, after telling every rank to stop."""
+        own = self.trainee.batches(self.session, epoch, skip)
+        source = own if own is not None else itertools.islice(self.session.batches(self.config, epoch), skip, None)
+        self.in_epoch = skip  # resumed mid-epoch: the batches already trained on are passed over
         for batch in source:
-            opt.zero_grad(set_to_none=True)  # before the forward: gradient caching (RSE) accumulates inside it
-            with autocast():
-                loss, metrics = wrapped(batch, device)
-            step += 1
-            in_epoch += 1
-            watch.add(loss, step)
-            wants_stop = (bool(max_seconds) and time.perf_counter() - t_run >= max_seconds) or trainee.budget_spent()
-            point_due = (step >= total or step % L["eval_every"] == 0 or (ckpt_every and step % ckpt_every == 0)
-                         or (L.get("log_every") and step % L["log_every"] == 0))
-            stop = False
-            if step % sync_every == 0 or point_due or (wants_stop and session.world == 1):
-                finite, stop = session.check(watch, wants_stop)
-                if not finite:  # before this step's update: a loss caught here was never applied
-                    info = watch.failure(step)
-                    session.stop(info)
-                    _close(source)
-                    return {**info, "history": history} if rank0 else None
-            loss.backward()
-            if L.get("max_grad_norm"):
-                torch.nn.utils.clip_grad_norm_(params, L["max_grad_norm"])
-            opt.step()
-            sched.step()
-            last_metrics = metrics
-            last = stop or step >= total
-            at_eval = step % L["eval_every"] == 0 or last
-            at_save = at_eval or (ckpt_every and step % ckpt_every == 0)
-            if at_save or (L.get("log_every") and step % L["log_every"] == 0):
-                point = {"step": step, "epoch": epoch, "train_loss": watch.mean(), **lrs(),
-                         **metrics, **clocks()}
-                if at_eval:
-                    point.update(evaluate())
-                if rank0:
-                    history.append(point)
-                    if verbose:
-                        print(f"[{label}] step {step}/{total} loss {point['train_loss']:.4g}{trainee.describe(point)}",
-                              flush=True)
-                if at_save:
-                    session.report(point, save_at(epoch, in_epoch))
-                    last_saved = step
-            if last:
+            failure = self._step(batch, epoch)
+            if failure is not None:
+                self.session.stop(failure)
+                _close(source)
+                return failure
+            if self.stop or self.step >= self.s.total_steps:
                 break
         _close(source)
-        skip = 0
-    if last_saved != step:  # the data ran out before total_steps (e.g. an uneven estimate)
-        finite, _ = session.check(watch, False)
-        if not finite:
-            info = watch.failure(step)
-            session.stop(info)
-            return {**info, "history": history} if rank0 else None
-        point = {"step": step, "epoch": epoch, "train_loss": watch.mean(),
-                 **lrs(), **last_metrics, **clocks(), **evaluate()}
-        if rank0:
-            history.append(point)
-        session.report(point, save_at(epoch, in_epoch))
-    return {"history": history, "step": step, **trainee.result()} if rank0 else None
+        return None
+
+    def _due(self, every: Optional[int]) -> bool:
+        return bool(every) and self.step % every == 0
+
+    def _step(self, batch, epoch: int) -> Optional[dict]:
+        """One optimizer step, and the history point or checkpoint it is due; the failure of a loss that
+        was not finite, caught before this step's update (so that loss was never applied)."""
+        import torch
+
+        s = self.s
+        self.opt.zero_grad(set_to_none=True)  # before the forward: gradient caching (RSE) accumulates inside it
+        with self.autocast():
+            loss, metrics = self.wrapped(batch, self.device)
+        self.step += 1
+        self.in_epoch += 1
+        self.watch.add(loss, self.step)
+        wants_stop = ((bool(s.max_seconds) and time.perf_counter() - self.t_run >= s.max_seconds)
+                      or self.trainee.budget_spent())
+        point_due = (self.step >= s.total_steps or self.step % s.eval_every == 0 or self._due(s.checkpoint_every)
+                     or self._due(s.log_every))
+        self.stop = False
+        if self.step % self.sync_every == 0 or point_due or (wants_stop and self.session.world == 1):
+            finite, self.stop = self.session.check(self.watch, wants_stop)
+            if not finite:
+                return self.watch.failure(self.step)
+        loss.backward()
+        if s.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.params, s.max_grad_norm)
+        self.opt.step()
+        self.sched.step()
+        self.last_metrics = metrics
+        self._point(epoch, metrics)
+        return None
+
+    def _point(self, epoch: int, metrics: dict) -> None:
+        """The history point (with evaluation at eval_every and at the end) and the checkpoint due now."""
+        at_eval = self.step % self.s.eval_every == 0 or self.stop or self.step >= self.s.total_steps
+        at_save = at_eval or self._due(self.s.checkpoint_every)
+        if not (at_save or self._due(self.s.log_every)):
+            return
+        point = {"step": self.step, "epoch": epoch, "train_loss": self.watch.mean(), **self.lrs(), **metrics,
+                 **self.clocks()}
+        if at_eval:
+            point.update(self.evaluate())
+        if self.rank0:
+            self.history.append(point)
+            if self.s.verbose:
+                print(f"[{self.s.label}] step {self.step}/{self.s.total_steps} loss {point['train_loss']:.4g}"
+                      f"{self.trainee.describe(point)}", flush=True)
+        if at_save:
+            self.session.report(point, self.saver(epoch, self.in_epoch))
+            self.last_saved = self.step
+
+    def _finish(self, epoch: int) -> Optional[dict]:
+        """The last point and checkpoint when the data ran out before total_steps (e.g. an uneven
+        estimate); rank 0's summary."""
+        if self.last_saved != self.step:
+            finite, _ = self.session.check(self.watch, False)
+            if not finite:
+                failure = self.watch.failure(self.step)
+                self.session.stop(failure)
+                return {**failure, "history": self.history} if self.rank0 else None
+            point = {"step": self.step, "epoch": epoch, "train_loss": self.watch.mean(),
+                     **self.lrs(), **self.last_metrics, **self.clocks(), **self.evaluate()}
+            if self.rank0:
+                self.history.append(point)
+            self.session.report(point, self.saver(epoch, self.in_epoch))
+        return {"history": self.history, "step": self.step, **self.trainee.result()} if self.rank0 else None

@@ -16,13 +16,15 @@ import os
 import shutil
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
 from sentsim.errors import UsageError
 from sentsim.training.common import quiet_progress, use_gpu
+from sentsim.training.settings import LoopSettings
 
-__all__ = ["TrainingDiverged", "claim_out", "finished_run", "fit", "loop_settings", "mark_finished", "plan_steps",
+__all__ = ["TrainingDiverged", "claim_out", "finished_run", "fit", "mark_finished", "plan_steps",
            "quiet_progress", "release_out", "say_finished", "use_gpu", "write_curves"]
 
 
@@ -143,19 +145,6 @@ def epoch_shortfall(n_rows: int, num_workers: int, batch_size: int, drop_last: b
     return f"; each epoch leaves out {n_rows - used} of them (a reshuffled few that {why})"
 
 
-def loop_settings(cfg, *, label: str, total_steps: int, verbose: bool = True, **over) -> dict:
-    """config["loop"] for train_loop from a TrainingSection; `over` replaces per-stage values. It also
-    carries the Ray resources `fit` asks for (num_workers, cpus_per_worker, use_gpu, checkpoints_to_keep)."""
-    keys = ("epochs", "batch_size", "lr", "weight_decay", "max_grad_norm", "eval_every", "seed", "use_gpu", "bf16",
-            "num_workers", "cpus_per_worker", "checkpoints_to_keep")
-    loop = {k: getattr(cfg, k) for k in keys}
-    loop.update(label=label, total_steps=total_steps, verbose=verbose, log_every=getattr(cfg, "log_every", None),
-                cpu_threads=max(1, int(round(cfg.cpus_per_worker))), drop_last=False, shuffle_buffer=0,
-                optimizer="adamw", schedule="linear", warmup_steps=int(cfg.warmup_ratio * total_steps))
-    loop.update(over)
-    return loop
-
-
 def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path], Path], datasets: Optional[dict] = None,
         executor: str = "ray", hint: str = "lower --set lr=...") -> dict:
     """Train, then export the final checkpoint with `export(checkpoint_dir) -> model_dir`. The only
@@ -164,9 +153,10 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
     `out_dir`: where the training state lives (Ray: OUT/ray/<name>, inline: OUT/checkpoint); made
     absolute here, since the Train workers run in their own working directory. `datasets`: for Ray,
     ray.data Datasets ("train" is split between the workers); inline, {"train": a pyarrow Table}; none
-    for a trainee that reads its own batches. Resources come from loop_config["loop"] (num_workers,
-    cpus_per_worker, use_gpu, checkpoints_to_keep, max_failures). Returns {"model", "history", "gpu",
-    "result"} (result: rank 0's return value). Raises TrainingDiverged when the loss stopped being finite.
+    for a trainee that reads its own batches. loop_config["loop"] is the run's `LoopSettings`, which
+    also says the resources (num_workers, cpus_per_worker, use_gpu, checkpoints_to_keep, max_failures).
+    Returns {"model", "history", "gpu", "result"} (result: rank 0's return value). Raises
+    TrainingDiverged when the loss stopped being finite.
 
     A fit whose export is a folder or file records it (`FitRecord`): called again with the same settings
     while that export is unchanged, it says so in one line and returns the record, without starting
@@ -174,14 +164,14 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
     """
     from sentsim.training.loop import HISTORY_FILE, inline_checkpoint, train_loop  # torch: worker-side, imported late
 
-    L = loop_config["loop"]
-    label = L["label"]
+    settings: LoopSettings = loop_config["loop"]
+    label = settings.label
     datasets = datasets or {}
     out_dir = Path(out_dir).absolute()
     record = FitRecord(out_dir, name, executor, loop_config)
     done = record.finished()
     if done is not None:
-        if L.get("verbose", True):
+        if settings.verbose:
             print(f"[{label}] already trained to step {done['history'][-1].get('step')} with these settings; "
                   f"nothing to do ({done['model']} is kept)", flush=True)
         return done
@@ -196,19 +186,18 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
         import ray.train
         from ray.train.torch import TorchTrainer
 
-        gpu = use_gpu(L.get("use_gpu"), L["num_workers"])
-        loop_config = {**loop_config, "ray": True, "out": str(out_dir)}
-        loop_config["loop"] = {**L, "use_gpu": gpu}
-        resources = {"CPU": L["cpus_per_worker"], **({"GPU": 1} if gpu else {})}
+        gpu = use_gpu(settings.use_gpu, settings.num_workers)
+        loop_config = {**loop_config, "ray": True, "out": str(out_dir), "loop": replace(settings, use_gpu=gpu)}
+        resources = {"CPU": settings.cpus_per_worker, **({"GPU": 1} if gpu else {})}
         trainer = TorchTrainer(
             train_loop,
             train_loop_config=loop_config,
-            scaling_config=ray.train.ScalingConfig(num_workers=L["num_workers"], use_gpu=gpu,
+            scaling_config=ray.train.ScalingConfig(num_workers=settings.num_workers, use_gpu=gpu,
                                                    resources_per_worker=resources),
             run_config=ray.train.RunConfig(
                 name=name, storage_path=str(out_dir / "ray"),
-                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=L.get("checkpoints_to_keep", 2)),
-                failure_config=ray.train.FailureConfig(max_failures=L.get("max_failures", 0))),
+                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=settings.checkpoints_to_keep),
+                failure_config=ray.train.FailureConfig(max_failures=settings.max_failures or 0)),
             datasets=datasets,
             # only train is sharded; every worker sees the (capped) dev and test splits whole
             dataset_config=ray.train.DataConfig(datasets_to_split=[k for k in ("train",) if k in datasets]),
@@ -216,7 +205,7 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
         result = trainer.fit()
         rv = result.return_value or {}
         checkpoint = None if result.checkpoint is None else result.checkpoint.as_directory()
-        if L.get("verbose", True):
+        if settings.verbose:
             print(f"[{label}] Ray Train run finished in {time.perf_counter() - t0:.0f}s", flush=True)
     if rv.get("nan_step"):
         raise TrainingDiverged(f"{label}: the training loss became {rv['nan_value']} at step {rv['nan_step']}; {hint}")
@@ -242,7 +231,8 @@ class FitRecord:
 
         state = out_dir / ("checkpoint" if executor == "inline" else "ray")
         self.out_dir, self.path = out_dir, state / f"{name}.done.json"
-        self.settings = fingerprint(name, executor, {k: v for k, v in loop_config.items() if k != "build"})
+        self.settings = fingerprint(name, executor, {k: (v.record() if k == "loop" else v)
+                                                     for k, v in loop_config.items() if k != "build"})
 
     def finished(self) -> Optional[dict]:
         """The fit's return value when it finished with these settings and its export is unchanged."""

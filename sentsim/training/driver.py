@@ -1,0 +1,102 @@
+"""`EncoderDriver`: the steps every trainer of a transformer encoder takes on the driver, in order.
+
+1. refuse an --out that would overwrite an input (`check_out`), then make every path absolute;
+2. the trainer's checks of its inputs that need no backbone (`check_inputs`);
+3. the backbone's config and tokenizer (`check_backbone`), so a bad one fails before any worker starts;
+4. the trainer's checks and data that need it (`prepare`);
+5. the run's fingerprint: the config less RESUMABLE_KEYS, then what the trainer adds (`identity`);
+6. the --out's lease and run record (`claim_out`, with the trainer's `record`);
+7. an export a kill left between its renames is finished (`finish_swap` of each of `models`);
+8. quiet progress bars, and Ray unless the run is inline;
+9. the trainer's fits, exports and curves (`train`, using `fit` and `write_curves`);
+10. the summary, first its fingerprint, written to OUT/summary.json.
+
+The surrogate (sentsim.surrogate.train) and the students (sentsim.students.train) subclass it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+from sentsim.identity import fingerprint
+from sentsim.training.config import RESUMABLE_KEYS
+from sentsim.training.run import claim_out, quiet_progress, write_curves
+
+
+class EncoderDriver:
+    """One training run of an encoder; subclasses supply the steps marked as theirs."""
+
+    # folders under OUT that an export swaps in whole
+    models: tuple[str, ...] = ("model",)
+    # the curves' panels: (y label, [(history key, legend)], log scale), as `write_curves` takes them
+    panels: list = []
+
+    def __init__(self, cfg, *, inputs: dict, out: str, address: Optional[str] = None, executor: str = "ray",
+                 force_new: bool = False, verbose: bool = True):
+        """`inputs`: flag -> path of each input (None when not given); read back, made absolute, as
+        self.inputs[flag]. `executor`: "ray", or "inline" (this process, no Ray)."""
+        self.cfg, self.inputs, self.out_arg = cfg, dict(inputs), out
+        self.address, self.executor, self.force_new, self.verbose = address, executor, force_new, verbose
+
+    # ------------------------------------------------------------------------------------------ the trainer's
+
+    def guarded(self) -> dict:
+        """flag -> path of inputs --out may not overwrite beyond `inputs` (left as given)."""
+        return {}
+
+    def check_inputs(self) -> None:
+        """Checks that need no backbone (raise UsageError)."""
+
+    def prepare(self, bb: dict) -> None:
+        """Checks and data that need the backbone (`bb`: check_backbone's record)."""
+
+    def identity(self, what: dict) -> tuple:
+        """The fingerprint's parts, `what` (the config less RESUMABLE_KEYS) among them."""
+        raise NotImplementedError
+
+    def record(self) -> dict:
+        """What OUT/run.json records besides the fingerprint."""
+        raise NotImplementedError
+
+    def train(self) -> dict:
+        """Fit, export, write the curves; the summary's entries after its fingerprint."""
+        raise NotImplementedError
+
+    def finish(self, summary: dict) -> None:
+        """Anything the summary adds after training (e.g. an evaluation)."""
+
+    # ------------------------------------------------------------------------------------------ the skeleton
+
+    def run(self) -> dict:
+        from sentsim.model_swap import finish_swap
+        from sentsim.out_paths import check_out
+        from sentsim.runtime import absolute_local
+        from sentsim.training.encoders import check_backbone
+
+        check_out(self.out_arg, {**self.inputs, **self.guarded()}, local="a model and its training state")
+        self.inputs = {k: absolute_local(v) for k, v in self.inputs.items()}
+        self.out = Path(absolute_local(self.out_arg))
+        self.check_inputs()
+        self.bb = check_backbone(self.inputs["--backbone"], self.cfg.init)
+        self.prepare(self.bb)
+        what = {k: v for k, v in self.cfg.model_dump().items() if k not in RESUMABLE_KEYS}
+        self.run_id = fingerprint(*self.identity(what))
+        claim_out(self.out, self.run_id, self.record(), self.force_new, self.out_arg)
+        for name in self.models:
+            finish_swap(self.out / name)
+        quiet_progress()
+        self.t0 = time.perf_counter()
+        if self.executor == "ray":
+            from sentsim.runtime import init_ray
+
+            init_ray(self.address)
+        summary = {"fingerprint": self.run_id, **self.train()}
+        self.finish(summary)
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def curves(self, history: list[dict], name: str, title: str) -> None:
+        write_curves(history, self.out / "curves", name, title, self.panels)

@@ -1,0 +1,76 @@
+"""The encoder helpers every transformer trainer shares (surrogates and students): the backbone's
+folder and its checks on the driver, mean pooling, and the dev metric against target scores.
+
+Light on purpose: torch, transformers and scipy are imported where they are used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sentsim.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+
+def resolve_backbone(path: str) -> Path:
+    """The folder holding the transformers config: the path itself, or the Transformer module's
+    subfolder of a sentence-transformers model. Raises UsageError when there is no model there."""
+    p = Path(path)
+    if not p.is_dir():
+        raise UsageError(f"--backbone {path}: not a directory")
+    if (p / "modules.json").is_file():
+        try:
+            for m in json.loads((p / "modules.json").read_text()):
+                if m.get("type", "").endswith("Transformer"):
+                    p = p / m.get("path", "")
+                    break
+        except (json.JSONDecodeError, AttributeError):
+            raise UsageError(f"--backbone {path}: modules.json is not valid") from None
+    if not (p / "config.json").is_file():
+        raise UsageError(f"--backbone {path}: not a model (no config.json)")
+    return p
+
+
+def check_backbone(path: str, init: str) -> dict:
+    """Load config and tokenizer on the driver, so a bad path fails before any worker starts."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoConfig, AutoTokenizer
+
+    p = resolve_backbone(path)
+    try:
+        config = AutoConfig.from_pretrained(str(p))
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(f"--backbone {path}: config.json is not a transformers config ({exc})") from None
+    try:
+        tok = AutoTokenizer.from_pretrained(str(p))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--backbone {path}: no usable tokenizer ({type(exc).__name__}: {exc})") from None
+    if init == "pretrained":
+        weights = [f for f in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
+                   if (p / f).is_file()]
+        if not weights:
+            raise UsageError(f"--backbone {path}: no weights (model.safetensors); "
+                             "use --init scratch to train from random weights")
+    return {"path": str(p), "model_type": config.model_type, "vocab_size": len(tok),
+            "hidden_size": getattr(config, "hidden_size", None)}
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of each row's hidden states over its real tokens."""
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+
+
+def metrics(pred: np.ndarray, y: np.ndarray, prefix: str) -> dict:
+    """{prefix}_l2 and {prefix}_spearman (x100) of predictions against targets."""
+    from scipy.stats import spearmanr
+
+    rho = spearmanr(pred, y).statistic if len(y) > 1 and np.ptp(pred) > 0 and np.ptp(y) > 0 else float("nan")
+    return {f"{prefix}_l2": float(np.mean((pred - y) ** 2)), f"{prefix}_spearman": float(rho) * 100.0}
