@@ -14,7 +14,7 @@ command and records the rows again.
   units), then a second compaction after unit 2 was redone with other bytes (one sentence fewer).
 - unit commits: `sentsim corpus build` killed at every step of unit 2 (its two shards, its marker).
 
-tests/test_store_compact.py and tests/test_store.py run the same functions and assert on them.
+tests/storage/test_store_compact.py and tests/storage/test_store.py run the same functions and assert on them.
 """
 
 from __future__ import annotations

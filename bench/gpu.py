@@ -2,7 +2,7 @@
 
     python bench/gpu.py --device cuda --corpus CORPUS --tokenizer BPE_DIR --warm-start-shape BERT_DIR \
         --contexts CONTEXTS_DIR [--teacher-minutes 3] [--compile bart,warm_start,score] [--out DIR]
-    python bench/gpu.py --tiny                       # seconds on a CPU: tests/test_bench_gpu.py runs it
+    python bench/gpu.py --tiny                       # seconds on a CPU: tests/evaluation/test_bench_gpu.py runs it
     make bench-gpu                                   # the first form, with ../shared/gpu's data
     bash bench/gpu_run.sh                            # on a lent GPU machine, `.gpu/` carried (bench/gpu_prep.sh)
 

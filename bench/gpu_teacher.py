@@ -10,7 +10,7 @@ Pair sets: STS-B test (all of it), the 300-pair STS-B dev sample, and any pairs 
 configs/teacher.yaml's screening, TF-IDF bigram retrieval over the corpus's own index, windows of the context
 model's `context_sentences` each side), without Ray: the index is built in this process and units go to
 forked worker processes. Only the largest |C_s| is made; a smaller one is its prefix, because selection is
-greedy in retrieval order (tests/test_bench_gpu.py checks this against `ContextStage` at the smaller size).
+greedy in retrieval order (tests/evaluation/test_bench_gpu.py checks this against `ContextStage` at the smaller size).
 
 Score files: `teacher-NAME.jsonl.gz`, one JSON object a pair: s1, s2, gold, tfidf, and per |C_s| = K
 `score_K` (Eq. 4, null where the pair has none), `null_K` (why) and `ctx_K` (contexts of s1 and s2).

@@ -274,7 +274,8 @@ def main() -> None:
                 f"{classic_agreement['queries']} queries "
                 f"with a hit: the same top hit for {100 * classic_agreement['top1']:.0f}%, "
                 f"{100 * classic_agreement['overlap']:.0f}% of the top 10 shared. (The sklearn backend's "
-                "`similarity: classic` reproduces Lucene's classic scores; tests/test_retrieval.py checks it.)",
+                "`similarity: classic` reproduces Lucene's classic scores; "
+                "tests/screening/test_retrieval.py checks it.)",
             ]
         sk = next((r_["qps"] for r_ in rows if r_["shards"] == rows[0]["shards"] and r_["k"] == 1000), None)
         lu = next((r_["qps"] for r_ in lucene_rows if r_["similarity"] == "bm25" and r_["k"] == 1000), None)

@@ -6,7 +6,7 @@ right above it, then the comments on its own lines, read from the schema's sourc
 schemas keep their notes, and the paper sections their defaults follow, as comments). A nested section's
 row adds its class docstring. The page's hand-written introduction, everything above MARKER, is kept as
 it is; the rest is rewritten. `--check` rewrites nothing and exits 1 when the page differs from what the
-schemas give (tests/test_docs_config.py runs it), so the reference cannot drift from the code.
+schemas give (tests/cli/test_docs_config.py runs it), so the reference cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Command:
         return getattr(importlib.import_module(module), cls)
 
 
-# Every command that takes --config (tests/test_docs_config.py checks none is missing), in the order data flows.
+# Every command that takes --config (tests/cli/test_docs_config.py checks none is missing), in the order data flows.
 COMMANDS = (
     Command("sentsim corpus build", "sentsim.corpus_job:CorpusJobConfig"),
     Command("sentsim index build", "sentsim.retrieval.base:IndexConfig"),

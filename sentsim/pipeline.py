@@ -281,7 +281,7 @@ def run_pipeline(items: Sequence[dict], stages: Sequence[StageSpec], executor: s
             memory=res.memory_bytes,
             # Ray Data's actor pools default to max_restarts=-1 and max_task_retries=-1: a killed
             # actor is restarted and its in-flight batch retried, so no unit is lost
-            # (tests/test_harvest_ray.py kills one).
+            # (tests/harvest/test_harvest_ray.py kills one).
         )
     for row in ds.iter_rows():
         yield pickle.loads(row["item"])

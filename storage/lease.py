@@ -287,7 +287,7 @@ def _s3_put(path: str, data: bytes, if_match: Optional[str] = None, if_none_matc
     """One PUT, conditional on If-Match (the ETag the writer last saw) or If-None-Match: "*" (absent).
     Returns the new ETag, or None when the condition failed (412; 409 when a concurrent conditional
     write won, and 404 when If-Match names an object that is gone). The moto test server honours both
-    headers on put_object (moto >= 5.1 compares If-Match with the stored ETag), see tests/test_lease.py."""
+    headers on put_object (moto >= 5.1 compares If-Match with the stored ETag), see tests/storage/test_lease.py."""
     from botocore.exceptions import ClientError
 
     bucket, _, key = path.partition("/")

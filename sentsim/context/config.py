@@ -111,7 +111,7 @@ class ContextTrainConfig(Section):
     # target): several examples back to back in one row, each token carrying its example's segment id, each
     # example attending only to its own tokens and its token positions counted from 0, as T5 packs its examples
     # (segment ids); a step's examples are then drawn across the lengths of their chunk, not grouped by length,
-    # and the loss per target token is that of the same examples unpacked (tests/test_context_packing.py). Not
+    # and the loss per target token is that of the same examples unpacked (tests/context/test_context_packing.py). Not
     # in §3.2.2; execution. Off by default until a GPU has measured it (bench/gpu.py --pack): the CPU path builds
     # a dense mask per row, and arch=bart only (the warm start's BERT encoder and decoder are not wired for it).
     pack_tokens: int = 0

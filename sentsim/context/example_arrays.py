@@ -15,7 +15,7 @@ tokens. A token's slot is its column's, so the source's tokens and slots are one
 (`RaggedRows`). The source is a function of its segments' text ids, so those ids are the key that
 shares an encoder pass between items (no token tuples hashed). The rare example that must be cut
 (`max_source_tokens`, `max_target_tokens`) is built by `build_example` itself; every other one equals
-it token for token (tests/test_context_scorer.py compares them over random items).
+it token for token (tests/context/test_context_scorer.py compares them over random items).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ class AnchorConfig(Section):
 
 
 class PartnerConfig(Section):
-    # A mix so the harvested scores span the similarity range (harvest issue: which pairs).
+    # A mix so the harvested scores span the similarity range (which pairs get a label).
     neighbours: int = Field(2, ge=0, description="partners from the anchor's top retrieved chunks (likely similar)")
     same_doc: int = Field(1, ge=0, description="partners from the anchor's own document")
     random: int = Field(2, ge=0, description="random corpus partners (likely dissimilar)")
@@ -40,7 +40,7 @@ class RankConfig(Section):
     encoder: Optional[str] = Field(None, description="base encoder E1 folder; default: the bundled all-MiniLM-L6-v2")
     n_anchors: int = Field(100_000, ge=2, description="anchor corpus size (004 §4.1: 100,000 sentences)")
     bits: Literal[8, 16, 32] = 16
-    # What each sentence row keeps (issue 16): `codes`, n_anchors * bits / 8 bytes of rank codes (200 KB at
+    # What each sentence row keeps: `codes`, n_anchors * bits / 8 bytes of rank codes (200 KB at
     # 100K anchors); `vectors`, E1's float16 vector (2 * dim bytes: 768 for MiniLM) plus the anchor matrix once
     # per run (side table rank_anchors), ranks computed where used; `auto` (default), the smaller of the two, so
     # codes for small anchor sets (<= 384 with MiniLM at 16 bits) and vectors at 004's 100K. `auto` stays out of
@@ -49,7 +49,7 @@ class RankConfig(Section):
 
 
 class GroupingConfig(Section):
-    """Grouped scoring (sentsim/harvest/grouping.py; issue 15, not in paper 003): every sentence of a group
+    """Grouped scoring (sentsim/harvest/grouping.py; not in paper 003): every sentence of a group
     is scored against the union of the group's context sets, and each pair keeps three Eq. 4 similarities:
     (a) paper, over C_s1 + C_s2; (b) union, over the whole union; (c) centred, over the union after
     removing each context's mean over the group. Costs more items per pair than the paper's 4·|C_s|."""
@@ -97,7 +97,7 @@ class HarvestConfig(Section):
     splits: Tuple[Fraction, Fraction, Fraction] = (0.98, 0.01, 0.01)  # 003 §4: 98/1/1 train/dev/test
     # The context_scores table (every scored (sentence, context) term, float32: 36 bytes per item before
     # compression) is what `sentsim remix` re-weighs Eq. 3 from. At |C_s| = 500 a pair needs ~2,000 items,
-    # the largest table of a harvest by far (issue 16); `none` keeps no such table when λ are settled
+    # the largest table of a harvest by far; `none` keeps no such table when λ are settled
     # and no remix is wanted (remix refuses such a harvest). `all` stays out of the fingerprint.
     keep_context_scores: Literal["all", "none"] = "all"
     rank: RankConfig = RankConfig()

@@ -187,10 +187,6 @@ class HarvestRun(ShardedJob):
             raise UsageError(refusal)
         return {"plan": self.plan_info}
 
-    def job(self) -> "HarvestRun":
-        """The run itself: a HarvestRun is the ShardedJob that `execute` runs."""
-        return self
-
 
 class AnchorUnits:
     """Unit u of a corpus harvest: its own slice of the sorted anchor ids, nothing else. The seed

@@ -18,7 +18,7 @@ its paper and its inputs, that says beside its loss everything the trainer needs
 path ("module:Class"), so that `sentsim --help` lists the objectives without importing torch; the class is
 imported when an objective is first used. `StudentConfig` takes its `objective` choices and its sections
 from the registry when `sentsim.students.config` is first imported: register an objective before that
-(this file does so for the built-in ones; tests/toy_objective.py shows one registered from outside).
+(this file does so for the built-in ones; tests/students/toy_objective.py shows one registered from outside).
 """
 
 from __future__ import annotations

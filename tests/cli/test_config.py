@@ -76,7 +76,7 @@ def test_teacher_config_reads_the_user_cache_that_sentsim_cache_names(tmp_path, 
 
     from sentsim.harvest.config import HarvestConfig
 
-    teacher = str(Path(__file__).resolve().parents[1] / "configs" / "teacher.yaml")
+    teacher = str(Path(__file__).resolve().parents[2] / "configs" / "teacher.yaml")
     monkeypatch.setenv("SENTSIM_CACHE", str(tmp_path / "cache"))
     cfg = load_config(HarvestConfig, teacher, ["out=o"])
     assert cfg.corpus == str(tmp_path / "cache" / "reference" / "corpus")

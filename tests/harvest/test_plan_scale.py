@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from test_executor import _job
+from run_support import toy_job
 
 
 def _corpus(n):
@@ -67,10 +67,10 @@ def test_a_unit_plan_resumes_by_number(tmp_path, capsys):
             return {"unit": u, "x": u * u}
 
     plan = UnitPlan(6, Make())
-    m = execute(_job(tmp_path / "r", plan), executor="inline", max_units=2)
+    m = execute(toy_job(tmp_path / "r", plan), executor="inline", max_units=2)
     assert (m["completed_units"], m["planned_units"], m["complete"]) == (2, 6, False) and made == [0, 1]
     made.clear()
-    m = execute(_job(tmp_path / "r", plan), executor="inline")
+    m = execute(toy_job(tmp_path / "r", plan), executor="inline")
     assert m["complete"] and m["this_run"]["units"] == 4 and made == [2, 3, 4, 5]  # done units never built
     assert "2 already complete, 4 to do" in capsys.readouterr().err
 
@@ -93,9 +93,9 @@ def test_a_unit_plan_streams_through_ray(ray_local, tmp_path):
         cp.register_pickle_by_value(sys.modules[name])
     plan = UnitPlan(9, _Square())
     (tmp_path / "r").mkdir()
-    m = execute(_job(tmp_path / "r", plan.subset([0, 1, 2])), executor="ray", quiet=True)
+    m = execute(toy_job(tmp_path / "r", plan.subset([0, 1, 2])), executor="ray", quiet=True)
     assert m["completed_units"] == 3
-    m = execute(_job(tmp_path / "r", plan), executor="ray", quiet=True)
+    m = execute(toy_job(tmp_path / "r", plan), executor="ray", quiet=True)
     assert m["complete"] and m["this_run"]["units"] == 6
     t = RunReader(str(tmp_path / "r")).read_table("t").sort_by("unit")
     assert t.column("x").to_pylist() == [u * u for u in range(9)]

@@ -101,7 +101,7 @@ def test_a_run_of_format_1_resumes_under_the_fingerprint_it_holds(speech_corpus,
     import os
     import shutil
 
-    from test_harvest import as_fingerprinted
+    from run_support import as_fingerprinted
 
     from sentsim.config import load_config
     from sentsim.identity import fingerprint

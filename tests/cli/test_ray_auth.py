@@ -28,7 +28,7 @@ def test_local_ray_from_init_ray_listens_on_loopback_only_with_token_auth():
     try:
         assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
         assert ray.get(ray.remote(lambda: 1 + 1).options(num_cpus=0).remote()) == 2  # a worker ran
-        # its setup hook folded Ray's coordinator timeouts onto one line there (tests/test_ray_console.py)
+        # its setup hook folded Ray's coordinator timeouts onto one line there (tests/cli/test_ray_console.py)
         def one_line_filters() -> list[int]:  # defined here: a worker cannot import this test module
             import logging
 

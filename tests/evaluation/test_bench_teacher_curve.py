@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from harvest_support import build_index_for, tiny_context_bundle
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench(name: str):

@@ -14,33 +14,9 @@ import pyarrow.dataset as ds
 import pytest
 from conftest import sentsim_cli
 from harvest_support import build_index_for
+from run_support import save_untrained_discriminator
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def save_untrained_discriminator(corpus, out, seed: int = 0, window: int = 1):
-    """A real discriminator directory (weights, vocab, config) with untrained, seeded weights."""
-    import torch
-    from safetensors.torch import save_file
-
-    from corpus.view import SentenceTable
-    from sentsim.discriminator import CoherenceModel, ModelConfig
-    from sentsim.discriminator.io import FORMAT
-    from sentsim.discriminator.vocab import Vocab
-    from sentsim.identity import corpus_fingerprint
-
-    torch.manual_seed(seed)
-    mc = ModelConfig(window=window, embed_dim=16, hidden=16, head_dim=16, embed_init="random")
-    vocab = Vocab.build(SentenceTable.load(corpus).texts, 2000, 1)
-    model = CoherenceModel(len(vocab), mc)
-    out.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
-    vocab.save(out / "vocab.json")
-    (out / "config.json").write_text(json.dumps({
-        "format": FORMAT, "model": mc.model_dump(), "corpus_fingerprint": corpus_fingerprint(corpus),
-        "vocab_fingerprint": vocab.fingerprint, "vocab_size": len(vocab), "fingerprint": f"untrained-{seed}-{window}",
-    }))
-    return out
 
 
 @pytest.fixture(scope="module")

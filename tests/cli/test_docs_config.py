@@ -15,7 +15,7 @@ from pydantic import Field
 from sentsim import docs_config
 from sentsim.config import Section
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "configuration.md"
 
 

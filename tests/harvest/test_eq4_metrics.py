@@ -1,6 +1,6 @@
 """The Eq. 4 metric registry (sentsim/harvest/metrics/): each name spelt once, a new metric is one file.
 
-A toy metric registered from its own file (tests/toy_metric.py) is taken by `sentsim harvest --set
+A toy metric registered from its own file (tests/harvest/toy_metric.py) is taken by `sentsim harvest --set
 metric=...` and `sentsim remix --metric ...` (run in this process, where the toy is registered), and
 every score they write is the toy's value of the pair's vectors, recomputed here by hand.
 """
@@ -16,7 +16,7 @@ from harvest_support import build_index_for, tiny_context_bundle
 
 from sentsim.harvest import metrics
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BUILT_IN = ("cosine", "pearson", "spearman", "double-centred")
 
 

@@ -1,7 +1,7 @@
 """Setup errors are one line and exit 2, never a traceback, with nothing marked complete and the run
 resumable (issue 37): a disk that fills up (ENOSPC) and a read-only output (EROFS) on real file systems
 (a small tmpfs, remounted read-only; these tests need root to mount it), a file where the output folder
-belongs, and a non-finite `store compact --target-mb`. S3 without credentials: tests/test_s3_chain.py."""
+belongs, and a non-finite `store compact --target-mb`. S3 without credentials: tests/storage/test_s3_chain.py."""
 
 from __future__ import annotations
 

@@ -262,7 +262,7 @@ def _bench(name: str):
     import importlib.util
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location(f"bench_{name}", root / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -376,18 +376,18 @@ def test_each_commit_is_durable_shards_before_the_marker(tmp_path, monkeypatch):
 def test_every_sharded_job_checks_the_sha256_on_resume(tmp_path):
     """The executor's default: a job that does not choose (the contexts and rep-cache jobs) re-checks
     each done unit's sha256 when it resumes, so a same-size edit is redone there too."""
-    from test_executor import _job
+    from run_support import toy_job
 
     from sentsim.executor import execute
     from storage import RunReader
 
     units = [{"unit": u, "x": u * 10} for u in range(4)]
-    execute(_job(tmp_path / "r", units), executor="inline", quiet=True)
+    execute(toy_job(tmp_path / "r", units), executor="inline", quiet=True)
     before = RunReader(str(tmp_path / "r")).read_table("t")
     shard = tmp_path / "r" / "t" / "part-00002.parquet"
     blob = bytearray(shard.read_bytes())
     blob[len(blob) // 2] ^= 0x01
     shard.write_bytes(bytes(blob))
-    m = execute(_job(tmp_path / "r", units), executor="inline", quiet=True)
+    m = execute(toy_job(tmp_path / "r", units), executor="inline", quiet=True)
     assert m["complete"] and m["this_run"]["units"] == 1
     assert RunReader(str(tmp_path / "r")).read_table("t").equals(before) and verify_store(str(tmp_path / "r")) == []

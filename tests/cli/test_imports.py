@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("sentsim", "corpus", "storage")
 KERNEL = ("sentsim.errors", "sentsim.config")
 LOWER = {"storage": ("storage",), "corpus": ("corpus", "storage")}  # a lower layer -> what it may import

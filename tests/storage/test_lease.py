@@ -16,7 +16,7 @@ from test_store import s3_server  # noqa: F401  (the moto fixture, reused)
 
 from storage.lease import LEASE, LeaseHeld, RunLease
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def lease(root, **kw) -> RunLease:

@@ -17,7 +17,7 @@ import pytest
 from conftest import sentsim_cli
 from test_store import s3_server  # noqa: F401  (the moto fixture, reused)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_bench(name: str):
@@ -135,22 +135,22 @@ def test_killed_compaction_resumes_and_readers_never_see_a_mix(tmp_path):
 
 
 def test_a_job_resumed_on_a_compacted_run_redoes_nothing(tmp_path):
-    from test_executor import _job
+    from run_support import toy_job
 
     from sentsim.executor import execute
     from storage import RunReader
     from storage.compact import compact_run
 
     units = [{"unit": u, "x": u * u} for u in range(6)]
-    execute(_job(tmp_path / "r", units), executor="inline", quiet=True)
+    execute(toy_job(tmp_path / "r", units), executor="inline", quiet=True)
     before = RunReader(str(tmp_path / "r")).read_table("t")
     compact_run(str(tmp_path / "r"), target_bytes=1)
     assert compact_run(str(tmp_path / "r"), target_bytes=1)["files"] == {"t": 6}  # 1 byte: a unit per file
-    m = execute(_job(tmp_path / "r", units), executor="inline", quiet=True)
+    m = execute(toy_job(tmp_path / "r", units), executor="inline", quiet=True)
     assert m["complete"] and m["this_run"]["units"] == 0
     assert RunReader(str(tmp_path / "r")).read_table("t").equals(before)
     # --force-new clears the compaction with the run
-    execute(_job(tmp_path / "r", units), executor="inline", quiet=True, force_new=True)
+    execute(toy_job(tmp_path / "r", units), executor="inline", quiet=True, force_new=True)
     assert not (tmp_path / "r" / "_compact").exists()
 
 

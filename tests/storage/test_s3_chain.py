@@ -243,7 +243,7 @@ def test_one_writer_per_run_on_s3(s3_server, tmp_path):  # noqa: F811
     code = ("import pyarrow as pa; from storage import ShardStore; "
             f"ShardStore({uri!r}).open_run('s', 'fp', {{}}, [], {{'t': pa.schema([('x', pa.int64())])}}, "
             "planned_units=1, force_new=True)")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
                        env={**os.environ, **s3_server})
     assert r.returncode != 0 and f"being written by pid {os.getpid()}" in r.stderr

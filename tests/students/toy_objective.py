@@ -1,6 +1,6 @@
 """A toy student objective, registered from outside the package: everything a new objective needs is in
 this one file, and the `register` line at its foot (a built-in one puts that line in
-sentsim/students/objectives.py instead). tests/test_student_objectives.py imports it ahead of the `sentsim`
+sentsim/students/objectives.py instead). tests/students/test_student_objectives.py imports it ahead of the `sentsim`
 command and trains it through the trainer.
 
 Loss: toy.weight * the mean squared distance between the two dropout views of each sentence (a SimCSE

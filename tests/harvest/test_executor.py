@@ -9,71 +9,9 @@ from __future__ import annotations
 import io
 from collections import Counter
 
-import pyarrow as pa
 import pytest
 from harvest_support import build_index_for, harvest_config, tiny_context_bundle
-
-SCHEMA = pa.schema([("unit", pa.int64()), ("x", pa.int64())])
-
-
-class _Write:
-    """A stage that writes its unit's one-row shard, as every job's last stage does."""
-
-    name = "write"
-
-    def __init__(self, out, fp):
-        self.out, self.fp = out, fp
-
-    def setup(self):
-        pass
-
-    def process(self, items):
-        from storage import ShardStore
-
-        for it in items:
-            ShardStore(self.out).write_unit(it["unit"], {"t": pa.table({"unit": [it["unit"]], "x": [it["x"]]},
-                                                                          schema=SCHEMA)}, self.fp, {"x": it["x"]})
-        return [{"unit": it["unit"], "rows": 1, "x": it["x"]} for it in items]
-
-
-def _job(out, units, window=None, on_result=None):
-    """A toy job over `units`, each written as a one-row shard; `on_result(r)` True stops it."""
-    from sentsim.executor import ShardedJob
-    from sentsim.pipeline import Resources, StageSpec
-
-    class Toy(ShardedJob):
-        stage = "toy"
-        count = "rows"
-
-        def __init__(self):
-            self.out, self.window = str(out), window
-
-        @property
-        def units(self):
-            return units
-
-        def fingerprint_parts(self):
-            return ("toy", 1)
-
-        def config(self):
-            return {}
-
-        def inputs(self):
-            return []
-
-        def tables(self):
-            return {"t": SCHEMA}
-
-        def stages(self, ctx):
-            return [StageSpec(_Write, Resources(num_cpus=0.25), args=dict(out=self.out, fp=ctx.fp))]
-
-        def on_result(self, result):
-            return bool(on_result and on_result(result))
-
-        def summary(self, ctx):
-            return {"n": ctx.planned}
-
-    return Toy()
+from run_support import toy_job
 
 
 def test_a_job_is_a_class_and_says_only_what_it_must():
@@ -88,8 +26,8 @@ def test_a_job_is_a_class_and_says_only_what_it_must():
 
     with pytest.raises(TypeError, match="abstract"):
         Half()
-    job = _job("r", [])
-    assert job.fp == _job("elsewhere", [{"unit": 0}]).fp  # the fingerprint is the parts', not the location's
+    job = toy_job("r", [])
+    assert job.fp == toy_job("elsewhere", [{"unit": 0}]).fp  # the fingerprint is the parts', not the location's
     assert (job.detail({"unit": 0}), job.open_extra(), job.fingerprint_in_format(1, {})) == (None, {}, None)
 
 
@@ -97,16 +35,16 @@ def test_resume_max_units_and_progress(tmp_path, capsys):
     from sentsim.executor import execute
 
     units = [{"unit": u, "x": u * u} for u in range(5)]
-    m = execute(_job(tmp_path / "r", units), executor="inline", max_units=2)
+    m = execute(toy_job(tmp_path / "r", units), executor="inline", max_units=2)
     assert (m["completed_units"], m["complete"], m["this_run"]["units"]) == (2, False, 2)
     err = capsys.readouterr().err
     assert "[toy] unit 00001 | 2/5 units | 2 rows" in err and "ETA" in err
-    m = execute(_job(tmp_path / "r", units), executor="inline")
+    m = execute(toy_job(tmp_path / "r", units), executor="inline")
     assert m["complete"] and m["n"] == 5 and m["this_run"]["units"] == 3
     err = capsys.readouterr().err
     assert "[toy] resuming" in err and "2 already complete, 3 to do" in err
     # nothing left: no stage is built, nothing runs
-    m = execute(_job(tmp_path / "r", units), executor="inline")
+    m = execute(toy_job(tmp_path / "r", units), executor="inline")
     assert m["complete"] and m["this_run"]["units"] == 0
 
 
@@ -121,7 +59,7 @@ def test_streamed_units_run_in_windows_and_stop_on_request(tmp_path):
             yield {"unit": u, "x": u}
 
     stop = lambda r: r["unit"] == 2  # noqa: E731
-    m = execute(_job(tmp_path / "s", units(), window=3, on_result=stop), executor="inline")
+    m = execute(toy_job(tmp_path / "s", units(), window=3, on_result=stop), executor="inline")
     # planning goes on to the end (the planned count is right) but no unit after the stop starts
     assert seen == list(range(7)) and m["planned_units"] == 7 and m["completed_units"] == 3
 
@@ -249,7 +187,7 @@ def test_no_empty_run_is_written(tmp_path):
     for units in ([], iter(())):
         out = tmp_path / ("list" if isinstance(units, list) else "stream")
         with pytest.raises(UsageError, match="empty run"):
-            execute(_job(str(out), units), executor="inline", quiet=True)
+            execute(toy_job(str(out), units), executor="inline", quiet=True)
         assert not out.exists()
 
 
@@ -274,7 +212,7 @@ def test_a_run_whose_lease_was_taken_over_stops_before_finalizing(tmp_path, monk
         return False
 
     with pytest.raises(LeaseLost, match="taken over by pid 4242 on host other-host"):
-        execute(_job(out, [{"unit": u, "x": u} for u in range(4)], on_result=take_over), executor="inline")
+        execute(toy_job(out, [{"unit": u, "x": u} for u in range(4)], on_result=take_over), executor="inline")
     assert not (out / "_COMPLETE").exists()
     assert json.loads((out / LEASE).read_text())["token"] == "someone-else"  # the new holder's lease stays
 
@@ -295,7 +233,7 @@ def test_inline_runs_and_scoring_import_neither_ray_nor_the_splitter(tmp_path, s
         f"build_corpus([{str(sample_path)!r}], {str(tmp_path / 'c')!r}, overrides=['docs_per_unit=10'],"
         " executor='inline', quiet=True)\n"
         "print('built')\n")
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.strip().endswith("built"), r.stderr[-3000:]
     assert list((tmp_path / "c" / "sentences").glob("*.parquet"))

@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow.dataset as ds
 import pytest
 from harvest_support import build_index_for, harvest_config, tiny_context_bundle
+from run_support import as_fingerprinted
 
 pytestmark = pytest.mark.slow
 
@@ -241,7 +242,7 @@ def test_remix_with_the_source_weights_reproduces_every_score(inline_run, tmp_pa
     assert a.index.equals(b.index) and a.isna().equals(b.isna())
     # context_scores are float32 (issue 16): the remix starts from the terms rounded to float32, the
     # harvest from the scorer's own values, so they agree to float32 rounding (was atol 1e-12 with
-    # float64 terms); tests/test_plan_scale.py checks the remix is exact to the stored values
+    # float64 terms); tests/harvest/test_plan_scale.py checks the remix is exact to the stored values
     assert np.allclose(a.dropna(), b.dropna(), rtol=0, atol=1e-5)
     assert verify_store(str(tmp_path / "same")) == []
     # students read the rank anchors from the run: they travel with it
@@ -301,7 +302,7 @@ def test_the_discriminator_term_remixes_like_a_harvest_scored_with_that_weight(i
     import subprocess
     import sys
 
-    from test_rep_cache import save_untrained_discriminator
+    from run_support import save_untrained_discriminator
 
     from sentsim.harvest.job import harvest
     from sentsim.harvest.remix import RemixConfig, remix
@@ -333,7 +334,7 @@ def test_the_discriminator_term_remixes_like_a_harvest_scored_with_that_weight(i
     def mix(run_dir, *mixes):
         return subprocess.run([sys.executable, "bench/lambda_mix.py", str(run_dir),
                                *(x for m in mixes for x in ("--mix", m))], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parents[1], timeout=300)
+                              cwd=Path(__file__).resolve().parents[2], timeout=300)
 
     r = mix(with_disc, "0,1,1,1", "1,1,1,1", "1,1,1")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -483,20 +484,6 @@ def test_anchors_that_partner_each_other_give_each_pair_once(inputs, tmp_path):
     assert len(keys) > 12  # many pairs, each proposed from both ends
 
 
-def as_fingerprinted(run, fp, run_format=1):
-    """The run with every record's fingerprint replaced by `fp` (manifest, unit markers, side tables), as
-    an earlier sentsim wrote it: run format 1, markers without a checksum of their own."""
-    for f in [run / "manifest.json", *(run / "_units").glob("*.json"), *(run / "_side").glob("*.json")]:
-        rec = json.loads(f.read_text())
-        rec["fingerprint"] = fp
-        rec.pop("check", None)
-        if f.name == "manifest.json":
-            rec["format_version"] = run_format
-        f.write_text(json.dumps(rec))
-    (run / "_COMPLETE").unlink()
-    return run
-
-
 def test_a_run_resumes_under_another_spelling_of_its_input_paths(inline_run, tmp_path, monkeypatch):
     """Input paths are fingerprinted by what they hold, so a run resumes with its corpus, index and context
     models named relative to another folder; a run written while paths were fingerprinted as given resumes
@@ -597,9 +584,8 @@ def test_the_harvest_is_four_stages_each_built_from_named_arguments(inline_run):
     run = HarvestRun(cfg, "inline", force_new=False, quiet=True)
     store = ShardStore(str(out))
     manifest = store.read_manifest()
-    job = run.job()
-    assert job.fp == manifest["fingerprint"]  # the resolved run is the stored one: it would resume, not restart
-    ctx = RunContext(job, job.fp, store, manifest, "inline", None, False, True)
+    assert run.fp == manifest["fingerprint"]  # the resolved run is the stored one: it would resume, not restart
+    ctx = RunContext(run, run.fp, store, manifest, "inline", None, False, True)
     specs = run.stages(ctx)
     assert [s.stage for s in specs] == [ContextStage, ScoreStage, RankStage, WriteStage]
     assert [s.name for s in specs] == ["contexts", "scoring", "rank", "write"]

@@ -1,6 +1,6 @@
 """Student objectives come from one registry (sentsim.students.objectives): the config's choices and sections,
 the command's --objective choices and the trainer all read it, and name no objective themselves, so a new
-objective is one new file plus a registration line. Shown with tests/toy_objective.py, registered from
+objective is one new file plus a registration line. Shown with tests/students/toy_objective.py, registered from
 outside the package and trained through the `sentsim train student` command."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_an_unknown_objective_is_refused_in_one_line(tmp_path):
 
 
 def toy_cli(*args, timeout=600) -> subprocess.CompletedProcess:
-    """`sentsim ARGS` in a process that imported tests/toy_objective.py first, as a user's wrapper would."""
+    """`sentsim ARGS` in a process that imported tests/students/toy_objective.py first, as a user's wrapper would."""
     code = "import sys, toy_objective; from sentsim.cli import main; sys.exit(main())"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=env,

@@ -1,4 +1,4 @@
-"""A toy Eq. 4 metric, all in this one file: what a new metric needs (tests/test_eq4_metrics.py uses it).
+"""A toy Eq. 4 metric, all in this one file: what a new metric needs (tests/harvest/test_eq4_metrics.py uses it).
 
 `toy-l1` is minus the mean absolute difference of the two score vectors: 0 for equal vectors,
 more negative the more the sentences' scores differ. Not a metric to harvest with.

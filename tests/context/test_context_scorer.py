@@ -26,7 +26,7 @@ TINY = dict(vocab_size=600, d_model=48, encoder_layers=1, decoder_layers=1, atte
 
 # Exactness (batched = one at a time = a hand-summed log-softmax) is an fp32 property: on a CPU with native
 # bf16, `autocast: auto` scores in bf16, where a batch's padding changes the rounding. These tests pin fp32;
-# test_cpu_bf16_matches_fp32 and tests/test_hardware.py cover the bf16 path.
+# test_cpu_bf16_matches_fp32 and tests/cli/test_hardware.py cover the bf16 path.
 FP32 = dict(device="cpu", autocast="off")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -405,7 +405,7 @@ def test_training_stream_mixes_the_corpus_and_a_resume_goes_on_where_it_stopped(
     at = [in_order.index(d) for d in halves[: len(halves) // 4]]
     assert min(at) < len(in_order) // 2 <= max(at), at
 
-    # the legacy stream (batching=buffer; tests/test_training_stream.py has the bucketed one)
+    # the legacy stream (batching=buffer; tests/context/test_training_stream.py has the bucketed one)
     cfg = ContextTrainConfig.model_validate({"model": TINY_MODEL, **TRAIN, "batching": "buffer"})
     tok = train_bpe((s for d in in_order[:50] for s in d), 500)
     fresh = list(itertools.islice(train_batches(corpus_dir, tok, cfg, ["fwd"], 0, 1, seed=cfg.seed), 8))

@@ -1,0 +1,109 @@
+"""Run helpers the test areas share: a toy sharded job, a run rewritten as an earlier sentsim wrote it,
+and an untrained (seeded) discriminator folder."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+SCHEMA = pa.schema([("unit", pa.int64()), ("x", pa.int64())])
+
+
+class _Write:
+    """A stage that writes its unit's one-row shard, as every job's last stage does."""
+
+    name = "write"
+
+    def __init__(self, out, fp):
+        self.out, self.fp = out, fp
+
+    def setup(self):
+        pass
+
+    def process(self, items):
+        from storage import ShardStore
+
+        for it in items:
+            ShardStore(self.out).write_unit(it["unit"], {"t": pa.table({"unit": [it["unit"]], "x": [it["x"]]},
+                                                                          schema=SCHEMA)}, self.fp, {"x": it["x"]})
+        return [{"unit": it["unit"], "rows": 1, "x": it["x"]} for it in items]
+
+
+def toy_job(out, units, window=None, on_result=None):
+    """A toy job over `units`, each written as a one-row shard; `on_result(r)` True stops it."""
+    from sentsim.executor import ShardedJob
+    from sentsim.pipeline import Resources, StageSpec
+
+    class Toy(ShardedJob):
+        stage = "toy"
+        count = "rows"
+
+        def __init__(self):
+            self.out, self.window = str(out), window
+
+        @property
+        def units(self):
+            return units
+
+        def fingerprint_parts(self):
+            return ("toy", 1)
+
+        def config(self):
+            return {}
+
+        def inputs(self):
+            return []
+
+        def tables(self):
+            return {"t": SCHEMA}
+
+        def stages(self, ctx):
+            return [StageSpec(_Write, Resources(num_cpus=0.25), args=dict(out=self.out, fp=ctx.fp))]
+
+        def on_result(self, result):
+            return bool(on_result and on_result(result))
+
+        def summary(self, ctx):
+            return {"n": ctx.planned}
+
+    return Toy()
+
+
+def as_fingerprinted(run, fp, run_format=1):
+    """The run with every record's fingerprint replaced by `fp` (manifest, unit markers, side tables), as
+    an earlier sentsim wrote it: run format 1, markers without a checksum of their own."""
+    for f in [run / "manifest.json", *(run / "_units").glob("*.json"), *(run / "_side").glob("*.json")]:
+        rec = json.loads(f.read_text())
+        rec["fingerprint"] = fp
+        rec.pop("check", None)
+        if f.name == "manifest.json":
+            rec["format_version"] = run_format
+        f.write_text(json.dumps(rec))
+    (run / "_COMPLETE").unlink()
+    return run
+
+
+def save_untrained_discriminator(corpus, out, seed: int = 0, window: int = 1):
+    """A real discriminator directory (weights, vocab, config) with untrained, seeded weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    from corpus.view import SentenceTable
+    from sentsim.discriminator import CoherenceModel, ModelConfig
+    from sentsim.discriminator.io import FORMAT
+    from sentsim.discriminator.vocab import Vocab
+    from sentsim.identity import corpus_fingerprint
+
+    torch.manual_seed(seed)
+    mc = ModelConfig(window=window, embed_dim=16, hidden=16, head_dim=16, embed_init="random")
+    vocab = Vocab.build(SentenceTable.load(corpus).texts, 2000, 1)
+    model = CoherenceModel(len(vocab), mc)
+    out.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    vocab.save(out / "vocab.json")
+    (out / "config.json").write_text(json.dumps({
+        "format": FORMAT, "model": mc.model_dump(), "corpus_fingerprint": corpus_fingerprint(corpus),
+        "vocab_fingerprint": vocab.fingerprint, "vocab_size": len(vocab), "fingerprint": f"untrained-{seed}-{window}",
+    }))
+    return out
