@@ -160,9 +160,10 @@ def test_memory_and_cpu_asks_beyond_the_cluster_are_refused(inputs, ray_2gpu, tm
     from sentsim.harvest.job import harvest
 
     for ask, msg in (({"contexts": {"memory_gb": 4096}}, "ask for 4096 GiB of memory but the cluster has .*memory_gb"),
-                     # 2 contexts + 2 scoring actors at 0.5 CPU leave the rank stage's 0.25 no room on 2 CPUs
+                     # 2 contexts + 2 scoring actors at 0.5 CPU leave the rank and write stages' 0.25 each (the
+                     # writer runs on resources.rank) no room on 2 CPUs
                      ({"contexts": {"min_actors": 2, "max_actors": 2}, "scoring": {"min_actors": 2, "max_actors": 2}},
-                      "ask for 2.25 CPUs but the cluster has 2; lower resources.*.num_cpus")):
+                      "ask for 2.5 CPUs but the cluster has 2; lower resources.*.num_cpus")):
         out = tmp_path / str(len(msg))
         with pytest.raises(UsageError, match=msg):
             harvest(harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], out, resources=ask),

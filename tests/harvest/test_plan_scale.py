@@ -89,7 +89,7 @@ def test_a_unit_plan_streams_through_ray(ray_local, tmp_path):
     from sentsim.pipeline import UnitPlan
     from storage import RunReader
 
-    for name in (__name__, "test_executor"):  # Ray's workers cannot import test modules
+    for name in (__name__, "run_support"):  # Ray's workers cannot import test modules
         cp.register_pickle_by_value(sys.modules[name])
     plan = UnitPlan(9, _Square())
     (tmp_path / "r").mkdir()
