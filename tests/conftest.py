@@ -91,6 +91,16 @@ def free_port() -> int:
     raise RuntimeError("no free TCP port in 20000-32000")
 
 
+def load_bench(name: str):
+    """A bench/ script as a module (bench/ is not a package): tests share its harnesses and sums."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def sentsim_cli(*args, env=None, timeout=600, cwd=None) -> subprocess.CompletedProcess:
     """Run the real `sentsim` console script (as a user would), capturing output."""
     exe = shutil.which("sentsim") or str(Path(sys.executable).parent / "sentsim")

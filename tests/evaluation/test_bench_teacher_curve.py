@@ -7,28 +7,18 @@ on a real inline harvest of six STS-B dev pairs, not on hand-made tables.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import multiprocessing
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_bench
 from harvest_support import build_index_for, tiny_context_bundle
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_bootstrap_leaves_out_unscored_pairs_and_pairs_the_resamples():
-    common = _bench("common")
+    common = load_bench("common")
     gold = np.arange(40, dtype=float)
     pred = gold.copy()
     pred[[3, 7]] = np.nan  # pairs without a score are left out, and counted as such
@@ -46,7 +36,7 @@ def test_bootstrap_leaves_out_unscored_pairs_and_pairs_the_resamples():
 def test_runs_side_by_side_keep_each_others_points(tmp_path):
     """The curve is measured two runs at a time (one thread each); both add their rows to the same
     json files. Eight writers adding forty points each: none may be dropped by another's rewrite."""
-    curve = _bench("teacher_curve")
+    curve = load_bench("teacher_curve")
 
     def writer(i: int) -> None:
         for k in range(40):
@@ -79,7 +69,7 @@ def tiny_teacher(speech_corpus, tmp_path_factory):
 
 def test_grouped_point_records_three_variants_and_resumes_without_recharging(
         tiny_teacher, shared_data, tmp_path, capsys, one_torch_thread):
-    curve = _bench("teacher_curve")
+    curve = load_bench("teacher_curve")
     corpus, index, bundle = tiny_teacher
     work, results = tmp_path / "work", tmp_path / "results"
     argv = ["--label", "tiny", "--bundle", str(bundle), "--sizes", "2", "--group", "2", "--pairs", "6",
@@ -149,7 +139,7 @@ def test_ensemble_averages_standardised_scores_and_pairs_it_against_its_members(
     teacher whose Eq. 4 scores sit in another band weighs the same), on the pairs both scored."""
     from scipy.stats import spearmanr
 
-    curve = _bench("teacher_curve")
+    curve = load_bench("teacher_curve")
     rng = np.random.default_rng(0)
     gold = np.arange(60, dtype=float)
     a, b = gold + rng.normal(0, 25, 60), gold + rng.normal(0, 25, 60)

@@ -10,7 +10,7 @@ import time
 import pandas as pd
 import pyarrow.dataset as ds
 import pytest
-from conftest import free_port, sentsim_cli
+from conftest import free_port, load_bench, sentsim_cli
 
 from sentsim.corpus_job import build_corpus
 from storage import ShardStore, verify_store
@@ -258,17 +258,6 @@ def test_clear_removes_commit_points_before_data(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- commit order, durability, crashes
 
 
-def _bench(name: str):
-    import importlib.util
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", root / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 def test_a_kill_between_a_shards_write_and_its_marker_never_shows_a_partial_unit(tmp_path):
     """`sentsim corpus build` SIGKILLed just before each durable step of unit 2 (the rename of each of its
@@ -277,7 +266,7 @@ def test_a_kill_between_a_shards_write_and_its_marker_never_shows_a_partial_unit
     markers' rows, and the resume ends with the rows of an uninterrupted build. (A marker committed
     before the shards are renamed into place fails here: the reader would list a unit whose files are
     missing.)"""
-    rows = _bench("crash_points").unit_write_crash_points(tmp_path)
+    rows = load_bench("crash_points").unit_write_crash_points(tmp_path)
     assert [r["killed before"] for r in rows] == [
         "rename into sentences/part-00002.parquet", "rename into chunks/part-00002.parquet",
         "rename into _units/00002.json", "rename into sentences/part-00003.parquet"]

@@ -6,27 +6,14 @@ compaction after it never drops or doubles a row."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import sentsim_cli
+from conftest import load_bench, sentsim_cli
 from test_store import s3_server  # noqa: F401  (the moto fixture, reused)
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_bench(name: str):
-    """A bench/ script as a module (the crash harness is shared with bench/crash_points.py)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 A = pa.schema([("unit", pa.int64()), ("i", pa.int64()), ("text", pa.string())])
 B = pa.schema([("unit", pa.int64()), ("v", pa.float32())])
