@@ -473,7 +473,7 @@ class WriteStage(Stage):
         if self.context_schema is not None:
             cs = sorted(w.context_scores, key=lambda x: (x.sentence_id, x.context_id))
             tables["context_scores"] = pa.Table.from_pydict(
-                {k: [x[i] for x in cs] for i, k in enumerate(self.context_schema.names)}, schema=self.context_schema)
+                {k: [getattr(x, k) for x in cs] for k in self.context_schema.names}, schema=self.context_schema)
         return tables
 
     def process(self, items: List[dict]) -> List[dict]:
