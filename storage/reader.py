@@ -356,13 +356,23 @@ class RunReader:
                                            batch_size=batch_size)
 
     def ray_dataset(self, table: str, columns: Optional[Sequence[str]] = None, **kw):
-        """A ray.data dataset over exactly the completed shards (Ray Train streams from it)."""
+        """A ray.data dataset over exactly the completed shards (Ray Train streams from it): one read task
+        a file, reading the paths this reader checked. `kw` goes to `ray.data.read_datasource`.
+
+        Not `ray.data.read_parquet`: that lists its paths again in a thread pool whose completion thread
+        can print an InterruptedError traceback when the listing ends while the machine is busy (a race
+        inside ray.data's work-stealing lister, harmless but loud), and the files are known already."""
         import ray.data
 
         files = self.files(table)
         self._check_rows(files)
-        ds = ray.data.read_parquet(files, filesystem=self.fs, **kw)
-        return ds.select_columns(list(columns)) if columns else ds
+        shards = [(path, self._expect.get(path, (None, None, None))) for path in files]
+        cols = list(columns) if columns else None
+        with self.fs.open_input_file(files[0]) as fh:
+            schema = pq.ParquetFile(fh).schema_arrow
+        schema = pa.schema([schema.field(c) for c in cols]) if cols else schema
+        source = _shard_source(self.fs, [(path, size, rows) for path, (size, rows, _) in shards], cols, schema)
+        return ray.data.read_datasource(source, **kw)
 
     def hf_dataset(self, table: str, columns: Optional[Sequence[str]] = None):
         """A Hugging Face `datasets.Dataset` of exactly the committed rows, in memory (through
@@ -406,3 +416,34 @@ class RunReader:
 
 def open_run(uri: str, *, what: str = "", manifest_required: bool = True) -> RunReader:
     return RunReader(uri, what=what, manifest_required=manifest_required)
+
+
+def _read_shard(fs, path: str, columns: Optional[List[str]]):
+    """Blocks of one shard, a row group at a time (a compacted file may be large)."""
+    with fs.open_input_file(path) as fh:
+        pf = pq.ParquetFile(fh)
+        for i in range(pf.num_row_groups):
+            yield pf.read_row_group(i, columns=columns)
+
+
+def _shard_source(fs, shards: List[Tuple[str, Optional[int], Optional[int]]], columns: Optional[List[str]],
+                  schema: pa.Schema):
+    import functools
+
+    from ray.data.block import BlockMetadata
+    from ray.data.datasource import Datasource, ReadTask
+
+    class ShardSource(Datasource):
+        """Exactly the given files, one read task each, with the rows and bytes their records state."""
+
+        def estimate_inmemory_data_size(self):
+            sizes = [size for _, size, _ in shards]
+            return sum(sizes) if sizes and None not in sizes else None
+
+        def get_read_tasks(self, parallelism, per_task_row_limit=None, data_context=None):
+            return [ReadTask(functools.partial(_read_shard, fs, path, columns),
+                             BlockMetadata(num_rows=rows, size_bytes=size, input_files=(path,), exec_stats=None),
+                             schema=schema, per_task_row_limit=per_task_row_limit)
+                    for path, size, rows in shards]
+
+    return ShardSource()
