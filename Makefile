@@ -33,8 +33,11 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# The suite keeps about one core busy (Ray start-ups, subprocesses, one-thread torch), so it runs in
+# TEST_WORKERS processes, each test file whole in one of them (its module fixtures are built once).
+TEST_WORKERS ?= 2
 test: $(STAMP) $(LUCENE)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=60 tests
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=60 -n $(TEST_WORKERS) --dist loadfile tests
 
 bench: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run_all.py
