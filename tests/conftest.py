@@ -185,10 +185,20 @@ def start_head(tmp, num_cpus=2):
     return head
 
 
+def ray_temp_dir() -> Path:
+    """A short folder for a node's `--temp-dir`: Ray puts its AF_UNIX sockets there, whose paths may not pass
+    107 bytes, and a pytest tmp path (one level deeper per xdist worker) leaves too little room for Ray's
+    session_<date>_<pid>/sockets/plasma_store. Removed when the session ends."""
+    path = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def _start_head_once(tmp, num_cpus):
     import time
 
     tmp.mkdir(parents=True, exist_ok=True)
+    temp = ray_temp_dir()
     port, dash, metrics = free_port(), free_port(), free_port()
     # Every fixed-default port gets a free one too, so that a Ray already running on this machine
     # (a developer's, or a local `ray.init()`) cannot make the head fail to bind.
@@ -205,7 +215,7 @@ def _start_head_once(tmp, num_cpus):
         [str(bin_dir / "ray"), "start", "--head", "--block", f"--num-cpus={num_cpus}", f"--port={port}",
          "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
          "--include-dashboard=true", f"--metrics-export-port={metrics}", *(f"--{k}={v}" for k, v in more.items()),
-         f"--temp-dir={tmp}", "--disable-usage-stats"],
+         f"--temp-dir={temp}", "--disable-usage-stats"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     log.close()  # the child keeps its own descriptor
@@ -225,7 +235,7 @@ def _start_head_once(tmp, num_cpus):
         except Exception:
             if time.time() > deadline or proc.poll() is not None:
                 stop_head({"proc": proc})
-                raise RuntimeError("ray head did not come up; " + _head_logs(tmp)) from None
+                raise RuntimeError("ray head did not come up; " + _head_logs(tmp, temp)) from None
             time.sleep(1)
     return {"env": env, "address": address, "gcs": f"127.0.0.1:{port}", "proc": proc, "num_cpus": num_cpus,
             "metrics": f"http://127.0.0.1:{metrics}/metrics"}
@@ -264,8 +274,8 @@ def start_worker(head, tmp, num_cpus=1, num_gpus=0):
     proc = subprocess.Popen(
         [sys.executable, "-c", RAY_START_WORKER_ON_LOOPBACK, "start", "--block", f"--address={head['gcs']}",
          f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}", "--node-ip-address=127.0.0.1",
-         "--min-worker-port=0", "--max-worker-port=0", *(f"--{k}={v}" for k, v in ports.items()), f"--temp-dir={tmp}",
-         "--disable-usage-stats"],
+         "--min-worker-port=0", "--max-worker-port=0", *(f"--{k}={v}" for k, v in ports.items()),
+         f"--temp-dir={ray_temp_dir()}", "--disable-usage-stats"],
         env=head["env"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     log.close()
@@ -302,11 +312,12 @@ def kill_node(node) -> None:
     node["proc"].wait(30)
 
 
-def _head_logs(tmp, chars=1500):
-    """The tails of `ray start`'s output and of the dashboard's log, which say why a head is not up."""
+def _head_logs(tmp, temp, chars=1500):
+    """The tails of `ray start`'s output (in `tmp`) and of the dashboard's log (under the head's --temp-dir
+    `temp`), which say why a head is not up."""
     parts = []
-    for name in ("ray_start.log", "session_latest/logs/dashboard.log"):
-        path = Path(tmp) / name
+    for name, path in (("ray_start.log", Path(tmp) / "ray_start.log"),
+                       ("dashboard.log", Path(temp) / "session_latest" / "logs" / "dashboard.log")):
         if path.is_file():
             parts.append(f"--- {name}:\n" + path.read_text(errors="replace")[-chars:])
     return "\n".join(parts) or "no logs"
