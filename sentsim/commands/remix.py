@@ -17,7 +17,8 @@ def add_arguments(p) -> None:
                        help=f"weight of the {what} term (default: the source harvest's)")
     from sentsim.harvest import metrics
 
-    p.add_argument("--metric", choices=metrics.remixable(), help="Eq. 4 similarity (default: the source's)")
+    p.add_argument("--metric", choices=metrics.names(),
+                   help="Eq. 4 similarity (default: the source's; double-centred for contexts.mode=pool harvests)")
     p.add_argument("--variant", choices=["paper", "union", "centred"],
                    help="grouped harvests: the Eq. 4 variant that fills score (default: the source's grouping.score)")
     add_run_arguments(p, executor="inline")

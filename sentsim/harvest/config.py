@@ -25,14 +25,21 @@ class PartnerConfig(Section):
     same_doc: int = Field(1, ge=0, description="partners from the anchor's own document")
     random: int = Field(2, ge=0, description="random corpus partners (likely dissimilar)")
     neighbour_chunks: int = Field(16, ge=1, description="retrieved chunks to draw neighbours from")
+    # Pool mode labels a pair by comparing two stored vectors, so dense pairs are cheap: every pair among
+    # the anchors of each TF-IDF cluster of K (K(K-1)/2 pairs for K sentences' scoring). 0: the partners above.
+    cluster_size: int = Field(0, ge=0, description="contexts.mode=pool: label every pair within TF-IDF clusters "
+                                                   "of this many anchors (0: neighbours, same_doc and random)")
 
 
 class HarvestResources(Section):
-    """`resources.<stage>` of the harvest's three stages: the one place their actors' resources are set."""
+    """`resources.<stage>` of the harvest's stages: the one place their actors' resources are set. A pool
+    harvest (contexts.mode=pool) scores its sentence vectors with `scoring` and writes them with `rank`'s
+    resources, then labels pairs with `label`'s."""
 
     contexts: StageResources = StageResources()
     scoring: StageResources = StageResources()
     rank: StageResources = StageResources(num_cpus=0.25)
+    label: StageResources = StageResources(num_cpus=0.25)  # contexts.mode=pool: pairs from stored vectors
 
 
 class RankConfig(Section):
@@ -83,7 +90,8 @@ class HarvestConfig(Section):
     context_models: list[str] = Field(default_factory=list, description="one or more context-model bundle folders")
     pairs_file: Optional[str] = Field(
         None, description="explicit mode: score these pairs (TSV/CSV/JSONL/Parquet with s1, s2)")
-    pairs_per_unit: int = Field(64, ge=1, description="explicit mode: pairs per work unit")
+    pairs_per_unit: int = Field(64, ge=1, description="explicit mode, and pool mode's labelling: pairs per work unit")
+    sentences_per_unit: int = Field(64, ge=1, description="contexts.mode=pool: sentences scored per work unit")
     seed: Seed = 0
     anchors: AnchorConfig = AnchorConfig()
     partners: PartnerConfig = PartnerConfig()
@@ -141,7 +149,21 @@ class HarvestConfig(Section):
             raise ValueError("context_models: give at least one context-model folder")
         if self.contexts.mode == "screened" and not self.index:
             raise ValueError("index: screened contexts need a retrieval index (or set contexts.mode=random)")
+        self._check_pool()
         return self
+
+    def _check_pool(self) -> None:
+        pool, k = self.contexts.mode == "pool", self.partners.cluster_size
+        if pool and self.grouping.enabled:
+            raise ValueError("grouping scores each group over its sentences' own context sets; contexts.mode=pool has "
+                             "none (every sentence shares the pool): turn grouping off")
+        if k == 1:
+            raise ValueError("partners.cluster_size: 1 gives no pair; use 0 (the partners) or 2 or more")
+        if k and not pool:
+            raise ValueError("partners.cluster_size labels pairs from stored sentence vectors: "
+                             "it needs contexts.mode=pool")
+        if k and self.pairs_file:
+            raise ValueError("partners.cluster_size pairs up a corpus's anchors; a --pairs run labels the file's pairs")
 
     def semantic(self, with_paths: bool = False) -> dict:
         """Everything that changes the rows; resources and placement do not, and neither do the spellings of
@@ -153,7 +175,11 @@ class HarvestConfig(Section):
             d.pop(k)
         if not with_paths:
             d["rank"].pop("encoder")  # its checkpoint hash is fingerprinted when rank targets are on
-        d["contexts"].pop("rep_cache")  # where the cache lies is not semantic; its identity is (job.py)
+        d["contexts"] = self.contexts.semantic()  # not where the rep cache lies (its identity is: job.py)
+        if not self.partners.cluster_size:  # runs from before the pool mode keep their fingerprint
+            d["partners"].pop("cluster_size")
+        if self.contexts.mode != "pool":
+            d.pop("sentences_per_unit")
         if not self.grouping.enabled:  # runs from before grouping existed keep their fingerprint
             d.pop("grouping")
         for k in SCORING_EXECUTION:

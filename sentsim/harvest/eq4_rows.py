@@ -137,3 +137,21 @@ def pair_rows(pairs: Sequence[Tuple[Hashable, Hashable]], terms: UnitTerms, metr
             row[f"sim_{t}"] = _value(pair_similarity(values[idx1], values[idx2], metric))
         rows.append(row)
     return rows
+
+
+def vector_rows(pairs: Sequence[Tuple[int, int]], S: np.ndarray, terms: Mapping[str, np.ndarray], metric: str,
+                effect: Optional[np.ndarray] = None) -> List[dict]:
+    """The Eq. 4 columns of each pair of a pool harvest (harvest/pool.py), whose sentences share the pool:
+    pair (i, j) of row indices compares S[i] and S[j] over every pool context (NaN ones dropped pairwise), and
+    each term alike. n_ctx_s1/2 count the contexts each sentence was scored in."""
+    rows = []
+    scored = np.isfinite(S).sum(axis=1)
+    for i, j in pairs:
+        row: dict = {"n_ctx_s1": int(scored[i]), "n_ctx_s2": int(scored[j])}
+        score = pair_similarity(S[i], S[j], metric, effect)
+        row["score"] = _value(score)
+        row["null_reason"] = None if np.isfinite(score) else DEGENERATE
+        for t, values in terms.items():
+            row[f"sim_{t}"] = _value(pair_similarity(values[i], values[j], metric))
+        rows.append(row)
+    return rows

@@ -80,8 +80,19 @@ class HarvestRun(ShardedJob):
         check_scorable_terms(cfg)
         self.cfg, self.out = cfg, cfg.out
         self.corpus = CorpusIndex(cfg.corpus)
+        self.pooled = cfg.contexts.mode == "pool"
         self.unit_plan, self.plan_info = plan(cfg, self.corpus)
         self.hashes = model_hashes(cfg)
+        if self.pooled:  # the pool, then the pairs: the run's own when it resumes (pool.py)
+            from sentsim.harvest.pool import PAIRS_TABLE, PoolPairUnits, draw_pool, plan_pool_pairs
+
+            self.pool = draw_pool(self.corpus, cfg.contexts.pool_size, self.context_window(), cfg.seed)
+            kept = None if force_new else ShardStore(cfg.out).read_side_table(PAIRS_TABLE, fingerprint=self.fp)
+            file_pairs = self.unit_plan.make.pairs if cfg.pairs_file else None
+            anchors = None if cfg.pairs_file else self.unit_plan.make.anchors
+            self.pool_plan = plan_pool_pairs(cfg, self.corpus, anchors, file_pairs, kept)
+            per = cfg.pairs_per_unit
+            self.unit_plan = UnitPlan(-(-len(self.pool_plan.pairs) // per), PoolPairUnits(self.pool_plan.pairs, per))
         self.rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if uses_rep_cache(cfg) else None
         stored = None if force_new else ShardStore(cfg.out).read_manifest()  # a new run reads no old manifest
         if stored and stored.get("fingerprint") != self.fp:
@@ -116,8 +127,9 @@ class HarvestRun(ShardedJob):
 
     def tables(self) -> dict:
         cfg = self.cfg
+        keep = cfg.keep_context_scores == "all" and not self.pooled  # a pool run keeps its vectors instead
         return {"pairs": pair_schema(cfg.grouping.enabled), "sentences": SENTENCE_SCHEMA,
-                **({"context_scores": CONTEXT_SCORE_SCHEMA} if cfg.keep_context_scores == "all" else {})}
+                **({"context_scores": CONTEXT_SCORE_SCHEMA} if keep else {})}
 
     def open_extra(self) -> dict:
         return {"scoring_precision": self.precision}
@@ -142,6 +154,20 @@ class HarvestRun(ShardedJob):
         anchor_ids = anchor_texts = None
         if cfg.rank.enabled:
             anchor_ids, anchor_texts = run_anchors(cfg, ctx.store, ctx.fp)
+        rank_and_write = [
+            StageSpec(RankStage, Resources.of(r.rank), args=dict(
+                cfg=cfg, fp=ctx.fp, anchor_ids=anchor_ids, anchor_texts=anchor_texts,
+                sentence_schema=sentence_schema_of(ctx.manifest))),
+            # the writer shares the rank stage's resources; a run keeps the schemas it was opened with
+            StageSpec(WriteStage, Resources.of(r.rank), args=dict(
+                cfg=cfg, fp=ctx.fp, sentence_schema=sentence_schema_of(ctx.manifest),
+                context_schema=None if self.pooled else context_score_schema_of(ctx.manifest))),
+        ]
+        if self.pooled:  # the sentences' vectors are scored first, by their own run (prepare, pool_vectors.py)
+            from sentsim.harvest.pool_label import PoolLabelStage
+
+            return [StageSpec(PoolLabelStage, Resources.of(r.label), args=dict(
+                out=cfg.out, fp=ctx.fp, metric=cfg.metric, precision=self.precision)), *rank_and_write]
         # the stages score in the run's resolved format; the fingerprint keeps the setting as given (auto)
         scoring_cfg = cfg.model_copy(update={"scoring": cfg.scoring.model_copy(update={"autocast": self.precision})})
         return [
@@ -151,13 +177,7 @@ class HarvestRun(ShardedJob):
                 anchors=self.units.make.anchors if isinstance(self.units.make, AnchorUnits) else None)),
             StageSpec(ScoreStage, Resources.of(r.scoring), args=dict(
                 cfg=scoring_cfg, reference_texts=self.reference_texts())),
-            StageSpec(RankStage, Resources.of(r.rank), args=dict(
-                cfg=cfg, fp=ctx.fp, anchor_ids=anchor_ids, anchor_texts=anchor_texts,
-                sentence_schema=sentence_schema_of(ctx.manifest))),
-            # the writer shares the rank stage's resources; a run keeps the schemas it was opened with
-            StageSpec(WriteStage, Resources.of(r.rank), args=dict(
-                cfg=cfg, fp=ctx.fp, sentence_schema=sentence_schema_of(ctx.manifest),
-                context_schema=context_score_schema_of(ctx.manifest))),
+            *rank_and_write,
         ]
 
     def context_window(self) -> int:
@@ -175,17 +195,52 @@ class HarvestRun(ShardedJob):
                                             replace=False)))
 
     def prepare(self, ctx: RunContext) -> None:
+        if self.pooled:
+            self.prepare_pool(ctx)
         if self.rep_cache:  # every corpus sentence encoded once, before the pipeline
             cfg = self.cfg
             ensure_rep_cache(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator,
                              self.hashes["rep_cache"], cfg.resources.contexts, executor=ctx.executor,
                              force_new=ctx.force_new, address=ctx.address, quiet=ctx.quiet)
 
+    def vector_identity(self) -> dict:
+        """What the pool's sentence vectors depend on besides the pool and the sentences (not the metric, the
+        splits or the rank targets, which only labelling reads)."""
+        return {"corpus": self.corpus.fingerprint, "contexts": self.cfg.contexts.semantic(), "seed": self.cfg.seed,
+                "scoring": self.cfg.semantic()["scoring"], "context_models": self.hashes["context_models"]}
+
+    def prepare_pool(self, ctx: RunContext) -> None:
+        """The pool run's vectors (built or resumed, pool_vectors.py), its pair plan kept, and the context
+        effect over every scored sentence when the metric reads one."""
+        import pyarrow as pa
+
+        from sentsim.harvest import metrics
+        from sentsim.harvest.pool import EFFECT_TABLE, PAIRS_TABLE
+        from sentsim.harvest.pool_vectors import PoolVectorsRun, StoredVectors, ensure_pool_vectors
+
+        job = PoolVectorsRun(self.cfg, self.pool_plan.texts, self.pool, self.vector_identity(), self.precision)
+        ensure_pool_vectors(job, ctx.executor, ctx.address, ctx.force_new, ctx.quiet)
+        if ctx.store.read_side_table(PAIRS_TABLE, fingerprint=ctx.fp) is None:
+            ctx.store.write_side_table(PAIRS_TABLE, self.pool_plan.table(), ctx.fp)
+        if metrics.get(self.cfg.metric).uses_context_effect and \
+                ctx.store.read_side_table(EFFECT_TABLE, fingerprint=ctx.fp) is None:
+            effect = StoredVectors(job.out).context_effect()
+            ctx.store.write_side_table(EFFECT_TABLE, pa.table({
+                "context_id": pa.array(self.pool.ids, pa.int64()), "effect": pa.array(effect, pa.float64())}), ctx.fp)
+
     def summary(self, ctx: RunContext) -> dict:
         refusal = all_null_refusal(ctx.store, ctx.fp, len(self.units))
         if refusal:
             raise UsageError(refusal)
-        return {"plan": self.plan_info}
+        out = {"plan": self.plan_info}
+        if self.pooled:
+            from sentsim.harvest.pool_vectors import vectors_uri
+
+            vectors = ShardStore(vectors_uri(self.out)).read_manifest() or {}
+            out["pool"] = {"size": len(self.pool), "pairs": len(self.pool_plan.pairs),
+                           "sentences": len(self.pool_plan.texts),
+                           "scored_items": (vectors.get("counts") or {}).get("scored_items")}
+        return out
 
 
 class AnchorUnits:

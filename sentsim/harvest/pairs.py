@@ -113,3 +113,47 @@ def owned_pairs(anchor: int, partners: List[Tuple[int, str]], anchors) -> List[T
         anchors = np.asarray(sorted(anchors), dtype=np.int64)
     member = is_anchor(anchors, [p for p, _ in partners])
     return [(p, k) for (p, k), m in zip(partners, member) if not (m and p < anchor)]
+
+
+class AnchorPartners:
+    """Each anchor's pairs with its partners, as a corpus harvest scores them (`sample_partners`, then
+    `owned_pairs`): the per-pair harvest's context stage asks it per unit, the pool harvest for every anchor
+    up front. `partners` is the config's PartnerConfig; `anchors` the run's sorted anchor ids."""
+
+    def __init__(self, corpus, retriever, partners, seed: int, anchors: np.ndarray):
+        self.corpus, self.retriever, self.cfg, self.seed = corpus, retriever, partners, seed
+        self.anchors = anchors
+
+    def _neighbours(self, anchors: List[int], texts: List[str]) -> List[List[int]]:
+        """For each anchor, the sentence of each retrieved chunk with the most words in common with it,
+        from chunks outside the anchor's own document."""
+        neigh: List[List[int]] = [[] for _ in anchors]
+        ids, _ = self.retriever.search(texts, self.cfg.neighbour_chunks)
+        for i, (a, row) in enumerate(zip(anchors, ids)):
+            words = set(texts[i].lower().split())
+            for cid in row:
+                ch = self.corpus.chunk(int(cid)) if cid >= 0 else None
+                if ch is None:
+                    continue
+                first, n = ch
+                if self.corpus.same_doc(first, a):
+                    continue
+                cand = list(range(first, first + n))
+                ov = [len(words & set((t or "").lower().split())) for t in self.corpus.texts(cand)]
+                neigh[i].append(cand[int(np.argmax(ov))])
+        return neigh
+
+    def pairs(self, anchors: List[int]) -> list:
+        """The `Pair`s of these anchors (a unit's, or all), anchor first."""
+        from sentsim.harvest.work import Pair
+
+        p = self.cfg
+        neigh: List[List[int]] = [[] for _ in anchors]
+        if self.retriever is not None and p.neighbours:
+            neigh = self._neighbours(anchors, self.corpus.texts(anchors))
+        out = []
+        for a, nb in zip(anchors, neigh):
+            parts = sample_partners(a, self.seed, self.corpus.doc_members(a), self.corpus.ids, nb,
+                                    p.neighbours, p.same_doc, p.random)
+            out.extend(Pair(a, q, kind) for q, kind in owned_pairs(a, parts, self.anchors))
+        return out

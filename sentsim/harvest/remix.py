@@ -55,8 +55,8 @@ class RemixConfig(Section):
     lambda_fwd: Optional[float] = Field(None, ge=0, description="λ2, log p(s | c<, c>) per token")
     lambda_left: Optional[float] = Field(None, ge=0, description="λ3, log p(c< | s, c>) per token")
     lambda_right: Optional[float] = Field(None, ge=0, description="λ4, log p(c> | c<, s) per token")
-    metric: Optional[Annotated[str, metrics.OneOf(metrics.remixable)]] = Field(
-        None, description="Eq. 4 similarity; unset = the source's (double-centred cannot be remixed)")
+    metric: Optional[Annotated[str, metrics.OneOf(metrics.names)]] = Field(
+        None, description="Eq. 4 similarity; unset = the source's (double-centred: pool harvests only)")
     # Grouped harvests (grouping.enabled) keep three Eq. 4 variants; this picks the one in `score`.
     # Unset = the source's grouping.score (sentsim/harvest/grouping.py).
     variant: Optional[Literal["paper", "union", "centred"]] = Field(
@@ -64,8 +64,9 @@ class RemixConfig(Section):
     resources: StageResources = StageResources()  # the remix actors' resources (--executor ray)
 
 
-def resolve(cfg: RemixConfig, manifest: dict) -> tuple[dict, str]:
-    """The remix's weights and metric: each unset λ is the source's (0 for a term its ablation left out)."""
+def resolve(cfg: RemixConfig, manifest: dict, pooled: bool = False) -> tuple[dict, str]:
+    """The remix's weights and metric: each unset λ is the source's (0 for a term its ablation left out). A pool
+    harvest (`pooled`) keeps every sentence's vector, so its context effect is recomputed and any metric goes."""
     from pydantic import ValidationError
 
     from sentsim.config import format_validation_error
@@ -88,12 +89,47 @@ def resolve(cfg: RemixConfig, manifest: dict) -> tuple[dict, str]:
     if metric not in metrics.names():
         raise UsageError(f"{cfg.source}: its Eq. 4 metric {metric!r} is not one this sentsim has "
                          f"({', '.join(metrics.names())}); pass --metric {metrics.DEFAULT} (or {others})")
-    if metrics.get(metric).uses_context_effect:
-        raise UsageError(f"{cfg.source}: metric {metric} needs the reference sentences' scores, which a harvest "
-                         f"does not store; pass --metric {metrics.DEFAULT} (or {others})")
+    if metrics.get(metric).uses_context_effect and not pooled:
+        raise UsageError(f"{cfg.source}: metric {metric} needs the reference sentences' scores, which a per-pair "
+                         f"harvest does not store (a contexts.mode=pool one does); pass --metric {metrics.DEFAULT} "
+                         f"(or {others})")
     if not any(lam.values()):
         raise UsageError("every λ is 0: Eq. 3 would be empty")
     return lam, metric
+
+
+def pool_vectors_of(source: str, manifest: dict) -> Optional[str]:
+    """A pool harvest's vectors run (its own, or, for a remix of one, the one that remix read); None for a
+    per-pair harvest. Refused unless complete."""
+    config = manifest.get("config") or {}
+    if (config.get("contexts") or {}).get("mode") != "pool":
+        return None
+    from sentsim.harvest.pool_vectors import vectors_uri
+    from storage import ShardStore
+
+    uri = (config.get("remix") or {}).get("pool_vectors") or vectors_uri(source)
+    m = ShardStore(uri).read_manifest()
+    if not m or not m.get("complete"):
+        raise UsageError(f"{uri}: this pool harvest's sentence vectors are missing or incomplete; resume the harvest")
+    return uri
+
+
+def check_pool_terms(cfg: RemixConfig, vectors: str) -> None:
+    """check_terms for a pool harvest: a weighted term must have been scored in its vectors run."""
+    from sentsim.harvest.pool_vectors import DIRS, VECTORS_TABLE
+    from storage import RunReader
+
+    reader = RunReader(vectors)
+    first = reader.unit_table(min(reader.units()), VECTORS_TABLE)
+    for t in TERMS:
+        given = getattr(cfg, f"lambda_{t}")
+        if not given:
+            continue
+        values = (first.column(t).combine_chunks().flatten().to_numpy(zero_copy_only=False) if t in DIRS
+                  else np.array([np.nan]))
+        if not np.isfinite(values.astype(np.float64)).any():
+            raise UsageError(f"{cfg.source}: the {t} term was not scored there (no discriminator in a pool harvest, or "
+                             f"its λ was 0 or ablated); lambda_{t}={given:g} cannot weigh it in")
 
 
 def check_terms(cfg: RemixConfig, first_unit: dict) -> None:
@@ -158,10 +194,48 @@ def remix_unit(tables: dict, lam: dict, metric: str, variant: Optional[str] = No
     return {"pairs": out_pairs, "sentences": sent, "context_scores": cs}, counts
 
 
-def _read_unit(reader, record) -> dict:
-    """The unit's three tables, from its own shards or its slice of the compacted files (`reader`: a RunReader)."""
+def remix_pool_unit(tables: dict, vectors, S: np.ndarray, metric: str, effect: Optional[np.ndarray]
+                    ) -> tuple[dict, dict]:
+    """A pool harvest's unit (pool.py): every pair's Eq. 4 row again, from the stored sentence vectors
+    (`vectors`, pool_vectors.StoredVectors) and S over the pool recomputed under the remix's λ."""
+    from sentsim.harvest.eq4_rows import vector_rows
+
+    pairs = tables["pairs"]
+    cols = pairs.to_pydict()
+    idx = [(vectors.row[a], vectors.row[b]) for a, b in zip(cols["s1_id"], cols["s2_id"])]
+    for i, row in enumerate(vector_rows(idx, S, vectors.terms, metric, effect)):
+        for k, v in row.items():
+            cols[k][i] = v
+    counts = {"pairs": len(cols["pair_id"]), "null_scores": sum(x is None for x in cols["score"]),
+              "approximate": 0, "rescored": len(cols["pair_id"])}
+    return {"pairs": pa.Table.from_pydict(cols, schema=pairs.schema), "sentences": tables["sentences"]}, counts
+
+
+def pool_scores(vectors, lam: dict, metric: str) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """S over the pool for every stored sentence under `lam` (Eq. 3, as the scorer combines its terms), and the
+    context effect over all of them when `metric` reads one."""
+    from sentsim.context.scorer import combine_terms
+
+    shape = vectors.S.shape
+    values = {t: vectors.terms[t].ravel().astype(np.float64) if t in vectors.terms else np.full(vectors.S.size, np.nan)
+              for t in TERMS}
+    S, _ = combine_terms(values, dict.fromkeys(TERMS, True), lam)
+    S = S.reshape(shape)
+    effect = None
+    if metrics.get(metric).uses_context_effect:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a context no sentence was scored in: NaN
+            effect = np.nanmean(S, axis=0)
+    return S, effect
+
+
+def _read_unit(reader, record, pooled: bool = False) -> dict:
+    """The unit's tables (pairs, sentences and, but in a pool harvest, context_scores), from its own shards or
+    its slice of the compacted files (`reader`: a RunReader)."""
     out = {}
-    for table in ("pairs", "sentences", "context_scores"):
+    for table in ("pairs", "sentences") + (() if pooled else ("context_scores",)):
         if record.files.get(table) is None:
             raise UsageError(f"{reader.uri}: unit {record.unit} has no {table} shard; "
                              "not a harvest with context scores")
@@ -202,9 +276,10 @@ class RemixStage(Stage):
 
     name = "remix"
 
-    def __init__(self, source: str, out: str, fp: str, lam: dict, metric: str, variant: Optional[str] = None):
+    def __init__(self, source: str, out: str, fp: str, lam: dict, metric: str, variant: Optional[str] = None,
+                 vectors: Optional[str] = None):
         self.source, self.out, self.fp, self.lam, self.metric = source, out, fp, lam, metric
-        self.variant = variant
+        self.variant, self.vectors = variant, vectors  # vectors: a pool harvest's vectors run
         self.reader = None
 
     def setup(self) -> None:
@@ -212,6 +287,11 @@ class RemixStage(Stage):
 
         # one reader per actor: it keeps the compacted file the next units are sliced from
         self.reader = RunReader(self.source)
+        if self.vectors:
+            from sentsim.harvest.pool_vectors import StoredVectors
+
+            self.stored = StoredVectors(self.vectors)
+            self.S, self.effect = pool_scores(self.stored, self.lam, self.metric)
 
     def process(self, items: List[dict]) -> List[dict]:
         from storage import ShardStore
@@ -221,7 +301,12 @@ class RemixStage(Stage):
         dst = ShardStore(self.out)
         out = []
         for item in items:
-            tables, counts = remix_unit(_read_unit(self.reader, item["record"]), self.lam, self.metric, self.variant)
+            if self.vectors:
+                tables, counts = remix_pool_unit(_read_unit(self.reader, item["record"], pooled=True), self.stored,
+                                                 self.S, self.metric, self.effect)
+            else:
+                tables, counts = remix_unit(_read_unit(self.reader, item["record"]), self.lam, self.metric,
+                                            self.variant)
             dst.write_unit(item["unit"], tables, self.fp, counts)
             out.append({"unit": item["unit"], **counts})
         return out
@@ -257,16 +342,19 @@ class RemixRun(ShardedJob):
         if not manifest.get("complete"):
             raise UsageError(f"{src.incomplete_note() or cfg.source + ' is not complete'}; resume the harvest "
                              "first, so that the remix covers every unit")
-        if context_score_schema_of(manifest) is None:
+        self.vectors = pool_vectors_of(cfg.source, manifest)
+        if self.vectors is None and context_score_schema_of(manifest) is None:
             raise UsageError(f"{cfg.source}: this harvest kept no context scores (keep_context_scores=none), so "
                              "there is nothing to remix; harvest again with keep_context_scores=all")
-        lam, metric = resolve(cfg, manifest)
+        lam, metric = resolve(cfg, manifest, pooled=self.vectors is not None)
         reader = RunReader(cfg.source)
         units = _checked_units(reader)
         planned = manifest.get("planned_units") or len(units)
         if len(units) != planned:
             raise UsageError(f"{cfg.source}: {planned - len(units)} of {planned} unit(s) have no completion marker")
-        if units:
+        if self.vectors is not None:
+            check_pool_terms(cfg, self.vectors)
+        elif units:
             check_terms(cfg, _read_unit(reader, units[min(units)]))
         del reader  # each stage opens its own; the compacted files read here need not stay in memory
 
@@ -276,7 +364,10 @@ class RemixRun(ShardedJob):
         self.schemas = {"sentences": sentence_schema_of(manifest),
                         "context_scores": context_score_schema_of(manifest)}  # the source's precision
         self.settings = {"source": cfg.source, "source_fingerprint": manifest["fingerprint"], "weights": lam,
-                         "metric": metric, **({"variant": self.variant} if self.variant is not None else {})}
+                         "metric": metric, **({"variant": self.variant} if self.variant is not None else {}),
+                         **({"pool_vectors": self.vectors} if self.vectors is not None else {})}
+        if self.vectors is not None:  # a pool harvest keeps its vectors, not context scores
+            self.schemas.pop("context_scores")
 
     @property
     def units(self) -> List[dict]:
@@ -308,7 +399,8 @@ class RemixRun(ShardedJob):
     def stages(self, ctx: RunContext) -> List[StageSpec]:
         cfg = self.cfg
         return [StageSpec(RemixStage, Resources.of(cfg.resources), args=dict(
-            source=cfg.source, out=cfg.out, fp=ctx.fp, lam=self.lam, metric=self.metric, variant=self.variant))]
+            source=cfg.source, out=cfg.out, fp=ctx.fp, lam=self.lam, metric=self.metric, variant=self.variant,
+            vectors=self.vectors))]
 
     def summary(self, ctx: RunContext) -> dict:
         from sentsim.harvest.job import all_null_refusal
@@ -326,6 +418,8 @@ class RemixRun(ShardedJob):
         written = ctx.store.side_records()
         src = ShardStore(cfg.source)
         for name in src.side_records():  # rank_anchors: students read the anchors from the run
+            if name == "context_effect":  # the source's λ and metric's: a pool remix recomputes its own
+                continue
             if name not in written:
                 ctx.store.write_side_table(name, src.read_side_table(name), ctx.fp)
         out = dict(self.settings, **totals)

@@ -42,9 +42,12 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
 
         corr = float(spearmanr(score[ok], rank[ok]).statistic)
     units = reader.units()
-    scored = sum(m.get("extra", {}).get("scored_items", 0) for m in units.values())
+    # a pool harvest scores in its vectors run (pool_vectors.py) and only labels here: both count
+    pooled = ((manifest.get("config") or {}).get("contexts") or {}).get("mode") == "pool"
+    scoring_units = list(units.values()) + (list(_vectors_units(out)) if pooled else [])
+    scored = sum(m.get("extra", {}).get("scored_items", 0) for m in scoring_units)
     stage_s = {}
-    for m in units.values():
+    for m in scoring_units:
         for k, v in m.get("extra", {}).get("timing", {}).items():
             stage_s[k] = stage_s.get(k, 0.0) + v
     rep = {
@@ -58,6 +61,8 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
         "score_by_kind": {k: stats(score[kind == k]) for k in sorted(set(kind.tolist()))},
         "spearman_score_vs_rank_sim": corr,
         "scored_items": int(scored),
+        # what a label costs: (sentence, context) items scored, each in every Eq. 3 direction, per labelled pair
+        "scored_items_per_pair": scored / len(score) if len(score) else None,
         "stage_seconds": stage_s,
         "stage_items_per_second": {k: (scored / v if v else None) for k, v in stage_s.items()},
         "this_run": {"wall_seconds": wall, "units": progress.done, "pairs": progress.rows},
@@ -72,6 +77,17 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
         f.write(json.dumps(rep, indent=2).encode())
     _plot(store, score, rank, split, stage_s)
     return rep
+
+
+def _vectors_units(out: str):
+    """The unit markers of a pool harvest's vectors run (none when it is missing)."""
+    from sentsim.harvest.pool_vectors import vectors_uri
+    from storage import StoreError
+
+    try:
+        return RunReader(vectors_uri(out)).units().values()
+    except StoreError:
+        return []
 
 
 def precision_counts(units: dict) -> dict:

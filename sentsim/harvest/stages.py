@@ -21,7 +21,7 @@ from corpus.documents import text_id
 from sentsim.harvest import metrics
 from sentsim.harvest.config import HarvestConfig
 from sentsim.harvest.eq4_rows import UnitTerms, context_effect, pair_rows
-from sentsim.harvest.pairs import owned_pairs, pair_id, pair_split, sample_partners
+from sentsim.harvest.pairs import AnchorPartners, pair_id, pair_split
 from sentsim.harvest.work import (
     ContextScore,
     Pair,
@@ -159,43 +159,13 @@ class ContextStage(Stage):
             if self.rep_cache:  # loaded once per actor (003 §3.3: reps cached in advance)
                 cache = ContextCache.from_store(self.rep_cache, disc)
         self.retriever = retriever
+        self.partners = AnchorPartners(self.corpus, retriever, cfg.partners, cfg.seed, self.anchors)
         self.source = ContextSource(self.corpus, cfg.contexts, self.window, cfg.seed, retriever, disc, cache)
-
-    def _neighbours(self, anchors: List[int], texts: List[str]) -> List[List[int]]:
-        """For each anchor, the sentence of each retrieved chunk with the most words in common with it,
-        from chunks outside the anchor's own document."""
-        neigh: List[List[int]] = [[] for _ in anchors]
-        ids, _ = self.retriever.search(texts, self.cfg.partners.neighbour_chunks)
-        for i, (a, row) in enumerate(zip(anchors, ids)):
-            words = set(texts[i].lower().split())
-            for cid in row:
-                ch = self.corpus.chunk(int(cid)) if cid >= 0 else None
-                if ch is None:
-                    continue
-                first, n = ch
-                if self.corpus.same_doc(first, a):
-                    continue
-                cand = list(range(first, first + n))
-                ov = [len(words & set((t or "").lower().split())) for t in self.corpus.texts(cand)]
-                neigh[i].append(cand[int(np.argmax(ov))])
-        return neigh
-
-    def _partners(self, anchors: List[int]) -> List[Pair]:
-        p = self.cfg.partners
-        neigh: List[List[int]] = [[] for _ in anchors]
-        if self.retriever is not None and p.neighbours:
-            neigh = self._neighbours(anchors, self.corpus.texts(anchors))
-        out = []
-        for a, nb in zip(anchors, neigh):
-            parts = sample_partners(a, self.cfg.seed, self.corpus.doc_members(a), self.corpus.ids, nb,
-                                    p.neighbours, p.same_doc, p.random)
-            out.extend(Pair(a, q, kind) for q, kind in owned_pairs(a, parts, self.anchors))
-        return out
 
     def _pairs_and_texts(self, unit: dict) -> tuple[List[Pair], Dict[int, str]]:
         """The unit's pairs and the text of each sentence they (and its anchors) hold."""
         if unit.get("pairs") is None:
-            pairs = self._partners(unit["anchors"])
+            pairs = self.partners.pairs(unit["anchors"])
             sids = sorted({s for p in pairs for s in (p.s1_id, p.s2_id)} | set(unit["anchors"]))
             return pairs, dict(zip(sids, self.corpus.texts(sids)))
         pairs, texts = [], {}  # a pairs file's rows: (s1 text, s2 text, gold)

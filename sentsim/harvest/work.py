@@ -6,6 +6,17 @@
       RankStage      ->  Ranked         the same, each row with its rank similarity, and the sentences' rank targets
       WriteStage     ->  result dict    the unit's counts for the executor's progress line, once its shards are written
 
+The pool harvest (contexts.mode=pool, harvest/pool*.py) has two passes. Its vectors run:
+
+    unit dict {"unit", "ids", "texts"}
+      PoolScoreStage   ->  SentenceVectors  each sentence's Eq. 3 scores over the shared pool P
+      VectorWriteStage ->  result dict      once its sentence_vectors shard is written
+
+and its labelling, whose first stage builds the `Scored` that RankStage and WriteStage take as above:
+
+    unit dict {"unit", "pairs"}
+      PoolLabelStage ->  Scored   Eq. 4 pair rows from the stored vectors (no items scored here)
+
 The pipeline runner (sentsim.pipeline) hands dicts from stage to stage and stamps each with where it ran,
 so a hand-off travels as the envelope {"unit": u, "work": <hand-off>} (`envelope`, `work_of`). A field
 never changes type on the way: a stage that adds something builds the next type (`dataclasses.replace`
@@ -55,14 +66,16 @@ class WithContexts:
 @dataclass(frozen=True)
 class SentenceContexts:
     """What the sentences table keeps of a sentence's C_s: its context ids in order, and why it has fewer
-    contexts than asked for (None when it has them all)."""
+    contexts than asked for (None when it has them all). In a pool harvest every sentence shares the pool:
+    `context_ids` is None (the run's `pool` side table lists them) and `pooled` counts its scored contexts."""
 
-    context_ids: List[int]
+    context_ids: Optional[List[int]]
     shortfall: Optional[str]
+    pooled: Optional[int] = None
 
     @property
     def n_contexts(self) -> int:
-        return len(self.context_ids)
+        return self.pooled if self.context_ids is None else len(self.context_ids)
 
 
 class ContextScore(NamedTuple):
@@ -128,6 +141,23 @@ class Ranked(Scored):
     def of(cls, scored: Scored, rows: List[PairRow], ranks: SentenceRanks) -> "Ranked":
         kept = {f.name: getattr(scored, f.name) for f in fields(Scored)}
         return cls(**dict(kept, rows=rows, timing=dict(scored.timing)), ranks=ranks)
+
+
+@dataclass
+class SentenceVectors:
+    """PoolScoreStage's output: for sentence i of the unit (`ids[i]`, `texts[i]`) and pool context j,
+    `S[i, j]` (Eq. 3) and `terms[t][i, j]` (each scored direction alone), float32, NaN where not scored (a
+    sentence is not scored in the context centred on itself, 003 §3.3's exclusion of the query's own window).
+    `n_scored`: the (sentence, context) items scored."""
+
+    unit: int
+    ids: List[int]
+    texts: List[str]
+    S: np.ndarray
+    terms: Dict[str, np.ndarray]
+    n_scored: int
+    precision: Optional[str]
+    timing: Dict[str, float] = field(default_factory=dict)
 
 
 def envelope(work) -> dict:

@@ -20,10 +20,24 @@ class ContextSetConfig(Section):
     # A corpus sentence would otherwise be offered its own slot: the window it came from, which
     # every context model scores far above any other context.
     exclude_query_centre: bool = Field(True, description="drop candidates whose centre sentence is the query itself")
-    # Table 8 / §5.5 ablation: random contexts instead of retrieval + discriminator screening.
-    mode: Literal["screened", "random"] = "screened"
+    # Table 8 / §5.5 ablation: random contexts instead of retrieval + discriminator screening. `pool` (the
+    # harvest only; not in paper 003): one shared pool of random contexts for every sentence, each sentence
+    # scored once against it, so a pair's Eq. 4 is a comparison of two stored vectors (sentsim/harvest/pool.py).
+    mode: Literal["screened", "random", "pool"] = "screened"
+    # 003 Table 6: STS-B rises with |C_s| (66.25 at 20, 73.93 at 100, on to 500); a shared pool costs
+    # 3|P| items a sentence, not a pair, so it can afford many contexts.
+    pool_size: int = Field(256, ge=1, description="|P|, contexts in the shared pool (contexts.mode=pool)")
     # 003 §3.3: "we cache sentence representations in advance, and compute model scores in the
     # last neural layer". A `sentsim cache build` run to reuse across jobs; when unset, a job with
     # a discriminator builds its own under <out>/rep_cache (resumable) before screening.
     rep_cache: Optional[str] = Field(None,
                                      description="discriminator representation cache (a `sentsim cache build` run)")
+
+    def semantic(self) -> dict:
+        """What changes the context sets: not where the rep cache lies (its identity is fingerprinted by the
+        jobs), and `pool_size` only in pool mode, so runs made before the pool mode keep their fingerprints."""
+        d = self.model_dump()
+        d.pop("rep_cache")
+        if self.mode != "pool":
+            d.pop("pool_size")
+        return d

@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import numpy as np
 import pyarrow as pa
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sentsim.config import Section, Seed
 from sentsim.errors import UsageError
@@ -53,6 +53,13 @@ class ScreenConfig(Section):
     per_unit: int = Field(64, ge=1)
     contexts: ContextSetConfig = ContextSetConfig()
     resources: StageResources = StageResources()
+
+    @model_validator(mode="after")
+    def _own_context_sets(self):
+        if self.contexts.mode == "pool":
+            raise ValueError("contexts.mode=pool is a harvest's shared pool; `sentsim contexts` builds each "
+                             "sentence's own C_s (mode screened or random)")
+        return self
 
 
 class ScreenStage(Stage):
@@ -169,7 +176,8 @@ class ContextsRun(ShardedJob):
         return self.unit_list
 
     def _semantic(self) -> dict:
-        return self.cfg.model_dump(exclude={"out": True, "resources": True, "contexts": {"rep_cache"}})
+        own = self.cfg.model_dump(exclude={"out": True, "resources": True})
+        return dict(own, contexts=self.cfg.contexts.semantic())
 
     def fingerprint_parts(self) -> tuple:
         # the input paths' contents are fingerprinted (corpus and index fingerprints, checkpoint hash, the queries

@@ -5,7 +5,8 @@ the mean S of a shared reference set of sentences there (a harvest's `reference_
 from the corpus; a grouped harvest's `centred` variant uses the group itself, grouping.py). e is
 centred too, then v - mean(v) - e is compared. Most of S(s, c) is how predictable the context is,
 which every sentence shares; this removes it. Without a context effect it equals `pearson`. A
-harvest keeps no reference scores, so `sentsim remix` cannot recompute it.
+per-pair harvest keeps no reference scores, so `sentsim remix` cannot recompute it there; a pool harvest
+(contexts.mode=pool) keeps every sentence's vector over the pool, whose mean per context is the effect.
 """
 
 from __future__ import annotations

@@ -1,0 +1,201 @@
+"""Equal-size TF-IDF clusters of anchor sentences, for pool-mode harvests (`partners.cluster_size: K`).
+
+A pool harvest labels every pair inside each cluster, so a cluster of K sentences costs K*(K-1)/2 labels. Plain
+k-means gives clusters of any size (one huge cluster would cost quadratically more than the rest), so the k-means
+centroids are only used as targets of a capacity-bound greedy assignment that makes every cluster exactly K large,
+except one cluster that takes the remainder n % K. Everything is a function of the texts and the seed, so a resumed
+run gets the same clusters and hence the same pairs.
+
+Capacity assignment (exact greedy, with memory linear in n): conceptually, all n*k (text, centroid) pairs are sorted
+by (squared distance, text, centroid) and walked in that order; a pair assigns its text when the text is still free and
+the centroid still has room. Building that n x k list is too large (n=100,000 and k=2,000 are 200M distances), and
+almost every text is placed within its first few centroids, so only each text's m nearest centroids are listed
+(distances computed in row chunks, kept with argpartition, boundary ties resolved by centroid index). When the walk
+rejects a text's m-th candidate, that text's full distance row is computed and its remaining centroids are merged
+into the walk through a heap keyed the same way; as they are all at least as far as the rejected pair, the result is
+identical to walking the full list.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import warnings
+from typing import Sequence
+
+import numpy as np
+from scipy import sparse
+
+# k-means on all of a large corpus costs too much per Lloyd iteration; mini-batches are close enough for targets
+_FULL_KMEANS_MAX_N = 5_000
+# dense k x vocabulary centroids stay under this many floats (32 MiB at float64): the vocabulary is capped to its
+# most frequent terms to fit, which also bounds the cost of every k-means step
+_CENTROID_FLOATS = 2**22
+# rows of the n x k distance matrix held at once (32 MiB at float64)
+_CHUNK_FLOATS = 2**22
+# nearest centroids listed per text before the full row is needed
+_CANDIDATES = 16
+
+
+def balanced_clusters(texts: Sequence[str], size: int, seed: int) -> np.ndarray:
+    """Cluster index (int64, 0..n_clusters-1) of each text: TF-IDF (word unigrams+bigrams, sublinear tf,
+    fitted on these texts) vectors, k-means with k = ceil(n / size) seeded by `seed`, then a capacity-bound
+    assignment so every cluster has exactly `size` members except that the remainder n % size goes to one
+    cluster (each text goes to its nearest centroid that still has room, taken in order of distance, closest
+    (text, centroid) pairs first).
+
+    The remainder goes to the centroid that is nearest to the fewest texts (lowest index on ties), the cluster
+    k-means found least support for. Texts without any word (all empty, say) fill clusters in input order."""
+    if size < 2:
+        raise ValueError(f"cluster size must be at least 2, got {size}")
+    n = len(texts)
+    if n <= size:
+        return np.zeros(n, dtype=np.int64)
+    k = math.ceil(n / size)
+    X = _tfidf(texts, max_features=max(1024, _CENTROID_FLOATS // k))
+    if X is None:
+        return np.arange(n, dtype=np.int64) // size
+    centres = _kmeans(X, k, seed)
+    cand_d, cand_c = _nearest(X, centres, min(_CANDIDATES, k))
+    room = np.full(k, size, dtype=np.int64)
+    if n % size:
+        natural = np.bincount(cand_c[:, 0], minlength=k)
+        room[int(np.argmin(natural))] = n % size
+    return _assign(X, centres, cand_d, cand_c, room)
+
+
+def cluster_pairs(ids: Sequence[int], clusters: np.ndarray) -> list[tuple[int, int]]:
+    """Every pair (a, b) with a < b of ids that share a cluster, ordered by cluster, then a, then b.
+
+    `ids[i]` is the id of the text in `clusters[i]`; an id repeated within a cluster still gives each pair once."""
+    ids_arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+    cl = np.asarray(clusters, dtype=np.int64).reshape(-1)
+    if ids_arr.shape != cl.shape:
+        raise ValueError(f"{len(ids_arr)} ids but {len(cl)} cluster labels")
+    if not len(cl):
+        return []
+    order = np.lexsort((ids_arr, cl))
+    ids_arr, cl = ids_arr[order], cl[order]
+    starts = np.flatnonzero(np.r_[True, cl[1:] != cl[:-1]])
+    ends = np.r_[starts[1:], len(cl)]
+    firsts, seconds = [], []
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        members = np.unique(ids_arr[s:e])
+        a, b = np.triu_indices(len(members), 1)  # row-major: by a, then b
+        firsts.append(members[a])
+        seconds.append(members[b])
+    return list(zip(np.concatenate(firsts).tolist(), np.concatenate(seconds).tolist()))
+
+
+def _tfidf(texts: Sequence[str], max_features: int) -> sparse.csr_matrix | None:
+    """L2-normalised rows (so Euclidean distance orders like cosine), or None when no text has a word."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    vec = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, lowercase=True, token_pattern=r"(?u)\b\w+\b",
+                          max_features=max_features, dtype=np.float64)
+    try:
+        X = vec.fit_transform(list(texts))
+    except ValueError:  # empty vocabulary
+        return None
+    return sparse.csr_matrix(X)
+
+
+def _kmeans(X: sparse.csr_matrix, k: int, seed: int) -> np.ndarray:
+    """Centroids (k x vocabulary, dense float64); duplicate texts may leave some centroids coinciding."""
+    from sklearn.cluster import KMeans, MiniBatchKMeans
+    from sklearn.exceptions import ConvergenceWarning
+
+    n = X.shape[0]
+    if n <= _FULL_KMEANS_MAX_N:
+        # a few restarts are cheap at this size and keep small, clearly separated topics from merging
+        km = KMeans(n_clusters=k, n_init=4, random_state=seed)
+    else:
+        # a few passes are enough: the centroids are only targets for the capacity-bound assignment
+        batch = max(4096, 4 * k)
+        km = MiniBatchKMeans(n_clusters=k, n_init=1, random_state=seed, batch_size=batch,
+                             init_size=min(n, max(3 * batch, 3 * k)), max_iter=3, compute_labels=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # fewer distinct texts than clusters
+        km.fit(X)
+    return np.ascontiguousarray(km.cluster_centers_, dtype=np.float64)
+
+
+def _distances(X: sparse.csr_matrix, centres_t: np.ndarray, cc: np.ndarray) -> np.ndarray:
+    """Squared Euclidean distances of X's rows to every centre (rows x k), given the transposed centres as a
+    C-contiguous array (scipy would otherwise copy all of them on every call) and their squared norms cc."""
+    xx = np.asarray(X.multiply(X).sum(axis=1)).reshape(-1, 1)
+    return xx + cc[None, :] - 2.0 * np.asarray(X @ centres_t)
+
+
+def _nearest(X: sparse.csr_matrix, centres: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each text's m nearest centres ordered by (distance, centre index): distances (n x m) and indices (n x m)."""
+    n, k = X.shape[0], centres.shape[0]
+    cc = np.einsum("ij,ij->i", centres, centres)
+    centres_t = np.ascontiguousarray(centres.T)
+    out_d = np.empty((n, m), dtype=np.float64)
+    out_c = np.empty((n, m), dtype=np.int64)
+    step = max(1, _CHUNK_FLOATS // k)
+    cols = np.arange(k)
+    for lo in range(0, n, step):
+        D = _distances(X[lo:lo + step], centres_t, cc)
+        if m < k:
+            part = np.argpartition(D, m - 1, axis=1)[:, :m]
+            pd = np.take_along_axis(D, part, axis=1)
+            # argpartition picks arbitrarily among centres tied with the m-th: redo those rows by index
+            tied = np.flatnonzero((D <= pd.max(axis=1, keepdims=True)).sum(axis=1) > m)
+            for r in tied:
+                part[r] = np.lexsort((cols, D[r]))[:m]
+                pd[r] = D[r, part[r]]
+        else:
+            part = np.broadcast_to(cols, D.shape).copy()
+            pd = D
+        o = np.lexsort((part, pd), axis=-1)
+        out_d[lo:lo + step] = np.take_along_axis(pd, o, axis=1)
+        out_c[lo:lo + step] = np.take_along_axis(part, o, axis=1)
+    return out_d, out_c
+
+
+def _assign(X: sparse.csr_matrix, centres: np.ndarray, cand_d: np.ndarray, cand_c: np.ndarray,
+            room: np.ndarray) -> np.ndarray:
+    """The exact greedy walk described in the module docstring; `room` (summing to n) is each cluster's capacity."""
+    n, m = cand_d.shape
+    cc = np.einsum("ij,ij->i", centres, centres)
+    centres_t = np.ascontiguousarray(centres.T)
+    cols = np.arange(centres.shape[0])
+    flat_d, flat_c = cand_d.reshape(-1), cand_c.reshape(-1)
+    flat_t = np.repeat(np.arange(n, dtype=np.int64), m)
+    order = np.lexsort((flat_c, flat_t, flat_d))
+    ds, ts, cs = flat_d[order].tolist(), flat_t[order].tolist(), flat_c[order].tolist()
+    ranks = (order % m).tolist()
+    last = m - 1
+    label = [-1] * n
+    rooms = room.tolist()
+    rest: dict[int, tuple[list, list, int]] = {}  # text -> (distances, centres, next position) beyond its m
+    heap: list[tuple[float, int, int]] = []
+    left, p, total = n, 0, len(ds)
+
+    def push_next(i: int) -> None:
+        if i not in rest:
+            D = _distances(X[i], centres_t, cc)[0]
+            o = np.lexsort((cols, D))[m:]
+            rest[i] = (D[o].tolist(), o.tolist(), 0)
+        dl, cl, pos = rest[i]
+        rest[i] = (dl, cl, pos + 1)
+        heapq.heappush(heap, (dl[pos], i, cl[pos]))
+
+    while left:
+        if heap and (p >= total or heap[0] < (ds[p], ts[p], cs[p])):
+            _, i, c = heapq.heappop(heap)
+            exhausted = True
+        else:
+            i, c, exhausted = ts[p], cs[p], ranks[p] == last
+            p += 1
+        if label[i] >= 0:
+            continue
+        if rooms[c]:
+            label[i] = c
+            rooms[c] -= 1
+            left -= 1
+        elif exhausted:
+            push_next(i)
+    return np.asarray(label, dtype=np.int64)

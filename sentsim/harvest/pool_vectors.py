@@ -1,0 +1,232 @@
+"""The pool harvest's first pass: every sentence of the plan scored once against the shared pool P.
+
+A sharded job of its own (`PoolVectorsRun`) under <harvest out>/pool_vectors, resumable by units of
+sentences like every job; the harvest runs it (or finds it complete) before it labels a pair. Its table
+`sentence_vectors` holds, per sentence, S over P (Eq. 3) and each direction's term over P; its side table
+`pool` the contexts themselves. Its fingerprint holds what the vectors depend on (corpus, pool, scoring,
+context models, the sentences) and not what labelling reads (metric, splits, rank targets), so a harvest
+that only labels differently reuses the vectors.
+
+    PoolScoreStage   (GPU)  unit of sentences -> SentenceVectors (harvest/work.py)
+    VectorWriteStage (CPU)  SentenceVectors -> the unit's shard and completion marker
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from sentsim.errors import UsageError
+from sentsim.executor import RunContext, ShardedJob, execute
+from sentsim.harvest.pool import POOL_TABLE, Pool
+from sentsim.harvest.work import SentenceVectors, envelope, work_of
+from sentsim.identity import fingerprint
+from sentsim.pipeline import Resources, Stage, StageSpec, UnitPlan, where_this_runs
+
+STAGE = "harvest-pool-vectors"
+SUBDIR = "pool_vectors"
+VECTORS_TABLE = "sentence_vectors"
+DIRS = ("fwd", "left", "right")
+# float32 as the per-pair harvest's context_scores: the terms come from a float32 (or bf16) model
+VECTOR_SCHEMA = pa.schema([("sentence_id", pa.int64()), ("text", pa.string()), ("S", pa.list_(pa.float32())),
+                           *[(d, pa.list_(pa.float32())) for d in DIRS]])
+
+
+def vectors_uri(out: str) -> str:
+    return f"{out.rstrip('/')}/{SUBDIR}"
+
+
+class SentenceUnits:
+    """Unit u of the vectors run: its slice of the plan's sentences (sorted ids) and their texts."""
+
+    def __init__(self, ids: np.ndarray, texts: List[str], per_unit: int):
+        self.ids, self.texts, self.per_unit = ids, texts, per_unit
+
+    def __call__(self, u: int) -> dict:
+        part = slice(u * self.per_unit, (u + 1) * self.per_unit)
+        return {"unit": u, "ids": self.ids[part].tolist(), "texts": self.texts[part]}
+
+
+class PoolVectorsRun(ShardedJob):
+    """The vectors of `texts` (sentence id -> text) over `pool`, scored with the harvest's settings.
+    `identity`: what, besides the pool and the sentences, the scores depend on (HarvestRun.vector_identity)."""
+
+    stage = STAGE
+    count = "sentences"
+    deep = True
+
+    def __init__(self, cfg, texts: Dict[int, str], pool: Pool, identity: dict, precision: str):
+        self.cfg, self.out = cfg, vectors_uri(cfg.out)
+        self.pool, self.identity, self.precision = pool, identity, precision
+        self.ids = np.array(sorted(texts), dtype=np.int64)
+        self.texts = [texts[int(s)] for s in self.ids]
+        per = cfg.sentences_per_unit
+        self.unit_plan = UnitPlan(-(-len(self.ids) // per), SentenceUnits(self.ids, self.texts, per))
+
+    @property
+    def units(self) -> UnitPlan:
+        return self.unit_plan
+
+    def fingerprint_parts(self) -> tuple:
+        return (STAGE, self.identity, fingerprint(self.pool.ids.tolist()), self.cfg.sentences_per_unit,
+                fingerprint(self.ids.tolist(), self.texts))
+
+    def config(self) -> dict:
+        return {"sentences_per_unit": self.cfg.sentences_per_unit, "pool_size": len(self.pool),
+                "identity": self.identity}
+
+    def inputs(self) -> List[dict]:
+        return [{"corpus": self.cfg.corpus, "sentences": len(self.ids), "pool_size": len(self.pool)}]
+
+    def tables(self) -> dict:
+        return {VECTORS_TABLE: VECTOR_SCHEMA}
+
+    def open_extra(self) -> dict:
+        return {"scoring_precision": self.precision}
+
+    def prepare(self, ctx: RunContext) -> None:
+        if ctx.store.read_side_table(POOL_TABLE, fingerprint=ctx.fp) is None:
+            ctx.store.write_side_table(POOL_TABLE, self.pool.table(), ctx.fp)
+
+    def stages(self, ctx: RunContext) -> List[StageSpec]:
+        cfg, r = self.cfg, self.cfg.resources
+        scoring = cfg.scoring.model_copy(update={"autocast": self.precision})
+        return [StageSpec(PoolScoreStage, Resources.of(r.scoring), args=dict(
+                    context_models=cfg.context_models, scoring=scoring, pool=self.pool,
+                    exclude_own=cfg.contexts.exclude_query_centre)),
+                StageSpec(VectorWriteStage, Resources.of(r.rank), args=dict(out=self.out, fp=ctx.fp))]
+
+    def summary(self, ctx: RunContext) -> dict:
+        markers = [m for m in ctx.store.markers().values() if m.get("fingerprint") == ctx.fp]
+        return {"counts": {k: sum(m.get("extra", {}).get(k, 0) for m in markers)
+                           for k in ("sentences", "scored_items")}}
+
+
+class PoolScoreStage(Stage):
+    """A unit of sentences -> SentenceVectors: each sentence in every pool context, all the call's units in one
+    `ContextScorer.score` (as the per-pair ScoreStage)."""
+
+    name = "scoring"
+
+    def __init__(self, context_models: List[str], scoring, pool: Pool, exclude_own: bool = True):
+        self.context_models, self.scoring, self.pool, self.exclude_own = context_models, scoring, pool, exclude_own
+
+    def setup(self) -> None:
+        import torch
+
+        from sentsim.context.scorer import ContextScorer
+
+        sc = self.scoring
+        if sc.device == "auto" and not torch.cuda.is_available():
+            sc = sc.model_copy(update={"device": "cpu"})
+        self.scorer = ContextScorer(self.context_models, sc)
+
+    def process(self, items: List[dict]) -> List[dict]:
+        from sentsim.context.scorer import ContextItem
+
+        t0 = time.perf_counter()
+        P, pool = len(self.pool), self.pool
+        batch = [ContextItem(text, pool.left[j], pool.right[j]) for unit in items for text in unit["texts"]
+                 for j in range(P)]
+        res = self.scorer.score(batch) if batch else None
+        share = (time.perf_counter() - t0) / max(len(batch), 1)
+        out, start = [], 0
+        for unit in items:
+            n = len(unit["texts"])
+            part = slice(start, start + n * P)
+            start += n * P
+
+            def grid(values) -> np.ndarray:
+                return np.asarray(values[part], dtype=np.float32).reshape(n, P)
+
+            S = grid(res.score) if n else np.zeros((0, P), np.float32)
+            terms = {d: grid(res.logprob[d]) if n else np.zeros((0, P), np.float32) for d in DIRS}
+            if self.exclude_own:  # a sentence of the pool is not scored in its own window (ContextSetConfig)
+                centre = {t: j for j, t in enumerate(pool.centres)}
+                for i, text in enumerate(unit["texts"]):
+                    j = centre.get(text)
+                    if j is not None:
+                        for a in (S, *terms.values()):
+                            a[i, j] = np.nan
+            out.append(envelope(SentenceVectors(
+                unit=unit["unit"], ids=list(unit["ids"]), texts=list(unit["texts"]), S=S, terms=terms,
+                n_scored=n * P, precision=self.scorer.precision, timing={"scoring": share * n * P})))
+        return out
+
+
+class VectorWriteStage(Stage):
+    """SentenceVectors -> the unit's sentence_vectors shard and completion marker."""
+
+    name = "write"
+
+    def __init__(self, out: str, fp: str):
+        self.out, self.fp = out, fp
+
+    def setup(self) -> None:
+        self.where = where_this_runs()
+
+    def process(self, items: List[dict]) -> List[dict]:
+        from storage import ShardStore
+
+        out = []
+        for item in items:
+            w: SentenceVectors = work_of(item)
+            t0 = time.perf_counter()
+
+            def rows(a: np.ndarray) -> pa.Array:
+                return pa.array(list(a), pa.list_(pa.float32()))
+
+            table = pa.table({"sentence_id": pa.array(w.ids, pa.int64()), "text": w.texts, "S": rows(w.S),
+                              **{d: rows(w.terms[d]) for d in DIRS}}, schema=VECTOR_SCHEMA)
+            timing = dict(w.timing, write=time.perf_counter() - t0)
+            ShardStore(self.out).write_unit(w.unit, {VECTORS_TABLE: table}, self.fp, {
+                "sentences": len(w.ids), "scored_items": w.n_scored, "timing": timing,
+                "scoring_precision": w.precision, "placement": {self.name: self.where}})
+            out.append({"unit": w.unit, "sentences": len(w.ids), "scored_items": w.n_scored, "timing": timing})
+        return out
+
+
+def ensure_pool_vectors(job: PoolVectorsRun, executor: str, address: Optional[str], force_new: bool,
+                        quiet: bool) -> dict:
+    """Build (resume, or confirm) the harvest's vectors run; returns its manifest. --force-new on the harvest
+    rebuilds the vectors only when they are of other inputs: vectors of the same identity are still right."""
+    from storage import ShardStore
+
+    old = ShardStore(job.out).read_manifest()
+    stale = old is not None and old.get("fingerprint") != job.fp
+    m = execute(job, executor=executor, address=address, force_new=force_new and stale, quiet=quiet)
+    if not m.get("complete"):
+        raise UsageError(f"{job.out}: the sentence vectors did not complete; run the harvest again to resume them")
+    return m
+
+
+class StoredVectors:
+    """A complete vectors run in memory: row i is sentence `ids[i]`, `S` and `terms[d]` float32 [n, |P|]
+    (read through RunReader, so every shard is checked against its marker)."""
+
+    def __init__(self, uri: str):
+        from storage import RunReader
+
+        t = RunReader(uri, what="pool vectors").read_table(VECTORS_TABLE)
+        self.ids = t.column("sentence_id").to_numpy()
+        self.texts = t.column("text").to_pylist()
+        self.row = {int(s): i for i, s in enumerate(self.ids)}
+
+        def matrix(name: str) -> np.ndarray:
+            col = t.column(name).combine_chunks()
+            return col.flatten().to_numpy(zero_copy_only=False).reshape(len(t), -1).astype(np.float32)
+
+        self.S = matrix("S")
+        self.terms = {d: matrix(d) for d in DIRS}
+
+    def context_effect(self) -> np.ndarray:
+        """Each pool context's mean S over every scored sentence: what double-centred removes (NaN-safe)."""
+        with np.errstate(all="ignore"):
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a context no sentence was scored in: NaN
+                return np.nanmean(self.S.astype(np.float64), axis=0)

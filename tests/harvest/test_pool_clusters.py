@@ -1,0 +1,123 @@
+"""Pool-mode clusters (sentsim/harvest/clusters.py): exact sizes, determinism, topic purity and the pairs they give."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from sentsim.harvest.clusters import balanced_clusters, cluster_pairs
+
+TOPICS = {
+    "cats": ["Cat kitten purrs.", "Kitten and cat nap.", "Cat chases kitten.", "Black cat, small kitten.",
+             "Kitten cat milk.", "Cat kitten play."],
+    "stocks": ["Stock market shares fell.", "Shares and stock market slump.", "Market stock shares rally.",
+               "Stock shares market report.", "Investors: market stock shares.", "Shares stock market close."],
+    "rain": ["Rain flooded river valley.", "River rain storm.", "Storm rain river flood.",
+             "Heavy rain, river flood.", "River flood after rain.", "Rain storm river town."],
+}
+
+
+def synthetic(n, n_topics, seed):
+    """Texts of 8 words drawn from 25-word topic vocabularies that overlap their neighbours', and their topics."""
+    rng = np.random.default_rng(seed)
+    topics = rng.integers(0, n_topics, n)
+    words = rng.integers(0, 25, (n, 8))
+    return [" ".join(f"w{(t * 10 + w) % (n_topics * 10)}" for w in row) for t, row in zip(topics, words)], topics
+
+
+def assert_sizes(clusters, n, size):
+    assert clusters.dtype == np.int64 and clusters.shape == (n,)
+    counts = np.bincount(clusters)
+    assert len(counts) == -(-n // size) and counts.min() > 0
+    short = counts[counts != size]
+    assert len(short) == (1 if n % size else 0)
+    if len(short):
+        assert short[0] == n % size
+
+
+@pytest.mark.parametrize("n,size", [(30, 6), (31, 6), (35, 6), (100, 7), (9, 2), (50, 3)])
+def test_sizes_are_exact(n, size):
+    texts, _ = synthetic(n, 4, seed=n)
+    assert_sizes(balanced_clusters(texts, size, seed=0), n, size)
+
+
+def test_deterministic_for_a_seed():
+    texts, _ = synthetic(400, 10, seed=1)
+    a = balanced_clusters(texts, 8, seed=3)
+    assert np.array_equal(a, balanced_clusters(texts, 8, seed=3))
+    assert any(not np.array_equal(a, balanced_clusters(texts, 8, seed=s)) for s in (4, 5, 6))
+
+
+def test_topics_land_in_pure_clusters():
+    texts = [t for sents in TOPICS.values() for t in sents]
+    topic = np.repeat(np.arange(len(TOPICS)), 6)
+    for seed in range(3):
+        cl = balanced_clusters(texts, 6, seed=seed)
+        assert_sizes(cl, len(texts), 6)
+        for c in range(3):
+            assert len(set(topic[cl == c])) == 1, (seed, cl)
+
+
+def test_cluster_pairs_are_every_pair_within_each_cluster_once():
+    size = 5
+    texts, _ = synthetic(23, 3, seed=2)
+    cl = balanced_clusters(texts, size, seed=0)
+    ids = [100 + 3 * i for i in range(len(texts))][::-1]  # ids unrelated to the order of the texts
+    pairs = cluster_pairs(ids, cl)
+    assert len(pairs) == len(set(pairs))
+    assert all(a < b for a, b in pairs)
+    cluster_of = dict(zip(ids, cl.tolist()))
+    assert all(cluster_of[a] == cluster_of[b] for a, b in pairs)
+    counts = np.bincount(cl)
+    assert len(pairs) == sum(c * (c - 1) // 2 for c in counts)
+    full = [c for c in range(len(counts)) if counts[c] == size]
+    for c in full:
+        assert sum(cluster_of[a] == c for a, _ in pairs) == size * (size - 1) // 2
+    # ordered by cluster, then a, then b
+    assert pairs == sorted(pairs, key=lambda p: (cluster_of[p[0]], p[0], p[1]))
+    expected = [p for c in range(len(counts))
+                for p in itertools.combinations(sorted(i for i in ids if cluster_of[i] == c), 2)]
+    assert pairs == expected
+
+
+def test_cluster_pairs_edge_cases():
+    assert cluster_pairs([], np.array([], dtype=np.int64)) == []
+    assert cluster_pairs([5, 2, 9], np.array([1, 0, 1])) == [(5, 9)]
+    assert cluster_pairs([3, 1, 2], np.zeros(3, dtype=np.int64)) == [(1, 2), (1, 3), (2, 3)]
+    with pytest.raises(ValueError):
+        cluster_pairs([1, 2], np.array([0]))
+
+
+@pytest.mark.parametrize("size", [1, 0, -3])
+def test_size_below_two_raises(size):
+    with pytest.raises(ValueError, match="at least 2"):
+        balanced_clusters(["a b", "c d"], size, seed=0)
+
+
+def test_small_inputs():
+    assert np.array_equal(balanced_clusters(["one", "two", "three"], 5, seed=0), [0, 0, 0])
+    assert np.array_equal(balanced_clusters(["one", "two"], 2, seed=0), [0, 0])
+    out = balanced_clusters([], 4, seed=0)
+    assert out.dtype == np.int64 and out.shape == (0,)
+
+
+def test_texts_without_words_do_not_crash():
+    assert np.array_equal(balanced_clusters([""] * 7, 3, seed=0), [0, 0, 0, 1, 1, 1, 2])
+    assert np.array_equal(balanced_clusters(["!!", "?", "...", "--", ""], 2, seed=0), [0, 0, 1, 1, 2])
+    # a few empty texts among real ones, 1-char tokens and stop words kept
+    texts = ["", "a", "the of and", "", "I x", "to be or not", "", "cats", "a b c", "z"]
+    assert_sizes(balanced_clusters(texts, 3, seed=1), len(texts), 3)
+
+
+def test_duplicate_texts_fill_clusters_exactly():
+    texts = ["same words here"] * 10 + ["other text"] * 7
+    cl = balanced_clusters(texts, 4, seed=0)
+    assert_sizes(cl, len(texts), 4)
+    assert np.array_equal(cl, balanced_clusters(texts, 4, seed=0))
+
+
+def test_large_run_has_exact_sizes():
+    """Past the size where mini-batch k-means takes over."""
+    n, size = 8_000, 50
+    texts, _ = synthetic(n, 200, seed=7)
+    assert_sizes(balanced_clusters(texts, size, seed=11), n, size)

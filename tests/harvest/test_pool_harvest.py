@@ -1,0 +1,267 @@
+"""The pool harvest (contexts.mode=pool): every sentence scored once against one shared pool P, pairs labelled
+from the stored vectors. Rows against a direct computation, the context effect over every sentence, clustered
+pairs, kill and resume of either pass, remix from the vectors, refusals, and the command on a local Ray."""
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+from conftest import sentsim_cli
+from harvest_support import build_index_for, harvest_config, tiny_context_bundle
+
+pytestmark = pytest.mark.slow
+
+POOL = 12
+
+
+@pytest.fixture(scope="module")
+def inputs(speech_corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("pool_inputs")
+    return {"corpus": speech_corpus, "index": build_index_for(speech_corpus, root / "index"),
+            # weights scaled so that scores react to the sentence (harvest_support.tiny_context_bundle)
+            "bundle": tiny_context_bundle(speech_corpus, root / "ctx", weight_scale=10)}
+
+
+def pool_config(inputs, out, **over):
+    # fp32 scoring: the same scores on machines with and without bf16, and whatever the batching
+    base = dict(contexts={"mode": "pool", "pool_size": POOL}, anchors={"n": 10, "per_unit": 4},
+                sentences_per_unit=8, pairs_per_unit=8, scoring={"batch_tokens": 2048, "autocast": "off"})
+    return harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], out, **{**base, **over})
+
+
+def pairs_of(run):
+    return ds.dataset(str(run / "pairs")).to_table().sort_by("pair_id").to_pandas()
+
+
+def vectors_of(run):
+    from sentsim.harvest.pool_vectors import StoredVectors
+
+    return StoredVectors(str(run / "pool_vectors"))
+
+
+@pytest.fixture(scope="module")
+def partners_run(inputs, tmp_path_factory):
+    """Anchors with their partners, as a per-pair harvest pairs them, labelled by pearson over the pool."""
+    from sentsim.harvest.job import harvest
+
+    out = tmp_path_factory.mktemp("pool") / "run"
+    cfg = pool_config(inputs, out)
+    assert harvest(cfg, executor="inline", quiet=True)["complete"]
+    return cfg, out
+
+
+@pytest.fixture(scope="module")
+def cluster_run(inputs, tmp_path_factory):
+    """Every pair within TF-IDF clusters of 4 anchors, labelled by double-centred."""
+    from sentsim.harvest.job import harvest
+
+    out = tmp_path_factory.mktemp("pool") / "clusters"
+    cfg = pool_config(inputs, out, metric="double-centred", partners={"cluster_size": 4}, anchors={"n": 12})
+    assert harvest(cfg, executor="inline", quiet=True)["complete"]
+    return cfg, out
+
+
+def test_a_pair_is_eq4_over_the_pool_scored_directly(partners_run, inputs):
+    """Each sentence in every pool context with the scorer itself (the pool as the run stored it); a pair's
+    score is pearson of the two vectors; the sentences table and report say what was scored."""
+    from sentsim.context.scorer import ContextItem, ContextScorer
+    from storage import RunReader
+
+    cfg, out = partners_run
+    pool = RunReader(str(out / "pool_vectors")).side_table("pool").to_pydict()
+    assert len(pool["context_id"]) == POOL and pool["context_id"] == sorted(pool["context_id"])
+    t = pairs_of(out)
+    assert len(t) > 0 and t.score.notna().all() and set(t.kind) <= {"neighbour", "same-doc", "random"}
+    row = t.iloc[0]
+    scorer = ContextScorer([str(inputs["bundle"])], cfg.scoring.model_copy(update={"device": "cpu"}))
+
+    def vector(text):
+        return scorer.score([ContextItem(text, left, right) for left, right in zip(pool["left"], pool["right"])]).score
+
+    v1, v2 = vector(row.s1), vector(row.s2)
+    a, b = v1 - v1.mean(), v2 - v2.mean()
+    assert row.score == pytest.approx(float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)), abs=1e-4)
+    assert (t.n_ctx_s1 <= POOL).all() and (t.n_ctx_s1 >= POOL - 1).all()  # less its own window, if pooled
+    sentences = ds.dataset(str(out / "sentences")).to_table().to_pandas()
+    assert sentences.context_ids.isna().all() and (sentences.n_contexts >= POOL - 1).all()
+    v = vectors_of(out)
+    assert set(t.s1_id) | set(t.s2_id) == set(v.ids.tolist())  # every sentence of a pair scored, and only those
+    report = json.loads((out / "report.json").read_text())
+    assert report["scored_items"] == len(v.ids) * POOL
+    assert report["scored_items_per_pair"] == pytest.approx(len(v.ids) * POOL / len(t))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["pool"] == {"size": POOL, "pairs": len(t), "sentences": len(v.ids),
+                                "scored_items": len(v.ids) * POOL}
+
+
+def test_the_pool_run_labels_the_same_pairs_as_a_per_pair_run(partners_run, inputs, tmp_path):
+    """The pair plan is the per-pair harvest's (anchors, then partners, owned once): only the labels differ."""
+    from sentsim.harvest.job import harvest
+
+    cfg, out = partners_run
+    per_pair = tmp_path / "per_pair"
+    harvest(cfg.model_copy(update={"out": str(per_pair), "contexts": cfg.contexts.model_copy(
+        update={"mode": "screened", "size": 4})}), executor="inline", quiet=True)
+    assert pairs_of(per_pair).pair_id.tolist() == pairs_of(out).pair_id.tolist()
+
+
+def test_double_centred_removes_the_mean_over_every_sentence(cluster_run):
+    from sentsim.harvest.metrics.double_centred import double_centred
+    from storage import RunReader
+
+    cfg, out = cluster_run
+    v = vectors_of(out)
+    effect = RunReader(str(out)).side_table("context_effect").column("effect").to_numpy()
+    assert np.allclose(effect, np.nanmean(v.S.astype(np.float64), axis=0))
+    t = pairs_of(out)
+    for _, row in t.head(5).iterrows():
+        a, b = v.S[v.row[row.s1_id]].astype(np.float64), v.S[v.row[row.s2_id]].astype(np.float64)
+        ok = np.isfinite(a) & np.isfinite(b)
+        assert row.score == pytest.approx(double_centred(a[ok], b[ok], effect[ok]), abs=1e-6)
+    # 12 anchors in 3 clusters of 4: 3 x 6 pairs, each once, all among anchors
+    assert len(t) == 18 and (t.kind == "cluster").all() and t.pair_id.is_unique
+    assert len(v.ids) == 12
+    assert json.loads((out / "report.json").read_text())["scored_items_per_pair"] == pytest.approx(12 * POOL / 18)
+
+
+def test_killed_in_either_pass_resumes_to_the_same_rows(partners_run, tmp_path):
+    from sentsim.harvest.job import harvest
+
+    cfg, out = partners_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    # a vectors unit lost and another's shard corrupt, a labelling unit lost and the run not finished
+    (copy / "pool_vectors" / "_units" / "00001.json").unlink()
+    shard = copy / "pool_vectors" / "sentence_vectors" / "part-00002.parquet"
+    shard.write_bytes(shard.read_bytes()[:60])
+    (copy / "pool_vectors" / "_COMPLETE").unlink()
+    (copy / "_units" / "00000.json").unlink()
+    (copy / "_COMPLETE").unlink()
+    m = harvest(cfg.model_copy(update={"out": str(copy)}), executor="inline", quiet=True)
+    assert m["complete"]
+    assert pairs_of(copy).drop(columns=["rank_sim"]).equals(pairs_of(out).drop(columns=["rank_sim"]))
+    assert np.allclose(pairs_of(copy).rank_sim, pairs_of(out).rank_sim, atol=1e-6)
+    # stopped after one labelling unit, then resumed: the same rows, each once
+    part = tmp_path / "part"
+    stopped = harvest(cfg.model_copy(update={"out": str(part)}), executor="inline", quiet=True, max_units=1)
+    assert not stopped["complete"]
+    assert harvest(cfg.model_copy(update={"out": str(part)}), executor="inline", quiet=True)["complete"]
+    assert pairs_of(part).pair_id.tolist() == pairs_of(out).pair_id.tolist()
+    assert np.allclose(pairs_of(part).score, pairs_of(out).score)
+
+
+def test_another_metric_labels_from_the_same_vectors(partners_run, tmp_path):
+    """Only labelling reads the metric: a harvest that differs in it reuses the vectors run (not rescored)."""
+    from sentsim.harvest.job import harvest
+
+    cfg, out = partners_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    before = {p.name: p.stat().st_mtime_ns for p in (copy / "pool_vectors" / "sentence_vectors").iterdir()}
+    m = harvest(cfg.model_copy(update={"out": str(copy), "metric": "cosine"}), executor="inline", quiet=True,
+                force_new=True)
+    assert m["complete"] and m["config"]["metric"] == "cosine"
+    after = {p.name: p.stat().st_mtime_ns for p in (copy / "pool_vectors" / "sentence_vectors").iterdir()}
+    assert after == before
+    assert not np.allclose(pairs_of(copy).score, pairs_of(out).score)
+
+
+def test_remix_recomputes_a_pool_harvest_from_its_vectors(cluster_run, partners_run, tmp_path):
+    from sentsim.harvest.job import harvest
+    from sentsim.harvest.remix import RemixConfig, remix
+
+    cfg, out = cluster_run
+    same = remix(RemixConfig(source=str(out), out=str(tmp_path / "same")), quiet=True)
+    assert same["complete"] and same["remix"]["metric"] == "double-centred"
+    assert np.allclose(pairs_of(tmp_path / "same").score, pairs_of(out).score, atol=1e-4)
+    # new λ: the rows of a harvest scored with them (its vectors rescored from nothing)
+    remix(RemixConfig(source=str(out), out=str(tmp_path / "nofwd"), lambda_fwd=0.0), quiet=True)
+    direct = tmp_path / "direct"
+    harvest(cfg.model_copy(update={"out": str(direct), "scoring": cfg.scoring.model_copy(
+        update={"lambda_fwd": 0.0})}), executor="inline", quiet=True)
+    assert np.allclose(pairs_of(tmp_path / "nofwd").score, pairs_of(direct).score, atol=1e-5)
+    assert not np.allclose(pairs_of(tmp_path / "nofwd").score, pairs_of(out).score, atol=1e-2)
+    # a remix of a remix reads the first harvest's vectors; students read a remix as any harvest
+    again = remix(RemixConfig(source=str(tmp_path / "nofwd"), out=str(tmp_path / "again"), metric="pearson"),
+                  quiet=True)
+    assert again["complete"] and again["remix"]["pool_vectors"] == str(out / "pool_vectors")
+    from sentsim.surrogate.data import inspect_harvest
+
+    assert inspect_harvest(str(tmp_path / "again")).scored["train"] > 0
+    r = sentsim_cli("remix", str(partners_run[1]), "--out", tmp_path / "dc", "--metric", "double-centred",
+                    "--lambda-disc", "1")
+    assert r.returncode == 2 and "disc term was not scored" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_pairs_file_is_labelled_from_its_sentences_vectors(inputs, tmp_path):
+    from corpus.documents import text_id
+    from sentsim.harvest.job import harvest
+
+    a, b, c = "The nation must remain strong.", "Our country has to stay powerful.", "Taxes were cut this year."
+    f = tmp_path / "pairs.tsv"
+    f.write_text(f"{a}\t{b}\t4.0\n{a}\t{c}\t1.0\n{b}\t{a}\t4.5\n")
+    out = tmp_path / "explicit"
+    assert harvest(pool_config(inputs, out, pairs_file=str(f), pairs_per_unit=2, rank={"enabled": False}),
+                   executor="inline", quiet=True)["complete"]
+    t = pairs_of(out)
+    assert len(t) == 3 and t.pair_id.is_unique and sorted(t.gold) == [1.0, 4.0, 4.5]
+    assert sorted(vectors_of(out).ids.tolist()) == sorted({text_id(a), text_id(b), text_id(c)})
+    same = t[t.s1_id.isin([text_id(a), text_id(b)]) & t.s2_id.isin([text_id(a), text_id(b)])]
+    assert np.allclose(same.score, same.score.iloc[0])  # the same two vectors, in either order
+
+
+def test_bad_pool_settings_get_one_line(inputs, tmp_path):
+    from sentsim.errors import UsageError
+    from sentsim.harvest.job import harvest
+
+    with pytest.raises(UsageError, match="pool_size=999999 is more than the corpus's"):
+        harvest(pool_config(inputs, tmp_path / "big", contexts={"mode": "pool", "pool_size": 999_999}),
+                executor="inline", quiet=True)
+    assert not (tmp_path / "big").exists()
+    base = ["harvest", "--corpus", inputs["corpus"], "--context-models", inputs["bundle"], "--executor", "inline"]
+    cases = [
+        (["--set", "contexts.mode=pool", "--set", "contexts.pool_size=0"], "pool_size"),
+        (["--set", "contexts.mode=pool", "--set", "grouping.enabled=true"], "turn grouping off"),
+        (["--set", "contexts.mode=pool", "--set", "partners.cluster_size=1"], "gives no pair"),
+        (["--set", "contexts.mode=random", "--set", "partners.cluster_size=8"], "needs contexts.mode=pool"),
+        (["--set", "contexts.mode=pool", "--set", "contexts.pool_size=999999"], "more than the corpus"),
+    ]
+    for i, (args, expected) in enumerate(cases):
+        r = sentsim_cli(*base, "--out", tmp_path / f"o{i}", *args)
+        assert r.returncode == 2 and expected in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-800:])
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = sentsim_cli("contexts", "--corpus", inputs["corpus"], "--index", inputs["index"], "--out", tmp_path / "c",
+                    "--set", "contexts.mode=pool", "--executor", "inline")
+    assert r.returncode == 2 and "a harvest's shared pool" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_runs_from_before_the_pool_mode_keep_their_fingerprints(inputs, tmp_path):
+    """The new keys stay out of every fingerprint unless they are in use."""
+    from sentsim.screening.contexts_job import ScreenConfig
+
+    sem = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], tmp_path / "o").semantic()
+    assert "pool_size" not in sem["contexts"] and "cluster_size" not in sem["partners"]
+    assert "sentences_per_unit" not in sem
+    pooled = pool_config(inputs, tmp_path / "p", partners={"cluster_size": 4}).semantic()
+    assert pooled["contexts"]["pool_size"] == POOL and pooled["partners"]["cluster_size"] == 4
+    screen = ScreenConfig(corpus="c", index="i", out="o")
+    assert "pool_size" not in screen.contexts.semantic() and "rep_cache" not in screen.contexts.semantic()
+
+
+def test_the_command_runs_a_pool_harvest_on_a_local_ray(inputs, tmp_path):
+    out = tmp_path / "ray"
+    args = ["harvest", "--corpus", inputs["corpus"], "--index", inputs["index"], "--context-models", inputs["bundle"],
+            "--out", out, "--set", "contexts.mode=pool", "--set", f"contexts.pool_size={POOL}",
+            "--set", "anchors.n=8", "--set", "anchors.per_unit=4", "--set", "partners.cluster_size=4",
+            "--set", "sentences_per_unit=4", "--set", "rank.n_anchors=32", "--set", "resources.scoring.num_cpus=0.5",
+            "--set", "resources.label.num_cpus=0.25"]
+    r = sentsim_cli(*args)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "[harvest-pool-vectors]" in r.stderr and "[harvest] unit" in r.stderr
+    t = pairs_of(out)
+    assert len(t) == 12 and t.score.notna().all()
+    r = sentsim_cli(*args)  # a rerun redoes nothing
+    assert r.returncode == 0 and "[harvest] unit" not in r.stderr and "[harvest-pool-vectors] unit" not in r.stderr
+    assert pairs_of(out).equals(t)
