@@ -33,7 +33,25 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+# The test files that take longest (CI's --durations, 2 cores), longest first. `make test` runs the files in
+# two processes, each file whole, handed out in collection order: these go first, so that the run does not end
+# with one process still inside a long file while the other waits. A file missing here only runs later.
+SLOW_FILES = (
+    "storage/test_s3_chain.py", "training/test_surrogate.py", "harvest/test_harvest_ray.py",
+    "training/test_train_cli.py", "cli/test_rerun_is_noop.py", "evaluation/test_bench_gpu.py",
+    "evaluation/test_bench_reference_teacher.py", "context/test_context_model.py", "harvest/test_harvest.py",
+    "harvest/test_pool_harvest.py", "cli/test_out_paths.py", "students/test_students.py", "cli/test_ray_jobs.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FILES)}
+
+    def file_rank(item) -> int:
+        rel = Path(str(item.fspath)).relative_to(ROOT / "tests").as_posix()
+        return rank.get(rel, len(SLOW_FILES))
+
+    items.sort(key=file_rank)  # stable: a file's tests keep their order, the other files theirs
     import torch
 
     if torch.cuda.is_available():
@@ -216,7 +234,12 @@ def _start_head_once(tmp, num_cpus):
          "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
          "--include-dashboard=true", f"--metrics-export-port={metrics}", *(f"--{k}={v}" for k, v in more.items()),
          f"--temp-dir={temp}", "--disable-usage-stats"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        # RAY_ADDRESS in the node's own env (not in head["env"]): its workers inherit it, so that the state
+        # API lookups Ray makes inside them (Ray Train's PlacementGroupCleaner) find this cluster, not the
+        # newest one on the machine (another xdist process's head, or a local Ray), where the lookup fails
+        # and the thread dies with a traceback on the console of whatever job runs there
+        env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     log.close()  # the child keeps its own descriptor
     address = f"http://127.0.0.1:{dash}"
@@ -276,7 +299,8 @@ def start_worker(head, tmp, num_cpus=1, num_gpus=0):
          f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}", "--node-ip-address=127.0.0.1",
          "--min-worker-port=0", "--max-worker-port=0", *(f"--{k}={v}" for k, v in ports.items()),
          f"--temp-dir={ray_temp_dir()}", "--disable-usage-stats"],
-        env=head["env"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**head["env"], "RAY_ADDRESS": head["gcs"]}, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,  # RAY_ADDRESS: as for the head (_start_head_once)
     )
     log.close()
     deadline = time.time() + 120

@@ -18,7 +18,7 @@ def add_arguments(p) -> None:
     from sentsim.harvest import metrics
 
     p.add_argument("--metric", choices=metrics.names(),
-                   help="Eq. 4 similarity (default: the source's; double-centred for contexts.mode=pool harvests)")
+                   help="Eq. 4 similarity (default: the source's; double-centred: contexts.mode=pool harvests only)")
     p.add_argument("--variant", choices=["paper", "union", "centred"],
                    help="grouped harvests: the Eq. 4 variant that fills score (default: the source's grouping.score)")
     add_run_arguments(p, executor="inline")

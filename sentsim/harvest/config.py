@@ -138,7 +138,8 @@ class HarvestConfig(Section):
     def _check(self):
         if abs(sum(self.splits) - 1.0) > 1e-6:
             raise ValueError(f"splits must sum to 1 (got {list(self.splits)})")
-        if not self.pairs_file and self.partners.neighbours + self.partners.same_doc + self.partners.random == 0:
+        p = self.partners
+        if not self.pairs_file and not p.cluster_size and p.neighbours + p.same_doc + p.random == 0:
             raise ValueError("partners: neighbours, same_doc and random are all 0, so no anchor would have a pair")
         weights, on = self.scoring.weights(), self.scoring.enabled()
         weighted = [t for t in weights if on[t] and weights[t] > 0]

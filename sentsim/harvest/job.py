@@ -218,10 +218,12 @@ class HarvestRun(ShardedJob):
         from sentsim.harvest.pool import EFFECT_TABLE, PAIRS_TABLE
         from sentsim.harvest.pool_vectors import PoolVectorsRun, StoredVectors, ensure_pool_vectors
 
-        job = PoolVectorsRun(self.cfg, self.pool_plan.texts, self.pool, self.vector_identity(), self.precision)
-        ensure_pool_vectors(job, ctx.executor, ctx.address, ctx.force_new, ctx.quiet)
+        # the plan first: a run killed while its vectors are scored resumes with the pairs (and so the
+        # sentences) it began with, whatever k-means or the retriever would give on another machine
         if ctx.store.read_side_table(PAIRS_TABLE, fingerprint=ctx.fp) is None:
             ctx.store.write_side_table(PAIRS_TABLE, self.pool_plan.table(), ctx.fp)
+        job = PoolVectorsRun(self.cfg, self.pool_plan.texts, self.pool, self.vector_identity(), self.precision)
+        self.vectors_fp = ensure_pool_vectors(job, ctx.executor, ctx.address, ctx.force_new, ctx.quiet)["fingerprint"]
         if metrics.get(self.cfg.metric).uses_context_effect and \
                 ctx.store.read_side_table(EFFECT_TABLE, fingerprint=ctx.fp) is None:
             effect = StoredVectors(job.out).context_effect()
@@ -239,7 +241,9 @@ class HarvestRun(ShardedJob):
             vectors = ShardStore(vectors_uri(self.out)).read_manifest() or {}
             out["pool"] = {"size": len(self.pool), "pairs": len(self.pool_plan.pairs),
                            "sentences": len(self.pool_plan.texts),
-                           "scored_items": (vectors.get("counts") or {}).get("scored_items")}
+                           "scored_items": (vectors.get("counts") or {}).get("scored_items"),
+                           # which vectors the labels were read from (a remix checks it is still them)
+                           "vectors_fingerprint": vectors.get("fingerprint")}
         return out
 
 

@@ -5,7 +5,7 @@ sentences like every job; the harvest runs it (or finds it complete) before it l
 `sentence_vectors` holds, per sentence, S over P (Eq. 3) and each direction's term over P; its side table
 `pool` the contexts themselves. Its fingerprint holds what the vectors depend on (corpus, pool, scoring,
 context models, the sentences) and not what labelling reads (metric, splits, rank targets), so a harvest
-that only labels differently reuses the vectors.
+that only labels differently (the same --out, --force-new) reuses the vectors.
 
     PoolScoreStage   (GPU)  unit of sentences -> SentenceVectors (harvest/work.py)
     VectorWriteStage (CPU)  SentenceVectors -> the unit's shard and completion marker
@@ -123,6 +123,9 @@ class PoolScoreStage(Stage):
         if sc.device == "auto" and not torch.cuda.is_available():
             sc = sc.model_copy(update={"device": "cpu"})
         self.scorer = ContextScorer(self.context_models, sc)
+        self.own_windows: Dict[str, List[int]] = {}  # a centre's text -> every pool context centred on it
+        for j, text in enumerate(self.pool.centres):
+            self.own_windows.setdefault(text.strip(), []).append(j)
 
     def process(self, items: List[dict]) -> List[dict]:
         from sentsim.context.scorer import ContextItem
@@ -144,11 +147,9 @@ class PoolScoreStage(Stage):
 
             S = grid(res.score) if n else np.zeros((0, P), np.float32)
             terms = {d: grid(res.logprob[d]) if n else np.zeros((0, P), np.float32) for d in DIRS}
-            if self.exclude_own:  # a sentence of the pool is not scored in its own window (ContextSetConfig)
-                centre = {t: j for j, t in enumerate(pool.centres)}
+            if self.exclude_own:  # no sentence is scored in its own window (ContextSetConfig), as C_s leaves it out
                 for i, text in enumerate(unit["texts"]):
-                    j = centre.get(text)
-                    if j is not None:
+                    for j in self.own_windows.get(text.strip(), ()):
                         for a in (S, *terms.values()):
                             a[i, j] = np.nan
             out.append(envelope(SentenceVectors(
@@ -192,12 +193,18 @@ class VectorWriteStage(Stage):
 def ensure_pool_vectors(job: PoolVectorsRun, executor: str, address: Optional[str], force_new: bool,
                         quiet: bool) -> dict:
     """Build (resume, or confirm) the harvest's vectors run; returns its manifest. --force-new on the harvest
-    rebuilds the vectors only when they are of other inputs: vectors of the same identity are still right."""
-    from storage import ShardStore
+    rebuilds the vectors only when they are not these: of other inputs, or a folder whose manifest is missing
+    or unreadable. Vectors of the same identity are still right, and keep the format they began in."""
+    from storage import ShardStore, StoreError
 
-    old = ShardStore(job.out).read_manifest()
-    stale = old is not None and old.get("fingerprint") != job.fp
-    m = execute(job, executor=executor, address=address, force_new=force_new and stale, quiet=quiet)
+    try:
+        old = ShardStore(job.out).read_manifest()
+    except StoreError:
+        old = None
+    same = old is not None and old.get("fingerprint") == job.fp
+    if same and old.get("scoring_precision"):  # never bf16 and fp32 units in one run (job.scoring_precision)
+        job.precision = old["scoring_precision"]
+    m = execute(job, executor=executor, address=address, force_new=force_new and not same, quiet=quiet)
     if not m.get("complete"):
         raise UsageError(f"{job.out}: the sentence vectors did not complete; run the harvest again to resume them")
     return m

@@ -98,20 +98,33 @@ def resolve(cfg: RemixConfig, manifest: dict, pooled: bool = False) -> tuple[dic
     return lam, metric
 
 
-def pool_vectors_of(source: str, manifest: dict) -> Optional[str]:
-    """A pool harvest's vectors run (its own, or, for a remix of one, the one that remix read); None for a
-    per-pair harvest. Refused unless complete."""
+def pool_vectors_of(source: str, manifest: dict) -> Optional[tuple[str, str]]:
+    """A pool harvest's vectors run and its fingerprint (the harvest's own, or, for a remix of one, the run that
+    remix read); None for a per-pair harvest. Refused unless it is whole and still the run the labels came from."""
     config = manifest.get("config") or {}
     if (config.get("contexts") or {}).get("mode") != "pool":
         return None
     from sentsim.harvest.pool_vectors import vectors_uri
-    from storage import ShardStore
+    from storage import ShardStore, StoreError
 
-    uri = (config.get("remix") or {}).get("pool_vectors") or vectors_uri(source)
-    m = ShardStore(uri).read_manifest()
-    if not m or not m.get("complete"):
-        raise UsageError(f"{uri}: this pool harvest's sentence vectors are missing or incomplete; resume the harvest")
-    return uri
+    remixed = config.get("remix") or {}
+    uri = remixed.get("pool_vectors") or vectors_uri(source)
+    if "://" not in uri:
+        uri = str(Path(uri).resolve())
+    expected = remixed.get("pool_vectors_fingerprint") or (manifest.get("pool") or {}).get("vectors_fingerprint")
+    store = ShardStore(uri)
+    try:
+        m = store.read_manifest()
+    except StoreError as exc:
+        raise UsageError(f"{uri}: this pool harvest's sentence vectors cannot be read ({exc}); resume the harvest") \
+            from None
+    if not m or not m.get("complete") or store.incomplete_note():
+        raise UsageError(f"{uri}: this pool harvest's sentence vectors are missing or incomplete "
+                         f"({store.incomplete_note() or 'no finished run there'}); resume the harvest")
+    if expected and m.get("fingerprint") != expected:
+        raise UsageError(f"{uri}: these sentence vectors are not the ones {source}'s labels were computed from "
+                         "(the harvest was run again with other settings); remix the harvest that made them")
+    return uri, m["fingerprint"]
 
 
 def check_pool_terms(cfg: RemixConfig, vectors: str) -> None:
@@ -202,6 +215,10 @@ def remix_pool_unit(tables: dict, vectors, S: np.ndarray, metric: str, effect: O
 
     pairs = tables["pairs"]
     cols = pairs.to_pydict()
+    missing = [s for s in set(cols["s1_id"]) | set(cols["s2_id"]) if s not in vectors.row]
+    if missing:
+        raise UsageError(f"sentence {missing[0]} of a pair has no stored vector ({len(missing)} such sentences); the "
+                         "vectors run does not match the harvest: run `sentsim store verify` on it, then resume")
     idx = [(vectors.row[a], vectors.row[b]) for a, b in zip(cols["s1_id"], cols["s2_id"])]
     for i, row in enumerate(vector_rows(idx, S, vectors.terms, metric, effect)):
         for k, v in row.items():
@@ -342,7 +359,8 @@ class RemixRun(ShardedJob):
         if not manifest.get("complete"):
             raise UsageError(f"{src.incomplete_note() or cfg.source + ' is not complete'}; resume the harvest "
                              "first, so that the remix covers every unit")
-        self.vectors = pool_vectors_of(cfg.source, manifest)
+        pooled = pool_vectors_of(cfg.source, manifest)
+        self.vectors, self.vectors_fp = pooled if pooled is not None else (None, None)
         if self.vectors is None and context_score_schema_of(manifest) is None:
             raise UsageError(f"{cfg.source}: this harvest kept no context scores (keep_context_scores=none), so "
                              "there is nothing to remix; harvest again with keep_context_scores=all")
@@ -365,7 +383,8 @@ class RemixRun(ShardedJob):
                         "context_scores": context_score_schema_of(manifest)}  # the source's precision
         self.settings = {"source": cfg.source, "source_fingerprint": manifest["fingerprint"], "weights": lam,
                          "metric": metric, **({"variant": self.variant} if self.variant is not None else {}),
-                         **({"pool_vectors": self.vectors} if self.vectors is not None else {})}
+                         **({"pool_vectors": self.vectors, "pool_vectors_fingerprint": self.vectors_fp}
+                            if self.vectors is not None else {})}
         if self.vectors is not None:  # a pool harvest keeps its vectors, not context scores
             self.schemas.pop("context_scores")
 
@@ -374,7 +393,8 @@ class RemixRun(ShardedJob):
         return [{"unit": u, "record": self.source_units[u]} for u in sorted(self.source_units)]
 
     def fingerprint_parts(self) -> tuple:
-        return (STAGE, self.source["fingerprint"], self.lam, self.metric) + ((self.variant,) if self.variant else ())
+        return ((STAGE, self.source["fingerprint"], self.lam, self.metric) + ((self.variant,) if self.variant else ())
+                + ((self.vectors_fp,) if self.vectors_fp else ()))
 
     def config(self) -> dict:
         """The source's config (training and eval read it), the remix's settings on top."""

@@ -26,7 +26,8 @@ class ContextSetConfig(Section):
     mode: Literal["screened", "random", "pool"] = "screened"
     # 003 Table 6: STS-B rises with |C_s| (66.25 at 20, 73.93 at 100, on to 500); a shared pool costs
     # 3|P| items a sentence, not a pair, so it can afford many contexts.
-    pool_size: int = Field(256, ge=1, description="|P|, contexts in the shared pool (contexts.mode=pool)")
+    # at least 2: Eq. 4 compares two vectors over 2 or more contexts
+    pool_size: int = Field(256, ge=2, description="|P|, contexts in the shared pool (contexts.mode=pool)")
     # 003 §3.3: "we cache sentence representations in advance, and compute model scores in the
     # last neural layer". A `sentsim cache build` run to reuse across jobs; when unset, a job with
     # a discriminator builds its own under <out>/rep_cache (resumable) before screening.

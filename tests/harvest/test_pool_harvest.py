@@ -92,8 +92,9 @@ def test_a_pair_is_eq4_over_the_pool_scored_directly(partners_run, inputs):
     assert report["scored_items"] == len(v.ids) * POOL
     assert report["scored_items_per_pair"] == pytest.approx(len(v.ids) * POOL / len(t))
     manifest = json.loads((out / "manifest.json").read_text())
+    vectors_fp = json.loads((out / "pool_vectors" / "manifest.json").read_text())["fingerprint"]
     assert manifest["pool"] == {"size": POOL, "pairs": len(t), "sentences": len(v.ids),
-                                "scored_items": len(v.ids) * POOL}
+                                "scored_items": len(v.ids) * POOL, "vectors_fingerprint": vectors_fp}
 
 
 def test_the_pool_run_labels_the_same_pairs_as_a_per_pair_run(partners_run, inputs, tmp_path):
@@ -195,6 +196,39 @@ def test_remix_recomputes_a_pool_harvest_from_its_vectors(cluster_run, partners_
     assert r.returncode == 2 and "disc term was not scored" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_broken_vectors_run_is_named_and_the_harvest_mends_it(partners_run, tmp_path):
+    """Remix refuses vectors that lost a unit, are not the ones the labels came from, or lost their manifest;
+    --force-new on the harvest rebuilds an unreadable vectors run, to the same vectors and rows."""
+    from sentsim.errors import UsageError
+    from sentsim.harvest.job import harvest
+    from sentsim.harvest.remix import RemixConfig, remix
+
+    cfg, out = partners_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    (copy / "pool_vectors" / "_units" / "00000.json").unlink()
+    with pytest.raises(UsageError, match="sentence vectors are missing or incomplete"):
+        remix(RemixConfig(source=str(copy), out=str(tmp_path / "r1")), quiet=True)
+    manifest = json.loads((copy / "pool_vectors" / "manifest.json").read_text())
+    shutil.rmtree(copy / "pool_vectors")
+    shutil.copytree(out / "pool_vectors", copy / "pool_vectors")
+    m = json.loads((copy / "manifest.json").read_text())
+    m["pool"]["vectors_fingerprint"] = "0" * 16  # as if the harvest's vectors had been remade with other settings
+    (copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(UsageError, match="not the ones .* labels were computed from"):
+        remix(RemixConfig(source=str(copy), out=str(tmp_path / "r2")), quiet=True)
+    (copy / "pool_vectors" / "manifest.json").unlink()
+    (copy / "_COMPLETE").unlink()
+    # every labelling unit is done, so the harvest finishes without its vectors; remix, which needs them, says so
+    assert harvest(cfg.model_copy(update={"out": str(copy)}), executor="inline", quiet=True)["complete"]
+    with pytest.raises(UsageError, match="sentence vectors are missing or incomplete"):
+        remix(RemixConfig(source=str(copy), out=str(tmp_path / "r3")), quiet=True)
+    (copy / "pool_vectors" / "manifest.json").write_text("{not json")
+    assert harvest(cfg.model_copy(update={"out": str(copy)}), executor="inline", quiet=True, force_new=True)["complete"]
+    assert json.loads((copy / "pool_vectors" / "manifest.json").read_text())["fingerprint"] == manifest["fingerprint"]
+    assert np.allclose(pairs_of(copy).score, pairs_of(out).score)
+
+
 def test_a_pairs_file_is_labelled_from_its_sentences_vectors(inputs, tmp_path):
     from corpus.documents import text_id
     from sentsim.harvest.job import harvest
@@ -222,7 +256,7 @@ def test_bad_pool_settings_get_one_line(inputs, tmp_path):
     assert not (tmp_path / "big").exists()
     base = ["harvest", "--corpus", inputs["corpus"], "--context-models", inputs["bundle"], "--executor", "inline"]
     cases = [
-        (["--set", "contexts.mode=pool", "--set", "contexts.pool_size=0"], "pool_size"),
+        (["--set", "contexts.mode=pool", "--set", "contexts.pool_size=1"], "pool_size"),
         (["--set", "contexts.mode=pool", "--set", "grouping.enabled=true"], "turn grouping off"),
         (["--set", "contexts.mode=pool", "--set", "partners.cluster_size=1"], "gives no pair"),
         (["--set", "contexts.mode=random", "--set", "partners.cluster_size=8"], "needs contexts.mode=pool"),
