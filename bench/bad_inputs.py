@@ -30,6 +30,8 @@ from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+# the checkout too: else tests/storage/, a test folder, is imported as the storage package
+sys.path.append(str(ROOT))
 SAMPLE = ROOT / "corpus" / "sample" / "us_speeches_sample.jsonl.gz"
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+# the checkout too: else tests/storage/, a test folder, is imported as the storage package
+sys.path.append(str(Path(__file__).resolve().parent.parent))
 from common import PeakRSS, machine, median  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -132,6 +132,8 @@ def cmd_plan(args) -> list:
 def tiny_inputs(work: Path) -> dict:
     """The tests' tiny harvest inputs (tests/harvest_support.py): sample corpus, TF-IDF index, 1+1-layer BART."""
     sys.path.insert(0, str(ROOT / "tests"))
+    # the checkout too: else tests/storage/, a test folder, is imported as the storage package
+    sys.path.append(str(ROOT))
     from harvest_support import build_index_for, tiny_context_bundle
 
     from sentsim.corpus_job import build_corpus
