@@ -30,7 +30,7 @@ from sentsim.identity import REP_CACHE_FORMAT, REP_CACHE_STAGE, cache_identity, 
 from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
 from sentsim.screening.cache import store_schemas
-from storage import ShardStore
+from storage import ShardStore, StoreError
 
 SUBDIR = "rep_cache"  # where the harvest and `sentsim contexts` build it inside their own --out
 
@@ -130,9 +130,8 @@ class RepCacheRun(ShardedJob):
         self.corpus_fp = corpus_fingerprint(cfg.corpus)
         disc = Discriminator.load(cfg.discriminator, corpus=cfg.corpus)  # refuses another corpus's model
         self.identity = cache_identity(self.corpus_fp, cfg.discriminator)
-        old = ShardStore(cfg.out).read_manifest()
-        if old is not None and not force_new and old.get("stage") == REP_CACHE_STAGE \
-                and old.get("identity") != self.identity:
+        old = None if force_new else ShardStore(cfg.out).read_manifest()  # --force-new: whatever is there goes
+        if old is not None and old.get("stage") == REP_CACHE_STAGE and old.get("identity") != self.identity:
             raise UsageError(f"{cfg.out}: this representation cache was built for another corpus or discriminator; "
                              "choose another --out or pass --force-new to rebuild it")
         self.ids = np.sort(
@@ -203,12 +202,16 @@ def ensure_rep_cache(rep_cache: Optional[str], out: str, corpus: str, discrimina
     if rep_cache:
         check_rep_cache(uri, identity)
         return uri
-    # --force-new on the job replaces its own cache only when that cache is for other models:
-    # a cache of the same identity is still right, and rebuilding it would only cost time.
-    old = ShardStore(uri).read_manifest()
-    stale = old is not None and old.get("identity") != identity
+    # --force-new on the job replaces its own cache only when that cache is not this one: for other models, or
+    # a folder whose manifest is missing or unreadable (which names no identity to keep). A cache of the same
+    # identity is still right, and rebuilding it would only cost time.
+    try:
+        old = ShardStore(uri).read_manifest()
+    except StoreError:
+        old = None
+    same = old is not None and old.get("identity") == identity
     m = build_rep_cache(RepCacheConfig(corpus=corpus, discriminator=discriminator, out=uri, resources=resources),
-                        executor=executor, force_new=force_new and stale, address=address, quiet=quiet)
+                        executor=executor, force_new=force_new and not same, address=address, quiet=quiet)
     if not m["complete"]:
         raise UsageError(f"{uri}: the representation cache did not complete; run the job again to resume it")
     return uri

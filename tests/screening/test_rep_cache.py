@@ -273,3 +273,10 @@ def test_harvest_builds_the_cache_first_and_scores_from_it(speech_corpus, parts,
     key = [("pair_id", "ascending")]
     assert ds.dataset(str(tmp_path / "h2" / "pairs")).to_table().sort_by(key).equals(
         ds.dataset(str(out / "pairs")).to_table().sort_by(key))
+    # the harvest's own cache with an unreadable manifest: --force-new rebuilds it (it names no identity to keep)
+    (out / "rep_cache" / "manifest.json").write_text("{not json")
+    again = harvest(cfg, executor="inline", quiet=True, force_new=True)
+    assert again["complete"] and again["fingerprint"] == m["fingerprint"]
+    assert json.loads((out / "rep_cache" / "manifest.json").read_text())["identity"] == h["rep_cache"]
+    assert ds.dataset(str(out / "pairs")).to_table().sort_by(key).equals(
+        ds.dataset(str(tmp_path / "h2" / "pairs")).to_table().sort_by(key))
