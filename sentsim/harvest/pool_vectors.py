@@ -230,10 +230,15 @@ class StoredVectors:
         self.terms = {d: matrix(d) for d in DIRS}
 
     def context_effect(self) -> np.ndarray:
-        """Each pool context's mean S over every scored sentence: what double-centred removes (NaN-safe)."""
-        with np.errstate(all="ignore"):
-            import warnings
+        """Each pool context's mean S over every scored sentence: what double-centred removes."""
+        return pool_context_effect(self.S)
 
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # a context no sentence was scored in: NaN
-                return np.nanmean(self.S.astype(np.float64), axis=0)
+
+def pool_context_effect(S: np.ndarray) -> np.ndarray:
+    """Per pool context (column of S, sentences x |P|), the mean over the sentences scored there (NaN-safe): the
+    harvest computes it from the stored S, a remix from S under its own λ."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a context no sentence was scored in: NaN
+        return np.nanmean(S.astype(np.float64), axis=0)

@@ -238,14 +238,9 @@ def pool_scores(vectors, lam: dict, metric: str) -> tuple[np.ndarray, Optional[n
               for t in TERMS}
     S, _ = combine_terms(values, dict.fromkeys(TERMS, True), lam)
     S = S.reshape(shape)
-    effect = None
-    if metrics.get(metric).uses_context_effect:
-        import warnings
+    from sentsim.harvest.pool_vectors import pool_context_effect
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a context no sentence was scored in: NaN
-            effect = np.nanmean(S, axis=0)
-    return S, effect
+    return S, pool_context_effect(S) if metrics.get(metric).uses_context_effect else None
 
 
 def _read_unit(reader, record, pooled: bool = False) -> dict:
