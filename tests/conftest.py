@@ -188,8 +188,9 @@ def assert_loopback_only(pids, servers=("gcs_server", "raylet")):
 
 
 def start_head(tmp, num_cpus=2):
-    """`ray start --head` on 127.0.0.1 with token auth; a start that fails (a port taken meanwhile, a
-    dashboard that died) is retried once. Checks that nothing of the head listens beyond loopback."""
+    """`ray start --head` (Ray's CLI, through RAY_START) on 127.0.0.1 with token auth; a start that
+    fails (a port taken meanwhile, a dashboard that died) is retried once.
+    Checks that nothing of the head listens beyond loopback."""
     try:
         head = _start_head_once(Path(tmp) / "a", num_cpus)
     except RuntimeError as first:
@@ -230,7 +231,7 @@ def _start_head_once(tmp, num_cpus):
     assert env.get("RAY_AUTH_MODE") == "token" and env.get("RAY_AUTH_TOKEN_PATH")
     log = open(Path(tmp) / "ray_start.log", "wb")
     proc = subprocess.Popen(
-        [str(bin_dir / "ray"), "start", "--head", "--block", f"--num-cpus={num_cpus}", f"--port={port}",
+        [sys.executable, "-c", RAY_START, "start", "--head", "--block", f"--num-cpus={num_cpus}", f"--port={port}",
          "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
          "--include-dashboard=true", f"--metrics-export-port={metrics}", *(f"--{k}={v}" for k, v in more.items()),
          f"--temp-dir={temp}", "--disable-usage-stats"],
@@ -258,36 +259,67 @@ def _start_head_once(tmp, num_cpus):
         except Exception:
             if time.time() > deadline or proc.poll() is not None:
                 stop_head({"proc": proc})
-                raise RuntimeError("ray head did not come up; " + _head_logs(tmp, temp)) from None
+                raise RuntimeError("ray head did not come up; " + _node_logs(tmp, temp)) from None
             time.sleep(1)
     return {"env": env, "address": address, "gcs": f"127.0.0.1:{port}", "proc": proc, "num_cpus": num_cpus,
             "metrics": f"http://127.0.0.1:{metrics}/metrics"}
 
 
-# Ray 2.60's `ray start` cannot add a worker node on loopback: with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
-# (what keeps 127.0.0.1, LOOPBACK_ENV) it refuses any non-head node, and with it on it swaps
-# 127.0.0.1 for the machine's routable IP. This runs the same `ray start` command (Ray's own CLI
-# entry point) with exactly those two guards turned: the node may join, and keeps 127.0.0.1. The
-# processes it starts (raylet, agents, workers) see LOOPBACK_ENV and stay on loopback too.
-RAY_START_WORKER_ON_LOOPBACK = (
-    "import sys\n"
+# `ray start` gives its new raylet a fixed 30 s to register with the GCS (ray/_private/node.py,
+# `raylet_start_wait_time_s`), then fails with "The current node timed out during startup". On two cores
+# shared by two test processes, one of them training torch models beside a running harvest, a node took
+# longer than that. RAY_START runs Ray's own CLI entry point (`ray start`, the same arguments) with only
+# that wait raised, to RAYLET_REGISTER_WAIT_S: the lookup node.py polls (services.get_node, called
+# nowhere else) keeps trying until then.
+RAYLET_REGISTER_WAIT_S = 150
+_RAY_START = (
+    "import sys, time\n"
     "from ray._private import ray_constants, services\n"
-    "ray_constants.ENABLE_RAY_CLUSTER = True\n"
-    "services.resolve_ip_for_localhost = lambda host: host\n"
+    "_get_node = services.get_node\n"
+    "def get_node(*args, **kwargs):\n"
+    f"    deadline = time.monotonic() + {RAYLET_REGISTER_WAIT_S}\n"
+    "    while True:\n"
+    "        try:\n"
+    "            return _get_node(*args, **kwargs)\n"
+    "        except RuntimeError:\n"
+    "            if time.monotonic() > deadline:\n"
+    "                raise\n"
+    "            time.sleep(0.5)\n"
+    "services.get_node = get_node\n"
+    "{guards}"
     "from ray.scripts.scripts import main\n"
     "sys.argv[0] = 'ray'\n"
     "main()\n"
 )
+RAY_START = _RAY_START.format(guards="")
+
+# Ray 2.60's `ray start` cannot add a worker node on loopback: with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+# (what keeps 127.0.0.1, LOOPBACK_ENV) it refuses any non-head node, and with it on it swaps
+# 127.0.0.1 for the machine's routable IP. RAY_START_WORKER_ON_LOOPBACK turns exactly those two guards
+# as well: the node may join, and keeps 127.0.0.1. The processes it starts (raylet, agents, workers)
+# see LOOPBACK_ENV and stay on loopback too.
+RAY_START_WORKER_ON_LOOPBACK = _RAY_START.format(guards=(
+    "ray_constants.ENABLE_RAY_CLUSTER = True\n"
+    "services.resolve_ip_for_localhost = lambda host: host\n"))
 
 
 def start_worker(head, tmp, num_cpus=1, num_gpus=0):
     """Another node for `head`: a separate `ray start --address` raylet on 127.0.0.1, with logical
     GPUs if asked (Ray schedules by them; nothing here touches a device). Returns {"proc", "node"}:
-    its `ray start` process (own process group) and its Ray node id, once the head lists it alive."""
+    its `ray start` process (own process group) and its Ray node id, once the head lists it alive.
+    A start that fails (a port taken meanwhile, a raylet that died) is retried once, as the head's is."""
+    try:
+        return _start_worker_once(head, Path(tmp) / "a", num_cpus, num_gpus)
+    except RuntimeError as first:
+        print(f"first ray worker node failed, retrying with other ports: {first}", file=sys.stderr)
+        return _start_worker_once(head, Path(tmp) / "b", num_cpus, num_gpus)
+
+
+def _start_worker_once(head, tmp, num_cpus, num_gpus):
     import time
 
-    tmp = Path(tmp)
     tmp.mkdir(parents=True, exist_ok=True)
+    temp = ray_temp_dir()
     before = alive_nodes(head)
     # a second raylet on this machine: every port it would take by default gets a free one
     ports = {flag: free_port() for flag in ("object-manager-port", "node-manager-port", "dashboard-agent-listen-port",
@@ -298,19 +330,19 @@ def start_worker(head, tmp, num_cpus=1, num_gpus=0):
         [sys.executable, "-c", RAY_START_WORKER_ON_LOOPBACK, "start", "--block", f"--address={head['gcs']}",
          f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}", "--node-ip-address=127.0.0.1",
          "--min-worker-port=0", "--max-worker-port=0", *(f"--{k}={v}" for k, v in ports.items()),
-         f"--temp-dir={ray_temp_dir()}", "--disable-usage-stats"],
+         f"--temp-dir={temp}", "--disable-usage-stats"],
         env={**head["env"], "RAY_ADDRESS": head["gcs"]}, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,  # RAY_ADDRESS: as for the head (_start_head_once)
     )
     log.close()
-    deadline = time.time() + 120
+    deadline = time.time() + RAYLET_REGISTER_WAIT_S + 30
     while True:
         new = sorted(alive_nodes(head) - before)
         if new:
             return {"proc": proc, "node": new[0], "env": head["env"]}
         if proc.poll() is not None or time.time() > deadline:
             stop_head({"proc": proc})
-            raise RuntimeError("ray worker node did not join: " + (tmp / "ray_start.log").read_text()[-1500:])
+            raise RuntimeError("ray worker node did not join: " + _node_logs(tmp, temp))
         time.sleep(0.5)
 
 
@@ -336,25 +368,28 @@ def kill_node(node) -> None:
     node["proc"].wait(30)
 
 
-def _head_logs(tmp, temp, chars=1500):
-    """The tails of `ray start`'s output (in `tmp`) and of the dashboard's log (under the head's --temp-dir
-    `temp`), which say why a head is not up."""
+def _node_logs(tmp, temp, chars=1500):
+    """The tails of `ray start`'s output (in `tmp`) and of the node's raylet and dashboard logs (under its
+    --temp-dir `temp`), which say why a node is not up."""
     parts = []
-    for name, path in (("ray_start.log", Path(tmp) / "ray_start.log"),
-                       ("dashboard.log", Path(temp) / "session_latest" / "logs" / "dashboard.log")):
+    logs = Path(temp) / "session_latest" / "logs"
+    for name, path in (("ray_start.log", Path(tmp) / "ray_start.log"), ("raylet.out", logs / "raylet.out"),
+                       ("raylet.err", logs / "raylet.err"), ("dashboard.log", logs / "dashboard.log")):
         if path.is_file():
             parts.append(f"--- {name}:\n" + path.read_text(errors="replace")[-chars:])
     return "\n".join(parts) or "no logs"
 
 
 def stop_head(head):
-    """Stop exactly this head: `--block` keeps it in its own process group (`ray stop` would stop
-    every Ray cluster of the user on this machine)."""
+    """Stop exactly this node, as Ctrl-C stops a user's `ray start --block`: SIGINT to that process,
+    which stops its Ray processes and exits in about a second. (It ignores SIGTERM: it would wait out
+    the whole grace period, 30 s a node, and `ray stop` would stop every Ray cluster of the user on this
+    machine.) Then SIGKILL to its process group (`--block` keeps it in its own) for anything left."""
     import signal
 
     proc = head["proc"]
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        proc.send_signal(signal.SIGINT)
         proc.wait(30)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
