@@ -17,6 +17,12 @@ under a lock, bench/results/.lock); the table
 bench/results/teacher_curve.md and the plot bench/results/teacher_curve.png are redrawn from all of them.
 TF-IDF cosine on the same pairs is the baseline row. Runs resume: a cut-off harvest continues.
 
+With --pool, --sizes are pool sizes |P| (contexts.mode=pool, issue 47): every sample sentence is scored
+once against one shared pool of |P| corpus windows, and each pair's Eq. 4 compares the two stored
+vectors. One harvest per |P| gives a row per metric in --metrics: the first is the harvest's own, the
+others are `sentsim remix --metric` of it (no scoring; double-centred removes each pool context's mean
+over the sample's sentences). Items and CPU per pair are the harvest's, vectors included.
+
 Each point's per-pair scores go to bench/results/teacher_curve_scores.json as well, so that --compare
 still pairs two points after their harvests (in the user cache) are gone; it prefers the harvest. It
 also prints their agreement: the Spearman between the two points' pair scores (bf16 against fp32, say).
@@ -50,6 +56,7 @@ STSB_DEV = ROOT.parent / "shared" / "data" / "sts" / "stsbenchmark" / "sts-dev.c
 RESULTS = ROOT / "bench" / "results"
 SAMPLE_SEED, SAMPLE_N = 0, 300
 SCORES = "teacher_curve_scores.json"
+POOL_VARIANT = "pool-"  # + the Eq. 4 metric: a pool point's variant
 
 
 def dev_sample(work: Path, n: int = SAMPLE_N) -> Path:
@@ -146,6 +153,52 @@ def points_of(run: Path, label: str, size: int, group: int, cpu_per_pair: float)
     return out, scores
 
 
+def pool_points_of(labels: Path, harvest_run: Path, label: str, size: int, metric: str,
+                   cpu_per_pair: float) -> tuple[list[dict], dict]:
+    """The row of a pool harvest's pairs (in `labels`: the harvest itself or a remix of it to `metric`):
+    each pair compares its sentences' vectors over all |P| = `size` contexts; items are the vectors run's
+    (sentences x |P|) over the pairs labelled, from the harvest's report."""
+    from storage.reader import RunReader
+
+    t = RunReader(str(labels)).read_table("pairs", ["pair_id", "score", "gold"]).to_pandas()
+    report = json.loads((harvest_run / "report.json").read_text())
+    variant = POOL_VARIANT + metric
+    rho, lo, hi, used = bootstrap(t.score.to_numpy(dtype=float), t.gold.to_numpy(dtype=float))
+    point = {"label": label, "size": size, "group": 1, "variant": variant, "spearman": rho, "lo": lo, "hi": hi,
+             "pairs": used, "of": len(t), "contexts_per_pair": float(size),
+             "items_per_pair": report["scored_items_per_pair"], "cpu_s_per_pair": cpu_per_pair or None}
+    scores = {score_key(label, size, 1, variant): [[pid, float(sc), float(g)] for pid, sc, g in
+                                                   zip(t.pair_id.tolist(), t.score, t.gold) if sc == sc]}
+    return [point], scores
+
+
+def pool_run(work: Path, label: str, n: int, size, metric: str | None = None) -> Path:
+    """Where a pool point's harvest is (metric None), and where its remix to `metric` goes."""
+    base = work / f"{label}-n{n}-p{size}"
+    return base if metric is None else base.with_name(f"{base.name}-{metric}")
+
+
+def pool_labels(work: Path, label: str, n: int, size, metric: str) -> Path | None:
+    """The run holding a pool point's pair scores by `metric`: its remix, or the harvest scored with it."""
+    from storage.reader import RunReader
+
+    for run in (pool_run(work, label, n, size, metric), pool_run(work, label, n, size)):
+        if (run / "_COMPLETE").exists() and RunReader(str(run)).manifest["config"].get("metric") == metric:
+            return run
+    return None
+
+
+def remix_metric(harvest_run: Path, out: Path, metric: str) -> None:
+    """`sentsim remix --metric`: the same vectors, another Eq. 4 (nothing is scored)."""
+    if (out / "_COMPLETE").exists():
+        return
+    cmd = [sys.executable, "-m", "sentsim.cli", "remix", str(harvest_run), "--out", str(out), "--metric", metric,
+           "--executor", "inline"]
+    print("$", " ".join(cmd[2:]), flush=True)
+    if subprocess.call(cmd, cwd=ROOT) != 0:
+        raise SystemExit(f"teacher_curve: remix of {harvest_run} into {out} failed")
+
+
 def score_column(group, variant: str) -> str:
     """The pairs column of a variant's Eq. 4: `score` ungrouped, `score_<variant>` in a grouped harvest."""
     return "score" if int(group) <= 1 else f"score_{variant}"
@@ -178,14 +231,23 @@ def write_atomic(path: Path, text: str) -> None:
 
 def add_points(results: Path, label: str, size: int, group: int, new: list[dict], scores: dict) -> None:
     """Add one harvest's points and per-pair scores to the results, replacing that label's earlier
-    points at this size (its paper row, and its grouped rows of this group size)."""
+    points at this size (its paper row, and its grouped rows of this group size; a pool harvest: its
+    rows of the same metrics)."""
     store = results / "teacher_curve.json"
+    pooled = {p["variant"] for p in new if p["variant"].startswith(POOL_VARIANT)}
+
+    def replaced(p: dict) -> bool:
+        if p["label"] != label or p["size"] != size:
+            return False
+        if p["variant"].startswith(POOL_VARIANT) or pooled:
+            return p["variant"] in pooled
+        return p["variant"] == "paper" or p["group"] == group
+
     with results_locked(results):
         write_atomic(results / SCORES, json.dumps({**load_scores(results), **scores}, sort_keys=True) + "\n")
         # read under the lock: another run of this script may have added its points while this harvest ran
         points = json.loads(store.read_text()) if store.exists() else []
-        keep = [p for p in points if not (p["label"] == label and p["size"] == size
-                                          and (p["variant"] == "paper" or p["group"] == group))]
+        keep = [p for p in points if not replaced(p)]
         write_atomic(store, json.dumps(keep + new, indent=1))
 
 
@@ -199,18 +261,23 @@ def point_scores(work: Path, n: int, spec: str, results: Path, flag: str):
     disk, else from the per-pair scores kept in the results."""
     import pandas as pd
 
+    from sentsim.harvest import metrics
     from storage.reader import RunReader
 
     label, k, g, *variant = spec.split(":") + [""] * 2
-    if not (label and k.isdigit() and g.isdigit() and variant[0] in ("", "paper", "union", "centred")
-            and not any(variant[1:])):
-        raise SystemExit(f"teacher_curve: {flag} {spec!r}: expected LABEL:K:G[:paper|union|centred]")
+    pool_metric = variant[0][len(POOL_VARIANT):] if variant[0].startswith(POOL_VARIANT) else None
+    if not (label and k.isdigit() and g.isdigit() and not any(variant[1:])
+            and (variant[0] in ("", "paper", "union", "centred") or (pool_metric in metrics.names() and g == "1"))):
+        raise SystemExit(f"teacher_curve: {flag} {spec!r}: expected LABEL:K:G[:paper|union|centred], "
+                         f"or LABEL:P:1:{POOL_VARIANT}METRIC for a pool point")
     run = work / f"{label}-n{n}-k{k}-g{g}"
+    if pool_metric:
+        run = pool_labels(work, label, n, k, pool_metric) or pool_run(work, label, n, k, pool_metric)
     v = variant[0] or "paper"
     key = score_key(label, k, g, v)
     stored = load_scores(results)
     if run.is_dir():
-        col = score_column(g, v)
+        col = "score" if pool_metric else score_column(g, v)
         t = RunReader(str(run)).read_table("pairs", ["pair_id", col, "gold"]).to_pandas()
         t = t.rename(columns={col: spec})
     elif key in stored:
@@ -282,13 +349,14 @@ def redraw(points: list[dict], baseline: dict, results: Path, n: int) -> None:
              "interval]; CPU-s per pair of the harvest process (inline, torch threads as given).", "",
              f"Baseline, TF-IDF cosine on the same pairs: **{baseline['spearman']:.2f}** "
              f"[{baseline['lo']:.1f}, {baseline['hi']:.1f}]", "",
-             "| teacher | \\|C_s\\| | Eq. 4 variant | contexts per pair | items per pair | CPU-s per pair "
-             "| Spearman x 100 | 95% interval | pairs scored |",
+             "| teacher | \\|C_s\\| (pool: \\|P\\|) | Eq. 4 variant | contexts per pair | items per pair "
+             "| CPU-s per pair | Spearman x 100 | 95% interval | pairs scored |",
              "|---|---:|---|---:|---:|---:|---:|---|---:|"]
     for p in points:
         cpu = f"{p['cpu_s_per_pair']:.2f}" if p.get("cpu_s_per_pair") else "-"
         name = {"paper": "(a) paper", "union": f"(b) union, g={p['group']}",
-                "centred": f"(c) centred, g={p['group']}"}[p["variant"]]
+                "centred": f"(c) centred, g={p['group']}"}.get(
+            p["variant"], f"pool, {p['variant'][len(POOL_VARIANT):]}")
         lines.append(f"| {p['label']} | {p['size']} | {name} | {p['contexts_per_pair']:.1f} | "
                      f"{p['items_per_pair']:.1f} | {cpu} | {p['spearman']:.2f} | [{p['lo']:.1f}, {p['hi']:.1f}] | "
                      f"{p['pairs']}/{p['of']} |")
@@ -304,12 +372,15 @@ def redraw(points: list[dict], baseline: dict, results: Path, n: int) -> None:
     fig, ax = plt.subplots(figsize=(9, 5.5))
     markers = {"paper": "o", "union": "s", "centred": "^"}
     names = {"paper": "(a) paper, C_s1 + C_s2", "union": "(b) group union", "centred": "(c) union, group-centred"}
+    for v in sorted({p["variant"] for p in points if p["variant"].startswith(POOL_VARIANT)}):
+        markers[v] = "D" if v.endswith("pearson") else "v"
+        names[v] = f"shared pool P, {v[len(POOL_VARIANT):]} (numbers: |P|)"
     labels = sorted({p["label"] for p in points if p.get("cpu_s_per_pair")})
     colours = plt.get_cmap("tab20" if len(labels) > 10 else "tab10")
     for i, label in enumerate(labels):
         # tab20 lists each hue dark then light: the dark ones first, so neighbours stay apart
         colour = colours((2 * i) % 20 + (2 * i) // 20 if colours.N == 20 else i % colours.N)
-        for v in ("paper", "union", "centred"):
+        for v in markers:
             ps = sorted((p for p in points if p["label"] == label and p["variant"] == v and p.get("cpu_s_per_pair")),
                         key=lambda p: p["size"])
             if not ps:
@@ -318,12 +389,13 @@ def redraw(points: list[dict], baseline: dict, results: Path, n: int) -> None:
             y = [p["spearman"] for p in ps]
             err = [[p["spearman"] - p["lo"] for p in ps], [p["hi"] - p["spearman"] for p in ps]]
             ax.errorbar(x, y, yerr=err, fmt=markers[v], color=colour, capsize=2, elinewidth=0.8, alpha=0.9,
-                        ls="-" if v == "paper" and len(ps) > 1 else "none", lw=1,
+                        ls=("-" if v == "paper" else ":") if len(ps) > 1 and v not in ("union", "centred") else "none",
+                        lw=1,
                         label=label if v == "paper" else None)
             for p, xi, yi in zip(ps, x, y):
                 ax.annotate(f"{p['size']}", (xi, yi), fontsize=7, color=colour, xytext=(4, 2),
                             textcoords="offset points")
-    for v in ("union", "centred"):  # the variant legend: marker shapes in black
+    for v in [m for m in markers if m != "paper"]:  # the variant legend: marker shapes in black
         if any(p["variant"] == v for p in points):
             ax.plot([], [], markers[v], color="black", label=names[v])
     ax.axhline(baseline["spearman"], color="grey", ls="--", lw=1, label="TF-IDF cosine (same pairs)")
@@ -345,7 +417,11 @@ def main(argv=None) -> int:
     ap.add_argument("--label", help="name of this teacher in the table (e.g. tokens-150000); needed to score")
     ap.add_argument("--bundle", default=None, help="context-model bundle (default: the one configs/teacher.yaml names)")
     ap.add_argument("--sizes", default="4,8", help="|C_s| values, comma-separated")
-    ap.add_argument("--group", type=int, default=2, help="pairs per group; 1 = ungrouped")
+    ap.add_argument("--group", type=int, default=None, help="pairs per group; 1 = ungrouped (default 2; 1 with --pool)")
+    ap.add_argument("--pool", action="store_true",
+                    help="--sizes are pool sizes |P|: each sentence scored once against one shared pool of contexts")
+    ap.add_argument("--metrics", default="pearson,double-centred",
+                    help="with --pool: the Eq. 4 metrics, a row each (the first scores, the others remix)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--work", default=None, help="where the harvests go (default: SENTSIM_CACHE/curve)")
     ap.add_argument("--set", dest="sets", action="append", default=[])
@@ -370,6 +446,15 @@ def main(argv=None) -> int:
         ap.error("--label is needed to score a point (or give --redraw, --compare or --ensemble)")
     if args.against and not args.ensemble:
         ap.error("--against goes with --ensemble")
+    if args.group is None:
+        args.group = 1 if args.pool else 2
+    if args.pool and args.group != 1:
+        ap.error("--pool labels each pair from its sentences' vectors over the whole pool: no --group")
+    from sentsim.harvest import metrics
+
+    pool_metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    if args.pool and (not pool_metrics or any(m not in metrics.names() for m in pool_metrics)):
+        ap.error(f"--metrics: a comma-separated list of {', '.join(metrics.names())}")
     work = Path(args.work or user_cache() / "curve")
     work.mkdir(parents=True, exist_ok=True)
     sample = dev_sample(work, args.pairs)
@@ -382,12 +467,16 @@ def main(argv=None) -> int:
     store = results / "teacher_curve.json"
     if not args.redraw:
         for k in (int(x) for x in args.sizes.split(",")):
-            sets = [f"contexts.size={k}", *args.sets]
+            if args.pool:
+                sets = ["contexts.mode=pool", f"contexts.pool_size={k}", f"metric={pool_metrics[0]}", *args.sets]
+                run = pool_run(work, args.label, args.pairs, k)
+            else:
+                sets = [f"contexts.size={k}", *args.sets]
+                run = work / f"{args.label}-n{args.pairs}-k{k}-g{args.group}"
             if args.bundle:
                 sets.append(f"context_models=[{Path(args.bundle).resolve()}]")
             if args.group > 1:
                 sets += ["grouping.enabled=true", f"grouping.pairs_per_group={args.group}"]
-            run = work / f"{args.label}-n{args.pairs}-k{k}-g{args.group}"
             cpu_file = run.with_suffix(".cpu")
             # --partial: a harvest stopped early (its CPU-seconds written to RUN.cpu beforehand) is
             # reported over the units it committed
@@ -396,9 +485,22 @@ def main(argv=None) -> int:
             if scored:  # CPU-seconds and pairs add up over the runs of a resumed harvest
                 cost = {"cpu_s": cost.get("cpu_s", 0.0) + cpu, "pairs": cost.get("pairs", 0) + scored}
                 cpu_file.write_text(json.dumps(cost))
-            new, scores = points_of(run, args.label, k, args.group,
-                                    cost.get("cpu_s", 0.0) / max(cost.get("pairs", 0), 1))
-            add_points(results, args.label, k, args.group, new, scores)
+            cpu_per_pair = cost.get("cpu_s", 0.0) / max(cost.get("pairs", 0), 1)
+            if not args.pool:
+                new, scores = points_of(run, args.label, k, args.group, cpu_per_pair)
+                add_points(results, args.label, k, args.group, new, scores)
+                continue
+            if not (run / "_COMPLETE").exists():
+                raise SystemExit(f"teacher_curve: the pool harvest {run} is not finished; run again to go on "
+                                 "(a pool point is reported whole)")
+            new, scores = [], {}
+            for metric in pool_metrics:
+                if metric != pool_metrics[0]:
+                    remix_metric(run, pool_run(work, args.label, args.pairs, k, metric), metric)
+                rows, kept = pool_points_of(pool_labels(work, args.label, args.pairs, k, metric), run, args.label,
+                                            k, metric, cpu_per_pair)
+                new, scores = new + rows, {**scores, **kept}
+            add_points(results, args.label, k, 1, new, scores)
     baseline = tfidf_point(sample)
     with results_locked(results):  # the table and plot from every point written so far, this run's or another's
         points = json.loads(store.read_text()) if store.exists() else []

@@ -162,3 +162,38 @@ def test_ensemble_averages_standardised_scores_and_pairs_it_against_its_members(
         curve.main(["--ensemble", "a:16:1", *argv])
     with pytest.raises(SystemExit, match="no scores for nobody:16:1:paper"):
         curve.main(["--ensemble", "a:16:1", "nobody:16:1", *argv])
+
+
+def test_pool_point_gives_a_row_per_metric_from_one_scoring(tiny_teacher, shared_data, tmp_path, capsys,
+                                                            one_torch_thread):
+    """--pool: the sample's sentences scored once against a shared pool; pearson from the harvest,
+    double-centred from `sentsim remix` of its vectors (no second scoring), both charged the harvest's
+    items and CPU; a rerun scores nothing, and --compare pairs the two metrics."""
+    curve = load_bench("teacher_curve")
+    corpus, index, bundle = tiny_teacher
+    work, results = tmp_path / "work", tmp_path / "results"
+    argv = ["--label", "tinypool", "--bundle", str(bundle), "--pool", "--sizes", "4", "--pairs", "6",
+            "--work", str(work), "--results", str(results), "--set", f"corpus={corpus}", "--set", f"index={index}"]
+    assert curve.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("$ sentsim.cli harvest") == 1 and out.count("$ sentsim.cli remix") == 1
+    points = {p["variant"]: p for p in json.loads((results / "teacher_curve.json").read_text())}
+    assert sorted(points) == ["pool-double-centred", "pool-pearson"]
+    pearson, centred = points["pool-pearson"], points["pool-double-centred"]
+    # each of the (at most 12) sample sentences is scored against the 4 pool contexts once, for both rows
+    assert pearson["items_per_pair"] == centred["items_per_pair"] <= 12 * 4 / 6
+    assert pearson["cpu_s_per_pair"] == centred["cpu_s_per_pair"] > 0
+    assert pearson["contexts_per_pair"] == 4 and pearson["of"] == 6 and pearson["group"] == 1
+    scores = json.loads((results / "teacher_curve_scores.json").read_text())
+    assert set(scores) == {"tinypool:4:1:pool-pearson", "tinypool:4:1:pool-double-centred"}
+    assert scores["tinypool:4:1:pool-pearson"] != scores["tinypool:4:1:pool-double-centred"]
+    assert "| tinypool | 4 | pool, double-centred |" in (results / "teacher_curve.md").read_text()
+
+    assert curve.main(argv) == 0  # finished: nothing is scored or remixed again
+    out = capsys.readouterr().out
+    assert "$ sentsim.cli" not in out
+    assert curve.main(["--compare", "tinypool:4:1:pool-double-centred", "tinypool:4:1:pool-pearson", "--pairs", "6",
+                       "--work", str(work), "--results", str(results)]) == 0
+    assert "tinypool:4:1:pool-double-centred - tinypool:4:1:pool-pearson on" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        curve.main(argv + ["--group", "2"])
