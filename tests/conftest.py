@@ -31,16 +31,24 @@ os.environ.pop("RAY_AUTH_TOKEN", None)  # it would take precedence over the file
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Two test processes (and the commands they start) share two cores, each torch with an OpenMP thread a
+# core. OpenMP's threads spin while they wait for work, burning the core the other process needs: files
+# of inline torch work ran 1.4x longer side by side (docs/notes/2026-11-28-ci-threads.md). PASSIVE makes them
+# sleep instead; read when torch loads, so set before any test imports it, and inherited by every
+# subprocess and `ray start` node a test starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 # The test files that take longest (CI's --durations, 2 cores), longest first. `make test` runs the files in
 # two processes, each file whole, handed out in collection order: these go first, so that the run does not end
 # with one process still inside a long file while the other waits. A file missing here only runs later.
 SLOW_FILES = (
-    "storage/test_s3_chain.py", "training/test_surrogate.py", "harvest/test_harvest_ray.py",
-    "training/test_train_cli.py", "cli/test_rerun_is_noop.py", "evaluation/test_bench_gpu.py",
-    "evaluation/test_bench_reference_teacher.py", "context/test_context_model.py", "harvest/test_harvest.py",
-    "harvest/test_pool_harvest.py", "cli/test_out_paths.py", "students/test_students.py", "cli/test_ray_jobs.py",
+    "training/test_surrogate.py", "cli/test_rerun_is_noop.py", "storage/test_s3_chain.py",
+    "harvest/test_harvest_ray.py", "training/test_train_cli.py", "cli/test_input_refusals.py",
+    "storage/test_store_compact.py", "training/test_model_export.py", "context/test_context_model.py",
+    "evaluation/test_bench_reference_teacher.py", "harvest/test_harvest.py", "evaluation/test_bench_gpu.py",
+    "harvest/test_executor.py", "harvest/test_pool_harvest.py", "cli/test_ray_jobs.py", "students/test_students.py",
+    "training/test_training_notes.py", "cli/test_out_paths.py",
 )
 
 

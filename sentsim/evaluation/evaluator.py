@@ -7,7 +7,6 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
 
 
 @dataclass
@@ -64,6 +63,9 @@ def correlations(pred: np.ndarray, gold: np.ndarray) -> tuple[float | None, floa
     n = int(keep.sum())
     if n < 2 or np.ptp(pred[keep]) == 0 or np.ptp(gold[keep]) == 0:
         return None, None, n  # undefined: too few pairs or a constant side
+    # here, not at the top: scipy.stats costs every command that imports sentsim.evaluation ~1.5 s
+    from scipy.stats import pearsonr, spearmanr
+
     rho = spearmanr(pred[keep], gold[keep]).statistic
     r = pearsonr(pred[keep], gold[keep]).statistic
     return float(rho) * 100.0, float(r) * 100.0, n
