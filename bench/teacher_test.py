@@ -60,13 +60,16 @@ def harvest(config: Path, out: Path, actors: int, sets: list[str]) -> tuple[floa
 
 
 def stage_seconds(run: Path) -> dict:
-    """Seconds per pair that each stage's actor spent, summed over the units' completion markers."""
+    """Seconds per pair that each stage's actor spent, summed over the units' completion markers. A pool
+    harvest (contexts.mode=pool) scores in its vectors run (`pool_vectors/`, units of sentences): its
+    stages' seconds count too, shared over the pairs labelled."""
     total, pairs = {}, 0
-    for f in sorted((run / "_units").glob("*.json")):
-        extra = json.loads(f.read_text()).get("extra", {})
-        pairs += extra.get("pairs", 0)
-        for stage, s in extra.get("timing", {}).items():
-            total[stage] = total.get(stage, 0.0) + s
+    for units in (run / "_units", run / "pool_vectors" / "_units"):
+        for f in sorted(units.glob("*.json")):
+            extra = json.loads(f.read_text()).get("extra", {})
+            pairs += extra.get("pairs", 0) if units.parent == run else 0
+            for stage, s in extra.get("timing", {}).items():
+                total[stage] = total.get(stage, 0.0) + s
     return {k: v / max(pairs, 1) for k, v in total.items()}
 
 
