@@ -271,12 +271,12 @@ def point_scores(work: Path, n: int, spec: str, results: Path, flag: str):
         raise SystemExit(f"teacher_curve: {flag} {spec!r}: expected LABEL:K:G[:paper|union|centred], "
                          f"or LABEL:P:1:{POOL_VARIANT}METRIC for a pool point")
     run = work / f"{label}-n{n}-k{k}-g{g}"
-    if pool_metric:
-        run = pool_labels(work, label, n, k, pool_metric) or pool_run(work, label, n, k, pool_metric)
+    if pool_metric:  # None when no finished run holds that metric's scores: then the kept ones
+        run = pool_labels(work, label, n, k, pool_metric)
     v = variant[0] or "paper"
     key = score_key(label, k, g, v)
     stored = load_scores(results)
-    if run.is_dir():
+    if run is not None and run.is_dir():
         col = "score" if pool_metric else score_column(g, v)
         t = RunReader(str(run)).read_table("pairs", ["pair_id", col, "gold"]).to_pandas()
         t = t.rename(columns={col: spec})
@@ -388,9 +388,10 @@ def redraw(points: list[dict], baseline: dict, results: Path, n: int) -> None:
             x = [p["cpu_s_per_pair"] for p in ps]
             y = [p["spearman"] for p in ps]
             err = [[p["spearman"] - p["lo"] for p in ps], [p["hi"] - p["spearman"] for p in ps]]
+            # a line over |C_s| (solid) or |P| (dotted); a grouped variant's points stand alone
+            joined = len(ps) > 1 and v not in ("union", "centred")
             ax.errorbar(x, y, yerr=err, fmt=markers[v], color=colour, capsize=2, elinewidth=0.8, alpha=0.9,
-                        ls=("-" if v == "paper" else ":") if len(ps) > 1 and v not in ("union", "centred") else "none",
-                        lw=1,
+                        ls=("-" if v == "paper" else ":") if joined else "none", lw=1,
                         label=label if v == "paper" else None)
             for p, xi, yi in zip(ps, x, y):
                 ax.annotate(f"{p['size']}", (xi, yi), fontsize=7, color=colour, xytext=(4, 2),

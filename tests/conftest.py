@@ -199,17 +199,23 @@ def start_head(tmp, num_cpus=2):
     """`ray start --head` (Ray's CLI, through RAY_START) on 127.0.0.1 with token auth; a start that
     fails (a port taken meanwhile, a dashboard that died) is retried once.
     Checks that nothing of the head listens beyond loopback."""
-    try:
-        head = _start_head_once(Path(tmp) / "a", num_cpus)
-    except RuntimeError as first:
-        print(f"first ray head failed, retrying with other ports: {first}", file=sys.stderr)
-        head = _start_head_once(Path(tmp) / "b", num_cpus)
+    head = _start_twice("ray head", lambda folder: _start_head_once(folder, num_cpus), tmp)
     try:
         head["listening"] = assert_loopback_only(with_children(head["proc"].pid))
     except BaseException:
         stop_head(head)
         raise
     return head
+
+
+def _start_twice(what: str, start, tmp):
+    """`start(folder)`, and once more in a fresh folder (so with fresh ports and temp dir) if it raises
+    RuntimeError: a port taken meanwhile, or a node that died on its way up."""
+    try:
+        return start(Path(tmp) / "a")
+    except RuntimeError as first:
+        print(f"first {what} failed, retrying with other ports: {first}", file=sys.stderr)
+        return start(Path(tmp) / "b")
 
 
 def ray_temp_dir() -> Path:
@@ -316,11 +322,7 @@ def start_worker(head, tmp, num_cpus=1, num_gpus=0):
     GPUs if asked (Ray schedules by them; nothing here touches a device). Returns {"proc", "node"}:
     its `ray start` process (own process group) and its Ray node id, once the head lists it alive.
     A start that fails (a port taken meanwhile, a raylet that died) is retried once, as the head's is."""
-    try:
-        return _start_worker_once(head, Path(tmp) / "a", num_cpus, num_gpus)
-    except RuntimeError as first:
-        print(f"first ray worker node failed, retrying with other ports: {first}", file=sys.stderr)
-        return _start_worker_once(head, Path(tmp) / "b", num_cpus, num_gpus)
+    return _start_twice("ray worker node", lambda folder: _start_worker_once(head, folder, num_cpus, num_gpus), tmp)
 
 
 def _start_worker_once(head, tmp, num_cpus, num_gpus):
