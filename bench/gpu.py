@@ -30,7 +30,10 @@ With --pack N[,M...], the bart shape is trained again with packed rows of N toke
 examples a row, each attending only to itself), after the padded runs and with their settings, so one run
 compares packed and padded training; compare them by target tokens per second: the FLOPs counted for a packed
 row include the attention between its examples that the mask throws away (train_mfu_packed, train_padding_packed
-and train_target_tokens_per_s_packed are the best packed run's).
+and train_target_tokens_per_s_packed are the best packed run's). With --attention flex, the bart shape is
+trained again padded and at each --pack with FlexAttention (`attention: flex`): a packed row's block mask skips
+the attention between its examples, which sdpa computes and then masks (its first step's compile is out of the
+timing). A CPU has no FlexAttention backward pass, so there those runs are refused and listed under "failed".
 
 With --compile, the shapes named (bart, warm_start) are trained again with `compile: true`, and with `score`
 the scoring stage runs again with `scoring.compile: true` at 8 units a call: each after the eager runs, its
@@ -310,6 +313,13 @@ class Bench:
         runs[at:at] = [(f"bart, pack_tokens={n}", self.train_config(shapes[0][1], max_seconds=seconds,
                                                                     micro_batches=first, pack_tokens=n), shapes[0][2])
                        for n in self.a.pack]
+        # the bart shape, padded and packed, with another attention kernel (FlexAttention: packed rows' block
+        # masks skip the attention between examples that sdpa computes and masks)
+        at += len(self.a.pack)
+        runs[at:at] = [(f"bart{f', pack_tokens={n}' if n else ''}, attention={att}",
+                        self.train_config(shapes[0][1], max_seconds=seconds + self.a.compile_seconds / 2,
+                                          micro_batches=first, pack_tokens=n, attention=att), shapes[0][2])
+                       for att in self.a.attention for n in [0, *self.a.pack]]
         # after the eager runs, so a compile that fails costs them nothing; the compile's minute or two is
         # before the first timed history point
         runs += [(f"{name}+compile", self.train_config(model, max_seconds=seconds + self.a.compile_seconds,
@@ -748,6 +758,8 @@ def parser() -> argparse.ArgumentParser:
                     "shape trains with the first, the bart shape again with each further one (e.g. 8,1)")
     ap.add_argument("--pack", default="", help="train the bart shape again with packed rows of N tokens "
                     "(pack_tokens), comma-separated (e.g. 1024,2048; at least its max_source + max_target tokens)")
+    ap.add_argument("--attention", default="", help="train the bart shape again, padded and with each --pack, with "
+                    "these attention kernels (e.g. flex; sdpa is the default every other run uses)")
     ap.add_argument("--host-seconds", type=float, default=8.0)
     ap.add_argument("--budget-s", type=float, default=540.0, help="start no section that would end after this")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "gpu"))
@@ -768,6 +780,7 @@ def main(argv=None) -> int:
     a.sections = set(a.sections.split(","))
     a.micro_batches = [int(x) for x in a.micro_batches.split(",")]
     a.pack = [int(x) for x in a.pack.split(",") if x]
+    a.attention = [x for x in a.attention.split(",") if x and x != "sdpa"]
     a.compile = set(filter(None, a.compile.split(",")))
     if not a.teacher_minutes:
         a.sections.discard("teacher")

@@ -112,8 +112,8 @@ class ContextTrainConfig(Section):
     # example attending only to its own tokens and its token positions counted from 0, as T5 packs its examples
     # (segment ids); a step's examples are then drawn across the lengths of their chunk, not grouped by length,
     # and the loss per target token is that of the same examples unpacked (tests/context/test_context_packing.py). Not
-    # in §3.2.2; execution. Off by default until a GPU has measured it (bench/gpu.py --pack): the CPU path builds
-    # a dense mask per row, and arch=bart only (the warm start's BERT encoder and decoder are not wired for it).
+    # in §3.2.2; execution. Off by default until a GPU has measured it (bench/gpu.py --pack): sdpa attention builds
+    # a dense mask per row (`attention: flex` a block mask), and arch=bart only (the warm start's BERT encoder and decoder are not wired for it).
     pack_tokens: int = 0
     shuffle_buffer: int = Field(4096, ge=1)  # batching=buffer: examples sorted together by length
     # batching=bucketed: processes that build batches beside the trainer; -1 = none on a CPU (the trainer
@@ -128,6 +128,11 @@ class ContextTrainConfig(Section):
     # shape (sentsim/context/compiled.py): fuses the element-wise work around the matrix products, for GPUs.
     # Execution, not in the paper. A compile of a minute or two at the start; no gain on the dev CPU (0.96x).
     compile: bool = False
+    # The attention kernel (execution, not in the paper): sdpa (torch's fused attention) or flex (FlexAttention,
+    # compiled by transformers on its first call). With pack_tokens, flex takes the examples' segment ids as a
+    # block mask and skips the attention between a row's examples, which sdpa computes and masks; the same loss
+    # (tests/context/test_context_packing.py). Eager attention is for tests.
+    attention: Literal["sdpa", "eager", "flex"] = "sdpa"
     checkpoint_every: int = Field(500, ge=1)  # resumability; not in the paper
     # Not in §3.2.2, which trains on its whole corpus: train (and hold out) only the documents whose
     # doc_id starts with one of these prefixes, e.g. [enwiki]; empty = every document. Retrieval is

@@ -12,8 +12,10 @@ examples back to back in a row, `pack_tokens`; arch=bart only): then `src_mask` 
 source token's segment id (1, 2, ... for the row's examples, 0 = padding) followed by each decoder
 token's, and every example sees only itself, as T5 packs examples with segment ids: encoder attention
 within a segment, decoder attention causal within a segment, cross-attention to the same segment's
-source, token positions from 0 in each example. Masks are dense [B, 1, Q, K] (sdpa or eager attention),
-correct everywhere; varlen or FlexAttention kernels would skip the masked blocks on a GPU.
+source, token positions from 0 in each example. With sdpa or eager attention the masks are dense
+[B, 1, Q, K] tensors, correct everywhere but computed in full; with FlexAttention (`use_attention("flex")`,
+training's `attention: flex`) they are block masks built from the same segment ids, and the kernel skips the
+blocks where no query of one example meets a key of it.
 
 On disk (a *bundle*, written by `save_bundle`):
 
@@ -42,6 +44,8 @@ from sentsim.context.tokenizer import ContextTokenizer, seq2seq_from_checkpoint,
 from sentsim.errors import UsageError
 
 FORMAT = "sentsim-context/1"
+# the names training's `attention` takes -> transformers' attention implementations
+ATTENTION_IMPLEMENTATIONS = {"sdpa": "sdpa", "eager": "eager", "flex": "flex_attention"}
 
 try:  # progress bars of save/load are noise in job logs
     from transformers.utils import logging as _hf_logging
@@ -121,16 +125,28 @@ class ContextModel(nn.Module):
             raise UsageError("packed examples need model.arch=bart")
         return src_mask[:, :src_len], src_mask[:, src_len:]
 
-    def _mask(self, q_seg: torch.Tensor, k_seg: torch.Tensor, causal: bool, dtype) -> torch.Tensor:
-        """The [B, 1, Q, K] attention mask of packed rows in the model's attention's format."""
-        allowed = segment_mask(q_seg, k_seg, causal)
+    def use_attention(self, name: str) -> None:
+        """The attention kernel: "sdpa" (torch's scaled_dot_product_attention, the default), "eager" or "flex"
+        (FlexAttention: transformers compiles it on its first call)."""
+        impl = ATTENTION_IMPLEMENTATIONS.get(name)
+        if impl is None:
+            raise UsageError(f"attention must be one of {', '.join(ATTENTION_IMPLEMENTATIONS)}, not {name!r}")
+        if self.seq2seq.config._attn_implementation != impl:
+            self.seq2seq.set_attn_implementation(impl)
+
+    def _mask(self, q_seg: torch.Tensor, k_seg: torch.Tensor, causal: bool, dtype):
+        """The attention mask of packed rows in the model's attention's format: a [B, 1, Q, K] tensor, or a
+        FlexAttention block mask of the same rule."""
         impl = self.seq2seq.config._attn_implementation
+        if impl == "flex_attention":
+            return segment_block_mask(q_seg, k_seg, causal)
+        allowed = segment_mask(q_seg, k_seg, causal)
         if impl == "sdpa":
             return allowed
         if impl == "eager":
             return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
                 ~allowed, torch.finfo(dtype).min)
-        raise UsageError(f"packed examples need sdpa or eager attention, not {impl}")
+        raise UsageError(f"packed examples need sdpa, eager or flex attention, not {impl}")
 
     def decode(self, enc: torch.Tensor, src_mask: torch.Tensor, dec_in: torch.Tensor,
                dec_slots: torch.Tensor) -> torch.Tensor:
@@ -279,6 +295,21 @@ def segment_mask(q_seg: torch.Tensor, k_seg: torch.Tensor, causal: bool) -> torc
         q, k = q_seg.shape[1], k_seg.shape[1]
         same = same & torch.ones(q, k, dtype=torch.bool, device=q_seg.device).tril()
     return (same | (q_seg == 0)[:, :, None])[:, None]
+
+
+def segment_block_mask(q_seg: torch.Tensor, k_seg: torch.Tensor, causal: bool):
+    """`segment_mask`'s rule as a FlexAttention BlockMask: the kernel visits only the (query block, key block)
+    tiles where some query may attend some key, so the attention between a row's examples costs nothing."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def allowed(b, h, q, k):
+        qs = q_seg[b, q]
+        ok = qs == k_seg[b, k]
+        if causal:
+            ok = ok & (k <= q)
+        return ok | (qs == 0)
+
+    return create_block_mask(allowed, q_seg.shape[0], None, q_seg.shape[1], k_seg.shape[1], device=q_seg.device)
 
 
 def _vocab_size(seq2seq) -> int:

@@ -397,6 +397,7 @@ def build_trainee(config: dict, session, ckpt: Optional[Path]) -> ContextTrainee
         model = build_model(cfg.model, tok, seed=cfg.seed)
         if cfg.cross_attention_from_self():
             init_cross_attention_from_self(model)
+    model.use_attention(cfg.attention)
     if cfg.freeze_encoder:
         model.freeze_encoder()
     directions = config["directions"]
@@ -409,7 +410,7 @@ def build_trainee(config: dict, session, ckpt: Optional[Path]) -> ContextTrainee
 # settings a resumed run may change (how long and how wide, not what is trained): left out of the fingerprint
 RESUMABLE = ("max_steps", "max_seconds", "eval_every", "checkpoint_every", "num_workers", "cpus_per_worker", "use_gpu",
              "torch_threads", "executor", "heldout_windows", "bf16", "max_target_tokens", "data_workers", "log_every",
-             "compile")
+             "compile", "attention")
 # settings added after runs were trained, with the value those runs had: counted in the fingerprint only when
 # set to another, so a run from before the setting existed still resumes with it. A run from before
 # `batching` (or `micro_batches`) resumed under today's default is refused naming the key, e.g.
@@ -514,7 +515,11 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
 
         quiet_progress()
         init_ray(address)
-    cfg = cfg.model_copy(update={"batch_tokens": cfg.resolved_batch_tokens(trains_on_gpu(cfg))})
+    gpu = trains_on_gpu(cfg)
+    if cfg.attention == "flex" and not gpu:
+        raise UsageError("attention=flex trains on a GPU only (FlexAttention has no backward pass on a CPU); "
+                         "set attention=sdpa")
+    cfg = cfg.model_copy(update={"batch_tokens": cfg.resolved_batch_tokens(gpu)})
     run_id = run_fingerprint(cfg, corpus_id, tokenizer_from)
     _refuse_legacy_resume(out_p, cfg, force_new, out_arg)
     record = {"config": cfg.model_dump(), "corpus": corpus, "tokenizer_from": tokenizer_from}

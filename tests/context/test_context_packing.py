@@ -41,7 +41,7 @@ def _examples(n: int, seed: int = 0) -> list[Example]:
 def _tiny_model(attention: str = "sdpa"):
     tok = SimpleNamespace(vocab_size=300, pad_id=0, bos_id=1, eos_id=2)
     model = build_model(ContextModelConfig(**TINY), tok, seed=0).float()
-    model.seq2seq.config._attn_implementation = attention
+    model.use_attention(attention)
     return model.train()  # dropout 0: training mode computes what eval mode does
 
 
@@ -55,7 +55,8 @@ def _loss_and_logprobs(model, batch: dict):
     return loss, torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0], targets
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+# flex: FlexAttention with block masks from the segment ids (compiled by transformers: half a minute on a CPU)
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "flex"])
 def test_packed_rows_give_the_loss_logprobs_and_gradients_of_the_same_examples_unpacked(attention):
     exs = _examples(9)
     sizes = [3, 1, 2, 3]  # rows of several examples of different lengths, and one alone
@@ -70,11 +71,16 @@ def test_packed_rows_give_the_loss_logprobs_and_gradients_of_the_same_examples_u
     # the packed row is wider than the position table: padding gets position 0, every token its own position
     assert packed["src"].shape[1] > TINY["max_source_tokens"] + 2
 
+    # FlexAttention has no backward on a CPU (torch raises NotImplementedError): flex checks the forward pass,
+    # its gradients are the GPU's to check (bench/gpu.py trains with it)
+    backward = attention != "flex"
     results = []
     for batch in (plain, packed):
         model.zero_grad()
-        loss, logp, targets = _loss_and_logprobs(model, batch)
-        loss.backward()
+        with torch.set_grad_enabled(backward):
+            loss, logp, targets = _loss_and_logprobs(model, batch)
+        if backward:
+            loss.backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         results.append((loss.detach(), logp.detach(), targets, grads))
     (l0, p0, t0, g0), (l1, p1, t1, g1) = results
@@ -142,7 +148,17 @@ def test_settings_that_cannot_pack_are_refused_in_one_line(setting, says):
 
 
 def test_packing_is_off_by_default():
-    assert ContextTrainConfig().pack_tokens == 0
+    assert ContextTrainConfig().pack_tokens == 0 and ContextTrainConfig().attention == "sdpa"
+
+
+def test_flex_attention_on_a_cpu_is_refused_before_any_work(speech_corpus, tmp_path):
+    from sentsim.context.train import train_context
+    from sentsim.errors import UsageError
+
+    cfg = _train_cfg(pack_tokens=500, attention="flex", executor="inline", use_gpu="no")
+    with pytest.raises(UsageError, match="attention=flex trains on a GPU only"):
+        train_context(str(speech_corpus), str(tmp_path / "out"), cfg)
+    assert not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------------------------------------------- stream

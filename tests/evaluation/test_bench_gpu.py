@@ -18,7 +18,8 @@ def test_tiny_bench_runs_every_section_on_a_cpu(tmp_path, speech_corpus):
     out, files = tmp_path / "gpu", _pair_files(tmp_path / "pairs")
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--tiny", "--device", "cpu",
                            "--corpus", str(speech_corpus), "--teacher-minutes", "0.1", "--micro-batches", "8,1",
-                           "--compile", "score", "--stsb-test", str(files["stsb"]), "--dev-pairs", str(files["dev"]),
+                           "--compile", "score", "--pack", "400", "--attention", "flex",
+                           "--stsb-test", str(files["stsb"]), "--dev-pairs", str(files["dev"]),
                            "--teacher-pairs", "3", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -26,12 +27,17 @@ def test_tiny_bench_runs_every_section_on_a_cpu(tmp_path, speech_corpus):
     for key in ("device", "peak_tflops", "train_mfu", "train_padding", "score_mfu", "score_padding",
                 "host_target_tokens_per_s"):
         assert last[key] is not None, (key, last)
-    assert last["failed"] == [], json.loads((out / "gpu.json").read_text())["errors"]
+    errors = json.loads((out / "gpu.json").read_text())["errors"]
+    # FlexAttention has no backward pass on a CPU: its runs are refused there, each in its own entry
+    flex = ["train bart, attention=flex", "train bart, pack_tokens=400, attention=flex"]
+    assert last["failed"] == flex, errors
+    assert all("trains on a GPU only" in errors[k] for k in flex)
     assert last["score_fp32_max_rel_diff"] < 1e-4  # the scorer's fp32 log-probs are a plain forward's
     assert 0 <= last["train_padding"] < 0.25 and 0 < last["train_mfu"] < 1
     assert (out / "gpu.md").read_text().startswith("Device: cpu")
     trained = [r["shape"] for r in json.loads((out / "gpu.json").read_text())["sections"]["train"]["rows"]]
-    assert trained == ["bart", "bart, micro_batches=1", "warm_start"]
+    assert trained == ["bart", "bart, micro_batches=1", "bart, pack_tokens=400", "warm_start"]
+    assert last["train_mfu_packed"] is not None
     scored = json.loads((out / "gpu.json").read_text())["sections"]["score"]["rows"]
     assert [r["compile"] for r in scored] == [False, False, True]
     assert scored[-1]["max_abs_diff_vs_eager"] < 0.05  # bf16 where this CPU has it
@@ -92,7 +98,11 @@ def test_teacher_dry_run_scores_every_set_and_leaves_score_files_that_remake_it(
                           capture_output=True, text=True, timeout=600, env=_no_ray(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert last["failed"] == [], json.loads((out / "gpu.json").read_text())["errors"]
+    errors = json.loads((out / "gpu.json").read_text())["errors"]
+    # FlexAttention has no backward pass on a CPU: its runs are refused there, each in its own entry
+    flex = ["train bart, attention=flex", "train bart, pack_tokens=400, attention=flex"]
+    assert last["failed"] == flex, errors
+    assert all("trains on a GPU only" in errors[k] for k in flex)
     assert last["teacher_target_tokens"] > 0
     teacher = last["teacher"]
     assert set(teacher) == {"stsb_test", "dev", "extra_pairs"}
