@@ -84,10 +84,14 @@ class HarvestRun(ShardedJob):
         self.unit_plan, self.plan_info = plan(cfg, self.corpus)
         self.hashes = model_hashes(cfg)
         if self.pooled:  # the pool, then the pairs: the run's own when it resumes (pool.py)
-            from sentsim.harvest.pool import PAIRS_TABLE, PoolPairUnits, draw_pool, plan_pool_pairs
+            from sentsim.harvest.pool import PAIRS_TABLE, POOL_IDS_TABLE, PoolPairUnits, draw_pool, plan_pool_pairs
 
-            self.pool = draw_pool(self.corpus, cfg.contexts.pool_size, self.context_window(), cfg.seed)
-            kept = None if force_new else ShardStore(cfg.out).read_side_table(PAIRS_TABLE, fingerprint=self.fp)
+            store = ShardStore(cfg.out)
+            kept_ids = None if force_new else store.read_side_table(POOL_IDS_TABLE, fingerprint=self.fp)
+            self.pool = draw_pool(self.corpus, cfg.contexts.pool_size, self.context_window(), cfg.seed,
+                                  cfg.contexts.pool_draw,
+                                  None if kept_ids is None else kept_ids.column("sentence_id").to_numpy())
+            kept = None if force_new else store.read_side_table(PAIRS_TABLE, fingerprint=self.fp)
             file_pairs = self.unit_plan.make.pairs if cfg.pairs_file else None
             anchors = None if cfg.pairs_file else self.unit_plan.make.anchors
             self.pool_plan = plan_pool_pairs(cfg, self.corpus, anchors, file_pairs, kept)
@@ -215,13 +219,17 @@ class HarvestRun(ShardedJob):
         import pyarrow as pa
 
         from sentsim.harvest import metrics
-        from sentsim.harvest.pool import EFFECT_TABLE, PAIRS_TABLE
+        from sentsim.harvest.pool import EFFECT_TABLE, PAIRS_TABLE, POOL_IDS_TABLE
         from sentsim.harvest.pool_vectors import PoolVectorsRun, StoredVectors, ensure_pool_vectors
 
-        # the plan first: a run killed while its vectors are scored resumes with the pairs (and so the
-        # sentences) it began with, whatever k-means or the retriever would give on another machine
+        # the plan and the pool first: a run killed while its vectors are scored resumes with the pairs (and
+        # so the sentences) and the pool it began with, whatever k-means or the retriever would give on
+        # another machine
         if ctx.store.read_side_table(PAIRS_TABLE, fingerprint=ctx.fp) is None:
             ctx.store.write_side_table(PAIRS_TABLE, self.pool_plan.table(), ctx.fp)
+        if ctx.store.read_side_table(POOL_IDS_TABLE, fingerprint=ctx.fp) is None:
+            ctx.store.write_side_table(POOL_IDS_TABLE, pa.table({"sentence_id": pa.array(self.pool.ids, pa.int64())}),
+                                       ctx.fp)
         job = PoolVectorsRun(self.cfg, self.pool_plan.texts, self.pool, self.vector_identity(), self.precision)
         self.vectors_fp = ensure_pool_vectors(job, ctx.executor, ctx.address, ctx.force_new, ctx.quiet)["fingerprint"]
         if metrics.get(self.cfg.metric).uses_context_effect and \

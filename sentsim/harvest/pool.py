@@ -10,7 +10,11 @@ context's mean score over every scored sentence.
 
 The pool is |P| windows around corpus sentences drawn with the run's seed, like the paper's random-context
 ablation (Table 8) but shared; the harvest finds little difference between retrieved and random contexts at
-equal size and a steady gain from more of them (BENCHMARKS.md, "Teacher quality").
+equal size and a steady gain from more of them (BENCHMARKS.md, "Teacher quality"). `contexts.pool_draw:
+clusters` draws a diverse pool instead: POOL_DRAW_OVERSAMPLE x |P| random windows cut into |P| equal TF-IDF
+clusters of their centres (sentsim/harvest/clusters.py), the first drawn window of each. Its ids are kept
+as the harvest's side table `pool_ids`, since k-means may cluster differently on another machine and a
+resumed run must score the pool it began with.
 
 The pairs are planned by the driver once and kept as the harvest's side table `pool_pairs`, so that a resumed
 run labels exactly the pairs it began with (the clustering runs k-means, whose result may differ across
@@ -31,6 +35,8 @@ from sentsim.harvest.work import Pair
 POOL_TABLE = "pool"  # side table of the vectors run: the contexts every sentence was scored in
 PAIRS_TABLE = "pool_pairs"  # side table of the harvest: the pairs it labels, in unit order
 EFFECT_TABLE = "context_effect"  # side table of the harvest: each pool context's mean S over every sentence
+POOL_IDS_TABLE = "pool_ids"  # side table of the harvest: the pool's corpus sentence ids (a clusters draw's)
+POOL_DRAW_OVERSAMPLE = 8  # pool_draw=clusters: random windows drawn per pool context, then clustered
 # Seed offsets of the run's draws: +1 the rank anchors (job.run_anchors), +2 the reference sentences.
 POOL_SEED_OFFSET = 3
 
@@ -58,16 +64,44 @@ class Pool:
                         schema=POOL_SCHEMA)
 
 
-def draw_pool(corpus, size: int, window: int, seed: int) -> Pool:
-    """|P| = `size` distinct corpus sentences drawn with the run's seed, each with `window` sentences a side."""
+def draw_pool(corpus, size: int, window: int, seed: int, draw: str = "random",
+              kept: Optional[np.ndarray] = None) -> Pool:
+    """|P| = `size` distinct corpus sentences, each with `window` sentences a side: `kept` (a resumed run's
+    ids), or drawn with the run's seed, at random or one from each of |P| TF-IDF clusters (`draw`)."""
     n = len(corpus.ids)
     if size > n:
         raise UsageError(f"contexts.pool_size={size} is more than the corpus's {n:,} sentences; "
                          f"choose {n:,} or fewer")
-    rng = np.random.default_rng(seed + POOL_SEED_OFFSET)
-    ids = np.sort(rng.choice(corpus.ids, size=size, replace=False)).astype(np.int64)
+    if kept is not None:
+        ids = np.asarray(kept, dtype=np.int64)
+    elif draw == "clusters":
+        ids = _clustered_draw(corpus, size, seed)
+    else:
+        rng = np.random.default_rng(seed + POOL_SEED_OFFSET)
+        ids = np.sort(rng.choice(corpus.ids, size=size, replace=False)).astype(np.int64)
     windows = [corpus.window(int(c), window) for c in ids]
     return Pool(ids, [w[0] for w in windows], [w[1] for w in windows], [t or "" for t in corpus.texts(ids)])
+
+
+def _clustered_draw(corpus, size: int, seed: int) -> np.ndarray:
+    """`size` sentence ids, one from each of `size` equal TF-IDF clusters of POOL_DRAW_OVERSAMPLE x `size`
+    random ones (all of a corpus too small for that): the first drawn of each cluster, so the choice within
+    a cluster stays random."""
+    from sentsim.harvest.clusters import balanced_clusters
+
+    n = len(corpus.ids)
+    rng = np.random.default_rng(seed + POOL_SEED_OFFSET)
+    candidates = rng.choice(corpus.ids, size=min(n, size * POOL_DRAW_OVERSAMPLE), replace=False).astype(np.int64)
+    per = len(candidates) // size  # >= 1: size <= n
+    if per < 2:
+        return np.sort(candidates[:size])
+    labels = balanced_clusters([t or "" for t in corpus.texts(candidates)], per, seed)
+    _, first = np.unique(labels, return_index=True)  # each cluster's first drawn member
+    chosen = candidates[np.sort(first)]
+    if len(chosen) < size:  # the remainder's cluster: top up with the next drawn candidates
+        rest = candidates[~np.isin(candidates, chosen)]
+        chosen = np.concatenate([chosen, rest[: size - len(chosen)]])
+    return np.sort(chosen[:size])
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,10 @@ class ContextSetConfig(Section):
     # 3|P| items a sentence, not a pair, so it can afford many contexts.
     # at least 2: Eq. 4 compares two vectors over 2 or more contexts
     pool_size: int = Field(256, ge=2, description="|P|, contexts in the shared pool (contexts.mode=pool)")
+    # How the pool is drawn (not in paper 003): `random` windows, as 003's random-context ablation (Table 8);
+    # `clusters`: POOL_DRAW_OVERSAMPLE x |P| random windows cut into |P| equal TF-IDF clusters of their centre
+    # sentences, one window from each, so that the pool spans the corpus's topics rather than its densest ones.
+    pool_draw: Literal["random", "clusters"] = Field("random", description="how the pool is drawn (contexts.mode=pool)")
     # 003 §3.3: "we cache sentence representations in advance, and compute model scores in the
     # last neural layer". A `sentsim cache build` run to reuse across jobs; when unset, a job with
     # a discriminator builds its own under <out>/rep_cache (resumable) before screening.
@@ -36,9 +40,12 @@ class ContextSetConfig(Section):
 
     def semantic(self) -> dict:
         """What changes the context sets: not where the rep cache lies (its identity is fingerprinted by the
-        jobs), and `pool_size` only in pool mode, so runs made before the pool mode keep their fingerprints."""
+        jobs), and `pool_size` only in pool mode, so runs made before the pool mode keep their fingerprints;
+        `pool_draw` only when not random, so pool runs made before it keep theirs."""
         d = self.model_dump()
         d.pop("rep_cache")
         if self.mode != "pool":
             d.pop("pool_size")
+        if self.mode != "pool" or self.pool_draw == "random":
+            d.pop("pool_draw")
         return d

@@ -158,7 +158,7 @@ EXECUTION = {
     "contexts.rep_cache": "/nowhere/rep_cache",  # used only with a discriminator, and then by its identity
     # the pool mode's own keys leave a per-pair harvest's rows alone (in pool mode they are semantic:
     # tests/harvest/test_pool_harvest.py)
-    "contexts.pool_size": 64, "sentences_per_unit": 16,
+    "contexts.pool_size": 64, "contexts.pool_draw": "clusters", "sentences_per_unit": 16,
     **{f"resources.{stage}.{k}": v for stage in ("contexts", "scoring", "rank", "label")
        for k, v in (("num_cpus", 2.0), ("num_gpus", 1.0), ("memory_gb", 1.5), ("min_actors", 2), ("max_actors", 3),
                     ("units_per_call", 4))},

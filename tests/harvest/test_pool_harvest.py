@@ -271,6 +271,44 @@ def test_bad_pool_settings_get_one_line(inputs, tmp_path):
     assert r.returncode == 2 and "a harvest's shared pool" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+def test_a_clustered_draw_takes_one_context_from_each_tfidf_cluster(inputs):
+    from corpus.view import CorpusIndex
+    from sentsim.harvest.clusters import balanced_clusters
+    from sentsim.harvest.pool import POOL_DRAW_OVERSAMPLE, POOL_SEED_OFFSET, draw_pool
+
+    corpus = CorpusIndex(str(inputs["corpus"]))
+    random_pool, pool = (draw_pool(corpus, POOL, 1, 0, draw) for draw in ("random", "clusters"))
+    again = draw_pool(corpus, POOL, 1, 0, "clusters")
+    assert len(set(pool.ids.tolist())) == POOL and np.array_equal(pool.ids, again.ids)  # seeded
+    assert not np.array_equal(pool.ids, random_pool.ids)
+    # the draw's own candidates and clusters: every cluster gives exactly one pool context
+    rng = np.random.default_rng(POOL_SEED_OFFSET)
+    candidates = rng.choice(corpus.ids, size=POOL * POOL_DRAW_OVERSAMPLE, replace=False)
+    labels = balanced_clusters([t or "" for t in corpus.texts(candidates)], POOL_DRAW_OVERSAMPLE, 0)
+    assert sorted(labels[np.isin(candidates, pool.ids)].tolist()) == list(range(POOL))
+    kept = draw_pool(corpus, POOL, 1, 0, "clusters", kept=random_pool.ids)  # a resumed run's stored ids win
+    assert np.array_equal(kept.ids, random_pool.ids)
+
+
+def test_a_clustered_pool_is_kept_with_the_run_and_resumed_from_it(inputs, tmp_path):
+    from sentsim.harvest.job import harvest
+    from sentsim.harvest.pool import POOL_IDS_TABLE, POOL_TABLE
+    from storage import ShardStore
+
+    out = tmp_path / "diverse"
+    cfg = pool_config(inputs, out, contexts={"mode": "pool", "pool_size": POOL, "pool_draw": "clusters"},
+                      anchors={"n": 6, "per_unit": 3})
+    assert cfg.semantic()["contexts"]["pool_draw"] == "clusters"
+    assert harvest(cfg, executor="inline", quiet=True)["complete"]
+    kept = ShardStore(str(out)).read_side_table(POOL_IDS_TABLE).column("sentence_id").to_pylist()
+    scored = ShardStore(str(out / "pool_vectors")).read_side_table(POOL_TABLE).column("context_id").to_pylist()
+    assert len(kept) == POOL and kept == scored
+    before = pairs_of(out)
+    assert before.score.notna().all()
+    again = harvest(cfg, executor="inline", quiet=True)  # a rerun reads its pool back and redoes nothing
+    assert again["complete"] and pairs_of(out).equals(before)
+
+
 def test_runs_from_before_the_pool_mode_keep_their_fingerprints(inputs, tmp_path):
     """The new keys stay out of every fingerprint unless they are in use."""
     from sentsim.screening.contexts_job import ScreenConfig
@@ -280,6 +318,7 @@ def test_runs_from_before_the_pool_mode_keep_their_fingerprints(inputs, tmp_path
     assert "sentences_per_unit" not in sem
     pooled = pool_config(inputs, tmp_path / "p", partners={"cluster_size": 4}).semantic()
     assert pooled["contexts"]["pool_size"] == POOL and pooled["partners"]["cluster_size"] == 4
+    assert "pool_draw" not in pooled["contexts"]  # a random pool's runs keep the fingerprint they had
     screen = ScreenConfig(corpus="c", index="i", out="o")
     assert "pool_size" not in screen.contexts.semantic() and "rep_cache" not in screen.contexts.semantic()
 
