@@ -313,6 +313,7 @@ class ContextTrainee(Trainee):
         if self.cfg.batching == "bucketed":
             from sentsim.context.stream import stream_for
 
+            self.close()  # the loop closes each epoch's source; this also covers a source it left open
             self.stream = stream_for(self.corpus, self.tokenizer_dir, self.cfg, self.directions, session.rank,
                                      session.world, self.cfg.seed, skip, session.device.type)
             return self.stream
