@@ -186,6 +186,13 @@ class ContextTrainConfig(Section):
             raise ValueError("pack_tokens needs model.arch=bart: the warm start cannot pack examples yet")
         return self
 
+    @model_validator(mode="after")
+    def _check_attention(self):
+        if self.attention == "flex" and self.model.arch != "bart":
+            raise ValueError("attention=flex needs model.arch=bart (transformers' EncoderDecoderModel, the warm "
+                             "start, has no FlexAttention)")
+        return self
+
     @field_validator("doc_id_prefixes", mode="before")
     @classmethod
     def _check_prefixes(cls, v):

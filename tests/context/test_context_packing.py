@@ -139,6 +139,8 @@ def _train_cfg(**kw) -> ContextTrainConfig:
     ({"pack_tokens": 400, "batching": "buffer"}, "pack_tokens needs batching=bucketed"),
     ({"pack_tokens": 400, "model": {**STREAM_MODEL, "arch": "warm_start", "vocab_size": 30522}},
      "pack_tokens needs model.arch=bart"),
+    ({"attention": "flex", "model": {**STREAM_MODEL, "arch": "warm_start", "vocab_size": 30522}},
+     "attention=flex needs model.arch=bart"),
 ])
 def test_settings_that_cannot_pack_are_refused_in_one_line(setting, says):
     with pytest.raises(ValidationError) as err:
