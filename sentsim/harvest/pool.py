@@ -96,12 +96,9 @@ def _clustered_draw(corpus, size: int, seed: int) -> np.ndarray:
     if per < 2:
         return np.sort(candidates[:size])
     labels = balanced_clusters([t or "" for t in corpus.texts(candidates)], per, seed)
-    _, first = np.unique(labels, return_index=True)  # each cluster's first drawn member
-    chosen = candidates[np.sort(first)]
-    if len(chosen) < size:  # the remainder's cluster: top up with the next drawn candidates
-        rest = candidates[~np.isin(candidates, chosen)]
-        chosen = np.concatenate([chosen, rest[: size - len(chosen)]])
-    return np.sort(chosen[:size])
+    # ceil(m / per) >= size clusters, none empty: the first `size` clusters in draw order, each by its first member
+    _, first = np.unique(labels, return_index=True)
+    return np.sort(candidates[np.sort(first)[:size]])
 
 
 @dataclass(frozen=True)
