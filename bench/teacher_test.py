@@ -1,6 +1,8 @@
 """The chosen teacher on all of STS-B test, beside TF-IDF, in one run (issue 15, step 5).
 
     python bench/teacher_test.py --label NAME [--config configs/teacher.yaml] [--actors 2] [--set KEY=VALUE ...]
+                                 [--remix METRIC,...]
+    python bench/teacher_test.py --compare NAME_A NAME_B
 
 A real `sentsim harvest --config CONFIG --pairs sts-test.csv` on a local Ray, into SENTSIM_CACHE/test/NAME, with
 one contexts actor and --actors scoring actors of one torch thread each (scoring is the cost). It resumes:
@@ -8,6 +10,14 @@ a run that is cut off is continued by running the same command again. Then, on t
 against gold with 95% bootstrap intervals (1,000 resamples) for Origin and for TF-IDF cosine, and their
 paired difference (2,000 resamples).
 Every choice (λ, |C_s|, the model) comes from the config, chosen on STS-B dev (bench/teacher_curve.py).
+
+A pool harvest (--set contexts.mode=pool --set contexts.pool_size=P, issue 47) scores each STS-B test
+sentence once against one shared pool; --remix adds a row per other Eq. 4 metric, `sentsim remix --metric`
+of the same vectors (nothing scored again), labelled NAME/METRIC. Its contexts per pair are |P| and its
+items per pair come from the harvest's report.
+
+Each row's per-pair scores are kept in bench/results/teacher_test_scores.json, so that --compare pairs two rows
+(a paired bootstrap of their Spearman difference on the pairs both scored) after their runs are gone.
 
 Cost: wall seconds of the harvest processes, summed over resumed runs (NAME.cost), and the seconds each
 stage's actors spent per pair, from the units' completion markers. Results: bench/results/teacher_test.{json,md}
@@ -31,12 +41,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from common import bootstrap, machine, paired_bootstrap  # noqa: E402
-from teacher_curve import pairs_committed  # noqa: E402
+from teacher_curve import pairs_committed, remix_metric  # noqa: E402
 
 from sentsim.config import user_cache  # noqa: E402
 
 STSB_TEST = ROOT.parent / "shared" / "data" / "sts" / "stsbenchmark" / "sts-test.csv"
 RESULTS = ROOT / "bench" / "results"
+SCORES = "teacher_test_scores.json"
 
 
 def harvest(config: Path, out: Path, actors: int, sets: list[str]) -> tuple[float, int]:
@@ -85,12 +96,18 @@ def tfidf(s1: list[str], s2: list[str], test: list[tuple]) -> np.ndarray:
     return np.asarray(tf.score_pairs(s1, s2), dtype=float)
 
 
-def evaluate(run: Path, label: str, cost: dict) -> dict:
+def evaluate(run: Path, label: str, cost: dict, harvest_run: Path | None = None) -> dict:
+    """One row: the pair scores in `run` (the harvest, or a remix of `harvest_run` to another metric)."""
     from sentsim.pairs_file import read_pairs_file
     from storage.reader import RunReader
 
+    harvest_run = harvest_run or run
     everything = read_pairs_file(str(STSB_TEST))
-    t = RunReader(str(run)).read_table("pairs", ["pair_id", "s1", "s2", "score", "gold", "null_reason",
+    reader = RunReader(str(run))
+    contexts = reader.manifest["config"].get("contexts", {})
+    report = harvest_run / "report.json"
+    items = json.loads(report.read_text()).get("scored_items_per_pair") if report.exists() else None
+    t = reader.read_table("pairs", ["pair_id", "s1", "s2", "score", "gold", "null_reason",
                                                  "n_ctx_s1", "n_ctx_s2"]).to_pandas()
     origin = t.score.to_numpy(dtype=float)
     gold = t.gold.to_numpy(dtype=float)
@@ -101,12 +118,38 @@ def evaluate(run: Path, label: str, cost: dict) -> dict:
     a = bootstrap(base_all, np.array([p[2] for p in everything], dtype=float))
     d = paired_bootstrap(origin[ok], base[ok], gold[ok])
     reasons = t.null_reason[~ok].value_counts().to_dict()
-    return {"label": label, "config": os.path.relpath(str(cost.get("config")), ROOT), "file_pairs": len(everything),
+    # a pool run's n_ctx columns count each sentence's scored pool contexts; the pair compares over |P|
+    per_pair = (float(contexts["pool_size"]) if contexts.get("mode") == "pool"
+                else float((t.n_ctx_s1 + t.n_ctx_s2)[ok].mean()))
+    kept = [[int(i), float(x), float(g)] for i, x, g in zip(t.pair_id, origin, gold) if x == x]
+    return {"scores": kept, "label": label, "config": os.path.relpath(str(cost.get("config")), ROOT),
+            "file_pairs": len(everything),
             "harvest_pairs": len(t),
             "scored": int(ok.sum()), "null_reasons": reasons,
-            "contexts_per_pair": float((t.n_ctx_s1 + t.n_ctx_s2)[ok].mean()),
+            "contexts_per_pair": per_pair, "items_per_pair": items,
+            "metric": reader.manifest["config"].get("metric"),
             "origin": o[:3], "tfidf_same_pairs": b[:3], "tfidf_all_pairs": a[:3], "difference": list(d),
-            "wall_s": cost.get("wall_s"), "wall_pairs": cost.get("pairs"), "stage_s_per_pair": stage_seconds(run)}
+            "wall_s": cost.get("wall_s"), "wall_pairs": cost.get("pairs"),
+            "stage_s_per_pair": stage_seconds(harvest_run)}
+
+
+def compare(results: Path, a: str, b: str) -> int:
+    """The paired difference of two rows' Spearman (a - b) on the pairs both scored, from the kept scores."""
+    kept = json.loads((results / SCORES).read_text()) if (results / SCORES).exists() else {}
+    missing = [x for x in (a, b) if x not in kept]
+    if missing:
+        raise SystemExit(f"teacher_test: no kept scores for {', '.join(missing)} in {results / SCORES}")
+    sa, sb = ({int(i): (x, g) for i, x, g in kept[k]} for k in (a, b))
+    both = sorted(set(sa) & set(sb))
+    x, y = (np.array([s[i][0] for i in both]) for s in (sa, sb))
+    gold = np.array([sa[i][1] for i in both])
+    d, lo, hi = paired_bootstrap(x, y, gold)
+    from scipy.stats import spearmanr
+
+    agree = float(spearmanr(x, y).statistic)
+    print(f"{a} - {b}: {d:+.2f} [{lo:+.1f}, {hi:+.1f}] on {len(both)} pairs (paired bootstrap, 2,000 resamples); "
+          f"the two rows' pair scores agree at Spearman {agree:.3f}")
+    return 0
 
 
 def write(rows: list[dict], results: Path) -> None:
@@ -114,15 +157,17 @@ def write(rows: list[dict], results: Path) -> None:
     lines = [f"Machine: {machine()}", "",
              f"All of STS-B test ({STSB_TEST.name}). Spearman x 100 [95% bootstrap interval]; the difference is a "
              "paired bootstrap over the pairs Origin scored.", "",
-             "| teacher | config | pairs scored | contexts per pair | Origin | TF-IDF, same pairs | Origin - TF-IDF "
+             "| teacher | config | pairs scored | contexts per pair | items per pair | Origin | TF-IDF, same pairs "
+             "| Origin - TF-IDF "
              "| TF-IDF, all pairs | wall s per pair | actor s per pair (contexts / scoring) |",
-             "|---|---|---:|---:|---|---|---|---|---:|---|"]
+             "|---|---|---:|---:|---:|---|---|---|---|---:|---|"]
     for r in rows:
         d = r["difference"]
         wall = f"{r['wall_s'] / r['wall_pairs']:.2f}" if r.get("wall_pairs") else "-"
         st = r["stage_s_per_pair"]
+        items = f"{r['items_per_pair']:.1f}" if r.get("items_per_pair") else "-"
         lines.append(f"| {r['label']} | `{Path(r['config']).name}` | {r['scored']}/{r['file_pairs']} | "
-                     f"{r['contexts_per_pair']:.1f} | **{f(r['origin'])}** | {f(r['tfidf_same_pairs'])} | "
+                     f"{r['contexts_per_pair']:.1f} | {items} | **{f(r['origin'])}** | {f(r['tfidf_same_pairs'])} | "
                      f"{d[0]:+.2f} [{d[1]:+.1f}, {d[2]:+.1f}] | {f(r['tfidf_all_pairs'])} | {wall} | "
                      f"{st.get('contexts', 0):.2f} / {st.get('scoring', 0):.2f} |")
     (results / "teacher_test.md").write_text("\n".join(lines) + "\n")
@@ -131,13 +176,21 @@ def write(rows: list[dict], results: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--label", required=True, help="name of this teacher run (its folder under SENTSIM_CACHE/test)")
+    ap.add_argument("--label", help="name of this teacher run (its folder under SENTSIM_CACHE/test)")
     ap.add_argument("--config", default=str(ROOT / "configs" / "teacher.yaml"))
     ap.add_argument("--actors", type=int, default=2,
                     help="scoring actors (one torch thread each)")
     ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--remix", default="", metavar="METRIC,...",
+                    help="more rows from the same pool vectors by other Eq. 4 metrics (e.g. double-centred)")
     ap.add_argument("--results", default=str(RESULTS))
+    ap.add_argument("--compare", nargs=2, metavar="NAME",
+                    help="paired bootstrap of two rows' difference (NAME_A - NAME_B) on the pairs both scored")
     args = ap.parse_args(argv)
+    if args.compare:
+        return compare(Path(args.results), *args.compare)
+    if not args.label:
+        ap.error("--label is needed to run a teacher (or give --compare)")
     if not STSB_TEST.is_file():
         raise SystemExit(f"teacher_test: {STSB_TEST} not found (../shared beside the repository)")
     work = user_cache() / "test"
@@ -154,8 +207,17 @@ def main(argv=None) -> int:
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     store = results / "teacher_test.json"
-    rows = [r for r in (json.loads(store.read_text()) if store.exists() else []) if r["label"] != args.label]
+    remixes = [m.strip() for m in args.remix.split(",") if m.strip()]
+    labels = {args.label, *(f"{args.label}/{m}" for m in remixes)}
+    rows = [r for r in (json.loads(store.read_text()) if store.exists() else []) if r["label"] not in labels]
     rows.append(evaluate(run, args.label, cost))
+    for metric in remixes:
+        remixed = run.with_name(f"{run.name}-{metric}")
+        remix_metric(run, remixed, metric)
+        rows.append(evaluate(remixed, f"{args.label}/{metric}", cost, harvest_run=run))
+    kept = json.loads((results / SCORES).read_text()) if (results / SCORES).exists() else {}
+    kept.update({r["label"]: r.pop("scores") for r in rows if "scores" in r})
+    (results / SCORES).write_text(json.dumps(kept) + "\n")
     store.write_text(json.dumps(rows, indent=1, default=float) + "\n")
     write(rows, results)
     return 0
