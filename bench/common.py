@@ -121,6 +121,19 @@ def paired_bootstrap(a, b, gold, n=2000, seed=0):
             np.nanpercentile(diffs, 2.5), np.nanpercentile(diffs, 97.5))
 
 
+def print_paired(first: str, second: str, a, b, gold) -> None:
+    """Print the paired bootstrap of a's Spearman minus b's against gold, and how far the two agree pair by
+    pair (the check for a change that should not move scores: bf16 against fp32 scoring, say)."""
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    d, lo, hi = paired_bootstrap(a, b, gold)
+    print(f"{first} - {second} on {len(gold)} pairs both scored: {d:+.2f} [{lo:+.1f}, {hi:+.1f}] "
+          "(Spearman x 100, 95% paired bootstrap, 2,000 resamples)")
+    print(f"agreement of the two points' pair scores: Spearman {spearmanr(a, b).statistic:.4f}, "
+          f"max |difference| {np.abs(a - b).max():.2g} (sd of the first's scores {a.std():.2g})")
+
+
 def pyplot(script: str):
     """matplotlib's pyplot on the Agg backend, or None (with a note) where it is not installed."""
     try:

@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import bootstrap, machine, paired_bootstrap, pyplot  # noqa: E402
+from common import bootstrap, machine, paired_bootstrap, print_paired, pyplot  # noqa: E402
 
 from sentsim.config import unit_count, user_cache  # noqa: E402
 
@@ -291,18 +291,9 @@ def point_scores(work: Path, n: int, spec: str, results: Path, flag: str):
 def compare(work: Path, n: int, first: str, second: str, results: Path) -> int:
     """Print the paired bootstrap of two points' Spearman difference over the pairs both scored, and
     the Spearman between their pair scores (their agreement)."""
-    from scipy.stats import spearmanr
-
     cols = [point_scores(work, n, spec, results, "--compare") for spec in (first, second)]
     both = cols[0].join(cols[1][[second]], how="inner").dropna()
-    a, b, gold = (both[c].to_numpy(dtype=float) for c in (first, second, "gold"))
-    d, lo, hi = paired_bootstrap(a, b, gold)
-    print(f"{first} - {second} on {len(both)} pairs both scored: {d:+.2f} [{lo:+.1f}, {hi:+.1f}] "
-          "(Spearman x 100, 95% paired bootstrap, 2,000 resamples)")
-    # how far the two teachers agree pair by pair: the check for a change that should not move scores
-    # (bf16 against fp32 scoring: issue 15 asks for >= 0.99)
-    print(f"agreement of the two points' pair scores: Spearman {spearmanr(a, b).statistic:.4f}, "
-          f"max |difference| {np.abs(a - b).max():.2g} (sd of the first's scores {a.std():.2g})")
+    print_paired(first, second, *(both[c].to_numpy(dtype=float) for c in (first, second, "gold")))
     return 0
 
 

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import bootstrap, machine, paired_bootstrap  # noqa: E402
+from common import bootstrap, machine, paired_bootstrap, print_paired  # noqa: E402
 from teacher_curve import pairs_committed, remix_metric  # noqa: E402
 
 from sentsim.config import user_cache  # noqa: E402
@@ -108,7 +108,7 @@ def evaluate(run: Path, label: str, cost: dict, harvest_run: Path | None = None)
     report = harvest_run / "report.json"
     items = json.loads(report.read_text()).get("scored_items_per_pair") if report.exists() else None
     t = reader.read_table("pairs", ["pair_id", "s1", "s2", "score", "gold", "null_reason",
-                                                 "n_ctx_s1", "n_ctx_s2"]).to_pandas()
+                                    "n_ctx_s1", "n_ctx_s2"]).to_pandas()
     origin = t.score.to_numpy(dtype=float)
     gold = t.gold.to_numpy(dtype=float)
     ok = np.isfinite(origin)
@@ -142,13 +142,7 @@ def compare(results: Path, a: str, b: str) -> int:
     sa, sb = ({int(i): (x, g) for i, x, g in kept[k]} for k in (a, b))
     both = sorted(set(sa) & set(sb))
     x, y = (np.array([s[i][0] for i in both]) for s in (sa, sb))
-    gold = np.array([sa[i][1] for i in both])
-    d, lo, hi = paired_bootstrap(x, y, gold)
-    from scipy.stats import spearmanr
-
-    agree = float(spearmanr(x, y).statistic)
-    print(f"{a} - {b}: {d:+.2f} [{lo:+.1f}, {hi:+.1f}] on {len(both)} pairs (paired bootstrap, 2,000 resamples); "
-          f"the two rows' pair scores agree at Spearman {agree:.3f}")
+    print_paired(a, b, x, y, np.array([sa[i][1] for i in both]))
     return 0
 
 
