@@ -338,3 +338,28 @@ def test_the_command_runs_a_pool_harvest_on_a_local_ray(inputs, tmp_path):
     r = sentsim_cli(*args)  # a rerun redoes nothing
     assert r.returncode == 0 and "[harvest] unit" not in r.stderr and "[harvest-pool-vectors] unit" not in r.stderr
     assert pairs_of(out).equals(t)
+
+
+def test_the_item_tokens_bench_counts_every_item_of_both_runs(partners_run, inputs, tmp_path, monkeypatch):
+    """bench/item_tokens.py explains a pool item's cost by its tokens: it must read every item a per-pair run
+    scored and the pool a pool run scored in, with the context model's own tokenizer."""
+    from conftest import load_bench
+
+    from sentsim.context.tokenizer import ContextTokenizer
+    from sentsim.harvest.job import harvest
+
+    cfg, out = partners_run
+    per_pair = tmp_path / "per_pair"
+    harvest(cfg.model_copy(update={"out": str(per_pair), "contexts": cfg.contexts.model_copy(
+        update={"mode": "screened", "size": 4})}), executor="inline", quiet=True)
+    bench = load_bench("item_tokens")
+    monkeypatch.setattr(bench, "ROOT", tmp_path)  # results/ under the test's folder, not the checkout
+    assert bench.main(["--per-pair", str(per_pair), "--pool", str(out), "--sample", "50"]) == 0
+    got = json.loads((tmp_path / "bench" / "results" / "item_tokens.json").read_text())
+    assert got["per_pair"]["items"] == json.loads((per_pair / "report.json").read_text())["scored_items"]
+    assert got["pool"]["contexts"] == POOL and got["window"] >= 1
+    tok = ContextTokenizer.load(inputs["bundle"])
+    want = np.mean([len(ids) for ids in tok.encode(vectors_of(out).texts)])
+    assert got["pool"]["sentence_tokens"] == pytest.approx(want)
+    for row in ("per_pair", "pool", "random_windows"):
+        assert got[row]["context_tokens"] > 0 and got[row]["sentence_tokens"] > 0
