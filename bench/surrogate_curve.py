@@ -131,6 +131,12 @@ def train(args) -> int:
     return 0
 
 
+def bench_record(out: Path) -> dict:
+    """What `train` recorded beside a surrogate (wall seconds, epochs, init): {} for one trained otherwise."""
+    f = out / "bench.json"
+    return json.loads(f.read_text()) if f.exists() else {}
+
+
 def untrained_scratch() -> Path:
     """The scratch surrogates' start: the same seeded random 4x256 BERT, exported as they are."""
     from sentsim.rank.targets import default_base_encoder
@@ -164,9 +170,9 @@ def report(args) -> int:
     models = [("all-MiniLM-L6-v2 (untrained start)", "pretrained", 0, None, default_base_encoder()),
               ("random 4x256 BERT (untrained start)", "scratch", 0, None, untrained_scratch())]
     for out in sorted(work().iterdir()):
-        if (out / "summary.json").exists() and (out / "bench.json").exists():
+        if (out / "summary.json").exists():
             stage = json.loads((out / "summary.json").read_text())["stages"][0]
-            init = json.loads((out / "bench.json").read_text()).get("init") or out.name.rsplit("-", 1)[1]
+            init = bench_record(out).get("init") or out.name.rsplit("-", 1)[1]  # older trainings: NAME-INIT
             models.append((out.name, init, stage["train_pairs"], out, stage["model"]))
     rows = [{"model": "Origin teacher", "train_pairs": None, "vs_gold": bootstrap(teacher, gold)[:3],
              "vs_teacher": 100.0, "pairs": int(ok.sum())}]
@@ -179,8 +185,8 @@ def report(args) -> int:
             stage = json.loads((out / "summary.json").read_text())["stages"][0]
             row["split_test"] = [stage["first"].get("test_spearman"), stage["last"].get("test_spearman")]
             row["split_dev"] = [stage["first"].get("dev_spearman"), stage["last"].get("dev_spearman")]
-            bench = json.loads((out / "bench.json").read_text())
-            row["train_s"], row["epochs"], row["steps"] = bench["wall_s"], bench.get("epochs"), stage.get("total_steps")
+            bench = bench_record(out)
+            row.update(train_s=bench.get("wall_s"), epochs=bench.get("epochs"), steps=stage.get("total_steps"))
         rows.append(row)
         print(row, flush=True)
     harvests = {p.stem: json.loads(p.read_text()) for p in sorted(work().glob("*.cost"))}
