@@ -44,10 +44,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sample", type=int, default=4000)
     args = ap.parse_args(argv)
 
-    import pyarrow.parquet as pq
-
     from corpus.view import CorpusIndex
     from sentsim.context.tokenizer import ContextTokenizer
+    from sentsim.harvest.pool import POOL_TABLE
     from storage.reader import RunReader
 
     corpus_path, model, window = run_inputs(args.per_pair)
@@ -68,10 +67,13 @@ def main(argv=None) -> int:
     per_pair = {"items": int(len(ctx)), "context_tokens": float(window_tokens(uc)[ci].mean()),
                 "sentence_tokens": float(ntok(corpus.texts(us))[si].mean())}
 
-    pool = pq.read_table(args.pool / "pool_vectors" / "_side" / "pool.parquet")
+    vectors = RunReader(str(args.pool / "pool_vectors"))
+    pool = vectors.side_table(POOL_TABLE)
+    if pool is None:
+        raise SystemExit(f"item_tokens: {args.pool} has no pool side table; is it a contexts.mode=pool harvest?")
     sides = [" ".join(left + right) for left, right in zip(pool.column("left").to_pylist(),
                                                             pool.column("right").to_pylist())]
-    texts = RunReader(str(args.pool / "pool_vectors")).read_table("sentence_vectors", ["text"])
+    texts = vectors.read_table("sentence_vectors", ["text"])
     pooled = {"contexts": len(sides), "context_tokens": float(ntok(sides).mean()),
               "sentence_tokens": float(ntok(texts.column("text").to_pylist()).mean())}
 
