@@ -18,8 +18,9 @@ snapshot: NAME@PAIRS, a hard-linked copy of the units committed so far (the harv
 train: `sentsim train surrogate --data RUN --init INIT --loss cosent --epochs E` into RUN-INIT[-TAG] (from scratch:
   a 4x256 BERT with MiniLM's tokenizer and lr 5e-4; pretrained: all-MiniLM-L6-v2 at 2e-5), 1 Ray Train worker.
   TAG tells apart two trainings of one harvest (other epochs, so that two harvests meet at equal training steps);
-  --set KEY=VALUE goes to the surrogate config (max_steps=N caps the steps; shuffle_buffer must then exceed the
-  train pairs, or the steps see only the first pairs of the harvest's order).
+  --set KEY=VALUE goes to the surrogate config (max_steps=N caps the steps: the trainer reads the harvest's shards
+  in a seeded order and shuffles within shuffle_buffer rows, so a capped run sees whole shards drawn at random;
+  a shuffle_buffer above the train pairs makes it a uniform draw of pairs).
 report: for every trained surrogate and the two untrained starts, Spearman x 100 on all of STS-B test against gold
   (95% bootstrap interval) and against the teacher's scores on the pairs the teacher scored (TEST_RUN: a
   bench/teacher_test.py run of the same config), with the harvest's own held-out test split before and after

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
@@ -355,9 +356,14 @@ class RunReader:
                 yield from pf.iter_batches(columns=list(columns) if columns is not None else None,
                                            batch_size=batch_size)
 
-    def ray_dataset(self, table: str, columns: Optional[Sequence[str]] = None, **kw):
+    def ray_dataset(self, table: str, columns: Optional[Sequence[str]] = None, *,
+                    shard_order_seed: Optional[int] = None, **kw):
         """A ray.data dataset over exactly the completed shards (Ray Train streams from it): one read task
         a file, reading the paths this reader checked. `kw` goes to `ray.data.read_datasource`.
+
+        The shards come in unit order, so a trainer streaming them with only a local shuffle buffer sees
+        the run's first units first (and a run capped at fewer steps than an epoch, only those).
+        `shard_order_seed` reads the files in a seeded random order instead: free, and still streaming.
 
         Not `ray.data.read_parquet`: that lists its paths again in a thread pool whose completion thread
         can print an InterruptedError traceback when the listing ends while the machine is busy (a race
@@ -366,6 +372,8 @@ class RunReader:
 
         files = self.files(table)
         self._check_rows(files)
+        if shard_order_seed is not None:
+            files = random.Random(shard_order_seed).sample(files, len(files))
         shards = [(path, self._expect.get(path, (None, None, None))) for path in files]
         cols = list(columns) if columns else None
         with self.fs.open_input_file(files[0]) as fh:

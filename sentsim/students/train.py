@@ -32,7 +32,7 @@ from sentsim.students.config import StudentConfig
 from sentsim.students.objectives import names as objective_names
 from sentsim.students.objectives import objective_class
 from sentsim.training.driver import EncoderDriver
-from sentsim.training.run import TrainingDiverged, epoch_shortfall, fit, plan_steps
+from sentsim.training.run import TrainingDiverged, capped_note, epoch_shortfall, fit, plan_steps
 from sentsim.training.settings import LoopSettings
 
 __all__ = ["StudentRun", "TrainingDiverged", "evaluate_student", "train_student"]
@@ -183,6 +183,10 @@ class StudentRun(EncoderDriver):
             print(f"note: {n_rows} {cfg.objective} training rows" + short)
         self.total = plan_steps(cfg.objective, n_rows, num_workers=self.workers, batch_size=cfg.batch_size,
                                 epochs=cfg.epochs, max_steps=cfg.max_steps, drop_last=self.drop_last)
+        capped = capped_note(f"student {cfg.objective}", n_rows, self.total, num_workers=self.workers,
+                             batch_size=cfg.batch_size)
+        if capped:
+            print(capped)
 
     def identity(self, what: dict) -> tuple:
         return "student", what, self.bb, self.inputs["--data"], self.spec["counts"]
@@ -203,9 +207,14 @@ class StudentRun(EncoderDriver):
         if self.executor == "inline":
             datasets = {"train": table}
         else:
+            import numpy as np
+            import pyarrow as pa
             import ray.data
 
-            datasets = {"train": ray.data.from_arrow(table)}
+            # Ray's shuffle is a local buffer of a few batches: without a seeded permutation first, every epoch
+            # (and a run capped below one) would walk the table in harvest order. Inline permutes each epoch.
+            order = np.random.default_rng(cfg.seed).permutation(n_rows)
+            datasets = {"train": ray.data.from_arrow(table.take(pa.array(order)))}
         run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "spec": spec}, name=cfg.objective,
                   out_dir=out_dir, datasets=datasets, executor=self.executor,
                   export=lambda d: _export(d, out_dir, cfg, card, total))

@@ -42,5 +42,5 @@ class SurrogateConfig(TrainingSection):
     eval_every: int = Field(500, ge=1)  # steps between dev/test evaluations (and checkpoints)
     eval_max_pairs: int = Field(5000, ge=10)  # dev/test cap: the paper's 1% splits are 1M pairs each (3.4)
     eval_batch_size: int = Field(128, ge=1)
-    shuffle_buffer: int = Field(10000, ge=0)
+    shuffle_buffer: int = Field(10000, ge=0)  # rows shuffled together; the harvest's shards come in a seeded order
     finetune: FinetuneConfig = FinetuneConfig()

@@ -256,10 +256,12 @@ def _schema(reader, path: str):
     return reader.guarded(path, lambda: pq.read_schema(path, filesystem=reader.fs))
 
 
-def harvest_datasets(info: HarvestInfo, eval_max_pairs: int) -> dict:
+def harvest_datasets(info: HarvestInfo, eval_max_pairs: int, seed: int = 0) -> dict:
     """ray.data Datasets per split, unscored rows dropped.
 
-    train is streamed by Ray Data tasks from exactly the completed shards (local or s3://). dev
+    train is streamed by Ray Data tasks from exactly the completed shards (local or s3://), in an
+    order seeded by `seed`: the trainer's shuffle is a local buffer, and in unit order a run capped
+    below an epoch would see only the harvest's first anchors. dev
     and test are capped at `eval_max_pairs` for the evaluations, so the driver reads just that many
     rows with pyarrow and hands them over as in-memory datasets: at 1% of a 100M-pair harvest
     (section 3.4) the full dev split would be a million pairs, and tiny reads are where Ray Data's
@@ -269,7 +271,7 @@ def harvest_datasets(info: HarvestInfo, eval_max_pairs: int) -> dict:
     import ray.data
 
     reader = info.reader or open_harvest(info.root)
-    base = reader.ray_dataset("pairs", NEEDED)
+    base = reader.ray_dataset("pairs", NEEDED, shard_order_seed=seed)
     out = {"train": base.map_batches(keep_split, fn_kwargs={"split": "train", "carve": info.carve},
                                      batch_format="pyarrow")}
     kept: dict[str, list] = {"dev": [], "test": []}

@@ -20,7 +20,7 @@ from pathlib import Path
 from sentsim.errors import UsageError
 from sentsim.surrogate.config import SurrogateConfig
 from sentsim.training.driver import EncoderDriver
-from sentsim.training.run import TrainingDiverged, epoch_shortfall, fit, plan_steps
+from sentsim.training.run import TrainingDiverged, capped_note, epoch_shortfall, fit, plan_steps
 from sentsim.training.settings import LoopSettings
 
 __all__ = ["SurrogateRun", "TrainingDiverged", "train_surrogate"]
@@ -101,7 +101,7 @@ class SurrogateRun(EncoderDriver):
                     "left_out": harvest.left_out, "dev_pairs": harvest.scored["dev"],
                     "test_pairs": harvest.scored["test"]}
             card = stage_card("harvest", cfg, spec, base, harvest_data(harvest.root, harvest.manifest), rows)
-            stages.append(self.stage("harvest", harvest_datasets(harvest, cfg.eval_max_pairs),
+            stages.append(self.stage("harvest", harvest_datasets(harvest, cfg.eval_max_pairs, cfg.seed),
                                      harvest.scored["train"], spec, card))
             current_backbone, current_init = stages[-1]["model"], "pretrained"
             base = {"name": None, "path": str(current_backbone), "model_type": bb["model_type"], "init": "pretrained"}
@@ -126,6 +126,10 @@ class SurrogateRun(EncoderDriver):
         cfg, out = self.cfg, self.out
         total = plan_steps(f"stage {name}", n_train, num_workers=cfg.num_workers, batch_size=spec["batch_size"],
                            epochs=spec["epochs"], max_steps=spec["max_steps"], drop_last=False)
+        note = capped_note(f"surrogate {name}", n_train, total, num_workers=cfg.num_workers,
+                           batch_size=spec["batch_size"])
+        if note:
+            print(note, flush=True)
         loop = LoopSettings.from_section(cfg, label=f"surrogate {name}", total_steps=total, epochs=spec["epochs"],
                                          batch_size=spec["batch_size"], lr=spec["lr"], eval_every=spec["eval_every"],
                                          shuffle_buffer=cfg.shuffle_buffer)

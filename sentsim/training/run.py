@@ -133,6 +133,15 @@ def plan_steps(label: str, n_rows: int, *, num_workers: int, batch_size: int, ep
     return min(total, max_steps) if max_steps else total
 
 
+def capped_note(label: str, n_rows: int, total_steps: int, *, num_workers: int, batch_size: int) -> str:
+    """The note for a run whose max_steps ends it before one epoch: which rows it will see ("" when none)."""
+    seen = total_steps * num_workers * batch_size
+    if seen >= n_rows:
+        return ""
+    return (f"note: {label}: {total_steps} steps of {num_workers} x {batch_size} see {seen} of the {n_rows} "
+            "training rows (a seeded random part of them; raise max_steps to see them all)")
+
+
 def epoch_shortfall(n_rows: int, num_workers: int, batch_size: int, drop_last: bool) -> str:
     """The tail of a trainer's note when an epoch does not reach every row: the workers take equal shares
     (the remainder of n_rows / num_workers waits), and with drop_last a share's last part batch is dropped.

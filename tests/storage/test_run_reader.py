@@ -78,6 +78,34 @@ def test_ray_dataset_reads_the_marked_shards_without_listing_them(dirty_run, ray
     assert r.ray_dataset("sentences").count() == 20
 
 
+def test_ray_dataset_shard_order_seed_reads_the_files_in_a_seeded_order(tmp_path, ray_local):
+    """A trainer streams with a local shuffle buffer only: in unit order a run capped below an epoch would see
+    the first units alone. A seed reads the same rows, whole files in a seeded order."""
+    import ray.data
+
+    root = tmp_path / "run"
+    store = ShardStore(str(root))
+    store.open_run("harvest", FP, {}, [], {"pairs": pairs_table(3).schema}, planned_units=8)
+    for u in range(8):
+        store.write_unit(u, {"pairs": pairs_table(5, 100 * u)}, FP)
+    store.finalize(8, {})
+    r = RunReader(str(root))
+    ctx = ray.data.DataContext.get_current()
+    keep, ctx.execution_options.preserve_order = ctx.execution_options.preserve_order, True
+    try:
+        def units(**kw):
+            ids = r.ray_dataset("pairs", ["pair_id"], **kw).to_pandas()["pair_id"].tolist()
+            assert sorted(ids) == sorted(r.read_table("pairs", ["pair_id"])["pair_id"].to_pylist())
+            return [i // 100 for i in ids[::5]]  # the unit of each file, in the order read
+
+        assert units() == list(range(8))
+        seeded = units(shard_order_seed=3)
+        assert seeded == units(shard_order_seed=3) and sorted(seeded) == list(range(8))
+        assert seeded != list(range(8)) and seeded != units(shard_order_seed=4)
+    finally:
+        ctx.execution_options.preserve_order = keep
+
+
 def test_surrogate_and_student_readers_skip_temp_and_unmarked(dirty_run, capsys):
     from sentsim.students import data as D
     from sentsim.surrogate.data import inspect_harvest

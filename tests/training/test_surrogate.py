@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -302,5 +303,7 @@ def test_cli_training_console_is_readable(tmp_path, stsb_pairs, minilm, ray_loca
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "[surrogate harvest] step 4/4" in out
+    # 4 steps of 16 see fewer pairs than the train split holds: said, with both counts
+    assert re.search(r"^note: surrogate harvest: 4 steps of 1 x 16 see 64 of the \d+ training rows", r.stdout, re.M)
     assert "Failed to query Ray Train Controller" not in out
     assert "Traceback" not in out and "Found multiple active Ray instances" not in out

@@ -80,6 +80,7 @@ def test_surrogate_says_what_it_trains_on(harvest, backbone, tmp_path, ray_head)
     # says any is left out
     assert trained % 8 and rows_per_epoch(tmp_path / "s" / "curves" / "harvest.json") == {0: trained}
     assert summary["stages"][0]["total_steps"] == -(-trained // 8) and "leaves out" not in r.stdout
+    assert " training rows (a seeded random part" not in r.stdout  # whole epochs: no capped-run note
 
 
 def test_rse_student_says_what_it_trains_on(harvest, backbone, tmp_path):
@@ -97,6 +98,8 @@ def test_rse_student_says_what_it_trains_on(harvest, backbone, tmp_path):
     # each epoch drops the last part batch (InfoNCE wants full ones): said too, with the count
     n = trained + used
     assert f"note: {n} rse training rows; each epoch leaves out {n % 16} of them" in r.stdout
+    # --max-steps 1 ends the run inside its first epoch: which rows it sees is said too
+    assert f"note: student rse: 1 steps of 1 x 16 see 16 of the {n} training rows" in r.stdout
 
 
 def test_paser_student_says_what_it_trains_on(harvest, backbone, tmp_path):
