@@ -184,7 +184,7 @@ class StudentRun(EncoderDriver):
         self.total = plan_steps(cfg.objective, n_rows, num_workers=self.workers, batch_size=cfg.batch_size,
                                 epochs=cfg.epochs, max_steps=cfg.max_steps, drop_last=self.drop_last)
         capped = capped_note(f"student {cfg.objective}", n_rows, self.total, num_workers=self.workers,
-                             batch_size=cfg.batch_size)
+                             batch_size=cfg.batch_size, drop_last=self.drop_last)
         if capped:
             print(capped)
 

@@ -127,7 +127,7 @@ class SurrogateRun(EncoderDriver):
         total = plan_steps(f"stage {name}", n_train, num_workers=cfg.num_workers, batch_size=spec["batch_size"],
                            epochs=spec["epochs"], max_steps=spec["max_steps"], drop_last=False)
         note = capped_note(f"surrogate {name}", n_train, total, num_workers=cfg.num_workers,
-                           batch_size=spec["batch_size"])
+                           batch_size=spec["batch_size"], drop_last=False)
         if note:
             print(note, flush=True)
         loop = LoopSettings.from_section(cfg, label=f"surrogate {name}", total_steps=total, epochs=spec["epochs"],

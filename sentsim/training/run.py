@@ -133,11 +133,15 @@ def plan_steps(label: str, n_rows: int, *, num_workers: int, batch_size: int, ep
     return min(total, max_steps) if max_steps else total
 
 
-def capped_note(label: str, n_rows: int, total_steps: int, *, num_workers: int, batch_size: int) -> str:
-    """The note for a run whose max_steps ends it before one epoch: which rows it will see ("" when none)."""
-    seen = total_steps * num_workers * batch_size
-    if seen >= n_rows:
+def capped_note(label: str, n_rows: int, total_steps: int, *, num_workers: int, batch_size: int,
+                drop_last: bool) -> str:
+    """The note for a run whose max_steps ends it inside its first epoch: how many rows it sees ("" when it
+    trains at least one whole epoch; an epoch's own shortfall is epoch_shortfall's to say)."""
+    per_worker = n_rows // num_workers
+    per_epoch = per_worker // batch_size if drop_last else math.ceil(per_worker / batch_size)
+    if total_steps >= per_epoch:
         return ""
+    seen = total_steps * num_workers * batch_size
     return (f"note: {label}: {total_steps} steps of {num_workers} x {batch_size} see {seen} of the {n_rows} "
             "training rows (a seeded random part of them; raise max_steps to see them all)")
 

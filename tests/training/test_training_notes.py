@@ -60,6 +60,23 @@ def rows_per_epoch(curve) -> dict:
     return out
 
 
+def test_the_capped_run_note_comes_only_when_max_steps_ends_the_first_epoch():
+    from sentsim.training.run import capped_note
+
+    # `make demo`'s student: 142 rows, batch 16, full batches only: 8 steps are its whole epoch (the 14 rows
+    # an epoch leaves out are epoch_shortfall's note), so max_steps 10 caps nothing
+    assert capped_note("s", 142, 8, num_workers=1, batch_size=16, drop_last=True) == ""
+    assert capped_note("s", 142, 7, num_workers=1, batch_size=16, drop_last=True) == (
+        "note: s: 7 steps of 1 x 16 see 112 of the 142 training rows (a seeded random part of them; "
+        "raise max_steps to see them all)")
+    assert capped_note("s", 142, 9, num_workers=1, batch_size=16, drop_last=False) == ""  # the short batch too
+    assert "8 steps of 1 x 16 see 128 of the 142" in capped_note("s", 142, 8, num_workers=1, batch_size=16,
+                                                                   drop_last=False)
+    assert "2 steps of 2 x 16 see 64 of the 100" in capped_note("s", 100, 2, num_workers=2, batch_size=16,
+                                                                 drop_last=False)
+    assert capped_note("s", 100, 4, num_workers=2, batch_size=16, drop_last=False) == ""
+
+
 def test_surrogate_says_what_it_trains_on(harvest, backbone, tmp_path, ray_head):
     env = {**ray_head["env"], "RAY_ADDRESS": ray_head["gcs"]}
     r = sentsim_cli("train", "surrogate", "--data", harvest, "--backbone", backbone, "--out", tmp_path / "s",
