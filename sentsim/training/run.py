@@ -121,11 +121,16 @@ def say_finished(label: str, out_arg: str, what: str) -> None:
           "(--force-new trains it again)", flush=True)
 
 
+def steps_per_epoch(n_rows: int, num_workers: int, batch_size: int, drop_last: bool) -> int:
+    """Optimizer steps in one epoch: each worker's equal share in batches (a short last one unless drop_last)."""
+    per_worker = n_rows // num_workers
+    return per_worker // batch_size if drop_last else math.ceil(per_worker / batch_size)
+
+
 def plan_steps(label: str, n_rows: int, *, num_workers: int, batch_size: int, epochs: int, max_steps: int,
                drop_last: bool) -> int:
     """Total optimizer steps: each worker gets n_rows // num_workers rows (an equal split)."""
-    per_worker = n_rows // num_workers
-    per_epoch = per_worker // batch_size if drop_last else math.ceil(per_worker / batch_size)
+    per_epoch = steps_per_epoch(n_rows, num_workers, batch_size, drop_last)
     if per_epoch < 1:
         raise UsageError(f"{label}: {n_rows} training rows cannot fill one batch of {batch_size} per worker "
                          f"({num_workers} worker(s)); lower --set batch_size=... or --num-workers")
@@ -137,9 +142,7 @@ def capped_note(label: str, n_rows: int, total_steps: int, *, num_workers: int, 
                 drop_last: bool) -> str:
     """The note for a run whose max_steps ends it inside its first epoch: how many rows it sees ("" when it
     trains at least one whole epoch; an epoch's own shortfall is epoch_shortfall's to say)."""
-    per_worker = n_rows // num_workers
-    per_epoch = per_worker // batch_size if drop_last else math.ceil(per_worker / batch_size)
-    if total_steps >= per_epoch:
+    if total_steps >= steps_per_epoch(n_rows, num_workers, batch_size, drop_last):
         return ""
     seen = total_steps * num_workers * batch_size
     return (f"note: {label}: {total_steps} steps of {num_workers} x {batch_size} see {seen} of the {n_rows} "
