@@ -32,7 +32,7 @@ from sentsim.students.config import StudentConfig
 from sentsim.students.objectives import names as objective_names
 from sentsim.students.objectives import objective_class
 from sentsim.training.driver import EncoderDriver
-from sentsim.training.run import TrainingDiverged, capped_note, epoch_shortfall, fit, plan_steps
+from sentsim.training.run import TrainingDiverged, capped_note, epoch_left_out, epoch_shortfall, fit, plan_steps
 from sentsim.training.settings import LoopSettings
 
 __all__ = ["StudentRun", "TrainingDiverged", "evaluate_student", "train_student"]
@@ -241,13 +241,6 @@ def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out
     """Validate, train, export; returns the run summary (also OUT/summary.json)."""
     return StudentRun(cfg, inputs={"--data": data, "--backbone": backbone, "--eval-sts": eval_sts}, out=out,
                       address=address, executor=executor, force_new=force_new, verbose=verbose).run()
-
-
-def epoch_left_out(n_rows: int, workers: int, batch_size: int, drop_last: bool) -> int:
-    """Rows an epoch does not reach: the workers' equal shares' remainder, and with drop_last each share's
-    short last batch (the count epoch_shortfall's note gives)."""
-    per_worker = n_rows // workers
-    return n_rows - (per_worker // batch_size * batch_size if drop_last else per_worker) * workers
 
 
 def evaluate_student(cfg: StudentConfig, model_dir: str, sts_dir: str, out_dir: Path) -> dict:

@@ -153,12 +153,18 @@ def epoch_shortfall(n_rows: int, num_workers: int, batch_size: int, drop_last: b
     """The tail of a trainer's note when an epoch does not reach every row: the workers take equal shares
     (the remainder of n_rows / num_workers waits), and with drop_last a share's last part batch is dropped.
     Which rows those are changes with each epoch's shuffle."""
-    per_worker = n_rows // num_workers
-    used = (per_worker // batch_size * batch_size if drop_last else per_worker) * num_workers
-    if used >= n_rows:
+    left = epoch_left_out(n_rows, num_workers, batch_size, drop_last)
+    if not left:
         return ""
     why = "do not fill a last batch" if drop_last else f"do not split evenly over {num_workers} workers"
-    return f"; each epoch leaves out {n_rows - used} of them (a reshuffled few that {why})"
+    return f"; each epoch leaves out {left} of them (a reshuffled few that {why})"
+
+
+def epoch_left_out(n_rows: int, num_workers: int, batch_size: int, drop_last: bool) -> int:
+    """Rows an epoch does not reach: the remainder of the workers' equal shares, and with drop_last each
+    share's short last batch (the count epoch_shortfall's note gives and a student's model card records)."""
+    per_worker = n_rows // num_workers
+    return n_rows - (per_worker // batch_size * batch_size if drop_last else per_worker) * num_workers
 
 
 def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path], Path], datasets: Optional[dict] = None,
