@@ -86,13 +86,30 @@ class Bench:
         self.out.mkdir(parents=True, exist_ok=True)
         self.work = Path(tempfile.mkdtemp(prefix="sentsim-gpu-bench-"))
         self.res: dict = {"device": torch.cuda.get_device_name(self.device) if self.cuda else "cpu",
-                          "torch": torch.__version__, "python": sys.version.split()[0], "tiny": a.tiny,
+                          "torch": torch.__version__, "transformers": _version("transformers"),
+                          "python": sys.version.split()[0], "tiny": a.tiny,
                           "cpus": len(os.sched_getaffinity(0)), "sections": {}, "errors": {}}
 
     # ------------------------------------------------------------------------------------------ helpers
 
     def left(self) -> float:
         return self.a.budget_s - (time.perf_counter() - self.t0)
+
+    def dynamo_counts(self) -> dict:
+        """Graphs Dynamo compiled and graph breaks it met, so far in this process: a compiled row's figures
+        are of a whole-step compile only when its breaks are 0 (transformers before 5.23 break BART's
+        training step at every layer, on LayerDrop's random draw)."""
+        from torch._dynamo.utils import counters
+
+        return {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
+
+    def compiled_counts(self, before: dict) -> dict:
+        now = self.dynamo_counts()
+        counts = {f"compiled_{k}": now[k] - before[k] for k in now}
+        if counts["compiled_graph_breaks"]:
+            self.log(f"compile: {counts['compiled_graph_breaks']} graph break(s) in {counts['compiled_graphs']} "
+                     f"graphs (transformers {self.res['transformers']}): not one graph a function")
+        return counts
 
     def sync(self) -> None:
         if self.cuda:
@@ -266,6 +283,7 @@ class Bench:
         from sentsim.context.train import train_context
 
         out = self.work / f"train-{name}"
+        before = self.dynamo_counts()
         summary = train_context(self.corpus(), str(out), cfg, tokenizer_from=tokenizer_from, force_new=True)
         run = next(iter(summary["runs"].values()))
         hist = json.loads((out / "runs" / next(iter(summary["runs"])) / "history.json").read_text())
@@ -290,6 +308,8 @@ class Bench:
                "data_wait_share": ((b.get("data_wait_s") or 0) - (a.get("data_wait_s") or 0)) / dt,
                "loss": b.get("train_loss"), "final_eval": run.get("final_eval"), "total_steps": run["steps"],
                "target_tokens_total": run["target_tokens_seen"], "bundle": str(out)}
+        if cfg.compile:
+            row.update(self.compiled_counts(before))
         self.log(f"train {name}: {row['target_tokens_per_s']:,.0f} target tokens/s, "
                  f"{row['model_tflops_per_s']:.1f} TFLOP/s = MFU {row['mfu'] or 0:.1%}, padding {row['padding']:.1%}, "
                  f"waiting for data {row['data_wait_share']:.1%}")
@@ -461,6 +481,7 @@ class Bench:
         rows = [self.score_run(stage, per_call, units) for per_call in calls]
         if "score" in self.a.compile:
             comp = self.scoring_stage(self.teacher_bundle(), compiled=True)
+            before = self.dynamo_counts()
             t0 = time.perf_counter()
             for part in ([units[0]], units[: calls[-1]]):  # the compile, and a batch of one row's, untimed
                 comp.process([_item(u) for u in part])
@@ -470,7 +491,7 @@ class Bench:
             diff = max(float(np.nanmax(np.abs(b.logprob[d] - a.logprob[d])))
                        for d in stage.scorer.active_directions())
             row = self.score_run(comp, calls[-1], units)
-            row.update(compile=True, compile_s=compile_s, max_abs_diff_vs_eager=diff)
+            row.update(compile=True, compile_s=compile_s, max_abs_diff_vs_eager=diff, **self.compiled_counts(before))
             self.log(f"score, compiled: {compile_s:.0f} s to compile; mean token log-probs within {diff:.2e} of eager")
             rows.append(row)
         best = max(rows, key=lambda r: r["mfu"] or 0)
@@ -657,6 +678,15 @@ def _children_cpu(procs) -> float:
     return total
 
 
+def _version(package: str):
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
 def _minutes(text: str):
     """--teacher-minutes: a number of minutes, or `fill`."""
     if text == "fill":
@@ -682,7 +712,12 @@ def table(res: dict) -> str:
         return "-" if x is None else f"{x:.1%}"
 
     s = res["sections"]
-    lines = [f"Device: {res['device']}, torch {res['torch']}, Python {res['python']}, {res['cpus']} CPUs; "
+    def graphs(r):
+        return (f", {r['compiled_graphs']} graph(s), {r['compiled_graph_breaks']} break(s)"
+                if "compiled_graphs" in r else "")
+
+    lines = [f"Device: {res['device']}, torch {res['torch']}, transformers {res.get('transformers')}, "
+             f"Python {res['python']}, {res['cpus']} CPUs; "
              f"peak {res.get('peak_tflops', float('nan')):.0f} TFLOP/s ({res.get('peak_dtype', '?')} matmul, measured)",
              "", "| what | figure | MFU | padding |", "|---|---:|---:|---:|"]
     for r in s.get("host", {}).get("rows", []):
@@ -690,11 +725,12 @@ def table(res: dict) -> str:
                      f"({r['target_tokens_per_cpu_s'] or 0:,.0f} per CPU-s) | | {pct(r['padding'])} |")
     for r in s.get("train", {}).get("rows", []):
         lines.append(f"| training, {r['shape']} ({r['parameters'] / 1e6:.1f}M) | {r['target_tokens_per_s']:,.0f} "
-                     f"target tokens/s, {r['model_tflops_per_s']:.1f} TFLOP/s (data wait {pct(r['data_wait_share'])}) "
+                     f"target tokens/s, {r['model_tflops_per_s']:.1f} TFLOP/s (data wait {pct(r['data_wait_share'])}"
+                     f"{graphs(r)}) "
                      f"| {pct(r['mfu'])} | {pct(r['padding'])} |")
     for r in s.get("score", {}).get("rows", []):
         lines.append(f"| scoring stage, teacher shape, {r['units_per_call']} unit(s)/call, {r['precision']}"
-                     f"{', compiled' if r.get('compile') else ''} "
+                     f"{', compiled' if r.get('compile') else ''}{graphs(r)} "
                      f"| {r['items_per_s']:,.0f} items/s, {r['model_tflops_per_s']:.1f} TFLOP/s | {pct(r['mfu'])} "
                      f"| {pct(r['padding'])} |")
     t = s.get("teacher")
@@ -802,11 +838,12 @@ def main(argv=None) -> int:
     res = b.res
     (b.out / "gpu.md").write_text(table(res) + "\n")
     print(table(res))
-    keys = ("device", "peak_tflops", "peak_dtype", "train_mfu", "train_padding", "train_target_tokens_per_s",
-            "train_mfu_warm_start", "train_padding_warm_start", "train_mfu_packed", "train_padding_packed",
-            "train_target_tokens_per_s_packed", "score_mfu", "score_padding", "score_items_per_s",
-            "score_fp32_max_rel_diff", "host_target_tokens_per_s", "host_legacy_target_tokens_per_s",
-            "host_padding_before", "host_padding_after", "teacher_spearman", "teacher_target_tokens", "teacher")
+    keys = ("device", "torch", "transformers", "peak_tflops", "peak_dtype", "train_mfu", "train_padding",
+            "train_target_tokens_per_s", "train_mfu_warm_start", "train_padding_warm_start", "train_mfu_packed",
+            "train_padding_packed", "train_target_tokens_per_s_packed", "score_mfu", "score_padding",
+            "score_items_per_s", "score_fp32_max_rel_diff", "host_target_tokens_per_s",
+            "host_legacy_target_tokens_per_s", "host_padding_before", "host_padding_after", "teacher_spearman",
+            "teacher_target_tokens", "teacher")
     print(json.dumps({k: res.get(k) for k in keys} | {"failed": sorted(res["errors"])}))
     b.save()
     return 0

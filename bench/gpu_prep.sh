@@ -16,6 +16,16 @@ mkdir -p .gpu/wheels .gpu/data/contexts
 for w in pydantic pydantic_core annotated_types typing_inspection typing_extensions psutil; do
   cp "$KIT"/wheels/"$w"-[0-9]*.whl .gpu/wheels/
 done
+# the transformers this project pins (pyproject.toml) and the newest huggingface_hub 1.x it imports with (2.x
+# needs httpx2, which that machine lacks): the machine's transformers 5.17 draws LayerDrop's random number in
+# every BART layer of a training step even at layerdrop 0, a branch on a tensor that breaks a compiled step
+# into ~20 graphs (seen here with torch 2.11); 5.23 skips the draw. From PyPI, ~14 MB.
+pin=$(grep -o '"transformers==[^"]*"' pyproject.toml | tr -d '"')
+if ! "${PY:-python3}" -m pip download -q --no-deps --only-binary :all: -d .gpu/wheels "$pin" huggingface_hub==1.33.0 \
+    2> >(grep -v "^WARNING: Location" >&2); then
+  echo "bench/gpu_prep.sh: could not download $pin and huggingface_hub from PyPI" >&2
+  exit 1
+fi
 cp -R "$KIT/data/corpus-enwiki58k" "$KIT/data/tokenizer" "$KIT/data/minilm_shape" .gpu/data/
 # the dev sample (the teacher's `dev` set) and its k16 export (the `score` section's throughput units)
 cp "$KIT/data/contexts/stsb-dev-300.jsonl" "$KIT/data/contexts/contexts-k16.jsonl.gz" .gpu/data/contexts/

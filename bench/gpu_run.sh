@@ -18,13 +18,17 @@ if [ ! -d "$G/corpus-enwiki58k" ] || [ ! -f "$G/sts-test.csv" ]; then
   echo "bench/gpu_run.sh: $G is incomplete: run bench/gpu_prep.sh in the checkout and carry .gpu" >&2
   exit 2
 fi
-if ! "$PY" -c "import pydantic" 2>/dev/null; then
-  SITE=${SITE:-/tmp/site}
-  mkdir -p "$SITE"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/wheels/*.whl
-  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+# the carried wheels go first on the path: pydantic (not on that machine) and the transformers this project pins
+# over the machine's own (bench/gpu_prep.sh says why)
+SITE=${SITE:-/tmp/site}
+mkdir -p "$SITE"
+"$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .gpu/wheels/*.whl
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+if ! "$PY" -c "import transformers.models.bart" 2>"$SITE/transformers-import.err"; then
+  echo "bench/gpu_run.sh: the carried transformers does not import here ($(tail -1 "$SITE/transformers-import.err"));" \
+    "using the machine's own: its compiled BART training breaks into many graphs" >&2
+  rm -rf "$SITE"/transformers "$SITE"/transformers-*.dist-info "$SITE"/huggingface_hub "$SITE"/huggingface_hub-*.dist-info
 fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT"
 "$PY" bench/gpu.py --corpus "$G/corpus-enwiki58k" --tokenizer "$G/tokenizer" --warm-start-shape "$G/minilm_shape" \
   --contexts "$G/contexts" --stsb-test "$G/sts-test.csv" --dev-pairs "$G/contexts/stsb-dev-300.jsonl" \

@@ -41,6 +41,9 @@ def test_tiny_bench_runs_every_section_on_a_cpu(tmp_path, speech_corpus):
     scored = json.loads((out / "gpu.json").read_text())["sections"]["score"]["rows"]
     assert [r["compile"] for r in scored] == [False, False, True]
     assert scored[-1]["max_abs_diff_vs_eager"] < 0.05  # bf16 where this CPU has it
+    # a compiled figure says whether it is of whole-function graphs: the scorer's two functions, no break
+    assert scored[-1]["compiled_graph_breaks"] == 0 and 1 <= scored[-1]["compiled_graphs"] <= 6, scored[-1]
+    assert last["transformers"] and "graph(s), 0 break(s)" in (out / "gpu.md").read_text()
 
 
 def test_a_gpu_asked_for_where_there_is_none_is_refused_in_one_line(tmp_path):
