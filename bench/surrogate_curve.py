@@ -15,8 +15,9 @@ harvest: a real corpus-mode `sentsim harvest --config configs/teacher.yaml` on a
   harvest: `--set contexts.mode=pool --set contexts.pool_size=64 --set partners.cluster_size=32` is a pool harvest.
 snapshot: NAME@PAIRS, a hard-linked copy of the units committed so far (the harvest must be stopped), so that one
   harvest gives the surrogates of the curve their nested training sets.
-train: `sentsim train surrogate --data RUN --init INIT --loss cosent --epochs E` into RUN-INIT[-TAG] (from scratch:
-  a 4x256 BERT with MiniLM's tokenizer and lr 5e-4; pretrained: all-MiniLM-L6-v2 at 2e-5), 1 Ray Train worker.
+train: `sentsim train surrogate --data RUN --init INIT --loss LOSS --epochs E` into RUN-INIT[-TAG] (LOSS cosent
+  unless --loss says; from scratch: a 4x256 BERT with MiniLM's tokenizer and lr 5e-4; pretrained:
+  all-MiniLM-L6-v2 at 2e-5), 1 Ray Train worker.
   TAG tells apart two trainings of one harvest (other epochs, so that two harvests meet at equal training steps);
   --set KEY=VALUE goes to the surrogate config (max_steps=N caps the steps: the trainer reads the harvest's shards
   in a seeded order and shuffles within shuffle_buffer rows, so a capped run sees whole shards drawn at random;
@@ -119,7 +120,7 @@ def train(args) -> int:
     run = work() / args.run
     out = Path(f"{run}-{args.init}" + (f"-{args.tag}" if args.tag else ""))
     cmd = [sys.executable, "-m", "sentsim.cli", "train", "surrogate", "--data", str(run), "--out", str(out),
-           "--loss", "cosent", "--epochs", str(args.epochs), *INITS[args.init]]
+           "--loss", args.loss, "--epochs", str(args.epochs), *INITS[args.init]]
     for kv in args.sets:
         cmd += ["--set", kv]
     print("$", " ".join(cmd[2:]), flush=True)
@@ -128,6 +129,7 @@ def train(args) -> int:
         raise SystemExit(f"surrogate_curve: training {out} failed; run again to resume")
     (out / "bench.json").write_text(json.dumps({"wall_s": time.perf_counter() - t0, "epochs": args.epochs,
                                                 "init": args.init, "harvest": args.run.split("@")[0],
+                                                "loss": args.loss,
                                                 "sets": args.sets}))
     return 0
 
@@ -247,6 +249,7 @@ def main(argv=None) -> int:
     t.add_argument("--run", required=True, help="NAME or NAME@PAIRS under SENTSIM_CACHE/surrogate")
     t.add_argument("--init", choices=sorted(INITS), required=True)
     t.add_argument("--epochs", type=int, default=4)
+    t.add_argument("--loss", choices=["cosent", "cosine_regression"], default="cosent")
     t.add_argument("--tag", default="", help="a suffix for the output folder: two trainings of one harvest")
     t.add_argument("--set", dest="sets", action="append", default=[], help="KEY=VALUE for the surrogate config")
     r = sub.add_parser("report")
