@@ -10,6 +10,12 @@
 Named for what it is: sentence-transformers' `MSELoss` means embedding distillation (student vector
 vs teacher vector), which this is not. The reported value is the mean over the batch, which is the
 "average L2 distance" the paper quotes for the dev set (7.4e-4 from scratch, 6.1e-4 from RoBERTa).
+
+Targets in a narrow band are a trap for it: harvested Origin scores sit near 1 (mean 0.99, sd 0.006-0.012 in
+this project's harvests), and a from-scratch surrogate met them by pulling every cosine onto their mean (its
+STS-B test cosines ended within a few 1e-6 of each other) while learning next to none of the teacher's order
+on the harvest's own held-out pairs; CoSENT, which reads only the order, did learn it
+(docs/experiments/2026-11-28-surrogate-loss.md). `narrow_targets_warning` says so before such a run.
 """
 
 from __future__ import annotations
@@ -17,6 +23,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+# A spread of targets under this is near-constant on a cosine's scale of 2: L2 can be met by collapse
+NARROW_SD = 0.05
+
+
+def narrow_targets_warning(mean: float, sd: float, what: str, instead: str) -> str | None:
+    """One line when the targets' standard deviation is under NARROW_SD, else None. `what` names the targets;
+    `instead` says what to do."""
+    if not sd < NARROW_SD:
+        return None
+    return (f"warning: {what} sit in a narrow band (mean {mean:.4f}, sd {sd:.4f}): the L2 objective can be met "
+            f"by pulling every cosine onto their mean instead of learning their order; {instead}")
 
 
 class CosineRegressionLoss(nn.Module):

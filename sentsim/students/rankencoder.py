@@ -91,6 +91,7 @@ class RankEncoderObjective(Objective):
                 skips["anchors"] = str(exc)
         workers.update(anchors=anchors, n_anchors=n_anchors)
         if rc.score_weight > 0:
+            from sentsim.losses.cosine_regression import narrow_targets_warning
             from sentsim.surrogate.data import keep_split, training_note
 
             run, carve, left_out = D.harvest_pairs(root)
@@ -98,6 +99,11 @@ class RankEncoderObjective(Objective):
             if pairs.num_rows == 0:
                 raise UsageError(f"--data {harvest.data}: rankencoder.score_weight > 0 but no scored train pairs")
             print(training_note(pairs.num_rows, run.num_rows, "pairs for the score loss", left_out))
+            y = pairs["score"].to_numpy()
+            narrow = narrow_targets_warning(float(y.mean()), float(y.std()), "the score loss's harvested scores",
+                                            "rankencoder.score_weight mostly pulls cosines toward their mean")
+            if narrow:
+                print(narrow)
             workers["pairs"] = {"s1": pairs["s1"].to_pylist(), "s2": pairs["s2"].to_pylist(),
                                 "score": pairs["score"].to_numpy().tolist()}
             counts["score_pairs"] = pairs.num_rows

@@ -33,6 +33,22 @@ class HarvestInfo:
     reader: object = None  # storage.RunReader
     carve: Optional[dict] = None  # plan_dev_carve's plan, None when the harvest's own dev split is used
     left_out: dict = field(default_factory=dict)  # the rows not trained on, by why (pairs_left_out)
+    score_mean: float = 0.0  # of every scored row
+    score_sd: float = 0.0
+
+    def loss_warnings(self, loss: str) -> list[str]:
+        """What the scores' scale means for `loss`: cosine_regression fits them with a cosine, in [-1, 1],
+        and is met by collapse when they sit in a narrow band (sentsim.losses.cosine_regression)."""
+        from sentsim.losses.cosine_regression import narrow_targets_warning
+
+        if loss != "cosine_regression":
+            return []
+        out = []
+        if self.score_range[0] < -1 or self.score_range[1] > 1:
+            out.append(f"warning: harvested scores span {self.score_range}, outside a cosine's [-1, 1]")
+        narrow = narrow_targets_warning(self.score_mean, self.score_sd, "the harvested scores",
+                                        "--loss cosent learns their order")
+        return out + ([narrow] if narrow else [])
 
     def incomplete_note(self) -> str | None:
         return incomplete_harvest_note(self.reader or self.root, f"its {self.rows} pairs")
@@ -206,6 +222,7 @@ def inspect_harvest(root: str | Path, seed: int = CARVE_SEED) -> HarvestInfo:
     rows = 0
     scored = dict.fromkeys(SPLITS, 0)
     lo, hi = math.inf, -math.inf
+    n_valid, total, squares = 0, 0.0, 0.0
     for f in files:
         schema = _schema(reader, f)
         shown = reader.display(f)
@@ -225,6 +242,9 @@ def inspect_harvest(root: str | Path, seed: int = CARVE_SEED) -> HarvestInfo:
         if table.num_rows and pc.any(valid).as_py():
             mm = pc.min_max(score)
             lo, hi = min(lo, mm["min"].as_py()), max(hi, mm["max"].as_py())
+            n_valid += int(pc.sum(valid).as_py())
+            total += pc.sum(score).as_py()
+            squares += pc.sum(pc.multiply(score, score)).as_py()
     if rows == 0:
         raise UsageError(f"--data {reader.uri}: empty harvest, {len(files)} shard(s) but no rows")
     if sum(scored.values()) == 0:
@@ -246,8 +266,10 @@ def inspect_harvest(root: str | Path, seed: int = CARVE_SEED) -> HarvestInfo:
             f"--data {reader.uri}: split {', '.join(repr(s) for s in empty)} has no scored rows "
             f"(scored rows per split: {scored}); training needs train, dev and test"
         )
+    mean = total / n_valid
     return HarvestInfo(reader.uri, files, rows, scored, (lo, hi), reader.manifest, reader, carve,
-                       pairs_left_out(rows, harvested, carve))
+                       pairs_left_out(rows, harvested, carve), score_mean=mean,
+                       score_sd=math.sqrt(max(squares / n_valid - mean * mean, 0.0)))
 
 
 def _schema(reader, path: str):

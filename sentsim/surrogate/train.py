@@ -60,6 +60,8 @@ class SurrogateRun(EncoderDriver):
             raise UsageError("give --data HARVEST_DIR, --finetune-sts STSB_DIR, or both")
         # every check that can fail does so here, before Ray or any worker starts
         self.harvest = inspect_harvest(data) if data else None
+        for warning in self.harvest.loss_warnings(self.cfg.loss) if self.harvest else []:
+            print(warning)
 
     def prepare(self, bb: dict) -> None:
         cfg, harvest, finetune_sts = self.cfg, self.harvest, self.inputs["--finetune-sts"]
@@ -74,9 +76,6 @@ class SurrogateRun(EncoderDriver):
         if harvest:
             print(harvest.training_note() + epoch_shortfall(harvest.scored["train"], cfg.num_workers,
                                                             cfg.batch_size, drop_last=False))
-        if harvest and cfg.loss == "cosine_regression" and (harvest.score_range[0] < -1
-                                                            or harvest.score_range[1] > 1):
-            print(f"warning: harvested scores span {harvest.score_range}, outside a cosine's [-1, 1]")
 
     def identity(self, what: dict) -> tuple:
         return what, self.harvest.summary() if self.harvest else None, self.bb, self.inputs["--finetune-sts"]

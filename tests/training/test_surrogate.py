@@ -124,6 +124,37 @@ def test_all_null_scores(tmp_path, minilm):
         train_surrogate(tiny_cfg(), data=str(tmp_path / "h"), backbone=minilm, out=str(tmp_path / "o"))
 
 
+def test_scores_in_a_narrow_band_are_warned_of_under_l2(tmp_path, capsys):
+    """Harvested Origin scores sit near 1 (sd ~0.01), and L2 can be met by pulling every cosine onto their mean
+    (docs/experiments/2026-11-28-surrogate-loss.md): `sentsim train surrogate` says so before anything starts,
+    under its default loss and not under cosent. Scores outside a cosine's [-1, 1] are named too."""
+    from sentsim.surrogate.data import inspect_harvest
+
+    rng = np.random.default_rng(0)
+    n, split = 60, ["dev"] * 20 + ["test"] * 20 + ["train"] * 20
+    s1, s2 = [f"The first sentence {i}." for i in range(n)], [f"The second sentence {i}." for i in range(n)]
+    narrow = np.minimum(0.99 + 0.006 * rng.standard_normal(n), 1.0)
+    info = inspect_harvest(str(write_harvest(tmp_path / "narrow", s1, s2, narrow.tolist(), split)))
+    assert info.score_mean == pytest.approx(narrow.mean()) and info.score_sd == pytest.approx(narrow.std())
+    [warning] = info.loss_warnings("cosine_regression")
+    assert f"narrow band (mean {narrow.mean():.4f}, sd {narrow.std():.4f})" in warning and "--loss cosent" in warning
+    assert info.loss_warnings("cosent") == []
+    wide = inspect_harvest(str(write_harvest(tmp_path / "wide", s1, s2, rng.uniform(-1, 1, n).tolist(), split)))
+    assert wide.loss_warnings("cosine_regression") == []
+    [beyond] = inspect_harvest(str(write_harvest(tmp_path / "0-5", s1, s2, rng.uniform(0, 5, n).tolist(), split))
+                               ).loss_warnings("cosine_regression")
+    assert "outside a cosine's [-1, 1]" in beyond
+
+    # through the command: the warning comes before any other check (here a backbone that is not there)
+    args = ["train", "surrogate", "--data", str(tmp_path / "narrow"), "--backbone", str(tmp_path / "none"),
+            "--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith("warning: the harvested scores sit in a narrow band") and "Traceback" not in err
+    assert main([*args, "--loss", "cosent"]) == 2
+    assert "narrow band" not in capsys.readouterr().out
+
+
 def test_split_without_rows(tmp_path, minilm, capsys):
     # dev exists only as unscored rows: it has no usable rows
     write_harvest(tmp_path / "h", ["a"] * 4, ["b"] * 4, [0.5, 0.2, None, 0.4], ["train", "train", "dev", "test"])
