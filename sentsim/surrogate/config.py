@@ -30,7 +30,9 @@ class SurrogateConfig(TrainingSection):
 
     # init (TrainingSection): 3.4 trains from scratch and from RoBERTa
 
-    loss: Literal["cosine_regression", "cosent"] = "cosine_regression"  # 3.4: L2 on the cosine
+    # 3.4: L2 on the cosine. Harvested scores near 1 in a narrow band (sd < 0.05) let it collapse every cosine
+    # onto their mean; the run warns, and cosent learns their order (docs/experiments/2026-11-28-surrogate-loss.md)
+    loss: Literal["cosine_regression", "cosent"] = "cosine_regression"
     # 3.4 gives neither schedule nor batch: one pass (100M pairs in the paper), per-worker batch 32,
     # AdamW at 2e-5 with 10% linear warm-up are the usual BERT/SBERT fine-tuning values; from
     # scratch wants a larger lr (1e-4..1e-3)
