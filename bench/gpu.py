@@ -37,7 +37,9 @@ timing). A CPU has no FlexAttention backward pass, so there those runs are refus
 
 With --compile, the shapes named (bart, warm_start) are trained again with `compile: true`, and with `score`
 the scoring stage runs again with `scoring.compile: true` at 8 units a call: each after the eager runs, its
-compile out of the timing (sentsim/context/compiled.py).
+compile out of the timing (sentsim/context/compiled.py). Each compiled row records the graphs Dynamo compiled
+and the graph breaks it met (`compiled_graphs`, `compiled_graph_breaks`): its MFU is a whole-step compile's
+only with no break (transformers 5.17's BART breaks at every layer; bench/gpu_prep.sh carries the pin).
 
 The last line is one JSON object (device, peak_tflops, train_mfu, train_padding, score_mfu, score_padding,
 host_target_tokens_per_s, ..., teacher_target_tokens, and `teacher`: for each set, for each |C_s| as a string,
