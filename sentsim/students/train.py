@@ -204,17 +204,7 @@ class StudentRun(EncoderDriver):
         loop = LoopSettings.from_section(cfg, label=f"student {cfg.objective}", total_steps=total,
                                          verbose=self.verbose, drop_last=self.drop_last,
                                          shuffle_buffer=max(cfg.batch_size * 4, 1000))
-        if self.executor == "inline":
-            datasets = {"train": table}
-        else:
-            import numpy as np
-            import pyarrow as pa
-            import ray.data
-
-            # Ray's shuffle is a local buffer of a few batches: without a seeded permutation first, every epoch
-            # (and a run capped below one) would walk the table in harvest order. Inline permutes each epoch.
-            order = np.random.default_rng(cfg.seed).permutation(n_rows)
-            datasets = {"train": ray.data.from_arrow(table.take(pa.array(order)))}
+        datasets = {"train": table if self.executor == "inline" else seeded_ray_dataset(table, cfg.seed)}
         run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "spec": spec}, name=cfg.objective,
                   out_dir=out_dir, datasets=datasets, executor=self.executor,
                   export=lambda d: _export(d, out_dir, cfg, card, total))
@@ -233,6 +223,19 @@ class StudentRun(EncoderDriver):
         eval_sts = self.inputs["--eval-sts"]
         if eval_sts:
             summary["eval"] = evaluate_student(self.cfg, str(self.model_dir), eval_sts, self.out)
+
+
+def seeded_ray_dataset(table, seed: int):
+    """The student's rows as a ray.data Dataset, in an order seeded by `seed`.
+
+    Ray's shuffle is a local buffer of a few batches: without a permutation first, every epoch (and a
+    run capped below one) would walk the table in harvest order, anchor by anchor. The inline loop
+    permutes each epoch itself."""
+    import numpy as np
+    import pyarrow as pa
+    import ray.data
+
+    return ray.data.from_arrow(table.take(pa.array(np.random.default_rng(seed).permutation(table.num_rows))))
 
 
 def train_student(cfg: StudentConfig, *, data: Optional[str], backbone: str, out: str, address: Optional[str] = None,

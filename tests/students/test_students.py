@@ -215,6 +215,24 @@ def test_rankencoder_on_ray_train_exports_what_it_trained(harvest_dir, tiny_back
     assert json.loads((out / "model" / "rank_anchors.json").read_text())["lambda_inf"] == 0.1
 
 
+def test_ray_rows_come_in_a_seeded_order_not_the_harvests(ray_local):
+    """What the Ray path hands Ray Train: every row once, in an order the seed fixes, not anchor by
+    anchor as the harvest wrote them (Ray's own shuffle only mixes a few batches)."""
+    import pyarrow as pa
+
+    from sentsim.students.train import seeded_ray_dataset
+
+    table = pa.table({"row": list(range(500)), "s1": [f"sentence {i}" for i in range(500)]})
+
+    def rows(seed):
+        return [r["row"] for r in seeded_ray_dataset(table, seed).iter_rows()]
+
+    first = rows(0)
+    assert sorted(first) == list(range(500)) and first == rows(0)
+    assert first != list(range(500)) and first != rows(1)
+    assert np.mean(np.diff(first) == 1) < 0.05  # no long runs of harvest order left
+
+
 def test_killed_inline_run_resumes_from_its_checkpoint(harvest_dir, tiny_backbone, tmp_path):
     """The Ray job file run as a process and killed (SIGKILL) mid-run; the same command with the same
     --out picks up at the checkpoint's step and its history continues unbroken."""
