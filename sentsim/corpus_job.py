@@ -79,7 +79,7 @@ def build_corpus(
     """
     if not inputs:
         raise UsageError("no input files given")
-    check_out(out, {"INPUT": list(inputs)})
+    check_out(out, {"INPUT": list(inputs)}, writes="run")
     if config is not None and not isinstance(config, CorpusJobConfig):
         config = CorpusJobConfig.model_validate(config.model_dump())
     job = CorpusRun(inputs, out, config or load_config(CorpusJobConfig, config_path, overrides), executor, address)

@@ -235,12 +235,26 @@ def finish_in_place(folder: str | Path, commit: str) -> None:
         step()
 
 
+def _format_of(folder: Path) -> Optional[str]:
+    try:
+        info = json.loads((folder / INFO_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return str(info.get("format")) if isinstance(info, dict) and info.get("format") else None
+
+
 def replace_in_place(folder: str | Path, commit: str, write: Callable[[Path], None], info: dict,
                      scratch_removed: Iterable[str] = ()) -> Path:
     """Replace the model in `folder` (other names in it are kept) by the one `write(staged)` writes,
     whose file `commit` makes it a model; then remove `scratch_removed` from `folder`. On an error before
     the staged folder is sealed, the old model stays as it was."""
     folder = Path(folder)
+    held = _format_of(folder)
+    if held and held != info.get("format"):  # its listing would name the other model's files for removal
+        from sentsim.errors import UsageError
+
+        raise UsageError(f"{folder} holds a model of another kind ({held}), not {info.get('format')}; "
+                         "give another --out")
     finish_in_place(folder, commit)
     staged = staged_beside(folder)
     shutil.rmtree(staged, ignore_errors=True)

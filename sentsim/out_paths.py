@@ -14,6 +14,7 @@ is not inside `s3://b/run`. A local path and a URI never overlap.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Tuple, Union
@@ -61,11 +62,56 @@ def _each(paths: Paths):
             yield p
 
 
+# What a command's --out becomes, in the words of a refusal; "run" is any sharded run (its stage is the
+# store's to check: a run of another stage is refused there, and --force-new may replace it).
+KINDS = {"run": "a sentsim run", "index": "a retrieval index", "discriminator": "a discriminator",
+         "context": "a context-model bundle", "surrogate": "a surrogate's training output",
+         "student": "a student's training output"}
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def held_kind(folder: Union[str, os.PathLike]) -> Optional[Tuple[str, str]]:
+    """What a local folder already holds, as (kind, words), by the files each writer leaves there, from
+    its first moment (a trainer killed before its first export included); None for anything else."""
+    p = Path(os.path.expanduser(os.fspath(folder)))
+    if "://" in os.fspath(folder) or not p.is_dir():
+        return None
+    names = {c.name for c in p.iterdir()}
+    if "manifest.json" in names:
+        stage = _json(p / "manifest.json").get("stage")
+        return "run", f"a sentsim '{stage}' run" if stage else KINDS["run"]
+    if "index.json" in names or any(n.startswith("build-") for n in names):
+        return "index", KINDS["index"]
+    fmt = str(_json(p / "sentsim_model.json").get("format", ""))
+    if "context.json" in names or fmt.startswith("sentsim-context") or (
+            "run.json" in names and names & {"runs", "tokenizer"}):
+        return "context", KINDS["context"]
+    if fmt.startswith("sentsim-discriminator") or (p / "_train" / "run.json").is_file():
+        return "discriminator", KINDS["discriminator"]
+    if "run.json" in names:
+        config = _json(p / "run.json").get("config")
+        if isinstance(config, dict) and "objective" in config:
+            return "student", KINDS["student"]
+        if isinstance(config, dict) and "loss" in config:
+            return "surrogate", KINDS["surrogate"]
+    return None
+
+
 def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], out_flag: str = "--out",
-              folder: bool = True, local: Optional[str] = None) -> None:
+              folder: bool = True, local: Optional[str] = None, writes: Optional[str] = None) -> None:
     """Refuse `out` when it is, lies inside or holds any of `inputs` ({flag or config key: path(s)}),
     or (`folder`) when a local `out` is an existing file where the run's folder belongs, or (`local`: what
-    the command writes) when it is a URI and the command writes local files only.
+    the command writes) when it is a URI and the command writes local files only, or (`writes`: a key of
+    KINDS) when a local `out` already holds something of another kind, which the command would mix its
+    files into or, exporting a model, delete: --force-new never changes that, since it discards only a
+    run of the command's own kind.
     Call it before anything is written, read for resuming, or deleted."""
     if out is None or os.fspath(out) == "":
         return
@@ -83,6 +129,9 @@ def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], o
     text = os.fspath(out)
     if "://" in text:
         return
+    held = held_kind(text) if writes else None
+    if held is not None and held[0] != writes:
+        raise UsageError(f"{out_flag} {text} holds {held[1]}, not {KINDS[writes]}; give another {out_flag}")
     p = Path(os.path.expanduser(text)).absolute()
     # the nearest existing path: out itself, or the ancestor it would be made in
     first = next((q for q in (p, *p.parents) if q.exists()), None)

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from storage import fs as sfs
 from storage.compaction import COMPACT_DIR, load_compaction
-from storage.lease import RunLease
+from storage.lease import LEASE, RunLease
 from storage.records import StoreError, record_check, timestamp
 
 MANIFEST = "manifest.json"
@@ -191,6 +191,11 @@ class ShardStore:
                 )
             self.sweep_temp(list(schemas))
             return existing
+        foreign = [] if sfs.exists(self.fs, self.path(MANIFEST)) else self._foreign_names(schemas)
+        if foreign:
+            shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+            raise StoreError(f"{self.uri} is not empty ({shown}) and holds no sentsim run; refusing to write a run "
+                             "among other files (--force-new clears only a run): give another --out")
         if existing is None and not force_new and self._has_shards(schemas):
             raise StoreError(
                 f"{self.uri} already holds Parquet shards but no {MANIFEST}; refusing to mix runs "
@@ -214,6 +219,15 @@ class ShardStore:
         self.fs.create_dir(self.root, recursive=True)
         self.write_manifest(manifest)
         return manifest
+
+    def _foreign_names(self, tables: Iterable[str]) -> List[str]:
+        """Names in the run's folder that no run writes there (hidden ones aside: a temporary file, or the
+        file system's own)."""
+        own = {MANIFEST, UNITS_DIR, SIDE_DIR, TMP_DIR, COMPLETE, COMPACT_DIR, LEASE, *tables}
+        if not sfs.exists(self.fs, self.root):
+            return []
+        found = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        return sorted(i.base_name for i in found if i.base_name not in own and not i.base_name.startswith("."))
 
     def _has_shards(self, tables: Iterable[str]) -> bool:
         for t in tables:

@@ -5,7 +5,9 @@ counts n-grams and writes shards in N Ray tasks (on --address, RAY_ADDRESS or a 
 writes the same index; the lucene backend indexes with N Anserini threads.
 
 Run again into an index it built, whole, with the same corpus and config, it says so in one line and
-writes nothing (the number of workers changes no index); another config or corpus builds anew.
+writes nothing (the number of workers changes no index). A whole index of another config or corpus there
+is refused, as every command refuses a run of other settings at its --out, unless --force-new replaces it;
+a damaged one is built again.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--num-workers", "--workers", dest="workers", type=int, default=1, metavar="N",
                         help="parallel build: N Ray tasks (sklearn) or N indexing threads (lucene); "
                              "1 (default) builds in this process without Ray")
+    parser.add_argument("--force-new", action="store_true",
+                        help="replace an index of another config or corpus at --out")
     add_config_arguments(parser)
 
 
 def run(args) -> int:
-    from sentsim.retrieval import IndexConfig, already_built, build_index
+    from sentsim.retrieval import IndexConfig, already_built, build_index, other_index
 
     if args.workers < 1:
         raise UsageError(f"--num-workers (--workers) must be at least 1 (got {args.workers})")
@@ -41,8 +45,12 @@ def run(args) -> int:
     done = already_built(args.corpus, args.out, cfg)
     if done is not None:  # before Ray: a rerun starts nothing
         print(f"--out {args.out} already holds this finished index (fingerprint {done['fingerprint']}); "
-              "nothing to do (another config or corpus builds it again)", flush=True)
+              "nothing to do (another config or corpus needs --force-new)", flush=True)
         return 0
+    other = None if args.force_new else other_index(args.corpus, args.out)
+    if other is not None:
+        raise UsageError(f"--out {args.out} holds an index built for {other}; give another --out, or --force-new "
+                         "to replace it")
     if cfg.backend == "sklearn" and args.workers > 1:
         from sentsim.runtime import init_ray
 

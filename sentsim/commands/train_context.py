@@ -36,7 +36,8 @@ def run(args) -> int:
     # the corpus may be local or s3:// (train_context reads it through the run reader)
     check_out(args.out, {"--corpus": args.corpus, "--tokenizer-from": args.tokenizer_from,
                          "model.pretrained_path": cfg.model.pretrained_path,
-                         "model.warm_start_path": cfg.model.warm_start_path}, local="models and their training state")
+                         "model.warm_start_path": cfg.model.warm_start_path}, local="models and their training state",
+              writes="context")
     summary = train_context(args.corpus, args.out, cfg, tokenizer_from=args.tokenizer_from,
                             address=args.address or os.environ.get("RAY_ADDRESS"), force_new=args.force_new)
     for name, r in summary["runs"].items():

@@ -273,7 +273,7 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     from sentsim.training.settings import LoopSettings
 
     job = job or DiscriminatorJob()
-    check_out(out, {"--corpus": corpus}, local="a model and its training state")
+    check_out(out, {"--corpus": corpus}, local="a model and its training state", writes="discriminator")
     out_arg = str(out)
     corpus, out = absolute_local(str(corpus)), Path(absolute_local(str(out)))  # corpus may be s3://...
     corpus_fp = corpus_fingerprint(corpus)

@@ -344,7 +344,7 @@ class RemixRun(ShardedJob):
         from sentsim.harvest.stages import context_score_schema_of, sentence_schema_of
         from storage import RunReader, ShardStore
 
-        check_out(cfg.out, {"HARVEST": cfg.source})
+        check_out(cfg.out, {"HARVEST": cfg.source}, writes="run")
         if "://" not in cfg.source and not Path(cfg.source).is_dir():
             raise UsageError(f"{cfg.source}: no such harvest directory")
         src = ShardStore(cfg.source)

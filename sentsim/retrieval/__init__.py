@@ -22,7 +22,7 @@ def build_index(corpus: str | Path, out: str | Path, cfg: IndexConfig | None = N
     manifest comes back with `already_built` set and nothing is written (workers change no index)."""
     from sentsim.out_paths import check_out
 
-    check_out(out, {"--corpus": corpus})
+    check_out(out, {"--corpus": corpus}, writes="index")
     cfg = cfg or IndexConfig()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise UsageError(f"workers must be a positive integer (got {workers!r})")
@@ -45,7 +45,7 @@ def already_built(corpus: str | Path, out: str | Path, cfg: IndexConfig) -> dict
     from sentsim.out_paths import check_out
     from sentsim.retrieval.index_store import finished_index
 
-    check_out(out, {"--corpus": corpus})
+    check_out(out, {"--corpus": corpus}, writes="index")
     if cfg.backend == "sklearn":
         from sentsim.retrieval.sklearn_backend import FORMAT
     else:
@@ -64,6 +64,20 @@ def already_built(corpus: str | Path, out: str | Path, cfg: IndexConfig) -> dict
     if manifest is None:
         return None
     return dict(manifest, size_bytes=sum(manifest["files"].values()), already_built=True)
+
+
+def other_index(corpus: str | Path, out: str | Path) -> str | None:
+    """What a whole index at `out` that `already_built` did not take as this build's was built for ("another
+    corpus" or "another config", with its fingerprint); None when `out` holds no whole index (a damaged one
+    is rebuilt by the same command: it is no other build's)."""
+    from sentsim.identity import corpus_fingerprint
+    from sentsim.retrieval.index_store import finished_index
+
+    manifest = finished_index(out, lambda m: True)
+    if manifest is None:
+        return None
+    what = "corpus" if manifest.get("corpus_fingerprint") != corpus_fingerprint(corpus) else "config"
+    return f"another {what} (fingerprint {manifest.get('fingerprint')})"
 
 
 def open_retriever(index_dir: str | Path, corpus: str | Path | None = None, expected_fingerprint: str | None = None,

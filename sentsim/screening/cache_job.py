@@ -125,7 +125,7 @@ class RepCacheRun(ShardedJob):
         from corpus.view import read_table
         from sentsim.discriminator import Discriminator
 
-        check_out(cfg.out, {"--corpus": cfg.corpus, "--discriminator": cfg.discriminator})
+        check_out(cfg.out, {"--corpus": cfg.corpus, "--discriminator": cfg.discriminator}, writes="run")
         self.cfg, self.out = cfg, cfg.out
         self.corpus_fp = corpus_fingerprint(cfg.corpus)
         disc = Discriminator.load(cfg.discriminator, corpus=cfg.corpus)  # refuses another corpus's model

@@ -152,6 +152,8 @@ def student_card(cfg: StudentConfig, bb: dict, data: Optional[str], spec: dict, 
 class StudentRun(EncoderDriver):
     """The student's steps of the encoder driver: the objective's checks and data, then one fit."""
 
+    kind = "student"
+
     panels = [("train loss", [("train_loss", None)], False),
               ("dev Spearman x100 vs harvested scores", [("dev_spearman", None)], False)]
 

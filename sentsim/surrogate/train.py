@@ -47,6 +47,8 @@ def stage_card(name: str, cfg: SurrogateConfig, spec: dict, base: dict, data: di
 class SurrogateRun(EncoderDriver):
     """The surrogate's steps of the encoder driver: the harvest and STS-B checks, then its stages."""
 
+    kind = "surrogate"
+
     models = ("model", "model-sts")
     panels = [("dev L2 (mean squared error vs targets)", [("dev_l2", None)], True),
               # teacher scores; STS gold when fine-tuning

@@ -29,6 +29,8 @@ from sentsim.training.run import claim_out, quiet_progress, write_curves
 class EncoderDriver:
     """One training run of an encoder; subclasses supply the steps marked as theirs."""
 
+    # what OUT is (a key of sentsim.out_paths.KINDS): an OUT holding something else is refused
+    kind: str = ""
     # folders under OUT that an export swaps in whole
     models: tuple[str, ...] = ("model",)
     # the curves' panels: (y label, [(history key, legend)], log scale), as `write_curves` takes them
@@ -76,7 +78,8 @@ class EncoderDriver:
         from sentsim.runtime import absolute_local
         from sentsim.training.encoders import check_backbone
 
-        check_out(self.out_arg, {**self.inputs, **self.guarded()}, local="a model and its training state")
+        check_out(self.out_arg, {**self.inputs, **self.guarded()}, local="a model and its training state",
+                  writes=self.kind)
         self.inputs = {k: absolute_local(v) for k, v in self.inputs.items()}
         self.out = Path(absolute_local(self.out_arg))
         self.check_inputs()

@@ -94,7 +94,7 @@ def test_an_index_rebuild_on_a_full_disk_keeps_the_index_there(small_disk, speec
     used = sum(p.stat().st_size for p in small_disk.path.rglob("*") if p.is_file())
     small_disk.remount(f"size={used // 1024 + 600}k")  # room for less than a second copy of the index
     r = sentsim_cli("index", "build", "--corpus", speech_corpus, "--out", index, "--shards", "2",
-                    "--set", "ngrams=unigram+bigram", timeout=300)
+                    "--set", "ngrams=unigram+bigram", "--force-new", timeout=300)
     _one_line(r, "no space left on the device")
     check_index(index, corpus=speech_corpus)
     np.testing.assert_array_equal(open_retriever(index).search(queries, 10)[0], hits)

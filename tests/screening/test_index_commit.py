@@ -157,9 +157,10 @@ def index_files(index: Path) -> dict:
             if f.is_file()}
 
 
-def test_a_rerun_is_a_noop_and_another_config_or_corpus_builds_again(speech_corpus, old_and_new, tmp_path):
+def test_a_rerun_is_a_noop_and_another_config_or_corpus_needs_force_new(speech_corpus, old_and_new, tmp_path):
     """`sentsim index build` into the index it built, with the same corpus and config: one line, and not a
-    file rewritten. Another config (or corpus) builds and commits a new index there, as a first build."""
+    file rewritten. Another config (or corpus) is refused in one line, the index untouched, as every command
+    refuses a run of other settings at its --out; with --force-new it builds and commits a new index there."""
     old_dir, old_hits, new_hits = old_and_new
     index = tmp_path / "index"
     shutil.copytree(old_dir, index)  # built with n_shards=2 and the default config
@@ -167,10 +168,16 @@ def test_a_rerun_is_a_noop_and_another_config_or_corpus_builds_again(speech_corp
     r = sentsim_cli("index", "build", "--corpus", speech_corpus, "--out", index, "--shards", "2")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines() == [f"--out {index} already holds this finished index (fingerprint {fp}); "
-                                             "nothing to do (another config or corpus builds it again)"], r.stdout
+                                             "nothing to do (another config or corpus needs --force-new)"], r.stdout
     assert index_files(index) == before
-    r = sentsim_cli("index", "build", "--corpus", speech_corpus, "--out", index, "--shards", "3",
-                    "--set", "ngrams=unigram+bigram")
+    argv = ("index", "build", "--corpus", speech_corpus, "--out", index, "--shards", "3",
+            "--set", "ngrams=unigram+bigram")
+    r = sentsim_cli(*argv)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"sentsim: error: --out {index} holds an index built for another config (fingerprint {fp}); give another "
+        "--out, or --force-new to replace it"), r.stderr[-2000:]
+    assert index_files(index) == before
+    r = sentsim_cli(*argv, "--force-new")
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     man = json.loads((index / "index.json").read_text())
@@ -182,8 +189,10 @@ def test_a_rerun_is_a_noop_and_another_config_or_corpus_builds_again(speech_corp
     src, other = tmp_path / "doc.jsonl", tmp_path / "other_corpus"
     src.write_text(json.dumps({"id": "a", "paragraphs": ["The red fox ran far. The red fox slept."]}) + "\n")
     build_corpus([str(src)], str(other), executor="inline", quiet=True)
-    r = sentsim_cli("index", "build", "--corpus", other, "--out", index, "--shards", "3",
-                    "--set", "ngrams=unigram+bigram")
+    argv = ("index", "build", "--corpus", other, "--out", index, "--shards", "3", "--set", "ngrams=unigram+bigram")
+    r = sentsim_cli(*argv)
+    assert r.returncode == 2 and "holds an index built for another corpus (fingerprint" in r.stderr, r.stderr[-2000:]
+    r = sentsim_cli(*argv, "--force-new")
     assert r.returncode == 0 and "already holds" not in r.stdout, r.stderr[-2000:]
     check_index(index, corpus=other)
 

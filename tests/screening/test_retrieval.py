@@ -414,7 +414,8 @@ def test_lucene_and_sklearn_agree_for_the_same_similarity(lucene_results, speech
 
 def test_cli_lucene_rerun_is_a_noop_and_another_similarity_builds_again(speech_corpus, tmp_path):
     """`sentsim index build --backend lucene` again into its finished --out: one line, no file of the
-    Lucene index rewritten (bytes and mtime); another similarity is another index config and builds anew."""
+    Lucene index rewritten (bytes and mtime); another similarity is another index config, refused without
+    --force-new and built anew with it."""
     from importlib.util import find_spec
 
     from conftest import sentsim_cli
@@ -433,10 +434,12 @@ def test_cli_lucene_rerun_is_a_noop_and_another_similarity_builds_again(speech_c
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines() == [f"--out {out} already holds this finished index (fingerprint "
                                              f"{man['fingerprint']}); nothing to do (another config or corpus "
-                                             "builds it again)"], r.stdout
+                                             "needs --force-new)"], r.stdout
     assert {str(f.relative_to(out)): (f.stat().st_mtime_ns, f.read_bytes())
             for f in out.rglob("*") if f.is_file()} == files
     r = sentsim_cli(*argv, "--set", "similarity=classic")
+    assert r.returncode == 2 and "holds an index built for another config" in r.stderr, r.stderr[-2000:]
+    r = sentsim_cli(*argv, "--set", "similarity=classic", "--force-new")
     assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["similarity"] == "classic", r.stdout
     rebuilt = json.loads((out / "index.json").read_text())
     assert rebuilt["fingerprint"] != man["fingerprint"] and not (out / man["shards"][0]["path"]).exists()

@@ -366,3 +366,81 @@ def test_a_kill_anywhere_in_a_bundle_resave_leaves_the_old_or_the_new_bundle_who
     assert (out / "runs" / "history.json").read_text() == "[]"
     # no file of the other bundle is left: the old per-direction models go with the old bundle
     assert sorted(p.name for p in (out / "models").iterdir()) == (["fwd", "left"] if after == "old" else ["shared"])
+
+
+def _files(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_model_export_never_replaces_a_model_of_another_kind(two_discriminators, two_bundles, tmp_path):
+    """An in-place export lists the old model's files for removal: over a model of another kind that
+    listing is the other model's, so the export refuses instead, and the folder keeps every byte."""
+    from sentsim.context.config import ContextModelConfig
+    from sentsim.context.model import build_model, load_bundle, save_bundle
+    from sentsim.context.tokenizer import train_bpe
+    from sentsim.discriminator.train import DiscriminatorJob, export_model
+    from sentsim.discriminator.vocab import Vocab
+
+    old_disc, new_state, _, job = two_discriminators
+    bundle = tmp_path / "bundle"
+    shutil.copytree(two_bundles[0], bundle)
+    shutil.copytree(new_state, bundle / "_train")
+    before = _files(bundle)
+    with pytest.raises(UsageError, match=r"holds a model of another kind \(sentsim-context/1\), not "
+                                         r"sentsim-discriminator-v1; give another --out"):
+        export_model(bundle, bundle / "_train", DiscriminatorJob.model_validate_json(job), "corpus-fp",
+                     Vocab.load(bundle / "_train" / "vocab.json"), {}, [])
+    assert _files(bundle) == before
+    load_bundle(bundle)
+
+    disc = tmp_path / "disc"
+    shutil.copytree(old_disc, disc)
+    before = _files(disc)
+    cfg = ContextModelConfig(vocab_size=300, d_model=16, encoder_layers=1, decoder_layers=1, attention_heads=2,
+                             ffn_dim=32, dropout=0.0, context_sentences=1, max_source_tokens=48, max_target_tokens=24)
+    tok = train_bpe(TEXTS, 300)
+    with pytest.raises(UsageError, match="holds a model of another kind"):
+        save_bundle(disc, cfg, tok, {"fwd": build_model(cfg, tok, seed=0)}, {"fwd": "fwd"})
+    assert _files(disc) == before
+
+
+def test_every_command_refuses_an_out_that_holds_something_else(two_discriminators, two_bundles, speech_corpus,
+                                                                sample_path, tmp_path):
+    """Each command's --out holding another kind of output (a model, an index, a run): one line, exit 2,
+    before any work, --force-new or not, and the folder keeps every byte. A folder of the user's own
+    files is no run either: a sharded job refuses to write among them."""
+    from sentsim.retrieval import build_index
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(speech_corpus, corpus)
+    c = str(corpus)
+    disc, bundle, index, notes = tmp_path / "disc", tmp_path / "bundle", tmp_path / "index", tmp_path / "notes"
+    shutil.copytree(two_discriminators[0], disc)
+    shutil.copytree(two_bundles[0], bundle)
+    build_index(c, str(index))
+    notes.mkdir()
+    (notes / "notes.txt").write_text("mine")
+    folders = {p: _files(p) for p in (disc, bundle, index, notes, corpus)}
+    cases = [
+        (("train", "discriminator", "--corpus", c, "--out", str(bundle), "--force-new"),
+         "holds a context-model bundle, not a discriminator"),
+        (("train", "context", "--corpus", c, "--out", str(disc), "--force-new"),
+         "holds a discriminator, not a context-model bundle"),
+        (("train", "context", "--corpus", c, "--out", str(index)), "holds a retrieval index, not a context-model"),
+        (("index", "build", "--corpus", c, "--out", str(bundle)), "holds a context-model bundle, not a retrieval"),
+        (("corpus", "build", str(sample_path), "--out", str(disc), "--force-new"), "holds a discriminator, not a"),
+        (("harvest", "--corpus", c, "--index", str(index), "--context-models", str(bundle), "--out", str(disc),
+          "--force-new"), "holds a discriminator, not a sentsim run"),
+        (("contexts", "--corpus", c, "--index", str(index), "--out", str(bundle)), "holds a context-model bundle"),
+        (("train", "surrogate", "--data", c, "--out", str(index), "--force-new"),
+         "holds a retrieval index, not a surrogate's training output"),
+        (("train", "student", "--data", c, "--backbone", str(disc), "--out", str(bundle)),
+         "holds a context-model bundle, not a student's"),
+        (("corpus", "build", str(sample_path), "--out", str(notes), "--force-new"),
+         "is not empty (notes.txt) and holds no sentsim run"),
+    ]
+    for args, words in cases:
+        r = sentsim_cli(*args, timeout=300)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr[-1500:])
+        assert words in r.stderr.strip().splitlines()[-1], (args, r.stderr[-800:])
+    assert {p: _files(p) for p in folders} == folders
