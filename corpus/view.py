@@ -35,6 +35,10 @@ def open_corpus(corpus: str | Path):
             str(exc).replace(": no such directory", ": not a corpus directory (no such directory)")) from None
     if not reader.manifest:
         raise UsageError(f"{corpus}: not a corpus directory (no manifest.json)")
+    stage = reader.manifest.get("stage")
+    if isinstance(stage, str) and stage != "corpus":
+        raise UsageError(f"{corpus}: not a corpus directory but a '{stage}' run; give the --out of "
+                         "`sentsim corpus build`")
     if not isinstance(reader.fingerprint, str) or not reader.fingerprint:
         raise UsageError(f"{corpus}/manifest.json: has no \"fingerprint\" string")
     return reader

@@ -15,6 +15,7 @@ from sentsim.errors import UsageError
 
 GROUP_HELP = {
     "corpus": "ingest documents into sentence and chunk shards",
+    "cache": "build the discriminator's representation cache of a corpus, for screened contexts",
     "store": "inspect, verify and compact shard stores",
     "index": "build retrieval indexes over corpus chunks",
     "train": "train models (discriminator, context, surrogate, student)",

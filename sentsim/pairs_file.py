@@ -7,6 +7,16 @@
   relatedness_score), found by name; CSV is parsed with the csv module (quotes, embedded commas);
 - header-less TSV: s1<TAB>s2[<TAB>gold];
 - JSONL objects with s1, s2[, gold]; Parquet with columns s1, s2[, gold].
+A first line that names columns other than these is refused, never read as a pair: the error names the
+columns it found and the ones read. Such a header is a first line that is neither a header above nor a pair
+that can be read, each of whose fields is a short name (a letter, then letters, digits, spaces, `_`, `-`,
+`.`): with 3 or more columns, its third (gold) field is not a number (`sentA,sentB,score`). Two columns
+cannot always tell a header from a pair of one-word sentences: a header is two names of which one is a
+column name, above or common elsewhere (premise, hypothesis, sentence, sent, text, question, query, answer,
+passage, document, anchor, positive, source, target ...; `question1`, `sentA`, `text-2` with a 1/2 or a/b
+suffix), and the other has no space either, or is a column name too (`Sentence A<TAB>Sentence B`). A pair
+such as `question<TAB>answer` is read by putting a header line `s1<TAB>s2` above it.
+
 Every problem is an InputError naming the file and, where there is one, the line: JSON that Python
 cannot read (nested too deeply, an integer of thousands of digits), a lone surrogate escape ("\\ud800",
 which json.loads accepts but no text can hold) and Parquet strings that are not UTF-8 included, so that
@@ -23,6 +33,7 @@ import csv
 import io
 import json
 import math
+import re
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -34,6 +45,13 @@ Pair = Tuple[str, str, Optional[float]]
 S1_NAMES = ("s1", "sentence1", "sentence_a", "sentence 1", "text1", "text_a")
 S2_NAMES = ("s2", "sentence2", "sentence_b", "sentence 2", "text2", "text_b")
 GOLD_NAMES = ("gold", "score", "label", "similarity", "relatedness_score", "relatedness")
+# column names of other datasets' pair files (SNLI, QQP, sentence-transformers ...), read as the names of a
+# header line's columns, never as a pair of one-word sentences (see the module's docstring)
+OTHER_NAMES = ("premise", "hypothesis", "sentence", "sent", "text", "question", "query", "answer", "passage",
+               "document", "doc", "context", "anchor", "positive", "source", "target", "src", "tgt", "string",
+               "claim", "evidence", "title", "utterance")
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9 _.\-]{0,39}")
+_NUMBERED = re.compile(r"([a-z]+)[ _\-]?(?:[0-9]+|[ab])")
 
 
 def parse_score(text: str, where: str) -> float:
@@ -101,6 +119,48 @@ def _header_columns(cols: Sequence[str]) -> Optional[Tuple[int, int, Optional[in
     return i1, i2, find(GOLD_NAMES)
 
 
+def _is_column_name(field: str) -> bool:
+    name = field.strip().lower()
+    if name in S1_NAMES + S2_NAMES + GOLD_NAMES + OTHER_NAMES:
+        return True
+    numbered = _NUMBERED.fullmatch(name)
+    return numbered is not None and numbered.group(1) in OTHER_NAMES
+
+
+def _unread_header(cols: Sequence[str]) -> bool:
+    """Whether a first line that is neither a recognised header nor an STS-B line names columns instead
+    (the rule is in the module's docstring)."""
+    fields = [c.strip() for c in cols]
+    if not all(_NAME.fullmatch(f) for f in fields):
+        return False
+    if len(fields) >= 3:
+        try:
+            float(fields[2])
+        except ValueError:
+            return True
+        return False
+    names = [_is_column_name(f) for f in fields]
+    return len(fields) == 2 and (all(names) or (any(names) and " " not in "".join(fields)))
+
+
+def _header_refusal(cols: Sequence[str], where: str, delimiter: str) -> InputError:
+    found = ", ".join(c.strip() for c in cols)
+    sep = "<TAB>" if delimiter == "\t" else ","
+    pair = f", or, if it is a pair, put the line s1{sep}s2 above it" if len(cols) == 2 else ""
+    alternatives = ", ".join(f"{a}/{b}" for a, b in zip(S1_NAMES[1:], S2_NAMES[1:]))
+    return InputError(f"{where}: header line names columns {found}; the columns read are s1 and s2 (or "
+                      f"{alternatives}) and optionally gold (or {', '.join(GOLD_NAMES[1:])}){pair}")
+
+
+def first_line_header(cols: Sequence[str], where: str, delimiter: str) -> Optional[Tuple[int, int, Optional[int]]]:
+    """A file's first line read as a header: its (s1, s2, gold) column positions when it names them, None
+    when it is data; an InputError when it names other columns (the rule is in the module's docstring)."""
+    header = _header_columns(cols)
+    if header is None and not is_stsb_line(cols) and _unread_header(cols):
+        raise _header_refusal(cols, where, delimiter)
+    return header
+
+
 def _rows_with_header(rows: List[Tuple[int, List[str]]], path: str, header) -> List[Pair]:
     i1, i2, ig = header
     need = max(i for i in header if i is not None) + 1
@@ -129,7 +189,7 @@ def _delimited(text: str, path: str, delimiter: str) -> List[Pair]:
             raise InputError(f"{path}:{reader.line_num}: not valid CSV ({exc})") from None
     if not rows:
         return []
-    header = _header_columns(rows[0][1])
+    header = first_line_header(rows[0][1], f"{path}:{rows[0][0]}", delimiter)
     if header is not None:
         return _rows_with_header(rows[1:], path, header)
     out = []

@@ -3,11 +3,15 @@
 OK means: every planned unit has a valid marker, every file a marker (or the committed compaction)
 names reads back with its size, sha256, rows and schema, and the table folders hold nothing else, so
 plain Parquet readers of DIR/<table> see exactly the run's rows too.
+
+A run whose job has not finished (no _COMPLETE: stopped by --max-units, killed, or still going) is not
+damaged for lacking units: when what it holds checks out, it is OK and incomplete, with how far it got.
+A finished run that lacks a unit has lost it, and that is a problem.
 """
 
 from __future__ import annotations
 
-from typing import List, Set
+from typing import List, Optional, Set, Tuple
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -15,7 +19,7 @@ import pyarrow.parquet as pq
 from storage import fs as sfs
 from storage.compaction import FILE_PREFIX, load_compaction
 from storage.records import StoreError
-from storage.store import UNITS_DIR, ShardStore, check_format, schema_signature
+from storage.store import COMPLETE, UNITS_DIR, ShardStore, check_format, schema_signature
 
 AGAIN = "run `sentsim store compact` again"
 
@@ -34,7 +38,15 @@ def _check_parquet(store: ShardStore, rel: str, rows: int, expected, table: str,
 
 
 def verify_store(uri: str) -> List[str]:
-    """Every problem found, one line each, naming the shard. Empty means the run checks out."""
+    """Every problem found, one line each, naming the shard, and a last line when the run is not finished.
+    Empty means the run checks out and is complete."""
+    problems, unfinished = verify_run(uri)
+    return problems + ([f"run {unfinished}"] if unfinished else [])
+
+
+def verify_run(uri: str) -> Tuple[List[str], Optional[str]]:
+    """(every problem found, one line each, naming the shard; how far the run got when its job has not
+    finished, else None). No problems and None: the run checks out and is complete."""
     store = ShardStore(uri)
     manifest = store.read_manifest()
     if manifest is None:
@@ -53,12 +65,22 @@ def verify_store(uri: str) -> List[str]:
         _check_compacted_files(store, markers, comp, fp, tables, claimed, problems)
     _check_unclaimed_files(store, tables, claimed, problems)
     _check_side_tables(store, fp, problems)
-    _check_planned_units(manifest, markers, problems)
-    if not problems and not store.is_complete():
-        problems.append(
-            f"run incomplete: {len(markers)} units done and no _COMPLETE marker; re-run the same command to finish it"
-        )
-    return problems
+    if store.is_complete():
+        _check_planned_units(manifest, markers, problems)
+        return problems, None
+    if sfs.exists(store.fs, store.path(COMPLETE)):
+        problems.append(f"{COMPLETE}: not a regular file; the same command's resume writes it")
+    return problems, _unfinished(manifest, markers)
+
+
+def _unfinished(manifest: dict, markers: dict) -> str:
+    planned = manifest.get("planned_units")
+    if planned is None:
+        return f"incomplete: {len(markers)} units done; the same command resumes it"
+    done = sum(u in markers for u in range(planned))
+    if done == planned:
+        return f"incomplete: all {planned} units done, not marked complete; the same command finishes it"
+    return f"incomplete: {done} of {planned} units done; the same command resumes it"
 
 
 def _check_marked_files(store: ShardStore, markers: dict, comp, fp, tables: dict, claimed: Set[str],

@@ -19,11 +19,13 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from sentsim.config import load_config, run_exit_code
+    from sentsim.commands import load_flagged_config
+    from sentsim.config import run_exit_code
     from sentsim.screening.contexts_job import ScreenConfig, screen_contexts
 
-    cfg = load_config(ScreenConfig, args.config, args.overrides, corpus=args.corpus, index=args.index,
-                      discriminator=args.discriminator, sentences=args.sentences, out=args.out)
+    cfg = load_flagged_config(ScreenConfig, args, {"corpus": "--corpus", "index": "--index", "out": "--out"},
+                              corpus=args.corpus, index=args.index, discriminator=args.discriminator,
+                              sentences=args.sentences, out=args.out)
     m = screen_contexts(cfg, executor=args.executor, force_new=args.force_new, address=args.address,
                         max_units=args.max_units)
     c = m["counts"]

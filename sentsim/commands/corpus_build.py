@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from sentsim.config import add_config_arguments, add_run_arguments
 
@@ -23,7 +24,11 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from sentsim.config import run_exit_code
     from sentsim.corpus_job import build_corpus
+    from sentsim.errors import UsageError
 
+    for path in args.inputs:  # a device or pipe (/dev/null, <(...)) exists but is not read as a file of documents
+        if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):
+            raise UsageError(f"{path}: not a regular file (a device, pipe or socket); pass a file of documents")
     overrides = list(args.overrides)
     if args.on_error:
         overrides.append(f"on_error={args.on_error}")

@@ -34,7 +34,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--data", required=True, metavar="DIR",
                         help="folder holding STS20xx-en-test/, stsbenchmark/, SICK/")
     parser.add_argument("--tasks", default=None, help="comma-separated subset, e.g. STSb,SICK-R")
-    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=None, metavar="N",
+                        help="--model: sentences (or pairs, for a cross-encoder) encoded at once (default 64)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown")
     add_config_arguments(parser)
@@ -55,7 +56,10 @@ def run(args) -> int:
     for flag in ("--json", "--markdown"):  # a report written over an input would destroy it
         check_out(getattr(args, flag[2:]), {"--model": args.model, "--scores": args.scores, "--data": args.data},
                   out_flag=flag, folder=False, local="reports")
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    tasks = None if args.tasks is None else [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if tasks == []:  # an empty --tasks names no task: never taken as 'every task'
+        raise UsageError(f"--tasks {args.tasks!r} names no task; give a comma-separated subset such as "
+                         "STSb,SICK-R, or leave --tasks out for every task")
     cfg = load_config(EvalStsConfig, args.config, args.overrides, batch_size=args.batch_size, tasks=tasks)
     loaded, missing = discover_tasks(args.data, cfg.tasks)  # bad data fails before any model loads
     model_dir = None

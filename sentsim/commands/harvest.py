@@ -21,12 +21,14 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from sentsim.commands import load_flagged_config
     from sentsim.config import run_exit_code
-    from sentsim.harvest.job import harvest, load_harvest_config
+    from sentsim.harvest.config import HarvestConfig
+    from sentsim.harvest.job import harvest
 
-    cfg = load_harvest_config(
-        args.config, args.overrides, corpus=args.corpus, index=args.index, discriminator=args.discriminator,
-        context_models=args.context_models, pairs_file=args.pairs_file, out=args.out,
+    cfg = load_flagged_config(
+        HarvestConfig, args, {"corpus": "--corpus", "out": "--out"}, corpus=args.corpus, index=args.index,
+        discriminator=args.discriminator, context_models=args.context_models, pairs_file=args.pairs_file, out=args.out,
     )
     m = harvest(cfg, executor=args.executor, force_new=args.force_new, address=args.address,
                 max_units=args.max_units)

@@ -11,7 +11,9 @@ HELP = "train a surrogate (Siamese or cross-encoder) on harvested pair scores, o
 
 def add_arguments(parser) -> None:
     parser.add_argument("--arch", choices=["siamese", "cross"], default=None, help="surrogate form (default siamese)")
-    parser.add_argument("--loss", choices=["cosine_regression", "cosent"], default=None)
+    parser.add_argument("--loss", choices=["cosine_regression", "cosent"], default=None,
+                        help="pair loss (default cosine_regression: the paper's L2 between cosine and score); on "
+                             "harvested scores in a narrow band, cosent learns their order instead")
     parser.add_argument("--finetune-sts", metavar="PATH",
                         help="then fine-tune on STS-B train (folder with sts-*.csv) with L2")
     add_training_arguments(parser, data_help="harvest output: pairs/part-*.parquet and manifest.json",

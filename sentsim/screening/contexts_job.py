@@ -114,15 +114,22 @@ def _queries(cfg: ScreenConfig, corpus) -> tuple[list, list]:
     from corpus.documents import text_id
 
     if cfg.sentences:
-        from sentsim.pairs_file import decode_text, is_stsb_line, split_lines, stsb_fields
+        from sentsim.pairs_file import decode_text, first_line_header, is_stsb_line, split_lines, stsb_fields
 
         p = Path(cfg.sentences)
         if not p.is_file():
             raise UsageError(f"{cfg.sentences}: sentence file not found")
         texts: list = []
-        for n, line in enumerate(split_lines(decode_text(p)), 1):
+        lines = split_lines(decode_text(p))
+        # a pairs file's header (s1<TAB>s2 ...) names the sentences' columns; one naming others is refused
+        first = next(((n, ln.split("\t")) for n, ln in enumerate(lines, 1) if ln.strip()), None)
+        header = first_line_header(first[1], f"{p}:{first[0]}", "\t") if first and len(first[1]) > 1 else None
+        for n, line in enumerate(lines, 1):
             cols = line.split("\t")
-            if is_stsb_line(cols):  # an STS-B line: its two sentences
+            if header is not None:
+                if n > first[0]:
+                    texts.extend(cols[i] for i in header[:2] if i < len(cols))
+            elif is_stsb_line(cols):  # an STS-B line: its two sentences
                 texts.extend(stsb_fields(cols, f"{p}:{n}")[:2])
             else:  # a sentence, or TAB-separated sentences (a pairs file)
                 texts.extend(cols[:2])
@@ -157,7 +164,7 @@ class ContextsRun(ShardedJob):
 
         check_out(cfg.out, {"--corpus": cfg.corpus, "--index": cfg.index, "--discriminator": cfg.discriminator,
                             "--sentences": cfg.sentences,
-                            "contexts.rep_cache": given_rep_cache(cfg.contexts.rep_cache, cfg.out)})
+                            "contexts.rep_cache": given_rep_cache(cfg.contexts.rep_cache, cfg.out)}, writes="run")
         index = check_index(cfg.index, corpus=cfg.corpus)  # whole and for this corpus, before a unit searches it
         self.cfg, self.out = cfg, cfg.out
         self.corpus = CorpusIndex(cfg.corpus)

@@ -69,9 +69,14 @@ def open_harvest(data: str):
     from storage import RunReader, StoreError
 
     try:
-        return RunReader(str(data), what="--data", manifest_required=False)
+        reader = RunReader(str(data), what="--data", manifest_required=False)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
+    stage = (reader.manifest or {}).get("stage")
+    if isinstance(stage, str) and not stage.startswith("harvest"):  # harvest, harvest-remix
+        raise UsageError(f"--data {reader.uri}: not a harvest run but a '{stage}' run; give the --out of "
+                         "`sentsim harvest` (or `sentsim remix`)")
+    return reader
 
 
 def incomplete_harvest_note(root, what: str) -> str | None:

@@ -17,8 +17,11 @@ def add_training_arguments(parser, *, data_help: str, out_help: str) -> None:
     parser.add_argument("--init", choices=["pretrained", "scratch"], default=None,
                         help="start from the backbone's weights, or a small BERT with random weights")
     add_num_workers(parser)
-    parser.add_argument("--epochs", type=int, default=None)
-    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--epochs", type=int, default=None, metavar="N",
+                        help="passes over the training rows (default: the config's epochs)")
+    parser.add_argument("--max-steps", type=int, default=None, metavar="N",
+                        help="stop after N optimizer steps, within the epochs (0: run the epochs out; "
+                             "default: the config's max_steps)")
     add_force_new(parser)
     add_config_arguments(parser)
 

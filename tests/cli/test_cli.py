@@ -39,3 +39,49 @@ def test_unknown_command_and_missing_args_exit_2():
     assert r.returncode == 2
     assert r.stderr.strip() == ("sentsim: error: /nonexistent/run: no manifest.json here; "
                                 "is this a sentsim run directory?")
+
+
+def run_main(capsys, *args):
+    from sentsim.cli import main
+
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("command, flags", [
+    (("harvest", "--context-models", "m"), ["--corpus", "--out"]),
+    (("contexts",), ["--corpus", "--index", "--out"]),
+    (("cache", "build", "--corpus", "c"), ["--discriminator", "--out"]),
+])
+def test_a_missing_required_flag_is_named_as_the_flag(capsys, tmp_path, command, flags):
+    code, _, err = run_main(capsys, *command)
+    assert code == 2 and err == "sentsim: error: " + "; ".join(
+        f"{f} is required (or {f[2:]}: in --config)" for f in flags) + "\n"
+    cfg = tmp_path / "c.yaml"  # given in the config file, it is not asked for
+    cfg.write_text(f"out: {tmp_path / 'run'}\n")
+    code, _, err = run_main(capsys, *command, "--config", cfg)
+    assert code == 2 and "--out" not in err and f"{flags[0]} is required" in err, err
+    code, _, err = run_main(capsys, *command, "--set", "seed=-1")  # other config errors keep their key
+    assert code == 2 and "--out is required (or out: in --config); invalid config: seed:" in err, err
+
+
+def test_help_describes_every_command_group():
+    from sentsim.cli import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "cache build the discriminator's representation cache" in text
+
+
+@pytest.mark.parametrize("tasks", ["", " , "])
+def test_eval_sts_refuses_an_empty_tasks_list(capsys, tmp_path, tasks):
+    code, _, err = run_main(capsys, "eval", "sts", "--tfidf", "--data", tmp_path, "--tasks", tasks)
+    assert code == 2 and err.startswith(f"sentsim: error: --tasks {tasks!r} names no task;"), err
+
+
+def test_corpus_build_names_an_input_that_is_no_regular_file(capsys, tmp_path):
+    code, _, err = run_main(capsys, "corpus", "build", "/dev/null", "--out", tmp_path / "c", "--executor", "inline")
+    assert code == 2 and err == ("sentsim: error: /dev/null: not a regular file (a device, pipe or socket); "
+                                 "pass a file of documents\n")
+    assert not (tmp_path / "c").exists()
+

@@ -153,3 +153,53 @@ def test_a_byte_order_mark_does_not_turn_the_header_into_a_pair(tmp_path):
     # a bad byte after the mark is still named at its own line
     with pytest.raises(InputError, match=r"l.tsv:2: not UTF-8 text \(byte 0xe9\)"):
         read_pairs_file(write(tmp_path, "l.tsv", b"\xef\xbb\xbfa\tb\ncaf\xe9\tx\n"))
+
+
+@pytest.mark.parametrize("name, data, found", [
+    ("nli.tsv", "premise\thypothesis\nA cat sat.\tA dog sat.\n", "premise, hypothesis"),
+    ("qqp.csv", "question1,question2\nWhy?,How?\n", "question1, question2"),
+    ("sa.tsv", "sentA\tsentB\nA cat sat.\tA dog sat.\n", "sentA, sentB"),
+    ("spaced.tsv", "Sentence A\tSentence B\nA cat sat.\tA dog sat.\n", "Sentence A, Sentence B"),
+    ("half.tsv", "s1\ttext\nA cat sat.\tA dog sat.\n", "s1, text"),
+    ("score.csv", "sentA,sentB,score\nA cat sat.,A dog sat.,3.5\n", "sentA, sentB, score"),
+    ("four.tsv", "id\tleft\tright\tlabel\n1\tA cat sat.\tA dog sat.\t3\n", "id, left, right, label"),
+])
+def test_a_header_of_unread_column_names_is_refused_not_read_as_a_pair(tmp_path, name, data, found):
+    """A header line naming other columns is never scored as a pair (nor its score column read as a score):
+    one line names what it found and the columns read."""
+    with pytest.raises(InputError) as err:
+        read_pairs_file(write(tmp_path, name, data))
+    msg = str(err.value)
+    assert msg.startswith(f"{tmp_path / name}:1: header line names columns {found};"), msg
+    assert "s1 and s2 (or sentence1/sentence2" in msg and "optionally gold (or score" in msg and "\n" not in msg
+    assert ("if it is a pair, put the line s1" in msg) == (found.count(",") == 1)  # two columns: maybe a pair
+
+
+@pytest.mark.parametrize("data, pair", [
+    ("one\ttwo\n", ("one", "two", None)),  # one-word sentences that are no column names
+    ("A cat sat.\tA dog sat.\n", ("A cat sat.", "A dog sat.", None)),
+    ("text\tA cat sat on the mat.\n", ("text", "A cat sat on the mat.", None)),  # a sentence is no column name
+    ("s1\ts2\nquestion\tanswer\n", ("question", "answer", None)),  # a header line makes any pair a pair
+    ("a cat\ta dog\t2\n", ("a cat", "a dog", 2.0)),
+])
+def test_pairs_that_look_like_names_are_still_pairs(tmp_path, data, pair):
+    assert read_pairs_file(write(tmp_path, "p.tsv", data)) == [pair]
+
+
+def test_harvest_refuses_a_header_of_unread_names_before_any_work(speech_corpus, tmp_path):
+    from conftest import sentsim_cli
+
+    from sentsim.context.model import FORMAT
+
+    models = tmp_path / "ctx"  # a bundle's context.json is all the harvest reads before the pairs file
+    models.mkdir()
+    (models / "context.json").write_text(json.dumps({"format": FORMAT, "directions": {"fwd": "shared"}}))
+    pairs = write(tmp_path, "nli.tsv", "premise\thypothesis\nA cat sat.\tA dog sat.\n")
+    r = sentsim_cli("harvest", "--corpus", speech_corpus, "--context-models", models, "--pairs", pairs,
+                    "--out", tmp_path / "run", "--executor", "inline", "--set", "contexts.mode=random",
+                    "--set", "rank.enabled=false")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines() == [
+        next(ln for ln in r.stderr.splitlines() if ln.startswith("sentsim: error:"))], r.stderr
+    assert f"{pairs}:1: header line names columns premise, hypothesis;" in r.stderr
+    assert not (tmp_path / "run").exists()

@@ -68,6 +68,49 @@ def test_external_sentences_and_shortfalls(speech_corpus, index, tmp_path):
     assert r.returncode == 2 and "not found" in r.stderr
 
 
+def test_a_run_of_another_stage_given_as_a_corpus_or_harvest_is_named(speech_corpus, index, tmp_path):
+    """A contexts run (a sharded run, but no corpus) as --corpus, and a corpus as a trainer's --data: one
+    line naming the stage that was given, before anything runs or is written."""
+    f = tmp_path / "s.txt"
+    f.write_text("The Congress must act on the budget.\n")
+    run, models = tmp_path / "ctx", tmp_path / "models"
+    models.mkdir()
+    r = sentsim_cli("contexts", "--corpus", speech_corpus, "--index", index, "--sentences", f, "--out", run,
+                    "--executor", "inline", "--set", "contexts.size=4")
+    assert r.returncode == 0, r.stderr
+    cases = [(("index", "build", "--corpus", run, "--out", tmp_path / "i"), f"{run}: not a corpus directory but a "
+              "'contexts' run; give the --out of `sentsim corpus build`"),
+             (("harvest", "--corpus", run, "--index", index, "--context-models", models, "--out", tmp_path / "h",
+               "--executor", "inline"), "not a corpus directory but a 'contexts' run"),
+             (("train", "surrogate", "--data", speech_corpus, "--out", tmp_path / "s"),
+              "not a harvest run but a 'corpus' run; give the --out of `sentsim harvest` (or `sentsim remix`)"),
+             (("train", "student", "--data", speech_corpus, "--out", tmp_path / "st"),
+              "not a harvest run but a 'corpus' run")]
+    for args, words in cases:
+        r = sentsim_cli(*args)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and words in lines[0], (args, r.stderr[-1500:])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ctx", "models", "s.txt"]
+
+
+def test_a_pairs_files_header_names_its_sentence_columns_and_is_no_sentence(speech_corpus, index, tmp_path):
+    """--sentences given a pairs file with a header: the header's s1 and s2 columns are the sentences, the
+    header itself is none; a header naming other columns is refused in one line before anything runs."""
+    f = tmp_path / "pairs.tsv"
+    f.write_text("gold\ts1\ts2\n4.0\tThe Congress must act on the budget.\tWe cut taxes.\n")
+    out = tmp_path / "hdr"
+    r = sentsim_cli("contexts", "--corpus", speech_corpus, "--index", index, "--sentences", f, "--out", out,
+                    "--executor", "inline", "--set", "contexts.size=4")
+    assert r.returncode == 0, r.stderr
+    texts = ds.dataset(str(out / "queries")).to_table().column("text").to_pylist()
+    assert sorted(texts) == ["The Congress must act on the budget.", "We cut taxes."]
+    f.write_text("premise\thypothesis\nThe Congress must act on the budget.\tWe cut taxes.\n")
+    r = sentsim_cli("contexts", "--corpus", speech_corpus, "--index", index, "--sentences", f, "--out",
+                    tmp_path / "hdr2", "--executor", "inline")
+    assert r.returncode == 2 and "header line names columns premise, hypothesis" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "hdr2").exists()
+
+
 def test_a_run_resumes_under_another_spelling_of_its_paths_but_not_with_other_sentences(speech_corpus, index,
                                                                                         tmp_path):
     """The sentence file, corpus and index are fingerprinted by what they hold: named relative to another folder

@@ -52,6 +52,31 @@ def test_verify_flags_orphans_missing_and_foreign_dirs(run_copy, tmp_path):
     assert r.returncode == 2 and "no manifest.json" in r.stderr
 
 
+def test_verify_says_a_run_stopped_part_way_is_ok_and_incomplete(sample_path, tmp_path):
+    """A run --max-units stopped is healthy, just unfinished: OK, how far it got, exit 0. Damage in it is
+    still named (exit 1), and a finished run that lost a unit is damaged, not unfinished."""
+    run = tmp_path / "run"
+    build_corpus([str(sample_path)], str(run), overrides=["docs_per_unit=4"], executor="inline", quiet=True,
+                 max_units=2)
+    r = sentsim_cli("store", "verify", run)
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+    assert r.stdout.strip() == f"{run}: OK (incomplete: 2 of 5 units done; the same command resumes it)"
+    shard = run / "sentences" / "part-00001.parquet"
+    shard.write_bytes(shard.read_bytes()[:100])
+    r = sentsim_cli("store", "verify", run)
+    assert r.returncode == 1 and "OK" not in r.stdout
+    bad = [ln for ln in r.stderr.splitlines() if ln.startswith("BAD")]
+    assert len(bad) == 1 and bad[0].startswith("BAD  sentences/part-00001.parquet: size 100 bytes"), r.stderr
+    assert r.stderr.strip().endswith("1 problem(s); incomplete: 2 of 5 units done; the same command resumes it")
+    build_corpus([str(sample_path)], str(run), overrides=["docs_per_unit=4"], executor="inline", quiet=True)
+    assert sentsim_cli("store", "verify", run).stdout.strip() == f"{run}: OK"
+    os.remove(run / "_units" / "00004.json")
+    os.remove(run / "sentences" / "part-00004.parquet")
+    os.remove(run / "chunks" / "part-00004.parquet")
+    r = sentsim_cli("store", "verify", run)
+    assert r.returncode == 1 and "BAD  1 of 5 units not complete: 00004" in r.stderr, r.stderr
+
+
 def test_resume_redoes_a_corrupt_unit(run_copy, sample_path, speech_corpus):
     before = ds.dataset(str(speech_corpus / "sentences")).to_table().sort_by("sentence_id")
     shard = run_copy / "sentences" / "part-00002.parquet"

@@ -73,6 +73,13 @@ def test_train_context_relative_paths(tmp_path, speech_corpus, head_env):
     r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx", "--direction", "fwd", *sets,
                     "--set", "lr=1e-3", cwd=tmp_path, env=head_env)
     assert r.returncode == 2 and "--force-new" in r.stderr, r.stderr[-2000:]
+    # a corpus with too few held-out windows is said on the driver, before a Train worker (whose failure
+    # policy retries, printing each worker's traceback) starts
+    r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx_small", "--direction", "fwd", *sets,
+                    "--set", "heldout_percent=1", cwd=tmp_path, env=head_env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "RayTrainWorker" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1].endswith("fewer than 2 held-out windows for direction 'fwd'; raise "
+                                                      "heldout_percent or use a larger corpus"), r.stderr[-2000:]
 
 
 def test_train_surrogate_relative_paths(tmp_path, tiny_bert, head_env):
