@@ -74,9 +74,10 @@ def test_a_killed_rebuild_leaves_a_whole_index_and_the_next_build_cleans_up(spee
     committed = when == "before-cleanup"
     assert len(man["shards"]) == (3 if committed else 2)
     np.testing.assert_array_equal(_search(index), new_hits if committed else old_hits)
-    # the same command again: built, committed, and only its own build folder is left
+    # the same command again (a build of another config over a whole index is a --force-new one): built,
+    # committed, and only its own build folder is left
     r = sentsim_cli("index", "build", "--corpus", speech_corpus, "--out", index, "--shards", "3",
-                    "--set", "ngrams=unigram+bigram")
+                    "--set", "ngrams=unigram+bigram", "--force-new")
     assert r.returncode == 0, r.stderr[-2000:]
     man = json.loads((index / "index.json").read_text())
     left = sorted(p.name for p in index.iterdir())
