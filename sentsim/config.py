@@ -267,7 +267,9 @@ def add_run_arguments(parser, executor: str = "ray") -> None:
     """The flags of every job that writes a resumable run: --force-new, --executor and --max-units.
     `executor` is the command's default: Ray for the jobs that score or parse, inline for `remix`,
     whose seconds of arithmetic a unit would cost less than a local Ray's start-up."""
-    parser.add_argument("--force-new", action="store_true", help="discard a run with another fingerprint at --out")
+    parser.add_argument("--force-new", action="store_true",
+                        help="discard the run at --out, whatever its settings, and start over (without it, a run "
+                             "of these settings resumes and one of others is refused)")
     parser.add_argument("--executor", choices=["ray", "inline"], default=executor,
                         help=f"ray: Ray actor pools or tasks; inline: everything in this process (default: {executor})")
     parser.add_argument("--max-units", type=unit_count, default=None, metavar="N",
@@ -281,16 +283,18 @@ def unit_count(text: str) -> int:
     return int(text)
 
 
-def run_exit_code(manifest: dict, max_units) -> int:
+def run_exit_code(manifest: dict, max_units, force_new: bool = False) -> int:
     """A resumable command's exit status: 0 when its run is complete, or when --max-units stopped it
-    as asked (it says so, and that the same command continues); 1 when it stopped for another reason."""
+    as asked (it says so, and how to continue: the same command, less a --force-new, which would start
+    the run over again); 1 when it stopped for another reason."""
     if manifest.get("complete"):
         return 0
     if max_units is None:
         return 1
     # the command's summary line(s) above count only the units done so far: say so
     print(f"stopped after --max-units {max_units}: {manifest['completed_units']}/{manifest['planned_units']} "
-          f"units done (the counts above are theirs); run the same command again to continue")
+          f"units done (the counts above are theirs); run the same command again"
+          + (" without --force-new (with it, the run starts over)" if force_new else "") + " to continue")
     return 0
 
 

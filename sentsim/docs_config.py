@@ -63,7 +63,7 @@ COMMANDS = (
     Command("sentsim harvest", "sentsim.harvest.config:HarvestConfig"),
     Command("sentsim remix", "sentsim.harvest.remix:RemixConfig",
             given_by="its flags (`--lambda-disc`, `--lambda-fwd`, `--lambda-left`, `--lambda-right`, `--metric`, "
-                     "`--variant`); it takes no `--config`"),
+                     "`--variant`); it takes no `--config`, so `resources` keeps the defaults below"),
     Command("sentsim train surrogate", "sentsim.surrogate.config:SurrogateConfig"),
     Command("sentsim train student", "sentsim.students.config:StudentConfig"),
     Command("sentsim eval sts", "sentsim.commands.eval_sts:EvalStsConfig"),

@@ -270,6 +270,13 @@ def _execute(job: ShardedJob, store, fp: str, planned, units, executor: str, add
     stream = open(os.devnull, "w") if quiet else sys.stderr
     listed = isinstance(planned, Sequence)
     extra = job.open_extra()
+    store.refuse_other_files(job.tables())  # said before a local Ray takes seconds to start
+    if executor == "ray" and (force_new or not store.has_manifest()):
+        # a new run always has work: reach the cluster before its manifest is written (or, with
+        # --force-new, before the old run is cleared), so that a cluster refusing the client leaves no run
+        from sentsim.runtime import init_ray
+
+        init_ray(address)
     manifest = store.open_run(job.stage, fp, job.config(), job.inputs(), job.tables(),
                               planned_units=len(planned) if listed else None, force_new=force_new,
                               unfingerprinted=job.unfingerprinted, **({"extra": extra} if extra else {}))

@@ -104,6 +104,17 @@ def held_kind(folder: Union[str, os.PathLike]) -> Optional[Tuple[str, str]]:
     return None
 
 
+def _in_job_working_copy() -> bool:
+    """Whether this process is the driver of a `ray job submit --working-dir` job: Ray runs it in a copy of
+    that folder under its session's runtime resources, so a relative output would be written there."""
+    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")  # set by Ray's job supervisor for the driver
+    try:
+        runtime_env = json.loads(raw).get("runtime_env") if raw else None
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(runtime_env, dict) and bool(runtime_env.get("working_dir"))
+
+
 def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], out_flag: str = "--out",
               folder: bool = True, local: Optional[str] = None, writes: Optional[str] = None) -> None:
     """Refuse `out` when it is, lies inside or holds any of `inputs` ({flag or config key: path(s)}),
@@ -129,6 +140,9 @@ def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], o
     text = os.fspath(out)
     if "://" in text:
         return
+    if not os.path.isabs(os.path.expanduser(text)) and _in_job_working_copy():
+        raise UsageError(f"{out_flag} {text} is relative, and this Ray job runs in Ray's temporary copy of its "
+                         "--working-dir, which Ray deletes: give an absolute path (one every node sees) or s3://")
     held = held_kind(text) if writes else None
     if held is not None and held[0] != writes:
         raise UsageError(f"{out_flag} {text} holds {held[1]}, not {KINDS[writes]}; give another {out_flag}")

@@ -8,7 +8,7 @@ from typing import Optional
 
 from sentsim.errors import UsageError
 
-_TOKEN_HINT = ("  a cluster with token auth needs RAY_AUTH_MODE=token and its token in RAY_AUTH_TOKEN, "
+_TOKEN_HINT = ("a cluster with token auth needs RAY_AUTH_MODE=token and its token in RAY_AUTH_TOKEN, "
                "in the file RAY_AUTH_TOKEN_PATH names, or in ~/.ray/auth_token")
 
 
@@ -45,11 +45,13 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> N
     except ConnectionError as exc:
         # A cluster refusing a missing or wrong token looks the same to ray.init (its log says
         # "InvalidAuthToken"), so the hint goes with every failed attach.
-        raise UsageError(f"cannot reach the Ray cluster at {address}: {str(exc).strip()}\n{_TOKEN_HINT}") from None
+        # one line: the command prints a usage error's first line only, and the hint is the likelier cause
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
+        raise UsageError(f"cannot reach the Ray cluster at {address} ({reason}); {_TOKEN_HINT}") from None
     except Exception as exc:  # e.g. a local raylet that times out on an overloaded machine
         if address:
             if _is_auth_error(exc):  # e.g. RAY_AUTH_MODE=token but no token anywhere
-                raise UsageError(f"Ray token auth: {str(exc).splitlines()[0]}\n{_TOKEN_HINT}") from None
+                raise UsageError(f"Ray token auth: {str(exc).splitlines()[0].rstrip('.')}; {_TOKEN_HINT}") from None
             raise
         raise UsageError(f"could not start a local Ray: {str(exc).splitlines()[0]}") from None
     one_line_coordinator_warnings()  # the driver runs Ray Data's executor and Ray Train's driver side

@@ -130,6 +130,10 @@ class ShardStore:
         return self.path(UNITS_DIR, f"{unit:05d}.json")
 
     # ---- manifest -------------------------------------------------------------------------
+    def has_manifest(self) -> bool:
+        """Whether anything is at the manifest's name: a run's, or a broken one `read_manifest` refuses."""
+        return sfs.exists(self.fs, self.path(MANIFEST))
+
     def read_manifest(self) -> Optional[dict]:
         odd = sfs.not_a_file(self.fs.get_file_info(self.path(MANIFEST)))
         if odd:
@@ -191,11 +195,7 @@ class ShardStore:
                 )
             self.sweep_temp(list(schemas))
             return existing
-        foreign = [] if sfs.exists(self.fs, self.path(MANIFEST)) else self._foreign_names(schemas)
-        if foreign:
-            shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
-            raise StoreError(f"{self.uri} is not empty ({shown}) and holds no sentsim run; refusing to write a run "
-                             "among other files (--force-new clears only a run): give another --out")
+        self.refuse_other_files(schemas)
         if existing is None and not force_new and self._has_shards(schemas):
             raise StoreError(
                 f"{self.uri} already holds Parquet shards but no {MANIFEST}; refusing to mix runs "
@@ -220,14 +220,18 @@ class ShardStore:
         self.write_manifest(manifest)
         return manifest
 
-    def _foreign_names(self, tables: Iterable[str]) -> List[str]:
-        """Names in the run's folder that no run writes there (hidden ones aside: a temporary file, or the
-        file system's own)."""
+    def refuse_other_files(self, tables: Iterable[str]) -> None:
+        """A folder with no run in it (no manifest) that holds names no run writes there (hidden ones
+        aside: a temporary file, or the file system's own) is refused: a run would be mixed in among them."""
+        if self.has_manifest() or not sfs.exists(self.fs, self.root):
+            return
         own = {MANIFEST, UNITS_DIR, SIDE_DIR, TMP_DIR, COMPLETE, COMPACT_DIR, LEASE, *tables}
-        if not sfs.exists(self.fs, self.root):
-            return []
         found = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
-        return sorted(i.base_name for i in found if i.base_name not in own and not i.base_name.startswith("."))
+        other = sorted(i.base_name for i in found if i.base_name not in own and not i.base_name.startswith("."))
+        if other:
+            shown = ", ".join(other[:4]) + (f" and {len(other) - 4} more" if len(other) > 4 else "")
+            raise StoreError(f"{self.uri} is not empty ({shown}) and holds no sentsim run; refusing to write a run "
+                             "among other files (--force-new clears only a run): give another --out")
 
     def _has_shards(self, tables: Iterable[str]) -> bool:
         for t in tables:

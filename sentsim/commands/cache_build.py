@@ -29,4 +29,4 @@ def run(args) -> int:
     c = m["counts"]
     print(f"rep cache: {c['sentences']:,} sentences, {c['centres']:,} windows in "
           f"{m['completed_units']}/{m['planned_units']} units -> {cfg.out}")
-    return run_exit_code(m, args.max_units)
+    return run_exit_code(m, args.max_units, args.force_new)

@@ -31,4 +31,4 @@ def run(args) -> int:
     c = m["counts"]
     print(f"contexts: {c['sentences']:,} sentences screened, {c['shortfalls']} with fewer than "
           f"{cfg.contexts.size} contexts -> {cfg.out}")
-    return run_exit_code(m, args.max_units)
+    return run_exit_code(m, args.max_units, args.force_new)

@@ -46,7 +46,7 @@ def run(args) -> int:
     )
     print(f"        {sk} documents skipped, {c['truncated_sentences']} sentences truncated, "
           f"fingerprint {manifest['fingerprint']}")
-    return run_exit_code(manifest, args.max_units)
+    return run_exit_code(manifest, args.max_units, args.force_new)
 
 
 def summary_json(manifest: dict) -> str:

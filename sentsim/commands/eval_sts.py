@@ -20,7 +20,7 @@ class EvalStsConfig(Section):
 
     batch_size: int = Field(64, ge=1)
     device: Optional[str] = None  # default: cuda when present, else cpu
-    tasks: Optional[list[str]] = None  # default: every standard task found under --data
+    tasks: Optional[list[str]] = Field(None, min_length=1)  # default: every standard task found under --data
 
 
 def add_arguments(parser) -> None:

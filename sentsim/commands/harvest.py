@@ -48,4 +48,4 @@ def run(args) -> int:
             from sentsim.harvest.report import placement_line
 
             print("  units per node: " + placement_line(rep["placement"]))
-    return run_exit_code(m, args.max_units)
+    return run_exit_code(m, args.max_units, args.force_new)

@@ -53,4 +53,4 @@ def run(args) -> int:
     if "remix_spearman_vs_gold" in r:
         print(f"  Spearman x 100 vs gold on {r['gold_pairs']} pairs: source {r['source_spearman_vs_gold']:.2f}, "
               f"remix {r['remix_spearman_vs_gold']:.2f}")
-    return run_exit_code(m, args.max_units)
+    return run_exit_code(m, args.max_units, args.force_new)

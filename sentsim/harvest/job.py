@@ -8,6 +8,7 @@ is part of the harvest's fingerprint, and each context actor loads it once.
 
 from __future__ import annotations
 
+import os
 import sys
 from types import SimpleNamespace
 from typing import List, Optional
@@ -78,6 +79,7 @@ class HarvestRun(ShardedJob):
 
             check_index(cfg.index, corpus=cfg.corpus)
         check_scorable_terms(cfg)
+        check_scoring_device(cfg, executor)
         self.cfg, self.out = cfg, cfg.out
         self.corpus = CorpusIndex(cfg.corpus)
         self.pooled = cfg.contexts.mode == "pool"
@@ -305,6 +307,26 @@ def plan(cfg: HarvestConfig, corpus) -> tuple[UnitPlan, dict]:
     anchors = plan_anchors(cfg, corpus)
     n_units = -(-len(anchors) // cfg.anchors.per_unit)
     return UnitPlan(n_units, AnchorUnits(anchors, cfg.anchors.per_unit)), {"anchors": len(anchors)}
+
+
+def check_scoring_device(cfg: HarvestConfig, executor: str) -> None:
+    """scoring.device=cuda said to be unusable before any work (the rep cache can take hours first): in
+    this process when it scores (inline); on Ray, when the scoring actors ask for no GPU, since Ray then
+    hides every GPU from them (CUDA_VISIBLE_DEVICES=""). A cluster without the GPUs they ask for is refused
+    by the executor's resource check, also before any work."""
+    device = cfg.scoring.device
+    if not device.startswith("cuda"):
+        return
+    if executor == "inline":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"scoring.device={device}, but this machine has no CUDA device; set scoring.device=auto "
+                             "or cpu")
+    elif cfg.resources.scoring.num_gpus <= 0 and not os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"):
+        raise UsageError(f"scoring.device={device}, but resources.scoring.num_gpus=0, and Ray hides every GPU from an "
+                         "actor that asks for none; set resources.scoring.num_gpus (1, or 0.5 to share one) or "
+                         "scoring.device=auto")
 
 
 def uses_rep_cache(cfg: HarvestConfig) -> bool:

@@ -77,6 +77,8 @@ def test_help_describes_every_command_group():
 def test_eval_sts_refuses_an_empty_tasks_list(capsys, tmp_path, tasks):
     code, _, err = run_main(capsys, "eval", "sts", "--tfidf", "--data", tmp_path, "--tasks", tasks)
     assert code == 2 and err.startswith(f"sentsim: error: --tasks {tasks!r} names no task;"), err
+    code, _, err = run_main(capsys, "eval", "sts", "--tfidf", "--data", tmp_path, "--set", "tasks=[]")  # the config's
+    assert code == 2 and err.startswith("sentsim: error: invalid config: tasks: List should have at least 1 item"), err
 
 
 def test_corpus_build_names_an_input_that_is_no_regular_file(capsys, tmp_path):

@@ -169,6 +169,22 @@ def test_harvest_refuses_terms_its_models_cannot_score(harvest_inputs, tmp_path)
     assert not (tmp_path / "run").exists()
 
 
+def test_a_scoring_device_that_cannot_be_had_is_refused_before_any_work(harvest_inputs, tmp_path):
+    """scoring.device=cuda: inline on a machine without CUDA, or on Ray for scoring actors that ask for no GPU
+    (Ray hides every GPU from them): one line before the rep cache, Ray or the run folder."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    run = tmp_path / "run"
+    one_line_exit_2(harvest_cli(harvest_inputs, run, "--set", "scoring.device=cuda"),
+                    "scoring.device=cuda, but this machine has no CUDA device")
+    one_line_exit_2(harvest_cli(harvest_inputs, run, "--set", "scoring.device=cuda:0", "--executor", "ray"),
+                    "scoring.device=cuda:0, but resources.scoring.num_gpus=0, and Ray hides every GPU from an actor "
+                    "that asks for none")
+    assert not run.exists()
+
+
 def test_a_harvest_in_which_every_pair_is_null_is_not_marked_complete(harvest_inputs, tmp_path):
     # neither sentence of any pair retrieves a chunk: no contexts, so no score for any pair
     f = tmp_path / "gibberish.tsv"

@@ -155,6 +155,22 @@ def test_sentsim_attaches_with_the_token_and_is_refused_without(head, tmp_path):
     assert "InvalidAuthToken" in refused.stderr  # Ray's own log: refused for the token, not unreachable
 
 
+def test_a_command_refused_by_the_cluster_says_why_in_one_line_and_writes_no_run(head, sample_path, tmp_path):
+    """What the command prints, not only what init_ray raises: the token hint on the one line it prints,
+    and no run folder (the cluster is reached before a new run's manifest is written)."""
+    out = tmp_path / "corpus"
+    for env in (_without_token(head["env"], tmp_path), dict(head["env"], RAY_AUTH_TOKEN="0" * 64)):
+        # the env as given (the tests' sentsim_cli adds this process's env, whose token is the cluster's)
+        r = subprocess.run([str(BIN / "sentsim"), "corpus", "build", str(sample_path), "--out", str(out), "--address",
+                            head["gcs"]], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        line = r.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"sentsim: error: cannot reach the Ray cluster at {head['gcs']} (") and \
+            line.endswith("needs RAY_AUTH_MODE=token and its token in RAY_AUTH_TOKEN, in the file RAY_AUTH_TOKEN_PATH "
+                          "names, or in ~/.ray/auth_token"), line
+        assert not out.exists()
+
+
 def test_without_any_token_sentsim_makes_a_private_one_ray_finds(tmp_path, monkeypatch):
     from sentsim.runtime import _ensure_default_token_file
 

@@ -92,6 +92,21 @@ def test_ray_job_bad_input_fails_cleanly(ray_head, tmp_path):
     assert "Traceback" not in r.stdout + r.stderr
 
 
+def test_a_relative_out_in_a_ray_job_is_refused_not_left_in_rays_copy(ray_head, sample_path):
+    """The job runs in Ray's temporary copy of --working-dir: a relative --out would be written there and
+    deleted with it, while the job reports success. Refused in one line, nothing written in the copy."""
+    r = subprocess.run(
+        [str(BIN / "ray"), "job", "submit", "--address", ray_head["address"], "--working-dir", ".", "--",
+         "python", "jobs/build_corpus.py", str(sample_path.relative_to(ROOT)), "--out", "rel_out/corpus"],
+        env=ray_head["env"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    text = r.stdout + r.stderr
+    assert r.returncode != 0 and "Traceback" not in text, text[-3000:]
+    assert ("sentsim: error: --out rel_out/corpus is relative, and this Ray job runs in Ray's temporary copy of "
+            "its --working-dir, which Ray deletes: give an absolute path (one every node sees) or s3://") in text
+    assert not (ROOT / "rel_out").exists()
+
+
 def test_cluster_yaml_passes_rays_validation():
     from ray.autoscaler._private.util import prepare_config, validate_config
 

@@ -209,9 +209,13 @@ def test_max_units_stops_early_and_the_same_command_finishes_the_run(tmp_path, s
     r = sentsim_cli(*cmd, "--max-units", "2")
     assert r.returncode == 0, r.stderr
     # the summary printed above it counts the done units only, and the line says so
-    assert ("stopped after --max-units 2: 2/5 units done (the counts above are theirs); run the same command "
-            "again") in r.stdout
+    assert r.stdout.strip().splitlines()[-1] == ("stopped after --max-units 2: 2/5 units done (the counts above are "
+                                                 "theirs); run the same command again to continue")
     assert not json.loads((out / "manifest.json").read_text())["complete"]
+    # with --force-new, the same command would start over each time: the line says to drop it
+    r = sentsim_cli(*cmd, "--max-units", "2", "--force-new")
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1].endswith(
+        "run the same command again without --force-new (with it, the run starts over) to continue"), r.stdout
     assert len(read(out, "sentences")) < len(read(speech_corpus, "sentences"))
     r = sentsim_cli(*cmd, "--max-units", "0")
     assert r.returncode == 2 and "--max-units: expected a whole number of units, 1 or more" in r.stderr
