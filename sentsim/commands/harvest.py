@@ -42,7 +42,16 @@ def run(args) -> int:
           f"{m['completed_units']}/{m['planned_units']} units -> {cfg.out}")
     if rep:
         print("  score by split: " + ", ".join(
-            f"{s} n={v['n']} mean={v.get('mean', float('nan')):.3f}" for s, v in rep["score"].items()))
+            f"{s} n={v['n']} mean={v.get('mean', float('nan')):.3f}" + (f" sd={v['std']:.4f}" if v["n"] > 1 else "")
+            for s, v in rep["score"].items()))
+        train = rep["score"].get("train", {})
+        if train.get("n", 0) > 1:  # said at the harvest, before anyone trains on it
+            from sentsim.losses.cosine_regression import narrow_targets_warning
+
+            line = narrow_targets_warning(train["mean"], train["std"], "the train scores",
+                                          "train surrogates with --loss cosent, which learns their order")
+            if line:
+                print("  " + line)
         print(f"  spearman(score, rank_sim) = {rep['spearman_score_vs_rank_sim']}")
         if rep.get("placement"):
             from sentsim.harvest.report import placement_line

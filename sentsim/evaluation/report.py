@@ -14,7 +14,10 @@ def averaged_over(report) -> str:
     n = sum(t.spearman is not None for t in report.tasks)
     total = len(report.tasks) + len(report.missing_tasks)
     missing = f" (missing: {', '.join(report.missing_tasks)})" if report.missing_tasks else ""
-    return f"mean of {n} of {total} tasks{missing}"
+    # a scores file may cover part of a task: its Spearman is over those pairs only, and the mean says so
+    partial = [f"{t.name} {t.scored} of {t.n} pairs" for t in report.tasks if t.spearman is not None and t.scored < t.n]
+    part = f"; in part: {', '.join(partial)}" if partial else ""
+    return f"mean of {n} of {total} tasks{missing}{part}"
 
 
 def format_table(report) -> str:

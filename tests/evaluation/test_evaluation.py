@@ -242,6 +242,23 @@ def test_model_scorer_for_surrogate_checkpoints(tmp_path, arch, tiny_year):
     np.testing.assert_allclose(scorer.score_pairs(s1, s2), expected, atol=1e-5)
 
 
+def test_the_average_says_which_tasks_a_scores_file_covers_in_part(tmp_path, shared_data, capsys):
+    """A --scores file holding 100 of STS-B test's pairs: STSb's row counts them, and the Avg. line says the
+    mean is over part of that task, not the whole of it."""
+    import pandas as pd
+
+    from sentsim.evaluation.datasets import STSB_SPLITS, load_stsb
+
+    st = load_stsb(shared_data / "sts" / "stsbenchmark" / STSB_SPLITS["STSb"], "STSb").sets[0]
+    pd.DataFrame({"s1": st.s1[:100], "s2": st.s2[:100], "score": st.gold[:100]}).to_csv(tmp_path / "s.csv", index=False)
+    assert main(["eval", "sts", "--scores", str(tmp_path / "s.csv"), "--data", str(shared_data / "sts"),
+                 "--tasks", "STSb"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split()[:3] for ln in out if ln.startswith("STSb")] == [["STSb", "1379", "100"]]
+    avg = [ln for ln in out if ln.startswith("Avg.")]
+    assert avg and avg[0].endswith("mean of 1 of 1 tasks; in part: STSb 100 of 1379 pairs"), avg
+
+
 def test_senteval_layout_and_the_average_says_what_it_covers(tmp_path, shared_data, capsys):
     """SentEval ships STS/STS12-en-test and STS/STSBenchmark: both are found, and the Avg. line
     names how many of the suite's tasks it averages and which are missing."""

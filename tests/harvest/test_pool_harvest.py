@@ -335,6 +335,10 @@ def test_the_command_runs_a_pool_harvest_on_a_local_ray(inputs, tmp_path):
     assert "[harvest-pool-vectors]" in r.stderr and "[harvest] unit" in r.stderr
     t = pairs_of(out)
     assert len(t) == 12 and t.score.notna().all()
+    # the summary gives each split's spread, and says when the train scores sit in a band too narrow for L2
+    train = t.score[t.split == "train"].to_numpy()
+    assert f"train n={len(train)} mean={train.mean():.3f} sd={train.std():.4f}" in r.stdout, r.stdout
+    assert ("warning: the train scores sit in a narrow band" in r.stdout) == (train.std() < 0.05), r.stdout
     r = sentsim_cli(*args)  # a rerun redoes nothing
     assert r.returncode == 0 and "[harvest] unit" not in r.stderr and "[harvest-pool-vectors] unit" not in r.stderr
     assert pairs_of(out).equals(t)
