@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -293,8 +294,13 @@ class PairFileScorer(Scorer):
             scores = df["score"].astype(float)
         except (TypeError, ValueError):
             raise InputError(f"--scores {path}: column 'score' is not numeric") from None
-        # duplicates (the same pair scored twice) are averaged
-        grouped = scores.groupby([df["s1"].astype(str).str.strip(), df["s2"].astype(str).str.strip()]).mean()
+        # duplicates (the same pair scored twice) are averaged, and said to be when their scores differ
+        keys = [df["s1"].astype(str).str.strip(), df["s2"].astype(str).str.strip()]
+        grouped = scores.groupby(keys).mean()
+        differing = int((scores.groupby(keys).nunique() > 1).sum())
+        if differing:
+            print(f"note: --scores {path}: {differing} pair(s) appear more than once with different scores; "
+                  "each is scored by the mean of its scores", file=sys.stderr)
         self.table: dict[tuple[str, str], float] = dict(zip(grouped.index, grouped.to_numpy()))
         self.path = str(path)
 

@@ -257,6 +257,14 @@ def test_the_average_says_which_tasks_a_scores_file_covers_in_part(tmp_path, sha
     assert [ln.split()[:3] for ln in out if ln.startswith("STSb")] == [["STSb", "1379", "100"]]
     avg = [ln for ln in out if ln.startswith("Avg.")]
     assert avg and avg[0].endswith("mean of 1 of 1 tasks; in part: STSb 100 of 1379 pairs"), avg
+    # a pair scored twice with different scores is scored by their mean, and said to be
+    rows = pd.DataFrame({"s1": [st.s1[0]] * 2 + st.s1[1:100], "s2": [st.s2[0]] * 2 + st.s2[1:100],
+                         "score": [0.0, 5.0] + list(st.gold[1:100])})
+    rows.to_csv(tmp_path / "d.csv", index=False)
+    assert main(["eval", "sts", "--scores", str(tmp_path / "d.csv"), "--data", str(shared_data / "sts"),
+                 "--tasks", "STSb"]) == 0
+    assert f"note: --scores {tmp_path / 'd.csv'}: 1 pair(s) appear more than once with different scores; each is " \
+        "scored by the mean of its scores" in capsys.readouterr().err
 
 
 def test_senteval_layout_and_the_average_says_what_it_covers(tmp_path, shared_data, capsys):
