@@ -13,7 +13,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, Optional, TypeVar
+from typing import Annotated, Any, Iterable, Literal, Mapping, Optional, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
@@ -200,10 +200,17 @@ def _shown(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    parts = []
+def format_validation_error(exc: ValidationError, flags: Mapping[str, str] | None = None) -> str:
+    """pydantic's errors on one line. A required key missing from a command's config is named by the flag
+    that gives it (`flags`: key -> flag), the way most users give it: `--out is required (or out: in
+    --config)`, not `out: Field required`; every other fault keeps its dotted key."""
+    flags = flags or {}
+    missing, parts = [], []
     for err in exc.errors():
         key = ".".join(str(x) for x in err["loc"]) or "<root>"
+        if err.get("type") == "missing" and key in flags:
+            missing.append(f"{flags[key]} is required (or {key}: in --config)")
+            continue
         msg = err["msg"]
         if err.get("type") == "extra_forbidden":
             msg = "unknown key"
@@ -213,7 +220,7 @@ def format_validation_error(exc: ValidationError) -> str:
         if err.get("type") == "value_error":
             msg = msg.removeprefix("Value error, ")
         parts.append(f"{msg}" if key == "<root>" else f"{key}: {msg}{shown}")
-    return "invalid config: " + "; ".join(parts)
+    return "; ".join(missing + (["invalid config: " + "; ".join(parts)] if parts else []))
 
 
 def _read_config_file(path: str) -> dict:
@@ -252,15 +259,18 @@ def _read_config_file(path: str) -> dict:
     return loaded
 
 
-def load_config(schema: type[T], path: str | None = None, overrides: Iterable[str] = (), **explicit: Any) -> T:
-    """Build `schema` from an optional YAML file, then dotted overrides, then explicit keyword values."""
+def load_config(schema: type[T], path: str | None = None, overrides: Iterable[str] = (), *,
+                flags: Mapping[str, str] | None = None, **explicit: Any) -> T:
+    """Build `schema` from an optional YAML file, then dotted overrides, then explicit keyword values.
+    `flags` maps the keys a command takes from its own flags to those flags, so that a required one
+    given nowhere is named as the flag (format_validation_error)."""
     data = _read_config_file(path) if path else {}
     data = _merge(data, parse_overrides(overrides))
     data = _merge(data, {k: v for k, v in explicit.items() if v is not None})
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
-        raise UsageError(format_validation_error(exc)) from None
+        raise UsageError(format_validation_error(exc, flags)) from None
 
 
 def add_run_arguments(parser, executor: str = "ray") -> None:

@@ -33,7 +33,7 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> N
             ray.init(address=address, **kwargs)
         else:
             _require_token_auth()
-            with loopback_only():
+            with loopback_only(), patient_node_registration():
                 ray.init(
                     address="local",  # never attach to some other cluster running on this machine
                     num_cpus=num_cpus,
@@ -124,6 +124,40 @@ def loopback_only():
             os.environ.pop(var, None)
         else:
             os.environ[var] = saved_env
+
+
+# Ray gives a new node's raylet a fixed 30 s to register with the GCS (ray/_private/node.py,
+# `raylet_start_wait_time_s`, no setting), then fails with "The current node timed out during startup". On
+# a machine whose cores are busy (2 cores, a training process beside the command) a local Ray took longer.
+RAYLET_REGISTER_WAIT_S = 150
+
+
+@contextmanager
+def patient_node_registration(seconds: float = RAYLET_REGISTER_WAIT_S):
+    """Give a node this process starts `seconds`, not Ray's 30, to register: the one lookup node.py polls
+    (services.get_node, used by nothing else while a node starts) keeps trying until then. For a local
+    Ray's start only, and for `ray start` in the tests (tests/conftest.py)."""
+    import time
+
+    from ray._private import services
+
+    original = services.get_node
+
+    def get_node(*args, **kwargs):
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                return original(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    services.get_node = get_node
+    try:
+        yield
+    finally:
+        services.get_node = original
 
 
 def _is_auth_error(exc: BaseException) -> bool:

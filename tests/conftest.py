@@ -279,31 +279,19 @@ def _start_head_once(tmp, num_cpus):
             "metrics": f"http://127.0.0.1:{metrics}/metrics"}
 
 
-# `ray start` gives its new raylet a fixed 30 s to register with the GCS (ray/_private/node.py,
-# `raylet_start_wait_time_s`), then fails with "The current node timed out during startup". On two cores
-# shared by two test processes, one of them training torch models beside a running harvest, a node took
-# longer than that. RAY_START runs Ray's own CLI entry point (`ray start`, the same arguments) with only
-# that wait raised, to RAYLET_REGISTER_WAIT_S: the lookup node.py polls (services.get_node, called
-# nowhere else) keeps trying until then.
-RAYLET_REGISTER_WAIT_S = 150
+# `ray start` gives its new raylet a fixed 30 s to register with the GCS; on two cores shared by two test
+# processes, one of them training torch models beside a running harvest, a node took longer than that.
+# RAY_START runs Ray's own CLI entry point (`ray start`, the same arguments) with only that wait raised,
+# to RAYLET_REGISTER_WAIT_S, as sentsim's own local Ray has it (sentsim.runtime.patient_node_registration).
 _RAY_START = (
-    "import sys, time\n"
+    "import sys\n"
     "from ray._private import ray_constants, services\n"
-    "_get_node = services.get_node\n"
-    "def get_node(*args, **kwargs):\n"
-    f"    deadline = time.monotonic() + {RAYLET_REGISTER_WAIT_S}\n"
-    "    while True:\n"
-    "        try:\n"
-    "            return _get_node(*args, **kwargs)\n"
-    "        except RuntimeError:\n"
-    "            if time.monotonic() > deadline:\n"
-    "                raise\n"
-    "            time.sleep(0.5)\n"
-    "services.get_node = get_node\n"
+    "from sentsim.runtime import patient_node_registration\n"
     "{guards}"
     "from ray.scripts.scripts import main\n"
     "sys.argv[0] = 'ray'\n"
-    "main()\n"
+    "with patient_node_registration():\n"
+    "    main()\n"
 )
 RAY_START = _RAY_START.format(guards="")
 
@@ -345,6 +333,8 @@ def _start_worker_once(head, tmp, num_cpus, num_gpus):
         start_new_session=True,  # RAY_ADDRESS: as for the head (_start_head_once)
     )
     log.close()
+    from sentsim.runtime import RAYLET_REGISTER_WAIT_S
+
     deadline = time.time() + RAYLET_REGISTER_WAIT_S + 30
     while True:
         new = sorted(alive_nodes(head) - before)

@@ -17,13 +17,12 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from sentsim.commands import load_flagged_config
-    from sentsim.config import run_exit_code
+    from sentsim.config import load_config, run_exit_code
     from sentsim.screening.cache_job import RepCacheConfig, build_rep_cache
 
     flags = {"corpus": "--corpus", "discriminator": "--discriminator", "out": "--out"}
-    cfg = load_flagged_config(RepCacheConfig, args, flags, corpus=args.corpus, discriminator=args.discriminator,
-                              out=args.out)
+    cfg = load_config(RepCacheConfig, args.config, args.overrides, flags=flags, corpus=args.corpus,
+                      discriminator=args.discriminator, out=args.out)
     m = build_rep_cache(cfg, executor=args.executor, force_new=args.force_new, address=args.address,
                         max_units=args.max_units)
     c = m["counts"]

@@ -11,7 +11,8 @@ HELP = "build each sentence's diverse context set C_s (retrieve, screen, select)
 def add_arguments(p) -> None:
     p.add_argument("--corpus", help="corpus run directory")
     p.add_argument("--index", help="retrieval index directory")
-    p.add_argument("--discriminator", help="discriminator directory (omit to rank by retrieval score)")
+    p.add_argument("--discriminator",
+                   help="discriminator directory (omit to rank by retrieval score; contexts.mode=screened only)")
     p.add_argument("--sentences", help="sentences to screen, one per line (TAB-separated pairs and STS-B files work)")
     p.add_argument("--out", help="output run directory")
     add_run_arguments(p)
@@ -19,13 +20,13 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from sentsim.commands import load_flagged_config
-    from sentsim.config import run_exit_code
+    from sentsim.config import load_config, run_exit_code
     from sentsim.screening.contexts_job import ScreenConfig, screen_contexts
 
-    cfg = load_flagged_config(ScreenConfig, args, {"corpus": "--corpus", "index": "--index", "out": "--out"},
-                              corpus=args.corpus, index=args.index, discriminator=args.discriminator,
-                              sentences=args.sentences, out=args.out)
+    cfg = load_config(ScreenConfig, args.config, args.overrides,
+                      flags={"corpus": "--corpus", "index": "--index", "out": "--out"},
+                      corpus=args.corpus, index=args.index, discriminator=args.discriminator,
+                      sentences=args.sentences, out=args.out)
     m = screen_contexts(cfg, executor=args.executor, force_new=args.force_new, address=args.address,
                         max_units=args.max_units)
     c = m["counts"]

@@ -11,7 +11,8 @@ HELP = "harvest pair similarities (Eq. 4) and rank-vector targets into resumable
 def add_arguments(p) -> None:
     p.add_argument("--corpus", help="corpus run directory (sentences/, chunks/)")
     p.add_argument("--index", help="retrieval index directory")
-    p.add_argument("--discriminator", help="discriminator directory")
+    p.add_argument("--discriminator", help="discriminator directory: screens the retrieved contexts and scores "
+                                           "Eq. 3's disc term (contexts.mode=screened only)")
     p.add_argument("--context-models", nargs="+", help="context-model bundle folder(s)")
     p.add_argument("--pairs", dest="pairs_file", help="explicit mode: score these pairs instead of sampling")
     p.add_argument("--out", help="output run directory (local path or s3://...); an existing run there with the same "
@@ -21,13 +22,13 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from sentsim.commands import load_flagged_config
-    from sentsim.config import run_exit_code
+    from sentsim.config import load_config, run_exit_code
     from sentsim.harvest.config import HarvestConfig
     from sentsim.harvest.job import harvest
 
-    cfg = load_flagged_config(
-        HarvestConfig, args, {"corpus": "--corpus", "out": "--out"}, corpus=args.corpus, index=args.index,
+    cfg = load_config(
+        HarvestConfig, args.config, args.overrides, flags={"corpus": "--corpus", "out": "--out"},
+        corpus=args.corpus, index=args.index,
         discriminator=args.discriminator, context_models=args.context_models, pairs_file=args.pairs_file, out=args.out,
     )
     m = harvest(cfg, executor=args.executor, force_new=args.force_new, address=args.address,

@@ -86,7 +86,9 @@ class HarvestConfig(Section):
     corpus: str
     out: str
     index: Optional[str] = None
-    discriminator: Optional[str] = None
+    discriminator: Optional[str] = Field(
+        None, description="a `sentsim train discriminator` model: it screens the retrieved contexts (003 §3.2.1) and "
+                          "scores Eq. 3's disc term over them; contexts.mode=screened only")
     context_models: list[str] = Field(default_factory=list, description="one or more context-model bundle folders")
     pairs_file: Optional[str] = Field(
         None, description="explicit mode: score these pairs (TSV/CSV/JSONL/Parquet with s1, s2)")
@@ -141,6 +143,7 @@ class HarvestConfig(Section):
         p = self.partners
         if not self.pairs_file and not p.cluster_size and p.neighbours + p.same_doc + p.random == 0:
             raise ValueError("partners: neighbours, same_doc and random are all 0, so no anchor would have a pair")
+        self.contexts.refuse_an_unused_discriminator(self.discriminator)
         weights, on = self.scoring.weights(), self.scoring.enabled()
         weighted = [t for t in weights if on[t] and weights[t] > 0]
         if weighted == ["disc"] and not (self.discriminator and self.contexts.mode == "screened"):

@@ -80,6 +80,10 @@ def resolve(cfg: RemixConfig, manifest: dict, pooled: bool = False) -> tuple[dic
                          f"({format_validation_error(exc).removeprefix('invalid config: ')}); harvest again "
                          "with this sentsim") from None
     on, src_lam = scoring.enabled(), scoring.weights()
+    # the disc term is scored only with a discriminator over screened contexts (harvest.job.uses_rep_cache):
+    # without them the source's λ_disc weighed nothing, and the remix says so (λ disc 0)
+    on["disc"] = on["disc"] and bool(src.get("discriminator")) and (src.get("contexts") or {}).get(
+        "mode", "screened") == "screened"
     lam = {}
     for t in TERMS:
         given = getattr(cfg, f"lambda_{t}")

@@ -49,3 +49,12 @@ class ContextSetConfig(Section):
         if self.mode != "pool" or self.pool_draw == "random":
             d.pop("pool_draw")
         return d
+
+    def refuse_an_unused_discriminator(self, discriminator: Optional[str]) -> None:
+        """A discriminator screens retrieved contexts and scores Eq. 3's disc term over them (from the rep
+        cache of the corpus's windows, 003 §3.3); outside contexts.mode=screened it would do nothing, while
+        a job fingerprints it and builds its rep cache, so every job that takes one refuses it there."""
+        if discriminator and self.mode != "screened":
+            raise ValueError(f"discriminator: contexts.mode={self.mode} uses none (a discriminator screens retrieved "
+                             "contexts, and scores Eq. 3's disc term, only with contexts.mode=screened); drop "
+                             "--discriminator or use contexts.mode=screened")

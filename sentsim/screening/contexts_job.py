@@ -44,7 +44,9 @@ class ScreenConfig(Section):
     corpus: str
     index: str
     out: str
-    discriminator: Optional[str] = None
+    discriminator: Optional[str] = Field(
+        None, description="a `sentsim train discriminator` model: it screens the retrieved contexts (003 §3.2.1) and "
+                          "scores Eq. 3's disc term over them; contexts.mode=screened only")
     sentences: Optional[str] = Field(None, description="file of sentences (one per line, or TAB-separated pairs); "
                                                        "default: sample the corpus")
     sample: int = Field(1000, ge=1, description="corpus sentences to screen when no file is given")
@@ -59,6 +61,7 @@ class ScreenConfig(Section):
         if self.contexts.mode == "pool":
             raise ValueError("contexts.mode=pool is a harvest's shared pool; `sentsim contexts` builds each "
                              "sentence's own C_s (mode screened or random)")
+        self.contexts.refuse_an_unused_discriminator(self.discriminator)
         return self
 
 

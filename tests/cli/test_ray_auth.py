@@ -189,3 +189,39 @@ def test_without_any_token_sentsim_makes_a_private_one_ray_finds(tmp_path, monke
                            capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert shown.stdout.strip() == token  # Ray's own lookup finds it
+
+
+def test_a_local_ray_waits_for_a_slow_raylet_and_gives_the_lookup_back():
+    """A raylet that registers late (a busy machine) is waited for, up to the given seconds, not Ray's 30; a
+    node that never registers still fails; and Ray's own lookup is back in place afterwards. The lookup is
+    made to fail as Ray's does before a node registers (RuntimeError), since a slow raylet cannot be made
+    on demand."""
+    from ray._private import services
+
+    from sentsim.runtime import patient_node_registration
+
+    original, calls = services.get_node, []
+
+    def registers_on_third_call(*args, **kwargs):
+        calls.append(args)
+        if len(calls) < 3:
+            raise RuntimeError("node not found")
+        return {"node_id": "n"}
+
+    services.get_node = registers_on_third_call
+    try:
+        with patient_node_registration(seconds=30):
+            assert services.get_node("gcs", "n") == {"node_id": "n"} and len(calls) == 3
+        assert services.get_node is registers_on_third_call
+        calls.clear()
+
+        def never_registers(*args, **kwargs):
+            calls.append(args)
+            raise RuntimeError("node not found")
+
+        services.get_node = never_registers
+        with patient_node_registration(seconds=0.6), pytest.raises(RuntimeError, match="node not found"):
+            services.get_node("gcs", "n")
+        assert len(calls) >= 2  # tried again before giving up
+    finally:
+        services.get_node = original

@@ -176,6 +176,8 @@ def test_remix_recomputes_a_pool_harvest_from_its_vectors(cluster_run, partners_
     cfg, out = cluster_run
     same = remix(RemixConfig(source=str(out), out=str(tmp_path / "same")), quiet=True)
     assert same["complete"] and same["remix"]["metric"] == "double-centred"
+    # the source's λ_disc weighed nothing (a pool harvest scores no disc term): the remix says 0, not the default
+    assert same["remix"]["weights"]["disc"] == 0.0 and same["remix"]["weights"]["fwd"] > 0
     assert np.allclose(pairs_of(tmp_path / "same").score, pairs_of(out).score, atol=1e-4)
     # new λ: the rows of a harvest scored with them (its vectors rescored from nothing)
     remix(RemixConfig(source=str(out), out=str(tmp_path / "nofwd"), lambda_fwd=0.0), quiet=True)
@@ -261,6 +263,9 @@ def test_bad_pool_settings_get_one_line(inputs, tmp_path):
         (["--set", "contexts.mode=pool", "--set", "partners.cluster_size=1"], "gives no pair"),
         (["--set", "contexts.mode=random", "--set", "partners.cluster_size=8"], "needs contexts.mode=pool"),
         (["--set", "contexts.mode=pool", "--set", "contexts.pool_size=999999"], "more than the corpus"),
+        # a discriminator would be fingerprinted and used for nothing (it screens only retrieved contexts)
+        (["--set", "contexts.mode=pool", "--discriminator", inputs["bundle"]], "contexts.mode=pool uses none"),
+        (["--set", "contexts.mode=random", "--discriminator", inputs["bundle"]], "contexts.mode=random uses none"),
     ]
     for i, (args, expected) in enumerate(cases):
         r = sentsim_cli(*base, "--out", tmp_path / f"o{i}", *args)
@@ -269,6 +274,10 @@ def test_bad_pool_settings_get_one_line(inputs, tmp_path):
     r = sentsim_cli("contexts", "--corpus", inputs["corpus"], "--index", inputs["index"], "--out", tmp_path / "c",
                     "--set", "contexts.mode=pool", "--executor", "inline")
     assert r.returncode == 2 and "a harvest's shared pool" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = sentsim_cli("contexts", "--corpus", inputs["corpus"], "--index", inputs["index"], "--out", tmp_path / "c",
+                    "--set", "contexts.mode=random", "--discriminator", inputs["bundle"], "--executor", "inline")
+    assert r.returncode == 2 and "contexts.mode=random uses none" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "c").exists()
 
 
 def test_a_clustered_draw_takes_one_context_from_each_tfidf_cluster(inputs):
