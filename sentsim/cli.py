@@ -16,20 +16,26 @@ from sentsim.errors import UsageError
 GROUP_HELP = {
     "corpus": "ingest documents into sentence and chunk shards",
     "cache": "build the discriminator's representation cache of a corpus, for screened contexts",
-    "store": "inspect, verify and compact shard stores",
+    "store": "verify and compact shard stores (the run folders every stage writes)",
     "index": "build retrieval indexes over corpus chunks",
     "train": "train models (discriminator, context, surrogate, student)",
     "eval": "evaluate models and scored pairs",
 }
 
 
+# `sentsim --help` lists the commands in the order data flows through them (README, "Commands"); a command
+# not named here comes after these, by name
+FLOW = ("corpus build", "index build", "train discriminator", "cache build", "contexts", "train context", "harvest",
+        "remix", "train surrogate", "train student", "eval sts", "store verify", "store compact")
+
+
 def _command_modules():
     import sentsim.commands as pkg
 
-    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-        mod = importlib.import_module(f"sentsim.commands.{info.name}")
-        if hasattr(mod, "COMMAND") and hasattr(mod, "run"):
-            yield mod
+    mods = [importlib.import_module(f"sentsim.commands.{info.name}") for info in pkgutil.iter_modules(pkg.__path__)]
+    mods = [m for m in mods if hasattr(m, "COMMAND") and hasattr(m, "run")]
+    name = lambda m: " ".join(m.COMMAND)  # noqa: E731
+    yield from sorted(mods, key=lambda m: (FLOW.index(name(m)) if name(m) in FLOW else len(FLOW), name(m)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,11 +79,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if msg is None or os.environ.get("SENTSIM_DEBUG"):
             raise
         line = msg.splitlines()[0] if msg else repr(exc)
-        print(f"sentsim: error: {line}", file=sys.stderr)
+        print(f"sentsim: error: {line}{_job_copy_hint(line, argv)}", file=sys.stderr)
         return UsageError.exit_code
     except KeyboardInterrupt:
         print("sentsim: interrupted", file=sys.stderr)
         return 130
+
+
+def _job_copy_hint(line: str, argv: Sequence[str]) -> str:
+    """Inside a `ray job submit --working-dir` job, a relative input the error names and this copy lacks
+    is most likely one git ignores (Ray uploads the working dir less what .gitignore lists): say so."""
+    from sentsim.out_paths import in_job_working_copy
+
+    if not in_job_working_copy():
+        return ""
+    for value in (v.split("=", 1)[-1] for v in argv):
+        if value and not value.startswith("-") and "://" not in value and not os.path.isabs(value) and \
+                value in line and not os.path.exists(value):
+            return (f" ({value} is relative, and this Ray job runs in Ray's copy of its --working-dir, which "
+                    "leaves out what .gitignore lists: give an absolute path that every node sees, or s3://)")
+    return ""
 
 
 _USAGE_LINE = re.compile(r"sentsim\.[\w.]*?(?:UsageError|InputError|StoreError|TrainingDiverged): (.+)")
@@ -98,17 +119,38 @@ def _wrapped_usage_error(exc: BaseException):
     return _usage_line_in(text)
 
 
+# pyarrow's S3 errors as Ray passes them on when only their text survives (an actor that died in its
+# constructor: ActorDiedError carries the traceback as text, not the OSError)
+_S3_ERROR_TEXT = re.compile(r"(?:OSError|ArrowIOError): ([^\n]*(?:AWS Error|curlCode|resolving region)[^\n]*)")
+
+
+_MISSING_BUCKET = re.compile(r"Bucket '([^']+)' not found|\(NoSuchBucket\)()")
+
+
 def _object_store_error(exc: BaseException, argv: Sequence[str]):
     """An object store that cannot be reached or refuses us is a setup problem, not a bug: one line
-    that says which settings pyarrow's S3 client (and boto3, for the run's lease) reads."""
+    that says which settings pyarrow's S3 client (and boto3, for the run's lease) reads, and that on a
+    cluster each node reads them from its own environment."""
     botocore = next((e for e in _chain(exc) if type(e).__module__.startswith("botocore")), None)
-    if botocore is not None:
-        exc = botocore  # e.g. NoCredentialsError: "Unable to locate credentials"
-    elif not isinstance(exc, OSError) or not any("://" in a for a in argv):
+    s3_text = next((m.group(1).strip() for e in _chain(exc) for m in [_S3_ERROR_TEXT.search(f"OSError: {e}"
+                    if isinstance(e, OSError) else str(e))] if m), None)
+    if botocore is not None:  # the lease's boto3, e.g. NoCredentialsError: "Unable to locate credentials"
+        first = (str(botocore).splitlines() or [repr(botocore)])[0]
+    elif s3_text is not None:  # pyarrow's S3 client, wherever the run's paths came from (flags or --config)
+        first = s3_text
+    elif isinstance(exc, OSError) and any("://" in a for a in argv):
+        first = (str(exc).splitlines() or [repr(exc)])[0]
+    else:
         return None
-    first = (str(exc).splitlines() or [repr(exc)])[0]
+    bucket = _MISSING_BUCKET.search(first)
+    if bucket:
+        given = {a.split("://", 1)[1].split("/")[0] for a in argv if "://" in a}
+        named = bucket.group(1) or (given.pop() if len(given) == 1 else None)
+        return (f"cannot use the object store: the bucket {named or 'of an s3:// path'} does not exist; sentsim "
+                "makes no bucket (a misspelt name would otherwise get one): create it, or correct the path")
     return (f"cannot use the object store ({first}); set AWS_ENDPOINT_URL (for a non-AWS or local S3), "
-            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and AWS_DEFAULT_REGION (see README: runs on object storage)")
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and AWS_DEFAULT_REGION, on a cluster in every node's "
+            "environment (before `ray start`, or in the job's runtime env; docs/cluster.md, \"Object storage\")")
 
 
 # Errors of the machine, not of sentsim: what each means for the user, given the path it happened at.

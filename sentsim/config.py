@@ -177,7 +177,11 @@ def parse_overrides(pairs: Iterable[str]) -> dict:
             raise UsageError(f"override {key}: {exc.problem}") from None
         except (yaml.YAMLError, ValueError, RecursionError):  # not YAML: the value is the text as typed
             value = raw
-        _set_dotted(tree, key, value)
+        nested: dict = {}
+        _set_dotted(nested, key, value)
+        # merged as the config file and the --set values are: a mapping given to a section (`contexts={size:
+        # 3}`) adds its keys to those set before it, rather than dropping them
+        tree = _merge(tree, nested)
     return tree
 
 
@@ -265,6 +269,11 @@ def load_config(schema: type[T], path: str | None = None, overrides: Iterable[st
     `flags` maps the keys a command takes from its own flags to those flags, so that a required one
     given nowhere is named as the flag (format_validation_error)."""
     data = _read_config_file(path) if path else {}
+    unknown = [str(k) for k in data if k not in schema.model_fields]
+    if len(unknown) >= 3 and len(unknown) > len(data) - len(unknown):  # rather than a list of each unknown key
+        shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+        raise UsageError(f"{path}: most of its keys ({shown}) are not settings of this command; is it another "
+                         "command's config? (docs/configuration.md lists each command's keys)")
     data = _merge(data, parse_overrides(overrides))
     data = _merge(data, {k: v for k, v in explicit.items() if v is not None})
     try:

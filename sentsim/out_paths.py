@@ -104,7 +104,15 @@ def held_kind(folder: Union[str, os.PathLike]) -> Optional[Tuple[str, str]]:
     return None
 
 
-def _in_job_working_copy() -> bool:
+def refuse_another_kind(folder: str, command: str) -> None:
+    """`store verify` and `store compact` take a sharded run: another sentsim output there is named."""
+    held = held_kind(folder)
+    if held is not None and held[0] != "run":
+        raise UsageError(f"{folder}: holds {held[1]}, not a sharded run; `sentsim {command}` takes the runs that "
+                         "corpus build, cache build, contexts, harvest and remix write")
+
+
+def in_job_working_copy() -> bool:
     """Whether this process is the driver of a `ray job submit --working-dir` job: Ray runs it in a copy of
     that folder under its session's runtime resources, so a relative output would be written there."""
     raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")  # set by Ray's job supervisor for the driver
@@ -140,7 +148,7 @@ def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], o
     text = os.fspath(out)
     if "://" in text:
         return
-    if not os.path.isabs(os.path.expanduser(text)) and _in_job_working_copy():
+    if not os.path.isabs(os.path.expanduser(text)) and in_job_working_copy():
         raise UsageError(f"{out_flag} {text} is relative, and this Ray job runs in Ray's temporary copy of its "
                          "--working-dir, which Ray deletes: give an absolute path (one every node sees) or s3://")
     held = held_kind(text) if writes else None

@@ -141,12 +141,22 @@ class _StageActor:
     """The callable class Ray Data instantiates once per actor."""
 
     def __init__(self, spec: StageSpec, name: str):
-        self.stage = spec.build()
-        self.stage.setup()
         self.name = name
         self.where = where_this_runs()
+        self.stage = spec.build()
+        self.setup_error: Optional[Exception] = None
+        try:
+            self.stage.setup()
+        except Exception as exc:
+            # raised from the first batch instead: Ray Data takes an error in an actor's constructor for a
+            # failure of its own (the actor's death, a full traceback on the console, "please open an
+            # issue"), and one in a batch for the stage's, which the command then says in one line (an
+            # s3:// input a node cannot open, a model folder it cannot read)
+            self.setup_error = exc
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        if self.setup_error is not None:
+            raise self.setup_error
         items = [pickle.loads(b) for b in batch["item"]]
         out = _run_stage(self.stage, items, self.name, self.where)
         col = np.empty(len(out), dtype=object)

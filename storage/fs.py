@@ -42,7 +42,7 @@ def resolve(uri: str) -> Tuple[pafs.FileSystem, str]:
                 endpoint_override=host or scheme,
                 scheme=scheme if host else "http",
                 region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-                allow_bucket_creation=True,
+                # no bucket is ever made (pyarrow's default): a misspelt one is refused, not created
             )
             return fs, uri[len("s3://"):].rstrip("/")
     fs, path = pafs.FileSystem.from_uri(uri)

@@ -297,7 +297,11 @@ def _s3_put(path: str, data: bytes, if_match: Optional[str] = None, if_none_matc
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey") or status in (404, 409, 412):
+        if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+            return None
+        # gone is a failed condition only for If-Match; a 404 to any other PUT is a missing bucket, or an
+        # endpoint that is no S3 server, and taken for "a lease exists" it ended as a takeover race
+        if if_match and (code == "NoSuchKey" or status == 404) and code != "NoSuchBucket":
             return None
         raise OSError(f"s3://{path}: {exc}") from None
     return resp["ETag"]

@@ -38,7 +38,7 @@ from sentsim.errors import InputError
 from storage import fs as sfs
 from storage.compaction import COMPACT_DIR, COMPACT_MANIFEST, Compaction, load_compaction
 from storage.records import StoreError
-from storage.store import MANIFEST, ShardStore, check_format, run_format
+from storage.store import LOST_MANIFEST, MANIFEST, ShardStore, check_format, run_format
 
 MARKER = "its unit marker"
 COMPACTED = f"{COMPACT_DIR}/{COMPACT_MANIFEST}"
@@ -57,6 +57,8 @@ class RunReader:
         if info.type == pafs.FileType.NotFound:
             raise StoreError(f"{self._where}: no such directory")
         self.manifest: dict = self.store.read_manifest() or {}
+        if manifest_required and not self.manifest and self.store.lost_manifest():
+            raise StoreError(f"{self._where}: {LOST_MANIFEST}")
         if manifest_required and not self.manifest:
             raise StoreError(f"{self._where}: not a sentsim run directory (no {MANIFEST})")
         check_format(self.manifest, self._where, "read it with that sentsim")

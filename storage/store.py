@@ -101,6 +101,10 @@ def what_changed(stored: dict, config: dict, inputs: List[dict], most: int = 6, 
     return "; ".join(parts) if parts else "same config and inputs, so a model or checkpoint they name changed"
 
 
+LOST_MANIFEST = (f"{MANIFEST} is missing, though {UNITS_DIR}/ holds the run's completion markers, so the run can be "
+                 f"neither read nor resumed: put its {MANIFEST} back, or start it over with --force-new")
+
+
 class ShardStore:
     """One run directory. Safe to construct in many Ray workers: all state lives in the files."""
 
@@ -130,6 +134,12 @@ class ShardStore:
         return self.path(UNITS_DIR, f"{unit:05d}.json")
 
     # ---- manifest -------------------------------------------------------------------------
+    def lost_manifest(self) -> bool:
+        """Whether this is a run that lost its manifest: none there, while completion markers are."""
+        units = self.path(UNITS_DIR)
+        return not self.has_manifest() and sfs.exists(self.fs, units) and bool(
+            self.fs.get_file_info(pafs.FileSelector(units)))
+
     def has_manifest(self) -> bool:
         """Whether anything is at the manifest's name: a run's, or a broken one `read_manifest` refuses."""
         return sfs.exists(self.fs, self.path(MANIFEST))

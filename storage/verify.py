@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from storage import fs as sfs
 from storage.compaction import FILE_PREFIX, load_compaction
 from storage.records import StoreError
-from storage.store import COMPLETE, UNITS_DIR, ShardStore, check_format, schema_signature
+from storage.store import COMPLETE, LOST_MANIFEST, UNITS_DIR, ShardStore, check_format, schema_signature
 
 AGAIN = "run `sentsim store compact` again"
 
@@ -50,7 +50,7 @@ def verify_run(uri: str) -> Tuple[List[str], Optional[str]]:
     store = ShardStore(uri)
     manifest = store.read_manifest()
     if manifest is None:
-        raise StoreError(f"{uri}: no manifest.json here; is this a sentsim run directory?")
+        return _without_manifest(store)
     check_format(manifest, uri, "verify it with that sentsim")
     problems: List[str] = []
     fp = manifest.get("fingerprint")
@@ -71,6 +71,14 @@ def verify_run(uri: str) -> Tuple[List[str], Optional[str]]:
     if sfs.exists(store.fs, store.path(COMPLETE)):
         problems.append(f"{COMPLETE}: not a regular file; the same command's resume writes it")
     return problems, _unfinished(manifest, markers)
+
+
+def _without_manifest(store: ShardStore) -> Tuple[List[str], Optional[str]]:
+    """A folder with no manifest: a run that lost it is damage (a problem: its rows can be neither read nor
+    resumed); anything else is not a run to verify (a StoreError)."""
+    if store.lost_manifest():
+        return [LOST_MANIFEST], None
+    raise StoreError(f"{store.uri}: no manifest.json here; is this a sentsim run directory?")
 
 
 def _unfinished(manifest: dict, markers: dict) -> str:

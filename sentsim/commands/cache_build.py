@@ -9,9 +9,9 @@ HELP = "encode every corpus sentence once with the discriminator (003 §3.3 rep 
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--corpus", help="corpus run directory")
-    p.add_argument("--discriminator", help="discriminator directory")
-    p.add_argument("--out", help="output run directory (then pass it as contexts.rep_cache)")
+    p.add_argument("--corpus", metavar="DIR", help="corpus run directory")
+    p.add_argument("--discriminator", metavar="DIR", help="discriminator directory")
+    p.add_argument("--out", metavar="DIR", help="output run directory (then pass it as contexts.rep_cache)")
     add_run_arguments(p)
     add_config_arguments(p)
 

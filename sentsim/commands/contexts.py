@@ -9,12 +9,13 @@ HELP = "build each sentence's diverse context set C_s (retrieve, screen, select)
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--corpus", help="corpus run directory")
-    p.add_argument("--index", help="retrieval index directory")
-    p.add_argument("--discriminator",
+    p.add_argument("--corpus", metavar="DIR", help="corpus run directory")
+    p.add_argument("--index", metavar="DIR", help="retrieval index directory")
+    p.add_argument("--discriminator", metavar="DIR",
                    help="discriminator directory (omit to rank by retrieval score; contexts.mode=screened only)")
-    p.add_argument("--sentences", help="sentences to screen, one per line (TAB-separated pairs and STS-B files work)")
-    p.add_argument("--out", help="output run directory")
+    p.add_argument("--sentences", metavar="FILE",
+                   help="sentences to screen, one per line (TAB-separated pairs and STS-B files work)")
+    p.add_argument("--out", metavar="DIR", help="output run directory")
     add_run_arguments(p)
     add_config_arguments(p)
 

@@ -9,14 +9,17 @@ HELP = "harvest pair similarities (Eq. 4) and rank-vector targets into resumable
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--corpus", help="corpus run directory (sentences/, chunks/)")
-    p.add_argument("--index", help="retrieval index directory")
-    p.add_argument("--discriminator", help="discriminator directory: screens the retrieved contexts and scores "
-                                           "Eq. 3's disc term (contexts.mode=screened only)")
-    p.add_argument("--context-models", nargs="+", help="context-model bundle folder(s)")
-    p.add_argument("--pairs", dest="pairs_file", help="explicit mode: score these pairs instead of sampling")
-    p.add_argument("--out", help="output run directory (local path or s3://...); an existing run there with the same "
-                                 "fingerprint is resumed, another is refused unless --force-new")
+    p.add_argument("--corpus", metavar="DIR", help="corpus run directory (sentences/, chunks/)")
+    p.add_argument("--index", metavar="DIR", help="retrieval index directory")
+    p.add_argument("--discriminator", metavar="DIR",
+                   help="discriminator directory: screens the retrieved contexts and scores Eq. 3's disc term "
+                        "(contexts.mode=screened only)")
+    p.add_argument("--context-models", metavar="DIR", nargs="+", help="context-model bundle folder(s)")
+    p.add_argument("--pairs", dest="pairs_file", metavar="FILE",
+                   help="explicit mode: score these pairs instead of sampling")
+    p.add_argument("--out", metavar="DIR",
+                   help="output run directory (local path or s3://...); an existing run there with the same "
+                        "fingerprint is resumed, another is refused unless --force-new")
     add_run_arguments(p)
     add_config_arguments(p)
 

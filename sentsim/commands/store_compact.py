@@ -13,13 +13,15 @@ HELP = ("rewrite a complete run's per-unit shards into files of about --target-m
 
 def add_arguments(p) -> None:
     p.add_argument("run_dir", metavar="DIR", help="a complete run directory (local path or s3://...)")
-    p.add_argument("--target-mb", type=float, default=128.0,
+    p.add_argument("--target-mb", type=float, default=128.0, metavar="MB",
                    help="target size of each compacted file in MB (default 128)")
 
 
 def run(args) -> int:
+    from sentsim.out_paths import refuse_another_kind
     from storage.compact import compact_run
 
+    refuse_another_kind(args.run_dir, "store compact")
     if not (math.isfinite(args.target_mb) and args.target_mb > 0):  # float() reads "inf" and "nan" too
         raise UsageError(f"--target-mb must be positive and finite (a size in MB), got {args.target_mb:g}")
     r = compact_run(args.run_dir, target_bytes=max(1, int(args.target_mb * (1 << 20))))

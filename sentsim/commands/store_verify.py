@@ -14,8 +14,10 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from sentsim.out_paths import refuse_another_kind
     from storage.verify import verify_run
 
+    refuse_another_kind(args.run_dir, "store verify")
     problems, unfinished = verify_run(args.run_dir)
     if problems:
         for line in problems:

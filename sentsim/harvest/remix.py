@@ -353,6 +353,10 @@ class RemixRun(ShardedJob):
             raise UsageError(f"{cfg.source}: no such harvest directory")
         src = ShardStore(cfg.source)
         manifest = src.read_manifest()
+        if not manifest and src.lost_manifest():
+            from storage.store import LOST_MANIFEST
+
+            raise UsageError(f"{cfg.source}: {LOST_MANIFEST}")
         if not manifest or manifest.get("stage") not in ("harvest", STAGE):
             raise UsageError(f"{cfg.source}: not a harvest run (no manifest.json of stage 'harvest')")
         if not manifest.get("complete"):

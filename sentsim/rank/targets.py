@@ -33,6 +33,12 @@ def load_encoder(path: str, device: Optional[str] = None):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
 
+    from sentsim.training.common import quiet_progress
+
+    # a rank actor on a cluster node does not see the driver's HF_HUB_DISABLE_PROGRESS_BARS (sentsim.cli):
+    # transformers' "Loading weights" bar would otherwise land in every job's log, once per actor
+    quiet_progress()
+
     if not Path(path).is_dir():
         raise UsageError(f"{path}: base encoder must be a local model folder (transformers or sentence-transformers)")
     try:

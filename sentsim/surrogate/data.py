@@ -72,6 +72,10 @@ def open_harvest(data: str):
         reader = RunReader(str(data), what="--data", manifest_required=False)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
+    if not reader.manifest and reader.store.lost_manifest():
+        from storage.store import LOST_MANIFEST
+
+        raise UsageError(f"--data {reader.uri}: {LOST_MANIFEST}")
     stage = (reader.manifest or {}).get("stage")
     if isinstance(stage, str) and not stage.startswith("harvest"):  # harvest, harvest-remix
         raise UsageError(f"--data {reader.uri}: not a harvest run but a '{stage}' run; give the --out of "

@@ -87,3 +87,29 @@ def test_corpus_build_names_an_input_that_is_no_regular_file(capsys, tmp_path):
                                  "pass a file of documents\n")
     assert not (tmp_path / "c").exists()
 
+
+
+def test_every_command_has_its_ray_job_file_and_the_readme_names_it():
+    """README's Commands table: "each runs as a Ray job through the file beside it". Each jobs/*.py runs one
+    command (its `--help` is that command's), and each command has one."""
+    import re
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from sentsim.cli import _command_modules
+
+    commands = {" ".join(mod.COMMAND) for mod in _command_modules()}
+    ran = {}
+    for job in sorted((ROOT / "jobs").glob("*.py")):
+        m = re.search(r'main\(\[((?:"[a-z]+", )+)\*sys\.argv\[1:\]\]\)', job.read_text())
+        assert m, f"{job.name}: does not run one sentsim command"
+        ran[" ".join(re.findall(r'"([a-z]+)"', m.group(1)))] = job.name
+    assert set(ran) == commands, (sorted(commands - set(ran)), sorted(set(ran) - commands))
+    readme = (ROOT / "README.md").read_text()
+    for command, job in ran.items():
+        assert re.search(rf"\| `sentsim {command}(?:[^|]|\\\|)*` \| `jobs/{job}` \|", readme), (command, job)
+    r = subprocess.run([sys.executable, str(ROOT / "jobs" / "compact_store.py"), "--help"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "--target-mb" in r.stdout, r.stderr

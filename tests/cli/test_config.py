@@ -16,6 +16,11 @@ def test_defaults_and_overrides(tmp_path):
     assert cfg.on_error == "skip"
     assert cfg.max_sentence_tokens == 50
     assert load_config(CorpusConfig).chunk.size == 8
+    # a section given as a mapping adds to the keys set before it, as the file's keys are kept: the --set
+    # values merge with each other the way they merge with the file
+    cfg = load_config(CorpusConfig, str(cfg_file), ["chunk.stride=2", "chunk={size: 5}"])
+    assert (cfg.chunk.size, cfg.chunk.stride) == (5, 2)
+    assert parse_overrides(["a.b=1", "a={c: 2}", "d=3"]) == {"a": {"b": 1, "c": 2}, "d": 3}
 
 
 @pytest.mark.parametrize(
@@ -373,3 +378,21 @@ def test_commands_refuse_config_faults_in_one_line(tmp_path):
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_another_commands_config_file_is_named_as_such(tmp_path, capsys):
+    """`--config` given a file of another command: one line saying so, not a list of every unknown key;
+    a file with a typo or two still names each key."""
+    from conftest import ROOT
+
+    from sentsim.cli import main
+
+    code = main(["train", "context", "--corpus", str(tmp_path), "--out", str(tmp_path / "o"),
+                 "--config", str(ROOT / "configs" / "teacher.yaml")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("sentsim: error: ") and "is it another command's config?" in err, err
+    assert "corpus, index, context_models and" in err and err.count("\n") == 1
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("chunk:\n  size: 4\non_eror: skip\n")
+    with pytest.raises(UsageError, match="on_eror: unknown key"):
+        load_config(CorpusConfig, str(typo))

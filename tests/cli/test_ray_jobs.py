@@ -92,7 +92,7 @@ def test_ray_job_bad_input_fails_cleanly(ray_head, tmp_path):
     assert "Traceback" not in r.stdout + r.stderr
 
 
-def test_a_relative_out_in_a_ray_job_is_refused_not_left_in_rays_copy(ray_head, sample_path):
+def test_a_relative_out_in_a_ray_job_is_refused_not_left_in_rays_copy(ray_head, sample_path, tmp_path):
     """The job runs in Ray's temporary copy of --working-dir: a relative --out would be written there and
     deleted with it, while the job reports success. Refused in one line, nothing written in the copy."""
     r = subprocess.run(
@@ -105,6 +105,17 @@ def test_a_relative_out_in_a_ray_job_is_refused_not_left_in_rays_copy(ray_head, 
     assert ("sentsim: error: --out rel_out/corpus is relative, and this Ray job runs in Ray's temporary copy of "
             "its --working-dir, which Ray deletes: give an absolute path (one every node sees) or s3://") in text
     assert not (ROOT / "rel_out").exists()
+    # a relative input the copy lacks (Ray uploads the working dir less what .gitignore lists, demo_out/ among
+    # it) is named with why it is missing there
+    r = subprocess.run(
+        [str(BIN / "ray"), "job", "submit", "--address", ray_head["address"], "--working-dir", ".", "--",
+         "python", "jobs/build_index.py", "--corpus", "demo_out/corpus", "--out", str(tmp_path / "index")],
+        env=ray_head["env"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    text = r.stdout + r.stderr
+    assert r.returncode != 0 and "Traceback" not in text, text[-3000:]
+    assert ("demo_out/corpus is relative, and this Ray job runs in Ray's copy of its --working-dir, which leaves "
+            "out what .gitignore lists: give an absolute path that every node sees, or s3://)") in text, text[-3000:]
 
 
 def test_cluster_yaml_passes_rays_validation():

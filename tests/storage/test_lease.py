@@ -314,3 +314,39 @@ def test_a_folder_at_a_training_outs_lease_is_refused_in_one_line(speech_corpus,
                     "--set", "train.max_steps=1", timeout=300)
     _one_line_refusal(r, out / "_train" / LEASE)
     assert sorted(p.name for p in (out / "_train").iterdir()) == [LEASE] and (out / "_train" / LEASE).is_dir()
+
+
+def test_an_endpoint_that_is_no_s3_server_is_named_not_taken_for_a_lease_race(sample_path, tmp_path):
+    """An HTTP server that answers 404 to everything (a proxy, a wrong port) at AWS_ENDPOINT_URL: its 404
+    to the lease's first PUT is no "a lease exists", so the command says the store cannot be used, in one
+    line, and never that another writer took the lease over."""
+    import http.server
+    import threading
+
+    from conftest import sentsim_cli
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = answer
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.server_address[1]}",
+           "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_EC2_METADATA_DISABLED": "true"}
+    try:
+        r = sentsim_cli("corpus", "build", sample_path, "--out", "s3://bucket/corpus", "--executor", "inline",
+                        env=env, timeout=300)
+    finally:
+        server.shutdown()
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(lines) == 1, r.stderr[-2000:]
+    assert lines[0].startswith("sentsim: error: cannot use the object store (") and "took over" not in lines[0]

@@ -156,6 +156,39 @@ def test_rep_cache_and_contexts_on_s3_through_the_commands(cli_chain):
     assert RunReader(cache).rows("reps") == RunReader(cli_chain["corpus"]).rows("sentences")
 
 
+def test_a_cluster_whose_nodes_lack_the_s3_settings_is_one_line(cli_chain, s3_server, sample_path,  # noqa: F811
+                                                                  monkeypatch):
+    """docs/cluster.md followed with the S3 settings in the client's environment only: the head was started
+    without them, so the harvest's actors cannot open the s3:// corpus. Ray hands that error back as the text
+    of an ActorDiedError; the command still says it in one line, exit 2, naming every node's environment. A
+    misspelt bucket is refused, and not created."""
+    import boto3
+    from conftest import start_head, stop_head
+
+    for key in s3_server:
+        monkeypatch.delenv(key)
+    head = start_head(cli_chain["tmp"] / "head_without_s3")
+    try:
+        env = {**head["env"], **s3_server}
+        r = sentsim_cli("harvest", "--address", head["gcs"], "--corpus", cli_chain["corpus"], "--index",
+                        cli_chain["index"], "--context-models", cli_chain["tmp"] / "ctx", "--out",
+                        "s3://sentsim/cli/attached", *_sets(HARVEST_SETS), env=env, timeout=600)
+    finally:
+        stop_head(head)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert lines[-1].startswith("sentsim: error: cannot use the object store (") and "every node" in lines[-1], lines
+    for args in (("index", "build", "--corpus", cli_chain["corpus"], "--out", "s3://sentsimm/index"),
+                 ("corpus", "build", sample_path, "--out", "s3://sentsimm/corpus", "--executor", "inline")):
+        r = sentsim_cli(*args, env={**os.environ, **s3_server}, timeout=300)
+        assert r.returncode == 2 and r.stderr.strip() == (
+            "sentsim: error: cannot use the object store: the bucket sentsimm does not exist; sentsim makes no "
+            "bucket (a misspelt name would otherwise get one): create it, or correct the path"), r.stderr[-2000:]
+    client = boto3.client("s3", endpoint_url=s3_server["AWS_ENDPOINT_URL"], aws_access_key_id="test",
+                          aws_secret_access_key="test", region_name="us-east-1")
+    assert [b["Name"] for b in client.list_buckets()["Buckets"]] == ["sentsim"]
+
+
 def _tiny_discriminator(corpus: str, out) -> str:
     """`sentsim train discriminator --corpus s3://...` (Ray Train, two steps): refused before issue 37
     with "no such directory"."""

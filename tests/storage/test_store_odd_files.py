@@ -103,3 +103,23 @@ def test_force_new_clears_a_manifest_that_is_not_valid_json(speech_corpus, sampl
     r = build(sample_path, run, "--force-new")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert sentsim_cli("store", "verify", run).returncode == 0
+
+
+def test_a_run_that_lost_its_manifest_is_damage_and_other_outputs_are_named(speech_corpus, tmp_path):
+    """No manifest.json beside the completion markers: `store verify` reports damage (exit 1), and every
+    command that reads the run says what happened and what to do, in one line. An index given to
+    `store verify` or `store compact` is named as an index, not as "no manifest"."""
+    from harvest_support import build_index_for
+
+    run = tmp_path / "corpus"
+    shutil.copytree(speech_corpus, run)
+    (run / "manifest.json").unlink()
+    lost = "manifest.json is missing, though _units/ holds the run's completion markers"
+    r = sentsim_cli("store", "verify", run)
+    assert r.returncode == 1 and f"BAD  {lost}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    for args in (("store", "compact", run), ("train", "surrogate", "--data", run, "--out", tmp_path / "s"),
+                 ("remix", run, "--out", tmp_path / "m")):
+        assert lost in one_line(sentsim_cli(*args)), args
+    index = build_index_for(speech_corpus, tmp_path / "index")
+    for command in ("verify", "compact"):
+        assert f"{index}: holds a retrieval index, not a sharded run" in one_line(sentsim_cli("store", command, index))

@@ -1,0 +1,11 @@
+"""Ray job: `ray job submit --working-dir . -- python jobs/compact_store.py DIR [--target-mb 128]`."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sentsim.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["store", "compact", *sys.argv[1:]]))
