@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from sentsim.config import Section, add_config_arguments, load_config
 from sentsim.errors import UsageError
@@ -21,6 +21,12 @@ class EvalStsConfig(Section):
     batch_size: int = Field(64, ge=1)
     device: Optional[str] = None  # default: cuda when present, else cpu
     tasks: Optional[list[str]] = Field(None, min_length=1)  # default: every standard task found under --data
+
+    @field_validator("tasks")
+    @classmethod
+    def _each_once(cls, v):
+        """A task named twice is scored once: twice, it would count double in the Avg. line."""
+        return None if v is None else list(dict.fromkeys(v))
 
 
 def add_arguments(parser) -> None:

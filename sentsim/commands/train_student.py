@@ -38,7 +38,9 @@ def run(args) -> int:
     if s.get("empty_filter_batches") is not None:
         print(f"batches where the pair filter kept no pair (l_cl only): {s['empty_filter_batches']}")
     for k, v in s["skips"].items():
-        print(f"skipped ({k}): {v}")
+        count, examples = (v.get("count"), v.get("examples") or []) if isinstance(v, dict) else (v, [])
+        if count:  # a reason that skipped nothing is no news
+            print(f"skipped ({k}): {count}" + (f", e.g. {examples[0]!r}" if examples else ""))
     if s.get("eval"):
         print("STS suite average: " + ", ".join(f"{k} {fmt(v)}" for k, v in s["eval"].items()))
     return 0

@@ -15,7 +15,8 @@ def add_arguments(parser) -> None:
                         help="pair loss (default cosine_regression: the paper's L2 between cosine and score); on "
                              "harvested scores in a narrow band, cosent learns their order instead")
     parser.add_argument("--finetune-sts", metavar="PATH",
-                        help="then fine-tune on STS-B train (folder with sts-*.csv) with L2")
+                        help="then fine-tune on STS-B train (folder with sts-*.csv) with L2; --max-steps, when "
+                             "given, bounds this stage too (else finetune.max_steps and finetune.epochs)")
     add_training_arguments(parser, data_help="harvest output: pairs/part-*.parquet and manifest.json",
                            out_help="output: model/ (and model-sts/), curves/, ray/ checkpoints")
 
@@ -23,15 +24,23 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from sentsim.surrogate import SurrogateConfig, train_surrogate
 
-    cfg = load_config(SurrogateConfig, args.config, args.overrides, arch=args.arch, loss=args.loss,
+    overrides = list(args.overrides or [])
+    if args.max_steps is not None and args.finetune_sts:
+        # a --max-steps smoke test stays one: the fine-tune stage would otherwise run its 4 epochs of
+        # STS-B train (~1,400 steps); a --set finetune.max_steps=... given after it still wins
+        overrides.insert(0, f"finetune.max_steps={args.max_steps}")
+    cfg = load_config(SurrogateConfig, args.config, overrides, arch=args.arch, loss=args.loss,
                       **training_overrides(args))
     summary = train_surrogate(cfg, data=args.data, backbone=backbone_or_default(args.backbone), out=args.out,
                               finetune_sts=args.finetune_sts, address=args.address, force_new=args.force_new)
     for st in summary["stages"]:
         first, last = st["first"], st["last"]
+        sts = st["stage"] == "finetune-sts"  # trained with L2 on STS-B's gold scores
+        # under cosent the cosines keep the targets' order, not their values: dev L2 says nothing there
+        dev = ("L2", "dev_l2", ".4g") if sts or cfg.loss != "cosent" else ("Spearman", "dev_spearman", ".2f")
         print(f"{st['stage']}: {st['train_pairs']} pairs, {st['total_steps']} steps; "
-              f"dev L2 {first['dev_l2']:.4g} -> {last['dev_l2']:.4g}; "
-              f"Spearman vs teacher (test) {first['test_spearman']:.2f} -> {last['test_spearman']:.2f}; "
-              f"model: {st['model']}")
+              f"dev {dev[0]} {first[dev[1]]:{dev[2]}} -> {last[dev[1]]:{dev[2]}}; "
+              f"Spearman vs {'gold' if sts else 'teacher'} (test) {first['test_spearman']:.2f} -> "
+              f"{last['test_spearman']:.2f}; model: {st['model']}")
     print(f"curves: {args.out}/curves/")
     return 0

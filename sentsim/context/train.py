@@ -535,16 +535,18 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
         return done["summary"]
     claim_out(out_p, run_id, record, force_new, out_arg, state=("runs", "tokenizer"))
     tok_dir = out_p / "tokenizer"
-    if (tok_dir / "tokenizer.json").is_file():
-        tok = ContextTokenizer.load(tok_dir)  # resuming: keep the tokenizer the checkpoints were trained with
-    else:
-        tok = prepare_tokenizer(cfg, corpus, tokenizer_from)
-        tok.save(tok_dir)
+    resumed = (tok_dir / "tokenizer.json").is_file()
+    # resuming: keep the tokenizer the checkpoints were trained with
+    tok = ContextTokenizer.load(tok_dir) if resumed else prepare_tokenizer(cfg, corpus, tokenizer_from)
     if (cfg.model.arch == "bart" and not cfg.model.pretrained_path and tok.vocab_size > cfg.model.vocab_size
             and not tokenizer_from):
         raise UsageError(f"tokenizer has {tok.vocab_size} tokens, more than model.vocab_size={cfg.model.vocab_size}")
     dirs = list(DIRECTIONS) if cfg.direction == "all" else [cfg.direction]
     _heldout_pool(corpus, tok, cfg, dirs, cap=2)
+    if not resumed:
+        # saved once the inputs passed: a saved tokenizer is training state, and with it at --out the
+        # command these errors ask for (other settings) would be refused as another run
+        tok.save(tok_dir)
     if cfg.direction == "all" and cfg.model.layout == "shared":
         runs = {"shared": dirs}
     else:

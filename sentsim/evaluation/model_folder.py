@@ -101,6 +101,13 @@ def _listed_problem(p: Path) -> Optional[str]:
     return None
 
 
+def exported_model_hint(p: Path) -> str:
+    """A trainer's --out holds its models one level down (OUT/model, OUT/model-sts): name the one to give."""
+    inside = [p / n for n in ("model", "model-sts") if (p / n / "config.json").is_file() or
+              (p / n / "modules.json").is_file()]
+    return f"; a trainer's output holds its model in a folder: give --model {inside[0]}" if inside else ""
+
+
 def _generic_problem(p: Path) -> Optional[str]:
     """A folder from elsewhere: what sentence-transformers or transformers will read from it."""
     try:
@@ -118,7 +125,7 @@ def _generic_problem(p: Path) -> Optional[str]:
                     _check_transformer(sub, p)
             return None
         if not (p / "config.json").is_file():
-            return "not a model folder (no config.json or modules.json)"
+            return "not a model folder (no config.json or modules.json)" + exported_model_hint(p)
         _check_transformer(p, p)
     except _Bad as bad:
         return str(bad)

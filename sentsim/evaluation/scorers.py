@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -146,10 +146,12 @@ def _pair_frame(table, where: str):
                          "score": present_scores(table.column("score").to_pylist(), where)})
 
 
-def present_scores(values: list, where: str) -> list:
+def present_scores(values: list, where: str, lines: Optional[list] = None) -> list:
     """A score column as floats, NaN where a pair has none (null, or an empty cell: read as None here). A
     value that is there but is not a finite number is refused: a NaN or infinite score is no score, and
-    taking it as 'none' would hide a broken scorer; a text is not a score."""
+    taking it as 'none' would hide a broken scorer; a text is not a score. A refusal names the value's
+    line in a text file (`lines`, one per value), else its row (0-based, as Parquet readers count)."""
+    at = (lambda row: f"{where}:{lines[row]}") if lines is not None else (lambda row: f"{where}: row {row}")
     out, bad = [], []
     for row, v in enumerate(values):
         if v is None:
@@ -160,12 +162,12 @@ def present_scores(values: list, where: str) -> list:
         except (TypeError, ValueError):
             x = None
         if x is None:
-            raise InputError(f"--scores {where}: row {row}: score {v!r} is not a number")
+            raise InputError(f"--scores {at(row)}: score {v!r} is not a number")
         if not np.isfinite(x):
             bad.append(row)
         out.append(x)
     if bad:
-        raise InputError(f"--scores {where}: {len(bad)} score(s) are NaN or infinite (first at row {bad[0]}); "
+        raise InputError(f"--scores {where}: {len(bad)} score(s) are NaN or infinite (first at {at(bad[0])}); "
                          "leave a pair without a score empty (null)")
     return out
 
@@ -200,8 +202,9 @@ def _read_pair_table(path: Path):
             tsv = dict(sep="\t", quoting=3) if suffix.startswith(".tsv") else {}
             df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"score": str, "s1": str, "s2": str},
                              **tsv)
-            if "score" in df.columns:
-                df["score"] = present_scores([None if pd.isna(v) else v for v in df["score"]], str(path))
+            if "score" in df.columns:  # data row i is line i + 2, below the header (one line a row)
+                df["score"] = present_scores([None if pd.isna(v) else v for v in df["score"]], str(path),
+                                             lines=list(range(2, len(df) + 2)))
             return df
         if suffix in (".jsonl", ".jsonl.gz", ".json"):
             return _read_jsonl_pairs(path)
@@ -219,7 +222,7 @@ def _read_jsonl_pairs(path: Path):
     import pandas as pd
 
     opener = gzip.open if path.suffix == ".gz" else open
-    rows = []
+    rows, lines = [], []
     with opener(path, "rt", encoding="utf-8-sig") as fh:
         for n, line in enumerate(fh, start=1):
             if line.strip():
@@ -234,8 +237,9 @@ def _read_jsonl_pairs(path: Path):
                     if reason:
                         raise InputError(f"--scores {path}:{n}: {reason}")
                 rows.append(obj)
+                lines.append(n)
     if any("score" in r for r in rows):  # a line without one has none
-        scores = present_scores([r.get("score") for r in rows], str(path))
+        scores = present_scores([r.get("score") for r in rows], str(path), lines=lines)
         rows = [dict(r, score=x) for r, x in zip(rows, scores)]
     return pd.DataFrame(rows)
 
@@ -367,7 +371,10 @@ def load_model_scorer(path: str, batch_size: int = 64, device: str | None = None
     if not p.is_dir():
         raise UsageError(f"--model {path}: not a directory")
     if not (p / "config.json").is_file() and not (p / "modules.json").is_file():
-        raise UsageError(f"--model {path}: not a model folder (no config.json or modules.json)")
+        from sentsim.evaluation.model_folder import exported_model_hint
+
+        raise UsageError(f"--model {path}: not a model folder (no config.json or modules.json)"
+                         f"{exported_model_hint(p)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub while evaluating
     device = _pick_device(device)
     archs: list[str] = []

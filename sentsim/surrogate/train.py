@@ -26,6 +26,7 @@ from sentsim.training.settings import LoopSettings
 __all__ = ["SurrogateRun", "TrainingDiverged", "train_surrogate"]
 
 
+FINETUNE_LOSS = "cosine_regression"
 LOSSES = {"cosine_regression": "L2 between the predicted similarity and the target (paper section 3.4)",
           "cosent": "CoSENT: the order of the predicted similarities against the targets' order"}
 PREDICTS = {"siamese": "the cosine of the two mean-pooled sentence vectors",
@@ -35,13 +36,15 @@ PREDICTS = {"siamese": "the cosine of the two mean-pooled sentence vectors",
 def stage_card(name: str, cfg: SurrogateConfig, spec: dict, base: dict, data: dict, rows: dict) -> dict:
     """What the stage's model card says it is (sentsim.training.model_card)."""
     settings = {k: spec[k] for k in ("epochs", "batch_size", "lr", "max_steps")}
-    settings.update({k: getattr(cfg, k) for k in ("arch", "loss", "warmup_ratio", "weight_decay", "max_seq_length",
+    settings.update({k: getattr(cfg, k) for k in ("arch", "warmup_ratio", "weight_decay", "max_seq_length",
                                                    "num_workers", "seed")})
+    loss = spec.get("loss", cfg.loss)  # the fine-tune stage's own, when it differs
+    settings["loss"] = loss
     return {"kind": "surrogate", "title": f"sentsim surrogate ({cfg.arch}, {name} stage)",
             "summary": f"A surrogate of the Origin teacher (paper section 3.4): it predicts a pair's similarity as "
                        f"{PREDICTS[cfg.arch]}, trained to reproduce the teacher's scores.",
             "base_model": base, "data": data, "rows": rows, "settings": settings,
-            "objective": {"name": cfg.loss, "description": LOSSES.get(cfg.loss, "")}}
+            "objective": {"name": loss, "description": LOSSES.get(loss, "")}}
 
 
 class SurrogateRun(EncoderDriver):
@@ -111,6 +114,10 @@ class SurrogateRun(EncoderDriver):
             ft = cfg.finetune
             spec = {"backbone": str(current_backbone), "init": current_init, "epochs": ft.epochs,
                     "batch_size": ft.batch_size, "lr": ft.lr, "eval_every": ft.eval_every, "max_steps": ft.max_steps}
+            if cfg.loss != FINETUNE_LOSS:
+                # 003 §4.1 fine-tunes with L2 on gold scores / 5; --loss is the harvest stage's (only a spec
+                # that differs names it, so that a finished default run keeps its identity)
+                spec["loss"] = FINETUNE_LOSS
             rows = {"trained": counts["train"], "total": counts["train"], "unit": "pairs", "dev_pairs": counts["dev"],
                     "test_pairs": counts["test"]}
             data = {"kind": "STS-B train", "path": str(finetune_sts), "targets": "gold scores / 5 (paper section 4.1)"}

@@ -31,14 +31,16 @@ def collect(shard, limit: int) -> dict:
 
 
 class SurrogateTrainee(Trainee):
-    def __init__(self, model, tok, cfg, evals: dict):
+    def __init__(self, model, tok, cfg, evals: dict, loss: str, targets: str = "teacher"):
         from sentsim.losses import LOSSES
 
         super().__init__()
         self.model = model
         self.tok = tok
         self.cfg = cfg
-        self.loss = LOSSES[cfg.loss]()
+        self.loss_name = loss
+        self.loss = LOSSES[loss]()
+        self.targets = targets  # whose scores dev and test hold: the teacher's, or STS-B's gold
         self.evals = evals  # {"dev": {s1, s2, score}, "test": ...}
 
     def forward(self, batch: dict, device):
@@ -65,7 +67,9 @@ class SurrogateTrainee(Trainee):
     def describe(self, point: dict) -> str:
         if "dev_l2" not in point:
             return ""
-        return (f" dev L2 {point['dev_l2']:.4g} dev/test Spearman vs teacher "
+        # under cosent the cosines keep the targets' order, not their values: their L2 says nothing
+        l2 = "" if self.loss_name == "cosent" else f" dev L2 {point['dev_l2']:.4g}"
+        return (f"{l2} dev/test Spearman vs {self.targets} "
                 f"{point['dev_spearman']:.2f}/{point['test_spearman']:.2f} ({point['time_s']:.0f}s)")
 
     def note(self) -> str:
@@ -85,4 +89,7 @@ def build_trainee(config: dict, session, ckpt) -> SurrogateTrainee:
     else:
         model, tok = build_model(cfg.arch, st["backbone"], st["init"], cfg.scratch.model_dump(), cfg.seed)
     evals = {name: collect(session.shard(name), cfg.eval_max_pairs) for name in ("dev", "test")}
-    return SurrogateTrainee(model, tok, cfg, evals)
+    # the fine-tune stage trains with 003 §4.1's L2 whatever the harvest stage's loss (SurrogateRun.train)
+    gold = config["loop"].label.endswith("finetune-sts")  # its dev and test hold STS-B's gold scores
+    return SurrogateTrainee(model, tok, cfg, evals, loss=st.get("loss", cfg.loss),
+                            targets="gold" if gold else "teacher")

@@ -209,6 +209,7 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
         from ray.train.torch import TorchTrainer
 
         gpu = use_gpu(settings.use_gpu, settings.num_workers)
+        check_workers_fit(label, settings.num_workers, settings.cpus_per_worker, gpu)
         loop_config = {**loop_config, "ray": True, "out": str(out_dir), "loop": replace(settings, use_gpu=gpu)}
         resources = {"CPU": settings.cpus_per_worker, **({"GPU": 1} if gpu else {})}
         trainer = TorchTrainer(
@@ -239,6 +240,21 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
     out = {"model": model_dir, "history": history, "gpu": gpu, "result": rv}
     record.write(out)
     return out
+
+
+def check_workers_fit(label: str, num_workers: int, cpus_per_worker: float, gpu: bool) -> None:
+    """Refuse workers the Ray cluster cannot hold all at once: Ray Train would wait for them for ever,
+    retrying its worker group every minute with a traceback each time (and a Ctrl-C does not stop it). The
+    sharded jobs refuse such resources the same way (sentsim.executor.check_resources)."""
+    import ray
+
+    have = ray.cluster_resources()
+    for key, each, what in (("CPU", cpus_per_worker, "CPU"), ("GPU", 1.0 if gpu else 0.0, "GPU")):
+        want = num_workers * each
+        if want > 0 and want > have.get(key, 0) + 1e-9:
+            raise UsageError(f"{label}: {num_workers} worker(s) of {each:g} {what} each ask for {want:g} {what}s but "
+                             f"the Ray cluster has {have.get(key, 0):.3g}, and Ray Train would wait for them for "
+                             "ever; lower --num-workers (num_workers in the config) or cpus_per_worker, or add nodes")
 
 
 class FitRecord:

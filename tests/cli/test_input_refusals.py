@@ -231,8 +231,10 @@ def scores_file(tmp_path, fmt, values):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
 def test_scores_file_with_a_non_finite_score_is_refused(tmp_path, stsb, fmt, bad):
     f = scores_file(tmp_path, fmt, [0.9, bad, 0.5])
+    # where: the line of a text file (the header is line 1), the 0-based row of a Parquet file
+    at = {"csv": ":3", "tsv": ":3", "jsonl": ":2", "parquet": ": row 1"}[fmt]
     one_line_exit_2(sentsim_cli("eval", "sts", "--scores", f, "--data", stsb, "--tasks", "STSb"),
-                    f.name, "NaN or infinite")
+                    f.name, "NaN or infinite", f"(first at {f}{at});")
 
 
 @pytest.mark.parametrize("fmt", ["csv", "tsv", "jsonl", "parquet"])

@@ -195,7 +195,13 @@ def test_tfidf_on_real_stsb_test(shared_data):
 def test_not_a_model_is_usage_error(tmp_path, shared_data, capsys):
     (tmp_path / "notes.txt").write_text("hello")
     assert main(["eval", "sts", "--model", str(tmp_path), "--data", str(shared_data / "sts")]) == 2
-    assert "not a model folder" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "not a model folder" in err and "give --model" not in err
+    # a trainer's --out given for its model: the model one level down is named
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    assert main(["eval", "sts", "--model", str(tmp_path), "--data", str(shared_data / "sts")]) == 2
+    assert f"give --model {tmp_path / 'model'}" in capsys.readouterr().err
 
 
 def test_unknown_task_and_missing_data(tmp_path, capsys):

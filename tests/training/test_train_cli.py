@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,18 @@ def test_train_context_relative_paths(tmp_path, speech_corpus, head_env):
     assert r.returncode == 2 and "Traceback" not in r.stderr and "RayTrainWorker" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1].endswith("fewer than 2 held-out windows for direction 'fwd'; raise "
                                                       "heldout_percent or use a larger corpus"), r.stderr[-2000:]
+    # ... and leaves no training state behind (its tokenizer is saved only once the inputs pass), so the
+    # command the message asks for is not refused as a run of other settings
+    assert not (tmp_path / "ctx_small" / "tokenizer").exists()
+    _run(tmp_path, head_env, "train", "context", "--corpus", corpus, "--out", "ctx_small", "--direction", "fwd",
+         "--num-workers", "1", *sets)
+    assert (tmp_path / "ctx_small" / "models/fwd/model.safetensors").is_file()
+    # more workers than the cluster holds: refused in one line, where Ray Train would wait for them for ever
+    r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx_wide", "--direction", "fwd", *sets,
+                    "--num-workers", "64", cwd=tmp_path, env=head_env, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    line = r.stderr.strip().splitlines()[-1]
+    assert "context fwd: 64 worker(s) of" in line and "but the Ray cluster has" in line, line
 
 
 def test_train_surrogate_relative_paths(tmp_path, tiny_bert, head_env):
@@ -98,6 +111,36 @@ def test_train_surrogate_relative_paths(tmp_path, tiny_bert, head_env):
     summary = json.loads((tmp_path / "sur/summary.json").read_text())
     assert summary["stages"][0]["last"]["step"] == 2
     assert (tmp_path / "sur/model/config.json").is_file()
+
+
+def test_max_steps_bounds_the_finetune_stage_and_each_line_names_its_measures(tmp_path, tiny_bert, head_env,
+                                                                             shared_data):
+    """`--max-steps 2 --finetune-sts`: a smoke test stays one (the fine-tune stage ran its 4 epochs of
+    STS-B train before, ~1,400 steps). Each stage's line names what it measured: under cosent the dev
+    Spearman (the cosines keep the targets' order, not their values), and the fine-tune stage's test
+    Spearman is against STS-B gold, not the teacher."""
+    from test_surrogate import write_harvest
+
+    words = "the a river city vote law war peace tax school".split()
+    s1 = [f"{words[i % 10]} {words[(i * 3) % 10]} {words[(i * 7) % 10]}" for i in range(60)]
+    s2 = [f"{words[(i + 1) % 10]} {words[(i * 3) % 10]}" for i in range(60)]
+    write_harvest(tmp_path / "h", s1, s2, [((i % 7) / 7.0) for i in range(60)],
+                  ["dev"] * 10 + ["test"] * 10 + ["train"] * 40)
+    r = _run(tmp_path, head_env, "train", "surrogate", "--data", "h", "--backbone", tiny_bert, "--out", "sur",
+             "--init", "scratch", "--num-workers", "1", "--max-steps", "2", "--loss", "cosent",
+             "--finetune-sts", shared_data / "sts" / "stsbenchmark",
+             *[x for s in ("scratch.hidden_size=32", "scratch.num_layers=1", "scratch.num_heads=2",
+                           "scratch.intermediate_size=64", "batch_size=8", "eval_every=2", "max_seq_length=16",
+                           "finetune.batch_size=8", "finetune.eval_every=2") for x in ("--set", s)])
+    lines = {ln.split(":")[0]: ln for ln in r.stdout.splitlines() if ln.startswith(("harvest:", "finetune-sts:"))}
+    assert re.match(r"harvest: \d+ pairs, 2 steps; dev Spearman -?[\d.]+ -> -?[\d.]+; Spearman vs teacher \(test\)",
+                    lines["harvest"]), r.stdout
+    assert lines["finetune-sts"].startswith("finetune-sts: 5749 pairs, 2 steps; dev L2 ") and \
+        "Spearman vs gold (test)" in lines["finetune-sts"], r.stdout
+    assert "dev/test Spearman vs gold" in r.stdout and "dev L2" not in r.stdout.split("finetune-sts")[0]
+    # --loss is the harvest stage's: the fine-tune stage keeps 003 §4.1's L2, and its model card says so
+    cards = {m: json.loads((tmp_path / "sur" / m / "sentsim_model.json").read_text()) for m in ("model", "model-sts")}
+    assert [cards[m]["card"]["objective"]["name"] for m in ("model", "model-sts")] == ["cosent", "cosine_regression"]
 
 
 def test_train_student_relative_paths(tmp_path, tiny_bert, head_env):
