@@ -81,8 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         line = msg.splitlines()[0] if msg else repr(exc)
         print(f"sentsim: error: {line}{_job_copy_hint(line, argv)}", file=sys.stderr)
         return UsageError.exit_code
-    except KeyboardInterrupt:
-        print("sentsim: interrupted", file=sys.stderr)
+    except (KeyboardInterrupt, SystemExit):
+        # no command exits from inside: a SystemExit there is Ray Train's SIGINT handler's, a Ctrl-C as well
+        print("sentsim: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
 
 

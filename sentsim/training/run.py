@@ -225,7 +225,15 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
             # only train is sharded; every worker sees the (capped) dev and test splits whole
             dataset_config=ray.train.DataConfig(datasets_to_split=[k for k in ("train",) if k in datasets]),
         )
+        drop_unregistered_checkpoints(out_dir / "ray" / name)
         result = trainer.fit()
+        if result.checkpoint is not None:  # the one exported below, whatever the snapshot says
+            drop_unregistered_checkpoints(out_dir / "ray" / name, also_keep=Path(result.checkpoint.path).name)
+        if result.return_value is None:
+            # rank 0's train_loop returns its summary whenever it ends; none means the workers were stopped:
+            # Ray Train's own SIGINT handler aborts the run, and fit() returns what was checkpointed last. Taken
+            # as the end, that checkpoint was exported and recorded as finished, so no rerun could resume it
+            raise KeyboardInterrupt
         rv = result.return_value or {}
         checkpoint = None if result.checkpoint is None else result.checkpoint.as_directory()
         if settings.verbose:
@@ -240,6 +248,37 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
     out = {"model": model_dir, "history": history, "gpu": gpu, "result": rv}
     record.write(out)
     return out
+
+
+def drop_unregistered_checkpoints(run_dir: Path, also_keep: Optional[str] = None) -> list:
+    """Remove the checkpoint folders of a Ray Train run that its checkpoint manager does not list. A worker
+    writes a checkpoint before the controller registers it, so a run killed or interrupted in between
+    leaves one (a MiniLM surrogate's is 260 MB) that no resume reads and `checkpoints_to_keep` never
+    counts. With no snapshot (nothing registered) the run starts over and every folder is such a one. A
+    snapshot this cannot read leaves everything in place. Called with the --out's lease held, so no
+    trainer of this run is writing. Returns the names removed."""
+    if not run_dir.is_dir():
+        return []
+    snapshot = run_dir / "checkpoint_manager_snapshot.json"
+    keep: set = set()
+    if snapshot.exists():
+        try:
+            state = json.loads(snapshot.read_text())
+            results = list(state.get("checkpoint_results") or []) + [state.get("latest_checkpoint_result") or {}]
+            keep = {r["checkpoint_dir_name"] for r in results if r.get("checkpoint_dir_name")}
+            keep |= {n for r in state.get("pending_training_results") or [] for n in
+                     [(r.get("checkpoint_dir_name") if isinstance(r, dict) else None)] if n}
+        except (OSError, ValueError, TypeError, AttributeError, KeyError):
+            return []
+        if not keep:
+            return []
+    keep.add(also_keep)
+    dropped = []
+    for d in sorted(run_dir.glob("checkpoint_*")):
+        if d.is_dir() and d.name not in keep:
+            shutil.rmtree(d, ignore_errors=True)
+            dropped.append(d.name)
+    return dropped
 
 
 def check_workers_fit(label: str, num_workers: int, cpus_per_worker: float, gpu: bool) -> None:

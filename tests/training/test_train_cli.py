@@ -154,3 +154,49 @@ def test_train_student_relative_paths(tmp_path, tiny_bert, head_env):
     summary = json.loads((tmp_path / "stu/summary.json").read_text())
     assert summary["total_steps"] == 2 and summary["history"][-1]["step"] == 2
     assert (tmp_path / "stu/model/relations.json").is_file()
+
+
+def test_ctrl_c_in_a_ray_train_run_says_so_and_the_same_command_resumes(tmp_path, tiny_bert, head_env):
+    """Ray Train's own SIGINT handler aborts the run and hands fit() the last checkpoint (or exits from
+    inside it): either way the command says it was interrupted (exit 130) and exports nothing, and the
+    same command resumes from that checkpoint rather than taking it for a finished model."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_surrogate import write_harvest
+
+    words = "the a river city vote law war peace tax school".split()
+    s1 = [f"{words[i % 10]} {words[(i * 3) % 10]} {words[(i * 7) % 10]}" for i in range(60)]
+    s2 = [f"{words[(i + 1) % 10]} {words[(i * 3) % 10]}" for i in range(60)]
+    write_harvest(tmp_path / "h", s1, s2, [((i % 7) / 7.0) for i in range(60)],
+                  ["dev"] * 10 + ["test"] * 10 + ["train"] * 40)
+    sets = ("scratch.hidden_size=32", "scratch.num_layers=1", "scratch.num_heads=2", "scratch.intermediate_size=64",
+            "batch_size=8", "eval_every=5", "max_seq_length=16")
+    args = ["train", "surrogate", "--data", "h", "--backbone", str(tiny_bert), "--out", "sur", "--init", "scratch",
+            "--num-workers", "1", "--epochs", "400", *[x for s in sets for x in ("--set", s)]]
+    log = tmp_path / "run.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "sentsim"), *args], cwd=tmp_path, env=head_env,
+                                stdout=fh, stderr=subprocess.STDOUT)
+    # once Ray Train's controller has registered a checkpoint (its snapshot is written then): a report it has
+    # not polled yet is lost with the abort, and the rerun would rightly start over
+    snapshot = tmp_path / "sur" / "ray" / "harvest" / "checkpoint_manager_snapshot.json"
+    deadline = time.time() + 300
+    while not snapshot.is_file():
+        assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=300) == 130, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "sentsim: interrupted; run the same command again to resume" in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert not (tmp_path / "sur" / "model").exists()
+    r = _run(tmp_path, head_env, *args, "--max-steps", "20")
+    resumed = re.search(r"resuming at step (\d+)\b", r.stdout + r.stderr)
+    assert resumed and 0 < int(resumed.group(1)) < 20, (r.stdout + r.stderr)[-3000:]
+    assert json.loads((tmp_path / "sur/summary.json").read_text())["stages"][0]["last"]["step"] == 20
+    # the checkpoints the interrupted run wrote and Ray Train never registered are gone, not left on disk
+    listed = {r["checkpoint_dir_name"] for r in json.loads(snapshot.read_text())["checkpoint_results"]}
+    assert {d.name for d in snapshot.parent.glob("checkpoint_*") if d.is_dir()} == listed
