@@ -443,7 +443,10 @@ def test_remix_reads_harvests_with_the_removed_scorer_actor_settings():
 
     manifest = {"config": {"scoring": {"actor_num_cpus": 1.0, "actor_num_gpus": 0.0, "lambda_fwd": 0.5}}}
     lam, metric = resolve(RemixConfig(source="h", out="r"), manifest)
-    assert lam == {"disc": 1.0, "fwd": 0.5, "left": 1.0, "right": 1.0} and metric == "pearson"
+    # no discriminator there, so its term was never scored: λ_disc is 0, not the default 1 that weighed nothing
+    assert lam == {"disc": 0.0, "fwd": 0.5, "left": 1.0, "right": 1.0} and metric == "pearson"
+    with_disc = {"config": {**manifest["config"], "discriminator": "/d", "contexts": {"mode": "screened"}}}
+    assert resolve(RemixConfig(source="h", out="r"), with_disc)[0]["disc"] == 1.0
     # only a run of format 1 (no format_version) can hold them: in a later run they are refused in one line
     from sentsim.errors import UsageError
     from storage.store import FORMAT_VERSION
