@@ -127,6 +127,14 @@ def load_bench(name: str):
     return module
 
 
+def error_line(stderr: str) -> str:
+    """The command's one `sentsim: error:` line. Not simply the last line of stderr: a Ray cluster's own log
+    lines (a raylet's disk-space warning, its GCS on the actors it stops) may arrive after it."""
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("sentsim: error:")]
+    assert len(errors) == 1, stderr[-3000:]
+    return errors[0]
+
+
 def sentsim_cli(*args, env=None, timeout=600, cwd=None) -> subprocess.CompletedProcess:
     """Run the real `sentsim` console script (as a user would), capturing output."""
     exe = shutil.which("sentsim") or str(Path(sys.executable).parent / "sentsim")

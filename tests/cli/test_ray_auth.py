@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import RAY_TOKEN_PATH, ROOT
+from conftest import RAY_TOKEN_PATH, ROOT, error_line
 from conftest import is_loopback as _is_loopback
 from conftest import listening_sockets as _listening
 from test_ray_jobs import BIN
@@ -164,7 +164,7 @@ def test_a_command_refused_by_the_cluster_says_why_in_one_line_and_writes_no_run
         r = subprocess.run([str(BIN / "sentsim"), "corpus", "build", str(sample_path), "--out", str(out), "--address",
                             head["gcs"]], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-        line = r.stderr.strip().splitlines()[-1]
+        line = error_line(r.stderr)
         assert line.startswith(f"sentsim: error: cannot reach the Ray cluster at {head['gcs']} (") and \
             line.endswith("needs RAY_AUTH_MODE=token and its token in RAY_AUTH_TOKEN, in the file RAY_AUTH_TOKEN_PATH "
                           "names, or in ~/.ray/auth_token"), line

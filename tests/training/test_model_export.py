@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, sentsim_cli
+from conftest import ROOT, error_line, sentsim_cli
 from harvest_support import tiny_bert
 
 from sentsim.errors import UsageError
@@ -442,5 +442,5 @@ def test_every_command_refuses_an_out_that_holds_something_else(two_discriminato
     for args, words in cases:
         r = sentsim_cli(*args, timeout=300)
         assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr[-1500:])
-        assert words in r.stderr.strip().splitlines()[-1], (args, r.stderr[-800:])
+        assert words in error_line(r.stderr), (args, r.stderr[-800:])
     assert {p: _files(p) for p in folders} == folders

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import sentsim_cli
+from conftest import error_line, sentsim_cli
 
 pytestmark = pytest.mark.slow
 
@@ -79,8 +79,8 @@ def test_train_context_relative_paths(tmp_path, speech_corpus, head_env):
     r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx_small", "--direction", "fwd", *sets,
                     "--set", "heldout_percent=1", cwd=tmp_path, env=head_env)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "RayTrainWorker" not in r.stderr, r.stderr[-2000:]
-    assert r.stderr.strip().splitlines()[-1].endswith("fewer than 2 held-out windows for direction 'fwd'; raise "
-                                                      "heldout_percent or use a larger corpus"), r.stderr[-2000:]
+    assert error_line(r.stderr).endswith("fewer than 2 held-out windows for direction 'fwd'; raise "
+                                         "heldout_percent or use a larger corpus"), r.stderr[-2000:]
     # ... and leaves no training state behind (its tokenizer is saved only once the inputs pass), so the
     # command the message asks for is not refused as a run of other settings
     assert not (tmp_path / "ctx_small" / "tokenizer").exists()
@@ -91,7 +91,7 @@ def test_train_context_relative_paths(tmp_path, speech_corpus, head_env):
     r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx_wide", "--direction", "fwd", *sets,
                     "--num-workers", "64", cwd=tmp_path, env=head_env, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    line = r.stderr.strip().splitlines()[-1]
+    line = error_line(r.stderr)
     assert "context fwd: 64 worker(s) of" in line and "but the Ray cluster has" in line, line
 
 
