@@ -32,6 +32,16 @@ def head_env(ray_head) -> dict:
     return {**ray_head["env"], "RAY_ADDRESS": ray_head["gcs"]}
 
 
+def toy_harvest(path: Path) -> None:
+    """A 60-pair harvest of ten words (10 dev, 10 test, 40 train pairs), scores in 0..6/7."""
+    from test_surrogate import write_harvest
+
+    words = "the a river city vote law war peace tax school".split()
+    s1 = [f"{words[i % 10]} {words[(i * 3) % 10]} {words[(i * 7) % 10]}" for i in range(60)]
+    s2 = [f"{words[(i + 1) % 10]} {words[(i * 3) % 10]}" for i in range(60)]
+    write_harvest(path, s1, s2, [((i % 7) / 7.0) for i in range(60)], ["dev"] * 10 + ["test"] * 10 + ["train"] * 40)
+
+
 def _run(cwd: Path, env: dict, *args):
     r = sentsim_cli(*args, cwd=cwd, env=env, timeout=600)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
@@ -96,13 +106,7 @@ def test_train_context_relative_paths(tmp_path, speech_corpus, head_env):
 
 
 def test_train_surrogate_relative_paths(tmp_path, tiny_bert, head_env):
-    from test_surrogate import write_harvest
-
-    words = "the a river city vote law war peace tax school".split()
-    s1 = [f"{words[i % 10]} {words[(i * 3) % 10]} {words[(i * 7) % 10]}" for i in range(60)]
-    s2 = [f"{words[(i + 1) % 10]} {words[(i * 3) % 10]}" for i in range(60)]
-    split = ["dev"] * 10 + ["test"] * 10 + ["train"] * 40
-    write_harvest(tmp_path / "h", s1, s2, [((i % 7) / 7.0) for i in range(60)], split)
+    toy_harvest(tmp_path / "h")
     bb = os.path.relpath(tiny_bert, tmp_path)
     _run(tmp_path, head_env, "train", "surrogate", "--data", "h", "--backbone", bb, "--out", "sur", "--init", "scratch",
          "--num-workers", "1", "--max-steps", "2", "--force-new", "--set", "scratch.hidden_size=32",
@@ -119,13 +123,7 @@ def test_max_steps_bounds_the_finetune_stage_and_each_line_names_its_measures(tm
     STS-B train before, ~1,400 steps). Each stage's line names what it measured: under cosent the dev
     Spearman (the cosines keep the targets' order, not their values), and the fine-tune stage's test
     Spearman is against STS-B gold, not the teacher."""
-    from test_surrogate import write_harvest
-
-    words = "the a river city vote law war peace tax school".split()
-    s1 = [f"{words[i % 10]} {words[(i * 3) % 10]} {words[(i * 7) % 10]}" for i in range(60)]
-    s2 = [f"{words[(i + 1) % 10]} {words[(i * 3) % 10]}" for i in range(60)]
-    write_harvest(tmp_path / "h", s1, s2, [((i % 7) / 7.0) for i in range(60)],
-                  ["dev"] * 10 + ["test"] * 10 + ["train"] * 40)
+    toy_harvest(tmp_path / "h")
     r = _run(tmp_path, head_env, "train", "surrogate", "--data", "h", "--backbone", tiny_bert, "--out", "sur",
              "--init", "scratch", "--num-workers", "1", "--max-steps", "2", "--loss", "cosent",
              "--finetune-sts", shared_data / "sts" / "stsbenchmark",
@@ -165,13 +163,7 @@ def test_ctrl_c_in_a_ray_train_run_says_so_and_the_same_command_resumes(tmp_path
     import sys
     import time
 
-    from test_surrogate import write_harvest
-
-    words = "the a river city vote law war peace tax school".split()
-    s1 = [f"{words[i % 10]} {words[(i * 3) % 10]} {words[(i * 7) % 10]}" for i in range(60)]
-    s2 = [f"{words[(i + 1) % 10]} {words[(i * 3) % 10]}" for i in range(60)]
-    write_harvest(tmp_path / "h", s1, s2, [((i % 7) / 7.0) for i in range(60)],
-                  ["dev"] * 10 + ["test"] * 10 + ["train"] * 40)
+    toy_harvest(tmp_path / "h")
     sets = ("scratch.hidden_size=32", "scratch.num_layers=1", "scratch.num_heads=2", "scratch.intermediate_size=64",
             "batch_size=8", "eval_every=5", "max_seq_length=16")
     args = ["train", "surrogate", "--data", "h", "--backbone", str(tiny_bert), "--out", "sur", "--init", "scratch",
