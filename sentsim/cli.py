@@ -9,7 +9,7 @@ import os
 import pkgutil
 import re
 import sys
-from typing import Sequence
+from typing import Optional, Sequence
 
 from sentsim.errors import UsageError
 
@@ -122,7 +122,18 @@ def _wrapped_usage_error(exc: BaseException):
 
 # pyarrow's S3 errors as Ray passes them on when only their text survives (an actor that died in its
 # constructor: ActorDiedError carries the traceback as text, not the OSError)
-_S3_ERROR_TEXT = re.compile(r"(?:OSError|ArrowIOError): ([^\n]*(?:AWS Error|curlCode|resolving region)[^\n]*)")
+_S3_MARKS = r"AWS Error|curlCode|resolving region"  # what pyarrow's S3 client's messages hold
+_S3_ERROR_IN_TEXT = re.compile(rf"(?:OSError|ArrowIOError): ([^\n]*(?:{_S3_MARKS})[^\n]*)")
+
+
+def _pyarrow_s3_message(e: BaseException) -> Optional[str]:
+    """pyarrow's S3 error: its own OSError's message, or the one quoted in the text of an error Ray passed on
+    from an actor (which is no OSError)."""
+    first = (str(e).splitlines() or [""])[0]
+    if isinstance(e, OSError) and re.search(_S3_MARKS, first):
+        return first.strip()
+    m = _S3_ERROR_IN_TEXT.search(str(e))
+    return m.group(1).strip() if m else None
 
 
 _MISSING_BUCKET = re.compile(r"Bucket '([^']+)' not found|\(NoSuchBucket\)()")
@@ -133,8 +144,7 @@ def _object_store_error(exc: BaseException, argv: Sequence[str]):
     that says which settings pyarrow's S3 client (and boto3, for the run's lease) reads, and that on a
     cluster each node reads them from its own environment."""
     botocore = next((e for e in _chain(exc) if type(e).__module__.startswith("botocore")), None)
-    s3_text = next((m.group(1).strip() for e in _chain(exc) for m in [_S3_ERROR_TEXT.search(f"OSError: {e}"
-                    if isinstance(e, OSError) else str(e))] if m), None)
+    s3_text = next((m for m in map(_pyarrow_s3_message, _chain(exc)) if m), None)
     if botocore is not None:  # the lease's boto3, e.g. NoCredentialsError: "Unable to locate credentials"
         first = (str(botocore).splitlines() or [repr(botocore)])[0]
     elif s3_text is not None:  # pyarrow's S3 client, wherever the run's paths came from (flags or --config)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Mapping, Optional, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from sentsim.errors import UsageError
 
@@ -96,6 +96,31 @@ def bool_for_number(kind: Any, value: Any, at: str = "") -> Optional[str]:
 
 # A random seed: numpy's generators refuse negative ones, and torch's those past 64 bits.
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
+
+class SpeltSwitch:
+    """A GPU or bf16 switch read alike in every config, whichever way its schema stores it: true, yes and on
+    mean `yes`; false, no and off `no`; null and auto `auto`; anything else is left for the schema to refuse."""
+
+    in_words = "true/yes/on, false/no/off and auto/null read alike"  # docs/configuration.md's constraint cell
+
+    def __init__(self, *, yes: Any, no: Any, auto: Any):
+        self.yes, self.no, self.auto = yes, no, auto
+
+    def __call__(self, value: Any) -> Any:
+        word = value.strip().lower() if isinstance(value, str) else value
+        if word is None or word == "auto":
+            return self.auto
+        if isinstance(word, bool):
+            return self.yes if word else self.no
+        return self.yes if word in ("yes", "true", "on") else self.no if word in ("no", "false", "off") else value
+
+
+# The two ways the schemas store them (one spelling for the user, above); each keeps its stored values, so
+# the runs fingerprinted with them keep their fingerprints.
+GpuChoice = Annotated[Literal["auto", "yes", "no"], BeforeValidator(SpeltSwitch(yes="yes", no="no", auto="auto"))]
+Bf16Choice = Annotated[Literal["auto", "off"], BeforeValidator(SpeltSwitch(yes="auto", no="off", auto="auto"))]
+GpuWhenThere = Annotated[Optional[bool], BeforeValidator(SpeltSwitch(yes=True, no=False, auto=None))]
+Bf16WhenThere = Annotated[bool, BeforeValidator(SpeltSwitch(yes=True, no=False, auto=True))]
 
 
 class YamlRefusal(yaml.constructor.ConstructorError):
@@ -317,14 +342,16 @@ def run_exit_code(manifest: dict, max_units, force_new: bool = False) -> int:
     return 0
 
 
-def add_config_arguments(parser) -> None:
-    """The flags every job shares: --config, --set, --address."""
+def add_config_arguments(parser, *, ray: bool = True) -> None:
+    """The flags every job shares: --config, --set, and --address where the job runs on Ray (`ray`); a
+    command that never starts Ray takes no --address, which would otherwise be accepted and do nothing."""
     parser.add_argument("--config", metavar="FILE", help="YAML config file (keys: docs/configuration.md)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override one config key, dotted for nested keys (repeatable)",
     )
-    parser.add_argument(
-        "--address", default=None,
-        help="Ray cluster to attach to (default: RAY_ADDRESS if set, else a local in-process Ray)",
-    )
+    if ray:
+        parser.add_argument(
+            "--address", default=None,
+            help="Ray cluster to attach to (default: RAY_ADDRESS if set, else a local in-process Ray)",
+        )

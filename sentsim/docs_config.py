@@ -174,7 +174,7 @@ def constraints(info: FieldInfo) -> list[str]:
             out.append("finite")
         func = getattr(m, "func", None)
         if callable(func):
-            out.append(f"checked by {getattr(func, '__name__', 'a validator')}")
+            out.append(getattr(func, "in_words", None) or f"checked by {getattr(func, '__name__', 'a validator')}")
     return out
 
 

@@ -58,6 +58,7 @@ def verify_run(uri: str) -> Tuple[List[str], Optional[str]]:
     markers, invalid = store.marker_scan()
     for unit, why in sorted(invalid.items()):
         problems.append(f"{UNITS_DIR}/{unit:05d}.json: completion marker {why}; the unit is redone on resume")
+    _check_foreign_marker_names(store, problems)
     comp = load_compaction(store, fp)
     claimed: Set[str] = set()
     _check_marked_files(store, markers, comp, fp, tables, claimed, problems)
@@ -150,6 +151,19 @@ def _check_unclaimed_files(store: ShardStore, tables: dict, claimed: Set[str], p
                 problems.append(f"{rel}: a compacted file no compaction names (left over); {AGAIN}")
             elif info.base_name.endswith(".parquet"):
                 problems.append(f"{rel}: no completion marker (partial unit or foreign file)")
+
+
+def _check_foreign_marker_names(store: ShardStore, problems: List[str]) -> None:
+    """Files in _units/ not named as a marker is (NNNNN.json): a copy or a renamed marker, which every reader
+    passes over; said, so that a unit whose marker was renamed is not simply redone without a word."""
+    d = store.path(UNITS_DIR)
+    if not sfs.exists(store.fs, d):
+        return
+    for info in store.fs.get_file_info(pafs.FileSelector(d)):
+        name = info.base_name
+        if not name.startswith(".") and not (name.endswith(".json") and name[:-5].isdigit()):
+            problems.append(f"{UNITS_DIR}/{name}: not a completion marker's name (NNNNN.json), so no reader "
+                            "reads it; move it out of the run")
 
 
 def _check_side_tables(store: ShardStore, fp, problems: List[str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from sentsim.config import add_config_arguments, load_config
-from sentsim.training.cli import add_force_new, add_num_workers
+from sentsim.training.cli import add_force_new, add_max_steps, add_num_workers
 
 COMMAND = ("train", "discriminator")
 HELP = "train the BiLSTM coherence discriminator (Ray Train; held-out accuracy and AUC)"
@@ -16,6 +16,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="model directory to write; rerunning with the same --out resumes an unfinished run")
     add_num_workers(parser)
+    add_max_steps(parser, "stop after N optimizer steps per worker, within the epochs (0: run the epochs out; "
+                          "default: the config's train.max_steps)", least=0)
     add_force_new(parser)
     add_config_arguments(parser)
 
@@ -26,6 +28,8 @@ def run(args) -> int:
     overrides = list(args.overrides)
     if args.num_workers is not None:
         overrides.append(f"train.num_workers={args.num_workers}")
+    if args.max_steps is not None:  # 0 runs the epochs out, as in the other trainers (here: no max_steps)
+        overrides.append(f"train.max_steps={args.max_steps or 'null'}")
     job = load_config(DiscriminatorJob, args.config, overrides)
     metrics = train_discriminator(args.corpus, args.out, job, address=args.address, force_new=args.force_new)
     keep = ("step", "heldout_accuracy", "heldout_auc", "heldout_auc_same_doc", "heldout_auc_random",

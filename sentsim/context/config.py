@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sentsim.config import Section
+from sentsim.config import Bf16Choice, GpuChoice, Section
 
 # Token budgets of a batch (padded tokens of one forward pass) when a config leaves batch_tokens at 0: on a
 # CPU 2,048-4,096 measured best (bench/results/context_scoring.md); a GPU needs far larger batches to fill.
@@ -146,10 +146,10 @@ class ContextTrainConfig(Section):
     # Ray Train: DDP over `num_workers`; fractional CPUs per worker on small CPU nodes.
     num_workers: int = Field(1, ge=1)  # execution, not in the paper
     cpus_per_worker: float = Field(1.0, gt=0)  # execution, not in the paper
-    use_gpu: Literal["auto", "yes", "no"] = "auto"  # GPU when CUDA is present
+    use_gpu: GpuChoice = "auto"  # GPU when CUDA is present
     # bf16 autocast (not in §3.2.2; execution): "auto" = on GPUs and on CPUs with native bf16 (avx512_bf16,
     # AMX; sentsim/hardware.py), fp32 elsewhere; SENTSIM_CPU_BF16=1 forces it on a CPU for an A/B.
-    bf16: Literal["auto", "off"] = "auto"
+    bf16: Bf16Choice = "auto"  # true reads as auto
     torch_threads: int = Field(0, ge=0)  # 0 = torch default
     executor: Literal["ray", "inline"] = "ray"  # inline = the same loop in this process, no Ray (tests, debugging)
 
@@ -214,10 +214,10 @@ class ContextTrainConfig(Section):
 
 class ScorerConfig(Section):
     # Eq. 3 weights λ1..λ4 (§3.3); the paper does not give their values, equal weights by default.
-    lambda_disc: float = 1.0  # λ1 · log p(y=1 | s, c<, c>)
-    lambda_fwd: float = 1.0  # λ2 · (1/|s|) log p(s | c<, c>)
-    lambda_left: float = 1.0  # λ3 · (1/|c<|) log p(c< | s, c>)
-    lambda_right: float = 1.0  # λ4 · (1/|c>|) log p(c> | c<, s)
+    lambda_disc: float = 1.0  # λ1 · log p(y=1 | s, c<, c>); 0 or more
+    lambda_fwd: float = 1.0  # λ2 · (1/|s|) log p(s | c<, c>); 0 or more
+    lambda_left: float = 1.0  # λ3 · (1/|c<|) log p(c< | s, c>); 0 or more
+    lambda_right: float = 1.0  # λ4 · (1/|c>|) log p(c> | c<, s); 0 or more
     # Table 8 ablations: full / w/o discriminative / w/o left-context / w/o right-context / w/o both contexts.
     ablation: Literal["full", "no_discriminative", "no_left", "no_right", "no_both"] = "full"
     use_fwd: bool = True  # not a Table 8 row; lets a job skip the forward model
@@ -225,8 +225,10 @@ class ScorerConfig(Section):
     # batches, padded source + target tokens for decoder batches). Not in §3.3; 2048-4096 measured best on
     # CPU (bench/results/context_scoring.md), use 65536 or more on a GPU.
     batch_tokens: int = Field(0, ge=0)  # 0 = by device: 4,096 on a CPU, GPU_SCORE_BATCH_TOKENS on a GPU
-    # Directions skipped entirely (not computed) when their λ is zero or ablated away.
-    skip_disabled: bool = True  # execution, not in the paper
+    # Directions skipped entirely (not computed) when their λ is zero or ablated away: their context_scores are
+    # then null, and `sentsim remix` cannot weigh them in, so this is part of a harvest's fingerprint. Not in
+    # the paper.
+    skip_disabled: bool = True
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")  # auto = cuda if available
     # auto = bf16 on GPUs and on CPUs with native bf16 (avx512_bf16 / AMX, sentsim/hardware.py), else fp32
     autocast: Literal["auto", "bf16", "fp16", "off"] = "auto"

@@ -38,6 +38,7 @@ from sentsim.pairs_file import read_pairs_file
 from sentsim.pipeline import Resources, StageSpec, UnitPlan
 from sentsim.run_formats import spelt_as_stored
 from sentsim.screening.cache_job import ensure_rep_cache, given_rep_cache, rep_cache_uri
+from sentsim.screening.config import discriminator_in_use
 from storage import ShardStore
 from storage.fs import input_sha256
 
@@ -331,7 +332,7 @@ def check_scoring_device(cfg: HarvestConfig, executor: str) -> None:
 
 def uses_rep_cache(cfg: HarvestConfig) -> bool:
     """Screening with a discriminator scores contexts from its representation cache (003 §3.3)."""
-    return bool(cfg.discriminator) and cfg.contexts.mode == "screened"
+    return discriminator_in_use(cfg.discriminator, cfg.contexts.mode)
 
 
 def check_scorable_terms(cfg: HarvestConfig) -> None:

@@ -43,6 +43,7 @@ from sentsim.harvest.eq4_rows import MissingTerm, UnitTerms, has_no_contexts, pa
 from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
 from sentsim.run_formats import scoring_config
+from sentsim.screening.config import discriminator_in_use
 
 STAGE = "harvest-remix"
 
@@ -80,10 +81,8 @@ def resolve(cfg: RemixConfig, manifest: dict, pooled: bool = False) -> tuple[dic
                          f"({format_validation_error(exc).removeprefix('invalid config: ')}); harvest again "
                          "with this sentsim") from None
     on, src_lam = scoring.enabled(), scoring.weights()
-    # the disc term is scored only with a discriminator over screened contexts (harvest.job.uses_rep_cache):
-    # without them the source's λ_disc weighed nothing, and the remix says so (λ disc 0)
-    on["disc"] = on["disc"] and bool(src.get("discriminator")) and (src.get("contexts") or {}).get(
-        "mode", "screened") == "screened"
+    # without a discriminator in use the source's λ_disc weighed nothing, and the remix says so (λ disc 0)
+    on["disc"] = on["disc"] and discriminator_in_use(src.get("discriminator"), (src.get("contexts") or {}).get("mode"))
     lam = {}
     for t in TERMS:
         given = getattr(cfg, f"lambda_{t}")

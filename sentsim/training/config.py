@@ -6,11 +6,11 @@ its paper (batch size, learning rate, warm-up, sequence length, evaluation caden
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import Field
 
-from sentsim.config import Section, Seed
+from sentsim.config import Bf16WhenThere, GpuWhenThere, Section, Seed
 
 # Settings a resumed run may change: how long and how wide to train, not what is trained. They are
 # left out of the run's fingerprint, so changing them against the same --out resumes.
@@ -35,8 +35,8 @@ class TrainingSection(Section):
     max_grad_norm: float = Field(1.0, gt=0)
     num_workers: int = Field(1, ge=1)  # DDP processes on Ray Train
     cpus_per_worker: float = Field(1.0, gt=0)  # fractional on small machines: 0.5 lets two workers share a core
-    use_gpu: Optional[bool] = None  # None: use GPUs when the cluster has one per worker
-    bf16: bool = True  # autocast to bfloat16 on GPUs that support it; losses reduce in float32
+    use_gpu: GpuWhenThere = None  # None (auto): use GPUs when the cluster has one per worker
+    bf16: Bf16WhenThere = True  # (auto = true): autocast to bfloat16 on GPUs that support it; losses reduce in float32
     checkpoints_to_keep: int = Field(2, ge=1)
     seed: Seed = 0
     scratch: ScratchConfig = ScratchConfig()

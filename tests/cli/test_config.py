@@ -70,8 +70,31 @@ def test_yaml_boolean_words_read_as_the_choices_they_spell(tmp_path):
     cfg = load_config(ContextTrainConfig, str(f))
     assert (cfg.bf16, cfg.use_gpu) == ("off", "no")
     assert load_config(ContextTrainConfig, None, ["use_gpu=yes"]).use_gpu == "yes"
-    with pytest.raises(UsageError, match="bf16"):  # `on` is not one of bf16's choices, and still says so
-        load_config(ContextTrainConfig, None, ["bf16=on"])
+    with pytest.raises(UsageError, match="bf16"):  # a word that spells no switch is refused, naming the key
+        load_config(ContextTrainConfig, None, ["bf16=maybe"])
+
+
+_ON, _OFF, _AUTO = (("yes", "auto"), (True, True)), (("no", "off"), (False, False)), (("auto", "auto"), (None, True))
+
+
+@pytest.mark.parametrize("given, context, trainer", [
+    ("true", *_ON), ("yes", *_ON), ("On", *_ON), ("false", *_OFF), ("no", *_OFF), ("off", *_OFF),
+    ("auto", *_AUTO), ("null", *_AUTO)])
+def test_gpu_and_bf16_switches_read_alike_in_every_trainer(given, context, trainer):
+    """train context stores use_gpu/bf16 as auto|yes|no and auto|off, the surrogate and student as
+    bool|null and bool: each takes the other's spelling, so one config line means one thing everywhere."""
+    from sentsim.context.config import ContextTrainConfig
+    from sentsim.students.config import StudentConfig
+    from sentsim.surrogate.config import SurrogateConfig
+
+    sets = [f"use_gpu={given}", f"bf16={given}"]
+    c = load_config(ContextTrainConfig, None, sets)
+    assert (c.use_gpu, c.bf16) == context
+    for schema in (SurrogateConfig, StudentConfig):
+        t = load_config(schema, None, sets)
+        assert (t.use_gpu, t.bf16) == trainer
+    # the stored values are those of before, so runs fingerprinted with them still resume
+    assert ContextTrainConfig().model_dump()["use_gpu"] == "auto" and SurrogateConfig().model_dump()["bf16"] is True
 
 
 def test_teacher_config_reads_the_user_cache_that_sentsim_cache_names(tmp_path, monkeypatch):

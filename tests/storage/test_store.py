@@ -48,6 +48,13 @@ def test_verify_flags_orphans_missing_and_foreign_dirs(run_copy, tmp_path):
     assert any("part-00099.parquet" in p and "no completion marker" in p for p in problems)
     assert any("sentences/part-00003.parquet" in p for p in problems)
     assert any("00003" in p and "not complete" in p for p in problems)
+    # a marker copied or renamed by hand: no reader reads it, and verify says so rather than passing it over
+    shutil.copy(run_copy / "_units" / "00002.json", run_copy / "_units" / "00002 (copy).json")
+    (run_copy / "_units" / ".00004.json.tmp").write_text("{}")  # a writer's temporary: not the user's doing
+    r = sentsim_cli("store", "verify", run_copy)
+    assert r.returncode == 1
+    bad = [line for line in r.stderr.splitlines() if "_units/" in line and "not a completion marker" in line]
+    assert len(bad) == 1 and "_units/00002 (copy).json" in bad[0], r.stderr
     r = sentsim_cli("store", "verify", tmp_path / "nothing")
     assert r.returncode == 2 and "no manifest.json" in r.stderr
 

@@ -52,9 +52,14 @@ def _run(cwd: Path, env: dict, *args):
 def test_train_discriminator_relative_paths(tmp_path, speech_corpus, head_env):
     corpus = os.path.relpath(speech_corpus, tmp_path)
     sets = ["model.embed_dim=16", "model.hidden=16", "model.head_dim=16", "model.max_tokens=16",
-            "model.embed_init=random", "train.max_steps=2", "train.batch_size=8", "train.max_heldout_windows=32"]
+            "model.embed_init=random", "train.batch_size=8", "train.max_heldout_windows=32"]
+    sets = [x for s in sets for x in ("--set", s)]
+    # --max-steps is spelt as in every trainer; a bad count is argparse's one line
+    r = sentsim_cli("train", "discriminator", "--corpus", corpus, "--out", "disc", "--max-steps", "-1", *sets,
+                    cwd=tmp_path, env=head_env)
+    assert r.returncode == 2 and "--max-steps: expected a whole number of steps, 0 or more (got '-1')" in r.stderr
     r = _run(tmp_path, head_env, "train", "discriminator", "--corpus", corpus, "--out", "disc", "--num-workers", "1",
-             *[x for s in sets for x in ("--set", s)])
+             "--max-steps", "2", *sets)
     out = tmp_path / "disc"
     assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "vocab.json", "sentsim_model.json"}
     cfg = json.loads((out / "config.json").read_text())
@@ -70,9 +75,10 @@ def test_train_context_relative_paths(tmp_path, speech_corpus, head_env):
     corpus = os.path.relpath(speech_corpus, tmp_path)
     sets = ["model.vocab_size=400", "model.d_model=32", "model.encoder_layers=1", "model.decoder_layers=1",
             "model.attention_heads=2", "model.ffn_dim=64", "model.max_source_tokens=64", "model.max_target_tokens=32",
-            "max_steps=2", "eval_every=2", "warmup_steps=1", "batch_tokens=512", "heldout_percent=20",
+            "eval_every=2", "warmup_steps=1", "batch_tokens=512", "heldout_percent=20",
             "heldout_windows=8", "tokenizer_sentences=2000", "shuffle_buffer=64", "torch_threads=1"]
     sets = [x for s in sets for x in ("--set", s)]
+    sets += ["--max-steps", "2"]
     r = _run(tmp_path, head_env, "train", "context", "--corpus", corpus, "--out", "ctx", "--direction", "fwd",
              "--num-workers", "1", *sets)
     assert "model fwd:" in r.stdout and "2 steps" in r.stdout
@@ -80,6 +86,11 @@ def test_train_context_relative_paths(tmp_path, speech_corpus, head_env):
     assert json.loads((out / "context.json").read_text())["directions"] == {"fwd": "models/fwd"}
     assert (out / "tokenizer" / "tokenizer.json").is_file() and (out / "models/fwd/model.safetensors").is_file()
     assert [h["step"] for h in json.loads((out / "runs/fwd/history.json").read_text())] == [0, 2]
+    # a finished run given a larger --max-steps goes on from where it stopped (the last flag given wins)
+    r = _run(tmp_path, head_env, "train", "context", "--corpus", corpus, "--out", "ctx", "--direction", "fwd",
+             "--num-workers", "1", *sets, "--max-steps", "4")
+    assert "4 steps" in r.stdout, r.stdout[-2000:]
+    assert [h["step"] for h in json.loads((out / "runs/fwd/history.json").read_text())] == [0, 2, 4]
     # other settings against the same --out are refused before any training; --force-new is the way out
     r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx", "--direction", "fwd", *sets,
                     "--set", "lr=1e-3", cwd=tmp_path, env=head_env)
