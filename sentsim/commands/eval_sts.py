@@ -44,7 +44,7 @@ def add_arguments(parser) -> None:
                         help="--model: sentences (or pairs, for a cross-encoder) encoded at once (default 64)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown")
-    add_config_arguments(parser)
+    add_config_arguments(parser, ray=False)  # it scores in this process
 
 
 def run(args) -> int:

@@ -13,6 +13,7 @@ a damaged one is built again.
 from __future__ import annotations
 
 import json
+import sys
 
 from sentsim.config import add_config_arguments, load_config
 from sentsim.errors import UsageError
@@ -55,6 +56,10 @@ def run(args) -> int:
         from sentsim.runtime import init_ray
 
         init_ray(args.address)
+    elif args.address:
+        how = "the lucene backend indexes with threads" if cfg.backend == "lucene" else "one worker builds here"
+        print(f"note: --address is not used ({how}); the sklearn backend builds on Ray with --num-workers 2 or more",
+              file=sys.stderr, flush=True)
     manifest = build_index(args.corpus, args.out, cfg, workers=args.workers)
     summary = {k: manifest[k] for k in ("backend", "similarity", "n_chunks", "vocab_size", "build_seconds",
                                         "build_workers", "size_bytes", "corpus_fingerprint")}

@@ -78,7 +78,7 @@ UNFINGERPRINTED = (("out", "resources", "contexts.rep_cache", "rank.encoder") + 
                    + tuple(f"scoring.{k}" for k in SCORING_EXECUTION))
 
 
-# a share of the pairs (train, dev or test; 003 §4)
+# a share of the pairs (train, dev or test; 003 §3.4)
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
@@ -104,7 +104,7 @@ class HarvestConfig(Section):
     metric: Annotated[str, metrics.OneOf(metrics.names)] = metrics.DEFAULT
     reference_sentences: int = Field(
         8, ge=0, description="sentences whose mean score per context is the context effect (double-centred)")
-    splits: Tuple[Fraction, Fraction, Fraction] = (0.98, 0.01, 0.01)  # 003 §4: 98/1/1 train/dev/test
+    splits: Tuple[Fraction, Fraction, Fraction] = (0.98, 0.01, 0.01)  # 003 §3.4: 98/1/1 train/dev/test
     # The context_scores table (every scored (sentence, context) term, float32: 36 bytes per item before
     # compression) is what `sentsim remix` re-weighs Eq. 3 from. At |C_s| = 500 a pair needs ~2,000 items,
     # the largest table of a harvest by far; `none` keeps no such table when λ are settled

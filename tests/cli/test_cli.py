@@ -89,6 +89,19 @@ def test_corpus_build_names_an_input_that_is_no_regular_file(capsys, tmp_path):
 
 
 
+def test_address_is_offered_only_where_it_is_used(capsys, tmp_path, speech_corpus):
+    """eval sts scores in its own process: --address there is refused as unknown, not accepted and ignored;
+    index build uses it only to build on Ray (sklearn, --num-workers 2 or more), and says so otherwise."""
+    with pytest.raises(SystemExit) as stop:  # argparse's own exit
+        run_main(capsys, "eval", "sts", "--tfidf", "--data", tmp_path, "--address", "127.0.0.1:6379")
+    assert stop.value.code == 2 and "unrecognized arguments: --address" in capsys.readouterr().err
+    code, out, err = run_main(capsys, "index", "build", "--corpus", speech_corpus, "--out", tmp_path / "index",
+                              "--address", "127.0.0.1:1")  # no cluster there: it must not be dialled
+    assert code == 0, err
+    assert err.splitlines()[0] == ("note: --address is not used (one worker builds here); the sklearn backend builds "
+                                   "on Ray with --num-workers 2 or more"), err
+
+
 def test_every_command_has_its_ray_job_file_and_the_readme_names_it():
     """README's Commands table: "each runs as a Ray job through the file beside it". Each jobs/*.py runs one
     command (its `--help` is that command's), and each command has one."""
