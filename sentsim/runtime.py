@@ -25,11 +25,13 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> N
 
     if ray.is_initialized():
         return
+    from_env = not address and bool(os.environ.get("RAY_ADDRESS"))
     address = address or os.environ.get("RAY_ADDRESS")
     # A job's env may carry Ray's own log spam settings; keep the console for our progress lines.
     kwargs = dict(log_to_driver=True, configure_logging=True, logging_level="WARNING")
     try:
         if address:
+            _check_reachable(address, from_env)
             ray.init(address=address, **kwargs)
         else:
             _require_token_auth()
@@ -42,6 +44,8 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> N
                     runtime_env={"worker_process_setup_hook": quiet_state_api_probe},
                     **kwargs,
                 )
+    except UsageError:
+        raise
     except ConnectionError as exc:
         # A cluster refusing a missing or wrong token looks the same to ray.init (its log says
         # "InvalidAuthToken"), so the hint goes with every failed attach.
@@ -55,6 +59,116 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> N
             raise
         raise UsageError(f"could not start a local Ray: {str(exc).splitlines()[0]}") from None
     one_line_coordinator_warnings()  # the driver runs Ray Data's executor and Ray Train's driver side
+
+
+# How long the check before ray.init waits for a TCP connection, then for a gRPC (HTTP/2) handshake: a
+# healthy cluster answers both in well under a second, even over a slow link.
+_PROBE_TIMEOUT_S = 5.0
+
+
+def _check_reachable(address: str, from_env: bool) -> None:
+    """Fail in seconds, as a one-line UsageError, where nothing at `address` could be a Ray cluster.
+
+    ray.init(address=...) itself retries for minutes where nothing answers (Ray 2.60: Node._init_gcs_client
+    makes NUM_REDIS_GET_RETRIES=20 GcsClient attempts, each waiting up to py_gcs_connect_timeout_s=30 s for
+    the cluster ID, after gcs_rpc_server_connect_timeout_s=5 s for the channel), logging only "Failed to
+    connect to GCS at address ... within 5 seconds". So first dial what Ray would dial (an address of this
+    machine canonicalised as Ray does, "auto" looked up as Ray does, a ray:// client address as given):
+    a refused or unanswered TCP connect, an unknown host name, or a listener that does not speak gRPC
+    (a dashboard's or any other HTTP port) is refused here. Anything that does answer is left to ray.init,
+    which still says why a live cluster turns the driver away (a missing or wrong token).
+    """
+    try:  # Ray's own address handling (pinned Ray); without it, ray.init alone decides
+        from ray._common.network_utils import parse_address
+        from ray._private import services
+    except ImportError:
+        return
+
+    client = "://" in address
+    if client:  # ray://host:port: Ray Client dials it as given
+        target = address.split("://", 1)[1].split("/", 1)[0]
+    else:  # ConnectionError for an "auto" that finds no cluster, as ray.init would raise
+        target = services.canonicalize_bootstrap_address(address)
+        if target is None:  # "local"
+            return
+    parsed = parse_address(target)
+    if parsed is None or not parsed[1].isdigit():
+        return  # ray.init says what is wrong with it
+    host, port = parsed[0], int(parsed[1])
+    reason = _tcp_refusal(host, port) or _grpc_refusal(target, client)
+    if reason is None:
+        return
+    shown = address + (" (from RAY_ADDRESS)" if from_env else "")
+    dialled = "" if target in (address, address.split("://", 1)[-1]) else f"{target}: "
+    what = ("its Ray Client port (`ray start --ray-client-server-port`, 10001 by default)" if client else
+            "its GCS port (`ray start --head --port`, 6379 by default; not the dashboard's 8265)")
+    source = "RAY_ADDRESS (or --address, which overrides it)" if from_env else "--address (or RAY_ADDRESS)"
+    raise UsageError(f"cannot reach the Ray cluster at {shown} ({dialled}{reason}); check that `ray start` "
+                     f"runs there, that {port} is {what}, and that {source} names that cluster")
+
+
+def _tcp_refusal(host: str, port: int) -> Optional[str]:
+    """Why a TCP connection to host:port fails within _PROBE_TIMEOUT_S, or None once one is made."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=_PROBE_TIMEOUT_S):
+            return None
+    except socket.gaierror as exc:
+        return f"host name not resolved: {exc.strerror or exc}"
+    except ConnectionRefusedError:
+        return "connection refused: nothing listens on that port"
+    except (TimeoutError, socket.timeout):
+        return f"no answer within {_PROBE_TIMEOUT_S:g} s"
+    except OSError as exc:  # no route to host, network unreachable
+        return (exc.strerror or str(exc)).lower()
+
+
+def _grpc_refusal(target: str, client: bool) -> Optional[str]:
+    """Why the listener at `target` is no Ray GCS (or, for a ray:// address, no gRPC server), or None.
+
+    Asks a GCS for its cluster ID, the first thing ray.init asks, with the token where there is one:
+    any answer but "no such method" (another gRPC or HTTP/2 server) or none at all is a GCS's, and a
+    GCS turning the driver away (a wrong token) is left to ray.init to say. Ray Client is only
+    handshaken with. Skipped under RAY_USE_TLS, where Ray's channels are TLS ones; no HTTP proxy, as
+    Ray's own channels use none (grpc_enable_http_proxy)."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return None
+    import grpc
+
+    timeout = 1.6 * _PROBE_TIMEOUT_S
+    channel = grpc.insecure_channel(target, options=[("grpc.enable_http_proxy", 0)])
+    try:
+        if client:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=timeout)
+                return None
+            except grpc.FutureTimeoutError:
+                return f"a listener there, but no gRPC answer within {timeout:g} s: not a Ray Client server"
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+        try:
+            from ray._private.authentication.grpc_authentication_client_interceptor import (
+                _get_authentication_metadata_tuple,
+            )
+
+            metadata = _get_authentication_metadata_tuple()
+        except Exception:  # a Ray without it: ask without the token
+            metadata = ()
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout, metadata=metadata)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                return "a server there, but not a Ray GCS"
+            if code == grpc.StatusCode.UNAVAILABLE:
+                return "a listener there, but not a gRPC server: not a Ray GCS"
+            # DEADLINE_EXCEEDED is left to ray.init: a GCS on a loaded machine may be slow, and only a wrong
+            # refusal would cost the user anything
+        return None
+    finally:
+        channel.close()
 
 
 def _require_token_auth() -> None:

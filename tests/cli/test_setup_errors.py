@@ -182,3 +182,45 @@ def test_setup_errors_are_found_inside_wrapping_errors():
     assert _setup_error(text, args).startswith("no space left on the device (/ckpt/model.safetensors)")
     assert _setup_error(ValueError("bad"), args) is None
     assert _setup_error(OSError(errno.ENOENT, "No such file"), args) is None  # not a setup error: left alone
+
+
+@pytest.mark.parametrize("how", ["--address", "RAY_ADDRESS", "http listener"])
+def test_an_address_where_no_ray_cluster_listens_is_one_line_in_seconds(how, sample_path, tmp_path):
+    """No cluster at the address (a closed local port, or a port where an HTTP server listens): ray.init
+    would retry for minutes with only Ray's "Failed to connect to GCS ... within 5 seconds" lines; the
+    command says so in one line within seconds and exits 2, with no run written."""
+    import threading
+    import time
+    from http.server import HTTPServer, SimpleHTTPRequestHandler
+
+    from conftest import LOOPBACK_ENV, error_line, free_port
+
+    server = None
+    if how == "http listener":  # on loopback, and Ray made to dial loopback (else it dials this machine's IP)
+        server = HTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        address, env = f"127.0.0.1:{server.server_address[1]}", dict(LOOPBACK_ENV)
+    else:
+        address, env = f"127.0.0.1:{free_port()}", {}  # nothing listens there once free_port has closed it
+    args = ["corpus", "build", sample_path, "--out", tmp_path / "corpus"]
+    if how == "RAY_ADDRESS":
+        env["RAY_ADDRESS"] = address
+    else:
+        args += ["--address", address]
+    start = time.monotonic()
+    try:
+        r = sentsim_cli(*args, env=env, timeout=120)
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+    took = time.monotonic() - start
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    line = error_line(r.stderr)
+    shown = address + (" (from RAY_ADDRESS)" if how == "RAY_ADDRESS" else "")
+    assert line.startswith(f"sentsim: error: cannot reach the Ray cluster at {shown} ("), line
+    assert ("not a Ray GCS" if server else "connection refused") in line, line
+    assert "`ray start`" in line and "RAY_ADDRESS" in line and "GCS port" in line, line
+    assert "interrupted" not in r.stderr
+    assert took < 60, took  # in practice a few seconds, of which most is importing Ray
+    assert not (tmp_path / "corpus").exists()
