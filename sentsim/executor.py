@@ -87,7 +87,8 @@ class ShardedJob(ABC):
         """The stage specs a unit goes through, built once there is work (after Ray is up)."""
 
     def prepare(self, ctx: "RunContext") -> None:
-        """After the resource check, before the first unit."""
+        """After the resource check, before the first unit. A run this job needs first (a rep cache, a pool's
+        vectors) is built here within ctx.max_units; stopped there, it raises PrerequisiteStopped."""
 
     def on_result(self, result: dict) -> bool:
         """Sees each finished unit's result; True: start no further units."""
@@ -106,6 +107,11 @@ class ShardedJob(ABC):
         return {}
 
 
+class PrerequisiteStopped(Exception):
+    """A run that a job builds before its own units (`ShardedJob.prepare`) stopped at --max-units: the job
+    runs none of its units this time, and the same command goes on with that run, then with the job's."""
+
+
 @dataclass
 class RunContext:
     job: ShardedJob
@@ -122,6 +128,8 @@ class RunContext:
     wall: float = 0.0
     specs: Optional[List[StageSpec]] = None
     actors: Dict[str, list] = field(default_factory=dict)  # stage -> distinct placements seen this run
+    # --max-units: each run the job builds first (prepare) runs at most this many of its units, then the job's own
+    max_units: Optional[int] = None
 
     def note_placement(self, result: dict) -> None:
         for stage, where in (result.pop(PLACEMENT_KEY, None) or {}).items():
@@ -280,7 +288,7 @@ def _execute(job: ShardedJob, store, fp: str, planned, units, executor: str, add
     manifest = store.open_run(job.stage, fp, job.config(), job.inputs(), job.tables(),
                               planned_units=len(planned) if listed else None, force_new=force_new,
                               unfingerprinted=job.unfingerprinted, **({"extra": extra} if extra else {}))
-    ctx = RunContext(job, fp, store, manifest, executor, address, force_new, quiet)
+    ctx = RunContext(job, fp, store, manifest, executor, address, force_new, quiet, max_units=max_units)
     ctx.done = store.completed_units(fp, deep=job.deep)
     for u, why in sorted((getattr(store, "redo_reasons", None) or {}).items()):
         print(f"[{job.stage}] unit {u:05d} will be redone: {why}", file=stream, flush=True)
@@ -306,9 +314,15 @@ def _execute(job: ShardedJob, store, fp: str, planned, units, executor: str, add
                 init_ray(address)
             ctx.specs = job.stages(ctx)
             check_resources(ctx.specs, executor)
-            job.prepare(ctx)
+            try:
+                job.prepare(ctx)
+            except PrerequisiteStopped as stop:
+                print(f"[{job.stage}] {stop}", file=stream, flush=True)
+                stopped = True
             ctx.progress = Progress(job.stage, len(planned) if listed else None, len(ctx.done), job.count,
                                     stream=stream, gauges=job.gauges, run=job.out, detail=job.detail)
+        if stopped:
+            return
         for r in run_pipeline(window, ctx.specs, executor=executor):
             if store.lease is not None:
                 store.lease.check()  # another writer took the run over (stale lease): stop here, exit 2

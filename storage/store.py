@@ -95,7 +95,11 @@ def what_changed(stored: dict, config: dict, inputs: List[dict], most: int = 6, 
         parts.append(f"and {len(keys) - most} more key(s)")
     old_in = _flatten({"inputs": json.loads(json.dumps(stored.get("inputs") or [], default=str))})
     new_in = _flatten({"inputs": json.loads(json.dumps(inputs or [], default=str))})
-    changed = sorted(k for k in old_in.keys() | new_in.keys() if old_in.get(k) != new_in.get(k) and not skip(k))
+    # an input field a run recorded none of (e.g. `models`, from before runs recorded it) is not a change
+    field = lambda k: ".".join(k.split(".")[:3])  # noqa: E731  (inputs.<i>.<field>)
+    recorded = {field(k) for k in old_in}
+    changed = sorted(k for k in old_in.keys() | new_in.keys()
+                     if old_in.get(k) != new_in.get(k) and not skip(k) and field(k) in recorded)
     if changed:
         parts.append(f"input(s) changed: {', '.join(changed[:3])}" + (" ..." if len(changed) > 3 else ""))
     return "; ".join(parts) if parts else "same config and inputs, so a model or checkpoint they name changed"

@@ -7,7 +7,7 @@ Each pair (s1, s2) is compared over C = C_s1 + C_s2 (003 §3.3, Eq. 4), and its 
     score        Eq. 4 of S (Eq. 3) under the metric (sentsim/harvest/metrics/), given the context
                  effect when the metric reads one; in a grouped harvest, the variant `variant` instead
     null_reason  why score is null: NO_CONTEXTS (neither sentence has a context; their shortfall
-                 reasons follow) or DEGENERATE
+                 reasons follow), FEW_CONTEXTS (fewer than MIN_POINTS distinct ones) or DEGENERATE
     sim_<term>   Eq. 4 of each Eq. 3 term alone (disc, fwd, left, right): what each term says of the pair
     n_ctx_s1/2   |C_s1|, |C_s2|
     score_paper, score_union, score_centred
@@ -24,11 +24,13 @@ from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, 
 import numpy as np
 
 from sentsim.harvest.grouping import group_scores
-from sentsim.harvest.similarity import pair_similarity
+from sentsim.harvest.similarity import MIN_POINTS, pair_similarity
 
 # null_reason values (the harvest's reports and refusals list them; remix recognises the first)
 NO_CONTEXTS = "no contexts for either sentence"
 DEGENERATE = "score vectors degenerate (constant or unscored)"
+FEW_CONTEXTS = (f"fewer than {MIN_POINTS} distinct contexts for the pair (over two, Eq. 4 is exactly +1 or -1 "
+                "whatever the sentences)")
 
 Key = Hashable  # a context's key (an int in the harvest), or anything a caller scores sentences in
 
@@ -132,7 +134,7 @@ def pair_rows(pairs: Sequence[Tuple[Hashable, Hashable]], terms: UnitTerms, metr
         if variants is not None and variant != "paper":
             score = variants[i][variant]
         row["score"] = _value(score)
-        row["null_reason"] = None if np.isfinite(score) else DEGENERATE
+        row["null_reason"] = None if np.isfinite(score) else FEW_CONTEXTS if len(set(keys)) < MIN_POINTS else DEGENERATE
         for t, values in terms.terms.items():
             row[f"sim_{t}"] = _value(pair_similarity(values[idx1], values[idx2], metric))
         rows.append(row)
@@ -150,7 +152,8 @@ def vector_rows(pairs: Sequence[Tuple[int, int]], S: np.ndarray, terms: Mapping[
         row: dict = {"n_ctx_s1": int(scored[i]), "n_ctx_s2": int(scored[j])}
         score = pair_similarity(S[i], S[j], metric, effect)
         row["score"] = _value(score)
-        row["null_reason"] = None if np.isfinite(score) else DEGENERATE
+        both = int((np.isfinite(S[i]) & np.isfinite(S[j])).sum())
+        row["null_reason"] = None if np.isfinite(score) else FEW_CONTEXTS if both < MIN_POINTS else DEGENERATE
         for t, values in terms.items():
             row[f"sim_{t}"] = _value(pair_similarity(values[i], values[j], metric))
         rows.append(row)

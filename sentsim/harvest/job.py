@@ -130,7 +130,9 @@ class HarvestRun(ShardedJob):
         return self.cfg.model_dump()
 
     def inputs(self) -> List[dict]:
-        return [{"corpus": self.cfg.corpus, "fingerprint": self.corpus.fingerprint, **self.plan_info}]
+        # the models' identities (model_hashes, fingerprinted), so that a refused resume names the one changed
+        return [{"corpus": self.cfg.corpus, "fingerprint": self.corpus.fingerprint, **self.plan_info,
+                 "models": self.hashes}]
 
     def tables(self) -> dict:
         cfg = self.cfg
@@ -208,7 +210,7 @@ class HarvestRun(ShardedJob):
             cfg = self.cfg
             ensure_rep_cache(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator,
                              self.hashes["rep_cache"], cfg.resources.contexts, executor=ctx.executor,
-                             force_new=ctx.force_new, address=ctx.address, quiet=ctx.quiet)
+                             force_new=ctx.force_new, address=ctx.address, quiet=ctx.quiet, max_units=ctx.max_units)
 
     def vector_identity(self) -> dict:
         """What the pool's sentence vectors depend on besides the pool and the sentences (not the metric, the
@@ -234,7 +236,8 @@ class HarvestRun(ShardedJob):
             ctx.store.write_side_table(POOL_IDS_TABLE, pa.table({"sentence_id": pa.array(self.pool.ids, pa.int64())}),
                                        ctx.fp)
         job = PoolVectorsRun(self.cfg, self.pool_plan.texts, self.pool, self.vector_identity(), self.precision)
-        self.vectors_fp = ensure_pool_vectors(job, ctx.executor, ctx.address, ctx.force_new, ctx.quiet)["fingerprint"]
+        self.vectors_fp = ensure_pool_vectors(job, ctx.executor, ctx.address, ctx.force_new, ctx.quiet,
+                                              ctx.max_units)["fingerprint"]
         if metrics.get(self.cfg.metric).uses_context_effect and \
                 ctx.store.read_side_table(EFFECT_TABLE, fingerprint=ctx.fp) is None:
             effect = StoredVectors(job.out).context_effect()

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from sentsim.errors import UsageError
-from sentsim.executor import RunContext, ShardedJob, execute
+from sentsim.executor import PrerequisiteStopped, RunContext, ShardedJob, execute
 from sentsim.harvest.pool import POOL_TABLE, Pool
 from sentsim.harvest.work import SentenceVectors, envelope, work_of
 from sentsim.identity import fingerprint
@@ -191,8 +191,9 @@ class VectorWriteStage(Stage):
 
 
 def ensure_pool_vectors(job: PoolVectorsRun, executor: str, address: Optional[str], force_new: bool,
-                        quiet: bool) -> dict:
-    """Build (resume, or confirm) the harvest's vectors run; returns its manifest. --force-new on the harvest
+                        quiet: bool, max_units: Optional[int] = None) -> dict:
+    """Build (resume, or confirm) the harvest's vectors run, at most `max_units` of its units; returns its
+    manifest, or raises PrerequisiteStopped when --max-units left it unfinished. --force-new on the harvest
     rebuilds the vectors only when they are not these: of other inputs, or a folder whose manifest is missing
     or unreadable. Vectors of the same identity are still right, and keep the format they began in."""
     from storage import ShardStore, StoreError
@@ -204,7 +205,12 @@ def ensure_pool_vectors(job: PoolVectorsRun, executor: str, address: Optional[st
     same = old is not None and old.get("fingerprint") == job.fp
     if same and old.get("scoring_precision"):  # never bf16 and fp32 units in one run (job.scoring_precision)
         job.precision = old["scoring_precision"]
-    m = execute(job, executor=executor, address=address, force_new=force_new and not same, quiet=quiet)
+    m = execute(job, executor=executor, address=address, force_new=force_new and not same, quiet=quiet,
+                max_units=max_units)
+    if not m.get("complete") and max_units is not None:
+        raise PrerequisiteStopped(f"the pool's sentence vectors ({job.out}) stopped at --max-units {max_units}, "
+                                  f"{m['completed_units']}/{m['planned_units']} units done; no pair is labelled "
+                                  "until they are all done")
     if not m.get("complete"):
         raise UsageError(f"{job.out}: the sentence vectors did not complete; run the harvest again to resume them")
     return m

@@ -15,12 +15,16 @@ import numpy as np
 
 from sentsim.harvest import metrics
 
+MIN_POINTS = 3  # distinct contexts a pair's Eq. 4 needs (pair_similarity)
+
 
 def pair_similarity(
     v1: np.ndarray, v2: np.ndarray, metric: str = metrics.DEFAULT, context_effect: Optional[np.ndarray] = None
 ) -> float:
     """Similarity of two score vectors over the same contexts. NaN entries (unscored) are dropped pairwise,
-    with those where the context effect is NaN; fewer than two left gives NaN.
+    with those where the context effect is NaN; fewer than MIN_POINTS distinct (v1, v2) points left gives
+    NaN: over two, every correlation is exactly +1 or -1 whatever the sentences, a label that says nothing
+    (a context in both C_s1 and C_s2 is one point twice, so it is counted once).
 
     `context_effect`, per context, is read only by metrics that use it (double-centred)."""
     compare = metrics.get(metric).compare
@@ -32,7 +36,7 @@ def pair_similarity(
     if context_effect is not None:
         context_effect = np.asarray(context_effect, dtype=np.float64)
         ok &= np.isfinite(context_effect)
-    if ok.sum() < 2:
+    if ok.sum() < MIN_POINTS or len(np.unique(np.stack([v1[ok], v2[ok]], axis=1), axis=0)) < MIN_POINTS:
         return float("nan")
     return compare(v1[ok], v2[ok], None if context_effect is None else context_effect[ok])
 

@@ -25,7 +25,7 @@ from pydantic import Field
 from corpus.documents import doc_key_of
 from sentsim.config import Section
 from sentsim.errors import UsageError
-from sentsim.executor import RunContext, ShardedJob, execute
+from sentsim.executor import PrerequisiteStopped, RunContext, ShardedJob, execute
 from sentsim.identity import REP_CACHE_FORMAT, REP_CACHE_STAGE, cache_identity, corpus_fingerprint
 from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
@@ -196,8 +196,9 @@ def check_rep_cache(uri: str, identity: str) -> None:
 
 def ensure_rep_cache(rep_cache: Optional[str], out: str, corpus: str, discriminator: str, identity: str,
                      resources: StageResources, executor: str = "ray", force_new: bool = False,
-                     address: Optional[str] = None, quiet: bool = False) -> str:
-    """Check the given cache, or build (resume) the job's own one; returns its URI."""
+                     address: Optional[str] = None, quiet: bool = False, max_units: Optional[int] = None) -> str:
+    """Check the given cache, or build (resume) the job's own one, at most `max_units` of its units; returns
+    its URI, or raises PrerequisiteStopped when --max-units left it unfinished."""
     uri = rep_cache_uri(rep_cache, out)
     if rep_cache:
         check_rep_cache(uri, identity)
@@ -211,7 +212,12 @@ def ensure_rep_cache(rep_cache: Optional[str], out: str, corpus: str, discrimina
         old = None
     same = old is not None and old.get("identity") == identity
     m = build_rep_cache(RepCacheConfig(corpus=corpus, discriminator=discriminator, out=uri, resources=resources),
-                        executor=executor, force_new=force_new and not same, address=address, quiet=quiet)
+                        executor=executor, force_new=force_new and not same, address=address, quiet=quiet,
+                        max_units=max_units)
+    if not m["complete"] and max_units is not None:
+        raise PrerequisiteStopped(f"the representation cache ({uri}) stopped at --max-units {max_units}, "
+                                  f"{m['completed_units']}/{m['planned_units']} units done; no context is screened "
+                                  "until it is all done")
     if not m["complete"]:
         raise UsageError(f"{uri}: the representation cache did not complete; run the job again to resume it")
     return uri

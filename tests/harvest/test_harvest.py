@@ -184,6 +184,31 @@ def test_bad_config_and_refusals(inputs, tmp_path):
         ray.shutdown()
 
 
+def test_a_refused_resume_names_the_model_that_changed(inline_run, inputs, tmp_path):
+    """Paths are not fingerprinted, their contents are (model_hashes): a run resumed with another index
+    (or context model, discriminator) is refused naming that input, not "a model they name changed"."""
+    from sentsim.errors import UsageError
+    from sentsim.harvest.job import harvest
+    from sentsim.retrieval import IndexConfig, build_index
+
+    cfg, out = inline_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    other = tmp_path / "index2"
+    build_index(str(inputs["corpus"]), str(other), IndexConfig(n_shards=2))
+    with pytest.raises(UsageError) as refused:
+        harvest(cfg.model_copy(update={"out": str(copy), "index": str(other)}), executor="inline", quiet=True)
+    msg = str(refused.value)
+    assert "input(s) changed: inputs.0.models.index" in msg and "a model or checkpoint" not in msg, msg
+    # a run whose manifest recorded no models (from before they were recorded) is not said to have changed them
+    m = json.loads((copy / "manifest.json").read_text())
+    del m["inputs"][0]["models"]
+    (copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(UsageError) as refused:
+        harvest(cfg.model_copy(update={"out": str(copy), "index": str(other)}), executor="inline", quiet=True)
+    assert "models" not in str(refused.value) and "a model or checkpoint they name changed" in str(refused.value)
+
+
 def test_discriminator_terms_match_direct_scoring(inputs):
     """With a discriminator, each candidate's log p(y=1|s,c) from the representation cache (head
     only) equals scoring that window directly with freshly encoded reps; a discriminator window

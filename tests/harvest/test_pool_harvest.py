@@ -11,6 +11,8 @@ import pytest
 from conftest import sentsim_cli
 from harvest_support import build_index_for, harvest_config, tiny_context_bundle
 
+from storage import ShardStore
+
 pytestmark = pytest.mark.slow
 
 POOL = 12
@@ -127,7 +129,7 @@ def test_double_centred_removes_the_mean_over_every_sentence(cluster_run):
     assert json.loads((out / "report.json").read_text())["scored_items_per_pair"] == pytest.approx(12 * POOL / 18)
 
 
-def test_killed_in_either_pass_resumes_to_the_same_rows(partners_run, tmp_path):
+def test_killed_in_either_pass_resumes_to_the_same_rows(partners_run, tmp_path, capsys):
     from sentsim.harvest.job import harvest
 
     cfg, out = partners_run
@@ -144,11 +146,24 @@ def test_killed_in_either_pass_resumes_to_the_same_rows(partners_run, tmp_path):
     assert m["complete"]
     assert pairs_of(copy).drop(columns=["rank_sim"]).equals(pairs_of(out).drop(columns=["rank_sim"]))
     assert np.allclose(pairs_of(copy).rank_sim, pairs_of(out).rank_sim, atol=1e-6)
-    # stopped after one labelling unit, then resumed: the same rows, each once
+    # run one unit at a time (--max-units 1 bounds the vectors pass too, the costly one), then resumed to the
+    # end: the same rows, each once
     part = tmp_path / "part"
-    stopped = harvest(cfg.model_copy(update={"out": str(part)}), executor="inline", quiet=True, max_units=1)
-    assert not stopped["complete"]
-    assert harvest(cfg.model_copy(update={"out": str(part)}), executor="inline", quiet=True)["complete"]
+    stopped = harvest(cfg.model_copy(update={"out": str(part)}), executor="inline", quiet=False, max_units=1)
+    err = capsys.readouterr().err
+    vec_units = ShardStore(str(part / "pool_vectors")).read_manifest()["planned_units"]
+    assert not stopped["complete"] and stopped["completed_units"] == 0 and vec_units > 1
+    assert len(list((part / "pool_vectors" / "_units").glob("*.json"))) == 1
+    assert f"[harvest] the pool's sentence vectors ({part}/pool_vectors) stopped at --max-units 1, 1/{vec_units} " \
+           "units done; no pair is labelled until they are all done" in err, err
+    runs, part_cfg = 1, cfg.model_copy(update={"out": str(part)})
+    while True:
+        runs += 1
+        if harvest(part_cfg, executor="inline", quiet=True, max_units=1)["complete"]:
+            break
+        assert runs < 50
+    # one unit a run: the run that finishes the vectors also labels its first unit
+    assert runs == vec_units + stopped["planned_units"] - 1
     assert pairs_of(part).pair_id.tolist() == pairs_of(out).pair_id.tolist()
     assert np.allclose(pairs_of(part).score, pairs_of(out).score)
 
