@@ -6,7 +6,14 @@
   sentence_A/sentence_B) and optionally a gold column (gold, score, label, similarity,
   relatedness_score), found by name; CSV is parsed with the csv module (quotes, embedded commas);
 - header-less TSV: s1<TAB>s2[<TAB>gold];
-- JSONL objects with s1, s2[, gold]; Parquet with columns s1, s2[, gold].
+- JSON lines, one object with s1, s2[, gold] a line: a file named .jsonl, .ndjson or .json, or one whose
+  first line that is not blank starts with `{`, whatever its name (a .json file that is one JSON array or
+  document is refused, never read a line at a time);
+- Parquet with columns s1, s2[, gold].
+Any of these may be gzip-compressed (found by its first bytes, 1f 8b; a plain file named .gz is read as it
+is): the name without .gz tells the format (p.tsv.gz is TSV, p.jsonl.gz JSON lines).
+An empty gold cell (or a null) is a pair without gold; an empty or blank s1 or s2 is refused (a wholly
+blank line is skipped).
 A first line that names columns other than these is refused, never read as a pair: the error names the
 columns it found and the ones read. Such a header is a first line that is neither a header above nor a pair
 that can be read, each of whose fields is a short name (a letter, then letters, digits, spaces, `_`, `-`,
@@ -19,8 +26,8 @@ such as `question<TAB>answer` is read by putting a header line `s1<TAB>s2` above
 
 Every problem is an InputError naming the file and, where there is one, the line: JSON that Python
 cannot read (nested too deeply, an integer of thousands of digits), a lone surrogate escape ("\\ud800",
-which json.loads accepts but no text can hold) and Parquet strings that are not UTF-8 included, so that
-a harvest refuses the file before any model loads.
+which json.loads accepts but no text can hold), Parquet strings that are not UTF-8 and a truncated or
+corrupt gzip stream included, so that a harvest refuses the file before any model loads.
 
 Every row is one pair, in file order, a repeated row included: STS-B's own test file repeats two pairs,
 one of them with two different gold scores, and each row is a judgement to score and compare.
@@ -30,10 +37,12 @@ from __future__ import annotations
 
 import codecs
 import csv
+import gzip
 import io
 import json
 import math
 import re
+import zlib
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -52,6 +61,7 @@ OTHER_NAMES = ("premise", "hypothesis", "sentence", "sent", "text", "question", 
                "claim", "evidence", "title", "utterance")
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9 _.\-]{0,39}")
 _NUMBERED = re.compile(r"([a-z]+)[ _\-]?(?:[0-9]+|[ab])")
+JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
 
 def parse_score(text: str, where: str) -> float:
@@ -64,6 +74,15 @@ def parse_score(text: str, where: str) -> float:
     if not math.isfinite(value):
         raise InputError(f"{where}: score {shown} is not finite")
     return value
+
+
+def checked_pair(s1: str, s2: str, gold: Optional[float], where: str) -> Pair:
+    """The pair, or an InputError naming `where` when a sentence is empty or only white space: a row with a
+    sentence missing is a mistake, never a pair to score."""
+    for name, value in (("s1", s1), ("s2", s2)):
+        if not value.strip():
+            raise InputError(f"{where}: {name} is empty")
+    return s1, s2, gold
 
 
 def stsb_fields(cols: Sequence[str], where: str) -> Pair:
@@ -171,7 +190,7 @@ def _rows_with_header(rows: List[Tuple[int, List[str]]], path: str, header) -> L
         gold = None
         if ig is not None and cols[ig].strip() != "":
             gold = parse_score(cols[ig].strip(), f"{path}:{n}")
-        out.append((cols[i1].strip(), cols[i2].strip(), gold))
+        out.append(checked_pair(cols[i1].strip(), cols[i2].strip(), gold, f"{path}:{n}"))
     return out
 
 
@@ -196,11 +215,11 @@ def _delimited(text: str, path: str, delimiter: str) -> List[Pair]:
     for n, cols in rows:
         where = f"{path}:{n}"
         if is_stsb_line(cols):
-            out.append(stsb_fields(cols, where))
-        elif len(cols) == 2:
-            out.append((cols[0].strip(), cols[1].strip(), None))
-        elif len(cols) == 3:
-            out.append((cols[0].strip(), cols[1].strip(), parse_score(cols[2].strip(), where)))
+            out.append(checked_pair(*stsb_fields(cols, where), where))
+        elif len(cols) in (2, 3):
+            # an empty third cell is no gold, as under a header line
+            gold = parse_score(cols[2].strip(), where) if len(cols) == 3 and cols[2].strip() else None
+            out.append(checked_pair(cols[0].strip(), cols[1].strip(), gold, where))
         else:
             sep = "TAB" if delimiter == "\t" else "comma"
             raise InputError(f"{where}: expected s1 and s2 separated by {sep} (or a header line naming "
@@ -232,7 +251,7 @@ def _jsonl(text: str, path: str) -> List[Pair]:
             if isinstance(gold, bool) or not isinstance(gold, (int, float)):
                 raise InputError(f"{where}: gold must be a number")
             gold = parse_score(str(gold), where)
-        out.append((s1, s2, gold))
+        out.append(checked_pair(s1, s2, gold, where))
     return out
 
 
@@ -251,12 +270,12 @@ def arrow_texts(column, where: str, name: str) -> list:
     raise InputError(f"{where}: column {name} is not UTF-8 text")
 
 
-def _parquet(p: Path) -> List[Pair]:
+def _parquet(p: Path, raw: Optional[bytes] = None) -> List[Pair]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        t = pq.read_table(p)
+        t = pq.read_table(p if raw is None else pa.BufferReader(raw))
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"{p}: not a readable Parquet file ({(str(exc).splitlines() or [''])[0]})") from None
     if not {"s1", "s2"} <= set(t.column_names):
@@ -276,7 +295,59 @@ def _parquet(p: Path) -> List[Pair]:
         if g is not None and not math.isfinite(g):
             # refused, as a text file's 'nan' is: null is how a Parquet file says 'no gold score'
             raise InputError(f"{p}: row {i}: gold {g!r} is not finite (leave it null for a pair without gold)")
+        checked_pair(a, b, g, f"{p}: row {i}")
     return rows
+
+
+def file_bytes(p: Path) -> Tuple[bytes, str]:
+    """The bytes of `p`, decompressed when they are gzip (its first bytes 1f 8b, as corpus inputs are told),
+    and its name, lower case, without .gz: the name that tells the format. A plain file named .gz is read
+    as it is; a truncated or corrupt gzip stream is an InputError."""
+    raw, name = p.read_bytes(), p.name.lower()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InputError(f"{p}: unreadable or truncated gzip stream ({exc})") from None
+    return raw, name[:-3] if name.endswith(".gz") else name
+
+
+def first_text_line(text: str) -> Tuple[int, str]:
+    """The first line that is not blank, and its number (1, "" for a file of blank lines)."""
+    return next(((n, ln) for n, ln in enumerate(split_lines(text), 1) if ln.strip()), (1, ""))
+
+
+def is_json_lines(text: str, name: str) -> bool:
+    """Whether a text file is read as JSON lines: by its name, or a first line that is a JSON object."""
+    return name.endswith(JSON_SUFFIXES) or first_text_line(text)[1].lstrip().startswith("{")
+
+
+def holds_pairs(text: str, name: str) -> bool:
+    """Whether a text file that may also be a list of sentences, one a line, is a pairs file: it is named
+    .csv or .tsv, is JSON lines, or its first line holds a TAB or names the sentence columns (`s1,s2`,
+    `sentence1,sentence2,score` ...)."""
+    first = first_text_line(text)[1]
+    if name.endswith((".csv", ".tsv")) or is_json_lines(text, name) or "\t" in first:
+        return True
+    try:
+        cols = next(csv.reader([first]))
+    except csv.Error:  # not a line of CSV, so no header
+        return False
+    return _header_columns(cols) is not None
+
+
+def pairs_of_text(text: str, path: str, name: str) -> List[Pair]:
+    """The pairs of a text file's decoded `text`; `name` (as file_bytes gives it) and the first line tell
+    its format."""
+    n, first = first_text_line(text)
+    if is_json_lines(text, name):
+        # one JSON document (an array, or an object over several lines) read a line at a time would fail
+        # at a line that says nothing of what to give instead
+        if (name.endswith(".json") and first.lstrip().startswith("[")) or first.strip() in ("[", "{"):
+            raise InputError(f"{path}:{n}: one JSON document, not JSON lines; give one object with s1, s2 (and "
+                             "optionally gold) on each line")
+        return _jsonl(text, path)
+    return _delimited(text, path, "\t" if "\t" in first or "," not in first else ",")
 
 
 def read_pairs_file(path: str) -> List[Pair]:
@@ -287,16 +358,11 @@ def read_pairs_file(path: str) -> List[Pair]:
         raise UsageError(f"{path}: is a folder; --pairs takes one file of sentence pairs")
     if not p.is_file():
         raise UsageError(f"{path}: pairs file not found")
-    name = p.name.lower()
+    raw, name = file_bytes(p)
     if name.endswith(".parquet"):
-        rows = _parquet(p)
+        rows = _parquet(p, raw)
     else:
-        text = decode_text(p)
-        if name.endswith(".jsonl"):
-            rows = _jsonl(text, str(path))
-        else:
-            first = next((ln for ln in split_lines(text) if ln.strip()), "")
-            rows = _delimited(text, str(path), "\t" if "\t" in first or "," not in first else ",")
+        rows = pairs_of_text(decode_text(p, raw), str(path), name)
     if not rows:
         raise InputError(f"{path}: no pairs")
     return rows

@@ -14,7 +14,9 @@ def add_arguments(p) -> None:
     p.add_argument("--discriminator", metavar="DIR",
                    help="discriminator directory (omit to rank by retrieval score; contexts.mode=screened only)")
     p.add_argument("--sentences", metavar="FILE",
-                   help="sentences to screen, one per line (TAB-separated pairs and STS-B files work)")
+                   help="sentences to screen, one per line, or a pairs file as --pairs of `sentsim harvest` "
+                        "reads it (TSV, STS-B, CSV with a header or named .csv, JSON lines, Parquet, gzip): both "
+                        "sentences of each pair")
     p.add_argument("--out", metavar="DIR", help="output run directory")
     add_run_arguments(p)
     add_config_arguments(p)

@@ -1,9 +1,9 @@
 """`sentsim contexts`: the context set C_s of each sentence, as resumable shards (003 §3.3).
 
-Sentences come from the corpus (a seeded sample, or all of them) or from a text file (one per
-line; a TAB-separated pair file contributes both sides). Each work unit is a block of
-sentences; an actor pool of `ScreenStage`s, each holding the index, the discriminator and its
-representation cache once, writes one shard per unit. With a discriminator, the cache
+Sentences come from the corpus (a seeded sample, or all of them) or from a file: one sentence per
+line, or a pairs file in any format `harvest --pairs` reads (sentsim.pairs_file), both sides of each
+pair. Each work unit is a block of sentences; an actor pool of `ScreenStage`s, each holding the index,
+the discriminator and its representation cache once, writes one shard per unit. With a discriminator, the cache
 (`contexts.rep_cache`, else built under <out>/rep_cache first, resumable) scores every
 candidate context by the head alone (003 §3.3); its identity is part of the run's fingerprint.
 """
@@ -47,7 +47,8 @@ class ScreenConfig(Section):
     discriminator: Optional[str] = Field(
         None, description="a `sentsim train discriminator` model: it screens the retrieved contexts (003 §3.2.1) and "
                           "scores Eq. 3's disc term over them; contexts.mode=screened only")
-    sentences: Optional[str] = Field(None, description="file of sentences (one per line, or TAB-separated pairs); "
+    sentences: Optional[str] = Field(None, description="file of sentences (one per line, or a pairs file as "
+                                                       "`harvest --pairs` reads it: both sentences of each pair); "
                                                        "default: sample the corpus")
     sample: int = Field(1000, ge=1, description="corpus sentences to screen when no file is given")
     seed: Seed = 0
@@ -113,32 +114,36 @@ class ScreenStage(Stage):
         return out
 
 
+def _file_sentences(path: str) -> list:
+    """The sentences of a --sentences file, each once: both sentences of each pair of a pairs file, read by
+    sentsim.pairs_file as `harvest --pairs` reads it (any format, a header, gzip), else one sentence a line."""
+    from sentsim.pairs_file import decode_text, file_bytes, holds_pairs, read_pairs_file, split_lines
+
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{path}: sentence file not found")
+    raw, name = file_bytes(p)
+    text = None if name.endswith(".parquet") else decode_text(p, raw)
+    if text is None or holds_pairs(text, name):
+        texts = [s for s1, s2, _ in read_pairs_file(path) for s in (s1, s2)]
+    else:
+        texts = []
+        for n, line in enumerate(split_lines(text), 1):
+            if "\t" in line:  # a pair below a first line that is a sentence: no one format reads both
+                raise UsageError(f"{path}:{n}: a TAB in a file of one sentence a line (its first line has "
+                                 "none); give a pair s1<TAB>s2 on every line, or one sentence on each")
+            texts.append(line)
+    texts = list(dict.fromkeys(t.strip() for t in texts if t.strip()))
+    if not texts:
+        raise UsageError(f"{path}: no sentences")
+    return texts
+
+
 def _queries(cfg: ScreenConfig, corpus) -> tuple[list, list]:
     from corpus.documents import text_id
 
     if cfg.sentences:
-        from sentsim.pairs_file import decode_text, first_line_header, is_stsb_line, split_lines, stsb_fields
-
-        p = Path(cfg.sentences)
-        if not p.is_file():
-            raise UsageError(f"{cfg.sentences}: sentence file not found")
-        texts: list = []
-        lines = split_lines(decode_text(p))
-        # a pairs file's header (s1<TAB>s2 ...) names the sentences' columns; one naming others is refused
-        first = next(((n, ln.split("\t")) for n, ln in enumerate(lines, 1) if ln.strip()), None)
-        header = first_line_header(first[1], f"{p}:{first[0]}", "\t") if first and len(first[1]) > 1 else None
-        for n, line in enumerate(lines, 1):
-            cols = line.split("\t")
-            if header is not None:
-                if n > first[0]:
-                    texts.extend(cols[i] for i in header[:2] if i < len(cols))
-            elif is_stsb_line(cols):  # an STS-B line: its two sentences
-                texts.extend(stsb_fields(cols, f"{p}:{n}")[:2])
-            else:  # a sentence, or TAB-separated sentences (a pairs file)
-                texts.extend(cols[:2])
-        texts = list(dict.fromkeys(t.strip() for t in texts if t.strip()))
-        if not texts:
-            raise UsageError(f"{cfg.sentences}: no sentences")
+        texts = _file_sentences(cfg.sentences)
         return [text_id(t) for t in texts], texts
     rng = np.random.default_rng(cfg.seed)
     ids = np.sort(rng.choice(corpus.ids, size=min(cfg.sample, len(corpus.ids)), replace=False)).tolist()
@@ -223,7 +228,7 @@ class ContextsRun(ShardedJob):
             cfg = self.cfg
             ensure_rep_cache(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator, self.identity,
                              cfg.resources, executor=ctx.executor, force_new=ctx.force_new, address=ctx.address,
-                             quiet=ctx.quiet)
+                             quiet=ctx.quiet, max_units=ctx.max_units)
 
     def summary(self, ctx: RunContext) -> dict:
         shortfalls = sum(m.get("extra", {}).get("shortfalls", 0) for m in ctx.store.markers().values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pyarrow as pa
@@ -63,6 +64,8 @@ def test_jsonl_and_parquet(tmp_path):
     ("u.jsonl", '{"s1": "a \\ud800 b", "s2": "b"}\n', r"u.jsonl:1: s1 holds a lone surrogate escape \(\\ud800"),
     ("v.jsonl", '{"s1": "a", "s2": "\\udfff"}\n', r"v.jsonl:1: s2 holds a lone surrogate"),
     ("o.jsonl", '{"s1": "a", "s2": "b", "gold": ' + "9" * 400 + "}\n", r"o.jsonl:1: score '9{30}\.\.\.' is not finite"),
+    ("t.tsv.gz", gzip.compress(b"a\tb\n" * 1000, mtime=0)[:30], r"t.tsv.gz: unreadable or truncated gzip stream"),
+    ("z.jsonl.gz", b"\x1f\x8b\x08\x00" + b"\x00" * 6 + b"not deflate", r"z.jsonl.gz: unreadable or truncated gzip"),
 ])
 def test_bad_input_is_one_line_naming_the_file(tmp_path, name, data, message):
     path = write(tmp_path, name, data)
@@ -202,4 +205,109 @@ def test_harvest_refuses_a_header_of_unread_names_before_any_work(speech_corpus,
     assert r.stderr.strip().splitlines() == [
         next(ln for ln in r.stderr.splitlines() if ln.startswith("sentsim: error:"))], r.stderr
     assert f"{pairs}:1: header line names columns premise, hypothesis;" in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+JSON_LINES = ('{"s1": "A man plays guitar.", "s2": "A man plays a guitar.", "gold": 4.2}\n'
+              '{"s1": "A cat.", "s2": "A dog."}\n')
+
+
+@pytest.mark.parametrize("name", ["x.json", "x.ndjson", "x.txt", "x.csv", "x.tsv", "x"])
+def test_json_lines_are_read_whatever_the_files_name(tmp_path, name):
+    """A first line that is a JSON object makes the file JSON lines, never CSV cells such as `{"s1": "A cat."`."""
+    assert read_pairs_file(write(tmp_path, name, JSON_LINES)) == [
+        ("A man plays guitar.", "A man plays a guitar.", 4.2), ("A cat.", "A dog.", None)]
+
+
+@pytest.mark.parametrize("name, data", [
+    ("a.json", '[{"s1": "a", "s2": "b"}, {"s1": "c", "s2": "d"}]\n'),
+    ("b.json", '\n[\n  {"s1": "a", "s2": "b"}\n]\n'),
+    ("c.jsonl", '{\n  "s1": "a",\n  "s2": "b"\n}\n'),
+])
+def test_a_json_file_that_is_one_document_is_refused_asking_for_json_lines(tmp_path, name, data):
+    with pytest.raises(InputError) as err:
+        read_pairs_file(write(tmp_path, name, data))
+    line = 2 if name == "b.json" else 1  # the first line that is not blank
+    assert str(err.value) == (f"{tmp_path / name}:{line}: one JSON document, not JSON lines; give one object with "
+                              "s1, s2 (and optionally gold) on each line")
+
+
+@pytest.mark.parametrize("name, data", [
+    ("e.tsv", "A cat.\tA dog.\t\nA man.\tA woman.\t3\n"),  # header-less
+    ("w.tsv", "A cat.\tA dog.\t \nA man.\tA woman.\t3\n"),
+    ("h.tsv", "s1\ts2\tgold\nA cat.\tA dog.\t\nA man.\tA woman.\t3\n"),
+    ("e.csv", "A cat.,A dog.,\nA man.,A woman.,3\n"),
+])
+def test_an_empty_gold_cell_is_no_gold_with_or_without_a_header(tmp_path, name, data):
+    assert read_pairs_file(write(tmp_path, name, data)) == [("A cat.", "A dog.", None), ("A man.", "A woman.", 3.0)]
+
+
+def z(text):
+    return gzip.compress(text.encode(), mtime=0)  # the same bytes, and test ids, each run
+
+
+def test_gzip_pairs_files_are_read_in_the_format_of_the_name_inside(tmp_path):
+    want = [("A cat.", "A dog.", 2.0)]
+    assert read_pairs_file(write(tmp_path, "p.tsv.gz", z("A cat.\tA dog.\t2\n"))) == want
+    assert read_pairs_file(write(tmp_path, "p.csv.gz", z("sentence1,sentence2,score\nA cat.,A dog.,2\n"))) == want
+    assert read_pairs_file(write(tmp_path, "p.jsonl.gz", z('{"s1": "A cat.", "s2": "A dog.", "gold": 2}\n'))) == want
+    pq.write_table(pa.table({"s1": ["A cat."], "s2": ["A dog."], "gold": [2.0]}), tmp_path / "t.parquet")
+    packed = gzip.compress((tmp_path / "t.parquet").read_bytes(), mtime=0)
+    assert read_pairs_file(write(tmp_path, "p.parquet.gz", packed)) == want
+    # gzip is told by its first bytes: a gzip file without .gz is read, a plain file named .gz read as it is
+    assert read_pairs_file(write(tmp_path, "q.tsv", z("A cat.\tA dog.\t2\n"))) == want
+    assert read_pairs_file(write(tmp_path, "r.tsv.gz", "A cat.\tA dog.\t2\n")) == want
+    # lines are counted in the text inside
+    with pytest.raises(InputError, match=r"s.tsv.gz:2: score 'high' is not a number"):
+        read_pairs_file(write(tmp_path, "s.tsv.gz", z("A cat.\tA dog.\t2\nA man.\tA woman.\thigh\n")))
+
+
+@pytest.mark.parametrize("name, data, message", [
+    ("a.tsv", "A cat.\tA dog.\n\tOnly the second sentence.\n", "a.tsv:2: s1 is empty"),
+    ("b.tsv", "A cat.\t  \t2\n", "b.tsv:1: s2 is empty"),
+    ("c.tsv", "s1\ts2\tgold\n\nA cat.\t\t1\n", "c.tsv:3: s2 is empty"),
+    ("d.csv", 'sentence1,sentence2\n"",A dog.\n', "d.csv:2: s1 is empty"),
+    ("e.csv", "main-news\tf\t2012\t0001\t4.2\t\tA dog.\n", "e.csv:1: s1 is empty"),  # an STS-B line
+    ("f.jsonl", '{"s1": "A cat.", "s2": " "}\n', "f.jsonl:1: s2 is empty"),
+])
+def test_a_pair_with_an_empty_sentence_is_refused_naming_its_line(tmp_path, name, data, message):
+    with pytest.raises(InputError) as err:
+        read_pairs_file(write(tmp_path, name, data))
+    assert str(err.value) == f"{tmp_path / message}"
+
+
+def test_a_parquet_pair_with_an_empty_sentence_names_its_row_and_blank_lines_are_skipped(tmp_path):
+    p = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"s1": ["A cat.", ""], "s2": ["A dog.", "A man."]}), p)
+    with pytest.raises(InputError, match=r"p.parquet: row 1: s1 is empty"):
+        read_pairs_file(str(p))
+    # a wholly blank line (white space or TABs only) is no row
+    assert read_pairs_file(write(tmp_path, "b.tsv", "\nA cat.\tA dog.\n\t\n  \n")) == [("A cat.", "A dog.", None)]
+
+
+@pytest.mark.parametrize("name, data, needle", [
+    # each refusal at line 2 says line 1 was read as meant
+    ("x.json", JSON_LINES.splitlines()[0] + '\n{"s1": "", "s2": "A dog."}\n', "x.json:2: s1 is empty"),
+    ("a.json", '[{"s1": "A cat.", "s2": "A dog."}]\n', "a.json:1: one JSON document, not JSON lines"),
+    ("e.tsv", "A cat.\tA dog.\t\n\tOnly the second sentence.\n", "e.tsv:2: s1 is empty"),
+    ("p.tsv.gz", z("A cat.\tA dog.\t2\nA man.\tA woman.\thigh\n"), "p.tsv.gz:2: score 'high' is not a number"),
+    ("t.tsv.gz", z("A cat.\tA dog.\t2\n" * 100)[:30], "t.tsv.gz: unreadable or truncated gzip stream"),
+], ids=["x.json", "a.json", "e.tsv", "p.tsv.gz", "t.tsv.gz"])
+def test_harvest_reads_json_lines_gzip_and_empty_gold_and_refuses_empty_sentences(tmp_path, speech_corpus, name,
+                                                                                 data, needle):
+    """Through `sentsim harvest --pairs`: one line naming file and line, before the run folder exists."""
+    from conftest import sentsim_cli
+
+    from sentsim.context.model import FORMAT
+
+    models = tmp_path / "ctx"  # a bundle's context.json is all the harvest reads before the pairs file
+    models.mkdir()
+    (models / "context.json").write_text(json.dumps({"format": FORMAT, "directions": {"fwd": "shared"}}))
+    pairs = write(tmp_path, name, data)
+    r = sentsim_cli("harvest", "--corpus", speech_corpus, "--context-models", models, "--pairs", pairs,
+                    "--out", tmp_path / "run", "--executor", "inline", "--set", "contexts.mode=random",
+                    "--set", "rank.enabled=false")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"sentsim: error: {tmp_path / needle}"), r.stderr
     assert not (tmp_path / "run").exists()

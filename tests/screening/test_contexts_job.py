@@ -1,5 +1,6 @@
 """`sentsim contexts`: C_s per sentence as shards; diversity rules hold on every set; resumable."""
 
+import gzip
 import json
 
 import pyarrow.dataset as ds
@@ -54,7 +55,7 @@ def test_context_sets_obey_diversity_rules(speech_corpus, index, tmp_path):
 
 def test_external_sentences_and_shortfalls(speech_corpus, index, tmp_path):
     f = tmp_path / "s.txt"
-    f.write_text("The Congress must act on the budget.\t!!!\nqqxz zzvq\n")
+    f.write_text("The Congress must act on the budget.\t!!!\nqqxz zzvq\t!!!\n")  # a pair on each line
     out = tmp_path / "ext"
     r = sentsim_cli("contexts", "--corpus", speech_corpus, "--index", index, "--sentences", f, "--out", out,
                     "--executor", "inline", "--set", "contexts.size=10")
@@ -109,6 +110,57 @@ def test_a_pairs_files_header_names_its_sentence_columns_and_is_no_sentence(spee
                     tmp_path / "hdr2", "--executor", "inline")
     assert r.returncode == 2 and "header line names columns premise, hypothesis" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "hdr2").exists()
+
+
+@pytest.mark.parametrize("name, data", [
+    # a CSV header line is no sentence, whatever the file's name
+    ("pairs.txt", "sentence1,sentence2,score\nThe Congress must act on the budget.,We cut taxes.,4\n"
+                  "We cut taxes.,\"Taxes, they said, were cut.\",\n"),
+    # JSON lines named .json, gzip-compressed: each object's s1 and s2, never the lines themselves
+    ("pairs.json.gz", gzip.compress(b'{"s1": "The Congress must act on the budget.", "s2": "We cut taxes.", '
+                                    b'"gold": 4}\n{"s1": "We cut taxes.", "s2": "Taxes, they said, were cut."}\n',
+                                    mtime=0)),
+], ids=["csv", "json-gz"])
+def test_a_pairs_file_in_any_format_gives_both_sentences_of_each_pair(speech_corpus, index, tmp_path, name, data):
+    """--sentences reads a pairs file as `harvest --pairs` does: both sentences of each pair, each once."""
+    f = tmp_path / name
+    f.write_bytes(data if isinstance(data, bytes) else data.encode())
+    out = tmp_path / "run"
+    r = sentsim_cli("contexts", "--corpus", speech_corpus, "--index", index, "--sentences", f, "--out", out,
+                    "--executor", "inline", "--set", "contexts.size=2", "--set", "contexts.retrieve_chunks=20")
+    assert r.returncode == 0, r.stderr
+    texts = ds.dataset(str(out / "queries")).to_table().column("text").to_pylist()
+    assert sorted(texts) == ["Taxes, they said, were cut.", "The Congress must act on the budget.", "We cut taxes."]
+
+
+@pytest.mark.parametrize("name, data, error", [
+    ("mixed.txt", "We cut taxes.\nThe budget.\tA plan.\n", "mixed.txt:2: a TAB in a file of one sentence a line"),
+    ("mixed.tsv", "The budget.\tA plan.\nWe cut taxes.\n", "mixed.tsv:2: expected s1 and s2 separated by TAB"),
+    ("empty.tsv", "The budget.\tA plan.\n\tWe cut taxes.\n", "empty.tsv:2: s1 is empty"),
+    ("array.json", '[{"s1": "The budget.", "s2": "A plan."}]\n', "array.json:1: one JSON document, not JSON lines"),
+])
+def test_a_sentence_file_that_is_neither_sentences_nor_pairs_is_one_line(speech_corpus, index, tmp_path, name,
+                                                                        data, error):
+    """Refused before anything runs, naming file and line, never screened as sentences such as `\tWe cut taxes.`"""
+    f = tmp_path / name
+    f.write_text(data)
+    r = sentsim_cli("contexts", "--corpus", speech_corpus, "--index", index, "--sentences", f, "--out",
+                    tmp_path / "run", "--executor", "inline")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith(f"sentsim: error: {tmp_path / error}"), lines
+    assert not (tmp_path / "run").exists()
+
+
+def test_one_sentence_a_line_is_read_as_such_commas_and_gzip_included(speech_corpus, index, tmp_path):
+    f = tmp_path / "s.txt.gz"
+    f.write_bytes(gzip.compress(b"We cut taxes, they said.\n\nThe Congress must act on the budget.\n", mtime=0))
+    out = tmp_path / "run"
+    r = sentsim_cli("contexts", "--corpus", speech_corpus, "--index", index, "--sentences", f, "--out", out,
+                    "--executor", "inline", "--set", "contexts.size=2", "--set", "contexts.retrieve_chunks=20")
+    assert r.returncode == 0, r.stderr
+    texts = ds.dataset(str(out / "queries")).to_table().column("text").to_pylist()
+    assert sorted(texts) == ["The Congress must act on the budget.", "We cut taxes, they said."]
 
 
 def test_a_run_resumes_under_another_spelling_of_its_paths_but_not_with_other_sentences(speech_corpus, index,
