@@ -87,8 +87,13 @@ def _check_reachable(address: str, from_env: bool) -> None:
     client = "://" in address
     if client:  # ray://host:port: Ray Client dials it as given
         target = address.split("://", 1)[1].split("/", 1)[0]
-    else:  # ConnectionError for an "auto" that finds no cluster, as ray.init would raise
-        target = services.canonicalize_bootstrap_address(address)
+    else:
+        try:
+            target = services.canonicalize_bootstrap_address(address)
+        except ConnectionError:  # "auto", and no cluster started on this machine: no token is at fault
+            raise UsageError(f"--address {address}{' (from RAY_ADDRESS)' if from_env else ''}: no Ray cluster runs "
+                             "on this machine (`ray start --head` starts one; without --address or RAY_ADDRESS "
+                             "sentsim starts its own local Ray)") from None
         if target is None:  # "local"
             return
     parsed = parse_address(target)

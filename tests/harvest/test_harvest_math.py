@@ -40,6 +40,29 @@ def test_nan_and_degenerate_vectors():
     assert std_control([1, 1], [1, 3]) == pytest.approx(-1.0)
 
 
+def test_a_pair_over_fewer_than_three_distinct_contexts_is_null_with_its_reason():
+    """Over two points every correlation is exactly +1 or -1 whatever the sentences: such a pair gets no
+    score (and says why), in every metric, in per-pair and pool harvests alike; a context in both C_s1 and
+    C_s2 is one point, however often it is listed."""
+    from sentsim.harvest import metrics
+    from sentsim.harvest.eq4_rows import FEW_CONTEXTS, UnitTerms, pair_rows, vector_rows
+
+    for metric in metrics.names():
+        assert np.isnan(pair_similarity([1.0, 2.0], [3.0, 1.0], metric))
+        assert np.isnan(pair_similarity([1.0, 2.0, 1.0, 2.0], [3.0, 1.0, 3.0, 1.0], metric))  # 2 contexts twice
+    assert np.isfinite(pair_similarity([1.0, 2.0, 4.0], [3.0, 1.0, 2.0], "pearson"))
+    keys = [(s, c) for s in ("a", "b") for c in (10, 11, 12)]
+    S = np.array([1.0, 2.0, 4.0, 3.0, 1.0, 2.0])
+    terms = UnitTerms(keys, S, {t: S.copy() for t in ("disc", "fwd", "left", "right")})
+    two, three = pair_rows([("a", "b")], terms, "pearson", {"a": [10], "b": [11, 10]}), \
+        pair_rows([("a", "b")], terms, "pearson", {"a": [10, 12], "b": [11]})
+    assert two[0]["score"] is None and two[0]["null_reason"] == FEW_CONTEXTS and two[0]["sim_fwd"] is None
+    assert three[0]["score"] is not None and three[0]["null_reason"] is None
+    pool = np.array([[1.0, 2.0, np.nan, np.nan], [3.0, 1.0, 5.0, np.nan]])  # two contexts scored for both
+    row = vector_rows([(0, 1)], pool, {"fwd": pool}, "pearson")[0]
+    assert row["score"] is None and row["null_reason"] == FEW_CONTEXTS
+
+
 def test_pair_ids_and_splits_are_stable_and_symmetric():
     assert pair_id(3, 9) == pair_id(9, 3) and pair_id(3, 9) != pair_id(3, 10)
     assert pair_split(3, 9) == pair_split(9, 3)
