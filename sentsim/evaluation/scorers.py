@@ -7,6 +7,8 @@ sentences in one pass) and `score_pairs(s1, s2) -> float array` (NaN where a pai
 
 from __future__ import annotations
 
+import codecs
+import io
 import json
 import os
 import sys
@@ -17,7 +19,7 @@ import numpy as np
 
 from corpus.documents import json_refusal, surrogate_refusal
 from sentsim.errors import InputError, UsageError
-from sentsim.pairs_file import arrow_texts
+from sentsim.pairs_file import JSON_SUFFIXES, arrow_texts, file_bytes
 
 
 class Scorer:
@@ -174,9 +176,9 @@ def present_scores(values: list, where: str, lines: Optional[list] = None) -> li
 
 def _read_pair_table(path: Path):
     import pandas as pd
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
     try:
         if path.is_dir():
             if (path / "manifest.json").is_file():  # a run: its completed pairs/ shards only
@@ -195,19 +197,22 @@ def _read_pair_table(path: Path):
                     raise InputError(f"--scores {part}: missing column(s) {', '.join(missing)}")
                 frames.append(_pair_frame(pq.read_table(part, columns=["s1", "s2", "score"]), str(part)))
             return pd.concat(frames, ignore_index=True)
-        if suffix == ".parquet":
-            return _pair_frame(pq.read_table(path), str(path))
-        if suffix in (".csv", ".csv.gz", ".tsv", ".tsv.gz"):
+        # as the pairs reader finds them: gzip by its first bytes, the name less .gz telling the format, and
+        # JSON lines by a first object as well as by name
+        raw, name = file_bytes(path)
+        if name.endswith(".parquet"):
+            return _pair_frame(pq.read_table(pa.BufferReader(raw)), str(path))
+        if name.endswith(JSON_SUFFIXES) or raw.removeprefix(codecs.BOM_UTF8).lstrip()[:1] == b"{":
+            return _read_jsonl_pairs(path, raw)
+        if name.endswith((".csv", ".tsv")):
             # score read as text: an empty cell is the only 'no score', a literal nan or inf is refused
-            tsv = dict(sep="\t", quoting=3) if suffix.startswith(".tsv") else {}
-            df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"score": str, "s1": str, "s2": str},
-                             **tsv)
+            tsv = dict(sep="\t", quoting=3) if name.endswith(".tsv") else {}
+            df = pd.read_csv(io.BytesIO(raw), keep_default_na=False, na_values=[""],
+                             dtype={"score": str, "s1": str, "s2": str}, **tsv)
             if "score" in df.columns:  # data row i is line i + 2, below the header (one line a row)
                 df["score"] = present_scores([None if pd.isna(v) else v for v in df["score"]], str(path),
                                              lines=list(range(2, len(df) + 2)))
             return df
-        if suffix in (".jsonl", ".jsonl.gz", ".json"):
-            return _read_jsonl_pairs(path)
     except UsageError:
         raise
     except Exception as exc:  # a corrupt file is the user's input problem, not a crash
@@ -215,15 +220,13 @@ def _read_pair_table(path: Path):
     raise UsageError(f"--scores {path}: unsupported file type; use .parquet, .csv, .tsv or .jsonl")
 
 
-def _read_jsonl_pairs(path: Path):
-    """JSON lines read by the json module, where null (no score) and NaN (refused) stay apart."""
-    import gzip
-
+def _read_jsonl_pairs(path: Path, raw: bytes):
+    """JSON lines (`raw`, the file's bytes, unpacked) read by the json module, where null (no score) and NaN
+    (refused) stay apart."""
     import pandas as pd
 
-    opener = gzip.open if path.suffix == ".gz" else open
     rows, lines = [], []
-    with opener(path, "rt", encoding="utf-8-sig") as fh:
+    with io.StringIO(raw.decode("utf-8-sig"), newline=None) as fh:
         for n, line in enumerate(fh, start=1):
             if line.strip():
                 try:

@@ -72,6 +72,30 @@ def test_scores_file_formats_via_cli(tiny_year, tmp_path, fmt, capsys):
     assert len(rep["data_hash"]) == 16 and rep["tasks"][0]["data_hash"] in out_md.read_text()
 
 
+@pytest.mark.parametrize("name, how", [("scores.json", "jsonl"), ("scores.csv", "jsonl"), ("scores.txt", "jsonl"),
+                                       ("scores.jsonl", "jsonl gzip"), ("scores.csv.gz", "csv gzip"),
+                                       ("scores.tsv.gz", "tsv"), ("scores.parquet.gz", "parquet gzip")])
+def test_scores_files_are_found_by_content_as_the_pairs_reader_finds_them(tiny_year, tmp_path, name, how, capsys):
+    """JSON lines whatever the name, gzip by its first bytes (with or without .gz, the name less .gz telling
+    the format), and a plain file named .gz read as it is: as `harvest --pairs` reads pairs files."""
+    import gzip
+    import io
+
+    df = tiny_scores(tmp_path)
+    if how.startswith("jsonl"):
+        data = df.to_json(orient="records", lines=True).encode()
+    elif how.startswith("parquet"):
+        buf = io.BytesIO()
+        df.to_parquet(buf)
+        data = buf.getvalue()
+    else:
+        data = df.to_csv(index=False, sep="\t" if how == "tsv" else ",").encode()
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(data) if how.endswith("gzip") else data)
+    rc = main(["eval", "sts", "--scores", str(path), "--data", str(tiny_year), "--tasks", "STS13"])
+    assert rc == 0 and "90.00" in capsys.readouterr().out
+
+
 def test_scores_file_partial_coverage_is_reported(tiny_year, tmp_path):
     df = tiny_scores(tmp_path).iloc[:4]
     df.loc[len(df)] = ["x", "y", None]  # a null score is "not scored", not zero
