@@ -96,7 +96,7 @@ class PoolVectorsRun(ShardedJob):
         scoring = cfg.scoring.model_copy(update={"autocast": self.precision})
         return [StageSpec(PoolScoreStage, Resources.of(r.scoring), args=dict(
                     context_models=cfg.context_models, scoring=scoring, pool=self.pool,
-                    exclude_own=cfg.contexts.exclude_query_centre)),
+                    exclude_own=cfg.contexts.exclude_query_centre, exclude_window=cfg.contexts.exclude_query_window)),
                 StageSpec(VectorWriteStage, Resources.of(r.rank), args=dict(out=self.out, fp=ctx.fp))]
 
     def summary(self, ctx: RunContext) -> dict:
@@ -105,14 +105,27 @@ class PoolVectorsRun(ShardedJob):
                            for k in ("sentences", "scored_items")}}
 
 
+def windows_holding(pool: Pool, centre: bool, beside: bool) -> Dict[str, List[int]]:
+    """A sentence's text -> the pool contexts it is not scored in: those centred on it (`centre`,
+    exclude_query_centre) and those whose window holds it beside the centre (`beside`, exclude_query_window)."""
+    out: Dict[str, List[int]] = {}
+    for j, text in enumerate(pool.centres):
+        held = ([text] if centre else []) + ([*pool.left[j], *pool.right[j]] if beside else [])
+        for t in dict.fromkeys(x.strip() for x in held):
+            out.setdefault(t, []).append(j)
+    return out
+
+
 class PoolScoreStage(Stage):
     """A unit of sentences -> SentenceVectors: each sentence in every pool context, all the call's units in one
     `ContextScorer.score` (as the per-pair ScoreStage)."""
 
     name = "scoring"
 
-    def __init__(self, context_models: List[str], scoring, pool: Pool, exclude_own: bool = True):
+    def __init__(self, context_models: List[str], scoring, pool: Pool, exclude_own: bool = True,
+                 exclude_window: bool = False):
         self.context_models, self.scoring, self.pool, self.exclude_own = context_models, scoring, pool, exclude_own
+        self.exclude_window = exclude_window  # ContextSetConfig.exclude_query_window
 
     def setup(self) -> None:
         import torch
@@ -123,9 +136,7 @@ class PoolScoreStage(Stage):
         if sc.device == "auto" and not torch.cuda.is_available():
             sc = sc.model_copy(update={"device": "cpu"})
         self.scorer = ContextScorer(self.context_models, sc)
-        self.own_windows: Dict[str, List[int]] = {}  # a centre's text -> every pool context centred on it
-        for j, text in enumerate(self.pool.centres):
-            self.own_windows.setdefault(text.strip(), []).append(j)
+        self.own_windows = windows_holding(self.pool, self.exclude_own, self.exclude_window)
 
     def process(self, items: List[dict]) -> List[dict]:
         from sentsim.context.scorer import ContextItem
@@ -147,7 +158,7 @@ class PoolScoreStage(Stage):
 
             S = grid(res.score) if n else np.zeros((0, P), np.float32)
             terms = {d: grid(res.logprob[d]) if n else np.zeros((0, P), np.float32) for d in DIRS}
-            if self.exclude_own:  # no sentence is scored in its own window (ContextSetConfig), as C_s leaves it out
+            if self.own_windows:  # no sentence is scored in a window holding it (ContextSetConfig), as C_s leaves out
                 for i, text in enumerate(unit["texts"]):
                     for j in self.own_windows.get(text.strip(), ()):
                         for a in (S, *terms.values()):

@@ -20,6 +20,14 @@ class ContextSetConfig(Section):
     # A corpus sentence would otherwise be offered its own slot: the window it came from, which
     # every context model scores far above any other context.
     exclude_query_centre: bool = Field(True, description="drop candidates whose centre sentence is the query itself")
+    # The windows beside its own hold it too: in the window centred on the next sentence the query is c<, and
+    # the context models score it there by copying (the fwd model predicts s from c< = s, the left one c< from
+    # s), as the discriminator's coherence terms rank it first (on a small harvest 134 of 140 corpus sentences
+    # had such a window in C_s, 114 of them ranked first). In a pool harvest, no sentence is scored in a pool
+    # context whose window holds it. Not in the paper, which does not say; false keeps runs made before this key
+    # as they were.
+    exclude_query_window: bool = Field(True, description="drop candidates whose window (the sentences either side "
+                                                         "of its centre) holds the query itself")
     # 003 §5.4's ablation (34.45 against 78.47 on STS): random contexts instead of retrieval + discriminator
     # screening. `pool` (the harvest only; not in paper 003): one shared pool of random contexts for every
     # sentence, each sentence scored once against it, so a pair's Eq. 4 is a comparison of two stored vectors
@@ -27,8 +35,8 @@ class ContextSetConfig(Section):
     mode: Literal["screened", "random", "pool"] = "screened"
     # 003 Table 6: STS-B rises with |C_s| (66.25 at 20, 73.93 at 100, on to 500); a shared pool costs
     # 3|P| items a sentence, not a pair, so it can afford many contexts.
-    # at least 2: Eq. 4 compares two vectors over 2 or more contexts
-    pool_size: int = Field(256, ge=2, description="|P|, contexts in the shared pool (contexts.mode=pool)")
+    # at least 3: Eq. 4 needs 3 distinct contexts (over two every correlation is +1 or -1; harvest/similarity.py)
+    pool_size: int = Field(256, ge=3, description="|P|, contexts in the shared pool (contexts.mode=pool)")
     # How the pool is drawn (not in paper 003): `random` windows, as 003's random-context ablation (§5.4);
     # `clusters`: POOL_DRAW_OVERSAMPLE x |P| random windows cut into |P| equal TF-IDF clusters of their centre
     # sentences, one window from each, so that the pool spans the corpus's topics rather than its densest ones.
@@ -42,9 +50,12 @@ class ContextSetConfig(Section):
     def semantic(self) -> dict:
         """What changes the context sets: not where the rep cache lies (its identity is fingerprinted by the
         jobs), and `pool_size` only in pool mode, so runs made before the pool mode keep their fingerprints;
-        `pool_draw` only when not random, so pool runs made before it keep theirs."""
+        `pool_draw` only when not random, so pool runs made before it keep theirs; `exclude_query_window` only
+        when on, so a run made before it resumes with it off (and is refused, naming it, with it on)."""
         d = self.model_dump()
         d.pop("rep_cache")
+        if not self.exclude_query_window:
+            d.pop("exclude_query_window")
         if self.mode != "pool":
             d.pop("pool_size")
         if self.mode != "pool" or self.pool_draw == "random":

@@ -135,6 +135,8 @@ class ContextSource:
             query = text.strip()
             own = self.corpus.texts(cands.arrays.centre_id)
             cands = cands.subset(np.array([t is None or t.strip() != query for t in own], dtype=bool))
+        if self.cfg.exclude_query_window and len(cands):
+            cands = cands.subset(~self._holding(cands.column("centre_id"), text.strip()))
         if not len(cands):
             reason = "no retrieved chunk" if int((np.asarray(chunk_ids) >= 0).sum()) == 0 else \
                 "retrieved chunks give no full window"
@@ -155,6 +157,20 @@ class ContextSource:
         short = (None if len(chosen) >= self.cfg.size
                  else f"only {len(chosen)} diverse contexts among {len(cands)} candidates")
         return ContextSet(chosen, len(cands), short)
+
+    def _holding(self, centres: np.ndarray, query: str) -> np.ndarray:
+        """Which candidates' windows (every sentence within `expand_window` of the centre, the widest window
+        any model reads) hold the query's text. A candidate's window lies inside its document and sentence
+        ids run on within one, so it holds sentence q exactly when |centre - q| <= w."""
+        w = self.expand_window
+        near = np.unique((centres[:, None] + np.arange(-w, w + 1)[None, :]).ravel())
+        near = near[near >= 0]
+        texts = self.corpus.texts(near)
+        same = near[np.array([t is not None and t.strip() == query for t in texts], dtype=bool)]
+        hold = np.zeros(len(centres), dtype=bool)
+        for q in same:
+            hold |= np.abs(centres - q) <= w
+        return hold
 
     def _random(self, text: str) -> ContextSet:
         rng = np.random.default_rng(_text_seed(self.seed, text))

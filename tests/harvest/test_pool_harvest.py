@@ -333,6 +333,25 @@ def test_a_clustered_pool_is_kept_with_the_run_and_resumed_from_it(inputs, tmp_p
     assert again["complete"] and pairs_of(out).equals(before)
 
 
+def test_no_sentence_is_scored_in_a_pool_context_whose_window_holds_it(partners_run):
+    """As C_s leaves out the windows that hold the sentence (exclude_query_window), a pool sentence's S is NaN
+    at every pool context centred on it or holding it as c< or c>, where the context models would copy it."""
+    from sentsim.harvest.pool import Pool
+    from sentsim.harvest.pool_vectors import windows_holding
+
+    pool = Pool(np.array([7, 8, 9]), [["a"], ["b"], ["c"]], [["b"], ["c"], ["d"]], ["x", "a", "b"])
+    assert windows_holding(pool, True, True) == {"x": [0], "a": [0, 1], "b": [0, 1, 2], "c": [1, 2], "d": [2]}
+    assert windows_holding(pool, True, False) == {"x": [0], "a": [1], "b": [2]}
+    assert windows_holding(pool, False, False) == {}
+    cfg, out = partners_run
+    v = vectors_of(out)
+    pool_t = ds.dataset(str(out / "pool_vectors" / "_side" / "pool.parquet")).to_table()
+    texts = {t.strip() for t in v.texts}
+    for j, (left, right) in enumerate(zip(pool_t.column("left").to_pylist(), pool_t.column("right").to_pylist())):
+        for t in {x.strip() for x in (*left, *right)} & texts:
+            assert np.isnan(v.S[[i for i, s in enumerate(v.texts) if s.strip() == t], j]).all()
+
+
 def test_runs_from_before_the_pool_mode_keep_their_fingerprints(inputs, tmp_path):
     """The new keys stay out of every fingerprint unless they are in use."""
     from sentsim.screening.contexts_job import ScreenConfig
@@ -345,6 +364,12 @@ def test_runs_from_before_the_pool_mode_keep_their_fingerprints(inputs, tmp_path
     assert "pool_draw" not in pooled["contexts"]  # a random pool's runs keep the fingerprint they had
     screen = ScreenConfig(corpus="c", index="i", out="o")
     assert "pool_size" not in screen.contexts.semantic() and "rep_cache" not in screen.contexts.semantic()
+    # exclude_query_window changes the context sets: on (the default) it is fingerprinted, so a run made
+    # before it is refused naming it; off, such a run resumes as it was
+    assert sem["contexts"]["exclude_query_window"] is True
+    before = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], tmp_path / "b",
+                            contexts={"exclude_query_window": False}).semantic()
+    assert "exclude_query_window" not in before["contexts"]
 
 
 def test_the_command_runs_a_pool_harvest_on_a_local_ray(inputs, tmp_path):

@@ -165,11 +165,17 @@ def test_ray_actor_pool_build_equals_inline(speech_corpus, parts, built, tmp_pat
 def _reference_context_sets(corpus, retriever, disc, texts, size, chunks):
     """C_s as before the cache: every candidate window encoded afresh and scored by the full head."""
     from sentsim.screening import expand_candidates, select_diverse, word_set
+    from sentsim.screening.candidates import Candidates
 
     ids, scores = retriever.search(texts, chunks)
     out = []
     for i, text in enumerate(texts):
         c = expand_candidates(ids[i], scores[i], corpus.chunks, corpus.ids, 1)
+        # no window holding the query, as its own slot or beside it (exclude_query_centre, exclude_query_window)
+        keep = ~np.array([any((t or "").strip() == text.strip() for t in corpus.texts([int(x) - 1, int(x), int(x) + 1]))
+                          for x in c.centre_id], dtype=bool)
+        c = Candidates(c.chunk_id[keep], c.slot[keep], c.centre_id[keep], c.left_ids[keep], c.right_ids[keep],
+                       c.retrieval_score[keep])
         if not len(c):
             out.append(([], []))
             continue

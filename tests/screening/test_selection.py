@@ -188,17 +188,30 @@ def test_screening_scores_and_selects_per_sentence(speech_corpus, tables, screen
 
 def test_query_centre_exclusion_is_a_setting(speech_corpus, tables, screening_parts):
     """With exclude_query_centre off, a corpus sentence may be offered its own slot; on (the
-    default), never: the same retrieval, the same scores, one candidate fewer."""
+    default), never: the same retrieval, the same scores, one candidate fewer. exclude_query_window (the
+    default) drops the slots beside it too, whose windows hold it."""
     st, _ = tables
     disc, cache, idx = screening_parts
     q = st.texts[200]
     on = _source(speech_corpus, idx, disc, cache, ContextSetConfig(size=500, retrieve_chunks=300))
     off = _source(speech_corpus, idx, disc, cache,
-                  ContextSetConfig(size=500, retrieve_chunks=300, exclude_query_centre=False))
-    a, b = on.context_sets([q])[0], off.context_sets([q])[0]
+                  ContextSetConfig(size=500, retrieve_chunks=300, exclude_query_centre=False,
+                                   exclude_query_window=False))
+    only_centre = _source(speech_corpus, idx, disc, cache, ContextSetConfig(size=500, retrieve_chunks=300,
+                                                                           exclude_query_window=False))
+    a, b = only_centre.context_sets([q])[0], off.context_sets([q])[0]
     # the query's chunk is retrieved, so its own slot is a candidate unless excluded (one slot)
     assert b.candidates - a.candidates == 1
     assert all(st.text(c.centre_id).strip() != q.strip() for c in a.contexts)
+    # and with exclude_query_window (the default) nor the slots whose window holds it, which the
+    # discriminator's coherence terms rank first: in no context of C_s is the query c< or c>
+    held = [c for c in a.contexts if q.strip() in [t.strip() for t in (*c.left, *c.right)]]
+    assert held, "the case this guards against: without the rule a window holding the query is chosen"
+    w = on.context_sets([q])[0]
+    w_disc = on.expand_window
+    assert a.candidates - w.candidates == 2 * w_disc  # the slots beside it, w a side
+    assert all(q.strip() not in [t.strip() for t in (*c.left, *c.right)] and st.text(c.centre_id).strip() != q.strip()
+               for c in w.contexts)
 
 
 def test_screened_sets_equal_the_eager_selection(speech_corpus, tables, screening_parts):
@@ -214,7 +227,9 @@ def test_screened_sets_equal_the_eager_selection(speech_corpus, tables, screenin
         feats = d.project_sentences(d.encode(queries)) if d is not None else None
         for i, (q, got) in enumerate(zip(queries, source.context_sets(queries))):
             cands = expand_candidates(ids[i], scores[i], ch, cache.sentence_ids, disc.window if d else 1)
-            keep = [j for j in range(len(cands)) if st.text(int(cands.centre_id[j])).strip() != q.strip()]
+            w = disc.window if d else 1  # no candidate whose window (its centre, w a side) holds the query
+            keep = [j for j in range(len(cands))
+                    if all(st.text(int(cands.centre_id[j]) + k).strip() != q.strip() for k in range(-w, w + 1))]
             primary = (source._log_p(feats[i:i + 1], cands.centre_id[keep]) if d is not None
                        else cands.retrieval_score[keep])
             prev = [word_set(st.text(int(cands.left_ids[j, -1]))) for j in keep]
