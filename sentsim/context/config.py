@@ -243,7 +243,8 @@ class ScorerConfig(Section):
     @classmethod
     def _check_lambda(cls, v):
         if v < 0:
-            raise ValueError(f"Eq. 3 weights must be 0 or more (003 §3.3), got {v:g}")
+            raise ValueError(f"Eq. 3 weights must be 0 or more (weights of log-probabilities; 003 §3.3 gives "
+                             f"none), got {v:g}")
         return v
 
     @field_validator("batch_tokens")

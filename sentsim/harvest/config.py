@@ -100,7 +100,7 @@ class HarvestConfig(Section):
     contexts: ContextSetConfig = ContextSetConfig()
     scoring: ScorerConfig = ScorerConfig()
     # Eq. 4 similarity of v_s1 and v_s2. 003 uses plain cosine; `pearson` (centred) is the default
-    # because raw log-probability vectors give cosine ~1.0 for every pair (see README).
+    # because raw log-probability vectors give cosine ~1.0 for every pair (docs/reference-teacher.md).
     metric: Annotated[str, metrics.OneOf(metrics.names)] = metrics.DEFAULT
     reference_sentences: int = Field(
         8, ge=0, description="sentences whose mean score per context is the context effect (double-centred)")
@@ -130,7 +130,8 @@ class HarvestConfig(Section):
         weights, on = v.weights(), v.enabled()
         negative = [f"lambda_{t}={w:g}" for t, w in weights.items() if w < 0]
         if negative:
-            raise ValueError(f"Eq. 3 weights must be 0 or more (003 §3.3), got {', '.join(negative)}")
+            raise ValueError(f"Eq. 3 weights must be 0 or more (weights of log-probabilities; 003 §3.3 gives "
+                             f"none), got {', '.join(negative)}")
         if not any(on[t] and w > 0 for t, w in weights.items()):
             raise ValueError("no Eq. 3 term is both kept (ablation, use_fwd) and weighted above 0, so every pair's "
                              "score would be null; give at least one kept term a λ above 0")

@@ -45,7 +45,7 @@ def repeats(pairs: Sequence[Tuple[str, str]]) -> List[int]:
 
 
 def pair_split(a: int, b: int, fractions: Sequence[float] = (0.98, 0.01, 0.01)) -> str:
-    """train/dev/test from a hash of the pair itself (003 §4: 98/1/1), so it never changes on resume."""
+    """train/dev/test from a hash of the pair itself (003 §3.4: 98/1/1), so it never changes on resume."""
     u = int.from_bytes(_digest(a, b)[8:16], "big") / 2**64
     edge = 0.0
     for name, frac in zip(SPLITS, fractions):

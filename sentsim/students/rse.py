@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from sentsim.config import Section
@@ -52,6 +52,14 @@ class RSEConfig(Section):
     # inference (000 §3.3 "How can we use?"): weights over relations; None = the first relation alone
     inference_weights: Optional[dict[str, float]] = None
     grad_cache_chunk: int = Field(0, ge=0)        # >0: gradient caching (Gao et al. 2021a), chunk size per pass
+
+    @model_validator(mode="after")
+    def _thresholds(self):
+        # above it, a pair scoring between the two would be its anchor's positive and its hard negative at once
+        if self.hard_negative_below > self.score_threshold:
+            raise ValueError(f"hard_negative_below {self.hard_negative_below:g} > score_threshold "
+                             f"{self.score_threshold:g}: a pair between them would be a positive and a hard negative")
+        return self
 
 
 class RSEObjective(Objective):

@@ -124,3 +124,18 @@ def test_a_toy_objective_in_one_file_trains_through_the_command(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr and "toy.weight" in r.stderr, r.stderr
     r = toy_cli("train", "student", "--objective", "nope", "--out", tmp_path / "o3")
     assert r.returncode == 2 and "toy" in r.stderr and "rankencoder" in r.stderr
+
+
+def test_settings_that_contradict_themselves_are_refused_naming_both():
+    """RSE: a pair scoring between a hard-negative bound above the positive threshold would be its anchor's
+    positive and its hard negative at once; RankEncoder: tau_lower above tau_upper keeps no pair."""
+    from sentsim.config import load_config
+    from sentsim.errors import UsageError
+    from sentsim.students.config import StudentConfig
+
+    with pytest.raises(UsageError, match="hard_negative_below 0.8 > score_threshold 0.5"):
+        load_config(StudentConfig, None, ["objective=rse", "rse.hard_negative_below=0.8"])
+    with pytest.raises(UsageError, match="tau_lower 0.9 > tau_upper 0.8"):
+        load_config(StudentConfig, None, ["objective=rankencoder", "rankencoder.tau_lower=0.9"])
+    equal = load_config(StudentConfig, None, ["objective=rse", "rse.hard_negative_below=0.5"])
+    assert equal.rse.hard_negative_below == 0.5

@@ -2,8 +2,8 @@
 
 A metric is a `Metric`: its name (what configs, fingerprints and `--metric` spell), and `compare`, the
 similarity of two score vectors over the same contexts. `compare` sees only entries finite in both
-vectors (and in the context effect, when there is one), at least two of them:
-`sentsim.harvest.similarity.pair_similarity` drops the rest and returns NaN below two, so a metric
+vectors (and in the context effect, when there is one), at least MIN_POINTS (3) distinct points:
+`sentsim.harvest.similarity.pair_similarity` drops the rest and returns NaN below that, so a metric
 deals with the arithmetic alone. A metric that reads the context effect (the mean score of a
 shared set of reference sentences in each context) says so, since a harvest keeps no reference
 scores and `sentsim remix` therefore cannot offer it.
