@@ -8,7 +8,8 @@
 |                                      |                                      | Eq. 2 when hard negatives are given  |
 
 loss_i = -log( exp(cos(a_i, p_i)/tau) / (sum_m exp(cos(a_i, p_m)/tau) + sum_m exp(cos(a_i, n_m)/tau)) )
-loss   = mean_i loss_i  (the paper writes the sum; the mean only rescales the learning rate)
+loss   = mean_i loss_i  (the paper writes the sum. Alone, the mean only rescales the learning rate; inside
+         RankEncoder's Eq. 5, max(lambda_train * l_r, l_cl), it moves the balance by the batch size)
 
 `hard_mask` (bool [N]) marks which rows of n are real: a triple without a hard negative leaves its
 row out of every denominator.
