@@ -275,7 +275,9 @@ def _parquet(p: Path, raw: Optional[bytes] = None) -> List[Pair]:
     import pyarrow.parquet as pq
 
     try:
-        t = pq.read_table(p if raw is None else pa.BufferReader(raw))
+        # a path where there is one; bytes (a gzipped file's) on this thread only: Arrow's thread pool, left busy
+        # with a read from memory, can abort the process at exit ("terminate called", apache/arrow#34314)
+        t = pq.read_table(p) if raw is None else pq.read_table(pa.BufferReader(raw), use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"{p}: not a readable Parquet file ({(str(exc).splitlines() or [''])[0]})") from None
     if not {"s1", "s2"} <= set(t.column_names):
@@ -297,6 +299,12 @@ def _parquet(p: Path, raw: Optional[bytes] = None) -> List[Pair]:
             raise InputError(f"{p}: row {i}: gold {g!r} is not finite (leave it null for a pair without gold)")
         checked_pair(a, b, g, f"{p}: row {i}")
     return rows
+
+
+def is_gzip(p: Path) -> bool:
+    """Whether the file holds a gzip stream (its first bytes 1f 8b), whatever its name."""
+    with open(p, "rb") as fh:
+        return fh.read(2) == b"\x1f\x8b"
 
 
 def file_bytes(p: Path) -> Tuple[bytes, str]:
@@ -360,7 +368,7 @@ def read_pairs_file(path: str) -> List[Pair]:
         raise UsageError(f"{path}: pairs file not found")
     raw, name = file_bytes(p)
     if name.endswith(".parquet"):
-        rows = _parquet(p, raw)
+        rows = _parquet(p, raw if is_gzip(p) else None)
     else:
         rows = pairs_of_text(decode_text(p, raw), str(path), name)
     if not rows:

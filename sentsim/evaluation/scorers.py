@@ -19,7 +19,7 @@ import numpy as np
 
 from corpus.documents import json_refusal, surrogate_refusal
 from sentsim.errors import InputError, UsageError
-from sentsim.pairs_file import JSON_SUFFIXES, arrow_texts, file_bytes
+from sentsim.pairs_file import JSON_SUFFIXES, arrow_texts, file_bytes, is_gzip
 
 
 class Scorer:
@@ -201,7 +201,10 @@ def _read_pair_table(path: Path):
         # JSON lines by a first object as well as by name
         raw, name = file_bytes(path)
         if name.endswith(".parquet"):
-            return _pair_frame(pq.read_table(pa.BufferReader(raw)), str(path))
+            # a plain file by its path; unpacked bytes on this thread only (pairs_file._parquet says why)
+            table = (pq.read_table(pa.BufferReader(raw), use_threads=False) if is_gzip(path)
+                     else pq.read_table(path))
+            return _pair_frame(table, str(path))
         if name.endswith(JSON_SUFFIXES) or raw.removeprefix(codecs.BOM_UTF8).lstrip()[:1] == b"{":
             return _read_jsonl_pairs(path, raw)
         if name.endswith((".csv", ".tsv")):
