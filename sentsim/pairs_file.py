@@ -44,7 +44,7 @@ import math
 import re
 import zlib
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from corpus.documents import json_refusal, surrogate_refusal
 from sentsim.errors import InputError, UsageError
@@ -301,23 +301,24 @@ def _parquet(p: Path, raw: Optional[bytes] = None) -> List[Pair]:
     return rows
 
 
-def is_gzip(p: Path) -> bool:
-    """Whether the file holds a gzip stream (its first bytes 1f 8b), whatever its name."""
-    with open(p, "rb") as fh:
-        return fh.read(2) == b"\x1f\x8b"
+class FileBytes(NamedTuple):
+    raw: bytes      # the file's bytes, decompressed when they were gzip
+    name: str       # its name, lower case, without .gz: the name that tells the format
+    gzipped: bool   # whether the file held a gzip stream (a Parquet one is then read from `raw`)
 
 
-def file_bytes(p: Path) -> Tuple[bytes, str]:
-    """The bytes of `p`, decompressed when they are gzip (its first bytes 1f 8b, as corpus inputs are told),
-    and its name, lower case, without .gz: the name that tells the format. A plain file named .gz is read
-    as it is; a truncated or corrupt gzip stream is an InputError."""
+def file_bytes(p: Path) -> FileBytes:
+    """The bytes of `p`, decompressed when they are gzip (its first bytes 1f 8b, as corpus inputs are told,
+    whatever its name), and the name that tells its format. A plain file named .gz is read as it is; a
+    truncated or corrupt gzip stream is an InputError."""
     raw, name = p.read_bytes(), p.name.lower()
-    if raw[:2] == b"\x1f\x8b":
+    gzipped = raw[:2] == b"\x1f\x8b"
+    if gzipped:
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as exc:
             raise InputError(f"{p}: unreadable or truncated gzip stream ({exc})") from None
-    return raw, name[:-3] if name.endswith(".gz") else name
+    return FileBytes(raw, name[:-3] if name.endswith(".gz") else name, gzipped)
 
 
 def first_text_line(text: str) -> Tuple[int, str]:
@@ -366,9 +367,9 @@ def read_pairs_file(path: str) -> List[Pair]:
         raise UsageError(f"{path}: is a folder; --pairs takes one file of sentence pairs")
     if not p.is_file():
         raise UsageError(f"{path}: pairs file not found")
-    raw, name = file_bytes(p)
+    raw, name, gzipped = file_bytes(p)
     if name.endswith(".parquet"):
-        rows = _parquet(p, raw if is_gzip(p) else None)
+        rows = _parquet(p, raw if gzipped else None)
     else:
         rows = pairs_of_text(decode_text(p, raw), str(path), name)
     if not rows:

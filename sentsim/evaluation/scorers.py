@@ -19,7 +19,7 @@ import numpy as np
 
 from corpus.documents import json_refusal, surrogate_refusal
 from sentsim.errors import InputError, UsageError
-from sentsim.pairs_file import JSON_SUFFIXES, arrow_texts, file_bytes, is_gzip
+from sentsim.pairs_file import JSON_SUFFIXES, arrow_texts, file_bytes
 
 
 class Scorer:
@@ -199,10 +199,10 @@ def _read_pair_table(path: Path):
             return pd.concat(frames, ignore_index=True)
         # as the pairs reader finds them: gzip by its first bytes, the name less .gz telling the format, and
         # JSON lines by a first object as well as by name
-        raw, name = file_bytes(path)
+        raw, name, gzipped = file_bytes(path)
         if name.endswith(".parquet"):
             # a plain file by its path; unpacked bytes on this thread only (pairs_file._parquet says why)
-            table = (pq.read_table(pa.BufferReader(raw), use_threads=False) if is_gzip(path)
+            table = (pq.read_table(pa.BufferReader(raw), use_threads=False) if gzipped
                      else pq.read_table(path))
             return _pair_frame(table, str(path))
         if name.endswith(JSON_SUFFIXES) or raw.removeprefix(codecs.BOM_UTF8).lstrip()[:1] == b"{":

@@ -122,7 +122,7 @@ def _file_sentences(path: str) -> list:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"{path}: sentence file not found")
-    raw, name = file_bytes(p)
+    raw, name, _ = file_bytes(p)
     text = None if name.endswith(".parquet") else decode_text(p, raw)
     if text is None or holds_pairs(text, name):
         texts = [s for s1, s2, _ in read_pairs_file(path) for s in (s1, s2)]
