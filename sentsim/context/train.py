@@ -533,7 +533,8 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
     if done is not None:
         say_finished("context", out_arg, f"bundle (fingerprint {run_id})")
         return done["summary"]
-    claim_out(out_p, run_id, record, force_new, out_arg, state=("runs", "tokenizer"))
+    claim_out(out_p, run_id, record, force_new, out_arg, state=("runs", "tokenizer"),
+              unfingerprinted=tuple(f"config.{k}" for k in RESUMABLE))
     tok_dir = out_p / "tokenizer"
     resumed = (tok_dir / "tokenizer.json").is_file()
     # resuming: keep the tokenizer the checkpoints were trained with

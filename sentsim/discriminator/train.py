@@ -296,7 +296,8 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
         say_finished("discriminator", out_arg, f"model (fingerprint {run_id})")
         return done
     state = out / "_train"
-    claim_out(state, run_id, {"job": job.model_dump(), "corpus": str(corpus)}, force_new, out_arg)
+    claim_out(state, run_id, {"job": job.model_dump(), "corpus": str(corpus)}, force_new, out_arg,
+              unfingerprinted=tuple(f"job.train.{k}" for k in RESUMABLE_TRAIN_KEYS))
     vocab, init_path = _vocab_and_init(st, job, state)
     del st
 

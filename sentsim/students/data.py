@@ -7,6 +7,7 @@ no rank vectors at all, a relation file with unknown relations or missing fields
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -330,6 +331,29 @@ def read_triples_file(path: str, allowed: Optional[list[str]] = None) -> pa.Tabl
     return pa.Table.from_pydict(out, schema=TRIPLE_SCHEMA)
 
 
+def _relation_cuts(scores, rc) -> tuple:
+    """(positive mask, hard-negative mask, why a pair is no positive, which pairs are hard negatives) over
+    the train split's scores: by rse.score_threshold / rse.hard_negative_below, or by rank where
+    rse.positive_top_fraction / rse.hard_negative_bottom_fraction is set (ties broken by row order, so a
+    fraction is exact)."""
+    n = len(scores)
+    rank = scores.rank(method="first").to_numpy()  # 1 = the lowest score
+    top, bottom = rc.positive_top_fraction, rc.hard_negative_bottom_fraction
+    if top is None:
+        is_pos = (scores >= rc.score_threshold).to_numpy()
+        not_pos = f"below rse.score_threshold {rc.score_threshold:g}"
+    else:
+        is_pos = rank > n - math.ceil(top * n)
+        not_pos = f"outside the top rse.positive_top_fraction {top:g}"
+    if bottom is None:
+        is_low = (scores < rc.hard_negative_below).to_numpy()
+        low_rule = f"below rse.hard_negative_below {rc.hard_negative_below:g}"
+    else:
+        is_low = rank <= math.floor(bottom * n)
+        low_rule = f"in the bottom rse.hard_negative_bottom_fraction {bottom:g}"
+    return is_pos, is_low & ~is_pos, not_pos, low_rule  # a positive is never also a hard negative
+
+
 def rse_triples(root: Optional[Path], cfg) -> tuple[pa.Table, list[str], dict]:
     """All relation sources as one triples table; (table, relation names in id order, counts per source)."""
     rng = np.random.default_rng(cfg.seed)
@@ -340,10 +364,17 @@ def rse_triples(root: Optional[Path], cfg) -> tuple[pa.Table, list[str], dict]:
 
         run, carve, left_out = harvest_pairs(root)
         t = keep_split(run, "train", carve).to_pandas()
-        pos = t[t.score >= rc.score_threshold]
+        is_pos, is_low, not_pos, low_rule = _relation_cuts(t.score, rc)
+        pos = t[is_pos]
         print(training_note(len(pos), run.num_rows, "pairs as context-similar triples",
-                            {**left_out, f"train below rse.score_threshold {rc.score_threshold:g}": len(t) - len(pos)}))
-        low = t[t.score < rc.hard_negative_below]
+                            {**left_out, f"train {not_pos}": len(t) - len(pos)}))
+        low = t[is_low]
+        print(f"note: {len(low)} train pairs {low_rule} give the context-similar triples their hard negatives"
+              + (f" (train scores {t.score.min():.3f} to {t.score.max():.3f}, median {t.score.median():.3f})"
+                 if len(t) else ""))
+        if len(t) and len(pos) == len(t) and rc.positive_top_fraction is None:
+            print(f"note: every train pair reaches rse.score_threshold {rc.score_threshold:g}, so every pair is a "
+                  "positive; rse.positive_top_fraction cuts by rank instead")
         hard_of: dict[str, str] = {}
         for a, b in zip(low.s1, low.s2):  # a partner the teacher scored dissimilar: the hardest negative we have
             hard_of.setdefault(a, b)

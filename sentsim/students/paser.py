@@ -8,7 +8,10 @@ extractable phrase is skipped and counted (`skipped_no_phrase` in the run summar
 
 Decoding signal (§3.2.2 Eq. 2): [E_s, E_s~, m*|E_s - E_s~|, n*|E_s * E_s~|] with m = n = 10
 (appendix A), as a memory of 4 vectors of the encoder's width for a Transformer decoder (§3.2.3,
-6 layers by default, word embeddings shared with the encoder, random init).
+6 layers by default, word embeddings shared with the encoder, random init). The memory is layer-
+normalised over its four vectors together (`paser.signal_norm: joint`), so m and n keep their weight
+against E_s; a norm of each vector alone (`per_vector`, how runs made before the joint norm were
+built) divides them out, leaving m and n without effect.
 
 Loss (§3.2.4 Eq. 4): L_MLM (15% masking of s, the encoder's masked-LM head) + L_generative
 (token cross-entropy of the teacher-forced decoder on the masked phrases, Eq. 3).
@@ -18,6 +21,7 @@ The decoder and MLM head are training-only: the saved student is the encoder alo
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Literal
 
 import numpy as np
 import torch
@@ -35,6 +39,9 @@ class PaSeRConfig(Section):
     max_phrase_words: int = Field(4, ge=1)
     signal_m: float = Field(10.0, ge=0)           # 002 appendix A: m = n = 10 best (Eq. 2's weights of |.|)
     signal_n: float = Field(10.0, ge=0)
+    # one LayerNorm over the 4 x d memory keeps Eq. 2's m and n against E_s; `per_vector` (a norm per
+    # memory vector, which divides m and n out) only resumes runs built with it
+    signal_norm: Literal["joint", "per_vector"] = "joint"
     decoder_layers: int = Field(6, ge=1)          # 002 §4.2: 6-layer Transformer decoder
     decoder_heads: int = Field(4, ge=1)
     max_target_tokens: int = Field(24, ge=2)
@@ -45,6 +52,14 @@ class PaSeRConfig(Section):
     synonym_replacement: float = Field(0.0, ge=0, le=1)
     random_deletion: float = Field(0.0, ge=0, le=1)
     token_reordering: float = Field(0.0, ge=0, le=1)
+
+    def semantic(self) -> dict:
+        """What the run's fingerprint holds: `signal_norm` only when joint, so a run built before it
+        resumes with `per_vector` (and is refused, naming the key, with the joint default)."""
+        d = self.model_dump()
+        if self.signal_norm == "per_vector":
+            d.pop("signal_norm")
+        return d
 
 
 @lru_cache(maxsize=4)
@@ -66,23 +81,35 @@ class PhraseDecoder(nn.Module):
     """A small Transformer decoder over the 4-vector signal; input and output embeddings are the
     encoder's word embeddings (shared, §4.2)."""
 
-    def __init__(self, word_embeddings: nn.Embedding, layers: int, heads: int, max_len: int, dropout: float = 0.1):
+    def __init__(self, word_embeddings: nn.Embedding, layers: int, heads: int, max_len: int, dropout: float = 0.1,
+                 signal_norm: str = "joint"):
         super().__init__()
         d = word_embeddings.embedding_dim
         if d % heads:
             raise ValueError(f"paser.decoder_heads {heads} must divide the encoder width {d}")
+        if signal_norm not in ("joint", "per_vector"):
+            raise ValueError(f"paser.signal_norm {signal_norm!r}: joint or per_vector")
         self.word_embeddings = word_embeddings  # shared, not a copy
         self.positions = nn.Embedding(max_len, d)
-        self.signal_norm = nn.LayerNorm(d)
+        self.joint_norm = signal_norm == "joint"
+        # the memory enters cross-attention unnormalised (norm_first normalises only the queries), so it is
+        # normalised here; over all four vectors at once, a norm cannot undo Eq. 2's m and n
+        self.signal_norm = nn.LayerNorm(4 * d if self.joint_norm else d)
         layer = nn.TransformerDecoderLayer(d, heads, 4 * d, dropout, batch_first=True, norm_first=True)
         self.decoder = nn.TransformerDecoder(layer, layers)
         self.norm = nn.LayerNorm(d)
+
+    def memory(self, signal: torch.Tensor) -> torch.Tensor:
+        """[B, 4, d]: the Eq. 2 signal, layer-normalised jointly (or per vector)."""
+        if not self.joint_norm:
+            return self.signal_norm(signal)
+        return self.signal_norm(signal.flatten(1)).view_as(signal)
 
     def forward(self, input_ids: torch.Tensor, signal: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
         t = input_ids.shape[1]
         x = self.word_embeddings(input_ids) + self.positions(torch.arange(t, device=input_ids.device))[None]
         causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=input_ids.device), diagonal=1)  # True = blocked
-        h = self.decoder(x, self.signal_norm(signal.to(x.dtype)), tgt_mask=causal, tgt_key_padding_mask=~pad_mask)
+        h = self.decoder(x, self.memory(signal.to(x.dtype)), tgt_mask=causal, tgt_key_padding_mask=~pad_mask)
         return self.norm(h) @ self.word_embeddings.weight.T
 
 
@@ -144,7 +171,8 @@ class PaSeRObjective(Objective):
         pc = cfg.paser
         self.mlm_head = mlm_head
         emb = model.encoder.get_input_embeddings()
-        self.decoder = PhraseDecoder(emb, pc.decoder_layers, pc.decoder_heads, pc.max_target_tokens)
+        self.decoder = PhraseDecoder(emb, pc.decoder_layers, pc.decoder_heads, pc.max_target_tokens,
+                                     signal_norm=pc.signal_norm)
         self.gen_loss = PhraseReconstructionLoss()
         self._rng = np.random.default_rng(cfg.seed)
         self.synonyms = None

@@ -2,7 +2,8 @@
 
 Inputs: triples (s_i, relation, s_j, hard negative) built by `sentsim.students.data.rse_triples` from
   - harvested train pairs with score >= rse.score_threshold: relation `context-similar` (a partner
-    the teacher scored below rse.hard_negative_below is the hard negative);
+    the teacher scored below rse.hard_negative_below is the hard negative); rse.positive_top_fraction
+    and rse.hard_negative_bottom_fraction make the same cuts by rank among the train split's scores;
   - every harvested sentence paired with itself: relation `same-sent` (dropout positives, §3.2 r6);
   - a user file of (s_i, relation, s_j[, hard_negative]) in JSONL or Parquet (e.g. NLI entailment
     with the contradiction as hard negative, §3.2).
@@ -45,6 +46,11 @@ class RSEConfig(Section):
     # harvested scores are Eq. 4 similarities (003 §3.3): cosines and correlations, within [-1, 1]
     score_threshold: float = Field(0.5, ge=-1, le=1)      # harvested score >= this -> (s1, context-similar, s2)
     hard_negative_below: float = Field(0.0, ge=-1, le=1)  # a partner scoring below this: s1's in-relation hard neg.
+    # the same two cuts by rank, for harvests whose scores do not spread over [-1, 1] (all near 1, say): the
+    # top fraction of the train split's scored pairs are positives, the bottom fraction hard negatives; each,
+    # when set, replaces its threshold above (000 has labelled relations, not scores, so it gives no value)
+    positive_top_fraction: Optional[float] = Field(None, gt=0, le=1)          # replaces score_threshold
+    hard_negative_bottom_fraction: Optional[float] = Field(None, gt=0, lt=1)  # replaces hard_negative_below
     same_sent: bool = True                        # 000 §3.2 relation r6 (SimCSE dropout)
     same_sent_max: int = Field(150_000, ge=0)     # 000 §3.2: at most 150K samples for other relations
     triples: Optional[str] = None                 # JSONL/Parquet with s_i, relation, s_j[, hard_negative]
@@ -59,7 +65,19 @@ class RSEConfig(Section):
         if self.hard_negative_below > self.score_threshold:
             raise ValueError(f"hard_negative_below {self.hard_negative_below:g} > score_threshold "
                              f"{self.score_threshold:g}: a pair between them would be a positive and a hard negative")
+        top, bottom = self.positive_top_fraction, self.hard_negative_bottom_fraction
+        if top is not None and bottom is not None and top + bottom > 1:
+            raise ValueError(f"positive_top_fraction {top:g} + hard_negative_bottom_fraction {bottom:g} > 1: "
+                             "a pair in both would be a positive and a hard negative")
         return self
+
+    def semantic(self) -> dict:
+        """What the run's fingerprint holds: the rank cuts only when set, so runs made before them keep theirs."""
+        d = self.model_dump()
+        for key in ("positive_top_fraction", "hard_negative_bottom_fraction"):
+            if d[key] is None:
+                d.pop(key)
+        return d
 
 
 class RSEObjective(Objective):

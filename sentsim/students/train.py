@@ -191,6 +191,12 @@ class StudentRun(EncoderDriver):
             print(capped)
 
     def identity(self, what: dict) -> tuple:
+        # an objective's section fingerprints what its `semantic()` keeps, if it has one: a key added to it
+        # with a default that leaves training as it was stays out, so earlier runs keep their fingerprints
+        for name in objective_names():
+            section = getattr(self.cfg, name, None)
+            if name in what and hasattr(section, "semantic"):
+                what = {**what, name: section.semantic()}
         return "student", what, self.bb, self.inputs["--data"], self.spec["counts"]
 
     def record(self) -> dict:

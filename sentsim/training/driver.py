@@ -87,7 +87,8 @@ class EncoderDriver:
         self.prepare(self.bb)
         what = {k: v for k, v in self.cfg.model_dump().items() if k not in RESUMABLE_KEYS}
         self.run_id = fingerprint(*self.identity(what))
-        claim_out(self.out, self.run_id, self.record(), self.force_new, self.out_arg)
+        claim_out(self.out, self.run_id, self.record(), self.force_new, self.out_arg,
+                  unfingerprinted=tuple(f"config.{k}" for k in RESUMABLE_KEYS))
         for name in self.models:
             finish_swap(self.out / name)
         quiet_progress()

@@ -36,13 +36,15 @@ _HELD_OUTS: dict = {}  # absolute --out -> the RunLease this process holds on it
 
 
 def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg: str,
-              state: tuple[str, ...] = ("ray", "checkpoint", "checkpoint.old")):
+              state: tuple[str, ...] = ("ray", "checkpoint", "checkpoint.old"), unfingerprinted: tuple = ()):
     """Take the output folder for this training: its lease first (one writer per --out, as for a
     sharded run: `storage.lease`; a second trainer exits 2 naming the holder), then refuse an --out
     that holds training state (`state`: names under it) of a run with other settings, unless
     --force-new, which discards that state; then record this run's fingerprint and settings in
     OUT/run.json. The lease is held until `release_out(out_dir)` or the process exits (a killed
-    trainer's lease is taken over by the next one, which says so). Returns the lease."""
+    trainer's lease is taken over by the next one, which says so). A refusal names the recorded settings
+    that differ, less `unfingerprinted` (flattened keys of `record`, e.g. `config.epochs`, that a run may
+    change and still resume). Returns the lease."""
     import pyarrow.fs as pafs
 
     from storage.fs import write_text_atomic
@@ -64,17 +66,32 @@ def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg
                     shutil.rmtree(d)
         elif run_file.is_file() and any(d.exists() for d in state_dirs):
             try:
-                prev = json.loads(run_file.read_text()).get("fingerprint")
+                stored = json.loads(run_file.read_text())
+                prev = stored.get("fingerprint")
             except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-                prev = "unreadable"
+                stored, prev = {}, "unreadable"
             if prev != run_id:
-                raise UsageError(f"--out {out_arg} holds a run with other settings (fingerprint {prev}, now {run_id}); "
-                                 "use a new --out, or --force-new to discard it")
+                raise UsageError(f"--out {out_arg} holds a run with other settings (fingerprint {prev}, now {run_id}"
+                                 f"{_changed(stored, record, unfingerprinted)}); use a new --out, or --force-new "
+                                 "to discard it")
         write_text_atomic(str(run_file), json.dumps({"fingerprint": run_id, **record}, indent=2))
     except BaseException:
         release_out(out_dir)
         raise
     return lease
+
+
+def _changed(stored: dict, record: dict, unfingerprinted: tuple) -> str:
+    """': key: old -> new; ...' for a refused --out, or '' where run.json recorded no settings to compare."""
+    from storage.store import what_changed
+
+    prev = {k: v for k, v in stored.items() if k != "fingerprint"}
+    if not prev:
+        return ""
+    changed = what_changed({"config": prev}, record, [], most=4, ignore=unfingerprinted)
+    if changed.startswith("same config"):  # the settings match: what they name (corpus, data, backbone) changed
+        return "; the same recorded settings, so the content of an input they name changed"
+    return f"; {changed}"
 
 
 def release_out(out_dir: Path) -> None:

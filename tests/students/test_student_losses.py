@@ -263,6 +263,51 @@ def test_decoder_signal_shape_and_terms():
         decoder_signal(e_s, torch.randn(5, 8))
 
 
+def test_eq2_weights_m_and_n_reach_the_decoder_only_under_the_joint_norm():
+    """002 Eq. 2's m and n scale two of the four memory vectors: a LayerNorm of each vector alone divides
+    them out (the decoder's output does not move), one over the four together keeps their weight."""
+    from sentsim.students.paser import PhraseDecoder, decoder_signal
+
+    torch.manual_seed(0)
+    e_s, e_m = torch.randn(3, 16), torch.randn(3, 16)
+    ids, pad = torch.randint(0, 50, (3, 5)), torch.ones(3, 5, dtype=torch.bool)
+    for norm, moves in (("joint", True), ("per_vector", False)):
+        torch.manual_seed(1)
+        dec = PhraseDecoder(torch.nn.Embedding(50, 16), layers=1, heads=4, max_len=8, dropout=0.0, signal_norm=norm)
+        dec.eval()
+        with torch.no_grad():
+            out = {m: dec(ids, decoder_signal(e_s, e_m, m, m), pad) for m in (1.0, 10.0)}
+        gap = (out[1.0] - out[10.0]).abs().max().item()
+        assert (gap > 1e-2) is moves, (norm, gap)
+    assert PhraseDecoder(torch.nn.Embedding(50, 16), 1, 4, 8).signal_norm.normalized_shape == (64,)
+    with pytest.raises(ValueError, match="joint or per_vector"):
+        PhraseDecoder(torch.nn.Embedding(50, 16), 1, 4, 8, signal_norm="none")
+
+
+def test_rse_cuts_by_rank_where_scores_sit_together():
+    """Harvested scores near 1 make every pair a positive at score_threshold 0.5 and leave no hard
+    negative below 0.0; the fraction settings cut the same train scores by rank, exactly and disjointly."""
+    import pandas as pd
+
+    from sentsim.students.config import StudentConfig
+    from sentsim.students.data import _relation_cuts
+
+    scores = pd.Series([0.97, 0.91, 0.99, 0.93, 0.95, 0.95, 0.92, 0.98])
+    plain = StudentConfig(objective="rse").rse
+    pos, low, *_ = _relation_cuts(scores, plain)
+    assert pos.all() and not low.any()
+    ranked = StudentConfig(objective="rse", rse={"positive_top_fraction": 0.25,
+                                                 "hard_negative_bottom_fraction": 0.25}).rse
+    pos, low, not_pos, low_rule = _relation_cuts(scores, ranked)
+    assert sorted(scores[pos]) == [0.98, 0.99] and sorted(scores[low]) == [0.91, 0.92]
+    assert "top rse.positive_top_fraction 0.25" in not_pos and "bottom" in low_rule
+    whole = StudentConfig(objective="rse", rse={"positive_top_fraction": 0.6, "hard_negative_bottom_fraction": 0.4}).rse
+    pos, low, *_ = _relation_cuts(scores, whole)
+    assert pos.sum() == 5 and low.sum() == 3 and not (pos & low).any()
+    with pytest.raises(ValueError, match="positive_top_fraction 0.7 \\+ hard_negative_bottom_fraction 0.4 > 1"):
+        StudentConfig(objective="rse", rse={"positive_top_fraction": 0.7, "hard_negative_bottom_fraction": 0.4})
+
+
 def test_phrase_reconstruction_loss_ignores_padding():
     logits = torch.randn(2, 3, 10)
     labels = torch.tensor([[1, 2, IGNORE], [3, IGNORE, IGNORE]])

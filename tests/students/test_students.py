@@ -147,6 +147,25 @@ def test_rse_trains_with_all_relation_sources_and_scores_relationally(harvest_di
     assert a.shape == (1,) and -1 <= a[0] <= 1
 
 
+def test_rse_cuts_the_harvest_by_rank_through_the_command(harvest_dir, tiny_backbone, tmp_path):
+    """`rse.positive_top_fraction` and `rse.hard_negative_bottom_fraction` through `sentsim train student`:
+    the notes count what each cut took and left, by its setting's name."""
+    import re
+
+    r = sentsim_cli("train", "student", "--objective", "rse", "--executor", "inline", "--data", harvest_dir,
+                    "--backbone", tiny_backbone, "--out", tmp_path / "o", "--max-steps", "1",
+                    "--set", "batch_size=8", "--set", "rse.positive_top_fraction=0.5",
+                    "--set", "rse.hard_negative_bottom_fraction=0.25")
+    assert r.returncode == 0, r.stderr[-2000:]
+    took = re.search(r"note: training on (\d+) of \d+ pairs as context-similar triples \(.*?(\d+) train outside "
+                     r"the top rse\.positive_top_fraction 0\.5", r.stdout)
+    hard = re.search(r"note: (\d+) train pairs in the bottom rse\.hard_negative_bottom_fraction 0\.25 give", r.stdout)
+    assert took and hard, r.stdout
+    top, rest = int(took[1]), int(took[2])
+    n = top + rest  # the train split's scored pairs
+    assert n >= 8 and top == -(-n // 2) and int(hard[1]) == n // 4, r.stdout
+
+
 def test_rse_rejects_unknown_relations_in_the_triples_file(harvest_dir, tiny_backbone, tmp_path):
     triples = tmp_path / "t.jsonl"
     triples.write_text('{"s_i": "a", "relation": "entailment", "s_j": "b"}\n'
@@ -172,6 +191,29 @@ def test_paser_trains_and_saves_the_encoder_without_its_decoder(harvest_dir, tin
     with safe_open(str(tmp_path / "paser" / "model" / "model.safetensors"), "pt") as f:
         keys = list(f.keys())
     assert keys and not any("decoder" in k or "cls." in k or "positions" in k for k in keys)
+
+
+def test_a_paser_run_from_before_the_joint_signal_norm_is_refused_by_name_and_resumes_with_it(
+        harvest_dir, tiny_backbone, tmp_path):
+    """A PaSeR run built with a norm per memory vector (as every run was before `paser.signal_norm`) keeps
+    its fingerprint under `per_vector`; under today's `joint` default the same --out is refused in one line
+    naming the key, and `--set paser.signal_norm=per_vector` resumes it from its checkpoint."""
+    from conftest import error_line
+
+    args = ["train", "student", "--objective", "paser", "--executor", "inline", "--data", harvest_dir,
+            "--backbone", tiny_backbone, "--out", tmp_path / "p", "--set", "batch_size=8", "--set", "eval_every=2",
+            "--set", "paser.decoder_layers=1"]
+    old = ["--set", "paser.signal_norm=per_vector"]
+    r = sentsim_cli(*args, *old, "--max-steps", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = sentsim_cli(*args, "--max-steps", "4")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    line = error_line(r.stderr)
+    assert "holds a run with other settings" in line, line
+    assert "config.paser.signal_norm: 'per_vector' -> 'joint'" in line, line
+    assert "config.max_steps" not in line  # a resumable key is not named as the reason
+    r = sentsim_cli(*args, *old, "--max-steps", "4")
+    assert r.returncode == 0 and "resuming at step 2, 4 steps" in r.stdout, (r.stdout[-2000:], r.stderr[-2000:])
 
 
 # ---------------------------------------------------------------- the Ray Train path and resume

@@ -95,6 +95,7 @@ def test_train_context_relative_paths(tmp_path, speech_corpus, head_env):
     r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx", "--direction", "fwd", *sets,
                     "--set", "lr=1e-3", cwd=tmp_path, env=head_env)
     assert r.returncode == 2 and "--force-new" in r.stderr, r.stderr[-2000:]
+    assert "config.lr: " in error_line(r.stderr) and "0.001" in error_line(r.stderr), r.stderr[-2000:]
     # a corpus with too few held-out windows is said on the driver, before a Train worker (whose failure
     # policy retries, printing each worker's traceback) starts
     r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx_small", "--direction", "fwd", *sets,
