@@ -263,11 +263,13 @@ def run_pipeline(items: Sequence[dict], stages: Sequence[StageSpec], executor: s
             yield from batch
         return
     import ray
-    from ray.data import ActorPoolStrategy, DataContext
+    from ray.data import ActorPoolStrategy
+
+    from sentsim.runtime import no_data_progress_bars
 
     # our one progress printer (sentsim.executor) speaks for the run; Ray Data's per-dataset INFO
     # lines and progress bars would bury it in a job's log (the dashboard still shows them)
-    DataContext.get_current().enable_progress_bars = False
+    no_data_progress_bars()
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     if isinstance(items, UnitPlan):  # streamed: unit dicts are built in read tasks, never on the driver
         ds = _unit_dataset(items)

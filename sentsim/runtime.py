@@ -307,7 +307,25 @@ def quiet_state_api_probe() -> None:
     except Exception:  # a failing setup hook would take the worker down with it
         pass
     logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner").setLevel(logging.ERROR)
+    logging.getLogger(DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)
     one_line_coordinator_warnings()
+
+
+# Ray Data warns, once in every process that runs a dataset, that its progress bars are off and how to turn
+# them on: sentsim turns them off on purpose (its own progress lines speak for a run), so the notice is noise,
+# printed by the driver, each Train worker and each split coordinator
+DATA_PROGRESS_LOGGER = "ray.data._internal.progress"
+
+
+def no_data_progress_bars() -> None:
+    """Ray Data's progress bars off (a DataContext setting, which datasets carry to their workers), and its
+    notice that they are off muted in this process (the driver, or a worker's setup hook)."""
+    import logging
+
+    from ray.data import DataContext
+
+    DataContext.get_current().enable_progress_bars = False
+    logging.getLogger(DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)
 
 
 # Ray's clients of the autoscaling coordinator (Train's resource requests, Data's autoscalers) give a

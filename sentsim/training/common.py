@@ -9,10 +9,10 @@ from typing import Optional
 def quiet_progress() -> None:
     """Per-step progress bars from ray.data and transformers would bury the curves in job logs."""
     try:
-        from ray.data import DataContext
+        from sentsim.runtime import no_data_progress_bars
 
-        DataContext.get_current().enable_progress_bars = False
-    except ImportError:
+        no_data_progress_bars()
+    except ImportError:  # no Ray Data (the GPU machine's slim Ray)
         pass
     from transformers.utils import logging as hf_logging
 

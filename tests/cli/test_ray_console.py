@@ -36,3 +36,23 @@ def test_a_coordinator_timeout_is_one_line_on_the_console(name):
     lines = out.getvalue().splitlines()
     assert lines == ["Failed to send resource request for train-run. "
                      "(TimeoutError: Get timed out: some object(s) not ready.)", "plain warning"]
+
+
+def test_the_notice_that_progress_bars_are_off_is_muted_where_sentsim_turns_them_off():
+    """sentsim turns Ray Data's progress bars off on purpose; Ray Data's once-a-process warning that they
+    are off (printed by the driver, every Train worker and split coordinator) is muted with them."""
+    from ray.data import DataContext
+    from ray.data._internal import progress
+
+    from sentsim.runtime import DATA_PROGRESS_LOGGER, no_data_progress_bars
+
+    assert progress.logger.name == DATA_PROGRESS_LOGGER  # a Ray upgrade that moves the warning fails here
+    ctx = DataContext.get_current()
+    before = ctx.enable_progress_bars, progress.logger.level
+    try:
+        no_data_progress_bars()
+        assert ctx.enable_progress_bars is False
+        assert not progress.logger.isEnabledFor(logging.WARNING) and progress.logger.isEnabledFor(logging.ERROR)
+    finally:
+        ctx.enable_progress_bars, _ = before
+        progress.logger.setLevel(before[1])
