@@ -1,5 +1,5 @@
 """What the objectives share: the encoder (sentsim.training.encoder_models), tokenising,
-mean-pooled sentence vectors, and `Objective`, the students' form of the shared loop's Trainee
+pooled sentence vectors (mean or [CLS], `pooling`), and `Objective`, the students' form of the shared loop's Trainee
 (sentsim.training.loop): checkpoint contents, resume state and the dev metric are the same for all.
 `Objective` also holds what every objective declares for the trainer (its settings, its data, its
 encoder, its inference files and scorers; sentsim.students.objectives lists them), with defaults."""
@@ -56,7 +56,8 @@ class Prepared:
 
 
 class Objective(Trainee):
-    """One training objective around a Siamese encoder (`self.model.embed(**enc)` -> mean-pooled vectors).
+    """One training objective around a Siamese encoder (`self.model.embed(**enc)` -> vectors pooled as
+    the config's `pooling` says).
 
     step(batch, device) -> (loss, metrics); extra parameters (relation table, decoder) are submodules
     with their own learning rate from `param_groups`; `save_extras(folder)` writes what inference needs
@@ -106,7 +107,7 @@ class Objective(Trainee):
         the surrogate's `build_model`); `spec` holds `Prepared.for_workers`."""
         from sentsim.training.encoder_models import build_model
 
-        model, tok = build_model("siamese", backbone, init, cfg.scratch.model_dump(), cfg.seed)
+        model, tok = build_model("siamese", backbone, init, cfg.scratch.model_dump(), cfg.seed, cfg.pooling)
         return cls.around(model, tok, cfg, spec)
 
     @classmethod

@@ -26,6 +26,9 @@ class StudentSettings(TrainingSection):
     warmup_ratio: float = Field(0.0, ge=0, le=1)  # 000 appendix D: no warm-up
     weight_decay: float = Field(0.0, ge=0)        # 000 appendix D: no weight decay
     max_seq_length: int = Field(32, ge=8)         # SimCSE / 000 appendix D / 002 §4.2: 32
+    # the sentence vector: mean over tokens (003 §3.4's surrogate, and how all-MiniLM-L6-v2 was trained), or
+    # the last layer's [CLS] as RSE (000 §4.1) and PaSeR (002 §4.2; Table 9: [CLS] +1.0 on STS-B) take it
+    pooling: Literal["mean", "cls"] = "mean"
     log_every: int = Field(10, ge=1)
     # 000 §4.1 evaluates every 125 steps; here half as often (each evaluation encodes the dev pairs); checkpoints too
     eval_every: int = Field(250, ge=1)

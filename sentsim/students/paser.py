@@ -164,7 +164,7 @@ class PaSeRObjective(Objective):
         head = getattr(mlm, "cls", None) or getattr(mlm, "lm_head", None)
         if head is None:
             raise UsageError(f"--backbone {backbone}: no masked-LM head class for {type(mlm).__name__}")
-        return cls(SiameseSurrogate(mlm.base_model), tok, cfg, head)
+        return cls(SiameseSurrogate(mlm.base_model, cfg.pooling), tok, cfg, head)
 
     def __init__(self, model, tok, cfg, mlm_head: nn.Module):
         super().__init__(model, tok, cfg)
@@ -236,9 +236,9 @@ class PaSeRObjective(Objective):
         mlm_ids, mlm_labels = self._mlm_inputs({k: v[2 * n:] for k, v in enc.items()})
         enc["input_ids"] = torch.cat([enc["input_ids"][:2 * n], mlm_ids])
         out = self.model.encoder(**enc)
-        from sentsim.training.encoders import mean_pool
+        from sentsim.training.encoders import pool
 
-        pooled = mean_pool(out.last_hidden_state[:2 * n], enc["attention_mask"][:2 * n])
+        pooled = pool(out.last_hidden_state[:2 * n], enc["attention_mask"][:2 * n], self.cfg.pooling)
         signal = decoder_signal(pooled[:n], pooled[n:], pc.signal_m, pc.signal_n)
         inp, lab, pad = self._targets(column(batch, "target"), device)
         l_gen = self.gen_loss(self.decoder(inp, signal, pad), lab)

@@ -3,9 +3,9 @@
 sentence-transformers folder.
 
 Shared with the surrogate: the driver's steps (`StudentRun` is a sentsim.training.driver.EncoderDriver),
-the encoder helpers of sentsim.training.encoders (backbone checks, mean pooling, the dev metric), and
+the encoder helpers of sentsim.training.encoders (backbone checks, pooling, the dev metric), and
 of sentsim.training.encoder_models the Siamese encoder's construction (`build_model`), checkpoint format
-(`save_hf`), export (`export_model`: Transformer + mean Pooling) and dev predictions (`predict`); the
+(`save_hf`), export (`export_model`: Transformer + the config's Pooling) and dev predictions (`predict`); the
 STS evaluator (sentsim.evaluation) is the end-of-run hook. What differs per objective lives in its own
 module (rankencoder.py, rse.py, paser.py, ...), registered by name in students/objectives.py: each is a
 Trainee of the shared loop that also declares its data, its encoder and its scorers
@@ -118,7 +118,7 @@ def _export(ckpt_dir: Path, out: Path, cfg: StudentConfig, card: dict, total: in
 
     training = {"steps": total, "epochs": cfg.epochs, "final": final_metrics(ckpt_dir)}
     return export_model(ckpt_dir / "model", out / "model", "siamese", cfg.max_seq_length,
-                        card={**card, "training": training}, extras=side_files)
+                        card={**card, "training": training}, extras=side_files, pooling=cfg.pooling)
 
 
 def student_card(cfg: StudentConfig, bb: dict, data: Optional[str], spec: dict, n_rows: int, left: int) -> dict:
@@ -136,14 +136,15 @@ def student_card(cfg: StudentConfig, bb: dict, data: Optional[str], spec: dict, 
     for k, v in spec["skips"].items():
         rows[f"skipped ({k})"] = v.get("count") if isinstance(v, dict) else v
     dumped = cfg.model_dump()
-    keys = ("init", "epochs", "batch_size", "lr", "warmup_ratio", "weight_decay", "max_seq_length", "max_steps",
-            "num_workers", "seed")
+    keys = ("init", "epochs", "batch_size", "lr", "warmup_ratio", "weight_decay", "max_seq_length", "pooling",
+            "max_steps", "num_workers", "seed")
     settings = {k: dumped[k] for k in keys}
     settings.update({f"{cfg.objective}.{k}": v for k, v in (dumped.get(cfg.objective) or {}).items()})
     summary = {r.name: r.summary for r in registered()}.get(cfg.objective, "")
     return {"kind": "student", "title": f"sentsim student ({cfg.objective})",
             "summary": f"A student sentence encoder trained by sentsim with the {cfg.objective} objective "
-                       f"({summary}); sentence similarity is the cosine of its mean-pooled vectors.",
+                       f"({summary}); sentence similarity is the cosine of its "
+                       f"{'mean-pooled' if cfg.pooling == 'mean' else '[CLS]'} vectors.",
             "base_model": base_model(bb, cfg.init), "rows": rows, "settings": settings,
             "data": harvest_data(data, D.read_manifest(D.harvest_root(data))) if data else None,
             "objective": {"name": cfg.objective, "description": summary}}
@@ -192,7 +193,10 @@ class StudentRun(EncoderDriver):
 
     def identity(self, what: dict) -> tuple:
         # an objective's section fingerprints what its `semantic()` keeps, if it has one: a key added to it
-        # with a default that leaves training as it was stays out, so earlier runs keep their fingerprints
+        # with a default that leaves training as it was stays out, so earlier runs keep their fingerprints;
+        # `pooling` likewise when mean, as every run was before it
+        if what.get("pooling") == "mean":
+            what = {k: v for k, v in what.items() if k != "pooling"}
         for name in objective_names():
             section = getattr(self.cfg, name, None)
             if name in what and hasattr(section, "semantic"):

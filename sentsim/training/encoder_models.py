@@ -1,7 +1,8 @@
 """The encoder forms the surrogate and student trainers build, their backbones, predictions, and export to
 sentence-transformers folders (a student is a Siamese encoder).
 
-- Siamese (section 3.4): one encoder, mean pooling over the last layer, cosine of the two vectors.
+- Siamese (section 3.4): one encoder, mean pooling over the last layer (a student may take [CLS]),
+  cosine of the two vectors.
 - Cross (section 5.6, "BERT-style"): `[CLS] s1 [SEP] s2` through the encoder, a regression head
   on [CLS]. Slightly more accurate in the paper (77.43 vs 77.32) but nothing can be cached.
 """
@@ -17,19 +18,20 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from sentsim.training.encoders import mean_pool, resolve_backbone
+from sentsim.training.encoders import pool, resolve_backbone
 
 
 class SiameseSurrogate(nn.Module):
     arch = "siamese"
 
-    def __init__(self, encoder: nn.Module):
+    def __init__(self, encoder: nn.Module, pooling: str = "mean"):
         super().__init__()
         self.encoder = encoder
+        self.pooling = pooling  # sentsim.training.encoders.POOLINGS; the export's Pooling module says the same
 
     def embed(self, input_ids, attention_mask, **extra) -> torch.Tensor:
         out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **extra)
-        return mean_pool(out.last_hidden_state, attention_mask)
+        return pool(out.last_hidden_state, attention_mask, self.pooling)
 
     def forward(self, batch: dict) -> torch.Tensor:
         """`batch` holds both sides stacked (s1 rows, then s2 rows): one encoder pass per step,
@@ -50,9 +52,11 @@ class CrossSurrogate(nn.Module):
         return self.encoder(**batch).logits[:, 0].float()
 
 
-def build_model(arch: str, backbone: str, init: str, scratch: dict | None = None, seed: int = 0):
+def build_model(arch: str, backbone: str, init: str, scratch: dict | None = None, seed: int = 0,
+                pooling: str = "mean"):
     """(model, tokenizer). init="scratch" builds a small BERT with random weights around the
-    backbone's tokenizer (the paper trains a surrogate from scratch too, section 3.4)."""
+    backbone's tokenizer (the paper trains a surrogate from scratch too, section 3.4). `pooling`: the
+    Siamese form's (mean or cls)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import (
         AutoConfig,
@@ -82,10 +86,10 @@ def build_model(arch: str, backbone: str, init: str, scratch: dict | None = None
     else:
         encoder = AutoModel.from_pretrained(str(p))
     if arch == "siamese" and getattr(encoder, "pooler", None) is not None:
-        # mean pooling never uses BERT's [CLS] pooler; frozen, DDP does not wait for its gradients,
+        # neither pooling uses BERT's pooler MLP over [CLS]; frozen, DDP does not wait for its gradients,
         # and it stays in the checkpoint so that loaders see a complete BertModel
         encoder.pooler.requires_grad_(False)
-    model = CrossSurrogate(encoder) if arch == "cross" else SiameseSurrogate(encoder)
+    model = CrossSurrogate(encoder) if arch == "cross" else SiameseSurrogate(encoder, pooling)
     return model, tok
 
 
@@ -105,9 +109,9 @@ def save_hf(model: nn.Module, tok, folder: Path) -> None:
 
 
 def export_model(hf_dir: Path, out: Path, arch: str, max_seq_length: int, card: Optional[dict] = None,
-                 extras: Optional[Callable[[Path], None]] = None) -> Path:
-    """Siamese -> a sentence-transformers folder (Transformer + mean Pooling, weights at the root so
-    plain AutoModel loads it too). Cross -> a CrossEncoder folder with an identity activation: the
+                 extras: Optional[Callable[[Path], None]] = None, pooling: str = "mean") -> Path:
+    """Siamese -> a sentence-transformers folder (Transformer + Pooling of `pooling`, weights at the root
+    so plain AutoModel loads it too). Cross -> a CrossEncoder folder with an identity activation: the
     head regresses the teacher's similarity directly, so no sigmoid. `extras(folder)` adds side files;
     `card` (sentsim.training.model_card) is what README.md says the model is.
 
@@ -121,7 +125,7 @@ def export_model(hf_dir: Path, out: Path, arch: str, max_seq_length: int, card: 
                                   "max_seq_length": max_seq_length, **(card or {})}}
 
     def write(folder: Path) -> None:
-        _save_final(hf_dir, folder, arch, max_seq_length)
+        _save_final(hf_dir, folder, arch, max_seq_length, pooling)
         if extras is not None:
             extras(folder)
         (folder / CARD_FILE).write_text(render(info), encoding="utf-8")  # over the library's blank template
@@ -129,7 +133,7 @@ def export_model(hf_dir: Path, out: Path, arch: str, max_seq_length: int, card: 
     return replace_folder(Path(out), write, info)
 
 
-def _save_final(hf_dir: Path, folder: Path, arch: str, max_seq_length: int) -> None:
+def _save_final(hf_dir: Path, folder: Path, arch: str, max_seq_length: int, pooling: str = "mean") -> None:
     if arch == "cross":
         from sentence_transformers import CrossEncoder
 
@@ -141,7 +145,7 @@ def _save_final(hf_dir: Path, folder: Path, arch: str, max_seq_length: int) -> N
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
     tr = Transformer(str(hf_dir), max_seq_length=max_seq_length)
-    st = SentenceTransformer(modules=[tr, Pooling(tr.get_embedding_dimension(), "mean")], device="cpu")
+    st = SentenceTransformer(modules=[tr, Pooling(tr.get_embedding_dimension(), pooling)], device="cpu")
     st.save(str(folder))
 
 

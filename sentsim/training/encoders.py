@@ -1,5 +1,5 @@
 """The encoder helpers every transformer trainer shares (surrogates and students): the backbone's
-folder and its checks on the driver, mean pooling, and the dev metric against target scores.
+folder and its checks on the driver, pooling (mean or [CLS]), and the dev metric against target scores.
 
 Light on purpose: torch, transformers and scipy are imported where they are used.
 """
@@ -66,6 +66,19 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The mean of each row's hidden states over its real tokens."""
     m = mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+
+
+POOLINGS = ("mean", "cls")  # sentence-transformers' Pooling modes of the same names, so an export loads alike
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str = "mean") -> torch.Tensor:
+    """A sentence vector per row: the mean over its real tokens, or its first ([CLS]) token's last hidden
+    state (not BERT's pooler MLP, which sentence-transformers' "cls" mode does not apply either)."""
+    if mode == "mean":
+        return mean_pool(hidden, mask)
+    if mode == "cls":
+        return hidden[:, 0]
+    raise ValueError(f"pooling {mode!r}: one of {', '.join(POOLINGS)}")
 
 
 def metrics(pred: np.ndarray, y: np.ndarray, prefix: str) -> dict:

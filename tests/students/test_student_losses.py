@@ -308,6 +308,17 @@ def test_rse_cuts_by_rank_where_scores_sit_together():
         StudentConfig(objective="rse", rse={"positive_top_fraction": 0.7, "hard_negative_bottom_fraction": 0.4})
 
 
+def test_pooling_takes_the_mean_of_real_tokens_or_the_first_token():
+    from sentsim.training.encoders import pool
+
+    h = torch.arange(2 * 3 * 2, dtype=torch.float32).reshape(2, 3, 2)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    assert torch.equal(pool(h, mask, "mean"), torch.stack([h[0, :2].mean(0), h[1].mean(0)]))
+    assert torch.equal(pool(h, mask, "cls"), h[:, 0])
+    with pytest.raises(ValueError, match="pooling 'max'"):
+        pool(h, mask, "max")
+
+
 def test_phrase_reconstruction_loss_ignores_padding():
     logits = torch.randn(2, 3, 10)
     labels = torch.tensor([[1, 2, IGNORE], [3, IGNORE, IGNORE]])

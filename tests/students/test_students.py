@@ -216,6 +216,35 @@ def test_a_paser_run_from_before_the_joint_signal_norm_is_refused_by_name_and_re
     assert r.returncode == 0 and "resuming at step 2, 4 steps" in r.stdout, (r.stdout[-2000:], r.stderr[-2000:])
 
 
+def test_a_cls_pooled_student_is_trained_exported_and_evaluated_on_cls(harvest_dir, tiny_backbone, tmp_path):
+    """`--set pooling=cls` (000 §4.1, 002 §4.2): the export's Pooling module takes [CLS], so what
+    sentence-transformers encodes is the encoder's first token, its card and `eval sts` say so."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+
+    out = tmp_path / "cls"
+    r = sentsim_cli("train", "student", "--objective", "paser", "--executor", "inline", "--data", harvest_dir,
+                    "--backbone", tiny_backbone, "--out", out, "--max-steps", "2", "--set", "batch_size=8",
+                    "--set", "pooling=cls", "--set", "paser.decoder_layers=1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    model = out / "model"
+    text = ["A man is playing a flute.", "Congress passed the bill."]
+    got = SentenceTransformer(str(model), device="cpu").encode(text, convert_to_tensor=True)
+    tok, enc = AutoTokenizer.from_pretrained(str(model)), AutoModel.from_pretrained(str(model)).eval()
+    with torch.no_grad():
+        want = enc(**tok(text, padding=True, return_tensors="pt")).last_hidden_state[:, 0]
+    assert torch.allclose(got, want, atol=1e-5)
+    assert "cosine of its [CLS] vectors" in (model / "README.md").read_text()
+    year = tmp_path / "sts" / "STS2013-en-test"  # a SentEval year of one set
+    year.mkdir(parents=True)
+    (year / "STS.input.a.txt").write_text("A man plays.\tA man is playing.\nA dog runs.\tPrices rose.\n"
+                                          "It rains.\tIt is raining.\n")
+    (year / "STS.gs.a.txt").write_text("4.5\n0.2\n4.8\n")
+    r = sentsim_cli("eval", "sts", "--model", model, "--data", tmp_path / "sts", "--tasks", "STS13")
+    assert r.returncode == 0 and "pooling: cls" in r.stdout, (r.stdout[-2000:], r.stderr[-2000:])
+
+
 # ---------------------------------------------------------------- the Ray Train path and resume
 
 
