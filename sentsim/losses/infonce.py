@@ -8,8 +8,10 @@
 |                                      |                                      | Eq. 2 when hard negatives are given  |
 
 loss_i = -log( exp(cos(a_i, p_i)/tau) / (sum_m exp(cos(a_i, p_m)/tau) + sum_m exp(cos(a_i, n_m)/tau)) )
-loss   = mean_i loss_i  (the paper writes the sum. Alone, the mean only rescales the learning rate; inside
-         RankEncoder's Eq. 5, max(lambda_train * l_r, l_cl), it moves the balance by the batch size)
+loss   = mean_i loss_i  (004 Eq. 1 writes the sum. Alone, the mean only rescales the learning rate; inside
+         RankEncoder's Eq. 5, max(lambda_train * l_r, l_cl), a sum would move the balance by the batch
+         size. The mean is kept: SimCSE's code averages, and 004 appendix A.2's curves, SimCSE's loss
+         falling below 0.001 and lambda_train * l_r meeting l_cl at lambda_train 0.05, are a mean's scale)
 
 `hard_mask` (bool [N]) marks which rows of n are real: a triple without a hard negative leaves its
 row out of every denominator.
