@@ -13,7 +13,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, Mapping, Optional, TypeVar
+from typing import Annotated, Any, ClassVar, Iterable, Literal, Mapping, Optional, TypeVar
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
@@ -48,6 +48,9 @@ class Section(BaseModel):
     infinity in any float (a weight of `.nan` or `inf` once finished a harvest with every score null)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+    # keys added after runs were made, with the value those runs had: `without_added_later` leaves such a key
+    # out of a fingerprint while it holds that value, so the runs keep theirs
+    ADDED_LATER: ClassVar[Mapping[str, Any]] = {}
 
     @field_validator("*", mode="before")
     @classmethod
@@ -59,6 +62,11 @@ class Section(BaseModel):
         if where is not None:
             raise ValueError(f"expected a number, not the boolean {where}")
         return value
+
+
+def without_added_later(values: dict, added_later: Mapping[str, Any]) -> dict:
+    """`values` (a config dump) less each key of `added_later` that holds the value runs made before it had."""
+    return {k: v for k, v in values.items() if not (k in added_later and v == added_later[k])}
 
 
 def _leaf_types(kind: Any) -> set:

@@ -428,10 +428,10 @@ ADDED_LATER = {"doc_id_prefixes": [], "batching": "buffer", "bucket_batches": 25
 def run_fingerprint(cfg: ContextTrainConfig, corpus_id: str, tokenizer_from: str) -> str:
     """What a run trains (its config less RESUMABLE, its corpus and tokenizer): another fingerprint at the
     same --out is refused. A setting in ADDED_LATER left at its default is left out, as in older runs."""
+    from sentsim.config import without_added_later
     from sentsim.identity import fingerprint
 
-    what = {k: v for k, v in cfg.model_dump().items()
-            if k not in RESUMABLE and not (k in ADDED_LATER and v == ADDED_LATER[k])}
+    what = without_added_later({k: v for k, v in cfg.model_dump().items() if k not in RESUMABLE}, ADDED_LATER)
     if what.get("batching") != "bucketed":  # bucket_batches and micro_batches are the bucketed stream's alone
         what.pop("bucket_batches", None)
         what.pop("micro_batches", None)

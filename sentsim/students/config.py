@@ -29,6 +29,7 @@ class StudentSettings(TrainingSection):
     # the sentence vector: mean over tokens (003 §3.4's surrogate, and how all-MiniLM-L6-v2 was trained), or
     # the last layer's [CLS] as RSE (000 §4.1) and PaSeR (002 §4.2; Table 9: [CLS] +1.0 on STS-B) take it
     pooling: Literal["mean", "cls"] = "mean"
+    ADDED_LATER = {"pooling": "mean"}
     log_every: int = Field(10, ge=1)
     # 000 §4.1 evaluates every 125 steps; here half as often (each evaluation encodes the dev pairs); checkpoints too
     eval_every: int = Field(250, ge=1)

@@ -42,6 +42,7 @@ class PaSeRConfig(Section):
     # one LayerNorm over the 4 x d memory keeps Eq. 2's m and n against E_s; `per_vector` (a norm per
     # memory vector, which divides m and n out) only resumes runs built with it
     signal_norm: Literal["joint", "per_vector"] = "joint"
+    ADDED_LATER = {"signal_norm": "per_vector"}  # what runs made before the key were built with
     decoder_layers: int = Field(6, ge=1)          # 002 §4.2: 6-layer Transformer decoder
     decoder_heads: int = Field(4, ge=1)
     max_target_tokens: int = Field(24, ge=2)
@@ -52,14 +53,6 @@ class PaSeRConfig(Section):
     synonym_replacement: float = Field(0.0, ge=0, le=1)
     random_deletion: float = Field(0.0, ge=0, le=1)
     token_reordering: float = Field(0.0, ge=0, le=1)
-
-    def semantic(self) -> dict:
-        """What the run's fingerprint holds: `signal_norm` only when joint, so a run built before it
-        resumes with `per_vector` (and is refused, naming the key, with the joint default)."""
-        d = self.model_dump()
-        if self.signal_norm == "per_vector":
-            d.pop("signal_norm")
-        return d
 
 
 @lru_cache(maxsize=4)

@@ -51,6 +51,7 @@ class RSEConfig(Section):
     # when set, replaces its threshold above (000 has labelled relations, not scores, so it gives no value)
     positive_top_fraction: Optional[float] = Field(None, gt=0, le=1)          # replaces score_threshold
     hard_negative_bottom_fraction: Optional[float] = Field(None, gt=0, lt=1)  # replaces hard_negative_below
+    ADDED_LATER = {"positive_top_fraction": None, "hard_negative_bottom_fraction": None}
     same_sent: bool = True                        # 000 §3.2 relation r6 (SimCSE dropout)
     same_sent_max: int = Field(150_000, ge=0)     # 000 §3.2: at most 150K samples for other relations
     triples: Optional[str] = None                 # JSONL/Parquet with s_i, relation, s_j[, hard_negative]
@@ -70,14 +71,6 @@ class RSEConfig(Section):
             raise ValueError(f"positive_top_fraction {top:g} + hard_negative_bottom_fraction {bottom:g} > 1: "
                              "a pair in both would be a positive and a hard negative")
         return self
-
-    def semantic(self) -> dict:
-        """What the run's fingerprint holds: the rank cuts only when set, so runs made before them keep theirs."""
-        d = self.model_dump()
-        for key in ("positive_top_fraction", "hard_negative_bottom_fraction"):
-            if d[key] is None:
-                d.pop(key)
-        return d
 
 
 class RSEObjective(Objective):

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from sentsim.config import without_added_later
 from sentsim.errors import UsageError
 from sentsim.students.common import Harvest
 from sentsim.students.config import StudentConfig
@@ -192,15 +193,12 @@ class StudentRun(EncoderDriver):
             print(capped)
 
     def identity(self, what: dict) -> tuple:
-        # an objective's section fingerprints what its `semantic()` keeps, if it has one: a key added to it
-        # with a default that leaves training as it was stays out, so earlier runs keep their fingerprints;
-        # `pooling` likewise when mean, as every run was before it
-        if what.get("pooling") == "mean":
-            what = {k: v for k, v in what.items() if k != "pooling"}
+        # keys added to the config or an objective's section after runs were made stay out while they hold
+        # those runs' value (Section.ADDED_LATER), so the runs keep their fingerprints
+        what = without_added_later(what, type(self.cfg).ADDED_LATER)
         for name in objective_names():
-            section = getattr(self.cfg, name, None)
-            if name in what and hasattr(section, "semantic"):
-                what = {**what, name: section.semantic()}
+            if isinstance(what.get(name), dict):
+                what[name] = without_added_later(what[name], type(getattr(self.cfg, name)).ADDED_LATER)
         return "student", what, self.bb, self.inputs["--data"], self.spec["counts"]
 
     def record(self) -> dict:
