@@ -50,6 +50,10 @@ def run(args) -> int:
         print(f"  {r['approximate']} pairs approximate: the source predates sentences.context_ids, "
               "so their vectors run "
               "over the contexts both sentences were scored in within their unit")
+    if r.get("c_s_chosen_under_source_weights"):
+        print(f"  C_s kept as the harvest chose it: Eq. 3 under the source's λ re-ranked its "
+              f"{r['c_s_chosen_under_source_weights']}-context shortlists (contexts.rerank_shortlist); harvest "
+              "again to choose C_s under these λ")
     if "remix_spearman_vs_gold" in r:
         print(f"  Spearman x 100 vs gold on {r['gold_pairs']} pairs: source {r['source_spearman_vs_gold']:.2f}, "
               f"remix {r['remix_spearman_vs_gold']:.2f}")

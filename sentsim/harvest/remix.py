@@ -367,6 +367,11 @@ class RemixRun(ShardedJob):
             raise UsageError(f"{cfg.source}: this harvest kept no context scores (keep_context_scores=none), so "
                              "there is nothing to remix; harvest again with keep_context_scores=all")
         lam, metric = resolve(cfg, manifest, pooled=self.vectors is not None)
+        # C_s re-ranked by Eq. 3 (harvest/rerank.py) was chosen under the source's λ, and a remix cannot choose
+        # it again: the partner's terms in the contexts it would now pick were never scored
+        shortlist = ((manifest.get("config") or {}).get("contexts") or {}).get("rerank_shortlist") or 0
+        source_lam = resolve(RemixConfig(source=cfg.source, out=cfg.out), manifest)[0] if shortlist else lam
+        self.kept_eq3_shortlist = shortlist if lam != source_lam else 0
         reader = RunReader(cfg.source)
         units = _checked_units(reader)
         planned = manifest.get("planned_units") or len(units)
@@ -445,6 +450,8 @@ class RemixRun(ShardedJob):
             if name not in written:
                 ctx.store.write_side_table(name, src.read_side_table(name), ctx.fp)
         out = dict(self.settings, **totals)
+        if self.kept_eq3_shortlist:
+            out["c_s_chosen_under_source_weights"] = self.kept_eq3_shortlist
         for label, root in (("source", cfg.source), ("remix", cfg.out)):
             g = _gold_spearman(root) if "://" not in root else None
             if g is not None:

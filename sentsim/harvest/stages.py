@@ -3,7 +3,8 @@ What each hands to the next is declared in `work.py`.
 
     ContextStage (CPU)  partners for each anchor, context sets C_s, discriminator terms (head
                         only, from the representation cache each actor loads once)
-    ScoreStage   (GPU)  S(s, c) for every needed (sentence, context), Eq. 4 per pair
+    ScoreStage   (GPU)  with contexts.rerank_shortlist, C_s re-ranked by Eq. 3 (rerank.py); then S(s, c) for
+                        every needed (sentence, context), Eq. 4 per pair
     RankStage    (CPU/GPU) rank-vector codes (or vectors) per sentence, rank similarity per pair
     WriteStage   (CPU)  the unit's shards (pairs, sentences, context_scores) and its completion marker
 """
@@ -11,7 +12,7 @@ What each hands to the next is declared in `work.py`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -227,15 +228,21 @@ class UnitGroups:
 
 @dataclass(frozen=True)
 class ScorePlan:
-    """What one unit asks of a scoring call: its slice [start, start + len(keys)) of the call's items,
-    the (sentence, context) of each, its groups (None when ungrouped), the reference sentences of the
-    context effect, and its contexts by key."""
+    """What one unit asks of a scoring call: the (sentence, context) of each item its Eq. 4 rows read, its
+    groups (None when ungrouped), the reference sentences of the context effect, and its contexts by key.
+    `known`: the items the Eq. 3 re-rank scored already (rerank.py), each with its row of that pass's result;
+    the others are the call's items [start, start + n_new), in `keys` order."""
 
     start: int
     keys: List[tuple]
     groups: Optional[UnitGroups]
     refs: List[str]
     ctx_by_key: Dict[int, Any]
+    known: Dict[tuple, int] = field(default_factory=dict)
+
+    @property
+    def new_keys(self) -> List[tuple]:
+        return [k for k in self.keys if k not in self.known] if self.known else self.keys
 
 
 class ScoreStage(Stage):
@@ -264,19 +271,49 @@ class ScoreStage(Stage):
 
         t0 = time.perf_counter()
         units: List[WithContexts] = [work_of(x) for x in items]
+        pre = None
+        if self.cfg.contexts.rerank_shortlist:  # C_s by Eq. 3 first: the Eq. 4 items depend on it
+            from sentsim.harvest.rerank import rerank
+
+            pre = rerank(units, self.scorer, self.cfg.contexts.size)
+            units = pre.units
         plans, batch = [], []
-        for w in units:
-            plan = self._needed(w, start=len(batch))
+        for i, w in enumerate(units):
+            plan = self._needed(w, start=len(batch), known=pre.rows[i] if pre else {})
             plans.append(plan)
-            for s, k in plan.keys:
+            for s, k in plan.new_keys:
                 c = plan.ctx_by_key[k]
                 sent = plan.refs[s[1]] if isinstance(s, tuple) else w.texts[s]
                 batch.append(ContextItem(sent, c.left, c.right, w.disc.get((s, k))))
         res = self.scorer.score(batch) if batch else None
-        share = (time.perf_counter() - t0) / max(len(batch), 1)  # a unit's scoring time: its share of the items
-        return [envelope(self._scored(w, res, plan, seconds=share * len(plan.keys))) for w, plan in zip(units, plans)]
+        scored = [len(p.new_keys) + (pre.items[i] if pre else 0) for i, p in enumerate(plans)]
+        share = (time.perf_counter() - t0) / max(sum(scored), 1)  # a unit's scoring time: its share of the items
+        return [envelope(self._scored(w, self._values(plan, res, pre), plan, n, seconds=share * n))
+                for w, plan, n in zip(units, plans, scored)]
 
-    def _needed(self, w: WithContexts, start: int) -> ScorePlan:
+    @staticmethod
+    def _values(plan: ScorePlan, res, pre) -> tuple:
+        """(S, {direction: log-prob}) of each of the plan's keys, from the call's result and, for the items the
+        re-rank scored, from its result."""
+        n, new = len(plan.keys), len(plan.new_keys)
+        part = slice(plan.start, plan.start + new)
+        if not plan.known:
+            if res is None:  # no unit of the call needed an item (every pair without contexts): no result
+                return np.zeros(0), {d: np.zeros(0) for d in DIRS}
+            return res.score[part], {d: res.logprob[d][part] for d in DIRS}
+        hit = np.array([k in plan.known for k in plan.keys], dtype=bool)
+        rows = np.array([plan.known[k] for k in plan.keys if k in plan.known], dtype=np.int64)
+        S, lp = np.empty(n), {d: np.empty(n) for d in DIRS}
+        S[hit] = pre.result.score[rows]
+        for d in DIRS:
+            lp[d][hit] = pre.result.logprob[d][rows]
+        if new:
+            S[~hit] = res.score[part]
+            for d in DIRS:
+                lp[d][~hit] = res.logprob[d][part]
+        return S, lp
+
+    def _needed(self, w: WithContexts, start: int, known: Optional[Dict[tuple, int]] = None) -> ScorePlan:
         """Every (sentence, context) the unit's pairs need, each once (own and cross terms alike), and
         with grouping each group's sentences against the group's whole union; then the reference
         sentences in every context, when the metric reads the context effect."""
@@ -295,16 +332,15 @@ class ScoreStage(Stage):
                 need.setdefault(key, None)
         refs = self.reference_texts if metrics.get(self.cfg.metric).uses_context_effect else []
         ref_keys = [(("ref", i), k) for i in range(len(refs)) for k in ctx_by_key]
-        return ScorePlan(start, list(need) + ref_keys, groups, refs, ctx_by_key)
+        keys = list(need) + ref_keys
+        return ScorePlan(start, keys, groups, refs, ctx_by_key, {k: r for k, r in (known or {}).items() if k in need})
 
-    def _scored(self, w: WithContexts, res, plan: ScorePlan, seconds: float) -> Scored:
-        """The unit's pair rows (Eq. 4, eq4_rows.py) and context_scores from its slice of the call's scores."""
+    def _scored(self, w: WithContexts, values: tuple, plan: ScorePlan, n_scored: int, seconds: float) -> Scored:
+        """The unit's pair rows (Eq. 4, eq4_rows.py) and context_scores from its items' S and log-probs."""
         keys, groups = plan.keys, plan.groups
-        part = slice(plan.start, plan.start + len(keys))
-        none = np.zeros(0)  # no unit of the call needed an item (every pair without contexts): no result
-        terms = UnitTerms(keys, res.score[part] if res is not None else none, {
-            "disc": np.array([w.disc.get(key, np.nan) for key in keys], dtype=np.float64),
-            **{d: res.logprob[d][part] if res is not None else none for d in DIRS}})
+        S, logprob = values
+        terms = UnitTerms(keys, S, {
+            "disc": np.array([w.disc.get(key, np.nan) for key in keys], dtype=np.float64), **logprob})
         refs = [("ref", i) for i in range(len(plan.refs))]
         effect = context_effect(terms, refs, plan.ctx_by_key) if refs else None
         eq4 = pair_rows([(p.s1_id, p.s2_id) for p in w.pairs], terms, self.cfg.metric,
@@ -321,7 +357,7 @@ class ScoreStage(Stage):
         sentences = {s: SentenceContexts([c.key for c in cs.contexts], cs.shortfall_reason)
                      for s, cs in w.csets.items()}
         return Scored(unit=w.unit, texts=w.texts, sentences=sentences, rows=rows, context_scores=kept,
-                      n_scored=len(keys), precision=self.scorer.precision, timing=dict(w.timing, scoring=seconds))
+                      n_scored=n_scored, precision=self.scorer.precision, timing=dict(w.timing, scoring=seconds))
 
     def _groups(self, w: WithContexts) -> UnitGroups:
         from sentsim.harvest.grouping import neighbour_groups

@@ -2,7 +2,8 @@
 
     unit dict (job.plan)  {"unit", "anchors"} (corpus harvest) or {"unit", "pairs", "repeats"} (--pairs)
       ContextStage   ->  WithContexts   the unit's pairs, sentence texts, context sets C_s, discriminator terms
-      ScoreStage     ->  Scored         Eq. 4 pair rows, what each sentence keeps of C_s, context_scores rows
+      ScoreStage     ->  Scored         Eq. 4 pair rows, what each sentence keeps of C_s (after the Eq. 3 re-rank,
+                                        when on: rerank.py), context_scores rows
       RankStage      ->  Ranked         the same, each row with its rank similarity, and the sentences' rank targets
       WriteStage     ->  result dict    the unit's counts for the executor's progress line, once its shards are written
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sentsim.config import Section
 
@@ -28,6 +28,14 @@ class ContextSetConfig(Section):
     # as they were.
     exclude_query_window: bool = Field(True, description="drop candidates whose window (the sentences either side "
                                                          "of its centre) holds the query itself")
+    # 003 §3.3: "C_s is built by selecting top ranked contexts by Eq. 3". The discriminator's head-only ranking
+    # screens the retrieved contexts (diverse, best first) down to this shortlist, the context models score the
+    # sentence in each (S(s, c), Eq. 3, every kept term) and C_s is the shortlist's top |C_s| by S. The paper does
+    # not say how many contexts Eq. 3 ranks. 0: no re-rank, C_s is the screening's top |C_s|, as in runs made
+    # before this key. Costs (shortlist - |C_s|) more scored items per sentence; the harvest only
+    # (harvest/rerank.py), since `sentsim contexts` has no context models.
+    rerank_shortlist: int = Field(0, ge=0, description="re-rank the screening's top N contexts by Eq. 3 and keep "
+                                                       "the top |C_s| (0: off; above size)")
     # 003 §5.4's ablation (34.45 against 78.47 on STS): random contexts instead of retrieval + discriminator
     # screening. `pool` (the harvest only; not in paper 003): one shared pool of random contexts for every
     # sentence, each sentence scored once against it, so a pair's Eq. 4 is a comparison of two stored vectors
@@ -47,13 +55,27 @@ class ContextSetConfig(Section):
     rep_cache: Optional[str] = Field(None,
                                      description="discriminator representation cache (a `sentsim cache build` run)")
 
+    @model_validator(mode="after")
+    def _shortlist(self):
+        n = self.rerank_shortlist
+        if n and self.mode != "screened":
+            raise ValueError(f"contexts.rerank_shortlist: contexts.mode={self.mode} screens no shortlist to re-rank "
+                             "(it re-ranks retrieved contexts, contexts.mode=screened); set it to 0")
+        if n and n <= self.size:
+            raise ValueError(f"contexts.rerank_shortlist={n} must be above contexts.size={self.size}: Eq. 3 picks "
+                             "C_s from that many screened contexts (0: no re-rank)")
+        return self
+
     def semantic(self) -> dict:
         """What changes the context sets: not where the rep cache lies (its identity is fingerprinted by the
         jobs), and `pool_size` only in pool mode, so runs made before the pool mode keep their fingerprints;
         `pool_draw` only when not random, so pool runs made before it keep theirs; `exclude_query_window` only
-        when on, so a run made before it resumes with it off (and is refused, naming it, with it on)."""
+        when on, so a run made before it resumes with it off (and is refused, naming it, with it on); and
+        `rerank_shortlist` only when on, so runs made before it keep their fingerprints."""
         d = self.model_dump()
         d.pop("rep_cache")
+        if not self.rerank_shortlist:
+            d.pop("rerank_shortlist")
         if not self.exclude_query_window:
             d.pop("exclude_query_window")
         if self.mode != "pool":

@@ -145,9 +145,11 @@ class ContextSource:
         primary = retrieval  # retrieval order, then slot order
         if self.disc is not None:
             primary = self._log_p(features, centres)
+        # with contexts.rerank_shortlist, the shortlist that Eq. 3 picks C_s from (harvest/rerank.py)
         picked = select_diverse(
             primary, cands.column("chunk_id"), cands.previous_word_sets(),
-            size=self.cfg.size, max_jaccard=self.cfg.jaccard, one_per_chunk=self.cfg.one_per_chunk,
+            size=max(self.cfg.size, self.cfg.rerank_shortlist), max_jaccard=self.cfg.jaccard,
+            one_per_chunk=self.cfg.one_per_chunk,
             tiebreak=retrieval,
         )
         chosen = [cands[i] for i in picked]

@@ -62,6 +62,10 @@ class ScreenConfig(Section):
         if self.contexts.mode == "pool":
             raise ValueError("contexts.mode=pool is a harvest's shared pool; `sentsim contexts` builds each "
                              "sentence's own C_s (mode screened or random)")
+        if self.contexts.rerank_shortlist:
+            raise ValueError(f"contexts.rerank_shortlist: the re-rank scores each context with the context models, "
+                             f"which `sentsim contexts` does not load; set it to 0 (contexts.size="
+                             f"{self.contexts.rerank_shortlist} writes the same shortlist) and re-rank where you score")
         self.contexts.refuse_an_unused_discriminator(self.discriminator)
         return self
 
