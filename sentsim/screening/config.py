@@ -7,7 +7,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from sentsim.config import Section
+from sentsim.config import Section, without_added_later
 
 
 class ContextSetConfig(Section):
@@ -66,18 +66,16 @@ class ContextSetConfig(Section):
                              "C_s from that many screened contexts (0: no re-rank)")
         return self
 
+    # a run made before exclude_query_window resumes with it off (and is refused, naming it, with it on)
+    ADDED_LATER = {"exclude_query_window": False, "rerank_shortlist": 0}
+
     def semantic(self) -> dict:
         """What changes the context sets: not where the rep cache lies (its identity is fingerprinted by the
         jobs), and `pool_size` only in pool mode, so runs made before the pool mode keep their fingerprints;
-        `pool_draw` only when not random, so pool runs made before it keep theirs; `exclude_query_window` only
-        when on, so a run made before it resumes with it off (and is refused, naming it, with it on); and
-        `rerank_shortlist` only when on, so runs made before it keep their fingerprints."""
-        d = self.model_dump()
+        `pool_draw` only when not random, so pool runs made before it keep theirs; each ADDED_LATER key only
+        when it differs from what runs made before it had."""
+        d = without_added_later(self.model_dump(), self.ADDED_LATER)
         d.pop("rep_cache")
-        if not self.rerank_shortlist:
-            d.pop("rerank_shortlist")
-        if not self.exclude_query_window:
-            d.pop("exclude_query_window")
         if self.mode != "pool":
             d.pop("pool_size")
         if self.mode != "pool" or self.pool_draw == "random":
