@@ -21,9 +21,10 @@ Sections, each timed by the product's own code and reported against the bf16 mat
   teacher  with --teacher-minutes N (or `fill`: the time left less scoring's estimate): configs/gpu_context.yaml
            trained from scratch on the corpus, while a process of its own makes the context sets of STS-B test
            (all of it), the 300-pair dev sample and any --pairs files from the same corpus, as the harvest
-           does (bench/gpu_teacher.py); then each set scored at each |C_s| (--teacher-sizes 16,100) by the
-           harvest's scoring stage: Spearman x 100 with 95% bootstrap intervals, TF-IDF cosine on the same
-           pairs and the paired difference; per-pair scores in OUT/teacher-SET.jsonl.gz, from which
+           does (bench/gpu_teacher.py); then each set scored at each |C_s| (--teacher-sizes 16,100; 16/100
+           chooses 16 by Eq. 3 from the first 100, as contexts.rerank_shortlist does) by the harvest's
+           scoring stage: Spearman x 100 with 95% bootstrap intervals, TF-IDF cosine on the same pairs and the
+           paired difference; per-pair scores in OUT/teacher-SET.jsonl.gz, from which
            `python bench/gpu_teacher.py report OUT` remakes every number on a CPU
 
 With --pack N[,M...], the bart shape is trained again with packed rows of N tokens (`pack_tokens`: several
@@ -550,7 +551,7 @@ class Bench:
         """bench/gpu_teacher.py contexts in a process of its own: CPU work (the corpus's index, then retrieval
         and selection) that runs while the model trains."""
         cmd = [sys.executable, str(ROOT / "bench" / "gpu_teacher.py"), "contexts", "--corpus", self.corpus(),
-               "--out", str(out), "--size", str(max(self.a.teacher_sizes)), "--limit", str(self.a.teacher_pairs),
+               "--out", str(out), "--size", str(self.contexts_needed), "--limit", str(self.a.teacher_pairs),
                "--workers", str(self.a.context_workers)] + (["--index", self.a.index] if self.a.index else [])
         for name, path in sets.items():
             cmd += ["--set", f"{name}={path}"]
@@ -572,7 +573,7 @@ class Bench:
             self.log(f"contexts: {line}")
         if proc.returncode != 0:
             raise RuntimeError(f"context sets not made (exit {proc.returncode}): " + " | ".join(tail))
-        info = json.loads((out / f"contexts-k{max(self.a.teacher_sizes)}.json").read_text())
+        info = json.loads((out / f"contexts-k{self.contexts_needed}.json").read_text())
         info["waited_after_training_s"] = waited
         return info
 
@@ -586,7 +587,10 @@ class Bench:
         import gpu_teacher as gt
 
         n = sum(len(gt.read_set(p, self.a.teacher_pairs)) for p in sets.values())
-        score_s = n * 3.5 * sum(self.a.teacher_sizes) / self.a.teacher_score_rate
+        # a K/N size: its Eq. 4 items, and each sentence's shortlist less the K of them reused
+        per_pair = sum(3.5 * k + 2 * max(shortlist - k, 0)
+                       for k, shortlist in map(gt.parse_size, self.a.teacher_sizes))
+        score_s = n * per_pair / self.a.teacher_score_rate
         minutes = (self.left() - score_s - self.a.teacher_margin_s) / 60
         self.log(f"teacher: {n} pairs to score, ~{score_s:.0f} s at {self.a.teacher_score_rate:,.0f} items/s; "
                  f"training for {minutes:.2f} min")
@@ -638,33 +642,55 @@ class Bench:
 
         # a CPU dry run shares its cores with the context-making process and whatever else runs: one thread
         # keeps torch's workers from waiting on each other
-        stage = self.scoring_stage(bundle, threads=0 if self.cuda else 1)
+        plain = self.scoring_stage(bundle, threads=0 if self.cuda else 1)
         per_call = 8 if self.cuda else 2  # on a GPU one unit's items are too few batches to keep it busy
-        top = max(self.a.teacher_sizes)
+        top = self.contexts_needed
         rate, done, runs = self.a.teacher_score_rate, {n: {} for n in sets}, []
-        for k in sorted(self.a.teacher_sizes):
+        for label in self.a.teacher_sizes:
+            k, shortlist = gt.parse_size(label)
+            stage = plain if not shortlist else self.reranking(plain, k, shortlist)
             for name in sets:
-                units = gt.read_units(ctx_dir / f"{name}-k{top}.jsonl.gz", k)
-                items = gt.count_items(units)
-                if self.left() < items / rate + self.a.teacher_margin_s / 2:
-                    self.res["errors"][f"teacher {name} {k}"] = f"skipped: out of time ({items:,} items)"
+                units = gt.read_units(ctx_dir / f"{name}-k{top}.jsonl.gz", k, shortlist)
+                estimate = gt.count_items(units, k if shortlist else 0)
+                if self.left() < estimate / rate + self.a.teacher_margin_s / 2:
+                    self.res["errors"][f"teacher {name} {label}"] = f"skipped: out of time (~{estimate:,} items)"
                     continue
                 self.sync()
-                t0, rows = time.perf_counter(), []
+                t0, rows, items = time.perf_counter(), [], 0
                 for i in range(0, len(units), per_call):
                     for o in stage.process([_item(u) for u in units[i:i + per_call]]):
-                        rows += scored(o)["rows"]
+                        out = scored(o)
+                        rows += out["rows"]
+                        items += out["n_scored"]
                 self.sync()
                 wall = time.perf_counter() - t0
                 rate = items / wall
                 pairs = gt.pairs_of(units)
-                done[name][k] = rows
+                done[name][label] = rows
                 gt.write_scores(self.out / f"teacher-{name}.jsonl.gz", pairs, gt.tfidf_cosine(pairs), done[name])
-                runs.append({"set": name, "size": k, "pairs": len(pairs), "items": items, "seconds": wall,
+                runs.append({"set": name, "size": label, "pairs": len(pairs), "items": items, "seconds": wall,
                              "items_per_s": rate})
-                self.log(f"teacher {name} |C_s| = {k}: {len(pairs)} pairs, {items:,} items in {wall:.1f} s "
+                self.log(f"teacher {name} |C_s| = {label}: {len(pairs)} pairs, {items:,} items in {wall:.1f} s "
                          f"({rate:,.0f} items/s)")
         return runs
+
+    @property
+    def contexts_needed(self) -> int:
+        import gpu_teacher as gt
+
+        return gt.contexts_needed(self.a.teacher_sizes)
+
+    @staticmethod
+    def reranking(stage, size: int, shortlist: int):
+        """`stage` choosing C_s by Eq. 3: |C_s| = `size` from each sentence's first `shortlist` contexts
+        (contexts.rerank_shortlist). A shallow copy with its config changed, so the model it loaded serves both."""
+        import copy
+
+        cfg = stage.cfg
+        contexts = cfg.contexts.model_copy(update={"size": size, "rerank_shortlist": shortlist})
+        reranking = copy.copy(stage)
+        reranking.cfg = cfg.model_copy(update={"contexts": contexts})
+        return reranking
 
 
 def _children_cpu(procs) -> float:
@@ -773,7 +799,8 @@ def parser() -> argparse.ArgumentParser:
                     ".gpu/data/contexts/stsb-dev-300.jsonl, else ../shared/gpu's)")
     ap.add_argument("--pairs", action="append", default=[], metavar="FILE", help="another pairs file (s1, s2, "
                     "gold; any format `sentsim harvest --pairs` reads) scored beside them; repeatable")
-    ap.add_argument("--teacher-sizes", default="16,100", help="the |C_s| each set is scored at")
+    ap.add_argument("--teacher-sizes", default="16,100", help="the |C_s| each set is scored at: K (the screening's "
+                    "first K contexts) or K/N (K chosen by Eq. 3 from the first N, contexts.rerank_shortlist)")
     ap.add_argument("--teacher-pairs", type=int, default=-1, help="score the first N pairs of each set only "
                     "(default: all; --tiny 4)")
     ap.add_argument("--teacher-score-rate", type=float, default=0.0, help="items/s scoring is expected at, "
@@ -822,7 +849,12 @@ def main(argv=None) -> int:
     a.compile = set(filter(None, a.compile.split(",")))
     if not a.teacher_minutes:
         a.sections.discard("teacher")
-    a.teacher_sizes = sorted({int(x) for x in a.teacher_sizes.split(",")})
+    import gpu_teacher as gt
+
+    try:
+        a.teacher_sizes = sorted({x.strip() for x in a.teacher_sizes.split(",") if x.strip()}, key=gt.parse_size)
+    except ValueError as exc:
+        parser().error(f"--teacher-sizes: {exc}")
     a.teacher_pairs = (4 if a.tiny else 0) if a.teacher_pairs < 0 else a.teacher_pairs
     a.teacher_score_rate = a.teacher_score_rate or (5000.0 if a.device.startswith("cuda") else 300.0)
     a.context_workers = a.context_workers or (1 if a.tiny else max(1, cpus - 4))

@@ -12,8 +12,9 @@ model's `context_sentences` each side), without Ray: the index is built in this 
 forked worker processes. Only the largest |C_s| is made; a smaller one is its prefix, because selection is
 greedy in retrieval order (tests/evaluation/test_bench_gpu.py checks this against `ContextStage` at the smaller size).
 
-Score files: `teacher-NAME.jsonl.gz`, one JSON object a pair: s1, s2, gold, tfidf, and per |C_s| = K
-`score_K` (Eq. 4, null where the pair has none), `null_K` (why) and `ctx_K` (contexts of s1 and s2).
+Score files: `teacher-NAME.jsonl.gz`, one JSON object a pair: s1, s2, gold, tfidf, and per |C_s| label K
+`score_K` (Eq. 4, null where the pair has none), `null_K` (why) and `ctx_K` (contexts of s1 and s2). A label
+is K (the screening's first K contexts) or K/N (K chosen by Eq. 3 from the first N: `parse_size`).
 TF-IDF cosine is BENCHMARKS.md's baseline (bench/teacher_test.py, bench/teacher_curve.py): sklearn's
 TfidfVectorizer (lowercase, sublinear tf, unigrams) with its IDF fitted on the unique sentences of the whole
 set (`sentsim.evaluation.TfidfScorer`), cosine of the two sentences' vectors. Spearman x 100 with 95%
@@ -158,15 +159,35 @@ def make_contexts(corpus: str, index: str, sets: dict, size: int, out: Path, wor
     return info
 
 
-def read_units(path: Path, size: int) -> list[dict]:
+def parse_size(label: str) -> tuple[int, int]:
+    """A --teacher-sizes entry as (K, N): "K" is |C_s| = K, the screening's first K contexts (N = 0); "K/N" is
+    |C_s| = K chosen by Eq. 3 from the screening's first N (the harvest's contexts.rerank_shortlist, 003 §3.3)."""
+    k, _, n = str(label).partition("/")
+    try:
+        size, shortlist = int(k), int(n or 0)
+    except ValueError:
+        raise ValueError(f"|C_s| {label!r}: expected K or K/N (K chosen by Eq. 3 from N)") from None
+    if size < 1 or (n and shortlist <= size):
+        raise ValueError(f"|C_s| {label!r}: K must be 1 or more, and N above K")
+    return size, shortlist
+
+
+def contexts_needed(labels) -> int:
+    """The screening's longest set that the sizes read: the largest K or N."""
+    return max(max(parse_size(x)) for x in labels)
+
+
+def read_units(path: Path, size: int, shortlist: int = 0) -> list[dict]:
     """The units of a context file, each context set cut to its first `size` contexts: the set that
-    selection at |C_s| = `size` makes (greedy in retrieval order), its shortfall stated as ContextStage does."""
+    selection at |C_s| = `size` makes (greedy in retrieval order), its shortfall stated as ContextStage does.
+    With a `shortlist` (above `size`), cut to that many instead, for ScoreStage to re-rank to `size`; the
+    shortfall is still against `size`."""
     units = [json.loads(x) for x in gzip.open(path, "rt", encoding="utf-8").read().splitlines() if x]
     for u in units:
         for cs in u["csets"].values():
             have = cs["contexts"]
             if len(have) >= size:
-                cs["contexts"], cs["shortfall_reason"] = have[:size], None
+                cs["contexts"], cs["shortfall_reason"] = have[:max(size, shortlist)], None
             elif have:
                 cs["shortfall_reason"] = f"only {len(have)} diverse contexts among {cs['candidates']} candidates"
     return units
@@ -177,12 +198,17 @@ def pairs_of(units: list[dict]) -> list[tuple]:
     return [(u["texts"][str(a)], u["texts"][str(b)], gold) for u in units for a, b, _, gold in u["pairs"]]
 
 
-def count_items(units: list[dict]) -> int:
+def count_items(units: list[dict], rerank_to: int = 0) -> int:
     """(sentence, context) items the scoring stage scores for these units: for each pair, both sentences in
-    the contexts of both, each item once a unit."""
+    the contexts of both, each item once a unit. With `rerank_to` (units read with a shortlist), about what the
+    re-rank adds: each longer shortlist whole, less the |C_s| kept contexts it scored for Eq. 4 (the Eq. 4
+    items counted over the shortlist's first |C_s|, which the re-rank's choice may overlap otherwise)."""
     total = 0
     for u in units:
-        ctx = {s: [c["centre_id"] for c in cs["contexts"]] for s, cs in u["csets"].items()}
+        ctx = {s: [c["centre_id"] for c in cs["contexts"]][:rerank_to or None] for s, cs in u["csets"].items()}
+        if rerank_to:
+            total += sum(len(cs["contexts"]) - rerank_to for cs in u["csets"].values()
+                         if len(cs["contexts"]) > rerank_to)
         need = set()
         for a, b, _, _ in u["pairs"]:
             keys = ctx[str(a)] + ctx[str(b)]
@@ -199,7 +225,7 @@ def write_scores(path: Path, pairs: list[tuple], tfidf: np.ndarray, by_size: dic
     lines = []
     for i, (s1, s2, gold) in enumerate(pairs):
         row = {"s1": s1, "s2": s2, "gold": gold, "tfidf": float(tfidf[i])}
-        for k, rows in sorted(by_size.items()):
+        for k, rows in sorted(by_size.items(), key=lambda kv: parse_size(kv[0])):
             r = rows[i]
             row[f"score_{k}"] = None if r.get("score") is None else float(r["score"])
             row[f"null_{k}"] = r.get("null_reason")
@@ -215,8 +241,9 @@ def read_scores(path: Path) -> list[dict]:
     return [json.loads(x) for x in gzip.open(path, "rt", encoding="utf-8").read().splitlines() if x]
 
 
-def sizes_of(rows: list[dict]) -> list[int]:
-    return sorted(int(k.split("_")[1]) for k in rows[0] if k.startswith("score_")) if rows else []
+def sizes_of(rows: list[dict]) -> list[str]:
+    """The |C_s| labels a score file holds ("16", "100", "16/100"), smallest first."""
+    return sorted((k.split("_", 1)[1] for k in rows[0] if k.startswith("score_")), key=parse_size) if rows else []
 
 
 def _ranks(v: np.ndarray, idx: np.ndarray) -> np.ndarray:

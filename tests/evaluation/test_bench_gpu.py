@@ -97,7 +97,8 @@ def test_teacher_dry_run_scores_every_set_and_leaves_score_files_that_remake_it(
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--tiny", "--device", "cpu",
                            "--teacher-minutes", "0.05", "--sections", "teacher", "--corpus", str(speech_corpus),
                            "--stsb-test", str(files["stsb"]), "--dev-pairs", str(files["dev"]),
-                           "--pairs", str(files["extra"]), "--teacher-pairs", "3", "--out", str(out)],
+                           "--pairs", str(files["extra"]), "--teacher-pairs", "3", "--out", str(out),
+                           "--teacher-sizes", "16,100,16/100"],
                           capture_output=True, text=True, timeout=600, env=_no_ray(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -106,7 +107,7 @@ def test_teacher_dry_run_scores_every_set_and_leaves_score_files_that_remake_it(
     teacher = last["teacher"]
     assert set(teacher) == {"stsb_test", "dev", "extra_pairs"}
     for name, by_size in teacher.items():
-        assert set(by_size) == {"16", "100"}, name
+        assert set(by_size) == {"16", "100", "16/100"}, name
         for r in by_size.values():
             assert r["scored"] == r["pairs"] == 3
             for key in ("spearman", "tfidf", "diff"):
@@ -114,6 +115,8 @@ def test_teacher_dry_run_scores_every_set_and_leaves_score_files_that_remake_it(
             assert len(r["diff_ci"]) == 2 and r["diff_ci"][0] <= r["diff_ci"][1]
             assert abs(r["diff"] - (r["spearman"] - r["tfidf"])) < 1e-9
         assert by_size["16"]["contexts_per_pair"] <= by_size["100"]["contexts_per_pair"]
+        # 16 chosen by Eq. 3 from 100 (contexts.rerank_shortlist) holds as many contexts as the first 16
+        assert by_size["16/100"]["contexts_per_pair"] == by_size["16"]["contexts_per_pair"]
     # the score files are all a CPU needs to remake the numbers, and they hold what the sets hold
     assert sorted(p.name for p in out.glob("teacher-*.jsonl.gz")) == [
         "teacher-dev.jsonl.gz", "teacher-extra_pairs.jsonl.gz", "teacher-stsb_test.jsonl.gz"]
@@ -125,6 +128,10 @@ def test_teacher_dry_run_scores_every_set_and_leaves_score_files_that_remake_it(
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and json.loads(again.stdout.strip().splitlines()[-1]) == teacher
     assert "| stsb_test | 100 | 3/3 |" in (out / "gpu.md").read_text()
+    assert "| stsb_test | 16/100 | 3/3 |" in (out / "gpu.md").read_text()
+    runs = json.loads((out / "gpu.json").read_text())["sections"]["teacher"]["scoring"]
+    by = {(r["set"], r["size"]): r["items"] for r in runs}
+    assert by[("dev", "16/100")] > by[("dev", "16")]  # the shortlists' items besides Eq. 4's
 
 
 def test_a_smaller_context_set_is_the_prefix_of_a_larger_one(tmp_path, speech_corpus):
