@@ -55,7 +55,9 @@ def main(argv=None) -> int:
                [[c.chunk_id, c.slot, c.centre_id, c.left, c.right, c.retrieval_score] for c in s.contexts]]
               for s in sets]
     digest = hashlib.sha256(json.dumps(chosen).encode()).hexdigest()[:16]
-    print(f"context_sets: {len(texts)} sentences, |C_s| = {cfg.contexts.size}, "
+    shortlist = cfg.contexts.rerank_shortlist  # the screening keeps that many for the harvest's Eq. 3 re-rank
+    print(f"context_sets: {len(texts)} sentences, |C_s| = {cfg.contexts.size}"
+          f"{f' (shortlists of {shortlist} for the Eq. 3 re-rank)' if shortlist else ''}, "
           f"{sum(s.candidates for s in sets) / len(texts):,.0f} candidate slots per sentence, "
           f"{cpu / len(texts):.3f} CPU-s per sentence, chosen contexts sha256 {digest}")
     return 0

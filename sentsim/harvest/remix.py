@@ -68,6 +68,24 @@ class RemixConfig(Section):
 def resolve(cfg: RemixConfig, manifest: dict, pooled: bool = False) -> tuple[dict, str]:
     """The remix's weights and metric: each unset λ is the source's (0 for a term its ablation left out). A pool
     harvest (`pooled`) keeps every sentence's vector, so its context effect is recomputed and any metric goes."""
+    lam = weights(cfg, manifest)
+    src = manifest.get("config", {})
+    metric = cfg.metric or src.get("metric", metrics.DEFAULT)
+    others = ", ".join(m for m in metrics.remixable() if m != metrics.DEFAULT)
+    if metric not in metrics.names():
+        raise UsageError(f"{cfg.source}: its Eq. 4 metric {metric!r} is not one this sentsim has "
+                         f"({', '.join(metrics.names())}); pass --metric {metrics.DEFAULT} (or {others})")
+    if metrics.get(metric).uses_context_effect and not pooled:
+        raise UsageError(f"{cfg.source}: metric {metric} needs the reference sentences' scores, which a per-pair "
+                         f"harvest does not store (a contexts.mode=pool one does); pass --metric {metrics.DEFAULT} "
+                         f"(or {others})")
+    if not any(lam.values()):
+        raise UsageError("every λ is 0: Eq. 3 would be empty")
+    return lam, metric
+
+
+def weights(cfg: RemixConfig, manifest: dict) -> dict:
+    """The remix's λ: each one `cfg` leaves unset is the source's (0 for a term its ablation left out)."""
     from pydantic import ValidationError
 
     from sentsim.config import format_validation_error
@@ -87,18 +105,7 @@ def resolve(cfg: RemixConfig, manifest: dict, pooled: bool = False) -> tuple[dic
     for t in TERMS:
         given = getattr(cfg, f"lambda_{t}")
         lam[t] = float(given) if given is not None else (src_lam[t] if on[t] else 0.0)
-    metric = cfg.metric or src.get("metric", metrics.DEFAULT)
-    others = ", ".join(m for m in metrics.remixable() if m != metrics.DEFAULT)
-    if metric not in metrics.names():
-        raise UsageError(f"{cfg.source}: its Eq. 4 metric {metric!r} is not one this sentsim has "
-                         f"({', '.join(metrics.names())}); pass --metric {metrics.DEFAULT} (or {others})")
-    if metrics.get(metric).uses_context_effect and not pooled:
-        raise UsageError(f"{cfg.source}: metric {metric} needs the reference sentences' scores, which a per-pair "
-                         f"harvest does not store (a contexts.mode=pool one does); pass --metric {metrics.DEFAULT} "
-                         f"(or {others})")
-    if not any(lam.values()):
-        raise UsageError("every λ is 0: Eq. 3 would be empty")
-    return lam, metric
+    return lam
 
 
 def pool_vectors_of(source: str, manifest: dict) -> Optional[tuple[str, str]]:
@@ -367,11 +374,14 @@ class RemixRun(ShardedJob):
             raise UsageError(f"{cfg.source}: this harvest kept no context scores (keep_context_scores=none), so "
                              "there is nothing to remix; harvest again with keep_context_scores=all")
         lam, metric = resolve(cfg, manifest, pooled=self.vectors is not None)
-        # C_s re-ranked by Eq. 3 (harvest/rerank.py) was chosen under the source's λ, and a remix cannot choose
-        # it again: the partner's terms in the contexts it would now pick were never scored
-        shortlist = ((manifest.get("config") or {}).get("contexts") or {}).get("rerank_shortlist") or 0
-        source_lam = resolve(RemixConfig(source=cfg.source, out=cfg.out), manifest)[0] if shortlist else lam
-        self.kept_eq3_shortlist = shortlist if lam != source_lam else 0
+        # C_s re-ranked by Eq. 3 (harvest/rerank.py) was chosen under the harvest's λ, and a remix cannot choose
+        # it again: the partner's terms in the contexts it would now pick were never scored. A remix records those
+        # λ (`c_s_weights`), as its own config's scoring holds its own, so that a remix of it compares with them.
+        config = manifest.get("config") or {}
+        shortlist = (config.get("contexts") or {}).get("rerank_shortlist") or 0
+        chosen_under = ((config.get("remix") or {}).get("c_s_weights")
+                        or (weights(RemixConfig(source=cfg.source, out=cfg.out), manifest) if shortlist else None))
+        self.kept_eq3_shortlist = shortlist if shortlist and lam != chosen_under else 0
         reader = RunReader(cfg.source)
         units = _checked_units(reader)
         planned = manifest.get("planned_units") or len(units)
@@ -390,6 +400,7 @@ class RemixRun(ShardedJob):
                         "context_scores": context_score_schema_of(manifest)}  # the source's precision
         self.settings = {"source": cfg.source, "source_fingerprint": manifest["fingerprint"], "weights": lam,
                          "metric": metric, **({"variant": self.variant} if self.variant is not None else {}),
+                         **({"c_s_weights": chosen_under} if shortlist else {}),
                          **({"pool_vectors": self.vectors, "pool_vectors_fingerprint": self.vectors_fp}
                             if self.vectors is not None else {})}
         if self.vectors is not None:  # a pool harvest keeps its vectors, not context scores

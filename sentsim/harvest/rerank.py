@@ -8,13 +8,20 @@ over the re-ranked C_s1 + C_s2.
 
 - Diversity holds: the shortlist obeys 003's constraints (one context per chunk, Jaccard of the (i-1)-th
   sentences below the threshold), each a condition on two chosen contexts, so every subset obeys them too.
+  The rules are applied in the screening's order, though, where the paper adds contexts in Eq. 3's order: of
+  two contexts from one chunk, the shortlist keeps the one the discriminator ranks higher even when the other
+  has the higher S. Eq. 3 over every candidate (tens of thousands a sentence) is what a shortlist avoids.
 - A context whose S is NaN (no term could be scored) ranks below every scored one; equal scores keep the
-  screening's order.
+  screening's order. S is Eq. 3 as the harvest combines it (context.scorer.combine_terms): a term that could
+  not be scored (a target with no token) is left out of that item's sum.
 - A sentence with no more than |C_s| contexts in its shortlist keeps them all, in the screening's order,
-  and costs no re-rank item.
-- The items scored here are handed to the Eq. 4 pass (`Reranked.rows`), so a kept context is scored once. The
-  items of the contexts left out are not written to context_scores: Eq. 4 never reads them, and a remix under
-  other weights keeps C_s as the harvest chose it (commands/remix.py says so).
+  and costs no re-rank item. Every other sentence of a unit is re-ranked, a pair's or not, and a sentence in
+  several units once in each.
+- Every item scored here is handed to the Eq. 4 pass (`Reranked.rows`), so an item is scored once whether its
+  context is kept or is a partner's (a cross term). Only the items Eq. 4 reads are written to context_scores,
+  and a remix under other weights keeps C_s as the harvest chose it (commands/remix.py says so).
+- C_s now depends on the context models' scores: under bf16 on a GPU, whose sums vary with what is batched
+  together, two contexts whose S nearly tie at the cut can swap between runs.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from sentsim.harvest.work import WithContexts
 class Reranked:
     """The re-rank of one scoring call's units: the units with C_s cut to the Eq. 3 top |C_s|, the scorer's
     result for the shortlist items (None when no sentence needed a re-rank), and per unit the row of that
-    result for each kept (sentence, context key) and how many items the unit's re-rank scored."""
+    result for each (sentence, context key) of its shortlists and how many items the unit's re-rank scored."""
 
     units: List[WithContexts]
     result: Optional[object]  # context.scorer.ScoreResult
@@ -64,6 +71,6 @@ def rerank(units: List[WithContexts], scorer, size: int) -> Reranked:
         keep = eq3_order(result.score[start:start + n], size)
         shortlist = csets[u][s].contexts
         csets[u][s] = replace(csets[u][s], contexts=[shortlist[i] for i in keep])
-        rows[u].update({(s, shortlist[i].key): start + int(i) for i in keep})
+        rows[u].update({(s, c.key): start + i for i, c in enumerate(shortlist)})
         items[u] += n
     return Reranked([replace(w, csets=c) for w, c in zip(units, csets)], result, rows, items)

@@ -97,7 +97,7 @@ def test_reused_items_keep_their_scores_and_eq4_reads_the_reranked_sets(runs, tm
     shortlist = _table(wide, "sentences").set_index("sentence_id").context_ids
     reranked_ids = {s for s, c in shortlist.items() if len(c) > SIZE}
     per_sentence = sum(len(shortlist[s]) for s in _table(reranked, "sentences").sentence_id if s in reranked_ids)
-    reused = sum(s in reranked_ids and c in set(own[s]) for s, c in r_cs.index)
+    reused = sum(s in reranked_ids and c in set(shortlist[s]) for s, c in r_cs.index)  # own or a cross term
     scored = sum(mk["extra"]["scored_items"] for mk in ShardStore(str(reranked)).markers().values())
     assert scored == per_sentence + len(r_cs) - reused
 
@@ -182,6 +182,12 @@ def test_with_a_discriminator_s_holds_its_term_and_the_order_is_eq3s_not_the_scr
     w_sent = _table(wide, "sentences").set_index("sentence_id")
     w_cs = _table(wide, "context_scores").set_index(["sentence_id", "context_id"])
     assert w_cs.disc.notna().all()
+    # the S the re-rank scored and Eq. 4 read is Eq. 3 with the disc term (λ all 1), as a plain scoring's
+    r_cs = _table(reranked, "context_scores").set_index(["sentence_id", "context_id"])
+    common = r_cs.index.intersection(w_cs.index)
+    assert len(common) == len(r_cs)
+    assert np.allclose(r_cs.S, r_cs[["disc", "fwd", "left", "right"]].sum(axis=1), atol=1e-5)
+    assert np.allclose(r_cs.loc[common, "S"], w_cs.loc[common, "S"], rtol=0, atol=1e-5)
     differs = 0
     for s, row in _table(reranked, "sentences").set_index("sentence_id").iterrows():
         shortlist = list(w_sent.context_ids[s])
@@ -190,3 +196,90 @@ def test_with_a_discriminator_s_holds_its_term_and_the_order_is_eq3s_not_the_scr
         assert list(row.context_ids) == by_S
         differs += list(row.context_ids) != shortlist[:SIZE]  # the shortlist is in the discriminator's order
     assert differs >= 2
+
+
+SETTINGS = {"ungrouped": {}, "grouped": {"grouping": {"enabled": True, "pairs_per_group": 2}},
+            "double-centred": {"metric": "double-centred", "reference_sentences": 2},
+            "no context_scores": {"keep_context_scores": "none"}}
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_a_reranked_call_equals_a_plain_one_over_the_eq3_top(inputs, tmp_path, setting):
+    """ScoreStage with a shortlist gives, unit for unit, what a plain ScoreStage gives on the same units with each
+    C_s cut to its Eq. 3 top beforehand: the rows, the context_scores and the sentences' C_s. Three units go to one
+    call, one of them with a sentence left in no pair (it keeps a C_s; its shortlist's items are counted)."""
+    from dataclasses import replace
+
+    from sentsim.context.scorer import ContextItem
+    from sentsim.harvest.stages import ContextStage, ScoreStage
+    from sentsim.harvest.work import envelope, work_of
+
+    texts = ds.dataset(str(inputs["corpus"] / "sentences")).to_table(columns=["text"]).column("text").to_pylist()
+    texts = [t for t in texts if len(t.split()) >= 6][:40:3]
+    units = [{"unit": u, "pairs": [(texts[4 * u], texts[4 * u + 1], None), (texts[4 * u], texts[4 * u + 2], None),
+                                   (texts[4 * u + 3], texts[4 * u + 1], None)]} for u in range(3)]
+    cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], tmp_path / "unused", pairs_file="x",
+                         scoring={"autocast": "off"}, rank={"enabled": False},
+                         contexts={"size": SIZE, "rerank_shortlist": SHORTLIST}, **SETTINGS[setting])
+    plain_cfg = cfg.model_copy(update={"contexts": cfg.contexts.model_copy(update={"rerank_shortlist": 0})})
+    context = ContextStage(cfg, window=1)
+    context.setup()
+    refs = texts[-2:] if cfg.metric == "double-centred" else []
+    with_contexts = [work_of(x) for x in context.process(units)]
+    with_contexts[2] = replace(with_contexts[2], pairs=with_contexts[2].pairs[:2])  # texts[11] is in no pair now
+    reranking, plain = ScoreStage(cfg, refs), ScoreStage(plain_cfg, refs)
+    reranking.setup()
+    plain.setup()
+    got = [work_of(x) for x in reranking.process([envelope(w) for w in with_contexts])]
+
+    cut, shortlist_items = [], 0
+    for w in with_contexts:  # each C_s cut to its top |C_s| by S, scored here one sentence at a time
+        csets = {}
+        for s, cs in w.csets.items():
+            if len(cs.contexts) > SIZE:
+                S = plain.scorer.score([ContextItem(w.texts[s], c.left, c.right, w.disc.get((s, c.key)))
+                                        for c in cs.contexts]).score
+                csets[s] = replace(cs, contexts=[cs.contexts[i] for i in np.argsort(-S, kind="stable")[:SIZE]])
+                shortlist_items += len(cs.contexts)
+            else:
+                csets[s] = cs
+        cut.append(replace(w, csets=csets))
+    assert shortlist_items > 0
+    want = [work_of(x) for x in plain.process([envelope(w) for w in cut])]
+    for g, e in zip(got, want):
+        assert g.sentences == e.sentences
+        assert [r.pair for r in g.rows] == [r.pair for r in e.rows] and [r.group_id for r in g.rows] == [
+            r.group_id for r in e.rows]
+        for rg, re_ in zip(g.rows, e.rows):
+            assert rg.eq4.keys() == re_.eq4.keys()
+            for k, v in rg.eq4.items():
+                assert (v == re_.eq4[k]) if not isinstance(v, float) else v == pytest.approx(re_.eq4[k], abs=1e-6)
+        assert [x[:2] for x in g.context_scores] == [x[:2] for x in e.context_scores]
+        assert np.allclose([x.S for x in g.context_scores], [x.S for x in e.context_scores], atol=1e-5)
+    assert (cfg.keep_context_scores == "none") == (not any(g.context_scores for g in got))
+    in_no_pair = {s for s in with_contexts[2].csets} - {s for p in with_contexts[2].pairs for s in (p.s1_id, p.s2_id)}
+    assert in_no_pair and all(len(got[2].sentences[s].context_ids) <= SIZE for s in in_no_pair)
+    # every item scored once: the shortlists', and those of Eq. 4 they do not hold
+    assert sum(g.n_scored for g in got) <= shortlist_items + sum(e.n_scored for e in want)
+    assert sum(g.n_scored for g in got) >= shortlist_items
+
+
+def test_a_remix_compares_with_the_weights_c_s_was_chosen_under(runs, inputs, tmp_path):
+    """The note is about the harvest's λ, through remixes of remixes; a double-centred re-ranked harvest
+    remixes under --metric pearson like any other."""
+    from sentsim.harvest.job import harvest
+    from sentsim.harvest.remix import RemixConfig, remix
+
+    _, reranked, _ = runs
+
+    def kept(source, out, **lam):
+        m = remix(RemixConfig(source=str(source), out=str(tmp_path / out), **lam), quiet=True)
+        return m["remix"].get("c_s_chosen_under_source_weights")
+
+    assert kept(reranked, "a", lambda_left=0.0) == SHORTLIST
+    assert kept(tmp_path / "a", "b") == SHORTLIST  # a's own λ are not those C_s was chosen under
+    assert kept(tmp_path / "a", "c", lambda_left=1.0) is None  # the harvest's λ again
+    centred = tmp_path / "centred"
+    harvest(_config(inputs, centred, size=SIZE, rerank_shortlist=SHORTLIST).model_copy(update={
+        "metric": "double-centred", "reference_sentences": 2}), executor="inline", quiet=True)
+    assert kept(centred, "d", metric="pearson", lambda_left=0.0) == SHORTLIST
