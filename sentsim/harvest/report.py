@@ -63,6 +63,9 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
         "scored_items": int(scored),
         # what a label costs: (sentence, context) items scored, each in every Eq. 3 direction, per labelled pair
         "scored_items_per_pair": scored / len(score) if len(score) else None,
+        # of those, the items scored to choose C_s by Eq. 3 (contexts.rerank_shortlist; harvest/rerank.py)
+        **({"rerank_items": int(sum(m.get("extra", {}).get("rerank_items", 0) for m in units.values()))}
+           if ((manifest.get("config") or {}).get("contexts") or {}).get("rerank_shortlist") else {}),
         "stage_seconds": stage_s,
         "stage_items_per_second": {k: (scored / v if v else None) for k, v in stage_s.items()},
         "this_run": {"wall_seconds": wall, "units": progress.done, "pairs": progress.rows},

@@ -288,8 +288,9 @@ class ScoreStage(Stage):
         res = self.scorer.score(batch) if batch else None
         scored = [len(p.new_keys) + (pre.items[i] if pre else 0) for i, p in enumerate(plans)]
         share = (time.perf_counter() - t0) / max(sum(scored), 1)  # a unit's scoring time: its share of the items
-        return [envelope(self._scored(w, self._values(plan, res, pre), plan, n, seconds=share * n))
-                for w, plan, n in zip(units, plans, scored)]
+        return [envelope(self._scored(w, self._values(plan, res, pre), plan, n, seconds=share * n,
+                                      n_reranked=pre.items[i] if pre else 0))
+                for i, (w, plan, n) in enumerate(zip(units, plans, scored))]
 
     @staticmethod
     def _values(plan: ScorePlan, res, pre) -> tuple:
@@ -335,7 +336,8 @@ class ScoreStage(Stage):
         keys = list(need) + ref_keys
         return ScorePlan(start, keys, groups, refs, ctx_by_key, {k: r for k, r in (known or {}).items() if k in need})
 
-    def _scored(self, w: WithContexts, values: tuple, plan: ScorePlan, n_scored: int, seconds: float) -> Scored:
+    def _scored(self, w: WithContexts, values: tuple, plan: ScorePlan, n_scored: int, seconds: float,
+                n_reranked: int = 0) -> Scored:
         """The unit's pair rows (Eq. 4, eq4_rows.py) and context_scores from its items' S and log-probs."""
         keys, groups = plan.keys, plan.groups
         S, logprob = values
@@ -357,7 +359,8 @@ class ScoreStage(Stage):
         sentences = {s: SentenceContexts([c.key for c in cs.contexts], cs.shortfall_reason)
                      for s, cs in w.csets.items()}
         return Scored(unit=w.unit, texts=w.texts, sentences=sentences, rows=rows, context_scores=kept,
-                      n_scored=n_scored, precision=self.scorer.precision, timing=dict(w.timing, scoring=seconds))
+                      n_scored=n_scored, n_reranked=n_reranked, precision=self.scorer.precision,
+                      timing=dict(w.timing, scoring=seconds))
 
     def _groups(self, w: WithContexts) -> UnitGroups:
         from sentsim.harvest.grouping import neighbour_groups
@@ -496,6 +499,7 @@ class WriteStage(Stage):
                 w.unit, tables, self.fp,
                 {"pairs": len(w.rows), "null_scores": len(nulls), "null_reasons": nulls[:50],
                  "scored_items": w.n_scored, "timing": timing,
+                 **({"rerank_items": w.n_reranked} if self.cfg.contexts.rerank_shortlist else {}),
                  "bytes_per_sentence": w.ranks.bytes_per_sentence, "rank_storage": w.ranks.storage,
                  # the format its scores were computed in ("off" = fp32): the report counts units by it
                  "scoring_precision": w.precision,

@@ -108,8 +108,9 @@ class PairRow:
 
 @dataclass
 class Scored:
-    """ScoreStage's output. `n_scored`: the (sentence, context) items scored; `precision`: the format they
-    were scored in ("off" = fp32)."""
+    """ScoreStage's output. `n_scored`: the (sentence, context) items scored, of which `n_reranked` to choose C_s
+    by Eq. 3 (contexts.rerank_shortlist; harvest/rerank.py); `precision`: the format they were scored in
+    ("off" = fp32)."""
 
     unit: int
     texts: Dict[int, str]
@@ -119,6 +120,7 @@ class Scored:
     n_scored: int
     precision: Optional[str]
     timing: Dict[str, float] = field(default_factory=dict)
+    n_reranked: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """C_s chosen by Eq. 3 from the screening's shortlist (contexts.rerank_shortlist; 003 §3.3, harvest/rerank.py)."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
@@ -98,8 +100,13 @@ def test_reused_items_keep_their_scores_and_eq4_reads_the_reranked_sets(runs, tm
     reranked_ids = {s for s, c in shortlist.items() if len(c) > SIZE}
     per_sentence = sum(len(shortlist[s]) for s in _table(reranked, "sentences").sentence_id if s in reranked_ids)
     reused = sum(s in reranked_ids and c in set(shortlist[s]) for s, c in r_cs.index)  # own or a cross term
-    scored = sum(mk["extra"]["scored_items"] for mk in ShardStore(str(reranked)).markers().values())
+    markers = ShardStore(str(reranked)).markers().values()
+    scored = sum(mk["extra"]["scored_items"] for mk in markers)
     assert scored == per_sentence + len(r_cs) - reused
+    assert sum(mk["extra"]["rerank_items"] for mk in markers) == per_sentence
+    report = json.loads((reranked / "report.json").read_text())
+    assert report["scored_items"] == scored and report["rerank_items"] == per_sentence
+    assert "rerank_items" not in json.loads((wide / "report.json").read_text())
 
 
 def test_remix_under_other_weights_says_c_s_was_kept(runs, tmp_path):
@@ -159,8 +166,6 @@ def test_units_reranked_in_one_call_give_the_rows_of_units_reranked_alone(runs, 
 def test_with_a_discriminator_s_holds_its_term_and_the_order_is_eq3s_not_the_screenings(inputs, tmp_path):
     """Screened by a discriminator (a --pairs harvest), the re-rank's S is Eq. 3 with the disc term in it, and
     C_s is its top |C_s|, which is not the discriminator's own top |C_s|."""
-    import json
-
     from run_support import save_untrained_discriminator
 
     from sentsim.harvest.job import harvest
