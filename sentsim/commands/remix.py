@@ -51,7 +51,8 @@ def run(args) -> int:
               "so their vectors run "
               "over the contexts both sentences were scored in within their unit")
     if r.get("c_s_chosen_under_source_weights"):
-        print(f"  C_s kept as the harvest chose it: Eq. 3 under the source's λ re-ranked its "
+        chosen = ", ".join(f"{t} {r['c_s_weights'][t]:g}" for t in TERMS)
+        print(f"  C_s kept as the harvest chose it: Eq. 3 under λ {chosen} re-ranked its "
               f"{r['c_s_chosen_under_source_weights']}-context shortlists (contexts.rerank_shortlist); harvest "
               "again to choose C_s under these λ")
     if "remix_spearman_vs_gold" in r:

@@ -105,7 +105,8 @@ class HarvestConfig(Section):
     reference_sentences: int = Field(
         8, ge=0, description="sentences whose mean score per context is the context effect (double-centred)")
     splits: Tuple[Fraction, Fraction, Fraction] = (0.98, 0.01, 0.01)  # 003 §3.4: 98/1/1 train/dev/test
-    # The context_scores table (every scored (sentence, context) term, float32: 36 bytes per item before
+    # The context_scores table (every (sentence, context) term Eq. 4 reads, not the contexts a re-rank dropped
+    # (contexts.rerank_shortlist); float32: 36 bytes per item before
     # compression) is what `sentsim remix` re-weighs Eq. 3 from. At |C_s| = 500 a pair needs ~2,000 items,
     # the largest table of a harvest by far; `none` keeps no such table when λ are settled
     # and no remix is wanted (remix refuses such a harvest). `all` stays out of the fingerprint.
@@ -150,6 +151,10 @@ class HarvestConfig(Section):
         if weighted == ["disc"] and not (self.discriminator and self.contexts.mode == "screened"):
             raise ValueError("scoring: the discriminator term is the only one weighted, but it is scored only with a "
                              "discriminator and screened contexts; every pair's score would be null")
+        if self.contexts.rerank_shortlist and weighted == ["disc"]:
+            raise ValueError("contexts.rerank_shortlist: Eq. 3 weighs only the disc term, in whose order the screening "
+                             "made the shortlist, so the re-rank would keep its first contexts.size; weigh a context "
+                             "model's term (scoring.lambda_fwd, lambda_left, lambda_right) or set it to 0")
         if not self.context_models:
             raise ValueError("context_models: give at least one context-model folder")
         if self.contexts.mode == "screened" and not self.index:

@@ -179,13 +179,14 @@ class HarvestRun(ShardedJob):
                 out=cfg.out, fp=ctx.fp, metric=cfg.metric, precision=self.precision)), *rank_and_write]
         # the stages score in the run's resolved format; the fingerprint keeps the setting as given (auto)
         scoring_cfg = cfg.model_copy(update={"scoring": cfg.scoring.model_copy(update={"autocast": self.precision})})
+        refs = self.reference_texts()  # scored in every context (ScoreStage), with their disc terms (ContextStage)
         return [
             StageSpec(ContextStage, Resources.of(r.contexts), args=dict(
                 cfg=cfg, window=self.context_window(), rep_cache=self.rep_cache,
                 # the sorted anchor ids go to each context actor once (pair ownership), not with every unit
-                anchors=self.units.make.anchors if isinstance(self.units.make, AnchorUnits) else None)),
-            StageSpec(ScoreStage, Resources.of(r.scoring), args=dict(
-                cfg=scoring_cfg, reference_texts=self.reference_texts())),
+                anchors=self.units.make.anchors if isinstance(self.units.make, AnchorUnits) else None,
+                reference_texts=refs)),
+            StageSpec(ScoreStage, Resources.of(r.scoring), args=dict(cfg=scoring_cfg, reference_texts=refs)),
             *rank_and_write,
         ]
 

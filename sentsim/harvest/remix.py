@@ -151,8 +151,7 @@ def check_pool_terms(cfg: RemixConfig, vectors: str) -> None:
         values = (first.column(t).combine_chunks().flatten().to_numpy(zero_copy_only=False) if t in DIRS
                   else np.array([np.nan]))
         if not np.isfinite(values.astype(np.float64)).any():
-            raise UsageError(f"{cfg.source}: the {t} term was not scored there (no discriminator in a pool harvest, or "
-                             f"its λ was 0 or ablated); lambda_{t}={given:g} cannot weigh it in")
+            raise _unscored(cfg, t, given, "a pool harvest has no discriminator")
 
 
 def check_terms(cfg: RemixConfig, first_unit: dict) -> None:
@@ -163,8 +162,14 @@ def check_terms(cfg: RemixConfig, first_unit: dict) -> None:
         given = getattr(cfg, f"lambda_{t}")
         values = cs.column(t).to_numpy(zero_copy_only=False).astype(np.float64)  # nulls read as NaN
         if given and cs.num_rows and not np.isfinite(values).any():
-            raise UsageError(f"{cfg.source}: the {t} term was not scored there (no discriminator, or its λ was 0 or "
-                             f"ablated); lambda_{t}={given:g} cannot weigh it in")
+            raise _unscored(cfg, t, given, "the harvest had no discriminator")
+
+
+def _unscored(cfg: RemixConfig, term: str, given: float, no_disc: str) -> UsageError:
+    """The refusal of a weight for a term the source never scored, with the reason that term can be missing."""
+    why = no_disc if term == "disc" else "its λ was 0, or the ablation left it out"
+    return UsageError(f"{cfg.source}: the {term} term was not scored there ({why}); lambda_{term}={given:g} cannot "
+                      "weigh it in")
 
 
 def resolve_variant(cfg: RemixConfig, manifest: dict) -> Optional[str]:

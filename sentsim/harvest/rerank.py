@@ -20,8 +20,9 @@ over the re-ranked C_s1 + C_s2.
 - Every item scored here is handed to the Eq. 4 pass (`Reranked.rows`), so an item is scored once whether its
   context is kept or is a partner's (a cross term). Only the items Eq. 4 reads are written to context_scores,
   and a remix under other weights keeps C_s as the harvest chose it (commands/remix.py says so).
-- C_s now depends on the context models' scores: under bf16 on a GPU, whose sums vary with what is batched
-  together, two contexts whose S nearly tie at the cut can swap between runs.
+- C_s now depends on the context models' scores, whose last digits vary with what is batched together (about
+  1e-6 in fp32 on a CPU, e.g. with another resources.scoring.units_per_call; more under bf16): two contexts
+  whose S nearly tie at the cut can swap between runs, or between a run's units and its resumed ones.
 """
 
 from __future__ import annotations

@@ -59,7 +59,8 @@ SENTENCE_SCHEMA = pa.schema([
     # a codes run.
     ("base_vector", pa.list_(pa.float16())),
 ])
-# Every scored (sentence, context) term, so `sentsim remix` can re-weigh Eq. 3 without scoring again.
+# Every (sentence, context) term Eq. 4 reads, so `sentsim remix` can re-weigh Eq. 3 without scoring again (the
+# contexts an Eq. 3 re-rank dropped from C_s are not kept: harvest/rerank.py).
 # float32: 2 x 8 + 5 x 4 = 36 bytes per item before compression, where float64 took 56; the terms are
 # per-token log-probabilities from a float32 (or bf16) model, so float32 drops only digits below the
 # model's own resolution (a remix moves scores by ~1e-7; bench/results/scale.md).
@@ -133,10 +134,14 @@ class ContextStage(Stage):
     name = "contexts"
 
     def __init__(self, cfg: HarvestConfig, window: int, rep_cache: Optional[str] = None,
-                 anchors: Optional[np.ndarray] = None):
+                 anchors: Optional[np.ndarray] = None, reference_texts: Optional[List[str]] = None):
         self.cfg = cfg
         self.window = window
         self.rep_cache = rep_cache  # the discriminator's representation cache run (job.py builds it)
+        # ScoreStage scores these in every context when the metric reads the context effect: they need the
+        # disc term there as every other item does
+        self.reference_texts = (list(reference_texts or []) if metrics.get(cfg.metric).uses_context_effect
+                                else [])
         # every anchor of the run, sorted: given once per actor, so a unit carries only its own anchors
         self.anchors = (np.sort(np.asarray(anchors, dtype=np.int64)) if anchors is not None
                         else np.zeros(0, dtype=np.int64))
@@ -162,6 +167,8 @@ class ContextStage(Stage):
         self.retriever = retriever
         self.partners = AnchorPartners(self.corpus, retriever, cfg.partners, cfg.seed, self.anchors)
         self.source = ContextSource(self.corpus, cfg.contexts, self.window, cfg.seed, retriever, disc, cache)
+        self.reference_features = (self.source.sentence_features(self.reference_texts)
+                                   if disc is not None and self.reference_texts else None)
 
     def _pairs_and_texts(self, unit: dict) -> tuple[List[Pair], Dict[int, str]]:
         """The unit's pairs and the text of each sentence they (and its anchors) hold."""
@@ -177,9 +184,11 @@ class ContextStage(Stage):
             pairs.append(Pair(a, b, "explicit", gold, k))
         return pairs, dict(sorted(texts.items()))
 
-    def _disc_terms(self, pairs: List[Pair], texts: Dict[int, str], csets: dict, feats) -> Dict[tuple, float]:
+    def _disc_terms(self, unit: dict, pairs: List[Pair], texts: Dict[int, str], csets: dict,
+                    feats) -> Dict[tuple, float]:
         """The discriminator term of each sentence in its own contexts and, for cross terms, in its
-        partner's contexts."""
+        partner's contexts; with grouping, in the contexts of every sentence of its group too (grouping.py
+        scores each group's sentences over the group's whole union)."""
         disc: Dict[tuple, float] = {}
         for s, cs in csets.items():
             for c in cs.contexts:
@@ -188,13 +197,32 @@ class ContextStage(Stage):
         if self.source.disc is None:
             return disc
         row_of = {s: i for i, s in enumerate(csets)}
+
+        def add(s: int, other: int) -> None:
+            todo = [c for c in csets[other].contexts if (s, c.key) not in disc]
+            if todo:
+                i = row_of[s]
+                for c, v in zip(todo, self.source.disc_scores(texts[s], todo, feats[i:i + 1])):
+                    disc[(s, c.key)] = float(v)
+
         for p in pairs:
-            for s, other in ((p.s1_id, p.s2_id), (p.s2_id, p.s1_id)):
-                todo = [c for c in csets[other].contexts if (s, c.key) not in disc]
-                if todo:
-                    i = row_of[s]
-                    for c, v in zip(todo, self.source.disc_scores(texts[s], todo, feats[i:i + 1])):
-                        disc[(s, c.key)] = float(v)
+            add(p.s1_id, p.s2_id)
+            add(p.s2_id, p.s1_id)
+        if self.reference_features is not None:  # ScoreStage's ("ref", i) items: every context of the unit
+            contexts = list({c.key: c for cs in csets.values() for c in cs.contexts}.values())
+            for i, text in enumerate(self.reference_texts):
+                if contexts:
+                    values = self.source.disc_scores(text, contexts, self.reference_features[i:i + 1])
+                    disc.update({(("ref", i), c.key): float(v) for c, v in zip(contexts, values)})
+        if self.cfg.grouping.enabled:
+            from sentsim.harvest.grouping import members
+
+            group_of, _ = pair_groups(unit["unit"], bool(unit.get("anchors")), pairs, texts,
+                                      self.cfg.grouping.pairs_per_group)
+            for ss in members([(p.s1_id, p.s2_id) for p in pairs], group_of).values():
+                for s in ss:
+                    for other in ss:
+                        add(s, other)
         return disc
 
     def process(self, items: List[dict]) -> List[dict]:
@@ -209,7 +237,7 @@ class ContextStage(Stage):
                      if self.source.disc is not None and sids else None)
             csets = dict(zip(sids, self.source.context_sets([texts[s] for s in sids], feats)))
             work = WithContexts(unit=unit["unit"], anchored=bool(unit.get("anchors")), pairs=pairs, texts=texts,
-                                csets=csets, disc=self._disc_terms(pairs, texts, csets, feats))
+                                csets=csets, disc=self._disc_terms(unit, pairs, texts, csets, feats))
             work.timing["contexts"] = time.perf_counter() - t0
             out.append(envelope(work))
         return out
@@ -363,18 +391,23 @@ class ScoreStage(Stage):
                       timing=dict(w.timing, scoring=seconds))
 
     def _groups(self, w: WithContexts) -> UnitGroups:
-        from sentsim.harvest.grouping import neighbour_groups
-
-        pairs = [(p.s1_id, p.s2_id) for p in w.pairs]
         own = {s: [c.key for c in cs.contexts] for s, cs in w.csets.items()}
-        if w.anchored:  # a corpus harvest: the anchor (s1 of each of its pairs) and its partners
-            group_of = [a for a, _ in pairs]
-            ids = group_of
-        else:  # --pairs: TF-IDF neighbours within the unit; ids carry the unit so they are run-unique
-            texts = w.texts
-            group_of = neighbour_groups([(texts[a], texts[b]) for a, b in pairs], self.cfg.grouping.pairs_per_group)
-            ids = [(int(w.unit) << 20) | g for g in group_of]
-        return UnitGroups(pairs, group_of, own, ids)
+        group_of, ids = pair_groups(w.unit, w.anchored, w.pairs, w.texts, self.cfg.grouping.pairs_per_group)
+        return UnitGroups([(p.s1_id, p.s2_id) for p in w.pairs], group_of, own, ids)
+
+
+def pair_groups(unit: int, anchored: bool, pairs: List[Pair], texts: Dict[int, str],
+                pairs_per_group: int) -> Tuple[List[int], List[int]]:
+    """A grouped unit's groups (grouping.py): each pair's group, and its run-unique id. A corpus harvest's group
+    is an anchor (s1 of each of its pairs) and its partners; a --pairs run's, TF-IDF neighbours within the unit,
+    ids carrying the unit."""
+    from sentsim.harvest.grouping import neighbour_groups
+
+    if anchored:
+        group_of = [p.s1_id for p in pairs]
+        return group_of, group_of
+    group_of = neighbour_groups([(texts[p.s1_id], texts[p.s2_id]) for p in pairs], pairs_per_group)
+    return group_of, [(int(unit) << 20) | g for g in group_of]
 
 
 class RankStage(Stage):

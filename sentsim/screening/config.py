@@ -58,12 +58,13 @@ class ContextSetConfig(Section):
     @model_validator(mode="after")
     def _shortlist(self):
         n = self.rerank_shortlist
+        # the messages name keys within the section: the config error puts "contexts:" before them
         if n and self.mode != "screened":
-            raise ValueError(f"contexts.rerank_shortlist: contexts.mode={self.mode} screens no shortlist to re-rank "
-                             "(it re-ranks retrieved contexts, contexts.mode=screened); set it to 0")
+            raise ValueError(f"rerank_shortlist: mode={self.mode} screens no shortlist to re-rank (it re-ranks "
+                             "retrieved contexts, mode=screened); set it to 0")
         if n and n <= self.size:
-            raise ValueError(f"contexts.rerank_shortlist={n} must be above contexts.size={self.size}: Eq. 3 picks "
-                             "C_s from that many screened contexts (0: no re-rank)")
+            raise ValueError(f"rerank_shortlist={n} must be above size={self.size}: Eq. 3 picks C_s from that many "
+                             "screened contexts (0: no re-rank)")
         return self
 
     # a run made before exclude_query_window resumes with it off (and is refused, naming it, with it on)

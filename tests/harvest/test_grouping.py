@@ -181,3 +181,35 @@ def test_remix_keeps_a_pair_without_contexts_in_its_group(inputs, tmp_path):
     assert out.score.isna().tolist() == src.score.isna().tolist()
     assert out.null_reason.tolist() == src.null_reason.tolist()
     assert (out.n_ctx_s1 == src.n_ctx_s1).all() and (out.n_ctx_s2 == src.n_ctx_s2).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pairs_file", [False, True], ids=["corpus", "pairs"])
+def test_every_grouped_item_holds_the_discriminator_term(inputs, tmp_path, pairs_file):
+    """Screened by a discriminator, a grouped harvest scores each sentence over its group's whole union, and
+    every one of those items holds Eq. 3's disc term, not only a sentence's own and its partner's contexts:
+    S is the sum of its four terms throughout (λ all 1), so the union and centred variants compare like with like."""
+    import json
+
+    from run_support import save_untrained_discriminator
+
+    from sentsim.harvest.job import harvest
+
+    disc = save_untrained_discriminator(inputs["corpus"], tmp_path / "disc")
+    over = dict(discriminator=str(disc), grouping={"enabled": True, "pairs_per_group": 3}, rank={"enabled": False})
+    if pairs_file:
+        f = tmp_path / "pairs.jsonl"
+        f.write_text("".join(json.dumps({"s1": a, "s2": b}) + "\n" for a, b in [
+            ("The nation must remain strong.", "Our country has to stay powerful."),
+            ("Our nation is strong and free.", "We will defend our freedom."),
+            ("Taxes were cut this year.", "The government lowered taxes."),
+            ("Congress passed the bill.", "The law was approved by Congress.")]))
+        over.update(pairs_file=str(f), pairs_per_unit=4)
+    harvest(harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], tmp_path / "run", **over),
+            executor="inline", quiet=True)
+    cs = ds.dataset(str(tmp_path / "run" / "context_scores")).to_table().to_pandas()
+    own = ds.dataset(str(tmp_path / "run" / "sentences")).to_table().to_pandas()
+    own = {(s, c) for s, ids in zip(own.sentence_id, own.context_ids) for c in ids}
+    beyond = [(s, c) not in own for s, c in zip(cs.sentence_id, cs.context_id)]
+    assert sum(beyond) > 0 and cs.disc.notna().all(), int(cs.disc.isna().sum())
+    assert np.allclose(cs.S, cs[["disc", "fwd", "left", "right"]].sum(axis=1), atol=1e-5)

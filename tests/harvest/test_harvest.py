@@ -251,6 +251,35 @@ def test_discriminator_terms_match_direct_scoring(inputs):
         assert c.log_p_disc == pytest.approx(by_centre[c.centre_id], abs=1e-5)
 
 
+def test_reference_sentences_get_the_disc_term_in_every_context(inputs, tmp_path):
+    """Under a metric that reads the context effect, ScoreStage scores the reference sentences in every context
+    of a unit; with a discriminator, ContextStage gives each of those items its disc term, as every other item
+    has (the effect is then a mean of the same S the pairs hold), and the harvest hands the stage the texts."""
+    from run_support import save_untrained_discriminator
+
+    from sentsim.harvest.job import HarvestRun
+    from sentsim.harvest.stages import ContextStage
+    from sentsim.harvest.work import work_of
+
+    disc = save_untrained_discriminator(inputs["corpus"], tmp_path / "disc")
+    cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], tmp_path / "run", discriminator=str(disc),
+                         metric="double-centred", reference_sentences=3, rank={"enabled": False})
+    refs = HarvestRun(cfg, "inline", force_new=False, quiet=True).reference_texts()
+    stage = ContextStage(cfg, window=1, reference_texts=refs)
+    stage.setup()
+    w = work_of(stage.process([{"unit": 0, "pairs": [("The nation must remain strong.", "Our army is strong.", None),
+                                                    ("Taxes were cut.", "The budget is balanced.", None)]}])[0])
+    keys = {c.key: c for cs in w.csets.values() for c in cs.contexts}
+    assert len(refs) == 3 and len(keys) > 4
+    for i, text in enumerate(refs):
+        direct = stage.source.disc_scores(text, list(keys.values()))
+        assert [w.disc[(("ref", i), k)] for k in keys] == pytest.approx(list(direct), abs=1e-6)
+    plain = ContextStage(cfg.model_copy(update={"metric": "pearson"}), window=1, reference_texts=refs)
+    plain.setup()  # no context effect read: no reference items, no disc terms for them
+    w = work_of(plain.process([{"unit": 0, "pairs": [("Taxes were cut.", "The budget is balanced.", None)]}])[0])
+    assert not any(isinstance(s, tuple) for s, _ in w.disc)
+
+
 def _scores(run):
     return pairs_of(run).to_pandas().set_index("pair_id").score
 
@@ -316,7 +345,8 @@ def test_remix_without_fwd_equals_a_harvest_scored_without_it(inline_run, inputs
     assert _scores(tmp_path / "split").equals(b)
     # the fresh harvest never scored fwd: weighing it in is refused
     r = sentsim_cli("remix", fresh, "--out", tmp_path / "x", "--lambda-fwd", "1")
-    assert r.returncode == 2 and "fwd term was not scored" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "the fwd term was not scored there (its λ was 0, or the ablation left it out)" in r.stderr
 
 
 def test_the_discriminator_term_remixes_like_a_harvest_scored_with_that_weight(inputs, tmp_path):

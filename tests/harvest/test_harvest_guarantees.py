@@ -148,6 +148,7 @@ SEMANTIC = {
     "partners.neighbours": 2, "partners.same_doc": 0, "partners.random": 2, "partners.neighbour_chunks": 4,
     "contexts.size": 5, "contexts.retrieve_chunks": 30, "contexts.jaccard": 0.4, "contexts.one_per_chunk": False,
     "contexts.exclude_query_centre": False, "contexts.exclude_query_window": False, "contexts.mode": "random",
+    "contexts.rerank_shortlist": 12,
     "scoring.lambda_disc": 0.5, "scoring.lambda_fwd": 0.9, "scoring.lambda_left": 0.1, "scoring.lambda_right": 0.1,
     "scoring.ablation": "no_left", "scoring.use_fwd": False, "scoring.skip_disabled": False, "scoring.autocast": "bf16",
     "rank.enabled": False, "rank.n_anchors": 32, "rank.bits": 8, "rank.storage": "vectors",

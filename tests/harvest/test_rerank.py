@@ -15,10 +15,13 @@ SIZE, SHORTLIST = 5, 12
 
 @pytest.fixture(scope="module")
 def inputs(speech_corpus, tmp_path_factory):
+    from run_support import save_untrained_discriminator
+
     root = tmp_path_factory.mktemp("rerank_inputs")
     return {"corpus": speech_corpus, "index": build_index_for(speech_corpus, root / "index"),
             # weights scaled so that S moves with the sentence (harvest_support.tiny_context_bundle)
-            "bundle": tiny_context_bundle(speech_corpus, root / "ctx", weight_scale=10.0)}
+            "bundle": tiny_context_bundle(speech_corpus, root / "ctx", weight_scale=10.0),
+            "disc": save_untrained_discriminator(speech_corpus, root / "disc")}
 
 
 def _config(inputs, out, **contexts):
@@ -115,8 +118,8 @@ def test_remix_under_other_weights_says_c_s_was_kept(runs, tmp_path):
     _, reranked, _ = runs
     r = sentsim_cli("remix", reranked, "--out", tmp_path / "other", "--lambda-left", "0")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f"C_s kept as the harvest chose it: Eq. 3 under the source's λ re-ranked its {SHORTLIST}-context" \
-        in r.stdout
+    assert (f"C_s kept as the harvest chose it: Eq. 3 under λ disc 0, fwd 1, left 1, right 1 re-ranked its "
+            f"{SHORTLIST}-context shortlists") in r.stdout
 
 
 def test_a_shortlist_needs_screening_and_more_than_size(inputs, tmp_path):
@@ -130,14 +133,27 @@ def test_a_shortlist_needs_screening_and_more_than_size(inputs, tmp_path):
     r = sentsim_cli(*base, "--out", tmp_path / "a", "--set", "contexts.size=8", "--set",
                     "contexts.rerank_shortlist=8")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "contexts.rerank_shortlist=8 must be above contexts.size=8" in error_line(r.stderr)
+    assert error_line(r.stderr).startswith("sentsim: error: invalid config: contexts: rerank_shortlist=8 must be "
+                                           "above size=8")
     r = sentsim_cli(*base, "--out", tmp_path / "b", "--set", "contexts.mode=random", "--set",
                     "contexts.rerank_shortlist=600")
-    assert r.returncode == 2 and "contexts.mode=random screens no shortlist" in error_line(r.stderr)
+    assert r.returncode == 2 and "contexts: rerank_shortlist: mode=random screens no shortlist" in error_line(r.stderr)
+    r = sentsim_cli(*base, "--out", tmp_path / "e", "--set", "contexts.size=4", "--set", "contexts.rerank_shortlist=8",
+                    "--discriminator", inputs["disc"],
+                    *(f"--set=scoring.lambda_{t}=0" for t in ("fwd", "left", "right")))
+    assert r.returncode == 2 and "Eq. 3 weighs only the disc term" in error_line(r.stderr)
     r = sentsim_cli("contexts", "--corpus", inputs["corpus"], "--index", inputs["index"], "--out", tmp_path / "c",
                     "--set", "contexts.size=4", "--set", "contexts.rerank_shortlist=9")
     assert r.returncode == 2 and "`sentsim contexts` does not load" in error_line(r.stderr)
-    assert not any((tmp_path / d).exists() for d in "abc")
+    assert not any((tmp_path / d).exists() for d in "abce")
+    r = sentsim_cli(*base, "--out", tmp_path / "ok", *(f"--set={kv}" for kv in (
+        "contexts.size=4", "contexts.rerank_shortlist=8", "contexts.retrieve_chunks=40", "anchors.n=4",
+        "anchors.per_unit=2", "rank.enabled=false", "partners.neighbour_chunks=8")))
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((tmp_path / "ok" / "report.json").read_text())
+    assert 0 < report["rerank_items"] < report["scored_items"]
+    assert (f"  C_s: Eq. 3's top 4 of 8-context shortlists; {report['rerank_items']:,} of the "
+            f"{report['scored_items']:,} items scored chose them") in r.stdout
     plain = HarvestConfig(corpus="c", out="o", index="i", context_models=["m"])
     assert "rerank_shortlist" not in plain.semantic()["contexts"]
     on = plain.model_copy(update={"contexts": plain.contexts.model_copy(update={"rerank_shortlist": 900})})
@@ -166,11 +182,9 @@ def test_units_reranked_in_one_call_give_the_rows_of_units_reranked_alone(runs, 
 def test_with_a_discriminator_s_holds_its_term_and_the_order_is_eq3s_not_the_screenings(inputs, tmp_path):
     """Screened by a discriminator (a --pairs harvest), the re-rank's S is Eq. 3 with the disc term in it, and
     C_s is its top |C_s|, which is not the discriminator's own top |C_s|."""
-    from run_support import save_untrained_discriminator
-
     from sentsim.harvest.job import harvest
 
-    disc = save_untrained_discriminator(inputs["corpus"], tmp_path / "disc")
+    disc = inputs["disc"]
     f = tmp_path / "pairs.jsonl"
     f.write_text("".join(json.dumps({"s1": a, "s2": b}) + "\n" for a, b in [
         ("The nation must remain strong.", "Our country has to stay powerful."),
