@@ -160,7 +160,8 @@ def catalogue() -> list[Case]:
     harvest("every λ 0", extra=tuple(x for t in ("disc", "fwd", "left", "right")
                                      for x in ("--set", f"scoring.lambda_{t}=0")))
     harvest("λ only on terms the models lack", extra=("--set", "scoring.lambda_fwd=0"), bundle="fwd_only")
-    harvest("--set contexts.rerank_shortlist=500 (not above size)", extra=("--set", "contexts.rerank_shortlist=500"))
+    harvest("--set contexts.rerank_shortlist=4 (not above contexts.size=4)",
+            extra=("--set", "contexts.rerank_shortlist=4"))
     harvest("contexts.rerank_shortlist with contexts.mode=random",
             extra=("--set", "contexts.rerank_shortlist=600", "--set", "contexts.mode=random"))
 
