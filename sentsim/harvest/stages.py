@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -268,7 +269,7 @@ class ScorePlan:
     ctx_by_key: Dict[int, Any]
     known: Dict[tuple, int] = field(default_factory=dict)
 
-    @property
+    @cached_property  # read for the batch, the item counts and the values: one pass over the keys, not three
     def new_keys(self) -> List[tuple]:
         return [k for k in self.keys if k not in self.known] if self.known else self.keys
 
