@@ -44,3 +44,29 @@ def scoring_config(manifest: dict) -> dict:
     """A harvest's stored scoring settings, without those its run format held that this sentsim removed."""
     removed = REMOVED_SCORING_KEYS.get(run_format(manifest), ())
     return {k: v for k, v in (manifest.get("config") or {}).get("scoring", {}).items() if k not in removed}
+
+
+# Harvest scoring revisions: a fix that changes what some harvests score, within one run format. A new harvest
+# records the revision it was scored under ("scoring_revision" in its manifest); an unfinished harvest of an
+# earlier revision that a fix changed is refused on resume, so its done units and the rest are never scored two
+# ways in one run. A finished one is read (and rerun as a no-op) as it is. Revisions:
+# 1: every harvest whose manifest has no scoring_revision;
+# 2: the discriminator term is scored for every item Eq. 4 reads: grouped items in their group-mates' contexts
+#    and the reference sentences' items of a double-centred metric, not only a sentence's own and its partner's
+#    (revision 1 left those S without λ_disc·log p).
+SCORING_REVISION = 2
+
+
+def scoring_revision(manifest: dict) -> int:
+    v = (manifest or {}).get("scoring_revision", 1)
+    return v if isinstance(v, int) and not isinstance(v, bool) else 1
+
+
+def revision_changes(revision: int, *, disc: bool, grouped: bool, context_effect: bool) -> list:
+    """What this sentsim scores differently from a harvest of `revision` with these settings: [] where nothing."""
+    changes = []
+    if revision < 2 and disc and (grouped or context_effect):
+        changes.append("the discriminator term of " + " and of ".join(
+            (["grouped items in their group-mates' contexts"] if grouped else [])
+            + (["the reference sentences' items (the context effect)"] if context_effect else [])))
+    return changes

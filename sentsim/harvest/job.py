@@ -36,7 +36,7 @@ from sentsim.identity import fingerprint
 from sentsim.out_paths import check_out
 from sentsim.pairs_file import read_pairs_file
 from sentsim.pipeline import Resources, StageSpec, UnitPlan
-from sentsim.run_formats import spelt_as_stored
+from sentsim.run_formats import SCORING_REVISION, revision_changes, scoring_revision, spelt_as_stored
 from sentsim.screening.cache_job import ensure_rep_cache, given_rep_cache, rep_cache_uri
 from sentsim.screening.config import discriminator_in_use
 from storage import ShardStore
@@ -102,6 +102,8 @@ class HarvestRun(ShardedJob):
             self.unit_plan = UnitPlan(-(-len(self.pool_plan.pairs) // per), PoolPairUnits(self.pool_plan.pairs, per))
         self.rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if uses_rep_cache(cfg) else None
         stored = None if force_new else ShardStore(cfg.out).read_manifest()  # a new run reads no old manifest
+        if stored and stored.get("stage") == STAGE and self.is_this_run(stored):
+            refuse_an_earlier_revision(cfg, stored)
         if stored and stored.get("fingerprint") != self.fp:
             stored = None  # another run's (resuming it is refused, or one of an earlier format: no format kept)
         self.precision, note = scoring_precision(cfg, stored, force_new, executor)
@@ -126,6 +128,14 @@ class HarvestRun(ShardedJob):
             info = dict(info, pairs_file=(stored.get("config") or {}).get("pairs_file"))
         return fingerprint(STAGE, sem, self.corpus.fingerprint, info, self.hashes)
 
+    def is_this_run(self, stored: dict) -> bool:
+        """Whether `stored` (a harvest manifest at --out) is this run's, as the executor resumes it."""
+        from storage.store import FORMAT_VERSION, run_format
+
+        version = run_format(stored)
+        return stored.get("fingerprint") == self.fp or (
+            version < FORMAT_VERSION and self.fingerprint_in_format(version, stored) == stored.get("fingerprint"))
+
     def config(self) -> dict:
         return self.cfg.model_dump()
 
@@ -141,7 +151,7 @@ class HarvestRun(ShardedJob):
                 **({"context_scores": CONTEXT_SCORE_SCHEMA} if keep else {})}
 
     def open_extra(self) -> dict:
-        return {"scoring_precision": self.precision}
+        return {"scoring_precision": self.precision, "scoring_revision": SCORING_REVISION}
 
     def detail(self, result: dict) -> str:
         return f"nulls {result['null_scores']}"
@@ -373,6 +383,24 @@ def all_null_refusal(store, fp: str, planned: int, check: str = "scoring.lambda_
                  "sentences) and the contexts.* settings")
     return (f"{store.uri}: every one of the {pairs} pairs has a null score ({'; '.join(reasons[:2]) or 'no reason'}), "
             f"so the run is not marked complete; check {check}")
+
+
+def refuse_an_earlier_revision(cfg: HarvestConfig, stored: dict) -> None:
+    """An unfinished harvest begun under an earlier scoring revision (sentsim/run_formats.py) that this sentsim
+    scores differently is refused: resumed, its done units and the rest would hold scores of two kinds."""
+    from sentsim.harvest import metrics
+
+    if stored.get("complete"):
+        return
+    revision = scoring_revision(stored)
+    changes = revision_changes(revision, disc=discriminator_in_use(cfg.discriminator, cfg.contexts.mode),
+                               grouped=cfg.grouping.enabled,
+                               context_effect=metrics.get(cfg.metric).uses_context_effect)
+    if changes:
+        raise UsageError(f"{cfg.out}: this unfinished harvest was begun by an earlier sentsim (scoring revision "
+                         f"{revision}), which left out {'; '.join(changes)}; its remaining units would be scored "
+                         "otherwise than its done ones: pass --force-new to score it again, or finish it with the "
+                         "sentsim that began it")
 
 
 def model_hashes(cfg: HarvestConfig) -> dict:

@@ -213,3 +213,64 @@ def test_every_grouped_item_holds_the_discriminator_term(inputs, tmp_path, pairs
     beyond = [(s, c) not in own for s, c in zip(cs.sentence_id, cs.context_id)]
     assert sum(beyond) > 0 and cs.disc.notna().all(), int(cs.disc.isna().sum())
     assert np.allclose(cs.S, cs[["disc", "fwd", "left", "right"]].sum(axis=1), atol=1e-5)
+
+
+def test_an_unfinished_harvest_of_an_earlier_scoring_revision_is_refused_on_resume(inputs, tmp_path):
+    """A grouped harvest with a discriminator, begun by a sentsim that left the disc term out of group-mates'
+    items (scoring revision 1, sentsim/run_formats.py), is refused by the command in one line with exit 2 rather
+    than finished with units of two kinds; --force-new scores it again. Finished, the same run reruns as a no-op,
+    and a revision-1 harvest the fix did not touch (no grouping) resumes."""
+    import json
+
+    from conftest import error_line, sentsim_cli
+    from run_support import save_untrained_discriminator
+
+    from sentsim.harvest.job import harvest
+
+    disc = save_untrained_discriminator(inputs["corpus"], tmp_path / "disc")
+    over = dict(discriminator=str(disc), anchors={"n": 4, "per_unit": 2}, rank={"enabled": False})
+
+    def begun_by_an_earlier_sentsim(name, **more):
+        cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], tmp_path / name, **over, **more)
+        stopped = harvest(cfg, executor="inline", quiet=True, max_units=1)
+        assert not stopped["complete"]
+        manifest = tmp_path / name / "manifest.json"
+        m = json.loads(manifest.read_text())
+        assert m.pop("scoring_revision") == 2  # what this sentsim records; an earlier one recorded none
+        manifest.write_text(json.dumps(m))
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(json.dumps(cfg.model_dump()))  # JSON is YAML
+        return lambda *extra: sentsim_cli("harvest", "--config", config, "--executor", "inline", *extra)
+
+    grouped = begun_by_an_earlier_sentsim("grouped", grouping={"enabled": True})
+    r = grouped()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    line = error_line(r.stderr)
+    assert "earlier sentsim (scoring revision 1)" in line and "group-mates' contexts" in line
+    assert "--force-new" in line
+    assert len(list((tmp_path / "grouped" / "_units").glob("*.json"))) == 1  # nothing scored, nothing removed
+
+    r = grouped("--force-new")
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = json.loads((tmp_path / "grouped" / "manifest.json").read_text())
+    assert m["complete"] and m["scoring_revision"] == 2
+    # a finished run of revision 1 holds one kind of score: rerunning it is the usual no-op
+    m.pop("scoring_revision")
+    (tmp_path / "grouped" / "manifest.json").write_text(json.dumps(m))
+    r = grouped()
+    assert r.returncode == 0, r.stderr[-2000:]
+
+    plain = begun_by_an_earlier_sentsim("plain")
+    r = plain()
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = json.loads((tmp_path / "plain" / "manifest.json").read_text())
+    assert m["complete"] and "scoring_revision" not in m  # a resumed run keeps what it began with
+
+
+def test_revision_changes_name_what_the_disc_fix_changed():
+    from sentsim.run_formats import revision_changes
+
+    assert revision_changes(1, disc=True, grouped=False, context_effect=True) == [
+        "the discriminator term of the reference sentences' items (the context effect)"]
+    assert revision_changes(1, disc=False, grouped=True, context_effect=True) == []  # nothing was missing
+    assert revision_changes(2, disc=True, grouped=True, context_effect=True) == []
