@@ -8,9 +8,9 @@ in its own module beside its loss. The registry is read once, here, when this mo
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Optional
 
-from pydantic import Field, create_model
+from pydantic import Field, create_model, model_validator
 
 from sentsim.students import objectives
 from sentsim.training.config import TrainingSection
@@ -21,7 +21,9 @@ ObjectiveName = Literal[tuple(r.name for r in _REGISTERED)]  # pydantic refuses 
 
 class StudentSettings(TrainingSection):
     objective: ObjectiveName = _REGISTERED[0].name
-    batch_size: int = Field(64, ge=2)             # 004 follows SimCSE (64); 002 §4.2 picks from 32/64/96
+    # rows per worker and step; unset: the objective's own, from its paper (objectives.py: rankencoder 64 as 004
+    # follows SimCSE, rse 128 from 000 appendix D's {128, 256, 512}, paser 64 from 002 §4.2's {32, 64, 96})
+    batch_size: Optional[int] = Field(None, ge=2)
     lr: float = Field(3e-5, gt=0)                 # SimCSE / PaSeR §4.2: 3e-5
     warmup_ratio: float = Field(0.0, ge=0, le=1)  # 000 appendix D: no warm-up
     weight_decay: float = Field(0.0, ge=0)        # 000 appendix D: no weight decay
@@ -34,6 +36,16 @@ class StudentSettings(TrainingSection):
     # 000 §4.1 evaluates every 125 steps; here half as often (each evaluation encodes the dev pairs); checkpoints too
     eval_every: int = Field(250, ge=1)
     eval_max_pairs: int = Field(2000, ge=10)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _objective_batch_size(cls, data):
+        """An unset batch_size is the objective's (its registration), so a validated config always holds one."""
+        if isinstance(data, dict) and data.get("batch_size") is None:
+            chosen = {r.name: r for r in _REGISTERED}.get(data.get("objective", _REGISTERED[0].name))
+            if chosen is not None:  # an unknown objective is refused by its own field
+                data = {**data, "batch_size": chosen.batch_size}
+        return data
 
 
 def _sections() -> dict:

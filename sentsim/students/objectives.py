@@ -34,13 +34,14 @@ class Registration:
     name: str      # `--objective NAME`, and the objective's config section `NAME.key`
     target: str    # "module:Class", imported when the objective is first used
     summary: str   # a few words for `--help`: its paper and what it learns from
+    batch_size: int = 64  # the default `batch_size` of a student trained with it, from its paper
 
 
 _REGISTRY: dict[str, Registration] = {}
 _SEALED = False  # set once StudentConfig has been built from the registry
 
 
-def register(name: str, target: str, summary: str) -> None:
+def register(name: str, target: str, summary: str, batch_size: int = 64) -> None:
     """Add an objective. Refused once `StudentConfig` exists (its choices and sections are fixed then)."""
     if not name.isidentifier():
         raise ValueError(f"student objective name {name!r}: use letters, digits and _ (it is a config section)")
@@ -52,7 +53,9 @@ def register(name: str, target: str, summary: str) -> None:
         raise RuntimeError(f"student objective {name!r} registered after sentsim.students.config was imported; "
                            "StudentConfig's choices and sections were built from the registry then: "
                            "register it first")
-    _REGISTRY[name] = Registration(name, target, summary)
+    if not (isinstance(batch_size, int) and batch_size >= 2):
+        raise ValueError(f"student objective {name!r}: batch_size {batch_size!r} is not an integer of 2 or more")
+    _REGISTRY[name] = Registration(name, target, summary, batch_size)
 
 
 def names() -> tuple[str, ...]:
@@ -85,6 +88,9 @@ def seal() -> tuple[Registration, ...]:
 # ----------------------------------------------------------------------------- the built-in objectives
 # A new objective: its module beside these, then one line here.
 
-register("rankencoder", "sentsim.students.rankencoder:RankEncoderObjective", "004: rank-vector targets")
-register("rse", "sentsim.students.rse:RSEObjective", "000: relational")
-register("paser", "sentsim.students.paser:PaSeRObjective", "002: phrase reconstruction")
+# batch_size: 004 follows SimCSE (64); 000 appendix D searches {128, 256, 512}, and contrastive learning wants the
+# large end (000 §3.3 reaches 512 by Gradient Cache), here its smallest; 002 §4.2 picks from {32, 64, 96}.
+register("rankencoder", "sentsim.students.rankencoder:RankEncoderObjective", "004: rank-vector targets",
+         batch_size=64)
+register("rse", "sentsim.students.rse:RSEObjective", "000: relational", batch_size=128)
+register("paser", "sentsim.students.paser:PaSeRObjective", "002: phrase reconstruction", batch_size=64)

@@ -67,6 +67,28 @@ def test_a_registration_is_checked_and_refused_once_the_config_is_built():
     assert objectives.names() == BUILT_IN
 
 
+def test_an_unset_batch_size_is_the_objectives_own_through_the_command(tmp_path):
+    """batch_size defaults per objective, from its paper (RSE: 000 appendix D's smallest, 128), and a value
+    given anywhere wins. The command applies it: RSE on a small harvest is refused for want of 128 rows."""
+    from harvest_support import small_pairs_run, tiny_bert, write_pairs_run
+
+    from sentsim.students.config import StudentConfig
+
+    assert {r.name: r.batch_size for r in objectives.registered()} == {"rankencoder": 64, "rse": 128, "paser": 64}
+    for r in objectives.registered():
+        assert StudentConfig(objective=r.name).batch_size == r.batch_size
+        assert StudentConfig(objective=r.name, batch_size=16).batch_size == 16
+    assert StudentConfig().batch_size == 64  # the first registered objective, rankencoder
+    assert StudentConfig.model_validate(StudentConfig(objective="rse").model_dump()).batch_size == 128
+
+    harvest = write_pairs_run(tmp_path / "h", *small_pairs_run())
+    r = sentsim_cli("train", "student", "--objective", "rse", "--data", harvest, "--out", tmp_path / "o",
+                    "--executor", "inline", "--backbone", tiny_bert(tmp_path / "bert", layers=1, width=32, heads=2,
+                                                                    positions=64))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "cannot fill one batch of 128 per worker" in r.stderr, r.stderr[-2000:]
+
+
 def test_an_unknown_objective_is_refused_in_one_line(tmp_path):
     r = sentsim_cli("train", "student", "--objective", "nope", "--out", tmp_path / "o")
     assert r.returncode == 2 and "Traceback" not in r.stderr
