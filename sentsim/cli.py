@@ -75,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         # A user's mistake found inside a Ray task, actor or Train worker arrives wrapped in
         # Ray's own error types; unwrap it so it still prints as one line.
-        msg = _wrapped_usage_error(exc) or _setup_error(exc, args) or _object_store_error(exc, argv)
+        msg = (_wrapped_usage_error(exc) or _setup_error(exc, args) or _output_not_made(exc, args)
+               or _object_store_error(exc, argv))
         if msg is None or os.environ.get("SENTSIM_DEBUG"):
             raise
         line = msg.splitlines()[0] if msg else repr(exc)
@@ -201,6 +202,32 @@ def _setup_error(exc: BaseException, args):
                           if getattr(args, k, None)), (None, None))
         where = f"{flag} {out}" if out else "a path the error does not name"
     return _SETUP_ERRNOS[code].format(where=where)
+
+
+# the flags that name what a command writes (out_paths.check_out is called on each)
+_OUTPUT_FLAGS = (("--out", "out"), ("--json", "json"), ("--markdown", "markdown"))
+_QUOTED_PATH = re.compile(r"'([^'\n]+)'")
+
+
+def _output_not_made(exc: BaseException, args):
+    """A local output the file system will not make, though no check could tell beforehand (a folder on a
+    pseudo file system such as /proc says "no such file"): one line when the error names the output or a folder
+    above it. Any other missing file is sentsim's to explain, so it stays a traceback."""
+    outs = [(flag, value) for flag, key in _OUTPUT_FLAGS
+            if isinstance(value := getattr(args, key, None), str) and value and "://" not in value]
+    for e in _chain(exc):
+        if not (isinstance(e, OSError) and e.errno in (errno.ENOENT, errno.EEXIST)):
+            continue
+        named = e.filename if e.filename is not None else next(iter(_QUOTED_PATH.findall(str(e))), None)
+        if named is None:
+            continue
+        bad = os.path.abspath(os.fsdecode(named))
+        for flag, value in outs:
+            out = os.path.abspath(os.path.expanduser(value))
+            if out == bad or out.startswith(bad.rstrip(os.sep) + os.sep):
+                return (f"{flag} {value}: {bad} cannot be made there ({os.strerror(e.errno)}); "
+                        "give an output on a disk this user may write")
+    return None
 
 
 def _chain(exc: BaseException):

@@ -155,6 +155,14 @@ def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], o
     if held is not None and held[0] != writes:
         raise UsageError(f"{out_flag} {text} holds {held[1]}, not {KINDS[writes]}; give another {out_flag}")
     p = Path(os.path.expanduser(text)).absolute()
+    # a symlink to nothing (a disk not mounted, a folder moved away) at out or on the way to it: neither a
+    # folder nor one that can be made there, and following it would write somewhere the user did not name
+    given = Path(os.path.expanduser(text))  # named as the user spelt it
+    dangling = next((q for q in (given, *given.parents) if q.is_symlink() and not q.exists()), None)
+    if dangling is not None:
+        where = "is" if dangling == given else f"lies under {dangling}, which is"
+        raise UsageError(f"{out_flag} {text}: {where} a symlink to {os.readlink(dangling)}, which does not exist; "
+                         f"make its target, or give another {out_flag}")
     # the nearest existing path: out itself, or the ancestor it would be made in
     first = next((q for q in (p, *p.parents) if q.exists()), None)
     if first is not None and not first.is_dir():

@@ -177,3 +177,54 @@ def test_each_input_of_every_command_is_checked_on_its_own(corpus, tmp_path):
         _refused(sentsim_cli(*args, timeout=300), *words)
     assert _unchanged(corpus) == before and (model / "config.json").read_text() == "{}"
     assert pairs.read_text() == "a b c\td e f\n" and not any(any(p.iterdir()) for p in (sts, enc, t / "disc"))
+
+
+def test_an_out_the_file_system_cannot_make_is_one_line_for_every_command(corpus, sample_path, shared_data, tmp_path):
+    """A symlink to nothing (a disk not mounted) as --out or on the way to it was followed into a traceback
+    (FileExistsError from makedirs, pyarrow's "non-directory entry exists"); it is refused in one line naming the
+    link, before anything is written. A folder the file system will not make though nothing could tell
+    beforehand (/proc/x: "no such file") is one line too, naming the output."""
+    import errno
+
+    from harvest_support import small_pairs_run, write_pairs_run
+
+    c = str(corpus)
+    harvest = str(write_pairs_run(tmp_path / "harvest", *small_pairs_run()))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    sts = ("eval", "sts", "--tfidf", "--data", shared_data / "sts", "--tasks", "STSb")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "unmounted-disk" / "runs")
+
+    def commands(out):
+        return [
+            ("harvest", "--corpus", c, "--out", out, "--set", "contexts.mode=random", "--context-models", str(model)),
+            ("corpus", "build", str(sample_path), "--out", out),
+            ("index", "build", "--corpus", c, "--out", out),
+            ("cache", "build", "--corpus", c, "--discriminator", str(model), "--out", out),
+            ("contexts", "--corpus", c, "--index", str(model), "--out", out),
+            ("remix", c, "--out", out),
+            ("train", "discriminator", "--corpus", c, "--out", out),
+            ("train", "context", "--corpus", c, "--out", out),
+            ("train", "surrogate", "--data", harvest, "--out", out),
+            ("train", "student", "--objective", "paser", "--data", harvest, "--out", out),  # the default backbone
+        ]
+
+    for out in (link, link / "run"):
+        for args in commands(str(out)):
+            _refused(sentsim_cli(*args, timeout=300), "is a symlink to", "which does not exist", str(link))
+        _refused(sentsim_cli(*sts, "--json", out / "r.json"), "--json", "is a symlink to")
+    assert not (tmp_path / "unmounted-disk").exists() and link.is_symlink()
+
+    try:
+        os.mkdir("/proc/sentsim-test")
+        pytest.skip("this /proc makes folders")
+    except OSError as e:
+        if e.errno != errno.ENOENT:
+            pytest.skip(f"/proc refuses a folder otherwise here ({e})")
+    for out in ("/proc/sentsim-test", "/proc/sentsim-test/run"):
+        for args in commands(out)[1:3] + commands(out)[-1:]:
+            _refused(sentsim_cli(*args, timeout=300), f"--out {out}: /proc/sentsim-test cannot be made there")
+    _refused(sentsim_cli(*sts, "--json", "/proc/sentsim-test/r.json"),
+             "--json /proc/sentsim-test/r.json: /proc/sentsim-test cannot be made there")
