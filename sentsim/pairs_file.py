@@ -12,8 +12,9 @@
 - Parquet with columns s1, s2[, gold].
 Any of these may be gzip-compressed (found by its first bytes, 1f 8b; a plain file named .gz is read as it
 is): the name without .gz tells the format (p.tsv.gz is TSV, p.jsonl.gz JSON lines).
-An empty gold cell (or a null) is a pair without gold; an empty or blank s1 or s2 is refused (a wholly
-blank line is skipped).
+Under a header line, a row with more filled fields than the header names is refused (a TAB inside a sentence
+would otherwise move its text into a column nobody reads). An empty gold cell (or a null) is a pair without
+gold; an empty or blank s1 or s2 is refused (a wholly blank line is skipped).
 A first line that names columns other than these is refused, never read as a pair: the error names the
 columns it found and the ones read. Such a header is a first line that is neither a header above nor a pair
 that can be read, each of whose fields is a short name (a letter, then letters, digits, spaces, `_`, `-`,
@@ -165,7 +166,8 @@ def _unread_header(cols: Sequence[str]) -> bool:
 def _header_refusal(cols: Sequence[str], where: str, delimiter: str) -> InputError:
     found = ", ".join(c.strip() for c in cols)
     sep = "<TAB>" if delimiter == "\t" else ","
-    pair = f", or, if it is a pair, put the line s1{sep}s2 above it" if len(cols) == 2 else ""
+    pair = (f", or, if it is a pair, put the line s1{sep}s2 above it" if len(cols) == 2 else
+            f", or, if it is a pair, its third field (gold) {cols[2].strip()!r} is not a number")
     alternatives = ", ".join(f"{a}/{b}" for a, b in zip(S1_NAMES[1:], S2_NAMES[1:]))
     return InputError(f"{where}: header line names columns {found}; the columns read are s1 and s2 (or "
                       f"{alternatives}) and optionally gold (or {', '.join(GOLD_NAMES[1:])}){pair}")
@@ -180,13 +182,22 @@ def first_line_header(cols: Sequence[str], where: str, delimiter: str) -> Option
     return header
 
 
-def _rows_with_header(rows: List[Tuple[int, List[str]]], path: str, header) -> List[Pair]:
+def _rows_with_header(rows: List[Tuple[int, List[str]]], path: str, header, named: int,
+                      delimiter: str) -> List[Pair]:
+    """The pairs under a header line of `named` columns. A row with more (filled) fields than the header names
+    is refused: its text has most likely moved (a TAB in a sentence), and reading the named columns alone
+    would drop what moved."""
     i1, i2, ig = header
     need = max(i for i in header if i is not None) + 1
     out = []
     for n, cols in rows:
         if len(cols) < need:
             raise InputError(f"{path}:{n}: expected {need} columns as named in the header, found {len(cols)}")
+        if any(c.strip() for c in cols[named:]):
+            sep = "a TAB" if delimiter == "\t" else "an unquoted comma"
+            raise InputError(f"{path}:{n}: {len(cols)} fields where the header names {named} columns; {sep} inside "
+                             "a sentence moves its text into the next column: remove it (or name every column in "
+                             "the header)")
         gold = None
         if ig is not None and cols[ig].strip() != "":
             gold = parse_score(cols[ig].strip(), f"{path}:{n}")
@@ -210,7 +221,7 @@ def _delimited(text: str, path: str, delimiter: str) -> List[Pair]:
         return []
     header = first_line_header(rows[0][1], f"{path}:{rows[0][0]}", delimiter)
     if header is not None:
-        return _rows_with_header(rows[1:], path, header)
+        return _rows_with_header(rows[1:], path, header, len(rows[0][1]), delimiter)
     out = []
     for n, cols in rows:
         where = f"{path}:{n}"

@@ -176,6 +176,25 @@ def test_a_header_of_unread_column_names_is_refused_not_read_as_a_pair(tmp_path,
     assert msg.startswith(f"{tmp_path / name}:1: header line names columns {found};"), msg
     assert "s1 and s2 (or sentence1/sentence2" in msg and "optionally gold (or score" in msg and "\n" not in msg
     assert ("if it is a pair, put the line s1" in msg) == (found.count(",") == 1)  # two columns: maybe a pair
+    assert ("if it is a pair, its third field (gold)" in msg) == (found.count(",") >= 2)  # a gold that is no number
+
+
+@pytest.mark.parametrize("name, data, line, fields, named, sep", [
+    ("tab.tsv", "s1\ts2\nA cat sat.\tA dog sat.\nHello\tworld.\tHi there.\n", 3, 3, 2, "a TAB"),
+    ("gold.tsv", "s1\ts2\tgold\nA cat\tsat.\tA dog sat.\t3\n", 2, 4, 3, "a TAB"),
+    ("comma.csv", "sentence1,sentence2\nYes, a cat sat.,A dog sat.\n", 2, 3, 2, "an unquoted comma"),
+])
+def test_a_row_with_more_fields_than_its_header_is_refused_naming_its_line(tmp_path, name, data, line, fields,
+                                                                          named, sep):
+    """Under a header, the named columns alone were read and a row's further fields dropped without a word: a
+    TAB inside a sentence lost the text after it. Such a row is refused, naming its line; an empty field after
+    the named ones (a trailing TAB) is no text and is read."""
+    with pytest.raises(InputError) as err:
+        read_pairs_file(write(tmp_path, name, data))
+    assert str(err.value).startswith(f"{tmp_path / name}:{line}: {fields} fields where the header names {named} "
+                                     f"columns; {sep} inside a sentence"), str(err.value)
+    assert read_pairs_file(write(tmp_path, "trailing.tsv", "s1\ts2\nA cat sat.\tA dog sat.\t\n")) == [
+        ("A cat sat.", "A dog sat.", None)]
 
 
 @pytest.mark.parametrize("data, pair", [
@@ -205,6 +224,14 @@ def test_harvest_refuses_a_header_of_unread_names_before_any_work(speech_corpus,
     assert r.stderr.strip().splitlines() == [
         next(ln for ln in r.stderr.splitlines() if ln.startswith("sentsim: error:"))], r.stderr
     assert f"{pairs}:1: header line names columns premise, hypothesis;" in r.stderr
+    assert not (tmp_path / "run").exists()
+    # a row whose sentence holds a TAB, under a header: the command refuses it too, naming the line
+    pairs = write(tmp_path, "tab.tsv", "s1\ts2\tgold\nA cat sat.\tA dog sat.\t4\nA cat\tsat.\tA dog.\t3\n")
+    r = sentsim_cli("harvest", "--corpus", speech_corpus, "--context-models", models, "--pairs", pairs,
+                    "--out", tmp_path / "run", "--executor", "inline", "--set", "contexts.mode=random",
+                    "--set", "rank.enabled=false")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"{pairs}:3: 4 fields where the header names 3 columns; a TAB inside a sentence" in r.stderr, r.stderr
     assert not (tmp_path / "run").exists()
 
 
