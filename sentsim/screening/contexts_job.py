@@ -235,5 +235,7 @@ class ContextsRun(ShardedJob):
                              quiet=ctx.quiet, max_units=ctx.max_units)
 
     def summary(self, ctx: RunContext) -> dict:
-        shortfalls = sum(m.get("extra", {}).get("shortfalls", 0) for m in ctx.store.markers().values())
-        return {"counts": {"sentences": len(self.ids), "shortfalls": shortfalls}}
+        # the done units' counts, so that a run stopped by --max-units reports what it holds, not what it plans
+        markers = [m for m in ctx.store.markers().values() if m.get("fingerprint") == ctx.fp]
+        return {"counts": {"sentences": sum(int(m.get("files", {}).get("queries", {}).get("rows", 0)) for m in markers),
+                           "shortfalls": sum(m.get("extra", {}).get("shortfalls", 0) for m in markers)}}

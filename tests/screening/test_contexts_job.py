@@ -53,6 +53,21 @@ def test_context_sets_obey_diversity_rules(speech_corpus, index, tmp_path):
     assert after.equals(before)
 
 
+def test_a_run_stopped_by_max_units_counts_only_its_done_units(speech_corpus, index, tmp_path):
+    """The summary line under --max-units counted every planned sentence (the line after it says the counts are
+    the done units'): it counts the sentences the run holds, and the resumed run all of them."""
+    out = tmp_path / "ctx"
+    args = ("contexts", "--corpus", speech_corpus, "--index", index, "--out", out, "--executor", "inline",
+            "--set", "sample=40", "--set", "per_unit=16", "--set", "contexts.size=4")
+    r = sentsim_cli(*args, "--max-units", "1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    held = ds.dataset(str(out / "queries")).to_table().num_rows
+    assert held == 16 and f"contexts: {held} sentences screened" in r.stdout, r.stdout
+    assert "stopped after --max-units 1: 1/3 units done (the counts above are theirs)" in r.stdout
+    r = sentsim_cli(*args)
+    assert r.returncode == 0 and "contexts: 40 sentences screened" in r.stdout, (r.stdout, r.stderr[-2000:])
+
+
 def test_external_sentences_and_shortfalls(speech_corpus, index, tmp_path):
     f = tmp_path / "s.txt"
     f.write_text("The Congress must act on the budget.\t!!!\nqqxz zzvq\t!!!\n")  # a pair on each line
