@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from contextlib import contextmanager, nullcontext
@@ -42,6 +43,13 @@ STATE_FILE = "state.pt"
 HISTORY_FILE = "history.json"
 # keys of a history point that are not metrics (left out of the default log line)
 _POINT_KEYS = ("step", "epoch", "train_loss", "lr", "time_s", "cpu_s", "precision")
+
+
+def say(line: str) -> None:
+    """A progress line of the loop, on stdout alone. Ray Train replaces `print` in its workers with a logger
+    that writes to stderr and also tees to stdout, so a printed line reached the terminal twice."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 class Trainee(nn.Module):
@@ -383,10 +391,10 @@ class _Worker:
             return
         n_params = sum(p.numel() for p in self.params)
         note = self.trainee.note()
-        print(f"[{self.s.label}] {self.session.world} worker(s) on {self.device}{' bf16' if self.bf16 else ''}; "
-              f"{n_params / 1e6:.1f}M trainable parameters; ready in {time.perf_counter() - t_start:.1f}s"
-              f"{'; ' + note if note else ''}; {'resuming at step ' + str(self.step) if self.state else 'starting'}, "
-              f"{self.s.total_steps} steps", flush=True)
+        say(f"[{self.s.label}] {self.session.world} worker(s) on {self.device}{' bf16' if self.bf16 else ''}; "
+            f"{n_params / 1e6:.1f}M trainable parameters; ready in {time.perf_counter() - t_start:.1f}s"
+            f"{'; ' + note if note else ''}; {'resuming at step ' + str(self.step) if self.state else 'starting'}, "
+            f"{self.s.total_steps} steps")
 
     def evaluate(self) -> dict:
         return self.trainee.evaluate(self.device, self.autocast) if self.rank0 else {}
@@ -508,8 +516,8 @@ class _Worker:
         if self.rank0:
             self.history.append(point)
             if self.s.verbose:
-                print(f"[{self.s.label}] step {self.step}/{self.s.total_steps} loss {point['train_loss']:.4g}"
-                      f"{self.trainee.describe(point)}", flush=True)
+                say(f"[{self.s.label}] step {self.step}/{self.s.total_steps} loss {point['train_loss']:.4g}"
+                    f"{self.trainee.describe(point)}")
         if at_save:
             self.session.report(point, self.saver(epoch, self.in_epoch))
             self.last_saved = self.step

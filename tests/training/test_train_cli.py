@@ -158,9 +158,14 @@ def test_train_student_relative_paths(tmp_path, tiny_bert, head_env):
                for i, w in enumerate("river city vote law war peace tax school farm road".split())]
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(t) + "\n" for t in triples))
     bb = os.path.relpath(tiny_bert, tmp_path)
-    _run(tmp_path, head_env, "train", "student", "--objective", "rse", "--triples", "t.jsonl", "--backbone", bb,
-         "--out", "stu", "--num-workers", "1", "--max-steps", "2", "--force-new",
-         "--set", "batch_size=4", "--set", "max_seq_length=16")
+    r = _run(tmp_path, head_env, "train", "student", "--objective", "rse", "--triples", "t.jsonl", "--backbone", bb,
+             "--out", "stu", "--num-workers", "1", "--max-steps", "2", "--force-new",
+             "--set", "batch_size=4", "--set", "max_seq_length=16")
+    # each progress line of the Train worker reaches the terminal once (Ray Train's print patch logged it to
+    # stderr and teed it to stdout as well)
+    said = (r.stdout + r.stderr).splitlines()
+    for line in ("[student rse] step 2/2", "[student rse] 1 worker(s) on cpu"):
+        assert sum(line in x for x in said) == 1, (r.stdout[-2000:], r.stderr[-2000:])
     summary = json.loads((tmp_path / "stu/summary.json").read_text())
     assert summary["total_steps"] == 2 and summary["history"][-1]["step"] == 2
     assert (tmp_path / "stu/model/relations.json").is_file()
