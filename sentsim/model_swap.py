@@ -235,6 +235,24 @@ def finish_in_place(folder: str | Path, commit: str) -> None:
         step()
 
 
+def discard_in_place(folder: str | Path, commit: str) -> None:
+    """Remove the model in `folder` (its commit file first, so that no reader takes what is left for a model,
+    then every file its listing names, and the listing), keeping the folder's other names: what --force-new
+    does to the model of the run it discards, which would otherwise sit beside the new run's state."""
+    folder = Path(folder)
+    finish_in_place(folder, commit)
+    if not (folder / commit).exists() and not (folder / INFO_FILE).exists():
+        return
+    (folder / commit).unlink(missing_ok=True)
+    try:
+        listed = {Path(n).parts[0] for n in json.loads((folder / INFO_FILE).read_text())["files"]}
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+        listed = set()
+    for name in sorted(listed - {commit}):
+        _remove(folder / name)
+    (folder / INFO_FILE).unlink(missing_ok=True)
+
+
 def _format_of(folder: Path) -> Optional[str]:
     try:
         info = json.loads((folder / INFO_FILE).read_text(encoding="utf-8"))

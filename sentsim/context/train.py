@@ -535,6 +535,10 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
         return done["summary"]
     claim_out(out_p, run_id, record, force_new, out_arg, state=("runs", "tokenizer"),
               unfingerprinted=tuple(f"config.{k}" for k in RESUMABLE))
+    if force_new:  # the discarded bundle's model files go with its runs, not stay beside the new run's
+        from sentsim.model_swap import discard_in_place
+
+        discard_in_place(out_p, "context.json")
     tok_dir = out_p / "tokenizer"
     resumed = (tok_dir / "tokenizer.json").is_file()
     # resuming: keep the tokenizer the checkpoints were trained with

@@ -266,7 +266,7 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     from corpus.view import SentenceTable
     from sentsim.discriminator.data import window_centres
     from sentsim.identity import corpus_fingerprint
-    from sentsim.model_swap import finish_in_place
+    from sentsim.model_swap import discard_in_place, finish_in_place
     from sentsim.out_paths import check_out
     from sentsim.runtime import absolute_local, init_ray
     from sentsim.training.run import claim_out, fit, plan_steps, quiet_progress, release_out, say_finished
@@ -298,6 +298,8 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     state = out / "_train"
     claim_out(state, run_id, {"job": job.model_dump(), "corpus": str(corpus)}, force_new, out_arg,
               unfingerprinted=tuple(f"job.train.{k}" for k in RESUMABLE_TRAIN_KEYS))
+    if force_new:  # the discarded run's model goes with its state, not stays beside the new run's
+        discard_in_place(out, "config.json")
     vocab, init_path = _vocab_and_init(st, job, state)
     del st
 

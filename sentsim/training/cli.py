@@ -44,7 +44,8 @@ def add_max_steps(parser, help: str, *, least: int) -> None:
 
 def add_force_new(parser) -> None:
     parser.add_argument("--force-new", action="store_true",
-                        help="discard the training state of an earlier run under --out and start over")
+                        help="discard an earlier run under --out, its training state and its exported model "
+                             "and reports, and start over")
 
 
 def backbone_or_default(backbone):

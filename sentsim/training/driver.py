@@ -23,7 +23,7 @@ from typing import Optional
 
 from sentsim.identity import fingerprint
 from sentsim.training.config import RESUMABLE_KEYS
-from sentsim.training.run import claim_out, quiet_progress, write_curves
+from sentsim.training.run import claim_out, discard_exports, quiet_progress, write_curves
 
 
 class EncoderDriver:
@@ -91,6 +91,8 @@ class EncoderDriver:
                   unfingerprinted=tuple(f"config.{k}" for k in RESUMABLE_KEYS))
         for name in self.models:
             finish_swap(self.out / name)
+        if self.force_new:  # the discarded run's exports go with its state, not stay beside the new run's
+            discard_exports(self.out, self.models)
         quiet_progress()
         self.t0 = time.perf_counter()
         if self.executor == "ray":

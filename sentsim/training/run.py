@@ -81,6 +81,21 @@ def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg
     return lease
 
 
+# what an encoder trainer (student, surrogate) writes into --out beside its models and state
+REPORTS = ("summary.json", "curves", "eval.json", "eval.md")
+
+
+def discard_exports(out_dir: Path, models) -> None:
+    """--force-new: the discarded run's exported models and reports go as its state does (claim_out), so that
+    a new run stopped before its own export leaves no model or summary of the old one, taken for its own."""
+    for name in (*models, *REPORTS):
+        path = out_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def _changed(stored: dict, record: dict, unfingerprinted: tuple) -> str:
     """': key: old -> new; ...' for a refused --out, or '' where run.json recorded no settings to compare."""
     from storage.store import what_changed

@@ -363,3 +363,20 @@ def test_nan_loss_names_the_step_inline(harvest_dir, tiny_backbone, tmp_path):
         _train("rankencoder", harvest_dir, tiny_backbone, tmp_path / "nan", lr=1e30, max_steps=6)
     assert str(exc.value).endswith("lower --set lr=...")  # and what to do about it
     assert not (tmp_path / "nan" / "model").exists()
+
+
+def test_force_new_discards_the_old_runs_model_and_summary_before_training(harvest_dir, tiny_backbone, tmp_path):
+    """--force-new discards the run at --out: its model and reports go with its state when the new run claims
+    the folder, so a new run that stops before its own export (here: it diverges) leaves no model or summary of
+    the old settings for `eval sts --model` to take for its own."""
+    from conftest import error_line, sentsim_cli
+
+    out = tmp_path / "stu"
+    args = ("train", "student", "--objective", "rankencoder", "--data", harvest_dir, "--backbone", tiny_backbone,
+            "--out", out, "--executor", "inline", "--set", "batch_size=8", "--set", "max_seq_length=16")
+    r = sentsim_cli(*args, "--max-steps", "2")
+    assert r.returncode == 0 and (out / "model").is_dir() and (out / "summary.json").is_file(), r.stderr[-2000:]
+    r = sentsim_cli(*args, "--max-steps", "6", "--set", "lr=1e30", "--force-new")
+    assert r.returncode == 2 and "the training loss became" in error_line(r.stderr), r.stderr[-2000:]
+    assert not (out / "model").exists() and not (out / "summary.json").exists() and not (out / "curves").exists()
+    assert "finished" not in json.loads((out / "run.json").read_text())  # the new run's record, unfinished

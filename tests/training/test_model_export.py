@@ -444,3 +444,25 @@ def test_every_command_refuses_an_out_that_holds_something_else(two_discriminato
         assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr[-1500:])
         assert words in error_line(r.stderr), (args, r.stderr[-800:])
     assert {p: _files(p) for p in folders} == folders
+
+
+def test_discarding_an_in_place_model_keeps_the_folders_other_names(two_discriminators, two_bundles, tmp_path):
+    """--force-new discards the model of the run it replaces with that run's state (model_swap.discard_in_place):
+    the commit file goes first, then every file the model's listing names; the trainer's state, written for the
+    new run, stays. A reader then finds no model there, not the old one taken for the new run's."""
+    from sentsim.discriminator.io import Discriminator
+    from sentsim.errors import UsageError
+    from sentsim.model_swap import discard_in_place
+
+    old_disc, _, _, _ = two_discriminators
+    old_bundle, _ = two_bundles
+    for model, commit, state in ((old_disc, "config.json", "_train"), (old_bundle, "context.json", "runs")):
+        out = tmp_path / model.name / commit
+        shutil.copytree(model, out)
+        (out / state).mkdir(exist_ok=True)
+        (out / state / "run.json").write_text("{}")  # the new run's record, written by claim_out before
+        discard_in_place(out, commit)
+        assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [f"{state}/run.json"]
+        discard_in_place(out, commit)  # nothing left to discard: a no-op
+    with pytest.raises(UsageError, match="not a discriminator directory"):
+        Discriminator.load(tmp_path / old_disc.name / "config.json")
