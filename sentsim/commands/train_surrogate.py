@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from sentsim.config import load_config
 from sentsim.training.cli import add_training_arguments, backbone_or_default, training_overrides
 
@@ -42,5 +44,6 @@ def run(args) -> int:
               f"dev {dev[0]} {first[dev[1]]:{dev[2]}} -> {last[dev[1]]:{dev[2]}}; "
               f"Spearman vs {'gold' if sts else 'teacher'} (test) {first['test_spearman']:.2f} -> "
               f"{last['test_spearman']:.2f}; model: {st['model']}")
-    print(f"curves: {args.out}/curves/")
+    # beside the models, spelt as their lines spell them
+    print(f"curves: {os.path.join(os.path.dirname(summary['stages'][-1]['model']), 'curves')}/")
     return 0

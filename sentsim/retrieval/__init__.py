@@ -76,8 +76,10 @@ def other_index(corpus: str | Path, out: str | Path) -> str | None:
     manifest = finished_index(out, lambda m: True)
     if manifest is None:
         return None
-    what = "corpus" if manifest.get("corpus_fingerprint") != corpus_fingerprint(corpus) else "config"
-    return f"another {what} (fingerprint {manifest.get('fingerprint')})"
+    here = corpus_fingerprint(corpus)
+    if manifest.get("corpus_fingerprint") != here:  # named by corpus fingerprints, as check_fingerprint names them
+        return f"another corpus ({manifest.get('corpus_fingerprint')!r}, not this corpus's {here!r})"
+    return f"another config (index fingerprint {manifest.get('fingerprint')})"
 
 
 def open_retriever(index_dir: str | Path, corpus: str | Path | None = None, expected_fingerprint: str | None = None,

@@ -175,7 +175,7 @@ def test_a_rerun_is_a_noop_and_another_config_or_corpus_needs_force_new(speech_c
             "--set", "ngrams=unigram+bigram")
     r = sentsim_cli(*argv)
     assert r.returncode == 2 and r.stderr.strip() == (
-        f"sentsim: error: --out {index} holds an index built for another config (fingerprint {fp}); give another "
+        f"sentsim: error: --out {index} holds an index built for another config (index fingerprint {fp}); give another "
         "--out, or --force-new to replace it"), r.stderr[-2000:]
     assert index_files(index) == before
     r = sentsim_cli(*argv, "--force-new")
@@ -192,7 +192,11 @@ def test_a_rerun_is_a_noop_and_another_config_or_corpus_needs_force_new(speech_c
     build_corpus([str(src)], str(other), executor="inline", quiet=True)
     argv = ("index", "build", "--corpus", other, "--out", index, "--shards", "3", "--set", "ngrams=unigram+bigram")
     r = sentsim_cli(*argv)
-    assert r.returncode == 2 and "holds an index built for another corpus (fingerprint" in r.stderr, r.stderr[-2000:]
+    # named by corpus fingerprints, the ones a harvest's refusal of an index of another corpus names
+    from sentsim.identity import corpus_fingerprint
+
+    built_for = f"'{corpus_fingerprint(speech_corpus)}', not this corpus's '{corpus_fingerprint(other)}'"
+    assert r.returncode == 2 and f"holds an index built for another corpus ({built_for})" in r.stderr, r.stderr[-2000:]
     r = sentsim_cli(*argv, "--force-new")
     assert r.returncode == 0 and "already holds" not in r.stdout, r.stderr[-2000:]
     check_index(index, corpus=other)
