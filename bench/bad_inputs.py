@@ -151,6 +151,12 @@ def catalogue() -> list[Case]:
     harvest("p.parquet (s2 bytes not UTF-8)", lambda d: _pq(d / "p.parquet", s1=PAIRS[0], s2=pa.array(
         [b"fine", b"caf\xe9"]).view(pa.string())), pairs="p.parquet")
     harvest("p.tsv (a folder)", lambda d: (d / "p.tsv").mkdir(), pairs="p.tsv")
+    harvest("p.tsv (a TAB inside a sentence, under a header)", lambda d: (d / "p.tsv").write_text(
+        f"s1\ts2\n{PAIRS[0][0]}\t{PAIRS[1][0]}\nA cat\tsat.\tA dog sat.\n"), pairs="p.tsv")
+    cases.append(Case("harvest", "--out a symlink to nothing (a disk not mounted)", lambda s, d: [
+        "harvest", "--corpus", s["corpus"], "--index", s["index"], "--context-models", s["bundle"], "--out",
+        d / "link", "--executor", "inline", "--set", "rank.enabled=false", "--set", "anchors.n=4"],
+        lambda d: (d / "link").symlink_to(d / "unmounted" / "runs")))
     harvest("--set pairs_per_unit=true", extra=("--set", "pairs_per_unit=true"))
     harvest("--set splits=[0.98,0.02,0.01]", extra=("--set", "splits=[0.98,0.02,0.01]"))
     harvest("--set scoring.lambda_fwd=.nan", extra=("--set", "scoring.lambda_fwd=.nan"))
