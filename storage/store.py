@@ -101,8 +101,20 @@ def what_changed(stored: dict, config: dict, inputs: List[dict], most: int = 6, 
     changed = sorted(k for k in old_in.keys() | new_in.keys()
                      if old_in.get(k) != new_in.get(k) and not skip(k) and field(k) in recorded)
     if changed:
-        parts.append(f"input(s) changed: {', '.join(changed[:3])}" + (" ..." if len(changed) > 3 else ""))
+        named = [_input_words(k) for k in changed[:3]]
+        parts.append(f"input(s) changed: {', '.join(named)}" + (" ..." if len(changed) > 3 else ""))
     return "; ".join(parts) if parts else "same config and inputs, so a model or checkpoint they name changed"
+
+
+def _input_words(key: str) -> str:
+    """A changed input's manifest key, with what the user gave that changed: a run's `inputs` record each input
+    by the identity of what it holds (`fingerprint` of its corpus, `models.<flag>` of each model or index)."""
+    parts = key.split(".")
+    if len(parts) == 3 and parts[2] == "fingerprint":
+        return f"{key} (the corpus's content)"
+    if len(parts) >= 4 and parts[2] == "models":
+        return f"{key} (the content of {parts[3].replace('_', ' ')})"
+    return key
 
 
 LOST_MANIFEST = (f"{MANIFEST} is missing, though {UNITS_DIR}/ holds the run's completion markers, so the run can be "

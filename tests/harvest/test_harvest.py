@@ -199,7 +199,8 @@ def test_a_refused_resume_names_the_model_that_changed(inline_run, inputs, tmp_p
     with pytest.raises(UsageError) as refused:
         harvest(cfg.model_copy(update={"out": str(copy), "index": str(other)}), executor="inline", quiet=True)
     msg = str(refused.value)
-    assert "input(s) changed: inputs.0.models.index" in msg and "a model or checkpoint" not in msg, msg
+    assert "input(s) changed: inputs.0.models.index (the content of index)" in msg, msg
+    assert "a model or checkpoint" not in msg, msg
     # a run whose manifest recorded no models (from before they were recorded) is not said to have changed them
     m = json.loads((copy / "manifest.json").read_text())
     del m["inputs"][0]["models"]
