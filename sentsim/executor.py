@@ -64,6 +64,18 @@ class ShardedJob(ABC):
         of that format holding it resumes under it (sentsim/run_formats.py)."""
         return None
 
+    def holds_this_run(self, stored: dict) -> bool:
+        """Whether `stored` (a manifest at --out) is this run's, so that it resumes: today's fingerprint, or the
+        one this same run held in the earlier run format the manifest records (`fingerprint_in_format`)."""
+        from storage.store import FORMAT_VERSION, run_format
+
+        if stored.get("stage") != self.stage or stored.get("fingerprint") is None:
+            return False
+        if stored["fingerprint"] == self.fp:
+            return True
+        version = run_format(stored)
+        return version < FORMAT_VERSION and self.fingerprint_in_format(version, stored) == stored["fingerprint"]
+
     @abstractmethod
     def config(self) -> dict:
         """The resolved config, stored in the manifest."""
@@ -250,7 +262,6 @@ def _fingerprint_to_resume(job: ShardedJob, store, fp: str, force_new: bool) -> 
     """This run's fingerprint, or the one its stored run holds when that is this same run written in an
     earlier run format (`job.fingerprint_in_format`; sentsim/run_formats.py says which formats and why)."""
     from storage import StoreError
-    from storage.store import FORMAT_VERSION, run_format
 
     if force_new:
         return fp
@@ -258,12 +269,7 @@ def _fingerprint_to_resume(job: ShardedJob, store, fp: str, force_new: bool) -> 
         stored = store.read_manifest()
     except StoreError:  # open_run says what is wrong with it
         return fp
-    if not stored or stored.get("stage") != job.stage or stored.get("fingerprint") in (None, fp):
-        return fp
-    version = run_format(stored)
-    if version < FORMAT_VERSION and job.fingerprint_in_format(version, stored) == stored["fingerprint"]:
-        return stored["fingerprint"]
-    return fp
+    return stored["fingerprint"] if stored and job.holds_this_run(stored) else fp
 
 
 def _chain_first(first: dict, rest):

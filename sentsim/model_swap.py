@@ -162,11 +162,21 @@ def _link_or_copy(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
+    """Remove a file, link or folder, whichever is there; nothing when none is."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def listed_names(folder: Path) -> set:
+    """The top-level names of the files a model folder's listing (INFO_FILE) names; none when it has no
+    readable listing."""
+    try:
+        return {Path(n).parts[0] for n in json.loads((folder / INFO_FILE).read_text())["files"]}
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+        return set()
 
 
 def in_place_steps(folder: Path, commit: str) -> list[Callable[[], None]]:
@@ -185,13 +195,8 @@ def in_place_steps(folder: Path, commit: str) -> list[Callable[[], None]]:
             fsync_path(str(folder))
 
     def drop_old():  # the old model's files: every top-level name of the new model and of the old listing
-        names = {f.parts[0] for f in files()}
-        try:
-            names |= {Path(n).parts[0] for n in json.loads((folder / INFO_FILE).read_text())["files"]}
-        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
-            pass
-        for name in sorted(names):
-            _remove(folder / name)
+        for name in sorted({f.parts[0] for f in files()} | listed_names(folder)):
+            remove_path(folder / name)
 
     def link_new():
         dirs = {folder}
@@ -210,7 +215,7 @@ def in_place_steps(folder: Path, commit: str) -> list[Callable[[], None]]:
 
     def drop_scratch():
         for name in (sealed_info(staged) or {}).get("scratch_removed", []):
-            _remove(folder / name)
+            remove_path(folder / name)
 
     def drop_staged():
         shutil.rmtree(staged, ignore_errors=True)
@@ -244,12 +249,8 @@ def discard_in_place(folder: str | Path, commit: str) -> None:
     if not (folder / commit).exists() and not (folder / INFO_FILE).exists():
         return
     (folder / commit).unlink(missing_ok=True)
-    try:
-        listed = {Path(n).parts[0] for n in json.loads((folder / INFO_FILE).read_text())["files"]}
-    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
-        listed = set()
-    for name in sorted(listed - {commit}):
-        _remove(folder / name)
+    for name in sorted(listed_names(folder) - {commit}):
+        remove_path(folder / name)
     (folder / INFO_FILE).unlink(missing_ok=True)
 
 

@@ -102,7 +102,7 @@ class HarvestRun(ShardedJob):
             self.unit_plan = UnitPlan(-(-len(self.pool_plan.pairs) // per), PoolPairUnits(self.pool_plan.pairs, per))
         self.rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if uses_rep_cache(cfg) else None
         stored = None if force_new else ShardStore(cfg.out).read_manifest()  # a new run reads no old manifest
-        if stored and stored.get("stage") == STAGE and self.is_this_run(stored):
+        if stored and self.holds_this_run(stored):
             refuse_an_earlier_revision(cfg, stored)
         if stored and stored.get("fingerprint") != self.fp:
             stored = None  # another run's (resuming it is refused, or one of an earlier format: no format kept)
@@ -127,14 +127,6 @@ class HarvestRun(ShardedJob):
         if "pairs_file" in info:
             info = dict(info, pairs_file=(stored.get("config") or {}).get("pairs_file"))
         return fingerprint(STAGE, sem, self.corpus.fingerprint, info, self.hashes)
-
-    def is_this_run(self, stored: dict) -> bool:
-        """Whether `stored` (a harvest manifest at --out) is this run's, as the executor resumes it."""
-        from storage.store import FORMAT_VERSION, run_format
-
-        version = run_format(stored)
-        return stored.get("fingerprint") == self.fp or (
-            version < FORMAT_VERSION and self.fingerprint_in_format(version, stored) == stored.get("fingerprint"))
 
     def config(self) -> dict:
         return self.cfg.model_dump()

@@ -88,12 +88,10 @@ REPORTS = ("summary.json", "curves", "eval.json", "eval.md")
 def discard_exports(out_dir: Path, models) -> None:
     """--force-new: the discarded run's exported models and reports go as its state does (claim_out), so that
     a new run stopped before its own export leaves no model or summary of the old one, taken for its own."""
+    from sentsim.model_swap import remove_path
+
     for name in (*models, *REPORTS):
-        path = out_dir / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+        remove_path(out_dir / name)
 
 
 def _changed(stored: dict, record: dict, unfingerprinted: tuple) -> str:
