@@ -14,7 +14,9 @@ against E_s; a norm of each vector alone (`per_vector`, how runs made before the
 built) divides them out, leaving m and n without effect.
 
 Loss (§3.2.4 Eq. 4): L_MLM (15% masking of s, the encoder's masked-LM head) + L_generative
-(token cross-entropy of the teacher-forced decoder on the masked phrases, Eq. 3).
+(the teacher-forced decoder's negative log-likelihood of the masked phrases, summed over their tokens as
+Eq. 3 writes it and averaged over the batch; `paser.generative_reduction: mean`, a mean over tokens, only
+resumes runs built with it).
 The decoder and MLM head are training-only: the saved student is the encoder alone.
 """
 
@@ -42,7 +44,10 @@ class PaSeRConfig(Section):
     # one LayerNorm over the 4 x d memory keeps Eq. 2's m and n against E_s; `per_vector` (a norm per
     # memory vector, which divides m and n out) only resumes runs built with it
     signal_norm: Literal["joint", "per_vector"] = "joint"
-    ADDED_LATER = {"signal_norm": "per_vector"}  # what runs made before the key were built with
+    # 002 Eq. 3 sums -log P over the target's tokens (averaged over the batch's examples); `mean` over the
+    # batch's real tokens only resumes runs built with it
+    generative_reduction: Literal["sum", "mean"] = "sum"
+    ADDED_LATER = {"signal_norm": "per_vector", "generative_reduction": "mean"}  # what earlier runs were built with
     decoder_layers: int = Field(6, ge=1)          # 002 §4.2: 6-layer Transformer decoder
     decoder_heads: int = Field(4, ge=1)
     max_target_tokens: int = Field(24, ge=2)
@@ -166,7 +171,7 @@ class PaSeRObjective(Objective):
         emb = model.encoder.get_input_embeddings()
         self.decoder = PhraseDecoder(emb, pc.decoder_layers, pc.decoder_heads, pc.max_target_tokens,
                                      signal_norm=pc.signal_norm)
-        self.gen_loss = PhraseReconstructionLoss()
+        self.gen_loss = PhraseReconstructionLoss(pc.generative_reduction)
         self._rng = np.random.default_rng(cfg.seed)
         self.synonyms = None
         if pc.synonym_replacement > 0:

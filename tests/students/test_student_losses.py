@@ -319,11 +319,23 @@ def test_pooling_takes_the_mean_of_real_tokens_or_the_first_token():
         pool(h, mask, "max")
 
 
-def test_phrase_reconstruction_loss_ignores_padding():
+def test_phrase_reconstruction_loss_sums_each_target_as_eq3_and_ignores_padding():
+    """002 Eq. 3: -sum_i log P(t_i | t_<i, signal) per example, averaged over the examples; `mean` (runs made
+    before the choice) averages over real tokens. Neither sees padding, however wide."""
     logits = torch.randn(2, 3, 10)
     labels = torch.tensor([[1, 2, IGNORE], [3, IGNORE, IGNORE]])
-    want = F.cross_entropy(torch.stack([logits[0, 0], logits[0, 1], logits[1, 0]]), torch.tensor([1, 2, 3]))
-    assert PhraseReconstructionLoss()(logits, labels).item() == pytest.approx(want.item(), rel=1e-6)
+    nll = -F.log_softmax(logits, -1)
+    row0, row1 = nll[0, 0, 1] + nll[0, 1, 2], nll[1, 0, 3]
+    assert PhraseReconstructionLoss()(logits, labels).item() == pytest.approx(((row0 + row1) / 2).item(), rel=1e-6)
+    assert PhraseReconstructionLoss("mean")(logits, labels).item() == pytest.approx(((row0 + row1) / 3).item(),
+                                                                                   rel=1e-6)
+    wide = torch.cat([logits, torch.randn(2, 4, 10)], 1)
+    wide_labels = torch.cat([labels, torch.full((2, 4), IGNORE)], 1)
+    for reduction in ("sum", "mean"):
+        assert PhraseReconstructionLoss(reduction)(wide, wide_labels).item() == pytest.approx(
+            PhraseReconstructionLoss(reduction)(logits, labels).item(), rel=1e-6)
+    with pytest.raises(ValueError, match="reduction 'none'"):
+        PhraseReconstructionLoss("none")
 
 
 # ----------------------------------------------------------------------------- relation files
