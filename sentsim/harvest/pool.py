@@ -8,8 +8,8 @@ label costs the reading of two vectors, so dense pair lists (every pair within c
 `partners.cluster_size`) become cheap. The context effect that `double-centred` removes is each pool
 context's mean score over every scored sentence.
 
-The pool is |P| windows around corpus sentences drawn with the run's seed, like the paper's random-context
-ablation (Table 8) but shared; the harvest finds little difference between retrieved and random contexts at
+The pool is |P| full windows around corpus sentences drawn with the run's seed, like the paper's random-context
+ablation (§5.4) but shared; the harvest finds little difference between retrieved and random contexts at
 equal size and a steady gain from more of them (BENCHMARKS.md, "Teacher quality"). `contexts.pool_draw:
 clusters` draws a diverse pool instead: POOL_DRAW_OVERSAMPLE x |P| random windows cut into |P| equal TF-IDF
 clusters of their centres (sentsim/harvest/clusters.py), the first drawn window of each. Its ids are kept
@@ -67,31 +67,37 @@ class Pool:
 def draw_pool(corpus, size: int, window: int, seed: int, draw: str = "random",
               kept: Optional[np.ndarray] = None) -> Pool:
     """|P| = `size` distinct corpus sentences, each with `window` sentences a side: `kept` (a resumed run's
-    ids), or drawn with the run's seed, at random or one from each of |P| TF-IDF clusters (`draw`)."""
-    n = len(corpus.ids)
-    if size > n:
-        raise UsageError(f"contexts.pool_size={size} is more than the corpus's {n:,} sentences; "
-                         f"choose {n:,} or fewer")
+    ids, as it drew them), or drawn with the run's seed, at random or one from each of |P| TF-IDF clusters
+    (`draw`), among the sentences with a full window (a side cut short by a document's edge would drop an Eq. 3
+    term there and raise S for every sentence alike)."""
+    from sentsim.screening.candidates import full_windows
+
     if kept is not None:
         ids = np.asarray(kept, dtype=np.int64)
-    elif draw == "clusters":
-        ids = _clustered_draw(corpus, size, seed)
     else:
-        rng = np.random.default_rng(seed + POOL_SEED_OFFSET)
-        ids = np.sort(rng.choice(corpus.ids, size=size, replace=False)).astype(np.int64)
+        eligible = corpus.ids[full_windows(corpus.ids, corpus.ids, window)]
+        n = len(eligible)
+        if size > n:
+            raise UsageError(f"contexts.pool_size={size} is more than the corpus's {n:,} sentences with {window} "
+                             f"sentences a side in their document; choose {n:,} or fewer")
+        if draw == "clusters":
+            ids = _clustered_draw(corpus, eligible, size, seed)
+        else:
+            rng = np.random.default_rng(seed + POOL_SEED_OFFSET)
+            ids = np.sort(rng.choice(eligible, size=size, replace=False)).astype(np.int64)
     windows = [corpus.window(int(c), window) for c in ids]
     return Pool(ids, [w[0] for w in windows], [w[1] for w in windows], [t or "" for t in corpus.texts(ids)])
 
 
-def _clustered_draw(corpus, size: int, seed: int) -> np.ndarray:
+def _clustered_draw(corpus, eligible: np.ndarray, size: int, seed: int) -> np.ndarray:
     """`size` sentence ids, one from each of `size` equal TF-IDF clusters of POOL_DRAW_OVERSAMPLE x `size`
-    random ones (all of a corpus too small for that): the first drawn of each cluster, so the choice within
-    a cluster stays random."""
+    random `eligible` ones (all of them when too few for that): the first drawn of each cluster, so the choice
+    within a cluster stays random."""
     from sentsim.harvest.clusters import balanced_clusters
 
-    n = len(corpus.ids)
+    n = len(eligible)
     rng = np.random.default_rng(seed + POOL_SEED_OFFSET)
-    candidates = rng.choice(corpus.ids, size=min(n, size * POOL_DRAW_OVERSAMPLE), replace=False).astype(np.int64)
+    candidates = rng.choice(eligible, size=min(n, size * POOL_DRAW_OVERSAMPLE), replace=False).astype(np.int64)
     per = len(candidates) // size  # >= 1: size <= n
     if per < 2:
         return np.sort(candidates[:size])

@@ -237,8 +237,10 @@ class ContextStage(Stage):
             feats = (self.source.sentence_features([texts[s] for s in sids])
                      if self.source.disc is not None and sids else None)
             csets = dict(zip(sids, self.source.context_sets([texts[s] for s in sids], feats)))
+            # own C_s leaves out the windows that hold s; its partners' and group's contexts may not
+            held = self.source.held_items(texts, [c.key for cs in csets.values() for c in cs.contexts])
             work = WithContexts(unit=unit["unit"], anchored=bool(unit.get("anchors")), pairs=pairs, texts=texts,
-                                csets=csets, disc=self._disc_terms(unit, pairs, texts, csets, feats))
+                                csets=csets, disc=self._disc_terms(unit, pairs, texts, csets, feats), held=held)
             work.timing["contexts"] = time.perf_counter() - t0
             out.append(envelope(work))
         return out
@@ -370,8 +372,12 @@ class ScoreStage(Stage):
         """The unit's pair rows (Eq. 4, eq4_rows.py) and context_scores from its items' S and log-probs."""
         keys, groups = plan.keys, plan.groups
         S, logprob = values
-        terms = UnitTerms(keys, S, {
-            "disc": np.array([w.disc.get(key, np.nan) for key in keys], dtype=np.float64), **logprob})
+        disc = np.array([w.disc.get(key, np.nan) for key in keys], dtype=np.float64)
+        if w.held:  # items in a window holding their sentence: left out of Eq. 4 (dropped pairwise as unscored)
+            gone = np.array([key in w.held for key in keys], dtype=bool)
+            S, disc = np.where(gone, np.nan, S), np.where(gone, np.nan, disc)
+            logprob = {d: np.where(gone, np.nan, v) for d, v in logprob.items()}
+        terms = UnitTerms(keys, S, {"disc": disc, **logprob})
         refs = [("ref", i) for i in range(len(plan.refs))]
         effect = context_effect(terms, refs, plan.ctx_by_key) if refs else None
         eq4 = pair_rows([(p.s1_id, p.s2_id) for p in w.pairs], terms, self.cfg.metric,
@@ -381,7 +387,10 @@ class ScoreStage(Stage):
         group_ids = groups.ids if groups is not None else [None] * len(w.pairs)
         rows = [PairRow(p, row, g) for p, row, g in zip(w.pairs, eq4, group_ids)]
         # keep_context_scores=none: no table to write, so no rows travel to the write stage
+        # an item left out (w.held) is kept as nulls, as an unscored disc term is: "not scored", and equal
+        # to itself when a resumed run's tables are compared with a straight one's
         kept = [] if self.cfg.keep_context_scores == "none" else [
+            ContextScore(s, k, None, None, None, None, None) if (s, k) in w.held else
             ContextScore(s, k, terms.terms["fwd"][i], terms.terms["left"][i], terms.terms["right"][i],
                          w.disc.get((s, k)), terms.S[i])
             for i, (s, k) in enumerate(keys) if not (isinstance(s, tuple) and s[0] == "ref")]

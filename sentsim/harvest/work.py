@@ -28,7 +28,7 @@ RankStage and WriteStage, e.g., reads a `Ranked` and returns a `Ranked` with few
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -53,7 +53,9 @@ class Pair:
 @dataclass
 class WithContexts:
     """ContextStage's output. `disc[(sentence, context key)]`: the discriminator term of that sentence in
-    that context, for the sentence's own contexts and its partners' (empty without a discriminator)."""
+    that context, for the sentence's own contexts and its partners' (empty without a discriminator).
+    `held`: the (sentence, context key) items whose context's window holds the sentence, which Eq. 4 leaves
+    out (ContextSetConfig.exclude_in_partner_contexts)."""
 
     unit: int
     anchored: bool  # a corpus harvest (pairs around anchors) rather than a pairs file
@@ -62,6 +64,7 @@ class WithContexts:
     csets: Dict[int, "ContextSet"]
     disc: Dict[Tuple[int, int], float]
     timing: Dict[str, float] = field(default_factory=dict)
+    held: FrozenSet[Tuple[int, int]] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,8 @@ class Ranked(Scored):
 class SentenceVectors:
     """PoolScoreStage's output: for sentence i of the unit (`ids[i]`, `texts[i]`) and pool context j,
     `S[i, j]` (Eq. 3) and `terms[t][i, j]` (each scored direction alone), float32, NaN where not scored (a
-    sentence is not scored in the context centred on itself, 003 §3.3's exclusion of the query's own window).
+    sentence is not scored in a context whose window holds it: contexts.exclude_query_centre and
+    exclude_query_window, which C_s applies too; not in the paper).
     `n_scored`: the (sentence, context) items scored."""
 
     unit: int

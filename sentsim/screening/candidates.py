@@ -47,6 +47,25 @@ def window_ids(centre: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]
     return centre[:, None] - offs[::-1][None, :], centre[:, None] + offs[None, :]
 
 
+def full_windows(centre: np.ndarray, sentence_ids: np.ndarray, window: int) -> np.ndarray:
+    """Which centres have a full window: the centre and the w sentences either side all in the corpus
+    (`sentence_ids`, sorted) and in the centre's document. Every context a model reads is one of these."""
+    centre = np.asarray(centre, dtype=np.int64)
+    if not len(sentence_ids):
+        return np.zeros(len(centre), dtype=bool)
+
+    def present(ids: np.ndarray) -> np.ndarray:
+        pos = np.searchsorted(sentence_ids, ids)
+        return (pos < len(sentence_ids)) & (sentence_ids[np.minimum(pos, len(sentence_ids) - 1)] == ids)
+
+    left, right = window_ids(centre, window)
+    doc = doc_key_of(centre)
+    ok = present(centre)
+    for ids in (left, right):
+        ok &= ((doc_key_of(ids) == doc[:, None]) & present(ids) & (ids >= 0)).all(axis=1)
+    return ok
+
+
 def expand_candidates(chunk_ids: np.ndarray, retrieval_scores: np.ndarray, chunks: ChunkTable,
                       sentence_ids: np.ndarray, window: int) -> Candidates:
     """chunk_ids / retrieval_scores: one query's retrieval row (-1 padding is ignored).
@@ -65,19 +84,7 @@ def expand_candidates(chunk_ids: np.ndarray, retrieval_scores: np.ndarray, chunk
     slot = (np.arange(total) - np.repeat(starts, n)).astype(np.int32)
     centre = chunks.first[rows][rep] + slot
     left, right = window_ids(centre, window)
-    doc = doc_key_of(centre)
-    ok = np.ones(total, dtype=bool)
-    for ids in (left, right):
-        same_doc = doc_key_of(ids) == doc[:, None]
-        pos = np.searchsorted(sentence_ids, ids)
-        pos_c = np.minimum(pos, max(len(sentence_ids) - 1, 0))
-        present = ((pos < len(sentence_ids)) & (sentence_ids[pos_c] == ids) if len(sentence_ids)
-                   else np.zeros(ids.shape, bool))
-        ok &= (same_doc & present & (ids >= 0)).all(axis=1)
-    # the centre itself must exist too (slot inside the chunk but missing from the corpus)
-    pos = np.searchsorted(sentence_ids, centre)
-    pos_c = np.minimum(pos, max(len(sentence_ids) - 1, 0))
-    ok &= (pos < len(sentence_ids)) & (sentence_ids[pos_c] == centre) if len(sentence_ids) else False
+    ok = full_windows(centre, sentence_ids, window)
     return Candidates(
         chunk_id=chunk_ids[rep][ok], slot=slot[ok], centre_id=centre[ok],
         left_ids=left[ok], right_ids=right[ok], retrieval_score=retrieval_scores[rep][ok],

@@ -28,6 +28,14 @@ class ContextSetConfig(Section):
     # as they were.
     exclude_query_window: bool = Field(True, description="drop candidates whose window (the sentences either side "
                                                          "of its centre) holds the query itself")
+    # Eq. 4 scores s1 in C_s2 too, and C_s2 may hold s1's own window (a neighbour's C_s often does): the copy that
+    # the two keys above keep out of C_s1 would come back as one outlier of S(s1, .) that s2 does not share. Such
+    # an item is left out of the pair's comparison (NaN, dropped pairwise), as a pool harvest leaves it out of
+    # every pool context. Screened mode, under either key above; not in the paper. False only resumes runs made
+    # before this key.
+    exclude_in_partner_contexts: bool = Field(True, description="leave a sentence's items out of Eq. 4 in its "
+                                                                "partners' (and group's) contexts whose window holds "
+                                                                "it, by the two rules above")
     # 003 §3.3: "C_s is built by selecting top ranked contexts by Eq. 3". The discriminator's head-only ranking
     # screens the retrieved contexts (diverse, best first) down to this shortlist, the context models score the
     # sentence in each (S(s, c), Eq. 3, every kept term) and C_s is the shortlist's top |C_s| by S. The paper does
@@ -41,6 +49,12 @@ class ContextSetConfig(Section):
     # sentence, each sentence scored once against it, so a pair's Eq. 4 is a comparison of two stored vectors
     # (sentsim/harvest/pool.py).
     mode: Literal["screened", "random", "pool"] = "screened"
+    # A random context is centred on a sentence with a full window, as every retrieved one is: at a document's
+    # edge a side is short or empty, its Eq. 3 term drops out, and S there rises for every sentence alike (a
+    # shared shift that Pearson's r reads as similarity). A pool is drawn the same way. False only resumes
+    # random-mode runs made before this key.
+    random_full_windows: bool = Field(True, description="centre random contexts only on sentences with a full "
+                                                        "window (contexts.mode=random)")
     # 003 Table 6: STS-B rises with |C_s| (66.25 at 20, 73.93 at 100, on to 500); a shared pool costs
     # 3|P| items a sentence, not a pair, so it can afford many contexts.
     # at least 3: Eq. 4 needs 3 distinct contexts (over two every correlation is +1 or -1; harvest/similarity.py)
@@ -68,12 +82,22 @@ class ContextSetConfig(Section):
         return self
 
     # a run made before exclude_query_window resumes with it off (and is refused, naming it, with it on)
-    ADDED_LATER = {"exclude_query_window": False, "rerank_shortlist": 0}
+    ADDED_LATER = {"exclude_query_window": False, "rerank_shortlist": 0, "random_full_windows": False,
+                   "exclude_in_partner_contexts": False}
+
+    @property
+    def partner_exclusion(self) -> bool:
+        """Whether a sentence's items in its partners' contexts that hold it are left out (screened mode only,
+        as its own C_s leaves them out only there)."""
+        return (self.exclude_in_partner_contexts and self.mode == "screened"
+                and (self.exclude_query_centre or self.exclude_query_window))
 
     def semantic(self) -> dict:
         """What changes the context sets: not where the rep cache lies (its identity is fingerprinted by the
         jobs), and `pool_size` only in pool mode, so runs made before the pool mode keep their fingerprints;
-        `pool_draw` only when not random, so pool runs made before it keep theirs; each ADDED_LATER key only
+        `pool_draw` only when not random, so pool runs made before it keep theirs; `random_full_windows` only
+        in random mode (a pool run keeps the pool it drew when it resumes); `exclude_in_partner_contexts` only where
+        it acts (`partner_exclusion`); each ADDED_LATER key only
         when it differs from what runs made before it had."""
         d = without_added_later(self.model_dump(), self.ADDED_LATER)
         d.pop("rep_cache")
@@ -81,6 +105,10 @@ class ContextSetConfig(Section):
             d.pop("pool_size")
         if self.mode != "pool" or self.pool_draw == "random":
             d.pop("pool_draw")
+        if self.mode != "random":
+            d.pop("random_full_windows", None)
+        if not self.partner_exclusion:
+            d.pop("exclude_in_partner_contexts", None)
         return d
 
     def refuse_an_unused_discriminator(self, discriminator: Optional[str]) -> None:

@@ -7,20 +7,22 @@ the discriminator's log p(y=1 | s, c), then the greedy diverse selection. The di
 its LSTM on the query only: every context is scored from the corpus representation cache
 (`cache.ContextCache`, built once per corpus and discriminator by cache_job.py) by
 the head alone (`score.score_windows`), as 003 §3.3 prescribes. In `random` mode
-(the paper's ablation): contexts around random corpus sentences, seeded by the sentence text.
+(the paper's ablation): contexts around random corpus sentences with a full window, seeded by the
+sentence text.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import List, Optional, Sequence
 
 import numpy as np
 
 from corpus.view import CorpusIndex
 from sentsim.errors import UsageError
-from sentsim.screening.candidates import expand_candidates, window_ids
+from sentsim.screening.candidates import expand_candidates, full_windows, window_ids
 from sentsim.screening.config import ContextSetConfig
 from sentsim.screening.select import select_diverse, word_set
 
@@ -165,25 +167,56 @@ class ContextSource:
         any model reads) hold the query's text. A candidate's window lies inside its document and sentence
         ids run on within one, so it holds sentence q exactly when |centre - q| <= w."""
         w = self.expand_window
-        near = np.unique((centres[:, None] + np.arange(-w, w + 1)[None, :]).ravel())
-        near = near[near >= 0]
-        texts = self.corpus.texts(near)
-        same = near[np.array([t is not None and t.strip() == query for t in texts], dtype=bool)]
         hold = np.zeros(len(centres), dtype=bool)
-        for q in same:
+        for q in self._near_by_text(centres, w).get(query, ()):
             hold |= np.abs(centres - q) <= w
         return hold
 
+    def _near_by_text(self, centres: np.ndarray, reach: int) -> dict:
+        """The corpus sentences within `reach` of any centre, by their stripped text."""
+        near = np.unique((np.asarray(centres, dtype=np.int64)[:, None] + np.arange(-reach, reach + 1)[None, :]).ravel())
+        near = near[near >= 0]
+        out: dict = {}
+        for i, t in zip(near.tolist(), self.corpus.texts(near)):
+            if t is not None:
+                out.setdefault(t.strip(), []).append(i)
+        return out
+
+    def held_items(self, texts: dict, centres: Sequence[int]) -> frozenset:
+        """(sentence, context key) for each sentence of `texts` (id -> text) and each of the `centres` whose
+        window holds its text by the rules that keep such windows out of its own C_s: centred on it
+        (exclude_query_centre) or beside the centre (exclude_query_window). What Eq. 4 leaves out of a pair's
+        comparison in the partner's contexts (ContextSetConfig.exclude_in_partner_contexts)."""
+        if not self.cfg.partner_exclusion or not len(centres):
+            return frozenset()
+        reach = self.expand_window if self.cfg.exclude_query_window else 0
+        centres = np.unique(np.asarray(centres, dtype=np.int64))
+        near = self._near_by_text(centres, reach)
+        out = set()
+        for s, text in texts.items():
+            for q in near.get((text or "").strip(), ()):
+                out.update((s, int(c)) for c in centres[np.abs(centres - q) <= reach])
+        return frozenset(out)
+
+    @cached_property
+    def _random_centres(self) -> np.ndarray:
+        """The sentences a random context may be centred on: those with a full window (a window cut short by
+        its document's edge drops an Eq. 3 term and so raises S there for every sentence), or every sentence
+        for runs made before `contexts.random_full_windows`."""
+        ids = self.corpus.ids
+        return ids[full_windows(ids, ids, self.window)] if self.cfg.random_full_windows else ids
+
     def _random(self, text: str) -> ContextSet:
         rng = np.random.default_rng(_text_seed(self.seed, text))
-        ids = self.corpus.ids
+        ids = self._random_centres
         n = min(self.cfg.size, len(ids))
         centres = np.sort(rng.choice(ids, size=n, replace=False))
         out = []
         for c in centres:
             left, right = self.corpus.window(int(c), self.window)
             out.append(Context(-1, 0, int(c), left, right, 0.0))
-        return ContextSet(out, n, None if n >= self.cfg.size else f"corpus has only {n} sentences")
+        held = "with a full window " if self.cfg.random_full_windows else ""
+        return ContextSet(out, n, None if n >= self.cfg.size else f"corpus has only {n} sentences {held}".strip())
 
 
 class _Candidates(Sequence):

@@ -196,7 +196,9 @@ class ContextsRun(ShardedJob):
 
     def _semantic(self) -> dict:
         own = self.cfg.model_dump(exclude={"out": True, "resources": True})
-        return dict(own, contexts=self.cfg.contexts.semantic())
+        contexts = self.cfg.contexts.semantic()
+        contexts.pop("exclude_in_partner_contexts", None)  # a harvest's Eq. 4 key: these runs have no pairs
+        return dict(own, contexts=contexts)
 
     def fingerprint_parts(self) -> tuple:
         # the input paths' contents are fingerprinted (corpus and index fingerprints, checkpoint hash, the queries

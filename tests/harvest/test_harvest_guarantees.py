@@ -148,6 +148,7 @@ SEMANTIC = {
     "partners.neighbours": 2, "partners.same_doc": 0, "partners.random": 2, "partners.neighbour_chunks": 4,
     "contexts.size": 5, "contexts.retrieve_chunks": 30, "contexts.jaccard": 0.4, "contexts.one_per_chunk": False,
     "contexts.exclude_query_centre": False, "contexts.exclude_query_window": False, "contexts.mode": "random",
+    "contexts.exclude_in_partner_contexts": False,
     "contexts.rerank_shortlist": 12,
     "scoring.lambda_disc": 0.5, "scoring.lambda_fwd": 0.9, "scoring.lambda_left": 0.1, "scoring.lambda_right": 0.1,
     "scoring.ablation": "no_left", "scoring.use_fwd": False, "scoring.skip_disabled": False, "scoring.autocast": "bf16",
@@ -160,6 +161,7 @@ EXECUTION = {
     # the pool mode's own keys leave a per-pair harvest's rows alone (in pool mode they are semantic:
     # tests/harvest/test_pool_harvest.py)
     "contexts.pool_size": 64, "contexts.pool_draw": "clusters", "sentences_per_unit": 16,
+    "contexts.random_full_windows": False,  # contexts.mode=random's own (tests/screening/test_random_contexts.py)
     **{f"resources.{stage}.{k}": v for stage in ("contexts", "scoring", "rank", "label")
        for k, v in (("num_cpus", 2.0), ("num_gpus", 1.0), ("memory_gb", 1.5), ("min_actors", 2), ("max_actors", 3),
                     ("units_per_call", 4))},

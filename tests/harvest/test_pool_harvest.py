@@ -299,6 +299,7 @@ def test_a_clustered_draw_takes_one_context_from_each_tfidf_cluster(inputs):
     from corpus.view import CorpusIndex
     from sentsim.harvest.clusters import balanced_clusters
     from sentsim.harvest.pool import POOL_DRAW_OVERSAMPLE, POOL_SEED_OFFSET, draw_pool
+    from sentsim.screening.candidates import full_windows
 
     corpus = CorpusIndex(str(inputs["corpus"]))
     random_pool, pool = (draw_pool(corpus, POOL, 1, 0, draw) for draw in ("random", "clusters"))
@@ -307,11 +308,33 @@ def test_a_clustered_draw_takes_one_context_from_each_tfidf_cluster(inputs):
     assert not np.array_equal(pool.ids, random_pool.ids)
     # the draw's own candidates and clusters: every cluster gives exactly one pool context
     rng = np.random.default_rng(POOL_SEED_OFFSET)
-    candidates = rng.choice(corpus.ids, size=POOL * POOL_DRAW_OVERSAMPLE, replace=False)
+    eligible = corpus.ids[full_windows(corpus.ids, corpus.ids, 1)]
+    candidates = rng.choice(eligible, size=POOL * POOL_DRAW_OVERSAMPLE, replace=False)
     labels = balanced_clusters([t or "" for t in corpus.texts(candidates)], POOL_DRAW_OVERSAMPLE, 0)
     assert sorted(labels[np.isin(candidates, pool.ids)].tolist()) == list(range(POOL))
     kept = draw_pool(corpus, POOL, 1, 0, "clusters", kept=random_pool.ids)  # a resumed run's stored ids win
     assert np.array_equal(kept.ids, random_pool.ids)
+
+
+def test_a_pool_is_drawn_from_sentences_with_a_full_window(inputs):
+    """A window cut short by its document's edge would drop an Eq. 3 term in that context and raise S there
+    for every sentence alike: neither draw takes one, even where the edges are most of the corpus."""
+    from corpus.view import CorpusIndex
+    from sentsim.errors import UsageError
+    from sentsim.harvest.pool import draw_pool
+    from sentsim.screening.candidates import full_windows
+
+    corpus = CorpusIndex(str(inputs["corpus"]))
+    for w in (1, 3):
+        eligible = full_windows(corpus.ids, corpus.ids, w)
+        assert 0 < eligible.sum() < len(corpus.ids)  # each speech has edges
+        for draw in ("random", "clusters"):
+            pool = draw_pool(corpus, 64, w, 0, draw)
+            assert np.isin(pool.ids, corpus.ids[eligible]).all()
+            assert all(len(left) == len(right) == w for left, right in zip(pool.left, pool.right))
+    n = int(full_windows(corpus.ids, corpus.ids, 3).sum())
+    with pytest.raises(UsageError, match=f"pool_size={n + 1} is more than the corpus's {n:,} sentences with 3"):
+        draw_pool(corpus, n + 1, 3, 0)
 
 
 def test_a_clustered_pool_is_kept_with_the_run_and_resumed_from_it(inputs, tmp_path):
@@ -370,6 +393,8 @@ def test_runs_from_before_the_pool_mode_keep_their_fingerprints(inputs, tmp_path
     before = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], tmp_path / "b",
                             contexts={"exclude_query_window": False}).semantic()
     assert "exclude_query_window" not in before["contexts"]
+    # random_full_windows only in random mode, where it changes the draw (a pool run keeps its drawn pool)
+    assert "random_full_windows" not in sem["contexts"] and "random_full_windows" not in pooled["contexts"]
 
 
 def test_the_command_runs_a_pool_harvest_on_a_local_ray(inputs, tmp_path):

@@ -228,7 +228,8 @@ def test_a_run_of_format_1_resumes_under_the_fingerprint_it_holds(speech_corpus,
     # a format 1 run's fingerprint, as that sentsim computed it (keys added since, such as contexts.pool_size, are
     # left out of the config's semantic part unless in use, so they were never in it)
     sem = cfg.model_dump(exclude={"out": True, "resources": True,
-                                  "contexts": {"rep_cache", "pool_size", "pool_draw", "rerank_shortlist"}})
+                                  "contexts": {"rep_cache", "pool_size", "pool_draw", "rerank_shortlist",
+                                               "random_full_windows", "exclude_in_partner_contexts"}})
     before = fingerprint(STAGE, sem, run.corpus.fingerprint, run.models, len(run.ids))
     assert before != run.fp
 
