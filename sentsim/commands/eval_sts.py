@@ -16,7 +16,8 @@ HELP = "Spearman/Pearson on STS12-16, STS-B and SICK-R for a model, a scored-pai
 
 
 class EvalStsConfig(Section):
-    """Paper section 4.1: Spearman rank correlation of cosine vs gold, all pairs of a year pooled."""
+    """Spearman rank correlation of cosine vs gold (003 §4.1), all pairs of a year pooled (the SentEval
+    "all" setting; §4.1 does not say how a year's subsets are aggregated)."""
 
     batch_size: int = Field(64, ge=1)
     device: Optional[str] = None  # default: cuda when present, else cpu

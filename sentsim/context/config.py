@@ -72,7 +72,7 @@ class ContextTrainConfig(Section):
     beta2: float = Field(0.999, ge=0, lt=1)  # §3.2.2: beta2 = 0.999
     weight_decay: float = Field(0.0, ge=0)  # §3.2.2 uses plain Adam
     warmup_steps: int = Field(500, ge=0)  # warm-up: not in §3.2.2; Vaswani et al. 2017 schedule
-    schedule: Literal["linear", "inverse_sqrt", "constant"] = "inverse_sqrt"  # Vaswani et al. 2017 (§3.2.2)
+    schedule: Literal["linear", "inverse_sqrt", "constant"] = "inverse_sqrt"  # Vaswani et al. 2017; §3.2.2 keeps 1e-4
     max_steps: int = Field(2000, ge=1)  # §3.2.2 trains on 100B tokens; a budget here
     max_seconds: float = Field(0.0, ge=0)  # wall-clock stop in addition to max_steps (0 = none)
     # stop once this many target tokens are trained on (003 Table 5 measures the model by its training

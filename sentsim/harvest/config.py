@@ -44,7 +44,12 @@ class HarvestResources(Section):
 
 class RankConfig(Section):
     enabled: bool = True
-    encoder: Optional[str] = Field(None, description="base encoder E1 folder; default: the bundled all-MiniLM-L6-v2")
+    # 004 §3.4 takes an unsupervised E1 (SimCSE, PromptBERT, SNCSE in §4.1). The default all-MiniLM-L6-v2 is the
+    # one encoder this project may ship, and it was trained on about 1B supervised pairs (NLI among them), so rank
+    # targets and RankEncoder students from it are not unsupervised in 004's sense; name an unsupervised one here
+    # for that.
+    encoder: Optional[str] = Field(None, description="base encoder E1 folder; default: the bundled all-MiniLM-L6-v2 "
+                                                     "(a supervised encoder, unlike 004's)")
     n_anchors: int = Field(100_000, ge=2, description="anchor corpus size (004 §4.1: 100,000 sentences)")
     bits: Literal[8, 16, 32] = 16
     # What each sentence row keeps: `codes`, n_anchors * bits / 8 bytes of rank codes (200 KB at

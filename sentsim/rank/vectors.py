@@ -37,7 +37,7 @@ def ranks_from_similarities(sims: np.ndarray) -> np.ndarray:
 
 
 def g_normalise(ranks: np.ndarray) -> np.ndarray:
-    """g of Eq. 2: centre each row and scale it so that the row has unit L2 norm."""
+    """g of 004 Eq. 3: centre each row and scale it so that the row has unit L2 norm."""
     r = np.atleast_2d(ranks).astype(np.float64)
     n = r.shape[1]
     centred = r - r.mean(axis=1, keepdims=True)

@@ -22,7 +22,9 @@ class IndexConfig(Section):
     """`sentsim index build` settings."""
 
     backend: Literal["sklearn", "lucene"] = "sklearn"
-    # Paper 003 §3.3: "TF-IDF weighted bag-of-word bi-gram vectors"; unigrams are an option.
+    # Paper 003 §3.3: "TF-IDF weighted bag-of-word bi-gram vectors", read here as bigrams alone; the retriever it
+    # cites (Chen et al. 2017) hashes unigrams and bigrams, which `unigram+bigram` is. Bigrams alone find nothing
+    # for a short sentence that shares only single words with the corpus (a shortfall, counted).
     ngrams: Literal["bigram", "unigram+bigram"] = "bigram"
     # Shards are searched independently (one per Ray actor) and their top-k merged.
     n_shards: int = Field(1, ge=1, le=4096)

@@ -120,7 +120,8 @@ class SurrogateRun(EncoderDriver):
                 spec["loss"] = FINETUNE_LOSS
             rows = {"trained": counts["train"], "total": counts["train"], "unit": "pairs", "dev_pairs": counts["dev"],
                     "test_pairs": counts["test"]}
-            data = {"kind": "STS-B train", "path": str(finetune_sts), "targets": "gold scores / 5 (paper section 4.1)"}
+            data = {"kind": "STS-B train", "path": str(finetune_sts),
+                    "targets": "gold scores / 5 (cosine's scale; §4.1 gives the L2 objective)"}
             stages.append(self.stage("finetune-sts", ds, counts["train"], spec,
                                      stage_card("finetune-sts", cfg, spec, base, data, rows)))
         return {"stages": stages}
