@@ -92,6 +92,15 @@ class Bench:
                           "torch": torch.__version__, "transformers": _version("transformers"),
                           "python": sys.version.split()[0], "tiny": a.tiny,
                           "cpus": len(os.sched_getaffinity(0)), "sections": {}, "errors": {}}
+        if a.attention or a.pack or a.compile:
+            import torch._dynamo.config as dynamo
+
+            # every torch.compile in the process, FlexAttention's own included, shares a limit of 8 versions a
+            # function: the padded and packed flex rows (mask functions, grad and inference modes) pass it, and
+            # past it flex_attention runs unfused, which would time the wrong kernel
+            for name, value in (("recompile_limit", 64), ("accumulated_recompile_limit", 1024)):
+                if hasattr(dynamo, name):
+                    setattr(dynamo, name, value)
 
     # ------------------------------------------------------------------------------------------ helpers
 
@@ -311,7 +320,7 @@ class Bench:
                "data_wait_share": ((b.get("data_wait_s") or 0) - (a.get("data_wait_s") or 0)) / dt,
                "loss": b.get("train_loss"), "final_eval": run.get("final_eval"), "total_steps": run["steps"],
                "target_tokens_total": run["target_tokens_seen"], "bundle": str(out)}
-        if cfg.compile:
+        if cfg.compile or cfg.attention == "flex":
             row.update(self.compiled_counts(before))
         self.log(f"train {name}: {row['target_tokens_per_s']:,.0f} target tokens/s, "
                  f"{row['model_tflops_per_s']:.1f} TFLOP/s = MFU {row['mfu'] or 0:.1%}, padding {row['padding']:.1%}, "
@@ -590,13 +599,54 @@ class Bench:
         # a K/N size: its Eq. 4 items, and each sentence's shortlist less the K of them reused
         per_pair = sum(3.5 * k + 2 * max(shortlist - k, 0)
                        for k, shortlist in map(gt.parse_size, self.a.teacher_sizes))
-        score_s = n * per_pair / self.a.teacher_score_rate
+        rate = self.teacher_rate()
+        score_s = n * per_pair / rate
         minutes = (self.left() - score_s - self.a.teacher_margin_s) / 60
-        self.log(f"teacher: {n} pairs to score, ~{score_s:.0f} s at {self.a.teacher_score_rate:,.0f} items/s; "
+        self.log(f"teacher: {n} pairs to score, ~{score_s:.0f} s at {rate:,.0f} items/s; "
                  f"training for {minutes:.2f} min")
         if minutes < 0.25:
             raise RuntimeError(f"no time left to train ({minutes * 60:.0f} s after scoring's ~{score_s:.0f} s)")
         return minutes
+
+    def teacher_rate(self) -> float:
+        """Items/s the teacher's scoring is planned at: --teacher-score-rate, else the probe's, else the default."""
+        return self.a.teacher_score_rate or self.res.get("teacher_probe_items_per_s") or (
+            5000.0 if self.cuda else 300.0)
+
+    def probe_teacher_scoring(self, cfg) -> float:
+        """The scoring stage on the teacher's own shape (random weights; the speed does not depend on them) over
+        a few units of the dev sample, before training: `fill` plans scoring's time at this rate, and the
+        scorer's device code has run once before minutes of training depend on it (a failure ends the section
+        now, not after training)."""
+        from teacher_gpu import _item, scored
+
+        from sentsim.context.model import build_model, save_bundle
+        from sentsim.context.tokenizer import ContextTokenizer
+
+        t0 = time.perf_counter()
+        d = self.work / "teacher-probe"
+        tok = ContextTokenizer.load(self.bpe())
+        models = {"shared": build_model(cfg.model, tok)}
+        save_bundle(d, cfg.model, tok, models, {x: "shared" for x in ("fwd", "left", "right")})
+        del models
+        stage = self.scoring_stage(str(d), threads=0 if self.cuda else 1)
+        per_call = 8 if self.cuda else 2
+        units = self.units(16)[: 2 * per_call]
+        stage.process([_item(units[0])])  # allocator, cuBLAS handles and kernel choices out of the timing
+        self.sync()
+        t1, items = time.perf_counter(), 0
+        for i in range(0, len(units), per_call):
+            items += sum(scored(o)["n_scored"] for o in stage.process([_item(u) for u in units[i:i + per_call]]))
+        self.sync()
+        rate = items / (time.perf_counter() - t1)
+        del stage
+        shutil.rmtree(d, ignore_errors=True)
+        if self.cuda:
+            self.torch.cuda.empty_cache()
+        self.res["teacher_probe_items_per_s"] = rate
+        self.log(f"teacher: scoring probe {items:,} items at {rate:,.0f} items/s ({time.perf_counter() - t0:.0f} s "
+                 f"with the model's build)")
+        return rate
 
     def teacher(self) -> dict:
         """configs/gpu_context.yaml trained from scratch, then each pair set scored at each |C_s| beside
@@ -610,15 +660,20 @@ class Bench:
         ctx_dir = self.work / "teacher-contexts"
         proc = self.start_contexts(sets, ctx_dir)
         try:
-            minutes = self.teacher_minutes(sets)
-            over = [f"max_seconds={minutes * 60}"] + ([] if self.cuda else ["use_gpu=no"])
+            # no checkpoint inside the timed run (model and Adam state, fsynced, would take seconds of it)
+            over = ["checkpoint_every=10000000"] + ([] if self.cuda else ["use_gpu=no"])
             if self.a.tiny:
                 over += [f"model.{k}={v}" for k, v in TINY_BART.items() if k not in ("arch",)] + [
                     "batch_tokens=1500", "heldout_percent=20.0", "heldout_windows=16", "bucket_batches=16",
                     "torch_threads=1"]
             cfg = load_config(ContextTrainConfig, str(ROOT / "configs" / "gpu_context.yaml"), over)
+            self.probe_teacher_scoring(cfg)
+            minutes = self.teacher_minutes(sets)
+            cfg = cfg.model_copy(update={"max_seconds": minutes * 60})
             run = self.train_run("teacher", cfg, self.bpe())
             self.res["teacher_target_tokens"] = run["target_tokens_total"]
+            self.res["teacher_train"] = run  # kept now: the scoring after it is the part never run on a GPU
+            self.save()
             contexts = self.wait_contexts(proc, ctx_dir)
         finally:
             if proc.poll() is None:
@@ -634,9 +689,10 @@ class Bench:
         return {"train": run, "minutes": minutes, "contexts": contexts, "scoring": scoring, "sets": sets}
 
     def teacher_score(self, bundle: str, sets: dict, ctx_dir: Path) -> list:
-        """Each set at each |C_s|, smaller sizes first, through the harvest's scoring stage; each set's score
-        file rewritten as its sizes finish, so a run cut short keeps what it scored. A run that would not
-        fit in the time left at the rate measured so far is skipped and reported."""
+        """Each set in turn (STS-B test first: the goal is its figure), each at every |C_s|, smaller first,
+        through the harvest's scoring stage; each set's score file rewritten as its sizes finish, so a run cut
+        short keeps what it scored. A run that would not fit in the time left at the rate measured so far is
+        skipped and reported, so a shortfall costs the dev sample before STS-B test at the largest |C_s|."""
         import gpu_teacher as gt
         from teacher_gpu import _item, scored
 
@@ -645,11 +701,11 @@ class Bench:
         plain = self.scoring_stage(bundle, threads=0 if self.cuda else 1)
         per_call = 8 if self.cuda else 2  # on a GPU one unit's items are too few batches to keep it busy
         top = self.contexts_needed
-        rate, done, runs = self.a.teacher_score_rate, {n: {} for n in sets}, []
-        for label in self.a.teacher_sizes:
-            k, shortlist = gt.parse_size(label)
-            stage = plain if not shortlist else self.reranking(plain, k, shortlist)
-            for name in sets:
+        rate, done, runs = self.teacher_rate(), {n: {} for n in sets}, []
+        for name in sets:
+            for label in self.a.teacher_sizes:
+                k, shortlist = gt.parse_size(label)
+                stage = plain if not shortlist else self.reranking(plain, k, shortlist)
                 units = gt.read_units(ctx_dir / f"{name}-k{top}.jsonl.gz", k, shortlist)
                 estimate = gt.count_items(units, k if shortlist else 0)
                 if self.left() < estimate / rate + self.a.teacher_margin_s / 2:
@@ -804,7 +860,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--teacher-pairs", type=int, default=-1, help="score the first N pairs of each set only "
                     "(default: all; --tiny 4)")
     ap.add_argument("--teacher-score-rate", type=float, default=0.0, help="items/s scoring is expected at, "
-                    "for `fill` and the first run's time check (default 5000 on a GPU, 300 on a CPU)")
+                    "for `fill` and the first run's time check (default: measured before training by a probe "
+                    "of the teacher's shape)")
     ap.add_argument("--teacher-margin-s", type=float, default=40.0, help="seconds kept after training and "
                     "scoring's estimate (model load, held-out loss, statistics)")
     ap.add_argument("--context-workers", type=int, default=0, help="processes making context sets (default: "
@@ -856,7 +913,6 @@ def main(argv=None) -> int:
     except ValueError as exc:
         parser().error(f"--teacher-sizes: {exc}")
     a.teacher_pairs = (4 if a.tiny else 0) if a.teacher_pairs < 0 else a.teacher_pairs
-    a.teacher_score_rate = a.teacher_score_rate or (5000.0 if a.device.startswith("cuda") else 300.0)
     a.context_workers = a.context_workers or (1 if a.tiny else max(1, cpus - 4))
     b = Bench(a)
     try:
@@ -877,7 +933,7 @@ def main(argv=None) -> int:
             "train_padding_packed", "train_target_tokens_per_s_packed", "score_mfu", "score_padding",
             "score_items_per_s", "score_fp32_max_rel_diff", "host_target_tokens_per_s",
             "host_legacy_target_tokens_per_s", "host_padding_before", "host_padding_after", "teacher_spearman",
-            "teacher_target_tokens", "teacher")
+            "teacher_probe_items_per_s", "teacher_target_tokens", "teacher")
     print(json.dumps({k: res.get(k) for k in keys} | {"failed": sorted(res["errors"])}))
     b.save()
     return 0

@@ -132,6 +132,13 @@ def test_teacher_dry_run_scores_every_set_and_leaves_score_files_that_remake_it(
     runs = json.loads((out / "gpu.json").read_text())["sections"]["teacher"]["scoring"]
     by = {(r["set"], r["size"]): r["items"] for r in runs}
     assert by[("dev", "16/100")] > by[("dev", "16")]  # the shortlists' items besides Eq. 4's
+    # STS-B test at every size before the other sets: out of time, the dev sample goes first
+    assert [r["set"] for r in runs][:3] == ["stsb_test"] * 3
+    # the scorer ran on the teacher's shape before training (its rate plans `fill`), and the training's row
+    # is kept apart from the scoring's
+    res = json.loads((out / "gpu.json").read_text())
+    assert last["teacher_probe_items_per_s"] > 0
+    assert res["teacher_train"]["target_tokens_total"] == last["teacher_target_tokens"]
 
 
 def test_a_smaller_context_set_is_the_prefix_of_a_larger_one(tmp_path, speech_corpus):
