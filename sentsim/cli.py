@@ -93,14 +93,20 @@ def _job_copy_hint(line: str, argv: Sequence[str]) -> str:
     is most likely one git ignores (Ray uploads the working dir less what .gitignore lists): say so."""
     from sentsim.out_paths import in_job_working_copy
 
-    if not in_job_working_copy():
+    if not in_job_working_copy() or " is relative, and this Ray job" in line:
         return ""
     for value in (v.split("=", 1)[-1] for v in argv):
-        if value and not value.startswith("-") and "://" not in value and not os.path.isabs(value) and \
+        # a path the line names: a command word (harvest, sts) or a --set number is none, however it is spelt
+        if _path_like(value) and "://" not in value and not os.path.isabs(value) and \
                 value in line and not os.path.exists(value):
-            return (f" ({value} is relative, and this Ray job runs in Ray's copy of its --working-dir, which "
-                    "leaves out what .gitignore lists: give an absolute path that every node sees, or s3://)")
+            return (f" ({value} is relative, and this Ray job runs in Ray's copy of its --working-dir, which holds "
+                    "neither what .gitignore lists nor anything outside it: give an absolute path that every node "
+                    "sees, or s3://)")
     return ""
+
+
+def _path_like(value: str) -> bool:
+    return not value.startswith("-") and ("/" in value or re.search(r"[A-Za-z_]\.[A-Za-z0-9]+$", value) is not None)
 
 
 _USAGE_LINE = re.compile(r"sentsim\.[\w.]*?(?:UsageError|InputError|StoreError|TrainingDiverged): (.+)")

@@ -102,6 +102,10 @@ class ShardedJob(ABC):
         """After the resource check, before the first unit. A run this job needs first (a rep cache, a pool's
         vectors) is built here within ctx.max_units; stopped there, it raises PrerequisiteStopped."""
 
+    def recheck(self, ctx: "RunContext") -> None:
+        """On a rerun with no unit to do: what the finished run still reads from outside its units (a pool's
+        vectors, which remix reads) is checked and mended here, as `prepare` would build it."""
+
     def on_result(self, result: dict) -> bool:
         """Sees each finished unit's result; True: start no further units."""
         return False
@@ -358,6 +362,11 @@ def _execute(job: ShardedJob, store, fp: str, planned, units, executor: str, add
             window = []
     if window:
         run(window)
+    if not started and max_units != 0:
+        try:
+            job.recheck(ctx)
+        except PrerequisiteStopped as stop:
+            print(f"[{job.stage}] {stop}", file=stream, flush=True)
     ctx.wall = time.time() - t0
     if listed:
         ctx.planned = len(planned)

@@ -369,9 +369,19 @@ class RunReader:
 
         Not `ray.data.read_parquet`: that lists its paths again in a thread pool whose completion thread
         can print an InterruptedError traceback when the listing ends while the machine is busy (a race
-        inside ray.data's work-stealing lister, harmless but loud), and the files are known already."""
+        inside ray.data's work-stealing lister, harmless but loud), and the files are known already.
+
+        Where no Ray runs in this process yet, it starts as every sentsim command does (sentsim.runtime.init_ray:
+        RAY_ADDRESS's cluster, checked in seconds, else a local Ray on 127.0.0.1 with token auth), not by Ray's
+        implicit init, which attaches to whatever cluster this machine last started and retries one that died
+        for minutes."""
+        import ray
         import ray.data
 
+        if not ray.is_initialized():
+            from sentsim.runtime import init_ray
+
+            init_ray()
         files = self.files(table)
         self._check_rows(files)
         if shard_order_seed is not None:

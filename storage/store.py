@@ -101,17 +101,21 @@ def what_changed(stored: dict, config: dict, inputs: List[dict], most: int = 6, 
     changed = sorted(k for k in old_in.keys() | new_in.keys()
                      if old_in.get(k) != new_in.get(k) and not skip(k) and field(k) in recorded)
     if changed:
-        named = [_input_words(k) for k in changed[:3]]
+        named = [_input_words(k, list(inputs or []) or list(stored.get("inputs") or [])) for k in changed[:3]]
         parts.append(f"input(s) changed: {', '.join(named)}" + (" ..." if len(changed) > 3 else ""))
     return "; ".join(parts) if parts else "same config and inputs, so a model or checkpoint they name changed"
 
 
-def _input_words(key: str) -> str:
+def _input_words(key: str, records: Sequence[dict] = ()) -> str:
     """A changed input's manifest key, with what the user gave that changed: a run's `inputs` record each input
-    by the identity of what it holds (`fingerprint` of its corpus, `models.<flag>` of each model or index)."""
+    by the identity of what it holds (`fingerprint` of its corpus, or of the source run a remix reads;
+    `models.<flag>` of each model or index)."""
     parts = key.split(".")
     if len(parts) == 3 and parts[2] == "fingerprint":
-        return f"{key} (the corpus's content)"
+        i = int(parts[1]) if parts[1].isdigit() else -1
+        record = records[i] if 0 <= i < len(records) and isinstance(records[i], dict) else {}
+        return f"{key} (the content of the source run {record['harvest']})" if "harvest" in record else \
+            f"{key} (the corpus's content)"
     if len(parts) >= 4 and parts[2] == "models":
         return f"{key} (the content of {parts[3].replace('_', ' ')})"
     return key
@@ -228,7 +232,7 @@ class ShardStore:
                 "(pass --force-new to clear it)"
             )
         if force_new:
-            self.clear(list(schemas))
+            self.clear(list(schemas) + self._another_stages_parts(stage))
         manifest = {
             "format_version": FORMAT_VERSION,
             "stage": stage,
@@ -281,6 +285,18 @@ class ShardStore:
                     self.fs.delete_file(info.path)
                     n += 1
         return n
+
+    def _another_stages_parts(self, stage: str) -> List[str]:
+        """What a run of another stage left here beside the parts every run has: its tables, the runs it built
+        inside its folder and its reports, which `--force-new` replacing it removes too, so no reader takes
+        them for the new run's. A run of the same stage keeps them (a pool harvest's vectors are reused)."""
+        try:
+            old = self.read_manifest()
+        except StoreError:
+            return []
+        if not old or old.get("stage") == stage:
+            return []
+        return sorted(set(old.get("tables") or {}) | {"pool_vectors", "rep_cache", "report.json", "report.png"})
 
     def clear(self, tables: Iterable[str]) -> None:
         """Delete a run. Commit points go first (completion flag, markers, manifest), data last, so

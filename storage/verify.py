@@ -66,12 +66,34 @@ def verify_run(uri: str) -> Tuple[List[str], Optional[str]]:
         _check_compacted_files(store, markers, comp, fp, tables, claimed, problems)
     _check_unclaimed_files(store, tables, claimed, problems)
     _check_side_tables(store, fp, problems)
+    _check_nested_runs(uri, store, problems)
     if store.is_complete():
         _check_planned_units(manifest, markers, problems)
         return problems, None
     if sfs.exists(store.fs, store.path(COMPLETE)):
         problems.append(f"{COMPLETE}: not a regular file; the same command's resume writes it")
     return problems, _unfinished(manifest, markers)
+
+
+# Runs a job builds inside its own folder and reads back later: a pool harvest's sentence vectors (remix reads
+# them) and a job's own representation cache (sentsim/harvest/pool_vectors.py, sentsim/screening/cache_job.py).
+NESTED_RUNS = ("pool_vectors", "rep_cache")
+
+
+def _check_nested_runs(uri: str, store: ShardStore, problems: List[str]) -> None:
+    """Each nested run there is verified as a run of its own, its problems named under its folder."""
+    for name in NESTED_RUNS:
+        sub = ShardStore(f"{uri.rstrip('/')}/{name}")
+        try:
+            if sub.read_manifest() is None and not sub.lost_manifest():
+                continue  # none there (or not a run: the outer run's checks name stray files)
+            inner, unfinished = verify_run(sub.uri)
+        except StoreError as exc:
+            problems.append(f"{name}/: {exc}")
+            continue
+        problems.extend(f"{name}/{p}" for p in inner)
+        if unfinished and store.is_complete():
+            problems.append(f"{name}/: run {unfinished}; the finished run it belongs to needs it whole")
 
 
 def _without_manifest(store: ShardStore) -> Tuple[List[str], Optional[str]]:

@@ -18,9 +18,10 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from sentsim.out_paths import refuse_another_kind
+    from sentsim.out_paths import refuse_another_kind, refuse_relative_in_job
     from storage.compact import compact_run
 
+    refuse_relative_in_job(args.run_dir, "DIR")  # compacted in place
     refuse_another_kind(args.run_dir, "store compact")
     if not (math.isfinite(args.target_mb) and args.target_mb > 0):  # float() reads "inf" and "nan" too
         raise UsageError(f"--target-mb must be positive and finite (a size in MB), got {args.target_mb:g}")

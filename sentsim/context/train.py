@@ -192,8 +192,13 @@ def _heldout_pool(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig, d
             break
     for d, exs in pool.items():
         if len(exs) < 2:
-            raise UsageError(f"{corpus}: fewer than 2 held-out windows{_among(cfg)} for direction {d!r}; "
-                             f"raise heldout_percent or use a larger corpus")
+            if cfg.doc_id_prefixes and next(iter_documents(corpus, cfg.heldout_percent, "all", slices=8,
+                                                           doc_prefixes=cfg.doc_id_prefixes), None) is None:
+                raise UsageError(f"{corpus}: no document has a doc_id starting with any of doc_id_prefixes "
+                                 f"{cfg.doc_id_prefixes}; set the prefixes its documents have, or [] for every one")
+            more = ("use a larger corpus" if cfg.heldout_percent >= 25
+                    else "raise heldout_percent or use a larger corpus")
+            raise UsageError(f"{corpus}: fewer than 2 held-out windows{_among(cfg)} for direction {d!r}; {more}")
     return pool
 
 

@@ -1,8 +1,8 @@
 """The STS evaluation suite: dataset loaders, scorers and the Spearman/Pearson evaluator.
 
-    sets = discover_tasks(data_dir)                 # STS12-16, STS-B, SICK-R found under data_dir
+    tasks, missing = discover_tasks(data_dir)       # STS12-16, STS-B, SICK-R found under data_dir
     scorer = load_model_scorer(path)                # or TfidfScorer(), PairFileScorer(file)
-    report = evaluate(scorer, sets)
+    report = evaluate(scorer, tasks, missing)
     print(format_table(report))
 """
 

@@ -37,7 +37,7 @@ from sentsim.out_paths import check_out
 from sentsim.pairs_file import read_pairs_file
 from sentsim.pipeline import Resources, StageSpec, UnitPlan
 from sentsim.run_formats import SCORING_REVISION, revision_changes, scoring_revision, spelt_as_stored
-from sentsim.screening.cache_job import ensure_rep_cache, given_rep_cache, rep_cache_uri
+from sentsim.screening.cache_job import check_rep_cache, ensure_rep_cache, given_rep_cache, rep_cache_uri
 from sentsim.screening.config import discriminator_in_use
 from storage import ShardStore
 from storage.fs import input_sha256
@@ -101,6 +101,8 @@ class HarvestRun(ShardedJob):
             per = cfg.pairs_per_unit
             self.unit_plan = UnitPlan(-(-len(self.pool_plan.pairs) // per), PoolPairUnits(self.pool_plan.pairs, per))
         self.rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if uses_rep_cache(cfg) else None
+        if self.rep_cache and cfg.contexts.rep_cache:  # a given cache is checked before the run folder is made
+            check_rep_cache(self.rep_cache, self.hashes["rep_cache"])
         stored = None if force_new else ShardStore(cfg.out).read_manifest()  # a new run reads no old manifest
         if stored and self.holds_this_run(stored):
             refuse_an_earlier_revision(cfg, stored)
@@ -109,6 +111,12 @@ class HarvestRun(ShardedJob):
         self.precision, note = scoring_precision(cfg, stored, force_new, executor)
         if note and not quiet:
             print(f"[{STAGE}] {note}", file=sys.stderr, flush=True)
+        p = cfg.partners
+        if p.neighbours and not cfg.index and not cfg.pairs_file and not p.cluster_size and not quiet:
+            # TF-IDF neighbours come from the index: without one the anchors get their other partners only
+            print(f"[{STAGE}] note: partners.neighbours={p.neighbours} draws TF-IDF neighbours from --index, and "
+                  "none is given: the anchors are paired with same-document and random partners only",
+                  file=sys.stderr, flush=True)
 
     @property
     def units(self) -> UnitPlan:
@@ -214,6 +222,12 @@ class HarvestRun(ShardedJob):
             ensure_rep_cache(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator,
                              self.hashes["rep_cache"], cfg.resources.contexts, executor=ctx.executor,
                              force_new=ctx.force_new, address=ctx.address, quiet=ctx.quiet, max_units=ctx.max_units)
+
+    def recheck(self, ctx: RunContext) -> None:
+        """A finished pool harvest's vectors (and its side tables of the plan) are mended on a rerun: remix
+        reads them after the labels are done, so a damaged unit there would otherwise stay damaged."""
+        if self.pooled:
+            self.prepare_pool(ctx)
 
     def vector_identity(self) -> dict:
         """What the pool's sentence vectors depend on besides the pool and the sentences (not the metric, the

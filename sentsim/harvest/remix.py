@@ -190,8 +190,10 @@ def remix_unit(tables: dict, lam: dict, metric: str, variant: Optional[str] = No
     cs, sent, pairs = tables["context_scores"], tables["sentences"], tables["pairs"]
     values = {t: cs.column(t).to_numpy(zero_copy_only=False).astype(np.float64) for t in TERMS}
     S, _ = combine_terms(values, dict.fromkeys(TERMS, True), lam)
-    # S in the stored precision (float32, or float64 in older harvests)
-    cs = cs.set_column(cs.schema.get_field_index("S"), "S", pa.array(S, cs.schema.field("S").type))
+    # S in the stored precision (float32, or float64 in older harvests); null where every term is (an item the
+    # harvest left out, as it stored it)
+    cs = cs.set_column(cs.schema.get_field_index("S"), "S",
+                       pa.array(S, cs.schema.field("S").type, mask=~np.isfinite(S)))
     terms = UnitTerms(zip(cs.column("sentence_id").to_pylist(), cs.column("context_id").to_pylist()), S, values)
     # C_s of each sentence; None before context_ids, when pairs run over their shared contexts (approximate)
     own = (dict(zip(sent.column("sentence_id").to_pylist(), sent.column("context_ids").to_pylist()))

@@ -172,7 +172,7 @@ class ContextsRun(ShardedJob):
         from corpus.view import CorpusIndex
         from sentsim.identity import cache_identity, checkpoint_hash
         from sentsim.retrieval.base import check_index
-        from sentsim.screening.cache_job import given_rep_cache, rep_cache_uri
+        from sentsim.screening.cache_job import check_rep_cache, given_rep_cache, rep_cache_uri
 
         check_out(cfg.out, {"--corpus": cfg.corpus, "--index": cfg.index, "--discriminator": cfg.discriminator,
                             "--sentences": cfg.sentences,
@@ -189,6 +189,8 @@ class ContextsRun(ShardedJob):
                        "discriminator": checkpoint_hash(cfg.discriminator) if cfg.discriminator else None,
                        "rep_cache": self.identity}
         self.rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if self.screened else None
+        if self.rep_cache and cfg.contexts.rep_cache:  # a given cache is checked before the run folder is made
+            check_rep_cache(self.rep_cache, self.identity)
 
     @property
     def units(self) -> List[dict]:

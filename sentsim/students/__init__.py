@@ -1,7 +1,9 @@
 """Student encoders trained from harvested shards: RankEncoder (004), RSE (000), PaSeR (002).
 
+    from sentsim.rank.targets import default_base_encoder   # the bundled all-MiniLM-L6-v2
     from sentsim.students import StudentConfig, train_student
-    train_student(StudentConfig(objective="rankencoder"), data="harvest/", backbone=MINILM, out="student/")
+    train_student(StudentConfig(objective="rankencoder"), data="harvest/", backbone=default_base_encoder(),
+                  out="student/")
 
 One objective per module (rankencoder.py, rse.py, paser.py), each registered by name in objectives.py
 and a Trainee of the training loop, Ray Train set-up and checkpointing the surrogate uses too

@@ -1,7 +1,8 @@
 """Surrogate models (paper section 3.4): fast encoders trained to reproduce harvested Origin scores.
 
+    from sentsim.rank.targets import default_base_encoder   # the bundled all-MiniLM-L6-v2
     from sentsim.surrogate import SurrogateConfig, train_surrogate
-    train_surrogate(SurrogateConfig(), data="harvest/", backbone=MINILM, out="surrogate/")
+    train_surrogate(SurrogateConfig(), data="harvest/", backbone=default_base_encoder(), out="surrogate/")
 
 config.py (settings), data.py (harvest checks, ray.data splits), trainee.py (the step and the dev metric),
 train.py (stages on the shared loop and driver of sentsim.training). Shared with the students, in

@@ -7,7 +7,7 @@ import of `a.b.c` also runs `a/__init__.py` and `a/b/__init__.py`, so it is an e
 packages as well, except to the importer's own packages (Python has started them already).
 
 The layering (README, "Architecture"): `storage/` and `corpus/` take from sentsim only its kernel,
-`sentsim.errors` and `sentsim.config`; `storage/` takes nothing from `corpus/`.
+`sentsim.errors`, `sentsim.config` and `sentsim.runtime`; `storage/` takes nothing from `corpus/`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("sentsim", "corpus", "storage")
-KERNEL = ("sentsim.errors", "sentsim.config")
+# sentsim.runtime: how every process starts or attaches to Ray (a run's ray_dataset starts it as the commands do)
+KERNEL = ("sentsim.errors", "sentsim.config", "sentsim.runtime")
 LOWER = {"storage": ("storage",), "corpus": ("corpus", "storage")}  # a lower layer -> what it may import
 
 

@@ -114,8 +114,33 @@ def test_a_relative_out_in_a_ray_job_is_refused_not_left_in_rays_copy(ray_head, 
     )
     text = r.stdout + r.stderr
     assert r.returncode != 0 and "Traceback" not in text, text[-3000:]
-    assert ("demo_out/corpus is relative, and this Ray job runs in Ray's copy of its --working-dir, which leaves "
-            "out what .gitignore lists: give an absolute path that every node sees, or s3://)") in text, text[-3000:]
+    assert ("demo_out/corpus is relative, and this Ray job runs in Ray's copy of its --working-dir, which holds "
+            "neither what .gitignore lists nor anything outside it: give an absolute path that every node sees, or "
+            "s3://)") in text, text[-3000:]
+
+
+def test_in_a_job_a_folder_changed_in_place_must_be_absolute_and_hints_name_only_paths(speech_corpus, tmp_path):
+    """In a `ray job submit --working-dir` job (the driver's env as Ray's supervisor sets it), `store compact`
+    and `eval sts --model` change their folder in place, so a relative one (Ray's deleted copy) is refused as a
+    relative --out is; an error that names no missing relative path gets no hint about one (a command word or a
+    --set number is none)."""
+    import shutil
+
+    from conftest import SAMPLE, error_line
+
+    job = {"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": {"working_dir": "gcs://x.zip"}})}
+    shutil.copytree(speech_corpus, tmp_path / "run")
+    r = sentsim_cli("store", "compact", "run", env=job, cwd=tmp_path)
+    assert r.returncode == 2 and error_line(r.stderr).startswith(
+        "sentsim: error: DIR run is relative, and this Ray job runs in Ray's temporary copy"), r.stderr
+    assert not (tmp_path / "run" / "_compact").exists()
+    r = sentsim_cli("eval", "sts", "--model", "m", "--data", tmp_path, env=job, cwd=tmp_path)
+    assert r.returncode == 2 and "--model m is relative, and this Ray job" in error_line(r.stderr), r.stderr
+    # a resume refused for a changed setting: no word about relative paths (the words harvest, 9 are none)
+    r = sentsim_cli("corpus", "build", str(SAMPLE), "--out", tmp_path / "run", "--set", "docs_per_unit=9",
+                    env=job, cwd=tmp_path)
+    line = error_line(r.stderr)
+    assert r.returncode == 2 and "docs_per_unit" in line and "is relative" not in line, r.stderr
 
 
 def test_cluster_yaml_passes_rays_validation():

@@ -214,8 +214,9 @@ def test_remix_recomputes_a_pool_harvest_from_its_vectors(cluster_run, partners_
 
 
 def test_a_broken_vectors_run_is_named_and_the_harvest_mends_it(partners_run, tmp_path):
-    """Remix refuses vectors that lost a unit, are not the ones the labels came from, or lost their manifest;
-    --force-new on the harvest rebuilds an unreadable vectors run, to the same vectors and rows."""
+    """Remix refuses vectors that lost a unit, are not the ones the labels came from, or lost their manifest, and a
+    rerun of the finished harvest refuses the last; --force-new on the harvest rebuilds an unreadable vectors run,
+    to the same vectors and rows."""
     from sentsim.errors import UsageError
     from sentsim.harvest.job import harvest
     from sentsim.harvest.remix import RemixConfig, remix
@@ -236,14 +237,49 @@ def test_a_broken_vectors_run_is_named_and_the_harvest_mends_it(partners_run, tm
         remix(RemixConfig(source=str(copy), out=str(tmp_path / "r2")), quiet=True)
     (copy / "pool_vectors" / "manifest.json").unlink()
     (copy / "_COMPLETE").unlink()
-    # every labelling unit is done, so the harvest finishes without its vectors; remix, which needs them, says so
-    assert harvest(cfg.model_copy(update={"out": str(copy)}), executor="inline", quiet=True)["complete"]
+    # every labelling unit is done, but a rerun checks the vectors remix reads: without a manifest they cannot be
+    # resumed, and the rerun says so (the vectors alone are rebuilt with --force-new, below); remix says so too
+    from storage import StoreError
+
+    with pytest.raises(StoreError, match="pool_vectors already holds Parquet shards but no manifest.json"):
+        harvest(cfg.model_copy(update={"out": str(copy)}), executor="inline", quiet=True)
     with pytest.raises(UsageError, match="sentence vectors are missing or incomplete"):
         remix(RemixConfig(source=str(copy), out=str(tmp_path / "r3")), quiet=True)
     (copy / "pool_vectors" / "manifest.json").write_text("{not json")
     assert harvest(cfg.model_copy(update={"out": str(copy)}), executor="inline", quiet=True, force_new=True)["complete"]
     assert json.loads((copy / "pool_vectors" / "manifest.json").read_text())["fingerprint"] == manifest["fingerprint"]
     assert np.allclose(pairs_of(copy).score, pairs_of(out).score)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "edited"])
+def test_a_finished_pool_harvests_damaged_vectors_are_named_by_verify_and_mended_by_a_rerun(partners_run, tmp_path,
+                                                                                         damage):
+    """The vectors are a run of their own inside the harvest, which remix reads after the labels are done: `store
+    verify` of the harvest checks them too, and rerunning the finished harvest redoes their damaged unit (a
+    shard cut short, or changed in place at the same size) instead of reporting nothing to do."""
+    from sentsim.harvest.job import harvest
+    from sentsim.harvest.remix import RemixConfig, remix
+    from storage.verify import verify_store
+
+    cfg, out = partners_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    shard = sorted((copy / "pool_vectors" / "sentence_vectors").glob("*.parquet"))[0]
+    data = bytearray(shard.read_bytes())
+    if damage == "truncated":
+        shard.write_bytes(bytes(data[:500]))
+    else:  # a byte inside the first page: the file still reads, its sha256 does not match
+        data[200] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    problems = verify_store(str(copy))
+    assert problems and all(p.startswith("pool_vectors/sentence_vectors/") for p in problems), problems
+    r = sentsim_cli("store", "verify", copy)
+    assert r.returncode != 0 and "pool_vectors/sentence_vectors/" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    again = harvest(cfg.model_copy(update={"out": str(copy)}), executor="inline", quiet=True)
+    assert again["complete"] and verify_store(str(copy)) == []
+    assert pairs_of(copy).equals(pairs_of(out))
+    remix(RemixConfig(source=str(copy), out=str(tmp_path / "re")), quiet=True)
+    assert np.allclose(pairs_of(tmp_path / "re").score, pairs_of(out).score, atol=1e-5)
 
 
 def test_a_pairs_file_is_labelled_from_its_sentences_vectors(inputs, tmp_path):
@@ -441,3 +477,17 @@ def test_the_item_tokens_bench_counts_every_item_of_both_runs(partners_run, inpu
     assert got["pool"]["sentence_tokens"] == pytest.approx(want)
     for row in ("per_pair", "pool", "random_windows"):
         assert got[row]["context_tokens"] > 0 and got[row]["sentence_tokens"] > 0
+
+
+def test_neighbour_partners_without_an_index_are_named_not_dropped_silently(inputs, tmp_path):
+    """partners.neighbours draws TF-IDF neighbours from the index: a harvest given none says that its anchors get
+    only their other partners, where it used to drop them without a word (pool and per-pair alike)."""
+    for mode in ("pool", "random"):
+        r = sentsim_cli("harvest", "--corpus", inputs["corpus"], "--context-models", inputs["bundle"],
+                        "--out", tmp_path / mode, "--executor", "inline", "--set", f"contexts.mode={mode}",
+                        "--set", f"contexts.pool_size={POOL}", "--set", "contexts.size=4", "--set", "anchors.n=4",
+                        "--set", "anchors.per_unit=4", "--set", "rank.enabled=false", "--set", "sentences_per_unit=8")
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "partners.neighbours=" in r.stderr and "none is given" in r.stderr, r.stderr[-2000:]
+        kinds = set(ds.dataset(str(tmp_path / mode / "pairs")).to_table().column("kind").to_pylist())
+        assert "neighbour" not in kinds and kinds

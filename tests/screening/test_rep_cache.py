@@ -227,10 +227,16 @@ def test_screening_through_the_store_cache_selects_the_same_context_sets(speech_
         assert g.centre_id.tolist() == centres
         np.testing.assert_allclose(g.log_p_disc.to_numpy(), log_p, atol=1e-4)
 
-    # a given cache made with another discriminator is refused in one line
+    # a given cache made with another discriminator, or no cache at all, is refused in one line before the run
+    # folder is made (a manifest left there would refuse the next attempt as "another run")
     r = sentsim_cli("contexts", *common[:4], "--discriminator", parts["other_disc"], *common[6:],
                     "--out", tmp_path / "bad", "--set", f"contexts.rep_cache={built}")
     assert r.returncode == 2 and "another corpus or discriminator" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "bad").exists()
+    (tmp_path / "not_a_cache").mkdir()
+    r = sentsim_cli("contexts", *common, "--out", tmp_path / "bad", "--set",
+                    f"contexts.rep_cache={tmp_path / 'not_a_cache'}")
+    assert r.returncode == 2 and "not a representation cache" in r.stderr and not (tmp_path / "bad").exists()
 
 
 def test_harvest_builds_the_cache_first_and_scores_from_it(speech_corpus, parts, built, tmp_path):

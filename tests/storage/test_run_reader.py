@@ -224,3 +224,23 @@ def test_corpus_readers_use_markers(speech_corpus, tmp_path):
     (c / "manifest.json").unlink()
     with pytest.raises(UsageError, match="not a corpus directory \\(no manifest.json\\)"):
         SentenceTable.load(c)
+
+
+def test_ray_dataset_starts_ray_as_the_commands_do_not_by_rays_implicit_init(speech_corpus, tmp_path):
+    """Where no Ray runs yet, ray_dataset() starts it through sentsim.runtime.init_ray: a RAY_ADDRESS where
+    nothing answers is refused in seconds, in one line, where Ray's implicit init retried it for minutes; with no
+    address it reads the rows through a local Ray (loopback only, token auth)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from storage import open_run\n"
+            f"print(open_run({str(speech_corpus)!r}).ray_dataset('sentences').count())\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    r = subprocess.run([sys.executable, "-c", code], env={**env, "RAY_ADDRESS": "127.0.0.1:9"}, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "cannot reach the Ray cluster at 127.0.0.1:9" in r.stderr, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert int(r.stdout.strip().splitlines()[-1]) == RunReader(str(speech_corpus)).rows("sentences")

@@ -412,3 +412,16 @@ def test_every_sharded_job_checks_the_sha256_on_resume(tmp_path):
     m = execute(toy_job(tmp_path / "r", units), executor="inline", quiet=True)
     assert m["complete"] and m["this_run"]["units"] == 1
     assert RunReader(str(tmp_path / "r")).read_table("t").equals(before) and verify_store(str(tmp_path / "r")) == []
+
+
+def test_a_changed_input_is_named_by_what_it_holds():
+    """A refused resume names each changed input key with what it holds: a remix's `fingerprint` is its source
+    run's, a job's the corpus's."""
+    from storage.store import what_changed
+
+    remix = what_changed({"config": {}, "inputs": [{"harvest": "/runs/h", "fingerprint": "a"}]}, {},
+                         [{"harvest": "/runs/h", "fingerprint": "b"}])
+    assert "inputs.0.fingerprint (the content of the source run /runs/h)" in remix, remix
+    job = what_changed({"config": {}, "inputs": [{"corpus": "/c", "fingerprint": "a"}]}, {},
+                       [{"corpus": "/c", "fingerprint": "b"}])
+    assert "inputs.0.fingerprint (the corpus's content)" in job, job

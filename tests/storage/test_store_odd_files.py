@@ -123,3 +123,40 @@ def test_a_run_that_lost_its_manifest_is_damage_and_other_outputs_are_named(spee
     index = build_index_for(speech_corpus, tmp_path / "index")
     for command in ("verify", "compact"):
         assert f"{index}: holds a retrieval index, not a sharded run" in one_line(sentsim_cli("store", command, index))
+
+
+def test_force_new_over_another_stages_run_removes_all_of_it_and_the_same_stage_keeps_its_nested_runs(tmp_path):
+    """--force-new replacing a run of another stage (a harvest over a cache build's run, a remix over a pool
+    harvest) removes that run's tables, the runs it built inside its folder and its reports, so nothing of it
+    lies beside the new run for a reader to take as the new run's; a run of the same stage keeps its nested runs
+    (a pool harvest's vectors are reused by a harvest that labels otherwise)."""
+    import pyarrow as pa
+
+    from storage import ShardStore, verify_store
+
+    def old_run(root, stage):
+        store = ShardStore(str(root))
+        store.open_run(stage, "a" * 16, {}, [], {"reps": pa.schema([("x", pa.int64())])}, planned_units=1)
+        store.write_unit(0, {"reps": pa.table({"x": [1, 2]})}, "a" * 16)
+        store.finalize(1, {})
+        (root / "report.json").write_text("{}")
+        (root / "pool_vectors").mkdir()
+        (root / "pool_vectors" / "manifest.json").write_text("{}")
+        return store
+
+    def new_run(root, stage):
+        store = ShardStore(str(root))
+        store.open_run(stage, "b" * 16, {}, [], {"pairs": pa.schema([("y", pa.int64())])}, planned_units=1,
+                       force_new=True)
+        store.write_unit(0, {"pairs": pa.table({"y": [3]})}, "b" * 16)
+        store.finalize(1, {})
+        store.release()
+
+    old_run(tmp_path / "other", "rep_cache").release()
+    new_run(tmp_path / "other", "harvest")
+    left = {p.name for p in (tmp_path / "other").iterdir()}
+    assert "pairs" in left and not left & {"reps", "pool_vectors", "report.json"}, left
+    assert verify_store(str(tmp_path / "other")) == []
+    old_run(tmp_path / "same", "harvest").release()
+    new_run(tmp_path / "same", "harvest")
+    assert (tmp_path / "same" / "pool_vectors").is_dir()

@@ -103,6 +103,12 @@ def test_train_context_relative_paths(tmp_path, speech_corpus, head_env):
     assert r.returncode == 2 and "Traceback" not in r.stderr and "RayTrainWorker" not in r.stderr, r.stderr[-2000:]
     assert error_line(r.stderr).endswith("fewer than 2 held-out windows for direction 'fwd'; raise "
                                          "heldout_percent or use a larger corpus"), r.stderr[-2000:]
+    # a document filter that matches nothing is named as such (raising heldout_percent could not help)
+    r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx_prefix", "--direction", "fwd", *sets,
+                    "--set", "doc_id_prefixes=[nope]", cwd=tmp_path, env=head_env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "no document has a doc_id starting with any of doc_id_prefixes ['nope']" in error_line(r.stderr), \
+        r.stderr[-2000:]
     # ... and leaves no training state behind (its tokenizer is saved only once the inputs pass), so the
     # command the message asks for is not refused as a run of other settings
     assert not (tmp_path / "ctx_small" / "tokenizer").exists()
