@@ -417,6 +417,19 @@ def ray_head(tmp_path_factory):
     stop_head(head)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_ray_left_for_the_next_module():
+    """A test file's in-process Ray (started by a fixture, by a command run in-process, or by a run's
+    ray_dataset()) ends with the file: a test worker runs several files, and the next one's `ray.init` would
+    otherwise find Ray already up ("called ray.init twice") or attach its work to the wrong cluster."""
+    yield
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A module's own in-process Ray; address="local" never attaches to another cluster here.

@@ -444,7 +444,8 @@ def test_doc_id_prefixes_train_and_hold_out_only_the_chosen_documents(corpus_dir
     assert exs and all(tuple(e.tgt[:16]) in allowed for e in exs)
 
     nothing = cfg.model_copy(update={"doc_id_prefixes": ["enwiki:"]})
-    with pytest.raises(UsageError, match=r"held-out windows among the documents with doc_id prefixes \['enwiki:'\]"):
+    with pytest.raises(UsageError,
+                       match=r"no document has a doc_id starting with any of doc_id_prefixes \['enwiki:'\]"):
         heldout_examples(corpus_dir, tok, nothing, ["fwd"])
     with pytest.raises(UsageError, match="empty prefix"):
         load_config(ContextTrainConfig, None, ['doc_id_prefixes=[""]'])
