@@ -121,6 +121,10 @@ def _input_words(key: str, records: Sequence[dict] = ()) -> str:
     return key
 
 
+# Runs a job builds inside its own folder and reads back later: a pool harvest's sentence vectors (remix reads
+# them) and a job's own representation cache (sentsim/harvest/pool_vectors.py, sentsim/screening/cache_job.py).
+NESTED_RUNS = ("pool_vectors", "rep_cache")
+
 LOST_MANIFEST = (f"{MANIFEST} is missing, though {UNITS_DIR}/ holds the run's completion markers, so the run can be "
                  f"neither read nor resumed: put its {MANIFEST} back, or start it over with --force-new")
 
@@ -296,7 +300,7 @@ class ShardStore:
             return []
         if not old or old.get("stage") == stage:
             return []
-        return sorted(set(old.get("tables") or {}) | {"pool_vectors", "rep_cache", "report.json", "report.png"})
+        return sorted(set(old.get("tables") or {}) | set(NESTED_RUNS) | {"report.json", "report.png"})
 
     def clear(self, tables: Iterable[str]) -> None:
         """Delete a run. Commit points go first (completion flag, markers, manifest), data last, so

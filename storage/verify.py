@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from storage import fs as sfs
 from storage.compaction import FILE_PREFIX, load_compaction
 from storage.records import StoreError
-from storage.store import COMPLETE, LOST_MANIFEST, UNITS_DIR, ShardStore, check_format, schema_signature
+from storage.store import COMPLETE, LOST_MANIFEST, NESTED_RUNS, UNITS_DIR, ShardStore, check_format, schema_signature
 
 AGAIN = "run `sentsim store compact` again"
 
@@ -73,11 +73,6 @@ def verify_run(uri: str) -> Tuple[List[str], Optional[str]]:
     if sfs.exists(store.fs, store.path(COMPLETE)):
         problems.append(f"{COMPLETE}: not a regular file; the same command's resume writes it")
     return problems, _unfinished(manifest, markers)
-
-
-# Runs a job builds inside its own folder and reads back later: a pool harvest's sentence vectors (remix reads
-# them) and a job's own representation cache (sentsim/harvest/pool_vectors.py, sentsim/screening/cache_job.py).
-NESTED_RUNS = ("pool_vectors", "rep_cache")
 
 
 def _check_nested_runs(uri: str, store: ShardStore, problems: List[str]) -> None:
