@@ -76,6 +76,17 @@ class ShardedJob(ABC):
         version = run_format(stored)
         return version < FORMAT_VERSION and self.fingerprint_in_format(version, stored) == stored["fingerprint"]
 
+    def fingerprint_to_resume(self, store) -> str:
+        """This run's fingerprint, or the one the run at `store` holds when that is this same run written in an
+        earlier run format (`fingerprint_in_format`; sentsim/run_formats.py says which formats and why)."""
+        from storage import StoreError
+
+        try:
+            stored = store.read_manifest()
+        except StoreError:  # open_run says what is wrong with it
+            return self.fp
+        return stored["fingerprint"] if stored and self.holds_this_run(stored) else self.fp
+
     @abstractmethod
     def config(self) -> dict:
         """The resolved config, stored in the manifest."""
@@ -255,25 +266,11 @@ def execute(job: ShardedJob, executor: str = "ray", address: Optional[str] = Non
                              f"at {job.out}")
         units = _chain_first(first, units)
     store = ShardStore(job.out)
-    fp = _fingerprint_to_resume(job, store, fp, force_new)
+    fp = fp if force_new else job.fingerprint_to_resume(store)
     try:
         return _execute(job, store, fp, planned, units, executor, address, force_new, quiet, max_units)
     finally:
         store.release()  # the run's lease: free again for the next writer, whatever happened
-
-
-def _fingerprint_to_resume(job: ShardedJob, store, fp: str, force_new: bool) -> str:
-    """This run's fingerprint, or the one its stored run holds when that is this same run written in an
-    earlier run format (`job.fingerprint_in_format`; sentsim/run_formats.py says which formats and why)."""
-    from storage import StoreError
-
-    if force_new:
-        return fp
-    try:
-        stored = store.read_manifest()
-    except StoreError:  # open_run says what is wrong with it
-        return fp
-    return stored["fingerprint"] if stored and job.holds_this_run(stored) else fp
 
 
 def _chain_first(first: dict, rest):

@@ -13,6 +13,14 @@ Format 1, every run opened before manifests recorded their format:
 - a harvest's sentences table may lack `context_ids` and `base_vector`, and its context_scores may be
   float64: `sentence_schema_of` and `context_score_schema_of` (sentsim/harvest/stages.py) read them so, for
   a format 1 run and for a remix, whose tables keep its source's schemas.
+
+Format 2, every pool harvest (contexts.mode=pool) opened before format 3 (none has format 1):
+
+- its fingerprint and its vectors run's hold the contexts keys only screening reads
+  (`ContextSetConfig.SCREENED_ONLY`) and `keep_context_scores`, which a pool run never reads: a change to one
+  made a new run and rescored every vector. `HarvestRun.fingerprint_in_format(2, ...)` and
+  `PoolVectorsRun.fingerprint_in_format` give them back (`keep_screened`), so such a run and its vectors resume
+  under the fingerprints they hold.
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ NOT_A_FILE = "is not a regular file"  # a folder (or FIFO) where a run's file be
 # still reads runs of an earlier format asks `run_format` (sentsim/run_formats.py lists each such path
 # and the formats that need it, so it can be retired with them). 1: every run whose
 # manifest has no format_version; its harvests may lack columns or keep older types, and its
-# fingerprint may hold its input paths as spelt. 2: the schemas and fingerprints of this version.
-FORMAT_VERSION = 2
+# fingerprint may hold its input paths as spelt. 2: a pool harvest's fingerprints (its own and its
+# vectors') hold the keys only screening reads. 3: the schemas and fingerprints of this version.
+FORMAT_VERSION = 3
 
 
 def run_format(manifest: Optional[dict]) -> int:

@@ -180,17 +180,23 @@ class HarvestConfig(Section):
         if k and self.pairs_file:
             raise ValueError("partners.cluster_size pairs up a corpus's anchors; a --pairs run labels the file's pairs")
 
-    def semantic(self, with_paths: bool = False) -> dict:
+    def semantic(self, with_paths: bool = False, keep_screened: bool = False) -> dict:
         """Everything that changes the rows; resources and placement do not, and neither do the spellings of
         the input paths: what they hold is fingerprinted instead (the corpus fingerprint, checkpoint hashes,
         the pairs file's sha256; job.py), so a run resumes from another folder. `with_paths` keeps them, as
-        run format 1 fingerprinted them (HarvestRun.fingerprint_in_format, sentsim/run_formats.py)."""
+        run format 1 fingerprinted them (HarvestRun.fingerprint_in_format, sentsim/run_formats.py). A pool run
+        leaves out the keys only screening reads, unless `keep_screened` (or `with_paths`): formats before 3
+        kept them."""
         d = self.model_dump()
         for k in ("out", "resources") + (() if with_paths else INPUT_PATHS):
             d.pop(k)
         if not with_paths:
             d["rank"].pop("encoder")  # its checkpoint hash is fingerprinted when rank targets are on
-        d["contexts"] = self.contexts.semantic()  # not where the rep cache lies (its identity is: job.py)
+        keep_screened = keep_screened or with_paths
+        # not where the rep cache lies (its identity is: job.py)
+        d["contexts"] = self.contexts.semantic(keep_screened=keep_screened)
+        if self.contexts.mode == "pool" and not keep_screened:
+            d.pop("keep_context_scores", None)  # a pool run keeps its sentence vectors instead
         if not self.partners.cluster_size:  # runs from before the pool mode keep their fingerprint
             d["partners"].pop("cluster_size")
         if self.contexts.mode != "pool":

@@ -89,12 +89,16 @@ class HarvestRun(ShardedJob):
         if self.pooled:  # the pool, then the pairs: the run's own when it resumes (pool.py)
             from sentsim.harvest.pool import PAIRS_TABLE, POOL_IDS_TABLE, PoolPairUnits, draw_pool, plan_pool_pairs
 
+            # what only screening reads is not fingerprinted here: a refused resume does not name it
+            self.unfingerprinted = self.unfingerprinted + tuple(
+                f"contexts.{k}" for k in cfg.contexts.SCREENED_ONLY) + ("keep_context_scores",)
             store = ShardStore(cfg.out)
-            kept_ids = None if force_new else store.read_side_table(POOL_IDS_TABLE, fingerprint=self.fp)
+            resume_fp = self.fp if force_new else self.fingerprint_to_resume(store)
+            kept_ids = None if force_new else store.read_side_table(POOL_IDS_TABLE, fingerprint=resume_fp)
             self.pool = draw_pool(self.corpus, cfg.contexts.pool_size, self.context_window(), cfg.seed,
                                   cfg.contexts.pool_draw,
                                   None if kept_ids is None else kept_ids.column("sentence_id").to_numpy())
-            kept = None if force_new else store.read_side_table(PAIRS_TABLE, fingerprint=self.fp)
+            kept = None if force_new else store.read_side_table(PAIRS_TABLE, fingerprint=resume_fp)
             file_pairs = self.unit_plan.make.pairs if cfg.pairs_file else None
             anchors = None if cfg.pairs_file else self.unit_plan.make.anchors
             self.pool_plan = plan_pool_pairs(cfg, self.corpus, anchors, file_pairs, kept)
@@ -106,8 +110,10 @@ class HarvestRun(ShardedJob):
         stored = None if force_new else ShardStore(cfg.out).read_manifest()  # a new run reads no old manifest
         if stored and self.holds_this_run(stored):
             refuse_an_earlier_revision(cfg, stored)
-        if stored and stored.get("fingerprint") != self.fp:
-            stored = None  # another run's (resuming it is refused, or one of an earlier format: no format kept)
+        if stored and not (stored.get("fingerprint") == self.fp or self.pooled and self.holds_this_run(stored)):
+            # another run's (resuming it is refused), or a format 1 one: no scoring format kept; a pool run of an
+            # earlier format keeps its own, as its vectors do (pool_vectors.ensure_pool_vectors)
+            stored = None
         self.precision, note = scoring_precision(cfg, stored, force_new, executor)
         if note and not quiet:
             print(f"[{STAGE}] {note}", file=sys.stderr, flush=True)
@@ -127,7 +133,11 @@ class HarvestRun(ShardedJob):
 
     def fingerprint_in_format(self, version: int, stored: dict) -> Optional[str]:
         """Format 1: the input paths were fingerprinted as spelt (as the stored run spelt them), not by what
-        they hold; every content identity is fingerprinted too, so a match is this same run."""
+        they hold; every content identity is fingerprinted too, so a match is this same run. Format 2: a pool
+        run was fingerprinted with the keys only screening reads."""
+        if version == 2:
+            return fingerprint(STAGE, self.cfg.semantic(keep_screened=True), self.corpus.fingerprint,
+                               without_paths(self.plan_info), self.hashes) if self.pooled else None
         if version != 1:
             return None
         sem = spelt_as_stored(self.cfg.semantic(with_paths=True), stored, INPUT_PATHS + ("rank.encoder",))
@@ -229,11 +239,12 @@ class HarvestRun(ShardedJob):
         if self.pooled:
             self.prepare_pool(ctx)
 
-    def vector_identity(self) -> dict:
+    def vector_identity(self, keep_screened: bool = False) -> dict:
         """What the pool's sentence vectors depend on besides the pool and the sentences (not the metric, the
-        splits or the rank targets, which only labelling reads)."""
-        return {"corpus": self.corpus.fingerprint, "contexts": self.cfg.contexts.semantic(), "seed": self.cfg.seed,
-                "scoring": self.cfg.semantic()["scoring"], "context_models": self.hashes["context_models"]}
+        splits or the rank targets, which only labelling reads). `keep_screened`: as run format 2 held it."""
+        return {"corpus": self.corpus.fingerprint, "contexts": self.cfg.contexts.semantic(keep_screened=keep_screened),
+                "seed": self.cfg.seed, "scoring": self.cfg.semantic()["scoring"],
+                "context_models": self.hashes["context_models"]}
 
     def prepare_pool(self, ctx: RunContext) -> None:
         """The pool run's vectors (built or resumed, pool_vectors.py), its pair plan kept, and the context
@@ -252,7 +263,8 @@ class HarvestRun(ShardedJob):
         if ctx.store.read_side_table(POOL_IDS_TABLE, fingerprint=ctx.fp) is None:
             ctx.store.write_side_table(POOL_IDS_TABLE, pa.table({"sentence_id": pa.array(self.pool.ids, pa.int64())}),
                                        ctx.fp)
-        job = PoolVectorsRun(self.cfg, self.pool_plan.texts, self.pool, self.vector_identity(), self.precision)
+        job = PoolVectorsRun(self.cfg, self.pool_plan.texts, self.pool, self.vector_identity(), self.precision,
+                             identity_in_format={2: self.vector_identity(keep_screened=True)})
         self.vectors_fp = ensure_pool_vectors(job, ctx.executor, ctx.address, ctx.force_new, ctx.quiet,
                                               ctx.max_units)["fingerprint"]
         if metrics.get(self.cfg.metric).uses_context_effect and \

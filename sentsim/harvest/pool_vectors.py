@@ -52,15 +52,18 @@ class SentenceUnits:
 
 class PoolVectorsRun(ShardedJob):
     """The vectors of `texts` (sentence id -> text) over `pool`, scored with the harvest's settings.
-    `identity`: what, besides the pool and the sentences, the scores depend on (HarvestRun.vector_identity)."""
+    `identity`: what, besides the pool and the sentences, the scores depend on (HarvestRun.vector_identity);
+    `identity_in_format`: that identity as an earlier run format held it, by format."""
 
     stage = STAGE
     count = "sentences"
     deep = True
 
-    def __init__(self, cfg, texts: Dict[int, str], pool: Pool, identity: dict, precision: str):
+    def __init__(self, cfg, texts: Dict[int, str], pool: Pool, identity: dict, precision: str,
+                 identity_in_format: Optional[Dict[int, dict]] = None):
         self.cfg, self.out = cfg, vectors_uri(cfg.out)
         self.pool, self.identity, self.precision = pool, identity, precision
+        self.identity_in_format = identity_in_format or {}
         self.ids = np.array(sorted(texts), dtype=np.int64)
         self.texts = [texts[int(s)] for s in self.ids]
         per = cfg.sentences_per_unit
@@ -70,9 +73,13 @@ class PoolVectorsRun(ShardedJob):
     def units(self) -> UnitPlan:
         return self.unit_plan
 
-    def fingerprint_parts(self) -> tuple:
-        return (STAGE, self.identity, fingerprint(self.pool.ids.tolist()), self.cfg.sentences_per_unit,
+    def fingerprint_parts(self, identity: Optional[dict] = None) -> tuple:
+        return (STAGE, identity or self.identity, fingerprint(self.pool.ids.tolist()), self.cfg.sentences_per_unit,
                 fingerprint(self.ids.tolist(), self.texts))
+
+    def fingerprint_in_format(self, version: int, stored: dict) -> Optional[str]:
+        earlier = self.identity_in_format.get(version)
+        return fingerprint(*self.fingerprint_parts(earlier)) if earlier else None
 
     def config(self) -> dict:
         return {"sentences_per_unit": self.cfg.sentences_per_unit, "pool_size": len(self.pool),
@@ -213,7 +220,7 @@ def ensure_pool_vectors(job: PoolVectorsRun, executor: str, address: Optional[st
         old = ShardStore(job.out).read_manifest()
     except StoreError:
         old = None
-    same = old is not None and old.get("fingerprint") == job.fp
+    same = old is not None and job.holds_this_run(old)
     if same and old.get("scoring_precision"):  # never bf16 and fp32 units in one run (job.scoring_precision)
         job.precision = old["scoring_precision"]
     m = execute(job, executor=executor, address=address, force_new=force_new and not same, quiet=quiet,

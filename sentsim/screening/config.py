@@ -3,7 +3,7 @@ the harvest (`contexts:`) and `sentsim contexts` alike."""
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 from pydantic import Field, model_validator
 
@@ -92,15 +92,23 @@ class ContextSetConfig(Section):
         return (self.exclude_in_partner_contexts and self.mode == "screened"
                 and (self.exclude_query_centre or self.exclude_query_window))
 
-    def semantic(self) -> dict:
+    # What only screening reads (retrieval, the discriminator's cut, Eq. 3's shortlist): a pool run scores every
+    # sentence in the one shared pool instead, so a change to one of these changes nothing it writes
+    SCREENED_ONLY: ClassVar[tuple] = ("size", "retrieve_chunks", "jaccard", "one_per_chunk", "rerank_shortlist")
+
+    def semantic(self, keep_screened: bool = False) -> dict:
         """What changes the context sets: not where the rep cache lies (its identity is fingerprinted by the
         jobs), and `pool_size` only in pool mode, so runs made before the pool mode keep their fingerprints;
         `pool_draw` only when not random, so pool runs made before it keep theirs; `random_full_windows` only
         in random mode (a pool run keeps the pool it drew when it resumes); `exclude_in_partner_contexts` only where
         it acts (`partner_exclusion`); each ADDED_LATER key only
-        when it differs from what runs made before it had."""
+        when it differs from what runs made before it had. In pool mode, none of SCREENED_ONLY, unless
+        `keep_screened`: run formats before 3 fingerprinted pool runs with them (sentsim/run_formats.py)."""
         d = without_added_later(self.model_dump(), self.ADDED_LATER)
         d.pop("rep_cache")
+        if self.mode == "pool" and not keep_screened:
+            for k in self.SCREENED_ONLY:
+                d.pop(k, None)  # an ADDED_LATER key at its old value is out already
         if self.mode != "pool":
             d.pop("pool_size")
         if self.mode != "pool" or self.pool_draw == "random":

@@ -491,3 +491,54 @@ def test_neighbour_partners_without_an_index_are_named_not_dropped_silently(inpu
         assert "partners.neighbours=" in r.stderr and "none is given" in r.stderr, r.stderr[-2000:]
         kinds = set(ds.dataset(str(tmp_path / mode / "pairs")).to_table().column("kind").to_pylist())
         assert "neighbour" not in kinds and kinds
+
+
+def test_what_only_screening_reads_is_not_a_pool_runs_identity(partners_run, tmp_path):
+    """A pool run never reads |C_s|, retrieval, the screening cuts or context_scores: a rerun with them changed
+    is the same finished run (nothing rescored), where it used to be another run that scored every vector anew."""
+    from sentsim.harvest.job import harvest
+
+    cfg, out = partners_run
+    copy = shutil.copytree(out, tmp_path / "run")
+    before = ShardStore(str(copy)).read_manifest()["fingerprint"]
+    markers = {p: p.stat().st_mtime_ns for p in (copy / "pool_vectors" / "_units").glob("*.json")}
+    changed = pool_config({"corpus": cfg.corpus, "index": cfg.index, "bundle": cfg.context_models[0]}, copy,
+                          contexts={"mode": "pool", "pool_size": POOL, "size": 7, "retrieve_chunks": 50,
+                                    "jaccard": 0.9, "one_per_chunk": False},
+                          keep_context_scores="none")
+    m = harvest(changed, executor="inline", quiet=True)
+    assert m["complete"] and m["fingerprint"] == before and m["this_run"]["units"] == 0
+    assert {p: p.stat().st_mtime_ns for p in (copy / "pool_vectors" / "_units").glob("*.json")} == markers
+    assert pairs_of(copy).equals(pairs_of(out))
+
+
+def test_a_pool_run_of_format_2_resumes_under_the_fingerprints_it_holds(partners_run, tmp_path):
+    """Run format 2 fingerprinted a pool harvest and its vectors with the screened-only keys: such a run, cut
+    short in both passes, resumes as itself (its pool, its pairs, its vectors' precision), to the same rows."""
+    from run_support import as_fingerprinted
+
+    from sentsim.harvest.job import HarvestRun, harvest
+    from sentsim.harvest.pool_vectors import PoolVectorsRun
+
+    cfg, out = partners_run
+    copy = shutil.copytree(out, tmp_path / "run")
+    run = HarvestRun(cfg.model_copy(update={"out": str(copy)}), "inline", False, True)
+    vectors = PoolVectorsRun(run.cfg, run.pool_plan.texts, run.pool, run.vector_identity(), "fp32",
+                             identity_in_format={2: run.vector_identity(keep_screened=True)})
+    old_fp, old_vectors_fp = run.fingerprint_in_format(2, {}), vectors.fingerprint_in_format(2, {})
+    assert old_fp != run.fp and old_vectors_fp != vectors.fp
+    as_fingerprinted(copy, old_fp, run_format=2)
+    as_fingerprinted(copy / "pool_vectors", old_vectors_fp, run_format=2)
+    (copy / "pool_vectors" / "_units" / "00001.json").unlink()
+    (copy / "_units" / "00000.json").unlink()
+    m = harvest(run.cfg, executor="inline", quiet=True)
+    assert m["complete"] and m["fingerprint"] == old_fp and m["format_version"] == 2
+    vm = ShardStore(str(copy / "pool_vectors")).read_manifest()
+    assert vm["fingerprint"] == old_vectors_fp and vm["complete"] and m["pool"]["vectors_fingerprint"] == old_vectors_fp
+    assert pairs_of(copy).drop(columns=["rank_sim"]).equals(pairs_of(out).drop(columns=["rank_sim"]))
+    # --force-new labels anew under today's fingerprint, from the same vectors (not rescored: they are these)
+    markers = {p: p.stat().st_mtime_ns for p in (copy / "pool_vectors" / "_units").glob("*.json")}
+    m = harvest(run.cfg, executor="inline", quiet=True, force_new=True)
+    assert m["complete"] and m["fingerprint"] == run.fp and m["format_version"] == 3
+    assert m["pool"]["vectors_fingerprint"] == old_vectors_fp
+    assert {p: p.stat().st_mtime_ns for p in (copy / "pool_vectors" / "_units").glob("*.json")} == markers
