@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
             target = groups[key]
         p = target.add_parser(path[-1], help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        # the command's own parser, to refuse an unknown flag with its usage (see main)
+        p.set_defaults(_run=mod.run, _parser=p)
     return parser
 
 
@@ -69,7 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # progress lines in a job's log (set the variable to 0 to see them)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # argparse hands a subcommand's unknown flags up to the top-level parser, whose error shows `sentsim`'s
+    # usage (`sentsim [-h] COMMAND ...`); the command's own usage lists the flags it does take
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args._run(args) or 0)
     except Exception as exc:

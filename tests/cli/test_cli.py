@@ -102,6 +102,30 @@ def test_address_is_offered_only_where_it_is_used(capsys, tmp_path, speech_corpu
                                    "on Ray with --num-workers 2 or more"), err
 
 
+@pytest.mark.parametrize("job, args, prog", [
+    ("harvest_pairs.py", [], "sentsim harvest"),
+    ("screen_contexts.py", [], "sentsim contexts"),
+    ("build_rep_cache.py", [], "sentsim cache build"),
+    ("verify_store.py", ["run"], "sentsim store verify"),  # its required arguments given: only --bogus is wrong
+    ("remix_harvest.py", ["run", "--out", "o"], "sentsim remix"),
+    ("eval_sts.py", ["--tfidf", "--data", "d"], "sentsim eval sts"),
+])
+def test_a_jobs_unknown_flag_is_refused_with_the_jobs_own_usage(tmp_path, job, args, prog):
+    """argparse passed a command's unknown flag up to `sentsim` itself, whose usage (`sentsim [-h] COMMAND ...`)
+    says nothing of the job's flags. Refused before Ray starts: no cluster is needed (or dialled) here."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    r = subprocess.run([sys.executable, str(ROOT / "jobs" / job), *args, "--bogus"], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    errors = [ln for ln in r.stderr.splitlines() if ": error:" in ln]
+    assert r.returncode == 2 and errors == [f"{prog}: error: unrecognized arguments: --bogus"], r.stderr
+    assert r.stderr.startswith(f"usage: {prog} [-h]") and "Traceback" not in r.stderr, r.stderr
+    assert not list(tmp_path.iterdir()), "a refused job wrote something"
+
+
 def test_every_command_has_its_ray_job_file_and_the_readme_names_it():
     """README's Commands table: "each runs as a Ray job through the file beside it". Each jobs/*.py runs one
     command (its `--help` is that command's), and each command has one."""
