@@ -22,8 +22,10 @@ that can be read, each of whose fields is a short name (a letter, then letters, 
 cannot always tell a header from a pair of one-word sentences: a header is two names of which one is a
 column name, above or common elsewhere (premise, hypothesis, sentence, sent, text, question, query, answer,
 passage, document, anchor, positive, source, target ...; `question1`, `sentA`, `text-2` with a 1/2 or a/b
-suffix), and the other has no space either, or is a column name too (`Sentence A<TAB>Sentence B`). A pair
-such as `question<TAB>answer` is read by putting a header line `s1<TAB>s2` above it.
+suffix), and the other has no space either, or is a column name too (`Sentence A<TAB>Sentence B`). Such a
+two-word line above lines that are all pairs of words too (`cat<TAB>dog`) is no different from them: it is
+read as a pair, with a note naming it. Above sentences, a pair such as `question<TAB>answer` is read by
+putting a header line `s1<TAB>s2` above it.
 
 Every problem is an InputError naming the file and, where there is one, the line: JSON that Python
 cannot read (nested too deeply, an integer of thousands of digits), a lone surrogate escape ("\\ud800",
@@ -43,6 +45,7 @@ import io
 import json
 import math
 import re
+import sys
 import zlib
 from pathlib import Path
 from typing import List, NamedTuple, Optional, Sequence, Tuple
@@ -173,11 +176,25 @@ def _header_refusal(cols: Sequence[str], where: str, delimiter: str) -> InputErr
                       f"{alternatives}) and optionally gold (or {', '.join(GOLD_NAMES[1:])}){pair}")
 
 
-def first_line_header(cols: Sequence[str], where: str, delimiter: str) -> Optional[Tuple[int, int, Optional[int]]]:
+def _words_pair(cols: Sequence[str]) -> bool:
+    """Whether a row's s1 and s2 are each one word (a short name without a space)."""
+    return len(cols) >= 2 and all(_NAME.fullmatch(c.strip()) and " " not in c.strip() for c in cols[:2])
+
+
+def first_line_header(cols: Sequence[str], where: str, delimiter: str,
+                      below: Sequence[Sequence[str]] = ()) -> Optional[Tuple[int, int, Optional[int]]]:
     """A file's first line read as a header: its (s1, s2, gold) column positions when it names them, None
-    when it is data; an InputError when it names other columns (the rule is in the module's docstring)."""
+    when it is data; an InputError when it names other columns (the rule is in the module's docstring).
+    `below` are the rows under it: two words above rows that are all pairs of words are a pair like them,
+    read as one with a note on stderr (the note names the line, in case it was a header after all)."""
     header = _header_columns(cols)
     if header is None and not is_stsb_line(cols) and _unread_header(cols):
+        if len(cols) == 2 and _words_pair(cols) and below and all(_words_pair(r) for r in below):
+            sep = "<TAB>" if delimiter == "\t" else ","
+            a, b = (c.strip() for c in cols)
+            print(f"note: {where}: {a}{sep}{b} read as a pair, as every line under it is a pair of words; if it "
+                  f"names the columns, write s1{sep}s2 there instead", file=sys.stderr)
+            return None
         raise _header_refusal(cols, where, delimiter)
     return header
 
@@ -219,7 +236,7 @@ def _delimited(text: str, path: str, delimiter: str) -> List[Pair]:
             raise InputError(f"{path}:{reader.line_num}: not valid CSV ({exc})") from None
     if not rows:
         return []
-    header = first_line_header(rows[0][1], f"{path}:{rows[0][0]}", delimiter)
+    header = first_line_header(rows[0][1], f"{path}:{rows[0][0]}", delimiter, [cols for _, cols in rows[1:]])
     if header is not None:
         return _rows_with_header(rows[1:], path, header, len(rows[0][1]), delimiter)
     out = []

@@ -208,6 +208,55 @@ def test_pairs_that_look_like_names_are_still_pairs(tmp_path, data, pair):
     assert read_pairs_file(write(tmp_path, "p.tsv", data)) == [pair]
 
 
+@pytest.mark.parametrize("name, data, pairs", [
+    ("w.tsv", "question\tanswer\ncat\tdog\ncar\tautomobile\t3.5\n",
+     [("question", "answer", None), ("cat", "dog", None), ("car", "automobile", 3.5)]),
+    ("w.csv", "source,target\nbank,river\n", [("source", "target", None), ("bank", "river", None)]),
+])
+def test_two_words_above_pairs_of_words_are_a_pair_and_the_note_names_the_line(tmp_path, capsys, name, data, pairs):
+    """A first line of two column-like words was refused as a header whatever lay under it, so a file of word
+    pairs needed a header added. Above rows that are word pairs too it is no different from them: read as a pair,
+    with a note naming it, in case it was a header."""
+    assert read_pairs_file(write(tmp_path, name, data)) == pairs
+    sep = "<TAB>" if name.endswith(".tsv") else ","
+    a, b = pairs[0][:2]
+    assert capsys.readouterr().err == (f"note: {tmp_path / name}:1: {a}{sep}{b} read as a pair, as every line under "
+                                       f"it is a pair of words; if it names the columns, write s1{sep}s2 there "
+                                       "instead\n")
+    # above a sentence, or alone, the same line is still a header of unread names: refused, never scored
+    for other in ("question\tanswer\nWhat is it?\tIt is a cat.\n", "question\tanswer\n",
+                  "question\tanswer\ncat\tdog\nA cat sat.\tA dog sat.\n", "Sentence A\tSentence B\ncat\tdog\n"):
+        with pytest.raises(InputError, match=":1: header line names columns "):
+            read_pairs_file(write(tmp_path, "h.tsv", other))
+    assert capsys.readouterr().err == ""
+
+
+def test_harvest_reads_a_first_pair_of_words_saying_so_and_refuses_a_header_above_sentences(speech_corpus,
+                                                                                           tmp_path):
+    """Through `sentsim harvest --pairs`: the word-pair file is harvested whole, its first line included and
+    named in a note; the same first line above sentences is refused as a header before the run folder exists."""
+    import pyarrow.dataset as ds
+    from conftest import sentsim_cli
+    from harvest_support import tiny_context_bundle
+
+    models = tiny_context_bundle(speech_corpus, tmp_path / "ctx")
+    harvest = ("harvest", "--corpus", speech_corpus, "--context-models", models, "--executor", "inline",
+               "--set", "contexts.mode=random", "--set", "rank.enabled=false")
+    pairs = write(tmp_path, "words.tsv", "question\tanswer\nnation\tcountry\ntaxes\tyear\n")
+    r = sentsim_cli(*harvest, "--pairs", pairs, "--out", tmp_path / "run")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (f"note: {pairs}:1: question<TAB>answer read as a pair, as every line under it is a pair of words; "
+            "if it names the columns, write s1<TAB>s2 there instead") in r.stderr.splitlines(), r.stderr[-3000:]
+    got = ds.dataset(str(tmp_path / "run" / "pairs")).to_table(columns=["s1", "s2"]).to_pylist()
+    assert sorted((p["s1"], p["s2"]) for p in got) == [("nation", "country"), ("question", "answer"),
+                                                       ("taxes", "year")]
+    pairs = write(tmp_path, "qa.tsv", "question\tanswer\nWhat must the nation do?\tRemain strong.\n")
+    r = sentsim_cli(*harvest, "--pairs", pairs, "--out", tmp_path / "run2")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.startswith(f"sentsim: error: {pairs}:1: header line names columns question, answer;"), r.stderr
+    assert not (tmp_path / "run2").exists()
+
+
 def test_harvest_refuses_a_header_of_unread_names_before_any_work(speech_corpus, tmp_path):
     from conftest import sentsim_cli
 
