@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -262,7 +262,8 @@ class ScorePlan:
     """What one unit asks of a scoring call: the (sentence, context) of each item its Eq. 4 rows read, its
     groups (None when ungrouped), the reference sentences of the context effect, and its contexts by key.
     `known`: the items the Eq. 3 re-rank scored already (rerank.py), each with its row of that pass's result;
-    the others are the call's items [start, start + n_new), in `keys` order."""
+    `held`: the items Eq. 4 leaves out (WithContexts.held), never scored; the others are the call's items
+    [start, start + n_new), in `keys` order."""
 
     start: int
     keys: List[tuple]
@@ -270,10 +271,12 @@ class ScorePlan:
     refs: List[str]
     ctx_by_key: Dict[int, Any]
     known: Dict[tuple, int] = field(default_factory=dict)
+    held: FrozenSet[tuple] = frozenset()
 
     @cached_property  # read for the batch, the item counts and the values: one pass over the keys, not three
     def new_keys(self) -> List[tuple]:
-        return [k for k in self.keys if k not in self.known] if self.known else self.keys
+        skip = self.known.keys() | self.held
+        return [k for k in self.keys if k not in skip] if skip else self.keys
 
 
 class ScoreStage(Stage):
@@ -329,20 +332,23 @@ class ScoreStage(Stage):
         re-rank scored, from its result."""
         n, new = len(plan.keys), len(plan.new_keys)
         part = slice(plan.start, plan.start + new)
-        if not plan.known:
-            if res is None:  # no unit of the call needed an item (every pair without contexts): no result
-                return np.zeros(0), {d: np.zeros(0) for d in DIRS}
+        if n == 0:  # a unit whose every pair has no contexts: nothing to read (and no result when no unit had)
+            return np.zeros(0), {d: np.zeros(0) for d in DIRS}
+        if new == n:  # every item scored by this call
             return res.score[part], {d: res.logprob[d][part] for d in DIRS}
-        hit = np.array([k in plan.known for k in plan.keys], dtype=bool)
-        rows = np.array([plan.known[k] for k in plan.keys if k in plan.known], dtype=np.int64)
-        S, lp = np.empty(n), {d: np.empty(n) for d in DIRS}
-        S[hit] = pre.result.score[rows]
-        for d in DIRS:
-            lp[d][hit] = pre.result.logprob[d][rows]
-        if new:
-            S[~hit] = res.score[part]
+        # a held item stays NaN: Eq. 4 leaves it out, as an item not scored
+        S, lp = np.full(n, np.nan), {d: np.full(n, np.nan) for d in DIRS}
+        if plan.known:
+            hit = np.array([k in plan.known for k in plan.keys], dtype=bool)
+            rows = np.array([plan.known[k] for k in plan.keys if k in plan.known], dtype=np.int64)
+            S[hit] = pre.result.score[rows]
             for d in DIRS:
-                lp[d][~hit] = res.logprob[d][part]
+                lp[d][hit] = pre.result.logprob[d][rows]
+        if new:
+            fresh = np.array([k not in plan.known and k not in plan.held for k in plan.keys], dtype=bool)
+            S[fresh] = res.score[part]
+            for d in DIRS:
+                lp[d][fresh] = res.logprob[d][part]
         return S, lp
 
     def _needed(self, w: WithContexts, start: int, known: Optional[Dict[tuple, int]] = None) -> ScorePlan:
@@ -365,7 +371,8 @@ class ScoreStage(Stage):
         refs = self.reference_texts if metrics.get(self.cfg.metric).uses_context_effect else []
         ref_keys = [(("ref", i), k) for i in range(len(refs)) for k in ctx_by_key]
         keys = list(need) + ref_keys
-        return ScorePlan(start, keys, groups, refs, ctx_by_key, {k: r for k, r in (known or {}).items() if k in need})
+        return ScorePlan(start, keys, groups, refs, ctx_by_key, {k: r for k, r in (known or {}).items() if k in need},
+                         w.held)
 
     def _scored(self, w: WithContexts, values: tuple, plan: ScorePlan, n_scored: int, seconds: float,
                 n_reranked: int = 0) -> Scored:

@@ -72,6 +72,16 @@ def test_eq4_leaves_out_a_sentence_in_a_partners_context_that_holds_it(inputs, t
     assert off.S.notna().all()
     same = cs.S.notna()
     assert np.allclose(cs.S[same], off.S.loc[cs.index[same]], atol=1e-6)
+    # an item left out is never scored: each unit scores as many fewer items as it keeps null rows for
+    from storage import ShardStore
+
+    def scored(on):
+        return {u: m["extra"]["scored_items"] for u, m in ShardStore(str(tmp_path / str(on))).markers().items()}
+
+    rows = runs[True]["context_scores"]
+    null_rows = int(rows.S.isna().sum())
+    assert null_rows > 0 and sum(scored(True).values()) == sum(scored(False).values()) - null_rows
+    assert rows[rows.S.isna()][["fwd", "left", "right"]].isna().all().all()
 
 
 def test_a_harvest_from_before_the_partner_exclusion_is_refused_by_name_and_resumes_with_it(inputs, tmp_path):
