@@ -39,6 +39,10 @@ hold exactly the same rows in the same order (units ascending, each unit's rows 
 compaction killed in 1-2 resumes where it stopped (a record whose sources and file check out is
 kept); one killed in 4 or 5 is finished by the next call. GGG is the compaction's generation: a second
 compaction keeps every file of the first that still stands for its units and writes the rest anew.
+A compaction to another target than the committed one (`--target-mb`; without it, the target of a
+compaction begun and killed, else the committed one) is a new generation through the same steps: the
+units are regrouped to the new size from the committed files' checked slices, a file that comes out
+holding the very same units is kept, and the earlier files are removed only after the new commit (step 4).
 After step 5 DIR/<table>/ holds exactly the run's rows, so plain Parquet readers of that folder are
 right too (README, "Outputs").
 """
@@ -72,6 +76,7 @@ from storage.records import StoreError, timestamp
 from storage.store import ShardStore
 
 PLAN = "plan.json"
+DEFAULT_TARGET_BYTES = 128 << 20
 FOREIGN_DIR = "_foreign"  # files found in a table folder that the run does not name, moved out by compaction
 
 
@@ -304,11 +309,15 @@ def _problems(store: ShardStore, fp: str, planned: int,
     return markers, problems
 
 
-def compact_run(uri: str, target_bytes: int = 128 << 20, stop_after: Optional[int] = None, stream=None) -> dict:
-    """Compact the complete run at `uri` (resumable, incremental). `stop_after`: write at most that many
-    output files, then stop before the commit (tests; a kill does the same). Returns a summary dict."""
+def compact_run(uri: str, target_bytes: Optional[int] = None, stop_after: Optional[int] = None,
+                stream=None) -> dict:
+    """Compact the complete run at `uri` (resumable, incremental). `target_bytes`: None resumes a begun
+    compaction at its target, else keeps the committed compaction's (DEFAULT_TARGET_BYTES for a first
+    one); another target than the committed one rewrites the compacted files to it, as a new generation.
+    `stop_after`: write at most that many output files, then stop before the commit (tests; a kill does
+    the same). Returns a summary dict."""
     stream = stream or sys.stderr
-    if not target_bytes >= 1:
+    if target_bytes is not None and not target_bytes >= 1:
         raise StoreError(f"target size must be positive, got {target_bytes} bytes")
     reader = RunReader(uri)
     store = reader.store
@@ -325,12 +334,21 @@ def compact_run(uri: str, target_bytes: int = 128 << 20, stop_after: Optional[in
             more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
             raise StoreError(f"{uri}: not compacted: {problems[0]}{more}; {fix_hint(uri)}")
         tables = sorted({t for rec in markers.values() for t in rec["files"]})
+        committed_target = comp.record.get("target_bytes") if comp is not None else None
+        asked = target_bytes is not None
+        if target_bytes is None:  # a plain rerun resumes a compaction begun at another target, else keeps the run's
+            target_bytes = int(_begun_target(store, fp, (comp.generation if comp else 0) + 1, markers, tables)
+                               or committed_target or DEFAULT_TARGET_BYTES)
+        retarget = comp is not None and committed_target != target_bytes
         if comp is not None:
-            done = _finish_earlier(store, comp, markers, tables, stream)
+            done = _finish_earlier(store, comp, markers, tables, stream, retarget)
             if done is not None:
-                return done
+                return dict(done, target_bytes=target_bytes)
+        if retarget:
+            print(f"[compact] {uri} was compacted to about {_mb(committed_target)} a file: rewriting its files "
+                  f"to about {_mb(target_bytes)}", file=stream, flush=True)
         generation = (comp.generation if comp else 0) + 1
-        plan = _plan(store, fp, generation, markers, tables, comp, target_bytes, stream)
+        plan = _plan(store, fp, generation, markers, tables, comp, target_bytes, retarget, asked, stream)
         records, written = _write_planned(store, comp, plan, generation, markers, tables, lease, stop_after, stream)
         if records is None:
             return {"status": "stopped", "written": written}
@@ -339,24 +357,27 @@ def compact_run(uri: str, target_bytes: int = 128 << 20, stop_after: Optional[in
                     "units": sorted(markers), "tables": records, "written": timestamp()}
         lease.check()
         write_manifest(store, manifest)  # the commit point
+        earlier = {r["path"] for recs in comp.tables.values() for r in recs} if comp is not None else set()
         comp = Compaction(store, read_compaction(store, fp))
         removed = _finish(store, comp, markers)
         moved = _move_foreign(store, comp, markers, stream)
-        return {"status": "compacted", "written": written, "removed": removed, "moved": moved,
-                "files": {t: len(v) for t, v in records.items()}, "units": len(markers)}
+        replaced = len(earlier - {r["path"] for recs in records.values() for r in recs})
+        return {"status": "compacted", "written": written, "removed": removed, "replaced": replaced,
+                "moved": moved, "files": {t: len(v) for t, v in records.items()}, "units": len(markers),
+                "target_bytes": plan["target_bytes"]}
     finally:
         lease.release()
 
 
 def _finish_earlier(store: ShardStore, comp: Compaction, markers: Dict[int, dict], tables: List[str],
-                    stream) -> Optional[dict]:
+                    stream, retarget: bool = False) -> Optional[dict]:
     """A kill after an earlier commit: finish that one first (a plan begun since is kept). The summary
-    when the committed compaction still covers every unit, else None (compact again)."""
+    when the committed compaction still covers every unit at the target asked for, else None (compact again)."""
     removed = _finish(store, comp, markers, staging=False)
     legacy = any("staged" not in r or any(len(e) < 3 for e in r["units"])
                  for recs in comp.tables.values() for r in recs)
     covered = all(comp.covers(t, u, f) is not None for u, m in markers.items() for t, f in m["files"].items())
-    if not covered or legacy or any(comp.stale(t, markers) for t in tables):
+    if retarget or not covered or legacy or any(comp.stale(t, markers) for t in tables):
         return None
     _finish(store, comp, markers)
     moved = _move_foreign(store, comp, markers, stream)
@@ -365,23 +386,52 @@ def _finish_earlier(store: ShardStore, comp: Compaction, markers: Dict[int, dict
 
 
 def _plan(store: ShardStore, fp: str, generation: int, markers: Dict[int, dict], tables: List[str],
-          comp: Optional[Compaction], target_bytes: int, stream) -> dict:
-    """The committed plan of this generation if it still matches the markers, else a new one (committed)."""
+          comp: Optional[Compaction], target_bytes: int, retarget: bool, asked: bool, stream) -> dict:
+    """The committed plan of this generation if it still matches the markers, else a new one (committed).
+    `retarget`: the committed compaction's files are regrouped to the new target (those that come out
+    holding the very same units are kept), rather than kept whole."""
     plan_p = compact_path(store, PLAN)
     found, plan = sfs.read_json(store.fs, plan_p)
     if found:
         if not isinstance(plan, dict) or plan.get("generation") != generation or \
                 not _plan_matches(plan, fp, markers, tables):
             plan = None  # begun on units that were redone since, or by another compaction: plan again
-        elif plan.get("target_bytes") != target_bytes:
-            print(f"[compact] resuming the compaction begun with a target of {plan['target_bytes']:,} bytes",
+        elif asked and plan.get("target_bytes") != target_bytes:  # a plain rerun just resumes
+            print(f"[compact] resuming the compaction begun with a target of {plan['target_bytes']:,} bytes; "
+                  f"once it is done, run the command again to compact to {target_bytes:,} bytes",
                   file=stream, flush=True)
     if plan is None:
         plan = {"fingerprint": fp, "generation": generation, "target_bytes": target_bytes, "created": timestamp(),
-                "tables": {t: plan_groups(markers, t, target_bytes, _kept_files(comp, t, markers))
+                "tables": {t: _regrouped(markers, t, target_bytes, _kept_files(comp, t, markers)) if retarget
+                           else plan_groups(markers, t, target_bytes, _kept_files(comp, t, markers))
                            for t in tables}}
         store.commit_bytes(plan_p, json.dumps(plan, sort_keys=True).encode())
     return plan
+
+
+def _begun_target(store: ShardStore, fp: str, generation: int, markers: Dict[int, dict],
+                  tables: List[str]) -> Optional[int]:
+    """The target of a plan of this generation begun by a killed compaction and still valid, else None."""
+    found, plan = sfs.read_json(store.fs, compact_path(store, PLAN))
+    if found and isinstance(plan, dict) and plan.get("generation") == generation and \
+            _plan_matches(plan, fp, markers, tables):
+        return plan.get("target_bytes")
+    return None
+
+
+def _regrouped(markers: Dict[int, dict], table: str, target_bytes: int, valid: Dict[int, dict]) -> List[dict]:
+    """Groups for a new target; a group that holds exactly the units of a committed file still valid
+    (`valid`: first unit -> its record) keeps that file instead of writing the same rows again."""
+    groups = plan_groups(markers, table, target_bytes)
+    for g in groups:
+        rec = valid.get(int(g["units"][0][0]))
+        if rec is not None and [list(e) for e in rec["units"]] == g["units"]:
+            g.update(units=rec["units"], keep=rec["path"])
+    return groups
+
+
+def _mb(n: Optional[int]) -> str:
+    return f"{n / (1 << 20):.3g} MB" if n else "an unrecorded size"
 
 
 def _write_planned(store: ShardStore, comp: Optional[Compaction], plan: dict, generation: int,

@@ -171,6 +171,81 @@ def test_help_and_a_real_compaction_through_the_cli(tmp_path):
     assert r.returncode == 0 and "compacted (a 1, b 1 file(s); 8 per-unit shard(s) removed)" in r.stdout
 
 
+def test_compacting_again_with_another_target_regroups_the_files(tmp_path):
+    """`--target-mb` on a compacted run rewrites its files to the new size (merged or split, a whole unit
+    the smallest piece), same rows in the same order; without it the committed target stands."""
+    import pyarrow.dataset as pads
+
+    from storage import RunReader
+
+    run = tmp_path / "run"
+    make_run(run, n_units=30)
+    before, _ = snapshot(run)
+
+    def names(t):
+        return sorted(p.name for p in (run / t).iterdir())
+
+    def compact(*target):
+        r = sentsim_cli("store", "compact", run, *target)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert verify_ok(run) and all(snapshot(run)[0][t].equals(before[t]) for t in ("a", "b"))
+        assert all(pads.dataset(str(run / t)).to_table().equals(before[t]) for t in ("a", "b"))
+        assert sorted(p.name for p in (run / "_compact").iterdir()) == ["manifest.json"]
+        return r
+
+    first = compact("--target-mb", "0.005")
+    assert "compacted (a 10, b 4 file(s); 60 per-unit shard(s) removed); target 0.005 MB a file" in first.stdout
+    again = compact()
+    assert "already compacted (a 10, b 4 file(s)" in again.stdout and "target 0.005 MB a file" in again.stdout
+    assert "pass --target-mb" in again.stdout
+    merged = compact("--target-mb", "1")
+    assert "compacted (a 1, b 1 file(s); 0 per-unit shard(s) removed; 14 earlier compacted file(s) replaced); " \
+           "target 1 MB a file" in merged.stdout
+    assert "was compacted to about 0.005 MB a file: rewriting its files to about 1 MB" in merged.stderr
+    assert names("a") == names("b") == ["compact-002-00000.parquet"]
+    split = compact("--target-mb", "0.0001")  # below any unit's shard: a unit a file
+    assert "compacted (a 30, b 30 file(s)" in split.stdout
+    assert names("a") == [f"compact-003-{i:05d}.parquet" for i in range(30)]
+    assert [len(f["units"]) for f in RunReader(str(run)).compaction()["tables"]["a"]] == [1] * 30
+    # another target that groups the units as they are: the files are kept, not written again
+    kept = {p.name: p.stat().st_mtime_ns for p in (run / "a").iterdir()}
+    same = compact("--target-mb", "0.00011")
+    assert "compacted (a 30, b 30 file(s); 0 per-unit shard(s) removed)" in same.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in (run / "a").iterdir()} == kept
+    assert RunReader(str(run)).compaction()["generation"] == 4
+    assert "already compacted" in compact("--target-mb", "0.00011").stdout
+
+
+def test_a_killed_compaction_to_another_target_keeps_the_committed_files_and_resumes(tmp_path):
+    from storage.compact import compact_run
+
+    run = tmp_path / "run"
+    make_run(run, n_units=30)
+    before, _ = snapshot(run)
+    assert compact_run(str(run), target_bytes=4_000)["status"] == "compacted"
+    committed = sorted(p.name for p in (run / "a").iterdir())
+    assert compact_run(str(run), target_bytes=1 << 20, stop_after=1) == {"status": "stopped", "written": 1}
+    # killed before the new commit: readers still read the committed files, which are all still there
+    assert sorted(p.name for p in (run / "a").iterdir()) == committed
+    assert all(snapshot(run)[0][t].equals(before[t]) for t in ("a", "b")) and verify_ok(run)
+    r = sentsim_cli("store", "compact", run, "--target-mb", "1")
+    assert r.returncode == 0 and "compacted (a 1, b 1 file(s)" in r.stdout, r.stderr
+    assert sorted(p.name for p in (run / "a").iterdir()) == ["compact-002-00000.parquet"]
+    assert all(snapshot(run)[0][t].equals(before[t]) for t in ("a", "b")) and verify_ok(run)
+    # the same command without --target-mb resumes the compaction it finds begun, as a first one does
+    assert compact_run(str(run), target_bytes=4_000, stop_after=2) == {"status": "stopped", "written": 2}
+    r = sentsim_cli("store", "compact", run)
+    assert r.returncode == 0 and "compacted (a 10, b 5 file(s)" in r.stdout and "target 0.00381 MB" in r.stdout
+    assert "resuming" not in r.stderr and not list((run / "a").glob("compact-002-*"))
+    assert all(snapshot(run)[0][t].equals(before[t]) for t in ("a", "b")) and verify_ok(run)
+
+
+def verify_ok(run) -> bool:
+    from storage import verify_store
+
+    return verify_store(str(run)) == []
+
+
 @pytest.fixture(scope="module")
 def small_harvest(speech_corpus, tmp_path_factory):
     """A real harvest of 4 units (8 anchors, 2 a unit), with its context scores."""
@@ -444,6 +519,32 @@ def test_every_crash_point_of_compaction_keeps_every_row(speech_corpus, tmp_path
         for t in KEYS:
             stale_committed = r["scenario"] == "second" and r[f"{t} RunReader"] == "refused"
             assert r[f"{t} RunReader exact"] or stale_committed, r
+            assert r[f"{t} after rerun exact"] and r[f"{t} plain after rerun"] == r[f"{t} committed"], r
+        assert r["rerun rc"] == 0 and r["verify after rerun"] == "OK", r
+
+
+@pytest.mark.slow
+def test_every_crash_point_of_a_compaction_to_another_target_keeps_every_row(speech_corpus, tmp_path):
+    """SIGKILL before each durable step of `sentsim store compact --target-mb` on a run compacted at
+    another target: the earlier files are read until the new commit and removed only after it, so
+    RunReader reads exactly the committed rows at every point, and rerunning the command ends with
+    exactly those rows (RunReader and plain DIR/<table>), all in files of the new generation."""
+    cp = load_bench("crash_points")
+
+    from storage.compact import compact_run
+
+    compacted = tmp_path / "compacted"
+    shutil.copytree(speech_corpus, compacted)
+    compact_run(str(compacted), target_bytes=100_000)
+    rows = cp.compaction_crash_points(compacted, tmp_path / "retarget", 1 << 20, label="another target")
+    print(cp.compaction_table(rows))
+    steps = [r["killed before"] for r in rows]
+    for kind in ("rename into _compact/sentences/compact-002-00000.parquet", "rename into _compact/manifest.json",
+                 "rename into sentences/compact-002-00000.parquet", "delete sentences/compact-001-00000.parquet"):
+        assert kind in steps, (kind, steps)
+    for r in rows:
+        for t in cp.CORPUS_KEYS:
+            assert r[f"{t} RunReader exact"], r
             assert r[f"{t} after rerun exact"] and r[f"{t} plain after rerun"] == r[f"{t} committed"], r
         assert r["rerun rc"] == 0 and r["verify after rerun"] == "OK", r
 
