@@ -169,8 +169,45 @@ class RunReader:
             self._vouched[table] = [self.store.path(rel) for rel, _, _, _ in expected]
         out = list(self._vouched[table])
         if not out and required:
+            self._refuse_unknown_table(table)
             raise StoreError(f"{self._where}: no completed {table}/ shards (no unit marker names one)")
         return out
+
+    def _refuse_unknown_table(self, table: str) -> None:
+        """One line naming the tables the run has, when `table` is none of them."""
+        tables = self.tables()
+        if table not in tables:
+            raise StoreError(f"{self._where}: no table {table!r} in this run (its tables: "
+                             f"{', '.join(tables) or 'none, no unit is complete yet'})")
+
+    def check_columns(self, table: str, columns: Optional[Sequence[str]] = None,
+                      numeric: Sequence[str] = ()) -> Optional[List[str]]:
+        """`columns` as a list (None: every column), each checked against the table's schema (its first
+        file's), and each of `numeric` a column of integers or floats: a name the table lacks, a bare
+        string for a list, or text where numbers are expected is one line naming the run, the table, the
+        column and what the table has, before any row is read."""
+        if columns is None and not numeric:
+            return None
+        asked = [] if columns is None else columns
+        for given in (asked, numeric):
+            if isinstance(given, (str, bytes)):
+                raise InputError(f"{self.uri}: columns of {table} are a list of names, got the string {given!r} "
+                                 f"(one column: [{given!r}])")
+        asked, numeric = list(asked), list(numeric)
+        odd = [c for c in [*asked, *numeric] if not isinstance(c, str)]
+        if odd:
+            raise InputError(f"{self.uri}: columns of {table} are named by strings, got {odd[0]!r} "
+                             f"({type(odd[0]).__name__})")
+        schema = self.schema(table)
+        missing = [c for c in dict.fromkeys([*asked, *numeric]) if c not in schema.names]
+        if missing:
+            raise InputError(f"{self.uri}: table {table} has no column(s) {', '.join(missing)} "
+                             f"(its columns: {', '.join(schema.names)})")
+        for c in numeric:
+            if not _is_numeric(schema.field(c).type):
+                raise InputError(f"{self.uri}: column {c} of table {table} holds {schema.field(c).type}, "
+                                 f"not numbers ({_numeric_names(schema) or 'the table has no numeric column'})")
+        return None if columns is None else asked
 
     def _check_sizes(self, rels: List[str]) -> None:
         """Each file is there, a regular file, with its record's size: one listing per folder (an object
@@ -229,12 +266,14 @@ class RunReader:
     def file_uris(self, table: str) -> List[str]:
         """The same files as URIs a user can paste (s3://bucket/run/pairs/part-00000.parquet), their sizes
         and row counts checked (whoever reads them next does not check)."""
+        self._refuse_unknown_table(table)
         files = self.files(table, required=False)
         self._check_rows(files)
         return [self.display(p) for p in files]
 
     def rows(self, table: str) -> int:
         """Row count from the markers alone (no Parquet read)."""
+        self._refuse_unknown_table(table)
         return sum(int(rec["files"][table]["rows"]) for rec in self.units().values() if table in rec.get("files", {}))
 
     def schema(self, table: str) -> pa.Schema:
@@ -247,19 +286,29 @@ class RunReader:
         self._check_rows(files)
         return self.guarded(files[0], lambda: pads.dataset(files, filesystem=self.fs, format="parquet"))
 
-    def read_table(self, table: str, columns: Optional[Sequence[str]] = None) -> pa.Table:
-        """The whole table (or some columns) as one pyarrow Table; a missing column names the shard."""
-        parts = [self.read_file(f, columns) for f in self.files(table)]
-        return pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
+    def read_table(self, table: str, columns: Optional[Sequence[str]] = None,
+                   numeric: Sequence[str] = ()) -> pa.Table:
+        """The whole table (or some columns) as one pyarrow Table. `numeric`: columns that must hold
+        numbers (checked on every file). A column the table lacks, or of another type, is one line
+        (`columns`); a shard that differs from the others names the shard."""
+        columns = self.check_columns(table, columns, numeric)
+        parts = [self.read_file(f, columns, numeric) for f in self.files(table)]
+        if len(parts) == 1:
+            return parts[0]
+        first = parts[0].schema
+        other = next((i for i, t in enumerate(parts) if not t.schema.equals(first)), None)
+        if other is not None:
+            raise InputError(f"{self.display(self.files(table)[other])}: its {table} columns are not those of the "
+                             f"table's first file ({_schema_names(parts[other].schema)} against "
+                             f"{_schema_names(first)})")
+        return pa.concat_tables(parts).combine_chunks()
 
-    def read_file(self, path: str, columns: Optional[Sequence[str]] = None) -> pa.Table:
+    def read_file(self, path: str, columns: Optional[Sequence[str]] = None,
+                  numeric: Sequence[str] = ()) -> pa.Table:
         def read():
             with self.fs.open_input_file(path) as fh:
                 pf = self._open_checked(fh, path)
-                if columns is not None:
-                    missing = [c for c in columns if c not in pf.schema_arrow.names]
-                    if missing:
-                        raise InputError(f"{self.display(path)}: missing column(s) {', '.join(missing)}")
+                _refuse_columns(self.display(path), pf.schema_arrow, columns, numeric)
                 return pf.read(columns=list(columns) if columns is not None else None)
         return self.guarded(path, read)
 
@@ -276,6 +325,7 @@ class RunReader:
             rec = self._marker(unit)
             f = rec.get("files", {}).get(table)
             if f is None:
+                self._refuse_unknown_table(table)
                 raise StoreError(f"{self._where}: unit {unit} has no {table} shard")
             path = self.store.path(f["path"])
             self._expect[path] = (int(f["bytes"]), int(f["rows"]), MARKER)
@@ -352,11 +402,12 @@ class RunReader:
 
     def iter_batches(self, table: str, columns: Optional[Sequence[str]] = None, batch_size: int = 8192):
         """Record batches shard by shard, in unit order (streaming: one shard open at a time)."""
+        columns = self.check_columns(table, columns)
         for path in self.files(table):
             with self.fs.open_input_file(path) as fh:
                 pf = self.guarded(path, lambda: self._open_checked(fh, path))
-                yield from pf.iter_batches(columns=list(columns) if columns is not None else None,
-                                           batch_size=batch_size)
+                _refuse_columns(self.display(path), pf.schema_arrow, columns)
+                yield from pf.iter_batches(columns=columns, batch_size=batch_size)
 
     def ray_dataset(self, table: str, columns: Optional[Sequence[str]] = None, *,
                     shard_order_seed: Optional[int] = None, **kw):
@@ -387,7 +438,7 @@ class RunReader:
         if shard_order_seed is not None:
             files = random.Random(shard_order_seed).sample(files, len(files))
         shards = [(path, self._expect.get(path, (None, None, None))) for path in files]
-        cols = list(columns) if columns else None
+        cols = self.check_columns(table, columns) or None
         with self.fs.open_input_file(files[0]) as fh:
             schema = pq.ParquetFile(fh).schema_arrow
         schema = pa.schema([schema.field(c) for c in cols]) if cols else schema
@@ -432,6 +483,31 @@ class RunReader:
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"{self.display(path)}: not a readable Parquet file "
                              f"({type(exc).__name__}: {exc})") from None
+
+
+def _is_numeric(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+def _numeric_names(schema: pa.Schema) -> str:
+    names = [f.name for f in schema if _is_numeric(f.type)]
+    return f"its numeric columns: {', '.join(names)}" if names else ""
+
+
+def _schema_names(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name} {f.type}" for f in schema)
+
+
+def _refuse_columns(shown: str, schema: pa.Schema, columns: Optional[Sequence[str]],
+                    numeric: Sequence[str] = ()) -> None:
+    """One file's own check of what RunReader.check_columns checked on the table's first file: a shard that
+    lacks a column or holds it as another type is named, with what it has."""
+    missing = [c for c in dict.fromkeys([*(columns or ()), *numeric]) if c not in schema.names]
+    if missing:
+        raise InputError(f"{shown}: missing column(s) {', '.join(missing)} (its columns: {', '.join(schema.names)})")
+    for c in numeric:
+        if not _is_numeric(schema.field(c).type):
+            raise InputError(f"{shown}: column {c} holds {schema.field(c).type}, not numbers")
 
 
 def open_run(uri: str, *, what: str = "", manifest_required: bool = True) -> RunReader:

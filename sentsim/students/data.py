@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -43,9 +43,9 @@ def shard_files(root, table: str) -> list[str]:
     return files
 
 
-def read_table(root, table: str, columns: list[str]) -> pa.Table:
+def read_table(root, table: str, columns: list[str], numeric: Sequence[str] = ()) -> pa.Table:
     shard_files(root, table)
-    return root.read_table(table, columns)
+    return root.read_table(table, columns, numeric=numeric)
 
 
 def harvest_pairs(root) -> tuple[pa.Table, Optional[dict], dict]:
@@ -63,7 +63,7 @@ def harvest_pairs(root) -> tuple[pa.Table, Optional[dict], dict]:
         refuse_unknown_splits,
     )
 
-    t = read_table(root, "pairs", ["s1", "s2", "score", "split"])
+    t = read_table(root, "pairs", ["s1", "s2", "score", "split"], numeric=["score"])  # a text score is named, not cast
     refuse_nonfinite_scores(t["score"], f"--data {root}")
     refuse_unknown_splits(t["split"], f"--data {root}")
     scored = {s: keep_split(t, s).num_rows for s in SPLITS}

@@ -60,7 +60,7 @@ def test_reader_lists_marked_shards_only(dirty_run):
     assert "not complete (2/3 units written)" in r.incomplete_note()
     ids = r.read_table("pairs", ["pair_id"])["pair_id"].to_pylist()
     assert max(ids) < 800  # nothing from the unmarked unit or the temp file
-    with pytest.raises(UsageError, match="missing column"):
+    with pytest.raises(UsageError, match="table pairs has no column.s. nope"):
         r.read_table("pairs", ["nope"])
 
 
@@ -76,6 +76,8 @@ def test_ray_dataset_reads_the_marked_shards_without_listing_them(dirty_run, ray
     assert len(got) == 80 and list(got.columns) == ["pair_id", "score"]
     assert "ListFiles" not in ds.stats() and "ReadFiles" not in ds.stats()
     assert r.ray_dataset("sentences").count() == 20
+    with pytest.raises(UsageError, match=r"table pairs has no column.s. nope \(its columns: pair_id, s1, s2, score"):
+        r.ray_dataset("pairs", ["nope"])
 
 
 def test_ray_dataset_shard_order_seed_reads_the_files_in_a_seeded_order(tmp_path, ray_local):
@@ -104,6 +106,78 @@ def test_ray_dataset_shard_order_seed_reads_the_files_in_a_seeded_order(tmp_path
         assert seeded != list(range(8)) and seeded != units(shard_order_seed=4)
     finally:
         ctx.execution_options.preserve_order = keep
+
+
+def test_a_table_the_run_lacks_is_named_with_the_tables_it_has(dirty_run):
+    """Every reader of a table: one line naming the run and its tables, not 'no completed shards'."""
+    r = RunReader(str(dirty_run))
+    want = f"{dirty_run}: no table 'nope' in this run (its tables: pairs, sentences)"
+    for read in (lambda: r.read_table("nope"), lambda: r.dataset("nope"), lambda: r.schema("nope"),
+                 lambda: list(r.iter_batches("nope")), lambda: r.rows("nope"), lambda: r.file_uris("nope"),
+                 lambda: r.unit_table(0, "nope"), lambda: r.read_table("nope", ["score"], numeric=["score"])):
+        with pytest.raises(UsageError) as e:
+            read()
+        assert str(e.value) == want
+    assert r.files("nope", required=False) == []  # "has it any rows?", as commands ask it
+
+
+def test_columns_the_table_lacks_or_holds_as_text_are_named_with_what_it_has(dirty_run):
+    r = RunReader(str(dirty_run))
+    has = "(its columns: pair_id, s1, s2, score, split)"
+    cases = {
+        f"{dirty_run}: table pairs has no column(s) nope, gold {has}":
+            [lambda: r.read_table("pairs", ["score", "nope", "gold"]),
+             lambda: list(r.iter_batches("pairs", ["nope", "gold"])),
+             lambda: r.read_table("pairs", ["score"], numeric=["nope", "gold"])],
+        f"{dirty_run}: column split of table pairs holds string, not numbers (its numeric columns: pair_id, score)":
+            [lambda: r.read_table("pairs", ["split", "score"], numeric=["split"])],
+        f"{dirty_run}: columns of pairs are a list of names, got the string 'score' (one column: ['score'])":
+            [lambda: r.read_table("pairs", "score"), lambda: list(r.iter_batches("pairs", "score"))],
+        f"{dirty_run}: columns of pairs are named by strings, got 0 (int)": [lambda: r.read_table("pairs", [0])],
+    }
+    for want, reads in cases.items():
+        for read in reads:
+            with pytest.raises(UsageError) as e:
+                read()
+            assert str(e.value) == want
+    assert r.read_table("pairs", ["score"], numeric=["pair_id", "score"]).column_names == ["score"]
+    assert [b.num_columns for b in r.iter_batches("pairs", ["score"])] == [1, 1]
+
+
+def test_a_shard_whose_columns_differ_from_the_first_is_named(tmp_path):
+    """A run whose unit 1 holds score as text (written so: its marker vouches for it): the table-level check
+    reads the first shard, so each shard is checked again as it is read, and named."""
+    root = tmp_path / "run"
+    store = ShardStore(str(root))
+    store.open_run("harvest", FP, {}, [], {"pairs": pairs_table(3).schema}, planned_units=2)
+    store.write_unit(0, {"pairs": pairs_table(10)}, FP)
+    text = pairs_table(10, 100)
+    store.write_unit(1, {"pairs": text.set_column(3, "score", text["score"].cast(pa.string()))}, FP)
+    store.finalize(2, {})
+    r = RunReader(str(root))
+    with pytest.raises(UsageError, match=r"run/pairs/part-00001.parquet: column score holds string, not numbers$"):
+        r.read_table("pairs", ["score"], numeric=["score"])
+    with pytest.raises(UsageError, match=r"run/pairs/part-00001.parquet: its pairs columns are not those of the "
+                                         r"table's first file \(score string against score double\)$"):
+        r.read_table("pairs", ["score"])
+
+
+def test_train_student_names_a_harvest_whose_score_is_text(tmp_path):
+    """`sentsim train student` cast the score column to numbers and died on text in a pandas traceback;
+    it is one line naming the run, the column and the numeric columns there are."""
+    from conftest import sentsim_cli
+
+    root = tmp_path / "run"
+    store = ShardStore(str(root))
+    text = pairs_table(40)
+    text = text.set_column(3, "score", pa.array([f"{x:.2f}" for x in text["score"].to_pylist()]))
+    store.open_run("harvest", FP, {}, [], {"pairs": text.schema}, planned_units=1)
+    store.write_unit(0, {"pairs": text}, FP)
+    store.finalize(1, {})
+    r = sentsim_cli("train", "student", "--objective", "rse", "--executor", "inline", "--data", root,
+                    "--out", tmp_path / "o", "--max-steps", "1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"{root}: column score of table pairs holds string, not numbers (its numeric columns: pair_id)" in r.stderr
 
 
 def test_surrogate_and_student_readers_skip_temp_and_unmarked(dirty_run, capsys):
