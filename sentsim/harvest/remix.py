@@ -27,8 +27,9 @@ go in order.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Annotated, List, Literal, Optional
+from typing import Annotated, Iterator, List, Literal, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -114,27 +115,98 @@ def pool_vectors_of(source: str, manifest: dict) -> Optional[tuple[str, str]]:
     config = manifest.get("config") or {}
     if (config.get("contexts") or {}).get("mode") != "pool":
         return None
+    remixed = config.get("remix") or {}
+    latest = manifest.get("remix") or {}  # the last run's settings: a remix resumed from its source's new place
+    expected = (latest.get("pool_vectors_fingerprint") or remixed.get("pool_vectors_fingerprint")
+                or (manifest.get("pool") or {}).get("vectors_fingerprint"))
+    problems = []
+    for uri in _vector_places(source, manifest, set()):
+        if any(uri == p[0] for p in problems):
+            continue
+        m, problem = _vectors_run(uri)
+        if problem is None and expected and m.get("fingerprint") != expected:
+            problem = "other"
+        if problem is None:
+            return uri, m["fingerprint"]
+        problems.append((uri, problem))
+    # the first place that holds something says most; vectors missing everywhere are named where the remix
+    # recorded them last
+    uri, problem = next((p for p in problems if p[1] != "missing"), problems[0])
+    if problem == "other":
+        raise UsageError(f"{uri}: these sentence vectors are not the ones {source}'s labels were computed from "
+                         "(the harvest was run again with other settings); remix the harvest that made them")
+    why = {"missing": "no finished run there"}.get(problem, problem)
+    if remixed:
+        raise UsageError(f"{source}: the pool harvest's sentence vectors it was remixed from are missing or "
+                         f"incomplete at {uri} ({why}); if that harvest ({uri.rsplit('/', 1)[0]}) was moved, remix "
+                         "it from its new place, or rerun the remix made from it with its new path (the remixes "
+                         "of that remix follow)")
+    raise UsageError(f"{uri}: this pool harvest's sentence vectors are missing or incomplete ({why}); "
+                     "resume the harvest")
+
+
+def _vector_places(source: str, manifest: dict, seen: set) -> Iterator[str]:
+    """Where `source`'s vectors may be, most likely first: a harvest's own folder; for a remix, where its records
+    put them, relative to the remix (a harvest moved or copied together with its remixes), then absolute (the
+    remix moved alone; the only place a remix from before the relative records names), then wherever its own
+    source finds them, followed by the paths the remix recorded for it (a remix's source re-pointed at the
+    harvest's new place, by rerunning that remix from there)."""
     from sentsim.harvest.pool_vectors import vectors_uri
     from storage import ShardStore, StoreError
 
-    remixed = config.get("remix") or {}
-    uri = remixed.get("pool_vectors") or vectors_uri(source)
-    if "://" not in uri:
-        uri = str(Path(uri).resolve())
-    expected = remixed.get("pool_vectors_fingerprint") or (manifest.get("pool") or {}).get("vectors_fingerprint")
+    remixed = (manifest.get("config") or {}).get("remix")
+    if not remixed:
+        yield vectors_uri(source) if "://" in source else str(Path(vectors_uri(source)).resolve())
+        return
+    records = (manifest.get("remix") or {}, remixed)
+    if not any(r.get("pool_vectors") for r in records):  # none is written so: its own folder is all there is
+        yield from _vector_places(source, {}, seen)
+    for rel, absolute in ((r.get("pool_vectors_relative"), r.get("pool_vectors")) for r in records):
+        yield from _paths(source, rel, absolute)
+    for rec in records:
+        for src in _paths(source, rec.get("source_relative"), rec.get("source")):
+            if src in seen:
+                continue
+            seen.add(src)
+            try:
+                m = ShardStore(src).read_manifest()
+            except StoreError:
+                continue
+            if m and m.get("fingerprint") == rec.get("source_fingerprint"):
+                yield from _vector_places(src, m, seen)
+
+
+def _paths(remix: str, rel: Optional[str], given: Optional[str]) -> List[str]:
+    """A remix's record of a path: relative to the remix folder (when both are local), then as recorded (a path
+    the user gave relative to their working directory then is read relative to the current one)."""
+    out = [str((Path(remix) / rel).resolve())] if rel and "://" not in remix else []
+    if given:
+        out.append(given if "://" in given else str(Path(given).resolve()))
+    return out
+
+
+def _vectors_run(uri: str) -> tuple[Optional[dict], Optional[str]]:
+    """A vectors run's manifest, and None when it is whole; else "missing" (no finished run there), or why not."""
+    from storage import ShardStore, StoreError
+
     store = ShardStore(uri)
     try:
         m = store.read_manifest()
     except StoreError as exc:
-        raise UsageError(f"{uri}: this pool harvest's sentence vectors cannot be read ({exc}); resume the harvest") \
-            from None
-    if not m or not m.get("complete") or store.incomplete_note():
-        raise UsageError(f"{uri}: this pool harvest's sentence vectors are missing or incomplete "
-                         f"({store.incomplete_note() or 'no finished run there'}); resume the harvest")
-    if expected and m.get("fingerprint") != expected:
-        raise UsageError(f"{uri}: these sentence vectors are not the ones {source}'s labels were computed from "
-                         "(the harvest was run again with other settings); remix the harvest that made them")
-    return uri, m["fingerprint"]
+        return None, f"its manifest cannot be read: {exc}"
+    note = store.incomplete_note()
+    if not m or not m.get("complete") or note:
+        return m, note or "missing"
+    return m, None
+
+
+def relative_records(out: str, **paths: str) -> dict:
+    """`paths` recorded relative to the remix folder `out` as well (`<name>_relative`), when both are local: a
+    remix moved or copied together with its source finds it there."""
+    if "://" in out:
+        return {}
+    here = Path(out).resolve()
+    return {f"{k}_relative": os.path.relpath(Path(v).resolve(), here) for k, v in paths.items() if "://" not in v}
 
 
 def check_pool_terms(cfg: RemixConfig, vectors: str) -> None:
@@ -408,7 +480,9 @@ class RemixRun(ShardedJob):
         self.settings = {"source": cfg.source, "source_fingerprint": manifest["fingerprint"], "weights": lam,
                          "metric": metric, **({"variant": self.variant} if self.variant is not None else {}),
                          **({"c_s_weights": chosen_under} if shortlist else {}),
-                         **({"pool_vectors": self.vectors, "pool_vectors_fingerprint": self.vectors_fp}
+                         **({"pool_vectors": self.vectors, "pool_vectors_fingerprint": self.vectors_fp,
+                             # a remix of this remix finds them, and its source, after both are moved together
+                             **relative_records(cfg.out, source=cfg.source, pool_vectors=self.vectors)}
                             if self.vectors is not None else {})}
         if self.vectors is not None:  # a pool harvest keeps its vectors, not context scores
             self.schemas.pop("context_scores")

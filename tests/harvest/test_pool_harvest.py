@@ -213,6 +213,56 @@ def test_remix_recomputes_a_pool_harvest_from_its_vectors(cluster_run, partners_
     assert r.returncode == 2 and "disc term was not scored" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_remix_of_a_remix_follows_its_harvest_when_it_moves(partners_run, tmp_path):
+    """A remix of a pool harvest reads the harvest's vectors, and so does a remix of that remix. Moved together
+    with the harvest, the remixes still find them; with the harvest moved alone, rerunning the first remix from
+    its new place points the remixes of it there too. Vectors that are really gone get one line."""
+    from conftest import error_line
+
+    from sentsim.harvest.remix import RemixConfig, remix
+
+    def cli(*args):  # the paths a user types, relative to where they run the command
+        return sentsim_cli("remix", *args, cwd=tmp_path)
+
+    shutil.copytree(partners_run[1], tmp_path / "a" / "H")
+    remix(RemixConfig(source=str(tmp_path / "a" / "H"), out=str(tmp_path / "a" / "R1"), lambda_fwd=0.0), quiet=True)
+    remix(RemixConfig(source=str(tmp_path / "a" / "R1"), out=str(tmp_path / "a" / "R2"), metric="cosine"), quiet=True)
+    # a remix written before the relative records, which named the vectors by absolute path only, still reads
+    old = tmp_path / "old"
+    shutil.copytree(tmp_path / "a" / "R2", old)
+    m = json.loads((old / "manifest.json").read_text())
+    for rec in (m["remix"], m["config"]["remix"]):
+        del rec["pool_vectors_relative"], rec["source_relative"]
+    (old / "manifest.json").write_text(json.dumps(m))
+    r = cli("old", "--out", "old_again")
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    (tmp_path / "a").rename(tmp_path / "b")
+    r = cli("b/R2", "--out", "b/R3", "--metric", "pearson")  # R1's λ and metric again
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert np.allclose(pairs_of(tmp_path / "b" / "R3").score, pairs_of(tmp_path / "b" / "R1").score, atol=1e-6)
+    assert not np.allclose(pairs_of(tmp_path / "b" / "R3").score, pairs_of(partners_run[1]).score, atol=1e-2)
+
+    (tmp_path / "c").mkdir()
+    (tmp_path / "b" / "H").rename(tmp_path / "c" / "H")
+    r = cli("b/R2", "--out", "b/R4")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    line = error_line(r.stderr)
+    assert "b/R2: the pool harvest's sentence vectors it was remixed from are missing" in line, line
+    r = cli("c/H", "--out", "b/R1", "--lambda-fwd", "0")  # the same remix, resumed: nothing to redo
+    assert r.returncode == 0 and "0 to do" in r.stderr, r.stderr[-3000:]
+    r = cli("b/R2", "--out", "b/R4")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "b" / "R4" / "manifest.json").read_text())["remix"]["pool_vectors"] == \
+        str((tmp_path / "c" / "H" / "pool_vectors").resolve())
+    assert np.allclose(pairs_of(tmp_path / "b" / "R4").score, pairs_of(tmp_path / "b" / "R2").score, atol=1e-6)
+
+    shutil.rmtree(tmp_path / "c" / "H" / "pool_vectors")
+    r = cli("b/R4", "--out", "b/R5")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "sentence vectors it was remixed from are missing or incomplete at" in error_line(r.stderr)
+
+
 def test_a_broken_vectors_run_is_named_and_the_harvest_mends_it(partners_run, tmp_path):
     """Remix refuses vectors that lost a unit, are not the ones the labels came from, or lost their manifest, and a
     rerun of the finished harvest refuses the last; --force-new on the harvest rebuilds an unreadable vectors run,
