@@ -44,10 +44,12 @@ def run(args) -> int:
     rep = json.loads(sfs.read_bytes(fs, sfs.join(root, "report.json")))
     print(f"harvest: {rep.get('pairs', '?')} pairs ({rep.get('null_scores', '?')} null) in "
           f"{m['completed_units']}/{m['planned_units']} units -> {cfg.out}")
-    if rep:
+    if rep and not rep.get("pairs"):  # stopped (--max-units) before any unit of pairs was labelled
+        print("  " + unlabelled_line(rep))
+    elif rep:
         print("  score by split: " + ", ".join(
-            f"{s} n={v['n']} mean={v.get('mean', float('nan')):.3f}" + (f" sd={v['std']:.4f}" if v["n"] > 1 else "")
-            for s, v in rep["score"].items()))
+            f"{s} n={v['n']}" + (f" mean={v['mean']:.3f}" if v["n"] else "")
+            + (f" sd={v['std']:.4f}" if v["n"] > 1 else "") for s, v in rep["score"].items()))
         train = rep["score"].get("train", {})
         if train.get("n", 0) > 1:  # said at the harvest, before anyone trains on it
             from sentsim.losses.cosine_regression import narrow_targets_warning
@@ -65,3 +67,14 @@ def run(args) -> int:
 
             print("  units per node: " + placement_line(rep["placement"]))
     return run_exit_code(m, args.max_units, args.force_new)
+
+
+def unlabelled_line(rep: dict) -> str:
+    """What a harvest with no pair labelled yet has done: its units, and a pool harvest's vectors, which every
+    unit of pairs waits for."""
+    units, vectors = rep.get("units") or {}, rep.get("vectors_units")
+    done = f"{units.get('completed') or 0} of {units.get('planned') or '?'} units done"
+    if vectors and vectors.get("completed") != vectors.get("planned"):
+        return (f"no pairs labelled yet: the pool's sentence vectors are {vectors.get('completed')} of "
+                f"{vectors.get('planned')} units done, and labelling ({done}) waits for all of them")
+    return f"no pairs labelled yet: {done}"

@@ -4,6 +4,7 @@ and the time each stage spent."""
 from __future__ import annotations
 
 import json
+from typing import Optional
 
 import numpy as np
 import pyarrow as pa
@@ -44,7 +45,8 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
     units = reader.units()
     # a pool harvest scores in its vectors run (pool_vectors.py) and only labels here: both count
     pooled = ((manifest.get("config") or {}).get("contexts") or {}).get("mode") == "pool"
-    scoring_units = list(units.values()) + (list(_vectors_units(out)) if pooled else [])
+    vectors = _vectors_units(out) if pooled else None
+    scoring_units = list(units.values()) + (list(vectors[1].values()) if vectors is not None else [])
     scored = sum(m.get("extra", {}).get("scored_items", 0) for m in scoring_units)
     stage_s = {}
     for m in scoring_units:
@@ -54,6 +56,8 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
         "fingerprint": manifest.get("fingerprint"),
         "complete": manifest.get("complete"),
         "units": {"planned": manifest.get("planned_units"), "completed": manifest.get("completed_units")},
+        # a pool harvest labels no pair until every unit of its vectors run is done
+        **({"vectors_units": {"planned": vectors[0], "completed": len(vectors[1])}} if vectors is not None else {}),
         "pairs": int(len(score)),
         "null_scores": int((~np.isfinite(score)).sum()),
         "null_reasons": reasons,
@@ -82,15 +86,16 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
     return rep
 
 
-def _vectors_units(out: str):
-    """The unit markers of a pool harvest's vectors run (none when it is missing)."""
+def _vectors_units(out: str) -> Optional[tuple[Optional[int], dict]]:
+    """A pool harvest's vectors run: its planned units and its unit markers (None when it is missing)."""
     from sentsim.harvest.pool_vectors import vectors_uri
     from storage import StoreError
 
     try:
-        return RunReader(vectors_uri(out)).units().values()
+        reader = RunReader(vectors_uri(out))
+        return reader.manifest.get("planned_units"), reader.units()
     except StoreError:
-        return []
+        return None
 
 
 def precision_counts(units: dict) -> dict:
@@ -137,7 +142,8 @@ def _plot(store, score, rank, split, stage_s) -> None:
             ax[0].hist(x, bins=30, alpha=0.5, label=f"{s} ({len(x)})")
     ax[0].set_title("harvested score by split")
     ax[0].set_xlabel("Eq. 4 similarity")
-    ax[0].legend()
+    if ax[0].get_legend_handles_labels()[0]:  # a run with no scored pair yet has nothing to name
+        ax[0].legend()
     ok = np.isfinite(score) & np.isfinite(rank)
     ax[1].scatter(rank[ok], score[ok], s=6, alpha=0.5)
     ax[1].set_xlabel("rank similarity (base encoder)")

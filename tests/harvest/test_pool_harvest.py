@@ -504,6 +504,31 @@ def test_the_command_runs_a_pool_harvest_on_a_local_ray(inputs, tmp_path):
     assert pairs_of(out).equals(t)
 
 
+def test_the_summary_says_what_is_labelled_and_prints_no_nan(inputs, tmp_path):
+    """Stopped inside its vectors run, a pool harvest has labelled no pair: the summary says how far the vectors
+    got, with no score line of NaN means and no warning from plotting nothing. Finished, it gives no mean for a
+    split with no pair."""
+    out = tmp_path / "run"
+    args = ["harvest", "--corpus", inputs["corpus"], "--index", inputs["index"], "--context-models", inputs["bundle"],
+            "--out", out, "--executor", "inline", "--set", "contexts.mode=pool", "--set", f"contexts.pool_size={POOL}",
+            "--set", "anchors.n=10", "--set", "anchors.per_unit=4", "--set", "sentences_per_unit=8",
+            "--set", "pairs_per_unit=8", "--set", "scoring.autocast=off"]
+    r = sentsim_cli(*args, "--max-units", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = ShardStore(str(out)).read_manifest()
+    vec_units = ShardStore(str(out / "pool_vectors")).read_manifest()["planned_units"]
+    assert (f"no pairs labelled yet: the pool's sentence vectors are 1 of {vec_units} units done, and labelling "
+            f"(0 of {m['planned_units']} units done) waits for all of them") in r.stdout, r.stdout
+    assert "score by split" not in r.stdout and "nan" not in r.stdout and "Warning" not in r.stderr, (r.stdout,
+                                                                                                       r.stderr)
+    r = sentsim_cli(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    splits = pairs_of(out).split.value_counts()
+    assert min(splits.get(s, 0) for s in ("train", "dev", "test")) == 0  # a split with no pair is printed
+    assert "score by split: train n=" in r.stdout and "nan" not in r.stdout, r.stdout
+    assert all(f"{s} n={splits.get(s, 0)}" in r.stdout for s in ("train", "dev", "test")), (splits, r.stdout)
+
+
 def test_the_item_tokens_bench_counts_every_item_of_both_runs(partners_run, inputs, tmp_path, monkeypatch):
     """bench/item_tokens.py explains a pool item's cost by its tokens: it must read every item a per-pair run
     scored and the pool a pool run scored in, with the context model's own tokenizer."""
