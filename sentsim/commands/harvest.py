@@ -58,7 +58,8 @@ def run(args) -> int:
                                           "train surrogates with --loss cosent, which learns their order")
             if line:
                 print("  " + line)
-        print(f"  spearman(score, rank_sim) = {rep['spearman_score_vs_rank_sim']}")
+        if rep.get("spearman_score_vs_rank_sim") is not None:  # None: rank targets off, or too few pairs
+            print(f"  spearman(score, rank_sim) = {rep['spearman_score_vs_rank_sim']}")
         if "rerank_items" in rep:  # contexts.rerank_shortlist: what choosing C_s by Eq. 3 cost
             print(f"  C_s: Eq. 3's top {cfg.contexts.size} of {cfg.contexts.rerank_shortlist}-context shortlists; "
                   f"{rep['rerank_items']:,} of the {rep['scored_items']:,} items scored chose them")

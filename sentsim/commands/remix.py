@@ -55,7 +55,9 @@ def run(args) -> int:
         print(f"  C_s kept as the harvest chose it: Eq. 3 under λ {chosen} re-ranked its "
               f"{r['c_s_chosen_under_source_weights']}-context shortlists (contexts.rerank_shortlist); harvest "
               "again to choose C_s under these λ")
-    if "remix_spearman_vs_gold" in r:
-        print(f"  Spearman x 100 vs gold on {r['gold_pairs']} pairs: source {r['source_spearman_vs_gold']:.2f}, "
-              f"remix {r['remix_spearman_vs_gold']:.2f}")
+    # each run's value only where it has one (gold labels, and scores that are not all the same)
+    gold = [f"{run} {r[key]:.2f}" for run, key in (("source", "source_spearman_vs_gold"),
+                                                   ("remix", "remix_spearman_vs_gold")) if key in r]
+    if gold:
+        print(f"  Spearman x 100 vs gold on {r['gold_pairs']} pairs: {', '.join(gold)}")
     return run_exit_code(m, args.max_units, args.force_new)

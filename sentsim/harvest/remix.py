@@ -351,7 +351,7 @@ def _gold_spearman(root: str) -> Optional[tuple[float, int]]:
     from storage import RunReader
 
     t = RunReader(root).read_table("pairs", ["score", "gold"]).to_pandas().dropna()  # marked units only
-    if len(t) < 2:
+    if len(t) < 2 or t.score.nunique() < 2 or t.gold.nunique() < 2:  # a constant column ranks nothing: no value
         return None
     return float(spearmanr(t.score, t.gold).statistic * 100), len(t)
 

@@ -38,7 +38,8 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
 
     ok = np.isfinite(score) & np.isfinite(rank)
     corr = None
-    if ok.sum() > 2:
+    # None also where it has no value: rank targets off (rank_sim null), too few pairs, or a constant column
+    if ok.sum() > 2 and np.ptp(score[ok]) > 0 and np.ptp(rank[ok]) > 0:
         from scipy.stats import spearmanr
 
         corr = float(spearmanr(score[ok], rank[ok]).statistic)

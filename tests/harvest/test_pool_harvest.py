@@ -349,6 +349,30 @@ def test_a_pairs_file_is_labelled_from_its_sentences_vectors(inputs, tmp_path):
     assert np.allclose(same.score, same.score.iloc[0])  # the same two vectors, in either order
 
 
+def test_remix_gives_spearman_vs_gold_only_where_it_has_a_value(inputs, tmp_path):
+    """Remixing a labelled harvest gives the source's and the remix's Spearman against the gold scores; where every
+    score is the same (one pair of sentences, labelled three times) it has no value, and the summary gives none
+    rather than nan."""
+    import re
+
+    from sentsim.harvest.job import harvest
+
+    a, b, c = "The nation must remain strong.", "Our country has to stay powerful.", "Taxes were cut this year."
+    for name, rows in (("varied", [(a, b, 4.0), (a, c, 1.0), (b, c, 2.0)]),
+                       ("same", [(a, b, 4.0), (a, b, 1.0), (a, b, 2.5)])):
+        f = tmp_path / f"{name}.tsv"
+        f.write_text("".join(f"{s1}\t{s2}\t{g}\n" for s1, s2, g in rows))
+        assert harvest(pool_config(inputs, tmp_path / name, pairs_file=str(f), pairs_per_unit=2,
+                                   rank={"enabled": False}), executor="inline", quiet=True)["complete"]
+    r = sentsim_cli("remix", tmp_path / "varied", "--out", tmp_path / "varied_remix", "--lambda-fwd", "0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"Spearman x 100 vs gold on 3 pairs: source -?\d+\.\d\d, remix -?\d+\.\d\d$", r.stdout, re.M), \
+        r.stdout
+    r = sentsim_cli("remix", tmp_path / "same", "--out", tmp_path / "same_remix", "--lambda-fwd", "0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Spearman" not in r.stdout and "nan" not in r.stdout and "Warning" not in r.stderr, (r.stdout, r.stderr)
+
+
 def test_bad_pool_settings_get_one_line(inputs, tmp_path):
     from sentsim.errors import UsageError
     from sentsim.harvest.job import harvest
@@ -506,13 +530,13 @@ def test_the_command_runs_a_pool_harvest_on_a_local_ray(inputs, tmp_path):
 
 def test_the_summary_says_what_is_labelled_and_prints_no_nan(inputs, tmp_path):
     """Stopped inside its vectors run, a pool harvest has labelled no pair: the summary says how far the vectors
-    got, with no score line of NaN means and no warning from plotting nothing. Finished, it gives no mean for a
-    split with no pair."""
+    got, with no score line of NaN means and no warning from plotting nothing. Finished with rank targets off,
+    it gives no spearman(score, rank_sim), which has no value then, and no mean for a split with no pair."""
     out = tmp_path / "run"
     args = ["harvest", "--corpus", inputs["corpus"], "--index", inputs["index"], "--context-models", inputs["bundle"],
             "--out", out, "--executor", "inline", "--set", "contexts.mode=pool", "--set", f"contexts.pool_size={POOL}",
             "--set", "anchors.n=10", "--set", "anchors.per_unit=4", "--set", "sentences_per_unit=8",
-            "--set", "pairs_per_unit=8", "--set", "scoring.autocast=off"]
+            "--set", "pairs_per_unit=8", "--set", "scoring.autocast=off", "--set", "rank.enabled=false"]
     r = sentsim_cli(*args, "--max-units", "1")
     assert r.returncode == 0, r.stderr[-3000:]
     m = ShardStore(str(out)).read_manifest()
@@ -527,6 +551,8 @@ def test_the_summary_says_what_is_labelled_and_prints_no_nan(inputs, tmp_path):
     assert min(splits.get(s, 0) for s in ("train", "dev", "test")) == 0  # a split with no pair is printed
     assert "score by split: train n=" in r.stdout and "nan" not in r.stdout, r.stdout
     assert all(f"{s} n={splits.get(s, 0)}" in r.stdout for s in ("train", "dev", "test")), (splits, r.stdout)
+    assert "spearman" not in r.stdout and "None" not in r.stdout, r.stdout
+    assert json.loads((out / "report.json").read_text())["spearman_score_vs_rank_sim"] is None
 
 
 def test_the_item_tokens_bench_counts_every_item_of_both_runs(partners_run, inputs, tmp_path, monkeypatch):
