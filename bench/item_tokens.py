@@ -4,10 +4,11 @@
 
 An item is one sentence scored in one context in every Eq. 3 direction, so its cost grows with the tokens of
 the sentence and of the context's two sides. For a per-pair harvest (its `context_scores` table: every item it
-scored) and a pool harvest (its vectors run's `pool` side table and scored sentences), this counts the context
-model's tokens an item, beside windows drawn at random from the same corpus (`--sample` of them, seed 0), the
-expectation of a random pool. Both runs must be of one corpus and one context model; the corpus and the model
-are read from the per-pair run's manifest. Results: bench/results/item_tokens.json.
+scored, less the null rows of the items it left out) and a pool harvest (its vectors run's `pool` side table
+and scored sentences), this counts the context model's tokens an item, beside windows drawn at random from the
+same corpus (`--sample` of them, seed 0), the expectation of a random pool. Both runs must be of one corpus
+and one context model; the corpus and the model are read from the per-pair run's manifest. Results:
+bench/results/item_tokens.json.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ def main(argv=None) -> int:
         sides = [corpus.window(int(i), window) for i in ids]
         return ntok([" ".join(left + right) for left, right in sides])
 
-    scores = RunReader(str(args.per_pair)).read_table("context_scores", ["sentence_id", "context_id"])
+    scores = RunReader(str(args.per_pair)).read_table("context_scores", ["sentence_id", "context_id", "S"])
+    # a row with a null S is an item Eq. 4 left out unscored (a partner's window holding the sentence)
+    scores = scores.filter(scores.column("S").is_valid())
     ctx, sent = scores.column("context_id").to_numpy(), scores.column("sentence_id").to_numpy()
     uc, ci = np.unique(ctx, return_inverse=True)
     us, si = np.unique(sent, return_inverse=True)

@@ -126,11 +126,14 @@ def points_of(run: Path, label: str, size: int, group: int, cpu_per_pair: float)
 
     reader = RunReader(str(run))
     t = reader.read_table("pairs").to_pandas()
-    cs = reader.read_table("context_scores", columns=["sentence_id", "context_id"]).to_pandas()
+    cs = reader.read_table("context_scores", columns=["sentence_id", "context_id", "S"]).to_pandas()
+    # a null S: an item Eq. 4 left out unscored (a partner's window holding the sentence), in any run alike
+    held = set(zip(cs.sentence_id[cs.S.isna()], cs.context_id[cs.S.isna()]))
+    cs = cs[cs.S.notna()]
     sent = reader.read_table("sentences", columns=["sentence_id", "context_ids"]).to_pandas()
     own = dict(zip(sent.sentence_id, (list(x) for x in sent.context_ids)))
     # items an ungrouped run scores: each pair's two sentences against C_s1 + C_s2, once each
-    paper_items = {(s, k) for a, b in zip(t.s1_id, t.s2_id) for s in (a, b) for k in own[a] + own[b]}
+    paper_items = {(s, k) for a, b in zip(t.s1_id, t.s2_id) for s in (a, b) for k in own[a] + own[b]} - held
     n, items = len(t), len(cs)
     gold = t.gold.to_numpy(dtype=float)
     variants = ["paper", "union", "centred"] if group > 1 else ["paper"]
