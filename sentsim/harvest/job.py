@@ -36,7 +36,13 @@ from sentsim.identity import fingerprint
 from sentsim.out_paths import check_out
 from sentsim.pairs_file import read_pairs_file
 from sentsim.pipeline import Resources, StageSpec, UnitPlan
-from sentsim.run_formats import SCORING_REVISION, revision_changes, scoring_revision, spelt_as_stored
+from sentsim.run_formats import (
+    SCORING_REVISION,
+    revision_changes,
+    scoring_revision,
+    screened_as_stored,
+    spelt_as_stored,
+)
 from sentsim.screening.cache_job import check_rep_cache, ensure_rep_cache, given_rep_cache, rep_cache_uri
 from sentsim.screening.config import discriminator_in_use
 from storage import ShardStore
@@ -136,7 +142,7 @@ class HarvestRun(ShardedJob):
         they hold; every content identity is fingerprinted too, so a match is this same run. Format 2: a pool
         run was fingerprinted with the keys only screening reads."""
         if version == 2:
-            return fingerprint(STAGE, self.cfg.semantic(keep_screened=True), self.corpus.fingerprint,
+            return fingerprint(STAGE, self.pool_semantic_in_format_2(stored), self.corpus.fingerprint,
                                without_paths(self.plan_info), self.hashes) if self.pooled else None
         if version != 1:
             return None
@@ -145,6 +151,16 @@ class HarvestRun(ShardedJob):
         if "pairs_file" in info:
             info = dict(info, pairs_file=(stored.get("config") or {}).get("pairs_file"))
         return fingerprint(STAGE, sem, self.corpus.fingerprint, info, self.hashes)
+
+    def pool_semantic_in_format_2(self, stored: dict) -> dict:
+        """The semantic config a format 2 pool run was fingerprinted with: the keys only screening reads, and
+        keep_context_scores, as `stored` (its manifest) holds them (sentsim/run_formats.py)."""
+        old = stored.get("config") or {}
+        sem = self.cfg.semantic()
+        sem["contexts"] = screened_as_stored(sem["contexts"], old.get("contexts") or {})
+        if old.get("keep_context_scores", "all") != "all":
+            sem["keep_context_scores"] = old["keep_context_scores"]
+        return sem
 
     def config(self) -> dict:
         return self.cfg.model_dump()
@@ -239,12 +255,11 @@ class HarvestRun(ShardedJob):
         if self.pooled:
             self.prepare_pool(ctx)
 
-    def vector_identity(self, keep_screened: bool = False) -> dict:
+    def vector_identity(self) -> dict:
         """What the pool's sentence vectors depend on besides the pool and the sentences (not the metric, the
-        splits or the rank targets, which only labelling reads). `keep_screened`: as run format 2 held it."""
-        return {"corpus": self.corpus.fingerprint, "contexts": self.cfg.contexts.semantic(keep_screened=keep_screened),
-                "seed": self.cfg.seed, "scoring": self.cfg.semantic()["scoring"],
-                "context_models": self.hashes["context_models"]}
+        splits or the rank targets, which only labelling reads)."""
+        return {"corpus": self.corpus.fingerprint, "contexts": self.cfg.contexts.semantic(), "seed": self.cfg.seed,
+                "scoring": self.cfg.semantic()["scoring"], "context_models": self.hashes["context_models"]}
 
     def prepare_pool(self, ctx: RunContext) -> None:
         """The pool run's vectors (built or resumed, pool_vectors.py), its pair plan kept, and the context
@@ -263,8 +278,7 @@ class HarvestRun(ShardedJob):
         if ctx.store.read_side_table(POOL_IDS_TABLE, fingerprint=ctx.fp) is None:
             ctx.store.write_side_table(POOL_IDS_TABLE, pa.table({"sentence_id": pa.array(self.pool.ids, pa.int64())}),
                                        ctx.fp)
-        job = PoolVectorsRun(self.cfg, self.pool_plan.texts, self.pool, self.vector_identity(), self.precision,
-                             identity_in_format={2: self.vector_identity(keep_screened=True)})
+        job = PoolVectorsRun(self.cfg, self.pool_plan.texts, self.pool, self.vector_identity(), self.precision)
         self.vectors_fp = ensure_pool_vectors(job, ctx.executor, ctx.address, ctx.force_new, ctx.quiet,
                                               ctx.max_units)["fingerprint"]
         if metrics.get(self.cfg.metric).uses_context_effect and \

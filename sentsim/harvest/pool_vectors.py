@@ -25,6 +25,7 @@ from sentsim.harvest.pool import POOL_TABLE, Pool
 from sentsim.harvest.work import SentenceVectors, envelope, work_of
 from sentsim.identity import fingerprint
 from sentsim.pipeline import Resources, Stage, StageSpec, UnitPlan, where_this_runs
+from sentsim.run_formats import screened_as_stored
 
 STAGE = "harvest-pool-vectors"
 SUBDIR = "pool_vectors"
@@ -52,18 +53,15 @@ class SentenceUnits:
 
 class PoolVectorsRun(ShardedJob):
     """The vectors of `texts` (sentence id -> text) over `pool`, scored with the harvest's settings.
-    `identity`: what, besides the pool and the sentences, the scores depend on (HarvestRun.vector_identity);
-    `identity_in_format`: that identity as an earlier run format held it, by format."""
+    `identity`: what, besides the pool and the sentences, the scores depend on (HarvestRun.vector_identity)."""
 
     stage = STAGE
     count = "sentences"
     deep = True
 
-    def __init__(self, cfg, texts: Dict[int, str], pool: Pool, identity: dict, precision: str,
-                 identity_in_format: Optional[Dict[int, dict]] = None):
+    def __init__(self, cfg, texts: Dict[int, str], pool: Pool, identity: dict, precision: str):
         self.cfg, self.out = cfg, vectors_uri(cfg.out)
         self.pool, self.identity, self.precision = pool, identity, precision
-        self.identity_in_format = identity_in_format or {}
         self.ids = np.array(sorted(texts), dtype=np.int64)
         self.texts = [texts[int(s)] for s in self.ids]
         per = cfg.sentences_per_unit
@@ -78,8 +76,13 @@ class PoolVectorsRun(ShardedJob):
                 fingerprint(self.ids.tolist(), self.texts))
 
     def fingerprint_in_format(self, version: int, stored: dict) -> Optional[str]:
-        earlier = self.identity_in_format.get(version)
-        return fingerprint(*self.fingerprint_parts(earlier)) if earlier else None
+        """Format 2 fingerprinted the contexts keys only screening reads: as the stored run holds them
+        (sentsim/run_formats.py)."""
+        if version != 2:
+            return None
+        held = ((stored.get("config") or {}).get("identity") or {}).get("contexts") or {}
+        identity = dict(self.identity, contexts=screened_as_stored(self.identity["contexts"], held))
+        return fingerprint(*self.fingerprint_parts(identity))
 
     def config(self) -> dict:
         return {"sentences_per_unit": self.cfg.sentences_per_unit, "pool_size": len(self.pool),

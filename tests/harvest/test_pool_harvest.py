@@ -615,7 +615,8 @@ def test_what_only_screening_reads_is_not_a_pool_runs_identity(partners_run, tmp
 
 def test_a_pool_run_of_format_2_resumes_under_the_fingerprints_it_holds(partners_run, tmp_path):
     """Run format 2 fingerprinted a pool harvest and its vectors with the screened-only keys: such a run, cut
-    short in both passes, resumes as itself (its pool, its pairs, its vectors' precision), to the same rows."""
+    short in both passes, resumes as itself (its pool, its pairs, its vectors' precision), to the same rows,
+    whatever those keys are set to now; --force-new labels it anew from the same vectors."""
     from run_support import as_fingerprinted
 
     from sentsim.harvest.job import HarvestRun, harvest
@@ -624,22 +625,36 @@ def test_a_pool_run_of_format_2_resumes_under_the_fingerprints_it_holds(partners
     cfg, out = partners_run
     copy = shutil.copytree(out, tmp_path / "run")
     run = HarvestRun(cfg.model_copy(update={"out": str(copy)}), "inline", False, True)
-    vectors = PoolVectorsRun(run.cfg, run.pool_plan.texts, run.pool, run.vector_identity(), "fp32",
-                             identity_in_format={2: run.vector_identity(keep_screened=True)})
-    old_fp, old_vectors_fp = run.fingerprint_in_format(2, {}), vectors.fingerprint_in_format(2, {})
+    vectors = PoolVectorsRun(run.cfg, run.pool_plan.texts, run.pool, run.vector_identity(), "fp32")
+    # what a format 2 sentsim stored: the whole config, and the vectors' identity with the screened-only keys
+    held = dict(run.vector_identity(), contexts=cfg.contexts.semantic(keep_screened=True))
+    old_fp = run.fingerprint_in_format(2, {"config": cfg.model_dump()})
+    old_vectors_fp = vectors.fingerprint_in_format(2, {"config": {"identity": held}})
     assert old_fp != run.fp and old_vectors_fp != vectors.fp
+    vm_path = copy / "pool_vectors" / "manifest.json"
+    vm = json.loads(vm_path.read_text())
+    vm_path.write_text(json.dumps(dict(vm, config=dict(vm["config"], identity=held))))
     as_fingerprinted(copy, old_fp, run_format=2)
     as_fingerprinted(copy / "pool_vectors", old_vectors_fp, run_format=2)
     (copy / "pool_vectors" / "_units" / "00001.json").unlink()
     (copy / "_units" / "00000.json").unlink()
-    m = harvest(run.cfg, executor="inline", quiet=True)
+    # a key only screening reads, changed since: the run is still this one (format 2 held it as it was)
+    changed = run.cfg.model_copy(update={"contexts": cfg.contexts.model_copy(update={"size": cfg.contexts.size + 1})})
+    m = harvest(changed, executor="inline", quiet=True)
     assert m["complete"] and m["fingerprint"] == old_fp and m["format_version"] == 2
     vm = ShardStore(str(copy / "pool_vectors")).read_manifest()
     assert vm["fingerprint"] == old_vectors_fp and vm["complete"] and m["pool"]["vectors_fingerprint"] == old_vectors_fp
     assert pairs_of(copy).drop(columns=["rank_sim"]).equals(pairs_of(out).drop(columns=["rank_sim"]))
-    # --force-new labels anew under today's fingerprint, from the same vectors (not rescored: they are these)
-    markers = {p: p.stat().st_mtime_ns for p in (copy / "pool_vectors" / "_units").glob("*.json")}
+
+    def vector_markers():
+        return {p: p.stat().st_mtime_ns for p in (copy / "pool_vectors" / "_units").glob("*.json")}
+
+    # --force-new labels anew under today's fingerprint, from the same vectors (not rescored: they are these),
+    # and a rerun with that key changed again reads them still
+    before = vector_markers()
     m = harvest(run.cfg, executor="inline", quiet=True, force_new=True)
     assert m["complete"] and m["fingerprint"] == run.fp and m["format_version"] == 3
     assert m["pool"]["vectors_fingerprint"] == old_vectors_fp
-    assert {p: p.stat().st_mtime_ns for p in (copy / "pool_vectors" / "_units").glob("*.json")} == markers
+    m = harvest(changed, executor="inline", quiet=True)
+    assert m["complete"] and m["fingerprint"] == run.fp and m["this_run"]["units"] == 0
+    assert vector_markers() == before
