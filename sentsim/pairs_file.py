@@ -23,9 +23,9 @@ cannot always tell a header from a pair of one-word sentences: a header is two n
 column name, above or common elsewhere (premise, hypothesis, sentence, sent, text, question, query, answer,
 passage, document, anchor, positive, source, target ...; `question1`, `sentA`, `text-2` with a 1/2 or a/b
 suffix), and the other has no space either, or is a column name too (`Sentence A<TAB>Sentence B`). Such a
-two-word line above lines that are all pairs of words too (`cat<TAB>dog`) is no different from them: it is
-read as a pair, with a note naming it. Above sentences, a pair such as `question<TAB>answer` is read by
-putting a header line `s1<TAB>s2` above it.
+two-word line above lines that are all pairs of words too (`cat<TAB>dog`, two fields each) is no different
+from them: it is read as a pair, with a note naming it, unless it names a gold column. Above sentences, a
+pair such as `question<TAB>answer` is read by putting a header line `s1<TAB>s2` above it.
 
 Every problem is an InputError naming the file and, where there is one, the line: JSON that Python
 cannot read (nested too deeply, an integer of thousands of digits), a lone surrogate escape ("\\ud800",
@@ -189,7 +189,10 @@ def first_line_header(cols: Sequence[str], where: str, delimiter: str,
     read as one with a note on stderr (the note names the line, in case it was a header after all)."""
     header = _header_columns(cols)
     if header is None and not is_stsb_line(cols) and _unread_header(cols):
-        if len(cols) == 2 and _words_pair(cols) and below and all(_words_pair(r) for r in below):
+        # only a line like the rows under it: of two fields, as they are, and naming no gold column (a header
+        # above scored rows, `text,label` above `good,positive`, names its columns)
+        if len(cols) == 2 and _words_pair(cols) and not {c.strip().lower() for c in cols} & set(GOLD_NAMES) \
+                and below and all(len(r) == 2 and _words_pair(r) for r in below):
             sep = "<TAB>" if delimiter == "\t" else ","
             a, b = (c.strip() for c in cols)
             print(f"note: {where}: {a}{sep}{b} read as a pair, as every line under it is a pair of words; if it "

@@ -209,8 +209,8 @@ def test_pairs_that_look_like_names_are_still_pairs(tmp_path, data, pair):
 
 
 @pytest.mark.parametrize("name, data, pairs", [
-    ("w.tsv", "question\tanswer\ncat\tdog\ncar\tautomobile\t3.5\n",
-     [("question", "answer", None), ("cat", "dog", None), ("car", "automobile", 3.5)]),
+    ("w.tsv", "question\tanswer\ncat\tdog\ncar\tautomobile\n",
+     [("question", "answer", None), ("cat", "dog", None), ("car", "automobile", None)]),
     ("w.csv", "source,target\nbank,river\n", [("source", "target", None), ("bank", "river", None)]),
 ])
 def test_two_words_above_pairs_of_words_are_a_pair_and_the_note_names_the_line(tmp_path, capsys, name, data, pairs):
@@ -223,9 +223,12 @@ def test_two_words_above_pairs_of_words_are_a_pair_and_the_note_names_the_line(t
     assert capsys.readouterr().err == (f"note: {tmp_path / name}:1: {a}{sep}{b} read as a pair, as every line under "
                                        f"it is a pair of words; if it names the columns, write s1{sep}s2 there "
                                        "instead\n")
-    # above a sentence, or alone, the same line is still a header of unread names: refused, never scored
+    # above a sentence, alone, above scored rows, or naming a gold column, the same line is still a header of
+    # unread names: refused, never scored
     for other in ("question\tanswer\nWhat is it?\tIt is a cat.\n", "question\tanswer\n",
-                  "question\tanswer\ncat\tdog\nA cat sat.\tA dog sat.\n", "Sentence A\tSentence B\ncat\tdog\n"):
+                  "question\tanswer\ncat\tdog\nA cat sat.\tA dog sat.\n", "Sentence A\tSentence B\ncat\tdog\n",
+                  "source\ttarget\ncat\tdog\t0.8\n", "question\tanswer\ncat\tdog\ncar\tautomobile\t3.5\n",
+                  "text\tlabel\ngood\tpositive\nbad\tnegative\n"):
         with pytest.raises(InputError, match=":1: header line names columns "):
             read_pairs_file(write(tmp_path, "h.tsv", other))
     assert capsys.readouterr().err == ""
