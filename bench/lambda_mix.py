@@ -70,8 +70,9 @@ def main() -> int:
             except UsageError as e:
                 sys.exit(f"lambda_mix: {e}")
             if "remix_spearman_vs_gold" not in m:
-                sys.exit(f"{args.harvest}: no pairs with both a score and a gold label "
-                         "(use a --pairs harvest of a labelled set)")
+                sys.exit(f"{args.harvest}: mix {mix} has no Spearman vs gold: fewer than two pairs with both a score "
+                         "and a gold label (use a --pairs harvest of a labelled set), or its scores or the gold "
+                         "all the same")
             scores = scores_of(f"{tmp}/{i}")
             against = ""
             if first is None:

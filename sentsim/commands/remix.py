@@ -56,8 +56,10 @@ def run(args) -> int:
               f"{r['c_s_chosen_under_source_weights']}-context shortlists (contexts.rerank_shortlist); harvest "
               "again to choose C_s under these λ")
     # each run's value only where it has one (gold labels, and scores that are not all the same)
-    gold = [f"{run} {r[key]:.2f}" for run, key in (("source", "source_spearman_vs_gold"),
-                                                   ("remix", "remix_spearman_vs_gold")) if key in r]
-    if gold:
-        print(f"  Spearman x 100 vs gold on {r['gold_pairs']} pairs: {', '.join(gold)}")
+    gold = [(run, r[f"{run}_spearman_vs_gold"], r.get(f"{run}_gold_pairs", r.get("gold_pairs")))
+            for run in ("source", "remix") if f"{run}_spearman_vs_gold" in r]
+    if len({n for _, _, n in gold}) == 1:
+        print(f"  Spearman x 100 vs gold on {gold[0][2]} pairs: {', '.join(f'{run} {v:.2f}' for run, v, _ in gold)}")
+    elif gold:  # a remix stopped by --max-units, or with more null scores than its source: each on its own pairs
+        print(f"  Spearman x 100 vs gold: {', '.join(f'{run} {v:.2f} on {n} pairs' for run, v, n in gold)}")
     return run_exit_code(m, args.max_units, args.force_new)

@@ -147,8 +147,8 @@ def pool_vectors_of(source: str, manifest: dict) -> Optional[tuple[str, str]]:
 
 def _vector_places(source: str, manifest: dict, seen: set) -> Iterator[str]:
     """Where `source`'s vectors may be, most likely first: a harvest's own folder; for a remix, where its records
-    put them, relative to the remix (a harvest moved or copied together with its remixes), then absolute (the
-    remix moved alone; the only place a remix from before the relative records names), then wherever its own
+    put them, as recorded (the remix moved alone; the only place a remix from before the relative records
+    names), then relative to the remix (a harvest moved together with its remixes), then wherever its own
     source finds them, followed by the paths the remix recorded for it (a remix's source re-pointed at the
     harvest's new place, by rerunning that remix from there)."""
     from sentsim.harvest.pool_vectors import vectors_uri
@@ -177,11 +177,13 @@ def _vector_places(source: str, manifest: dict, seen: set) -> Iterator[str]:
 
 
 def _paths(remix: str, rel: Optional[str], given: Optional[str]) -> List[str]:
-    """A remix's record of a path: relative to the remix folder (when both are local), then as recorded (a path
-    the user gave relative to their working directory then is read relative to the current one)."""
-    out = [str((Path(remix) / rel).resolve())] if rel and "://" not in remix else []
-    if given:
-        out.append(given if "://" in given else str(Path(given).resolve()))
+    """A remix's record of a path: as recorded (a path the user gave relative to their working directory then is
+    read relative to the current one), then relative to the remix folder (when both are local). The recorded
+    place first: where it still holds vectors of the recorded fingerprint they are the very ones the labels came
+    from, where a copy beside a moved remix may have been scored in another precision."""
+    out = [given if "://" in given else str(Path(given).resolve())] if given else []
+    if rel and "://" not in remix:
+        out.append(str((Path(remix) / rel).resolve()))
     return out
 
 
@@ -547,5 +549,6 @@ class RemixRun(ShardedJob):
         for label, root in (("source", cfg.source), ("remix", cfg.out)):
             g = _gold_spearman(root) if "://" not in root else None
             if g is not None:
-                out[f"{label}_spearman_vs_gold"], out["gold_pairs"] = round(g[0], 2), g[1]
+                out[f"{label}_spearman_vs_gold"], out[f"{label}_gold_pairs"] = round(g[0], 2), g[1]
+                out["gold_pairs"] = g[1]  # the remix's where it has a value (bench/lambda_mix.py reads it)
         return {"remix": out}

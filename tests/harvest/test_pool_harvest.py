@@ -368,6 +368,11 @@ def test_remix_gives_spearman_vs_gold_only_where_it_has_a_value(inputs, tmp_path
     assert r.returncode == 0, r.stderr[-3000:]
     assert re.search(r"Spearman x 100 vs gold on 3 pairs: source -?\d+\.\d\d, remix -?\d+\.\d\d$", r.stdout, re.M), \
         r.stdout
+    # a remix stopped after its first unit: each run's figure on its own pairs
+    r = sentsim_cli("remix", tmp_path / "varied", "--out", tmp_path / "part", "--lambda-fwd", "0", "--max-units", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"Spearman x 100 vs gold: source -?\d+\.\d\d on 3 pairs, remix -?\d+\.\d\d on 2 pairs$",
+                     r.stdout, re.M), r.stdout
     r = sentsim_cli("remix", tmp_path / "same", "--out", tmp_path / "same_remix", "--lambda-fwd", "0")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Spearman" not in r.stdout and "nan" not in r.stdout and "Warning" not in r.stderr, (r.stdout, r.stderr)
@@ -619,8 +624,9 @@ def test_a_pool_run_of_format_2_resumes_under_the_fingerprints_it_holds(partners
     whatever those keys are set to now; --force-new labels it anew from the same vectors."""
     from run_support import as_fingerprinted
 
-    from sentsim.harvest.job import HarvestRun, harvest
+    from sentsim.harvest.job import HarvestRun, harvest, without_paths
     from sentsim.harvest.pool_vectors import PoolVectorsRun
+    from sentsim.identity import fingerprint
 
     cfg, out = partners_run
     copy = shutil.copytree(out, tmp_path / "run")
@@ -628,9 +634,13 @@ def test_a_pool_run_of_format_2_resumes_under_the_fingerprints_it_holds(partners
     vectors = PoolVectorsRun(run.cfg, run.pool_plan.texts, run.pool, run.vector_identity(), "fp32")
     # what a format 2 sentsim stored: the whole config, and the vectors' identity with the screened-only keys
     held = dict(run.vector_identity(), contexts=cfg.contexts.semantic(keep_screened=True))
-    old_fp = run.fingerprint_in_format(2, {"config": cfg.model_dump()})
-    old_vectors_fp = vectors.fingerprint_in_format(2, {"config": {"identity": held}})
+    # the fingerprints a format 2 sentsim gave them, made here as it made them (not by the code under test)
+    old_fp = fingerprint("harvest", cfg.semantic(keep_screened=True), run.corpus.fingerprint,
+                         without_paths(run.plan_info), run.hashes)
+    old_vectors_fp = fingerprint(*vectors.fingerprint_parts(held))
     assert old_fp != run.fp and old_vectors_fp != vectors.fp
+    assert run.fingerprint_in_format(2, {"config": cfg.model_dump()}) == old_fp
+    assert vectors.fingerprint_in_format(2, {"config": {"identity": held}}) == old_vectors_fp
     vm_path = copy / "pool_vectors" / "manifest.json"
     vm = json.loads(vm_path.read_text())
     vm_path.write_text(json.dumps(dict(vm, config=dict(vm["config"], identity=held))))
