@@ -45,7 +45,7 @@ def scores_of(run: str) -> dict:
     """pair_id -> (score, gold) of a run's pairs that have both."""
     from storage.reader import RunReader
 
-    t = RunReader(run).read_table("pairs", columns=["pair_id", "score", "gold"]).to_pandas()
+    t = RunReader(run).read_table("pairs", columns=["pair_id", "score", "gold"], numeric=["score", "gold"]).to_pandas()
     return {p: (s, g) for p, s, g in zip(t.pair_id, t.score, t.gold) if s == s and g == g}
 
 

@@ -165,7 +165,7 @@ def report(args) -> int:
 
     test = load_stsb(STSB_TEST, "STSb-test").sets[0]
     gold = np.asarray(test.gold, dtype=float)
-    t = RunReader(str(args.teacher)).read_table("pairs", ["s1", "s2", "score"]).to_pandas()
+    t = RunReader(str(args.teacher)).read_table("pairs", ["s1", "s2", "score"], numeric=["score"]).to_pandas()
     lookup = {(a.strip(), b.strip()): v for a, b, v in zip(t.s1, t.s2, t.score) if v == v}
     teacher = np.array([lookup.get((a.strip(), b.strip()), np.nan) for a, b in zip(test.s1, test.s2)])
     ok = np.isfinite(teacher)

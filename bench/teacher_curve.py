@@ -125,7 +125,8 @@ def points_of(run: Path, label: str, size: int, group: int, cpu_per_pair: float)
     from storage.reader import RunReader
 
     reader = RunReader(str(run))
-    t = reader.read_table("pairs").to_pandas()
+    variants = ["paper", "union", "centred"] if group > 1 else ["paper"]
+    t = reader.read_table("pairs", numeric=["gold", *(score_column(group, v) for v in variants)]).to_pandas()
     cs = reader.read_table("context_scores", columns=["sentence_id", "context_id", "S"]).to_pandas()
     # a null S: an item Eq. 4 left out unscored (a partner's window holding the sentence), in any run alike
     held = set(zip(cs.sentence_id[cs.S.isna()], cs.context_id[cs.S.isna()]))
@@ -136,7 +137,6 @@ def points_of(run: Path, label: str, size: int, group: int, cpu_per_pair: float)
     paper_items = {(s, k) for a, b in zip(t.s1_id, t.s2_id) for s in (a, b) for k in own[a] + own[b]} - held
     n, items = len(t), len(cs)
     gold = t.gold.to_numpy(dtype=float)
-    variants = ["paper", "union", "centred"] if group > 1 else ["paper"]
     out, scores = [], {}
     for v in variants:
         col = score_column(group, v)
@@ -163,7 +163,7 @@ def pool_points_of(labels: Path, harvest_run: Path, label: str, size: int, metri
     (sentences x |P|) over the pairs labelled, from the harvest's report."""
     from storage.reader import RunReader
 
-    t = RunReader(str(labels)).read_table("pairs", ["pair_id", "score", "gold"]).to_pandas()
+    t = RunReader(str(labels)).read_table("pairs", ["pair_id", "score", "gold"], numeric=["score", "gold"]).to_pandas()
     report = json.loads((harvest_run / "report.json").read_text())
     variant = POOL_VARIANT + metric
     rho, lo, hi, used = bootstrap(t.score.to_numpy(dtype=float), t.gold.to_numpy(dtype=float))
@@ -281,7 +281,7 @@ def point_scores(work: Path, n: int, spec: str, results: Path, flag: str):
     stored = load_scores(results)
     if run is not None and run.is_dir():
         col = "score" if pool_metric else score_column(g, v)
-        t = RunReader(str(run)).read_table("pairs", ["pair_id", col, "gold"]).to_pandas()
+        t = RunReader(str(run)).read_table("pairs", ["pair_id", col, "gold"], numeric=[col, "gold"]).to_pandas()
         t = t.rename(columns={col: spec})
     elif key in stored:
         t = pd.DataFrame(stored[key], columns=["pair_id", spec, "gold"])

@@ -107,8 +107,8 @@ def evaluate(run: Path, label: str, cost: dict, harvest_run: Path | None = None)
     contexts = reader.manifest["config"].get("contexts", {})
     report = harvest_run / "report.json"
     items = json.loads(report.read_text()).get("scored_items_per_pair") if report.exists() else None
-    t = reader.read_table("pairs", ["pair_id", "s1", "s2", "score", "gold", "null_reason",
-                                    "n_ctx_s1", "n_ctx_s2"]).to_pandas()
+    t = reader.read_table("pairs", ["pair_id", "s1", "s2", "score", "gold", "null_reason", "n_ctx_s1", "n_ctx_s2"],
+                          numeric=["score", "gold", "n_ctx_s1", "n_ctx_s2"]).to_pandas()
     origin = t.score.to_numpy(dtype=float)
     gold = t.gold.to_numpy(dtype=float)
     ok = np.isfinite(origin)

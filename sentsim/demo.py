@@ -33,10 +33,16 @@ def step(title: str, argv: list[str]) -> None:
 
 
 def show_pairs(harvest: str) -> None:
-    """The least and most similar harvested pairs, read through the run's completion markers."""
+    """The least and most similar harvested pairs, read through the run's completion markers. A run that
+    cannot be shown stops the demo with the reader's one line and exit code 2, as a failed step does."""
+    from sentsim.errors import UsageError
     from storage.reader import RunReader
 
-    t = RunReader(harvest).read_table("pairs", columns=["score", "kind", "s1", "s2"]).to_pandas()
+    try:  # a text score is named here, not sorted as text and then refused by the number format below
+        t = RunReader(harvest).read_table("pairs", columns=["score", "kind", "s1", "s2"], numeric=["score"]).to_pandas()
+    except UsageError as exc:
+        print(f"demo: error: {exc}", file=sys.stderr)
+        sys.exit(UsageError.exit_code)
     show = t[t.score.notna()].sort_values("score")
     print("\nleast and most similar harvested pairs:")
     for _, r in list(show.head(2).iterrows()) + list(show.tail(2).iterrows()):

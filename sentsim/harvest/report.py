@@ -17,7 +17,8 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
     store = reader.store
     # only the units with a completion marker of this run: never a killed writer's leftovers
     cols = ["score", "rank_sim", "split", "null_reason", "kind"]
-    t = reader.read_table("pairs", cols) if reader.files("pairs", required=False) else \
+    # text where a number belongs is named in one line here, not cast (numeric text) or a ValueError below
+    t = reader.read_table("pairs", cols, numeric=["score", "rank_sim"]) if reader.files("pairs", required=False) else \
         pa.table({c: pa.array([], pa.float64() if c in ("score", "rank_sim") else pa.string()) for c in cols})
     score = np.array([np.nan if v is None else v for v in t.column("score").to_pylist()], dtype=float)
     rank = np.array([np.nan if v is None else v for v in t.column("rank_sim").to_pylist()], dtype=float)

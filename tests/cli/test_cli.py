@@ -150,3 +150,27 @@ def test_every_command_has_its_ray_job_file_and_the_readme_names_it():
     r = subprocess.run([sys.executable, str(ROOT / "jobs" / "compact_store.py"), "--help"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "--target-mb" in r.stdout, r.stderr
+
+
+def test_the_demo_names_a_text_score_in_one_line(tmp_path, capsys):
+    """`make demo` shows the harvest's least and most similar pairs; a score column of text stops it with
+    RunReader's one line and exit 2, as a failed step does, where it sorted the text and then failed on the
+    number format with a traceback."""
+    import pyarrow as pa
+    from harvest_support import small_pairs_run, write_pairs_run
+
+    from sentsim.demo import show_pairs
+
+    pairs, sentences = small_pairs_run()
+    pairs = pairs.append_column("kind", pa.array(["random"] * pairs.num_rows))
+    show_pairs(str(write_pairs_run(tmp_path / "numbers", pairs, sentences)))
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[1] == "least and most similar harvested pairs:" and len(shown) == 6, shown
+    text = pairs.set_column(pairs.schema.get_field_index("score"), "score", pairs["score"].cast(pa.string()))
+    run = write_pairs_run(tmp_path / "text", text, sentences)
+    with pytest.raises(SystemExit) as stop:
+        show_pairs(str(run))
+    out, err = capsys.readouterr()
+    assert stop.value.code == 2 and out == "", out
+    assert err == (f"demo: error: {run}: column score of table pairs holds string, not numbers (its numeric "
+                   "columns: pair_id)\n"), err

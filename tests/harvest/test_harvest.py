@@ -651,3 +651,28 @@ def test_the_harvest_is_four_stages_each_built_from_named_arguments(inline_run):
     for spec in specs:
         inspect.signature(spec.stage).bind(**spec.args)  # every argument named, none missing
         assert isinstance(spec.build(), spec.stage)
+
+
+def test_a_text_score_is_named_in_one_line_by_the_harvest_summary(inline_run, tmp_path):
+    """The summary a harvest writes at its end reads score and rank_sim as numbers, with RunReader's check: a
+    run whose score column holds text (resealed, so its markers vouch for it, as another writer could have left
+    it) is refused in one line naming the column, where numeric text was cast unseen and other text failed in
+    numpy with a traceback."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from conftest import error_line, sentsim_cli
+    from harvest_support import reseal
+
+    cfg, out = inline_run
+    run = shutil.copytree(out, tmp_path / "run")
+    for shard in (run / "pairs").glob("*.parquet"):
+        t = pq.read_table(shard)
+        pq.write_table(t.set_column(t.schema.get_field_index("score"), "score", t["score"].cast(pa.string())), shard)
+    reseal(run)
+    config = tmp_path / "harvest.json"
+    config.write_text(json.dumps(cfg.model_copy(update={"out": str(run)}).model_dump()))  # JSON is YAML
+    r = sentsim_cli("harvest", "--config", config, "--executor", "inline")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert error_line(r.stderr).startswith(f"sentsim: error: {run}: column score of table pairs holds string, "
+                                           "not numbers (its numeric columns: pair_id, s1_id, s2_id,"), r.stderr
+    assert "harvest:" not in r.stdout, r.stdout  # no summary of a run it could not read
