@@ -45,23 +45,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="_command", metavar="COMMAND")
     sub.required = True
-    groups: dict[str, argparse._SubParsersAction] = {}
+    groups: dict[str, tuple[argparse.ArgumentParser, argparse._SubParsersAction]] = {}
     for mod in _command_modules():
         path = tuple(mod.COMMAND)
-        target = sub
+        target, levels = sub, [parser]
         for depth, name in enumerate(path[:-1]):
             key = " ".join(path[: depth + 1])
             if key not in groups:
                 gp = target.add_parser(name, help=GROUP_HELP.get(key, name), description=GROUP_HELP.get(key))
                 gsub = gp.add_subparsers(dest=f"_sub{depth}", metavar="COMMAND")
                 gsub.required = True
-                groups[key] = gsub
-            target = groups[key]
+                groups[key] = gp, gsub
+            levels.append(groups[key][0])
+            target = groups[key][1]
         p = target.add_parser(path[-1], help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
-        # the command's own parser, to refuse an unknown flag with its usage (see main)
-        p.set_defaults(_run=mod.run, _parser=p)
+        # the parser of each word of the command (`sentsim`, a group, the command), to refuse an unknown flag
+        # with the usage of the one it was given to (see main)
+        p.set_defaults(_run=mod.run, _path=path, _parsers=(*levels, p))
     return parser
+
+
+def _refusing_parser(args, argv: Sequence[str], unknown: Sequence[str]):
+    """The parser an unknown argument was given to, and the unknown arguments given to it: `sentsim` owns
+    what comes before the command's first word, a group (`train`) what comes between its word and the next,
+    the command the rest. argparse takes the first argument after a group's word that is no flag as the next
+    word, so every argument before it is a flag given to that group, and the next word is the first argument
+    of its spelling from there."""
+    start = 0
+    for level, word in zip(args._parsers, args._path):
+        end = argv.index(word, start)
+        given = [a for a in argv[start:end] if a in unknown]
+        if given:
+            return level, given
+        start = end + 1
+    return args._parsers[-1], list(unknown)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -71,10 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser()
     # argparse hands a subcommand's unknown flags up to the top-level parser, whose error shows `sentsim`'s
-    # usage (`sentsim [-h] COMMAND ...`); the command's own usage lists the flags it does take
+    # usage (`sentsim [-h] COMMAND ...`); the usage of the parser a flag was given to lists the flags it takes
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        refusing, given = _refusing_parser(args, argv, unknown)
+        refusing.error(f"unrecognized arguments: {' '.join(given)}")
     try:
         return int(args._run(args) or 0)
     except Exception as exc:

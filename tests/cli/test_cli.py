@@ -126,6 +126,34 @@ def test_a_jobs_unknown_flag_is_refused_with_the_jobs_own_usage(tmp_path, job, a
     assert not list(tmp_path.iterdir()), "a refused job wrote something"
 
 
+@pytest.mark.parametrize("argv, prog, given", [
+    (["--bogus", "harvest"], "sentsim", "--bogus"),
+    (["--bogus=1", "store", "verify", "run"], "sentsim", "--bogus=1"),
+    (["-x", "harvest", "--also-bogus"], "sentsim", "-x"),  # the first word's own first: its usage is the one
+    (["store", "--bogus", "verify", "run"], "sentsim store", "--bogus"),
+    (["store", "verify", "run", "--bogus"], "sentsim store verify", "--bogus"),
+    (["harvest", "--out", "harvest", "--bogus"], "sentsim harvest", "--bogus"),  # a value spelt as a command word
+])
+def test_an_unknown_flag_is_refused_with_the_usage_of_the_word_it_was_given_to(capsys, argv, prog, given):
+    """A flag before the command is `sentsim`'s (or a group's) and is refused with that usage, not the command's,
+    which lists flags the misplaced one is none of; a command's own unknown flag keeps the command's usage."""
+    from sentsim.cli import main
+
+    with pytest.raises(SystemExit) as stop:  # argparse's own exit, before any work
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith(f"usage: {prog} [-h]"), err
+    assert [ln for ln in err.splitlines() if ": error:" in ln] == [f"{prog}: error: unrecognized arguments: {given}"]
+
+
+def test_a_top_level_unknown_flag_through_the_command(tmp_path):
+    r = sentsim_cli("--bogus", "harvest", cwd=tmp_path)
+    errors = [ln for ln in r.stderr.splitlines() if ": error:" in ln]
+    assert r.returncode == 2 and errors == ["sentsim: error: unrecognized arguments: --bogus"], r.stderr
+    assert r.stderr.startswith("usage: sentsim [-h] COMMAND ...") and "Traceback" not in r.stderr, r.stderr
+    assert not list(tmp_path.iterdir())
+
+
 def test_every_command_has_its_ray_job_file_and_the_readme_names_it():
     """README's Commands table: "each runs as a Ray job through the file beside it". Each jobs/*.py runs one
     command (its `--help` is that command's), and each command has one."""
