@@ -189,7 +189,9 @@ class HarvestRun(ShardedJob):
            index and screened by the discriminator (003 §3.3);
         2. ScoreStage: S(s, c) for every (sentence, context), Eq. 3, then each pair's Eq. 4 row
            (harvest/eq4_rows.py);
-        3. RankStage: each sentence's rank-vector targets (004 §3.2), each pair's rank similarity;
+        3. RankStage: each sentence's rank-vector targets (004 §3.2), each pair's rank similarity; left out
+           with rank.enabled=false, when it would hand the rows on unchanged with no targets (WriteStage then
+           takes ScoreStage's Scored and writes the rank columns null, as it did after an idle RankStage);
         4. WriteStage: the unit's shards and completion marker (last: a stage put before it, such as a
            filter of pairs, changes what is written; README "Adding a harvest stage").
 
@@ -199,10 +201,14 @@ class HarvestRun(ShardedJob):
         anchor_ids = anchor_texts = None
         if cfg.rank.enabled:
             anchor_ids, anchor_texts = run_anchors(cfg, ctx.store, ctx.fp)
+        # no rank targets: no stage of actors that would only pass the rows on (nor a `rank` entry in the
+        # placement the summary prints); the writer still takes resources.rank, and the run's fingerprint,
+        # which holds no stage list, is the same either way
+        rank = [StageSpec(RankStage, Resources.of(r.rank), args=dict(
+            cfg=cfg, fp=ctx.fp, anchor_ids=anchor_ids, anchor_texts=anchor_texts,
+            sentence_schema=sentence_schema_of(ctx.manifest)))] if cfg.rank.enabled else []
         rank_and_write = [
-            StageSpec(RankStage, Resources.of(r.rank), args=dict(
-                cfg=cfg, fp=ctx.fp, anchor_ids=anchor_ids, anchor_texts=anchor_texts,
-                sentence_schema=sentence_schema_of(ctx.manifest))),
+            *rank,
             # the writer shares the rank stage's resources; a run keeps the schemas it was opened with
             StageSpec(WriteStage, Resources.of(r.rank), args=dict(
                 cfg=cfg, fp=ctx.fp, sentence_schema=sentence_schema_of(ctx.manifest),

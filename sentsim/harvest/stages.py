@@ -491,7 +491,9 @@ class RankStage(Stage):
 
 
 class WriteStage(Stage):
-    """Ranked -> the unit's shards and completion marker; returns the unit's counts to the executor."""
+    """Ranked -> the unit's shards and completion marker; returns the unit's counts to the executor. With rank
+    targets off (rank.enabled=false) the harvest has no RankStage, and a Scored comes here: its rows have no
+    rank similarity and its sentences no rank targets, as a Ranked of an idle RankStage had."""
 
     name = "write"
 
@@ -540,7 +542,9 @@ class WriteStage(Stage):
 
         out = []
         for item in items:
-            w: Ranked = work_of(item)
+            w = work_of(item)
+            if not isinstance(w, Ranked):  # rank targets off: ScoreStage's (or PoolLabelStage's) Scored
+                w = Ranked.of(w, w.rows, SentenceRanks())
             t0 = time.perf_counter()
             tables = self.tables(w)
             timing = dict(w.timing, write=time.perf_counter() - t0)

@@ -5,6 +5,7 @@
       ScoreStage     ->  Scored         Eq. 4 pair rows, what each sentence keeps of C_s (after the Eq. 3 re-rank,
                                         when on: rerank.py), context_scores rows
       RankStage      ->  Ranked         the same, each row with its rank similarity, and the sentences' rank targets
+                                        (no RankStage with rank.enabled=false: WriteStage then takes the Scored)
       WriteStage     ->  result dict    the unit's counts for the executor's progress line, once its shards are written
 
 The pool harvest (contexts.mode=pool, harvest/pool*.py) has two passes. Its vectors run:
@@ -22,7 +23,8 @@ The pipeline runner (sentsim.pipeline) hands dicts from stage to stage and stamp
 so a hand-off travels as the envelope {"unit": u, "work": <hand-off>} (`envelope`, `work_of`). A field
 never changes type on the way: a stage that adds something builds the next type (`dataclasses.replace`
 keeps the rest). A stage placed between two others takes and returns the type of that hand-off; one between
-RankStage and WriteStage, e.g., reads a `Ranked` and returns a `Ranked` with fewer rows.
+RankStage and WriteStage, e.g., reads a `Ranked` and returns a `Ranked` with fewer rows (a `Scored` when rank
+targets are off).
 """
 
 from __future__ import annotations

@@ -676,3 +676,44 @@ def test_a_text_score_is_named_in_one_line_by_the_harvest_summary(inline_run, tm
     assert error_line(r.stderr).startswith(f"sentsim: error: {run}: column score of table pairs holds string, "
                                            "not numbers (its numeric columns: pair_id, s1_id, s2_id,"), r.stderr
     assert "harvest:" not in r.stdout, r.stdout  # no summary of a run it could not read
+
+
+def test_without_rank_targets_the_harvest_has_no_rank_stage(inline_run, tmp_path):
+    """rank.enabled=false leaves RankStage out of the pipeline, where it only handed the rows on, so the summary's
+    placement names no rank stage. The rows are those the idle stage handed on: the rank-target run's, with
+    rank_sim and the rank targets null, in the same columns."""
+    from conftest import sentsim_cli
+
+    from sentsim.executor import RunContext
+    from sentsim.harvest.job import HarvestRun
+    from sentsim.harvest.stages import ContextStage, ScoreStage, WriteStage
+    from storage import ShardStore, verify_store
+
+    cfg, out = inline_run
+    run = tmp_path / "run"
+    data = cfg.model_dump()
+    data["out"], data["rank"]["enabled"] = str(run), False
+    config = tmp_path / "harvest.json"
+    config.write_text(json.dumps(data))  # JSON is YAML
+    r = sentsim_cli("harvest", "--config", config, "--executor", "inline")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "  units per node: contexts: local x4; scoring: local x4; write: local x4\n" in r.stdout, r.stdout
+    assert verify_store(str(run)) == []
+    store = ShardStore(str(run))
+    job = HarvestRun(cfg.model_validate(data), "inline", force_new=False, quiet=True)
+    specs = job.stages(RunContext(job, job.fp, store, store.read_manifest(), "inline", None, False, True))
+    assert [s.stage for s in specs] == [ContextStage, ScoreStage, WriteStage]
+    for table, key, nulled in (("pairs", "pair_id", ["rank_sim"]), ("sentences", "sentence_id", ["rank_codes"]),
+                               ("context_scores", [("sentence_id", "ascending"), ("context_id", "ascending")], [])):
+        want = ds.dataset(str(out / table)).to_table().sort_by(key)
+        got = ds.dataset(str(run / table)).to_table().sort_by(key)
+        assert got.schema.equals(want.schema) and got.num_rows == want.num_rows, table
+        assert all(got[c].null_count == got.num_rows and want[c].null_count == 0 for c in nulled), table
+        assert got.drop_columns(nulled).equals(want.drop_columns(nulled)), table
+    # the same rows resumed: a unit lost is redone to the same shards, under the same fingerprint
+    pairs = ds.dataset(str(run / "pairs")).to_table().sort_by("pair_id")
+    (run / "_units" / "00002.json").unlink()
+    r = sentsim_cli("harvest", "--config", config, "--executor", "inline")
+    assert r.returncode == 0 and "[harvest] unit 00002" in r.stderr, r.stderr[-3000:]
+    assert ds.dataset(str(run / "pairs")).to_table().sort_by("pair_id").equals(pairs)
+    assert store.read_manifest()["fingerprint"] == job.fp

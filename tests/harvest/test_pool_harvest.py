@@ -558,6 +558,9 @@ def test_the_summary_says_what_is_labelled_and_prints_no_nan(inputs, tmp_path):
     assert all(f"{s} n={splits.get(s, 0)}" in r.stdout for s in ("train", "dev", "test")), (splits, r.stdout)
     assert "spearman" not in r.stdout and "None" not in r.stdout, r.stdout
     assert json.loads((out / "report.json").read_text())["spearman_score_vs_rank_sim"] is None
+    # with rank targets off the labels go straight to the writer: no rank stage is placed, or listed
+    assert f"  units per node: label: local x{m['planned_units']}; write: local x{m['planned_units']}\n" in r.stdout, \
+        r.stdout
 
 
 def test_the_item_tokens_bench_counts_every_item_of_both_runs(partners_run, inputs, tmp_path, monkeypatch):
