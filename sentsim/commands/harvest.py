@@ -44,8 +44,8 @@ def run(args) -> int:
     rep = json.loads(sfs.read_bytes(fs, sfs.join(root, "report.json")))
     print(f"harvest: {rep.get('pairs', '?')} pairs ({rep.get('null_scores', '?')} null) in "
           f"{m['completed_units']}/{m['planned_units']} units -> {cfg.out}")
-    if rep and not rep.get("pairs"):  # stopped (--max-units) before any unit of pairs was labelled
-        print("  " + unlabelled_line(rep))
+    if rep and not rep.get("pairs"):  # stopped (--max-units) before any unit of pairs was labelled, or none had any
+        print("  " + unlabelled_line(rep, m))
     elif rep:
         print("  score by split: " + ", ".join(
             f"{s} n={v['n']}" + (f" mean={v['mean']:.3f}" if v["n"] else "")
@@ -70,12 +70,28 @@ def run(args) -> int:
     return run_exit_code(m, args.max_units, args.force_new)
 
 
-def unlabelled_line(rep: dict) -> str:
-    """What a harvest with no pair labelled yet has done: its units, and a pool harvest's vectors, which every
-    unit of pairs waits for."""
+def unlabelled_line(rep: dict, manifest: dict) -> str:
+    """What a harvest with no pair labelled has done: its units, and a pool harvest's vectors, which every unit
+    of pairs waits for. A finished one says so, and, for a corpus harvest, that no anchor got a partner (its
+    partner settings, and that neighbours need an --index) rather than that labelling is still to come."""
     units, vectors = rep.get("units") or {}, rep.get("vectors_units")
     done = f"{units.get('completed') or 0} of {units.get('planned') or '?'} units done"
+    if rep.get("complete"):
+        return f"finished with no pairs labelled ({done}){unpaired_anchors(manifest)}"
     if vectors and vectors.get("completed") != vectors.get("planned"):
         return (f"no pairs labelled yet: the pool's sentence vectors are {vectors.get('completed')} of "
                 f"{vectors.get('planned')} units done, and labelling ({done}) waits for all of them")
     return f"no pairs labelled yet: {done}"
+
+
+def unpaired_anchors(manifest: dict) -> str:
+    """Why a finished corpus harvest has no pair: none of its anchors got a partner (nothing to say for a --pairs
+    or pool harvest, whose planned pairs are each labelled)."""
+    cfg, anchors = manifest.get("config") or {}, (manifest.get("plan") or {}).get("anchors")
+    if anchors is None or (cfg.get("contexts") or {}).get("mode") == "pool":
+        return ""
+    p = cfg.get("partners") or {}
+    index = "" if cfg.get("index") or not p.get("neighbours") else \
+        "; neighbours are drawn from --index, and none was given"
+    return (f": none of the {anchors} anchors got a partner (partners.neighbours={p.get('neighbours')}, "
+            f"same_doc={p.get('same_doc')}, random={p.get('random')}{index})")
