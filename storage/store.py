@@ -543,14 +543,25 @@ class ShardStore:
             return f"{record['path']}: checksum mismatch (edited or corrupt)"
         return None
 
-    def read_side_table(self, name: str, fingerprint: Optional[str] = None) -> Optional[pa.Table]:
-        """The side table if it was written (for this fingerprint, when given) and checks out, else None."""
+    def _checked_side_record(self, name: str, fingerprint: Optional[str]) -> Optional[dict]:
         rec = self.side_records().get(name)
         if rec is None or (fingerprint is not None and rec.get("fingerprint") != fingerprint):
             return None
         problem = self.check_side_table(rec)
         if problem:
             raise StoreError(f"{self.uri}/{problem}")
+        return rec
+
+    def has_side_table(self, name: str, fingerprint: Optional[str] = None) -> bool:
+        """Whether read_side_table would return the table (it raises as that does on a damaged one), without
+        reading it into memory: its checksum is streamed, and a table of a million rows is not parsed."""
+        return self._checked_side_record(name, fingerprint) is not None
+
+    def read_side_table(self, name: str, fingerprint: Optional[str] = None) -> Optional[pa.Table]:
+        """The side table if it was written (for this fingerprint, when given) and checks out, else None."""
+        rec = self._checked_side_record(name, fingerprint)
+        if rec is None:
+            return None
         with self.fs.open_input_file(self.path(rec["path"])) as fh:
             return pq.read_table(fh)
 

@@ -279,9 +279,9 @@ class HarvestRun(ShardedJob):
         # the plan and the pool first: a run killed while its vectors are scored resumes with the pairs (and
         # so the sentences) and the pool it began with, whatever k-means or the retriever would give on
         # another machine
-        if ctx.store.read_side_table(PAIRS_TABLE, fingerprint=ctx.fp) is None:
+        if not ctx.store.has_side_table(PAIRS_TABLE, fingerprint=ctx.fp):  # checked, not parsed: ~1M rows at scale
             ctx.store.write_side_table(PAIRS_TABLE, self.pool_plan.table(), ctx.fp)
-        if ctx.store.read_side_table(POOL_IDS_TABLE, fingerprint=ctx.fp) is None:
+        if not ctx.store.has_side_table(POOL_IDS_TABLE, fingerprint=ctx.fp):
             ctx.store.write_side_table(POOL_IDS_TABLE, pa.table({"sentence_id": pa.array(self.pool.ids, pa.int64())}),
                                        ctx.fp)
         job = PoolVectorsRun(self.cfg, self.pool_plan.texts, self.pool, self.vector_identity(), self.precision)

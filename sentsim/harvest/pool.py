@@ -24,7 +24,7 @@ machines).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -108,26 +108,103 @@ def _clustered_draw(corpus, eligible: np.ndarray, size: int, seed: int) -> np.nd
 
 
 @dataclass(frozen=True)
+class PairColumns:
+    """Planned pairs as numpy columns, in unit order; `pairs(start, stop)` is that slice as `Pair`s.
+
+    Not a list of `Pair`s: the plan is shipped to every read task of the labelling pipeline (pipeline.py
+    `_unit_dataset`) and held by the driver for the whole run. At 1.39M pairs a list pickled to 50 MiB and took
+    each read task 2.5 s and ~600 MiB to unpickle; numpy arrays pickle out of band, so Ray maps them read-only
+    from its object store, and a unit builds only its own `Pair`s. `gold` is NaN for a pair without gold (a
+    pairs file's gold is always finite, pairs_file.parse_score), and None when no pair has gold."""
+
+    s1: np.ndarray  # int64
+    s2: np.ndarray  # int64
+    kind: np.ndarray  # uint8, an index into `kinds`
+    kinds: Tuple[str, ...]
+    repeat: np.ndarray  # int32, as PAIRS_SCHEMA keeps it
+    gold: Optional[np.ndarray] = None  # float64
+
+    def __len__(self) -> int:
+        return len(self.s1)
+
+    def pairs(self, start: int = 0, stop: Optional[int] = None) -> List[Pair]:
+        part = slice(start, stop)
+        s1, s2, repeat = self.s1[part].tolist(), self.s2[part].tolist(), self.repeat[part].tolist()
+        kind = [self.kinds[k] for k in self.kind[part].tolist()]
+        gold = [None] * len(s1) if self.gold is None else [None if g != g else g for g in self.gold[part].tolist()]
+        return [Pair(a, b, k, g, r) for a, b, k, g, r in zip(s1, s2, kind, gold, repeat)]
+
+    def sentence_ids(self) -> np.ndarray:
+        """Every sentence id of the pairs, sorted."""
+        return np.unique(np.concatenate([self.s1, self.s2]))
+
+    def table(self) -> pa.Table:
+        n = len(self)
+        kind = pa.DictionaryArray.from_arrays(pa.array(self.kind, pa.uint8()), pa.array(self.kinds, pa.string()))
+        gold = pa.nulls(n, pa.float64()) if self.gold is None else pa.array(self.gold, pa.float64(),
+                                                                              mask=np.isnan(self.gold))
+        return pa.table({"s1_id": pa.array(self.s1, pa.int64()), "s2_id": pa.array(self.s2, pa.int64()),
+                         "kind": kind.cast(pa.string()), "gold": gold, "repeat": pa.array(self.repeat, pa.int32())},
+                        schema=PAIRS_SCHEMA)
+
+    @classmethod
+    def build(cls, s1, s2, kind, gold=None, repeat=None) -> "PairColumns":
+        """From a value a pair in each of `s1`, `s2`, `kind` (or one str, the kind of every pair), `gold` (None:
+        no gold) and `repeat` (None: 0 for every pair)."""
+        s1, s2 = np.asarray(s1, np.int64).reshape(-1), np.asarray(s2, np.int64).reshape(-1)
+        n = len(s1)
+        if isinstance(kind, str):
+            kinds, codes = (kind,), np.zeros(n, np.uint8)
+        else:
+            kinds, codes = _codes(list(kind))
+        rep = np.zeros(n, np.int32) if repeat is None else np.asarray(repeat, np.int32).reshape(-1)
+        g = None
+        if gold is not None and any(x is not None for x in gold):
+            g = np.array([np.nan if x is None else x for x in gold], np.float64).reshape(-1)
+        return cls(s1, s2, codes, kinds, rep, g)
+
+    @classmethod
+    def of_pairs(cls, pairs: Sequence[Pair]) -> "PairColumns":
+        return cls.build([p.s1_id for p in pairs], [p.s2_id for p in pairs], [p.kind for p in pairs],
+                         [p.gold for p in pairs], [p.repeat for p in pairs])
+
+    @classmethod
+    def of_table(cls, t: pa.Table) -> "PairColumns":
+        """A stored plan (side table pool_pairs), read column by column, with no Python object a pair."""
+        kind = t.column("kind").combine_chunks().dictionary_encode()
+        kinds = tuple(kind.dictionary.to_pylist())
+        if len(kinds) > 255:
+            raise ValueError(f"{len(kinds)} pair kinds: more than a uint8 code holds")
+        gold = t.column("gold").combine_chunks()
+        g = None if gold.null_count == len(gold) else \
+            gold.to_numpy(zero_copy_only=False).astype(np.float64)  # null -> NaN
+        return cls(t.column("s1_id").to_numpy().astype(np.int64), t.column("s2_id").to_numpy().astype(np.int64),
+                   kind.indices.to_numpy(zero_copy_only=False).astype(np.uint8), kinds,
+                   t.column("repeat").to_numpy().astype(np.int32), g)
+
+
+def _codes(values: List[str]) -> Tuple[Tuple[str, ...], np.ndarray]:
+    """The distinct strings of `values` in first-seen order, and each value's index among them (uint8)."""
+    index: Dict[str, int] = {}
+    codes = np.fromiter((index.setdefault(v, len(index)) for v in values), np.int64, len(values))
+    if len(index) > 255:
+        raise ValueError(f"{len(index)} pair kinds: more than a uint8 code holds")
+    return tuple(index), codes.astype(np.uint8)
+
+
+@dataclass(frozen=True)
 class PoolPlan:
     """What a pool harvest labels: its pairs in unit order, and the text of every sentence they hold."""
 
-    pairs: List[Pair]
+    pairs: PairColumns
     texts: Dict[int, str]
 
     def table(self) -> pa.Table:
-        p = self.pairs
-        return pa.table({"s1_id": [x.s1_id for x in p], "s2_id": [x.s2_id for x in p], "kind": [x.kind for x in p],
-                         "gold": [x.gold for x in p], "repeat": [x.repeat for x in p]}, schema=PAIRS_SCHEMA)
+        return self.pairs.table()
 
     @property
     def sentence_ids(self) -> np.ndarray:
         return np.array(sorted(self.texts), dtype=np.int64)
-
-
-def pairs_from_table(t: pa.Table) -> List[Pair]:
-    cols = t.to_pydict()
-    return [Pair(int(a), int(b), k, g, int(r)) for a, b, k, g, r in
-            zip(cols["s1_id"], cols["s2_id"], cols["kind"], cols["gold"], cols["repeat"])]
 
 
 def plan_pool_pairs(cfg, corpus, anchors: Optional[np.ndarray], file_pairs: Optional[list],
@@ -141,21 +218,24 @@ def plan_pool_pairs(cfg, corpus, anchors: Optional[np.ndarray], file_pairs: Opti
         from sentsim.harvest.pairs import repeats
 
         texts: Dict[int, str] = {}
-        pairs = []
-        for (s1, s2, gold), k in zip(file_pairs, repeats([(a, b) for a, b, _ in file_pairs])):
+        s1_ids, s2_ids = [], []
+        for s1, s2, _ in file_pairs:
             a, b = text_id(s1), text_id(s2)
             texts[a], texts[b] = s1, s2
-            pairs.append(Pair(a, b, "explicit", gold, k))
+            s1_ids.append(a)
+            s2_ids.append(b)
         if stored is not None:
-            pairs = pairs_from_table(stored)
-        return PoolPlan(pairs, texts)
+            return PoolPlan(PairColumns.of_table(stored), texts)
+        return PoolPlan(PairColumns.build(s1_ids, s2_ids, "explicit", [g for _, _, g in file_pairs],
+                                          repeats([(a, b) for a, b, _ in file_pairs])), texts)
     if stored is not None:
-        pairs = pairs_from_table(stored)
+        pairs = PairColumns.of_table(stored)
     elif cfg.partners.cluster_size:
         from sentsim.harvest.clusters import balanced_clusters, cluster_pairs
 
         clusters = balanced_clusters([t or "" for t in corpus.texts(anchors)], cfg.partners.cluster_size, cfg.seed)
-        pairs = [Pair(int(a), int(b), "cluster") for a, b in cluster_pairs(anchors.tolist(), clusters)]
+        both = np.array(cluster_pairs(anchors.tolist(), clusters), np.int64).reshape(-1, 2)
+        pairs = PairColumns.build(both[:, 0], both[:, 1], "cluster")
     else:
         from sentsim.harvest.pairs import AnchorPartners
 
@@ -164,16 +244,18 @@ def plan_pool_pairs(cfg, corpus, anchors: Optional[np.ndarray], file_pairs: Opti
             from sentsim.retrieval import open_retriever
 
             retriever = open_retriever(cfg.index, corpus=cfg.corpus)
-        pairs = AnchorPartners(corpus, retriever, cfg.partners, cfg.seed, anchors).pairs(anchors.tolist())
-    ids = sorted({s for p in pairs for s in (p.s1_id, p.s2_id)})
+        pairs = PairColumns.of_pairs(AnchorPartners(corpus, retriever, cfg.partners, cfg.seed, anchors)
+                                     .pairs(anchors.tolist()))
+    ids = pairs.sentence_ids().tolist()
     return PoolPlan(pairs, dict(zip(ids, (t or "" for t in corpus.texts(ids)))))
 
 
 class PoolPairUnits:
-    """Unit u of a pool harvest's labelling: its slice of the planned pairs."""
+    """Unit u of a pool harvest's labelling: its slice of the planned pairs, as `Pair`s built from the columns
+    when the unit is (a read task holds the columns zero-copy, PairColumns)."""
 
-    def __init__(self, pairs: List[Pair], per_unit: int):
+    def __init__(self, pairs: PairColumns, per_unit: int):
         self.pairs, self.per_unit = pairs, per_unit
 
     def __call__(self, u: int) -> dict:
-        return {"unit": u, "pairs": self.pairs[u * self.per_unit:(u + 1) * self.per_unit]}
+        return {"unit": u, "pairs": self.pairs.pairs(u * self.per_unit, (u + 1) * self.per_unit)}

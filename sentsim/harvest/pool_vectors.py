@@ -40,15 +40,38 @@ def vectors_uri(out: str) -> str:
     return f"{out.rstrip('/')}/{SUBDIR}"
 
 
+class PackedTexts:
+    """Texts as two numpy arrays, their UTF-8 bytes end to end and where each ends, so that a plan holding
+    them (SentenceUnits) is shipped to each read task as numpy buffers, which Ray maps zero-copy, not as a
+    list of str that every read task unpickles whole. `surrogatepass` keeps any str exactly as it was."""
+
+    def __init__(self, texts: List[str]):
+        encoded = [t.encode("utf-8", "surrogatepass") for t in texts]
+        self.ends = np.cumsum([len(b) for b in encoded], dtype=np.int64)
+        self.data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def slice(self, start: int, stop: int) -> List[str]:
+        stop = min(stop, len(self.ends))
+        out = []
+        for i in range(start, stop):
+            lo = int(self.ends[i - 1]) if i else 0
+            out.append(self.data[lo:int(self.ends[i])].tobytes().decode("utf-8", "surrogatepass"))
+        return out
+
+
 class SentenceUnits:
-    """Unit u of the vectors run: its slice of the plan's sentences (sorted ids) and their texts."""
+    """Unit u of the vectors run: its slice of the plan's sentences (sorted ids) and their texts. The texts of
+    a pairs file's sentences are in no corpus, so they travel with the plan, packed (PackedTexts)."""
 
     def __init__(self, ids: np.ndarray, texts: List[str], per_unit: int):
-        self.ids, self.texts, self.per_unit = ids, texts, per_unit
+        self.ids, self.texts, self.per_unit = ids, PackedTexts(texts), per_unit
 
     def __call__(self, u: int) -> dict:
-        part = slice(u * self.per_unit, (u + 1) * self.per_unit)
-        return {"unit": u, "ids": self.ids[part].tolist(), "texts": self.texts[part]}
+        lo, hi = u * self.per_unit, (u + 1) * self.per_unit
+        return {"unit": u, "ids": self.ids[lo:hi].tolist(), "texts": self.texts.slice(lo, hi)}
 
 
 class PoolVectorsRun(ShardedJob):

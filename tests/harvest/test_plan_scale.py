@@ -114,6 +114,97 @@ def test_harvest_plan_matches_the_unit_it_runs(speech_corpus):
     assert flat == units.make.anchors.tolist() and flat == sorted(flat) and len(units[7]["anchors"]) == 1
 
 
+# ---- the pool harvest's pair plan: numpy columns, sliced per unit ---------------------------------
+
+
+def _planned_pairs(n, seed=0, gold=False):
+    from sentsim.harvest.work import Pair
+
+    rng = np.random.default_rng(seed)
+    kinds = ["neighbour", "same-doc", "random", "cluster"]
+    a, b, k = rng.integers(0, 1 << 62, n), rng.integers(0, 1 << 62, n), rng.integers(0, 4, n)
+    g = [None if x < 0.3 else round(float(x) * 5, 3) for x in rng.random(n)] if gold else [None] * n
+    r = rng.integers(0, 3, n) if gold else np.zeros(n, np.int64)
+    return [Pair(int(x), int(y), kinds[int(z)], v, int(w)) for x, y, z, v, w in zip(a, b, k, g, r)]
+
+
+def _old_plan_table(pairs):
+    """The pool_pairs side table as the Pair-list plan wrote it."""
+    import pyarrow as pa
+
+    from sentsim.harvest.pool import PAIRS_SCHEMA
+
+    return pa.table({"s1_id": [x.s1_id for x in pairs], "s2_id": [x.s2_id for x in pairs],
+                     "kind": [x.kind for x in pairs], "gold": [x.gold for x in pairs],
+                     "repeat": [x.repeat for x in pairs]}, schema=PAIRS_SCHEMA)
+
+
+@pytest.mark.parametrize("gold", [False, True])
+def test_pool_units_slice_the_planned_pairs_as_the_pair_list_did(gold):
+    """The columns give each unit exactly the Pairs the list plan gave it (ids, kind, gold or None, repeat, as
+    Python values), write the same side table, and read a stored one (an old run's) back to the same Pairs."""
+    import pyarrow as pa
+
+    from sentsim.harvest.pool import PairColumns, PoolPairUnits
+
+    pairs = _planned_pairs(1_001, gold=gold)
+    cols = PairColumns.of_pairs(pairs)
+    assert (cols.gold is None) == (not gold)
+    units = PoolPairUnits(cols, 64)
+    got = [units(u)["pairs"] for u in range(-(-len(pairs) // 64))]
+    assert got == [pairs[u * 64:(u + 1) * 64] for u in range(len(got))] and units(99)["pairs"] == []
+    assert all(type(p.s1_id) is int and type(p.repeat) is int and (p.gold is None or type(p.gold) is float)
+               for u in got for p in u)
+    old = _old_plan_table(pairs)
+    assert cols.table().equals(old)
+    back = PairColumns.of_table(old)
+    assert back.pairs() == pairs and back.table().equals(old)
+    split = PairColumns.of_table(pa.concat_tables([old.slice(0, 500), old.slice(500)]))
+    assert split.pairs() == pairs  # a table of several chunks (row groups) too
+    assert PairColumns.of_pairs([]).pairs() == [] and len(PairColumns.of_table(old.slice(0, 0))) == 0
+
+
+def test_the_pool_plan_read_tasks_get_is_numpy_buffers():
+    """What pipeline._unit_dataset ray.puts for a pool harvest pickles as numpy buffers (out of band, which Ray
+    maps zero-copy into each read task) and a few hundred bytes in band, whatever the number of pairs: not a
+    Python object a pair (1.39M pairs once cost each read task 2.5 s and ~600 MiB to unpickle)."""
+    import pickle
+
+    from sentsim.harvest.pool import PairColumns, PoolPairUnits
+
+    inband, outband = {}, {}
+    for n in (1_000, 100_000):
+        buffers = []
+        make = PoolPairUnits(PairColumns.of_pairs(_planned_pairs(n, gold=True)), 64)
+        inband[n] = len(pickle.dumps(make, protocol=5, buffer_callback=buffers.append))
+        outband[n] = sum(b.raw().nbytes for b in buffers)
+        again = pickle.loads(pickle.dumps(make, protocol=5))
+        assert again(3) == make(3)
+    assert max(inband.values()) < 1024  # the kinds, the dataclass, the arrays' shapes: not the pairs
+    assert outband[100_000] == 100 * outband[1_000] <= 30 * 100_000  # s1, s2, gold: 8 B; repeat 4; kind 1
+
+
+def test_the_vectors_run_ships_its_texts_packed():
+    """SentenceUnits hands each unit its ids and texts as before (any str: accents, an emoji, a lone surrogate,
+    an empty one), from numpy buffers rather than a list of str that each read task unpickles whole."""
+    import pickle
+
+    from sentsim.harvest.pool_vectors import SentenceUnits
+
+    texts = ["Plain.", "Café au lait — “quoted”.", "", "🙂 emoji", "lone \ud800 surrogate",
+             *[f"s{i}" for i in range(95)]]
+    ids = np.arange(len(texts), dtype=np.int64) * 5
+    units = SentenceUnits(ids, texts, 8)
+    n = -(-len(texts) // 8)
+    assert [units(u) for u in range(n)] == [{"unit": u, "ids": ids[u * 8:(u + 1) * 8].tolist(),
+                                             "texts": texts[u * 8:(u + 1) * 8]} for u in range(n)]
+    buffers = []
+    inband = pickle.dumps(units, protocol=5, buffer_callback=buffers.append)
+    assert len(inband) < 1024 and sum(b.raw().nbytes for b in buffers) >= sum(len(t) for t in texts)
+    assert pickle.loads(pickle.dumps(units, protocol=5))(0) == units(0)
+    assert SentenceUnits(ids[:0], [], 8)(0) == {"unit": 0, "ids": [], "texts": []}
+
+
 # ---- context_scores: float32, or none at all (issue 16) ------------------------------------------
 
 from test_harvest import _scores, inline_run, inputs, pairs_of  # noqa: E402,F401  (module fixtures)

@@ -394,6 +394,30 @@ def test_each_commit_is_durable_shards_before_the_marker(tmp_path, monkeypatch):
     assert done == ["s/_side/anchors.parquet", "s/_side/anchors.json", "s/manifest.json", "s/_COMPLETE"]
 
 
+def test_has_side_table_checks_without_reading(tmp_path, monkeypatch):
+    """has_side_table answers as read_side_table would (None: False; damaged: the same StoreError) and never
+    parses the table: a pool harvest's plan of a million pairs is checked for on every resume."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from storage import StoreError
+
+    store = ShardStore(str(tmp_path / "s"))
+    assert not store.has_side_table("plan", fingerprint="fp")
+    store.write_side_table("plan", pa.table({"x": list(range(100))}), "fp")
+    monkeypatch.setattr(pq, "read_table", lambda *a, **k: pytest.fail("parsed"))
+    assert store.has_side_table("plan", fingerprint="fp") and store.has_side_table("plan")
+    assert not store.has_side_table("plan", fingerprint="other") and not store.has_side_table("none")
+    path = tmp_path / "s" / "_side" / "plan.parquet"
+    blob = bytearray(path.read_bytes())
+    blob[len(blob) // 2] ^= 0x01
+    path.write_bytes(bytes(blob))
+    with pytest.raises(StoreError, match="checksum mismatch"):
+        store.has_side_table("plan", fingerprint="fp")
+    with pytest.raises(StoreError, match="checksum mismatch"):
+        store.read_side_table("plan", fingerprint="fp")
+
+
 def test_every_sharded_job_checks_the_sha256_on_resume(tmp_path):
     """The executor's default: a job that does not choose (the contexts and rep-cache jobs) re-checks
     each done unit's sha256 when it resumes, so a same-size edit is redone there too."""
