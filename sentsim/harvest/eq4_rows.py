@@ -23,8 +23,9 @@ from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, 
 
 import numpy as np
 
+from sentsim.harvest import metrics
 from sentsim.harvest.grouping import group_scores
-from sentsim.harvest.similarity import MIN_POINTS, pair_similarity
+from sentsim.harvest.similarity import MIN_POINTS, enough_points, pair_similarity
 
 # null_reason values (the harvest's reports and refusals list them; remix recognises the first)
 NO_CONTEXTS = "no contexts for either sentence"
@@ -145,16 +146,52 @@ def vector_rows(pairs: Sequence[Tuple[int, int]], S: np.ndarray, terms: Mapping[
                 effect: Optional[np.ndarray] = None) -> List[dict]:
     """The Eq. 4 columns of each pair of a pool harvest (harvest/pool.py), whose sentences share the pool:
     pair (i, j) of row indices compares S[i] and S[j] over every pool context (NaN ones dropped pairwise), and
-    each term alike. n_ctx_s1/2 count the contexts each sentence was scored in."""
+    each term alike. n_ctx_s1/2 count the contexts each sentence was scored in.
+
+    Each value is what pair_similarity gives the pair (the metric is handed the same float64 entries), but the
+    finiteness masks and the distinct-point test are done for a block of pairs at once, and the contexts scored
+    are counted over the rows the pairs touch only: S holds every sentence of the harvest (100K+ rows), a unit
+    a few hundred of them."""
+    if not len(pairs):
+        return []
+    compare = metrics.get(metric).compare
+    idx = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    touched, where = np.unique(idx, return_inverse=True)
+    scored = np.isfinite(S[touched]).sum(axis=1)[where.reshape(-1, 2)].tolist()
+    eff = None if effect is None else np.asarray(effect, dtype=np.float64)
     rows = []
-    scored = np.isfinite(S).sum(axis=1)
-    for i, j in pairs:
-        row: dict = {"n_ctx_s1": int(scored[i]), "n_ctx_s2": int(scored[j])}
-        score = pair_similarity(S[i], S[j], metric, effect)
-        row["score"] = _value(score)
-        both = int((np.isfinite(S[i]) & np.isfinite(S[j])).sum())
-        row["null_reason"] = None if np.isfinite(score) else FEW_CONTEXTS if both < MIN_POINTS else DEGENERATE
-        for t, values in terms.items():
-            row[f"sim_{t}"] = _value(pair_similarity(values[i], values[j], metric))
-        rows.append(row)
+    step = max(1, _BLOCK_FLOATS // max(1, S.shape[1]))
+    for lo in range(0, len(idx), step):
+        block = idx[lo:lo + step]
+        score, both = _block_similarity(S, block, compare, eff)
+        sims = {t: _block_similarity(values, block, compare, None)[0] for t, values in terms.items()}
+        for r in range(len(block)):
+            n1, n2 = scored[lo + r]
+            row: dict = {"n_ctx_s1": n1, "n_ctx_s2": n2, "score": _value(score[r])}
+            row["null_reason"] = None if np.isfinite(score[r]) else FEW_CONTEXTS if both[r] < MIN_POINTS \
+                else DEGENERATE
+            for t in terms:
+                row[f"sim_{t}"] = _value(sims[t][r])
+            rows.append(row)
     return rows
+
+
+# vector_rows holds a block of pairs' two vectors at once: 2**20 float64 each (8 MiB), 4,096 pairs at |P| = 256
+_BLOCK_FLOATS = 2**20
+
+
+def _block_similarity(M: np.ndarray, block: np.ndarray, compare, effect: Optional[np.ndarray]
+                      ) -> Tuple[list, List[int]]:
+    """pair_similarity(M[i], M[j], effect) for each (i, j) of `block`, and the contexts finite in both rows.
+    The metric sees exactly the arrays pair_similarity hands it, one pair at a time: a metric computed over the
+    whole block at once would sum in another order and could differ in the last bit."""
+    a = np.asarray(M[block[:, 0]], dtype=np.float64)
+    b = np.asarray(M[block[:, 1]], dtype=np.float64)
+    both = np.isfinite(a) & np.isfinite(b)
+    ok = both & np.isfinite(effect) if effect is not None else both
+    valid = (ok.sum(axis=1) >= MIN_POINTS) & enough_points(a, b, ok)
+    out: list = [float("nan")] * len(block)
+    for r in np.flatnonzero(valid).tolist():
+        m = ok[r]
+        out[r] = compare(a[r][m], b[r][m], None if effect is None else effect[m])
+    return out, both.sum(axis=1).tolist()
