@@ -8,6 +8,7 @@ from typing import Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from storage import RunReader
 
@@ -20,15 +21,16 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
     # text where a number belongs is named in one line here, not cast (numeric text) or a ValueError below
     t = reader.read_table("pairs", cols, numeric=["score", "rank_sim"]) if reader.files("pairs", required=False) else \
         pa.table({c: pa.array([], pa.float64() if c in ("score", "rank_sim") else pa.string()) for c in cols})
-    score = np.array([np.nan if v is None else v for v in t.column("score").to_pylist()], dtype=float)
-    rank = np.array([np.nan if v is None else v for v in t.column("rank_sim").to_pylist()], dtype=float)
-    split = np.array(t.column("split").to_pylist(), dtype=object)
-    kind = np.array(t.column("kind").to_pylist(), dtype=object)
+    # columns stay numpy (strings as codes): a Python object per pair cost seconds and hundreds of MiB at 400K pairs
+    score, rank = _floats(t.column("score")), _floats(t.column("rank_sim"))
+    split, kind = Labels(t.column("split")), Labels(t.column("kind"))
     reasons = {}
-    for r in t.column("null_reason").to_pylist():
+    null_reasons = Labels(t.column("null_reason"))
+    # in order of first appearance, as the rows gave them
+    for r, n in zip(null_reasons.values, null_reasons.counts().tolist()):
         if r:
             key = r.split(":")[0]
-            reasons[key] = reasons.get(key, 0) + 1
+            reasons[key] = reasons.get(key, 0) + n
 
     def stats(x):
         x = x[np.isfinite(x)]
@@ -63,8 +65,8 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
         "pairs": int(len(score)),
         "null_scores": int((~np.isfinite(score)).sum()),
         "null_reasons": reasons,
-        "score": {s: stats(score[split == s]) for s in ("train", "dev", "test")},
-        "score_by_kind": {k: stats(score[kind == k]) for k in sorted(set(kind.tolist()))},
+        "score": {s: stats(score[split.mask(s)]) for s in ("train", "dev", "test")},
+        "score_by_kind": {k: stats(score[kind.mask(k)]) for k in sorted(set(kind.values))},
         "spearman_score_vs_rank_sim": corr,
         "scored_items": int(scored),
         # what a label costs: (sentence, context) items scored, each in every Eq. 3 direction, per labelled pair
@@ -86,6 +88,34 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
         f.write(json.dumps(rep, indent=2).encode())
     _plot(store, score, rank, split, stage_s)
     return rep
+
+
+def _floats(col: pa.ChunkedArray) -> np.ndarray:
+    """A numeric column as float64, null as NaN."""
+    return col.cast(pa.float64()).to_numpy()
+
+
+class Labels:
+    """A string column as integer codes into its distinct values, in order of first appearance (None last, for
+    nulls), so a mask or a count is one numpy operation."""
+
+    def __init__(self, col: pa.ChunkedArray):
+        enc = (col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col).dictionary_encode()
+        self.values: list = enc.dictionary.to_pylist()
+        if enc.null_count:
+            self.values.append(None)
+        self.codes = pc.fill_null(enc.indices, len(self.values) - 1).to_numpy(zero_copy_only=False) \
+            if enc.null_count else enc.indices.to_numpy(zero_copy_only=False)
+
+    def mask(self, value) -> np.ndarray:
+        """Which rows hold `value` (none where no row does)."""
+        if value not in self.values:
+            return np.zeros(len(self.codes), dtype=bool)
+        return self.codes == self.values.index(value)
+
+    def counts(self) -> np.ndarray:
+        """Rows per value, aligned with `values`."""
+        return np.bincount(self.codes, minlength=len(self.values))
 
 
 def _vectors_units(out: str) -> Optional[tuple[Optional[int], dict]]:
@@ -129,7 +159,23 @@ def placement_line(placement: dict) -> str:
                      for stage, nodes in placement.items())
 
 
-def _plot(store, score, rank, split, stage_s) -> None:
+# most pairs report.png's scatter draws; above this, a fixed-seed sample of them (said in its title)
+SCATTER_MAX = 20_000
+
+
+def scatter_points(score: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, str]:
+    """The pairs report.png's scatter draws (indices, in row order) and its title: every pair with both values,
+    or above SCATTER_MAX of them a sample fixed by its seed, so a rerun draws the same plot. A marker per pair
+    cost seconds and memory at 400K pairs and drew one blot; report.json's statistics cover every pair."""
+    ok = np.flatnonzero(np.isfinite(score) & np.isfinite(rank))
+    title = "score vs rank similarity"
+    if len(ok) <= SCATTER_MAX:
+        return ok, title
+    sample = np.sort(np.random.default_rng(0).choice(ok, size=SCATTER_MAX, replace=False))
+    return sample, f"{title} ({SCATTER_MAX:,} of {len(ok):,} pairs, sampled)"
+
+
+def _plot(store, score: np.ndarray, rank: np.ndarray, split: Labels, stage_s: dict) -> None:
     import io
 
     import matplotlib
@@ -139,18 +185,18 @@ def _plot(store, score, rank, split, stage_s) -> None:
 
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
     for s in ("train", "dev", "test"):
-        x = score[(split == s) & np.isfinite(score)]
+        x = score[split.mask(s) & np.isfinite(score)]
         if len(x):
             ax[0].hist(x, bins=30, alpha=0.5, label=f"{s} ({len(x)})")
     ax[0].set_title("harvested score by split")
     ax[0].set_xlabel("Eq. 4 similarity")
     if ax[0].get_legend_handles_labels()[0]:  # a run with no scored pair yet has nothing to name
         ax[0].legend()
-    ok = np.isfinite(score) & np.isfinite(rank)
+    ok, title = scatter_points(score, rank)
     ax[1].scatter(rank[ok], score[ok], s=6, alpha=0.5)
     ax[1].set_xlabel("rank similarity (base encoder)")
     ax[1].set_ylabel("harvested score")
-    ax[1].set_title("score vs rank similarity")
+    ax[1].set_title(title)
     if stage_s:
         ax[2].bar(list(stage_s), list(stage_s.values()))
     ax[2].set_title("seconds per stage (all units)")
