@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
+import time
 import warnings
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from scipy import sparse
@@ -37,7 +39,13 @@ _CHUNK_FLOATS = 2**22
 _CANDIDATES = 16
 
 
-def balanced_clusters(texts: Sequence[str], size: int, seed: int) -> np.ndarray:
+def say_progress(line: str) -> None:
+    """A progress line as the harvest prints its own (job.py): on stderr, after the command's name."""
+    print(f"[harvest] {line}", file=sys.stderr, flush=True)
+
+
+def balanced_clusters(texts: Sequence[str], size: int, seed: int,
+                      progress: Optional[Callable[[str], None]] = say_progress) -> np.ndarray:
     """Cluster index (int64, 0..n_clusters-1) of each text: TF-IDF (word unigrams+bigrams, sublinear tf,
     fitted on these texts) vectors, k-means with k = ceil(n / size) seeded by `seed`, then a capacity-bound
     assignment so every cluster has exactly `size` members except that the remainder n % size goes to one
@@ -45,13 +53,28 @@ def balanced_clusters(texts: Sequence[str], size: int, seed: int) -> np.ndarray:
     (text, centroid) pairs first).
 
     The remainder goes to the centroid that is nearest to the fewest texts (lowest index on ties), the cluster
-    k-means found least support for. Texts without any word (all empty, say) fill clusters in input order."""
+    k-means found least support for. Texts without any word (all empty, say) fill clusters in input order.
+
+    `progress` is handed a line before the clustering (how many texts into how many clusters) and one after
+    (the seconds it took); None prints nothing. A single cluster (n <= size) is no clustering and says nothing."""
     if size < 2:
         raise ValueError(f"cluster size must be at least 2, got {size}")
     n = len(texts)
     if n <= size:
         return np.zeros(n, dtype=np.int64)
     k = math.ceil(n / size)
+    # the cost grows about as n^2 / size (82 s at 90,000 anchors in clusters of 256), and nothing else is
+    # printed meanwhile: say what is being done before, and what it took after
+    t0 = time.perf_counter()
+    if progress:
+        progress(f"clustering {n:,} sentences into {k:,} TF-IDF clusters of {size:,}")
+    labels = _balanced(texts, size, seed, n, k)
+    if progress:
+        progress(f"clustered {n:,} sentences in {time.perf_counter() - t0:.1f} s")
+    return labels
+
+
+def _balanced(texts: Sequence[str], size: int, seed: int, n: int, k: int) -> np.ndarray:
     X = _tfidf(texts, max_features=max(1024, _CENTROID_FLOATS // k))
     if X is None:
         return np.arange(n, dtype=np.int64) // size

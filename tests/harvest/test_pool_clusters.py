@@ -121,3 +121,19 @@ def test_large_run_has_exact_sizes():
     n, size = 8_000, 50
     texts, _ = synthetic(n, 200, seed=7)
     assert_sizes(balanced_clusters(texts, size, seed=11), n, size)
+
+
+def test_clustering_says_what_it_clusters_and_what_it_took_without_changing_the_clusters(capsys):
+    """Clustering 90K anchors took minutes with nothing printed: it says how many into how many clusters
+    before, and the seconds after, on stderr as the harvest's other lines."""
+    texts, _ = synthetic(300, 5, 1)
+    said = balanced_clusters(texts, 64, seed=2)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "[harvest] clustering 300 sentences into 5 TF-IDF clusters of 64"
+    assert len(err) == 2 and err[1].startswith("[harvest] clustered 300 sentences in ") and err[1].endswith(" s")
+    lines = []
+    assert (balanced_clusters(texts, 64, seed=2, progress=lines.append) == said).all()
+    assert (balanced_clusters(texts, 64, seed=2, progress=None) == said).all()
+    assert len(lines) == 2 and capsys.readouterr().err == ""
+    balanced_clusters(texts[:10], 64, seed=2)  # one cluster: nothing to cluster, nothing said
+    assert capsys.readouterr().err == ""
