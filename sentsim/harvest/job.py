@@ -103,11 +103,11 @@ class HarvestRun(ShardedJob):
             kept_ids = None if force_new else store.read_side_table(POOL_IDS_TABLE, fingerprint=resume_fp)
             self.pool = draw_pool(self.corpus, cfg.contexts.pool_size, self.context_window(), cfg.seed,
                                   cfg.contexts.pool_draw,
-                                  None if kept_ids is None else kept_ids.column("sentence_id").to_numpy())
+                                  None if kept_ids is None else kept_ids.column("sentence_id").to_numpy(), quiet)
             kept = None if force_new else store.read_side_table(PAIRS_TABLE, fingerprint=resume_fp)
             file_pairs = self.unit_plan.make.pairs if cfg.pairs_file else None
             anchors = None if cfg.pairs_file else self.unit_plan.make.anchors
-            self.pool_plan = plan_pool_pairs(cfg, self.corpus, anchors, file_pairs, kept)
+            self.pool_plan = plan_pool_pairs(cfg, self.corpus, anchors, file_pairs, kept, quiet)
             per = cfg.pairs_per_unit
             self.unit_plan = UnitPlan(-(-len(self.pool_plan.pairs) // per), PoolPairUnits(self.pool_plan.pairs, per))
         self.rep_cache = rep_cache_uri(cfg.contexts.rep_cache, cfg.out) if uses_rep_cache(cfg) else None

@@ -65,11 +65,11 @@ class Pool:
 
 
 def draw_pool(corpus, size: int, window: int, seed: int, draw: str = "random",
-              kept: Optional[np.ndarray] = None) -> Pool:
+              kept: Optional[np.ndarray] = None, quiet: bool = False) -> Pool:
     """|P| = `size` distinct corpus sentences, each with `window` sentences a side: `kept` (a resumed run's
     ids, as it drew them), or drawn with the run's seed, at random or one from each of |P| TF-IDF clusters
     (`draw`), among the sentences with a full window (a side cut short by a document's edge would drop an Eq. 3
-    term there and raise S for every sentence alike)."""
+    term there and raise S for every sentence alike). `quiet` silences the clustering's progress lines."""
     from sentsim.screening.candidates import full_windows
 
     if kept is not None:
@@ -81,7 +81,7 @@ def draw_pool(corpus, size: int, window: int, seed: int, draw: str = "random",
             raise UsageError(f"contexts.pool_size={size} is more than the corpus's {n:,} sentences with {window} "
                              f"sentences a side in their document; choose {n:,} or fewer")
         if draw == "clusters":
-            ids = _clustered_draw(corpus, eligible, size, seed)
+            ids = _clustered_draw(corpus, eligible, size, seed, quiet)
         else:
             rng = np.random.default_rng(seed + POOL_SEED_OFFSET)
             ids = np.sort(rng.choice(eligible, size=size, replace=False)).astype(np.int64)
@@ -89,11 +89,11 @@ def draw_pool(corpus, size: int, window: int, seed: int, draw: str = "random",
     return Pool(ids, [w[0] for w in windows], [w[1] for w in windows], [t or "" for t in corpus.texts(ids)])
 
 
-def _clustered_draw(corpus, eligible: np.ndarray, size: int, seed: int) -> np.ndarray:
+def _clustered_draw(corpus, eligible: np.ndarray, size: int, seed: int, quiet: bool = False) -> np.ndarray:
     """`size` sentence ids, one from each of `size` equal TF-IDF clusters of POOL_DRAW_OVERSAMPLE x `size`
     random `eligible` ones (all of them when too few for that): the first drawn of each cluster, so the choice
     within a cluster stays random."""
-    from sentsim.harvest.clusters import balanced_clusters
+    from sentsim.harvest.clusters import balanced_clusters, say_progress
 
     n = len(eligible)
     rng = np.random.default_rng(seed + POOL_SEED_OFFSET)
@@ -101,7 +101,8 @@ def _clustered_draw(corpus, eligible: np.ndarray, size: int, seed: int) -> np.nd
     per = len(candidates) // size  # >= 1: size <= n
     if per < 2:
         return np.sort(candidates[:size])
-    labels = balanced_clusters([t or "" for t in corpus.texts(candidates)], per, seed)
+    labels = balanced_clusters([t or "" for t in corpus.texts(candidates)], per, seed,
+                               progress=None if quiet else say_progress)
     # ceil(m / per) >= size clusters, none empty: the first `size` clusters in draw order, each by its first member
     _, first = np.unique(labels, return_index=True)
     return np.sort(candidates[np.sort(first)[:size]])
@@ -208,10 +209,10 @@ class PoolPlan:
 
 
 def plan_pool_pairs(cfg, corpus, anchors: Optional[np.ndarray], file_pairs: Optional[list],
-                    stored: Optional[pa.Table] = None) -> PoolPlan:
+                    stored: Optional[pa.Table] = None, quiet: bool = False) -> PoolPlan:
     """The pairs of a pool harvest: the stored plan when the run has one; else a pairs file's rows, every pair
     within TF-IDF clusters of `partners.cluster_size` anchors, or each anchor with its partners as in a
-    per-pair harvest."""
+    per-pair harvest. `quiet` silences the clustering's progress lines."""
     from corpus.documents import text_id
 
     if file_pairs is not None:
@@ -231,9 +232,10 @@ def plan_pool_pairs(cfg, corpus, anchors: Optional[np.ndarray], file_pairs: Opti
     if stored is not None:
         pairs = PairColumns.of_table(stored)
     elif cfg.partners.cluster_size:
-        from sentsim.harvest.clusters import balanced_clusters, cluster_pairs
+        from sentsim.harvest.clusters import balanced_clusters, cluster_pairs, say_progress
 
-        clusters = balanced_clusters([t or "" for t in corpus.texts(anchors)], cfg.partners.cluster_size, cfg.seed)
+        clusters = balanced_clusters([t or "" for t in corpus.texts(anchors)], cfg.partners.cluster_size, cfg.seed,
+                                     progress=None if quiet else say_progress)
         both = np.array(cluster_pairs(anchors.tolist(), clusters), np.int64).reshape(-1, 2)
         pairs = PairColumns.build(both[:, 0], both[:, 1], "cluster")
     else:

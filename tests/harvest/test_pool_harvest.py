@@ -471,6 +471,23 @@ def test_a_clustered_pool_is_kept_with_the_run_and_resumed_from_it(inputs, tmp_p
     assert again["complete"] and pairs_of(out).equals(before)
 
 
+def test_clustering_says_what_it_does_unless_quiet(inputs, tmp_path, capsys):
+    """Clustering grows about as n^2 / size and prints nothing else meanwhile: a harvest names it before and
+    times it after, for the pairs and for a clustered pool draw alike; `quiet` silences both."""
+    from sentsim.harvest.job import harvest
+
+    def run(out, quiet):
+        cfg = pool_config(inputs, out, contexts={"mode": "pool", "pool_size": POOL, "pool_draw": "clusters"},
+                          partners={"cluster_size": 4}, anchors={"n": 12})
+        assert harvest(cfg, executor="inline", quiet=quiet)["complete"]
+        return capsys.readouterr().err
+
+    err = run(tmp_path / "loud", quiet=False)
+    assert "[harvest] clustering 12 sentences into 3 TF-IDF clusters of 4" in err
+    assert err.count("[harvest] clustering ") == 2 and err.count("[harvest] clustered ") == 2  # pool and pairs
+    assert "clustering" not in run(tmp_path / "quiet", quiet=True)
+
+
 def test_no_sentence_is_scored_in_a_pool_context_whose_window_holds_it(partners_run):
     """As C_s leaves out the windows that hold the sentence (exclude_query_window), a pool sentence's S is NaN
     at every pool context centred on it or holding it as c< or c>, where the context models would copy it."""
