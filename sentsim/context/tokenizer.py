@@ -62,21 +62,40 @@ class ContextTokenizer:
         return self.tokenizer.decode(list(ids))
 
     def save(self, directory: str | Path) -> Path:
+        """Roles first, then tokenizer.json, each whole or not at all: a context trainer resumes with the
+        tokenizer it finds there, so a kill while saving must leave either none or one that reads back."""
+        from storage.fs import write_text_atomic
+
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        self.tokenizer.save(str(d / "tokenizer.json"))
-        (d / "tokenizer_roles.json").write_text(json.dumps(self.specials, indent=1, sort_keys=True))
+        write_text_atomic(str(d / "tokenizer_roles.json"), json.dumps(self.specials, indent=1, sort_keys=True))
+        # pretty, as Tokenizer.save writes it: the same bytes as tokenizers saved before
+        write_text_atomic(str(d / "tokenizer.json"), self.tokenizer.to_str(pretty=True))
         return d / "tokenizer.json"
 
     @classmethod
-    def load(cls, directory: str | Path) -> "ContextTokenizer":
+    def load(cls, directory: str | Path, remedy: str = "") -> "ContextTokenizer":
+        """`remedy`: what the caller's user can do about a file that does not read, added to the one line."""
         d = Path(directory)
         path = d / "tokenizer.json" if d.is_dir() else d
         roles = path.parent / "tokenizer_roles.json"
         if not path.is_file():
             raise UsageError(f"no tokenizer.json in {directory}")
-        tok = Tokenizer.from_file(str(path))
-        specials = json.loads(roles.read_text()) if roles.is_file() else _guess_roles(tok)
+
+        def unreadable(what: Path, exc: Exception) -> UsageError:
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+            return UsageError(f"{what}: not a readable tokenizer file ({reason})" + (f"; {remedy}" if remedy else ""))
+
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as exc:  # the tokenizers library raises a bare Exception for a file it cannot parse
+            raise unreadable(path, exc) from None
+        try:
+            specials = json.loads(roles.read_text()) if roles.is_file() else _guess_roles(tok)
+        except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise unreadable(roles, exc) from None
+        if not isinstance(specials, dict):
+            raise unreadable(roles, ValueError("not a JSON object of roles"))
         return cls(tok, specials)
 
 

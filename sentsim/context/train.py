@@ -546,8 +546,10 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
         discard_in_place(out_p, "context.json")
     tok_dir = out_p / "tokenizer"
     resumed = (tok_dir / "tokenizer.json").is_file()
-    # resuming: keep the tokenizer the checkpoints were trained with
-    tok = ContextTokenizer.load(tok_dir) if resumed else prepare_tokenizer(cfg, corpus, tokenizer_from)
+    # resuming: keep the tokenizer the checkpoints were trained with; one that does not read is this run's
+    # state, which only --force-new discards
+    redo = "it is this run's saved tokenizer: --force-new starts the run over, or use another --out"
+    tok = ContextTokenizer.load(tok_dir, redo) if resumed else prepare_tokenizer(cfg, corpus, tokenizer_from)
     if (cfg.model.arch == "bart" and not cfg.model.pretrained_path and tok.vocab_size > cfg.model.vocab_size
             and not tokenizer_from):
         raise UsageError(f"tokenizer has {tok.vocab_size} tokens, more than model.vocab_size={cfg.model.vocab_size}")

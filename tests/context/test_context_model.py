@@ -200,6 +200,36 @@ def test_a_finished_run_run_again_trains_no_further(tmp_path, corpus_dir):
         assert (out / "models" / "fwd" / "model.safetensors").read_bytes() == weights
 
 
+def test_a_tokenizer_cut_short_at_out_is_one_line_naming_it_and_force_new(tmp_path, corpus_dir):
+    """A kill while the trainer saved OUT/tokenizer/ left a cut-off tokenizer.json, and every later run with that
+    --out stopped in the tokenizers library's bare traceback. The save is now whole or absent (roles first,
+    tokenizer.json last, each renamed into place); a file that still does not read is refused in one line
+    naming it and --force-new, which starts the run over."""
+    from conftest import error_line, sentsim_cli
+
+    from sentsim.cli import main
+
+    out = tmp_path / "model"
+    args = ["train", "context", "--corpus", corpus_dir, "--direction", "fwd", "--out", str(out),
+            *_sets(executor="inline", max_steps=1, eval_every=100000, checkpoint_every=1)]
+    assert main(args) == 0
+    from sentsim.training.run import release_out
+
+    release_out(out)  # held by this process until it exits otherwise (claim_out), and the command is another
+    tok = out / "tokenizer" / "tokenizer.json"
+    assert (out / "tokenizer" / "tokenizer_roles.json").is_file()
+    assert sorted(p.name for p in tok.parent.iterdir()) == ["tokenizer.json", "tokenizer_roles.json"]
+    tok.write_bytes(tok.read_bytes()[:1000])  # as a kill mid-write of the old, in-place save left it
+    again = [a if a != "max_steps=1" else "max_steps=2" for a in args]  # unfinished: it resumes
+    r = sentsim_cli(*again, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    line = error_line(r.stderr)
+    assert str(tok) in line and "--force-new" in line and "not a readable tokenizer" in line
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert main([*again, "--force-new"]) == 0
+    assert ContextTokenizer.load(out / "tokenizer").vocab_size > 0
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     ray = pytest.importorskip("ray")
