@@ -151,6 +151,7 @@ class HarvestConfig(Section):
         if not self.pairs_file and not p.cluster_size and p.neighbours + p.same_doc + p.random == 0:
             raise ValueError("partners: neighbours, same_doc and random are all 0, so no anchor would have a pair")
         self.contexts.refuse_an_unused_discriminator(self.discriminator)
+        self.contexts.refuse_an_unused_rep_cache(self.discriminator)
         weights, on = self.scoring.weights(), self.scoring.enabled()
         weighted = [t for t in weights if on[t] and weights[t] > 0]
         if weighted == ["disc"] and not (self.discriminator and self.contexts.mode == "screened"):

@@ -65,7 +65,8 @@ class ContextSetConfig(Section):
     pool_draw: Literal["random", "clusters"] = Field("random", description="how the pool is drawn (contexts.mode=pool)")
     # 003 §3.3: "we cache sentence representations in advance, and compute model scores in the
     # last neural layer". A `sentsim cache build` run to reuse across jobs; when unset, a job with
-    # a discriminator builds its own under <out>/rep_cache (resumable) before screening.
+    # a discriminator builds its own under <out>/rep_cache (resumable) before screening. Refused where no
+    # discriminator screens (no --discriminator, or contexts.mode other than screened): nothing would read it.
     rep_cache: Optional[str] = Field(None,
                                      description="discriminator representation cache (a `sentsim cache build` run)")
 
@@ -126,6 +127,15 @@ class ContextSetConfig(Section):
             raise ValueError(f"discriminator: contexts.mode={self.mode} uses none (a discriminator screens retrieved "
                              "contexts, and scores Eq. 3's disc term, only with contexts.mode=screened); drop "
                              "--discriminator or use contexts.mode=screened")
+
+    def refuse_an_unused_rep_cache(self, discriminator: Optional[str]) -> None:
+        """A rep cache holds a discriminator's representations and is read only where one screens
+        (`discriminator_in_use`); elsewhere a given one would be ignored, with the user believing it used."""
+        if self.rep_cache and not discriminator_in_use(discriminator, self.mode):
+            raise ValueError("contexts.rep_cache: no discriminator is in use to read it (the cache holds a "
+                             "discriminator's sentence representations, read only with --discriminator and "
+                             "contexts.mode=screened); drop contexts.rep_cache or give the --discriminator it was "
+                             "built with")
 
 
 def discriminator_in_use(discriminator: Optional[str], mode: Optional[str]) -> bool:

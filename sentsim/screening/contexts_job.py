@@ -67,6 +67,7 @@ class ScreenConfig(Section):
                              f"which `sentsim contexts` does not load; set it to 0 (contexts.size="
                              f"{self.contexts.rerank_shortlist} writes the same shortlist) and re-rank where you score")
         self.contexts.refuse_an_unused_discriminator(self.discriminator)
+        self.contexts.refuse_an_unused_rep_cache(self.discriminator)
         return self
 
 

@@ -403,6 +403,26 @@ def test_commands_refuse_config_faults_in_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_rep_cache_without_a_discriminator_in_use_is_refused_in_one_line(tmp_path):
+    """contexts.rep_cache is read only where a discriminator screens; given without one (no --discriminator,
+    or contexts.mode random or pool) it was validated and then ignored. Each command that takes it refuses it
+    in one line naming the key, before any input is read or anything is written."""
+    from conftest import error_line, sentsim_cli
+
+    harvest = ("harvest", "--corpus", "c", "--index", "i", "--context-models", "m", "--executor", "inline")
+    contexts = ("contexts", "--corpus", "c", "--index", "i", "--executor", "inline")
+    for i, (cmd, sets) in enumerate([(harvest, ()), (harvest, ("contexts.mode=random",)),
+                                     (harvest, ("contexts.mode=pool",)), (contexts, ()),
+                                     (contexts, ("contexts.mode=random",))]):
+        over = [x for kv in ("contexts.rep_cache=cache", *sets) for x in ("--set", kv)]
+        r = sentsim_cli(*cmd, "--out", f"o{i}", *over, cwd=tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (cmd, sets, r.stderr)
+        line = error_line(r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "contexts.rep_cache: no discriminator is in use" in line and "--discriminator" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_another_commands_config_file_is_named_as_such(tmp_path, capsys):
     """`--config` given a file of another command: one line saying so, not a list of every unknown key;
     a file with a typo or two still names each key."""
