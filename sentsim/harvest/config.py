@@ -10,7 +10,7 @@ from sentsim.config import Section, Seed, expand_path
 from sentsim.context.config import ScorerConfig
 from sentsim.harvest import metrics
 from sentsim.pipeline import StageResources
-from sentsim.screening.config import ContextSetConfig  # the harvest's `contexts:` section
+from sentsim.screening.config import ContextSetConfig, discriminator_in_use  # `contexts:`; where a disc acts
 
 
 class AnchorConfig(Section):
@@ -154,7 +154,7 @@ class HarvestConfig(Section):
         self.contexts.refuse_an_unused_rep_cache(self.discriminator)
         weights, on = self.scoring.weights(), self.scoring.enabled()
         weighted = [t for t in weights if on[t] and weights[t] > 0]
-        if weighted == ["disc"] and not (self.discriminator and self.contexts.mode == "screened"):
+        if weighted == ["disc"] and not discriminator_in_use(self.discriminator, self.contexts.mode):
             raise ValueError("scoring: the discriminator term is the only one weighted, but it is scored only with a "
                              "discriminator and screened contexts; every pair's score would be null")
         if self.contexts.rerank_shortlist and weighted == ["disc"]:

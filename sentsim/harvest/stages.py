@@ -37,6 +37,7 @@ from sentsim.harvest.work import (
     work_of,
 )
 from sentsim.pipeline import PLACEMENT_KEY, Stage, where_this_runs
+from sentsim.screening.config import discriminator_in_use
 from storage.store import run_format
 
 DIRS = ("fwd", "left", "right")
@@ -158,7 +159,7 @@ class ContextStage(Stage):
             from sentsim.retrieval import open_retriever
 
             retriever = open_retriever(cfg.index, corpus=cfg.corpus)
-        if cfg.discriminator and cfg.contexts.mode == "screened":
+        if discriminator_in_use(cfg.discriminator, cfg.contexts.mode):
             from sentsim.discriminator import Discriminator
             from sentsim.screening.cache import ContextCache
 

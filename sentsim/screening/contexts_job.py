@@ -25,7 +25,7 @@ from sentsim.identity import fingerprint
 from sentsim.out_paths import check_out
 from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
 from sentsim.run_formats import spelt_as_stored
-from sentsim.screening.config import ContextSetConfig
+from sentsim.screening.config import ContextSetConfig, discriminator_in_use
 from storage import ShardStore
 
 STAGE = "contexts"
@@ -86,7 +86,7 @@ class ScreenStage(Stage):
 
         corpus = CorpusIndex(self.cfg.corpus)
         disc = cache = None
-        if self.cfg.discriminator and self.cfg.contexts.mode == "screened":
+        if discriminator_in_use(self.cfg.discriminator, self.cfg.contexts.mode):
             from sentsim.discriminator import Discriminator
             from sentsim.screening.cache import ContextCache
 
@@ -184,7 +184,7 @@ class ContextsRun(ShardedJob):
         self.ids, texts = _queries(cfg, self.corpus)
         self.unit_list = [{"unit": u, "ids": self.ids[i:i + cfg.per_unit], "texts": texts[i:i + cfg.per_unit]}
                           for u, i in enumerate(range(0, len(self.ids), cfg.per_unit))]
-        self.screened = bool(cfg.discriminator) and cfg.contexts.mode == "screened"
+        self.screened = discriminator_in_use(cfg.discriminator, cfg.contexts.mode)
         self.identity = cache_identity(self.corpus.fingerprint, cfg.discriminator) if self.screened else None
         self.models = {"index": index.get("fingerprint"),
                        "discriminator": checkpoint_hash(cfg.discriminator) if cfg.discriminator else None,
