@@ -46,8 +46,8 @@ torch thread count changes the arithmetic too: the same seed rebuilds the same m
 with the same --threads (0 is every core, which differs between machines; DONE json records it as
 trained_threads). Another seed to 150K target tokens: 1,295 s of training on one thread beside a CI
 run (fp32); with --discriminator, about 15-30 minutes more for the discriminator (874 s of fitting
-beside one other job, 2026-11-25) and 8-11 for its rep cache on one thread (3.4 GB; pass --threads 1
-beside other work).
+beside one other job, 2026-11-25) and 8-11 for its rep cache (3.4 GB), which every unit encodes on one
+thread so that it is the same bits anywhere.
 """
 
 from __future__ import annotations
@@ -177,7 +177,8 @@ def main(argv=None) -> int:
     ap.add_argument("--milestones", default="150000,250000,400000,1000000",
                     help="target-token counts at which the bundle is snapshotted; training stops at the last")
     ap.add_argument("--threads", type=int, default=0,
-                    help="torch threads for training and the rep cache (0 = every core; 1 beside other work)")
+                    help="torch threads for training (0 = every core; 1 beside other work); the rep cache is "
+                         "built on one thread whatever this says")
     ap.add_argument("--discriminator", action="store_true",
                     help="also train the coherence discriminator into CACHE/reference/discriminator and build "
                          "its rep cache over every corpus sentence into CACHE/reference/rep_cache (003 §3.3)")
@@ -272,8 +273,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         if not (ref / "rep_cache" / "_COMPLETE").exists():
             sentsim("cache", "build", "--corpus", str(ref / "corpus"), "--discriminator", str(ref / "discriminator"),
-                    "--out", str(ref / "rep_cache"), "--executor", "inline",
-                    *(["--set", f"torch_threads={args.threads}"] if args.threads else []))
+                    "--out", str(ref / "rep_cache"), "--executor", "inline")
             times["rep_cache_s"] = round(time.perf_counter() - t0, 1)
         print(f"reference: screen with --set discriminator={ref / 'discriminator'} "
               f"--set contexts.rep_cache={ref / 'rep_cache'}", flush=True)

@@ -20,7 +20,7 @@ import time
 from typing import List, Optional
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from corpus.documents import doc_key_of
 from sentsim.config import Section
@@ -42,14 +42,23 @@ class RepCacheConfig(Section):
     # Units of whole documents of about this many sentences: large enough that the LSTM batches
     # well, small enough that a killed actor loses little.
     sentences_per_unit: int = Field(8192, ge=1)
-    # execution, not part of the run's identity, and without effect: kept so that configs naming it still load.
-    # A unit is encoded on one torch thread in every executor, so that its rows are the same bits wherever it
-    # runs (more threads change the last digits, sentsim/screening/threads.py); a build's parallelism is its
-    # units, on several Ray actors. One thread also spares a busy core OpenMP's spinning: two threads sharing
-    # one ran the LSTM ~23x slower (185 against 4,225 sentences/s,
+    # Only 0 (the default): kept so that configs naming it with that value still load; any other value is refused,
+    # since it would do nothing. A unit is encoded on one torch thread in every executor, so that its rows are
+    # the same bits wherever it runs (more threads change the last digits, sentsim/screening/threads.py); a
+    # build's parallelism is its units, on several Ray actors. One thread also spares a busy core OpenMP's
+    # spinning: two threads sharing one ran the LSTM ~23x slower (185 against 4,225 sentences/s,
     # docs/experiments/2026-11-24-discriminator-screening.md)
     torch_threads: int = Field(0, ge=0)
     resources: StageResources = StageResources()
+
+    @field_validator("torch_threads")
+    @classmethod
+    def _one_thread_a_unit(cls, v: int) -> int:
+        if v:
+            raise ValueError(f"{v} would do nothing: each unit is encoded on one torch thread wherever it runs, so "
+                             "that the cache is the same bits on every executor (sentsim/screening/threads.py); "
+                             "drop the key, and for more units at once raise resources.max_actors on a Ray cluster")
+        return v
 
 
 def plan_units(ids: np.ndarray, per_unit: int) -> List[dict]:

@@ -93,10 +93,10 @@ def test_partial_build_resumes_to_the_same_tables(speech_corpus, parts, built, t
     with pytest.raises(UsageError, match="incomplete"):
         ContextCache.from_store(str(copy))
     kept = json.loads((copy / "_units" / "00000.json").read_text())
-    # resumed with another thread count (torch_threads, and the process's own): an execution setting, so the
-    # same run, and the same bits, since a unit is encoded on one thread wherever it runs
+    # resumed in a process of another thread count: the same run, and the same bits, since a unit is encoded
+    # on one thread wherever it runs
     cfg = RepCacheConfig(corpus=str(speech_corpus), discriminator=str(parts["disc"]), out=str(copy),
-                         sentences_per_unit=1000, torch_threads=2)
+                         sentences_per_unit=1000)
     import torch
 
     before = torch.get_num_threads()
@@ -292,3 +292,24 @@ def test_harvest_builds_the_cache_first_and_scores_from_it(speech_corpus, parts,
     assert json.loads((out / "rep_cache" / "manifest.json").read_text())["identity"] == h["rep_cache"]
     assert ds.dataset(str(out / "pairs")).to_table().sort_by(key).equals(
         ds.dataset(str(tmp_path / "h2" / "pairs")).to_table().sort_by(key))
+
+
+def test_torch_threads_other_than_0_is_refused_in_one_line(tmp_path):
+    """`torch_threads` never had an effect on a cache build (each unit is encoded on one thread, so that the cache
+    is the same bits on every executor), so a value for it is refused in one line naming the key, before any
+    input is read; a config that names it with 0 still loads."""
+    from conftest import error_line
+
+    from sentsim.config import load_config
+    from sentsim.screening.cache_job import RepCacheConfig
+
+    r = sentsim_cli("cache", "build", "--corpus", tmp_path / "c", "--discriminator", tmp_path / "d",
+                    "--out", tmp_path / "o", "--executor", "inline", "--set", "torch_threads=2")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    line = error_line(r.stderr)
+    assert "torch_threads: 2 would do nothing" in line and "one torch thread" in line, line
+    assert not (tmp_path / "o").exists()
+    old = tmp_path / "old.yaml"
+    old.write_text("sentences_per_unit: 1000\ntorch_threads: 0\n")
+    cfg = load_config(RepCacheConfig, str(old), [], corpus="c", discriminator="d", out="o")
+    assert (cfg.torch_threads, cfg.sentences_per_unit) == (0, 1000)
