@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sentsim.config import Bf16Choice, GpuChoice, Section
+from sentsim.config import Bf16Choice, GpuChoice, Section, Seed
 
 # Token budgets of a batch (padded tokens of one forward pass) when a config leaves batch_tokens at 0: on a
 # CPU 2,048-4,096 measured best (bench/results/context_scoring.md); a GPU needs far larger batches to fill.
@@ -142,7 +142,7 @@ class ContextTrainConfig(Section):
     doc_id_prefixes: list[str] = []
     tokenizer_sentences: int = Field(200_000, ge=100)  # sentences read to train the BPE tokenizer
     min_sentence_tokens: int = Field(1, ge=0)  # windows whose centre is shorter are skipped
-    seed: int = Field(0, ge=0)  # not in the paper
+    seed: Seed = 0  # not in the paper
     # Ray Train: DDP over `num_workers`; fractional CPUs per worker on small CPU nodes.
     num_workers: int = Field(1, ge=1)  # execution, not in the paper
     cpus_per_worker: float = Field(1.0, gt=0)  # execution, not in the paper

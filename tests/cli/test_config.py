@@ -202,6 +202,29 @@ def test_every_schema_refuses_nan_and_infinity_in_every_float():
     assert tried > 100  # λ, learning rates, fractions, resources, ... across the schemas
 
 
+def test_every_seed_of_every_schema_is_bounded_as_the_generators_take_it(tmp_path):
+    """A seed past 64 bits is refused by torch's generator and a negative one by numpy's: every schema's seed
+    refuses both as a config error (the context trainer's once took any int and failed in its Train worker)."""
+    from typing import Annotated
+
+    from conftest import error_line, sentsim_cli
+    from pydantic import TypeAdapter, ValidationError
+
+    seeds = {s.__name__: s.model_fields["seed"] for s in _schemas() if "seed" in s.model_fields}
+    assert {"ContextTrainConfig", "HarvestConfig", "ScreenConfig", "TrainConfig", "TrainingSection"} <= set(seeds)
+    for name, field in seeds.items():
+        seed = TypeAdapter(Annotated[field.annotation, *field.metadata])
+        assert seed.validate_python(2**63 - 1) == 2**63 - 1, name
+        for bad in (-1, 2**63):
+            with pytest.raises(ValidationError):
+                seed.validate_python(bad)
+    r = sentsim_cli("train", "context", "--corpus", tmp_path / "c", "--out", tmp_path / "o",
+                    "--set", f"seed={2**64}", "--set", "executor=inline")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "seed: Input should be less than 9223372036854775808" in error_line(r.stderr)
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("override, message", [
     ("scoring.lambda_fwd=.nan", "scoring.lambda_fwd: Input should be a finite number"),
     ("scoring.lambda_left=inf", "scoring.lambda_left: Input should be a finite number"),
