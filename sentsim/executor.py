@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from abc import ABC, abstractmethod
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
@@ -268,7 +269,10 @@ def execute(job: ShardedJob, executor: str = "ray", address: Optional[str] = Non
     store = ShardStore(job.out)
     fp = fp if force_new else job.fingerprint_to_resume(store)
     try:
-        return _execute(job, store, fp, planned, units, executor, address, force_new, quiet, max_units)
+        # a quiet run's lines go to os.devnull, closed with the run: left to the garbage collector, each quiet
+        # run held a descriptor until then and its collection warned (ResourceWarning)
+        with open(os.devnull, "w") if quiet else nullcontext(sys.stderr) as stream:
+            return _execute(job, store, fp, planned, units, executor, address, force_new, quiet, max_units, stream)
     finally:
         store.release()  # the run's lease: free again for the next writer, whatever happened
 
@@ -279,10 +283,9 @@ def _chain_first(first: dict, rest):
 
 
 def _execute(job: ShardedJob, store, fp: str, planned, units, executor: str, address: Optional[str],
-             force_new: bool, quiet: bool, max_units: Optional[int]) -> dict:
+             force_new: bool, quiet: bool, max_units: Optional[int], stream) -> dict:
     """`planned`: the job's units as it gave them (a list, a UnitPlan or a stream); `units`: the same,
-    a stream's first unit already read back in front."""
-    stream = open(os.devnull, "w") if quiet else sys.stderr
+    a stream's first unit already read back in front. `stream`: where the run's lines go."""
     listed = isinstance(planned, Sequence)
     extra = job.open_extra()
     store.refuse_other_files(job.tables())  # said before a local Ray takes seconds to start

@@ -48,6 +48,26 @@ def test_resume_max_units_and_progress(tmp_path, capsys):
     assert m["complete"] and m["this_run"]["units"] == 0
 
 
+def test_a_quiet_run_closes_the_null_device_it_writes_its_lines_to(tmp_path):
+    """A quiet run's progress goes to os.devnull; the run closes it, not the garbage collector, so a process
+    that runs many quiet jobs (the tests, a harvest building its rep cache) holds no descriptor for each."""
+    import gc
+    import warnings
+
+    from sentsim.executor import execute
+
+    units = [{"unit": u, "x": u} for u in range(3)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        m = execute(toy_job(tmp_path / "q", units), executor="inline", quiet=True)
+        assert m["complete"] and m["this_run"]["units"] == 3
+        m = execute(toy_job(tmp_path / "q", units), executor="inline", quiet=True)  # and one with nothing to do
+        assert m["complete"] and m["this_run"]["units"] == 0
+        gc.collect()
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not [w for w in unclosed if "/dev/null" in w or "devnull" in w], unclosed
+
+
 def test_streamed_units_run_in_windows_and_stop_on_request(tmp_path):
     from sentsim.executor import execute
 
