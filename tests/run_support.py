@@ -1,5 +1,5 @@
 """Run helpers the test areas share: a toy sharded job, a run rewritten as an earlier sentsim wrote it,
-and an untrained (seeded) discriminator folder."""
+an untrained (seeded) discriminator folder, and a kill just before a file is renamed into place."""
 
 from __future__ import annotations
 
@@ -107,3 +107,27 @@ def save_untrained_discriminator(corpus, out, seed: int = 0, window: int = 1):
         "vocab_fingerprint": vocab.fingerprint, "vocab_size": len(vocab), "fingerprint": f"untrained-{seed}-{window}",
     }))
     return out
+
+
+class Killed(BaseException):
+    """A kill, as the code under test meets one: nothing it has catches it."""
+
+
+def killed_before_renaming(monkeypatch, name: str) -> list:
+    """storage.fs.durable_replace (every atomic write's last step) stopped with Killed just before it renames a
+    file called `name` into place, as a kill there would stop it. Returns the paths it renamed into place
+    before then, so a test can tell which files went through an atomic write."""
+    import os
+
+    import storage.fs
+
+    real, renamed = storage.fs.durable_replace, []
+
+    def replace(src: str, dst: str) -> None:
+        if os.path.basename(dst) == name:
+            raise Killed(dst)
+        renamed.append(str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr(storage.fs, "durable_replace", replace)
+    return renamed

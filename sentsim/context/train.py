@@ -509,6 +509,7 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
     """Train the context model(s) and write the bundle to `out`. Returns a summary (also `out/train_summary.json`)."""
     from sentsim.runtime import absolute_local
     from sentsim.training.run import claim_out, finished_run, fit, mark_finished, quiet_progress, say_finished
+    from storage.fs import write_text_atomic  # the reports: a kill while writing one leaves the last, whole
 
     out_arg = out
     corpus, out, tokenizer_from = (absolute_local(p) if p else p for p in (corpus, out, tokenizer_from))
@@ -576,7 +577,7 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
         for d in rdirs:
             by_dir[d] = name
         hist = run["history"]
-        (run_dir / "history.json").write_text(json.dumps(hist, indent=1))
+        write_text_atomic(str(run_dir / "history.json"), json.dumps(hist, indent=1))
         evals = [h for h in hist if h.get("eval")]
         last = hist[-1] if hist else {}
         summary["runs"][name] = {
@@ -594,6 +595,6 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
     save_bundle(out_p, cfg.model, tok, models, by_dir, extra={"trained": {
         "corpus": str(corpus), "runs": {k: {kk: vv for kk, vv in v.items() if kk != "initial_eval"}
                                         for k, v in summary["runs"].items()}}})
-    (out_p / "train_summary.json").write_text(json.dumps(summary, indent=1))
+    write_text_atomic(str(out_p / "train_summary.json"), json.dumps(summary, indent=1))
     mark_finished(out_p, out_p, summary)
     return summary

@@ -268,6 +268,9 @@ def evaluate_student(cfg: StudentConfig, model_dir: str, sts_dir: str, out_dir: 
     from sentsim.training.model_card import record_sts
 
     record_sts(Path(model_dir), reports["cosine"])  # the card's STS section, as `sentsim eval sts` writes it
-    (out_dir / "eval.json").write_text(json.dumps({k: r.to_dict() for k, r in reports.items()}, indent=2))
-    (out_dir / "eval.md").write_text("\n".join(to_markdown(r, k) for k, r in reports.items()))
+    from storage.fs import write_text_atomic
+
+    # each whole or not at all: a kill while writing leaves the last evaluation, never half a new one
+    write_text_atomic(str(out_dir / "eval.json"), json.dumps({k: r.to_dict() for k, r in reports.items()}, indent=2))
+    write_text_atomic(str(out_dir / "eval.md"), "\n".join(to_markdown(r, k) for k, r in reports.items()))
     return {k: r.average for k, r in reports.items()}

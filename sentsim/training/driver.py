@@ -101,7 +101,10 @@ class EncoderDriver:
             init_ray(self.address)
         summary = {"fingerprint": self.run_id, **self.train()}
         self.finish(summary)
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        from storage.fs import write_text_atomic
+
+        # whole or not at all: a kill while writing leaves the last run's summary, never half a new one
+        write_text_atomic(str(self.out / "summary.json"), json.dumps(summary, indent=2))
         return summary
 
     def curves(self, history: list[dict], name: str, title: str) -> None:

@@ -379,8 +379,10 @@ def write_curves(history: list[dict], folder: Path, name: str, title: str,
                  panels: list[tuple[str, list[tuple[str, Optional[str]]], bool]]) -> None:
     """folder/name.json (the history) and folder/name.png: one panel per (y label, [(key, legend)],
     log scale); points without a value for a key are left out, and so is a panel with no values."""
+    from storage.fs import write_text_atomic
+
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.json").write_text(json.dumps(history, indent=2))
+    write_text_atomic(str(folder / f"{name}.json"), json.dumps(history, indent=2))
     series = []
     for ylabel, keys, log in panels:
         lines = [(legend, [(h["step"], h[k]) for h in history if isinstance(h.get(k), (int, float))])

@@ -230,6 +230,28 @@ def test_a_tokenizer_cut_short_at_out_is_one_line_naming_it_and_force_new(tmp_pa
     assert ContextTokenizer.load(out / "tokenizer").vocab_size > 0
 
 
+def test_a_kill_while_the_trainer_writes_its_reports_leaves_the_last_ones_whole(tmp_path, corpus_dir, monkeypatch):
+    """train_summary.json and each run's history.json are renamed into place whole: a kill while the resumed
+    run writes its summary leaves the last run's, not half a new one, and no temporary file in sight."""
+    from run_support import Killed, killed_before_renaming
+
+    from sentsim.cli import main
+
+    out = tmp_path / "model"
+    args = ["train", "context", "--corpus", corpus_dir, "--direction", "fwd", "--out", str(out),
+            *_sets(executor="inline", max_steps=1, eval_every=100000, checkpoint_every=1)]
+    assert main(args) == 0
+    summary = (out / "train_summary.json").read_bytes()
+    renamed = killed_before_renaming(monkeypatch, "train_summary.json")
+    with pytest.raises(Killed):
+        main([a if a != "max_steps=1" else "max_steps=2" for a in args])
+    assert (out / "train_summary.json").read_bytes() == summary
+    assert json.loads(summary)["runs"]["fwd"]["steps"] == 1
+    history = out / "runs" / "fwd" / "history.json"
+    assert str(history) in renamed and json.loads(history.read_text())[-1]["step"] == 2
+    assert not [p for p in out.rglob(".tmp-*")]
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     ray = pytest.importorskip("ray")

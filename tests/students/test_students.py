@@ -247,6 +247,39 @@ def test_a_cls_pooled_student_is_trained_exported_and_evaluated_on_cls(harvest_d
     assert r.returncode == 0 and "pooling: cls" in r.stdout, (r.stdout[-2000:], r.stderr[-2000:])
 
 
+def test_a_kill_while_a_student_writes_its_reports_leaves_the_last_ones_whole(harvest_dir, tiny_backbone, tmp_path,
+                                                                              monkeypatch):
+    """summary.json, eval.json, eval.md and the curves' history are renamed into place whole: a kill while a
+    resumed run writes its summary leaves the last run's, not half a new one, and no temporary file in sight."""
+    from run_support import Killed, killed_before_renaming
+
+    from sentsim.config import load_config
+    from sentsim.students import StudentConfig, train_student
+
+    year = tmp_path / "sts" / "STS2013-en-test"  # a SentEval year of one set
+    year.mkdir(parents=True)
+    (year / "STS.input.a.txt").write_text("A man plays.\tA man is playing.\nA dog runs.\tPrices rose.\n"
+                                          "It rains.\tIt is raining.\n")
+    (year / "STS.gs.a.txt").write_text("4.5\n0.2\n4.8\n")
+    out = tmp_path / "stu"
+
+    def train(steps: int) -> dict:
+        cfg = load_config(StudentConfig, None, ["batch_size=8", "max_seq_length=16", "eval_every=1000",
+                                                f"max_steps={steps}"], objective="rankencoder")
+        return train_student(cfg, data=str(harvest_dir), backbone=str(tiny_backbone), out=str(out),
+                             executor="inline", eval_sts=str(tmp_path / "sts"), verbose=False)
+
+    train(2)
+    summary = (out / "summary.json").read_bytes()
+    renamed = killed_before_renaming(monkeypatch, "summary.json")
+    with pytest.raises(Killed):
+        train(3)
+    assert (out / "summary.json").read_bytes() == summary and json.loads(summary)["history"][-1]["step"] == 2
+    assert {str(out / n) for n in ("eval.json", "eval.md")} <= set(renamed)
+    assert [p for p in renamed if p.startswith(str(out / "curves")) and p.endswith(".json")]
+    assert not [p for p in out.rglob(".tmp-*")]
+
+
 # ---------------------------------------------------------------- the Ray Train path and resume
 
 
