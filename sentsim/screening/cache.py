@@ -6,18 +6,13 @@ sentences on each side exists in the document): the context-only features g(c), 
 interaction head, and the norm of each side's mean unit rep. With these, scoring a candidate
 context for a query is O(d + D).
 
-Two on-disk forms, both refusing a cache made for another corpus or another model:
-- a shard-store run (`from_store`, written by `sentsim cache build`, see cache_job.py): tables
-  `reps` (sentence_id, unit_rep) and `centres` (centre_id, core, side_norms), one Parquet file
-  per unit of whole documents, readable with pyarrow; the jobs use this one;
-- plain .npy files (allow_pickle=False) plus cache.json (`save` / `load`, memory-mapped), for
-  benchmarks and small experiments.
+On disk it is a shard-store run (`to_tables`, written by `sentsim cache build`, see cache_job.py;
+`from_store` reads it back and refuses a cache made for another corpus or another model): tables
+`reps` (sentence_id, unit_rep) and `centres` (centre_id, core, side_norms), one Parquet file per
+unit of whole documents, readable with pyarrow.
 """
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import numpy as np
 
@@ -99,32 +94,7 @@ class ContextCache:
                 "n_sentences": int(len(sentences)), "n_centres": int(len(centres))}
         return cls(sentences.ids, unit.astype(np.float32), sentences.ids[centres], core, w, meta)
 
-    def save(self, out: str | Path) -> None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        np.save(out / "sentence_ids.npy", self.sentence_ids, allow_pickle=False)
-        np.save(out / "unit_reps.npy", self.unit_reps, allow_pickle=False)
-        np.save(out / "centre_ids.npy", self.centre_ids, allow_pickle=False)
-        np.save(out / "context_core.npy", self.core, allow_pickle=False)
-        np.save(out / "side_norms.npy", self.side_norms, allow_pickle=False)
-        (out / "cache.json").write_text(json.dumps(self.meta, indent=2), encoding="utf-8")
-
-    @classmethod
-    def load(cls, path: str | Path, disc=None, mmap: bool = True) -> "ContextCache":
-        path = Path(path)
-        mp = path / "cache.json"
-        if not mp.is_file():
-            raise UsageError(f"{path}: not a representation cache (no cache.json)")
-        meta = json.loads(mp.read_text(encoding="utf-8"))
-        if meta.get("format") != REP_CACHE_FORMAT:
-            raise UsageError(f"{path}: unknown cache format {meta.get('format')!r}")
-        check_meta(meta, disc, str(path))
-        mode = "r" if mmap else None
-        ld = lambda n: np.load(path / n, mmap_mode=mode, allow_pickle=False)  # noqa: E731
-        return cls(ld("sentence_ids.npy"), ld("unit_reps.npy"), ld("centre_ids.npy"), ld("context_core.npy"),
-                   int(meta["window"]), meta, side_norms=ld("side_norms.npy"))
-
-    # ---- the shard-store form ---------------------------------------------------------------
+    # ---- the shard-store form, its one form on disk -------------------------------------------
     def to_tables(self) -> dict:
         """This cache as the store's tables (one unit's worth when built on whole documents)."""
         import pyarrow as pa

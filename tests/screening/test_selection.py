@@ -123,30 +123,23 @@ def test_candidate_expansion_edges(tables):
     assert len(c) == 0 and c.dropped == {"edge_slots": 2, "unknown_chunks": 1}
 
 
-def _untrained_discriminator(corpus, st):
-    import torch
-
-    from sentsim.discriminator import CoherenceModel, Discriminator, ModelConfig
-    from sentsim.discriminator.vocab import Vocab
-    from sentsim.identity import corpus_fingerprint
-
-    torch.manual_seed(0)
-    cfg = ModelConfig(embed_dim=32, hidden=32, head_dim=32)
-    vocab = Vocab.build(st.texts, 5000, 2)
-    return Discriminator(CoherenceModel(len(vocab), cfg), vocab,
-                         {"corpus_fingerprint": corpus_fingerprint(corpus), "fingerprint": "test"})
-
-
 @pytest.fixture(scope="module")
-def screening_parts(speech_corpus, tables, tmp_path_factory):
-    from sentsim.retrieval import build_index
+def screening_parts(speech_corpus, tmp_path_factory):
+    """An untrained (seeded) discriminator, its rep cache built and read back as the jobs do (`sentsim cache
+    build` into the shard store, ContextCache.from_store), and the corpus's index."""
+    from run_support import save_untrained_discriminator
 
-    st, _ = tables
+    from sentsim.discriminator import Discriminator
+    from sentsim.retrieval import build_index
+    from sentsim.screening.cache_job import RepCacheConfig, build_rep_cache
+
     tmp = tmp_path_factory.mktemp("screening")
-    disc = _untrained_discriminator(speech_corpus, st)
-    ContextCache.build(disc, st).save(tmp / "cache")
+    disc_dir = save_untrained_discriminator(speech_corpus, tmp / "disc")
+    build_rep_cache(RepCacheConfig(corpus=str(speech_corpus), discriminator=str(disc_dir), out=str(tmp / "cache")),
+                    executor="inline", quiet=True)
     build_index(speech_corpus, tmp / "idx")
-    return disc, ContextCache.load(tmp / "cache", disc), tmp / "idx"
+    disc = Discriminator.load(disc_dir, corpus=speech_corpus)
+    return disc, ContextCache.from_store(str(tmp / "cache"), disc), tmp / "idx"
 
 
 def test_screening_scores_and_selects_per_sentence(speech_corpus, tables, screening_parts):
