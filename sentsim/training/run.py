@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 from sentsim.errors import UsageError
 from sentsim.training.common import quiet_progress, use_gpu
-from sentsim.training.settings import LoopSettings
+from sentsim.training.settings import LoopSettings, rounded_threads, worker_threads
 
 __all__ = ["TrainingDiverged", "claim_out", "finished_run", "fit", "mark_finished", "plan_steps",
            "quiet_progress", "release_out", "say_finished", "use_gpu", "write_curves"]
@@ -338,8 +338,19 @@ class FitRecord:
 
         state = out_dir / ("checkpoint" if executor == "inline" else "ray")
         self.out_dir, self.path = out_dir, state / f"{name}.done.json"
-        self.settings = fingerprint(name, executor, {k: (v.record() if k == "loop" else v)
-                                                     for k, v in loop_config.items() if k != "build"})
+
+        def settings(loop: LoopSettings) -> str:
+            return fingerprint(name, executor, {k: (loop.record() if k == "loop" else v)
+                                                for k, v in loop_config.items() if k != "build"})
+
+        loop = loop_config["loop"]
+        self.settings = settings(loop)
+        self.accepted = {self.settings}
+        if loop.cpu_threads == worker_threads(loop.cpus_per_worker):
+            # A fit recorded while the surrogate and student trainers rounded cpus_per_worker to threads (1.5 -> 2)
+            # is still this fit: finished, it trains no further step, so its thread count no longer changes its
+            # model, and taking it for another would only export the same checkpoint again
+            self.accepted.add(settings(replace(loop, cpu_threads=rounded_threads(loop.cpus_per_worker))))
 
     def finished(self) -> Optional[dict]:
         """The fit's return value when it finished with these settings and its export is unchanged."""
@@ -349,7 +360,7 @@ class FitRecord:
             rec = json.loads(self.path.read_text())
         except (OSError, json.JSONDecodeError, UnicodeDecodeError):
             return None
-        if not isinstance(rec, dict) or rec.get("settings") != self.settings or not rec.get("history"):
+        if not isinstance(rec, dict) or rec.get("settings") not in self.accepted or not rec.get("history"):
             return None
         model = self.out_dir / (rec.get("model") or "")  # kept relative: --out may have moved
         if not rec.get("model") or not model.exists() or checkpoint_hash(str(model)) != rec.get("model_hash"):

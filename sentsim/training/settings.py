@@ -10,11 +10,24 @@ unset (None), so that a run keeps the fingerprint it had when its settings were 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Optional
 
 # left out of record() while None: only some trainers set them
 OPTIONAL = frozenset({"betas", "checkpoint_every", "max_seconds", "cpu_bf16", "max_failures", "sync_every"})
+
+
+def worker_threads(cpus_per_worker: float) -> int:
+    """Torch threads for a CPU worker that Ray gives `cpus_per_worker` CPUs: the whole CPUs of that share, at
+    least 1. Rounding would oversubscribe: two workers of 1.5 CPUs each on a 3-core node would run 4 threads."""
+    return max(1, math.floor(cpus_per_worker))
+
+
+def rounded_threads(cpus_per_worker: float) -> int:
+    """The thread count the surrogate and student trainers took before `worker_threads` (round, at least 1):
+    only to recognise the fits they recorded with it (training/run.py, FitRecord)."""
+    return max(1, int(round(cpus_per_worker)))
 
 
 @dataclass(frozen=True)
@@ -57,7 +70,7 @@ class LoopSettings:
                  "bf16", "num_workers", "cpus_per_worker", "checkpoints_to_keep")
         values = {k: getattr(cfg, k) for k in names}
         values.update(label=label, total_steps=total_steps, verbose=verbose, log_every=getattr(cfg, "log_every", None),
-                      cpu_threads=max(1, int(round(cfg.cpus_per_worker))),
+                      cpu_threads=worker_threads(cfg.cpus_per_worker),
                       warmup_steps=int(cfg.warmup_ratio * total_steps))
         values.update(over)
         return cls(**values)
@@ -81,7 +94,7 @@ class LoopSettings:
             label="discriminator", total_steps=total_steps, epochs=epochs, seed=tc.seed, batch_size=tc.batch_size,
             lr=tc.lr, betas=(0.9, 0.999), weight_decay=tc.weight_decay, schedule="cosine",
             warmup_steps=int(0.1 * total_steps), max_grad_norm=tc.grad_clip, eval_every=tc.eval_every or total_steps,
-            log_every=None, bf16=False, use_gpu=False, cpu_threads=max(1, int(tc.cpus_per_worker)),
+            log_every=None, bf16=False, use_gpu=False, cpu_threads=worker_threads(tc.cpus_per_worker),
             num_workers=tc.num_workers, cpus_per_worker=tc.cpus_per_worker, checkpoints_to_keep=2)
 
     def record(self) -> dict:

@@ -4,6 +4,8 @@ were. A change here changes the fingerprint of every finished training run of th
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from sentsim.training.settings import LoopSettings
@@ -13,8 +15,10 @@ def _section_dict(cfg, *, label, total_steps, verbose=True, **over) -> dict:
     keys = ("epochs", "batch_size", "lr", "weight_decay", "max_grad_norm", "eval_every", "seed", "use_gpu", "bf16",
             "num_workers", "cpus_per_worker", "checkpoints_to_keep")
     loop = {k: getattr(cfg, k) for k in keys}
+    # the thread count was rounded (1.5 -> 2) before worker_threads; a fit recorded so is still recognised
+    # (test_a_fit_recorded_with_the_rounded_thread_count_is_still_finished)
     loop.update(label=label, total_steps=total_steps, verbose=verbose, log_every=getattr(cfg, "log_every", None),
-                cpu_threads=max(1, int(round(cfg.cpus_per_worker))), drop_last=False, shuffle_buffer=0,
+                cpu_threads=max(1, math.floor(cfg.cpus_per_worker)), drop_last=False, shuffle_buffer=0,
                 optimizer="adamw", schedule="linear", warmup_steps=int(cfg.warmup_ratio * total_steps))
     loop.update(over)
     return loop
@@ -73,3 +77,40 @@ def test_discriminator_settings_record_as_before(sets):
         "cpus_per_worker": tc.cpus_per_worker, "checkpoints_to_keep": 2,
     }
     assert LoopSettings.for_discriminator(tc, total_steps=total, epochs=4).record() == before
+
+
+@pytest.mark.parametrize("cpus", [0.25, 0.5, 1.0, 1.5, 1.99, 2.0, 2.5, 3.7])
+def test_every_trainer_runs_the_whole_cpus_of_its_share_as_threads(cpus):
+    """One rule for a CPU worker's torch threads, in every trainer that derives them: the whole CPUs Ray gives
+    it, at least 1, so that workers never run more threads than the CPUs they hold (1.5 each: 1, not 2)."""
+    from sentsim.discriminator.train import TrainConfig
+    from sentsim.students.config import StudentSettings
+    from sentsim.surrogate.config import SurrogateConfig
+
+    got = {LoopSettings.from_section(SurrogateConfig.model_validate({"cpus_per_worker": cpus}), label="s",
+                                     total_steps=4).cpu_threads,
+           LoopSettings.from_section(StudentSettings.model_validate({"cpus_per_worker": cpus}), label="t",
+                                     total_steps=4).cpu_threads,
+           LoopSettings.for_discriminator(TrainConfig.model_validate({"cpus_per_worker": cpus}), total_steps=4,
+                                          epochs=1).cpu_threads}
+    assert got == {max(1, math.floor(cpus))} and max(got) <= max(1.0, cpus)
+
+
+def test_a_fit_recorded_with_the_rounded_thread_count_is_still_finished(tmp_path):
+    """A surrogate or student fit at 1.5 CPUs a worker was recorded with 2 threads: run again, it is still the
+    finished fit (nothing to do), not exported again; a fit of other settings is not."""
+    from dataclasses import replace
+
+    from sentsim.surrogate.config import SurrogateConfig
+    from sentsim.training.run import FitRecord
+
+    loop = LoopSettings.from_section(SurrogateConfig.model_validate({"cpus_per_worker": 1.5}), label="x", total_steps=4)
+    assert loop.cpu_threads == 1
+    (tmp_path / "checkpoint").mkdir()
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    FitRecord(tmp_path, "x", "inline", {"loop": replace(loop, cpu_threads=2), "cfg": {}}).write(
+        {"model": model, "history": [{"step": 4}], "gpu": False, "result": {}})
+    assert FitRecord(tmp_path, "x", "inline", {"loop": loop, "cfg": {}}).finished()["history"] == [{"step": 4}]
+    assert FitRecord(tmp_path, "x", "inline", {"loop": replace(loop, lr=0.5), "cfg": {}}).finished() is None
