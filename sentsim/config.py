@@ -45,7 +45,7 @@ def expand_path(p):
 
 class Section(BaseModel):
     """Base for every config schema: strict about unknown keys, immutable once validated, and no NaN or
-    infinity in any float (a weight of `.nan` or `inf` once finished a harvest with every score null)."""
+    infinity in any float (a weight of `.nan` or `inf` would make every harvested score null)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
     # keys added after runs were made, with the value those runs had: `without_added_later` leaves such a key

@@ -316,7 +316,7 @@ def _parquet(p: Path, raw: Optional[bytes] = None) -> List[Pair]:
     gold = [None] * t.num_rows
     if "gold" in t.column_names:
         kind = t.schema.field("gold").type
-        # checked here, before any scoring: a string gold once failed only when the scored unit was written
+        # checked here, before any scoring: else a string gold would fail only when a scored unit is written
         if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)
                 or pa.types.is_null(kind)):
             raise InputError(f"{p}: column gold has type {kind}; it must hold numbers (null for an unscored pair)")

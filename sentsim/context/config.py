@@ -112,9 +112,9 @@ class ContextTrainConfig(Section):
     # example attending only to its own tokens and its token positions counted from 0, as T5 packs its examples
     # (segment ids); a step's examples are then drawn across the lengths of their chunk, not grouped by length,
     # and the loss per target token is that of the same examples unpacked (tests/context/test_context_packing.py). Not
-    # in §3.2.2; execution. Off by default until a GPU has measured it (bench/gpu.py --pack): sdpa attention builds
-    # a dense mask per row (`attention: flex` a block mask), and arch=bart only (the warm start's BERT encoder
-    # and decoder are not wired for it).
+    # in §3.2.2; execution. Off by default, since it costs as well as saves: sdpa attention builds a dense mask per
+    # row (`attention: flex` a block mask), and whether the padding saved outweighs that on a GPU is what
+    # bench/gpu.py --pack measures. arch=bart only (the warm start's BERT encoder and decoder are not wired for it).
     pack_tokens: int = 0
     shuffle_buffer: int = Field(4096, ge=1)  # batching=buffer: examples sorted together by length
     # batching=bucketed: processes that build batches beside the trainer; -1 = none on a CPU (the trainer

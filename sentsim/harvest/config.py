@@ -132,7 +132,7 @@ class HarvestConfig(Section):
     def _eq3_weights(cls, v: ScorerConfig) -> ScorerConfig:
         """Eq. 3 (003 §3.3) is a weighted sum of log-probabilities: a negative λ would reward a context for
         making the sentence less likely, and with no term both kept and weighted every S, and so every
-        pair's score, is null (`--set scoring.lambda_fwd=0` ... once finished such a run as complete)."""
+        pair's score, is null: such a run is refused here, before any scoring, rather than scored to nothing."""
         weights, on = v.weights(), v.enabled()
         negative = [f"lambda_{t}={w:g}" for t, w in weights.items() if w < 0]
         if negative:
