@@ -116,7 +116,9 @@ def pool_vectors_of(source: str, manifest: dict) -> Optional[tuple[str, str]]:
     if (config.get("contexts") or {}).get("mode") != "pool":
         return None
     remixed = config.get("remix") or {}
-    latest = manifest.get("remix") or {}  # the last run's settings: a remix resumed from its source's new place
+    # the last run's settings: where an older sentsim resumed a remix from its source's new place, only this record
+    # names it (its config.remix kept the first place)
+    latest = manifest.get("remix") or {}
     expected = (latest.get("pool_vectors_fingerprint") or remixed.get("pool_vectors_fingerprint")
                 or (manifest.get("pool") or {}).get("vectors_fingerprint"))
     problems = []
@@ -430,6 +432,10 @@ class RemixRun(ShardedJob):
     stage = STAGE
     count = "pairs"
     deep = True
+    # where the source and its vectors were found: outside the fingerprint (a remix rerun from its source's new
+    # place is the same run), so a refused resume does not list them as causes
+    unfingerprinted = ("out", "resources", "inputs.0.harvest",
+                       *(f"remix.{k}" for k in ("source", "source_relative", "pool_vectors", "pool_vectors_relative")))
 
     def __init__(self, cfg: RemixConfig):
         from sentsim.harvest.stages import context_score_schema_of, sentence_schema_of
@@ -551,4 +557,9 @@ class RemixRun(ShardedJob):
             if g is not None:
                 out[f"{label}_spearman_vs_gold"], out[f"{label}_gold_pairs"] = round(g[0], 2), g[1]
                 out["gold_pairs"] = g[1]  # the remix's where it has a value (bench/lambda_mix.py reads it)
-        return {"remix": out}
+        # A remix rerun from its source's new place resumes (the places are outside its fingerprint), and a resumed
+        # run keeps the manifest it was opened with: its config.remix and inputs are rewritten to the places read
+        # this time, as the top-level record is, so that whatever reads the manifest (a remix of this remix among
+        # them) finds the source where it is now.
+        config = dict(ctx.manifest.get("config") or self.config(), remix=self.settings)
+        return {"remix": out, "config": config, "inputs": self.inputs()}

@@ -263,6 +263,55 @@ def test_a_remix_of_a_remix_follows_its_harvest_when_it_moves(partners_run, tmp_
     assert "sentence vectors it was remixed from are missing or incomplete at" in error_line(r.stderr)
 
 
+def test_a_remix_rerun_from_its_sources_new_place_records_that_place(partners_run, tmp_path):
+    """Rerunning a remix from the place its source was moved to resumes it (same fingerprint, nothing redone) and
+    rewrites its whole record to that place, config.remix and inputs as well as the top-level remix record, so
+    a remix of it reads the vectors there once the old place is gone. A remix recorded before the relative
+    paths gains them; a refused resume does not blame the moved paths."""
+    from conftest import error_line
+
+    def cli(*args):  # the paths a user types, relative to where they run the command
+        return sentsim_cli("remix", *args, cwd=tmp_path)
+
+    def manifest(run):
+        return json.loads((tmp_path / run / "manifest.json").read_text())
+
+    shutil.copytree(partners_run[1], tmp_path / "a" / "H")
+    r = cli("a/H", "--out", "R1", "--lambda-fwd", "0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = manifest("R1")
+    assert first["config"]["remix"]["source"] == first["inputs"][0]["harvest"] == "a/H"
+    m = dict(first)  # as a remix written before the relative records: the absolute ones only
+    for rec in (m["remix"], m["config"]["remix"]):
+        del rec["pool_vectors_relative"], rec["source_relative"]
+    (tmp_path / "R1" / "manifest.json").write_text(json.dumps(m))
+
+    (tmp_path / "c").mkdir()
+    (tmp_path / "a" / "H").rename(tmp_path / "c" / "H")
+    (tmp_path / "a").rmdir()
+    r = cli("c/H", "--out", "R1", "--lambda-fwd", "0.5")  # another λ: another run, refused for that alone
+    assert r.returncode == 2
+    line = error_line(r.stderr)
+    assert "weights.fwd" in line and "remix.source" not in line and "inputs.0.harvest" not in line, line
+    r = cli("c/H", "--out", "R1", "--lambda-fwd", "0")
+    assert r.returncode == 0 and "0 to do" in r.stderr, r.stderr[-3000:]
+    now = manifest("R1")
+    assert now["fingerprint"] == first["fingerprint"]
+    vectors = str((tmp_path / "c" / "H" / "pool_vectors").resolve())
+    assert now["inputs"] == [{"harvest": "c/H", "fingerprint": first["inputs"][0]["fingerprint"]}]
+    assert {k: v for k, v in now["remix"].items() if k in now["config"]["remix"]} == now["config"]["remix"]
+    assert now["config"]["remix"]["source"] == "c/H" and now["config"]["remix"]["pool_vectors"] == vectors
+    assert now["config"]["remix"]["source_relative"] == "../c/H"
+    assert now["config"]["remix"]["pool_vectors_relative"] == "../c/H/pool_vectors"
+    assert {k: v for k, v in now["config"].items() if k != "remix"} == \
+        {k: v for k, v in first["config"].items() if k != "remix"}
+
+    r = cli("R1", "--out", "R2", "--metric", "cosine")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert manifest("R2")["config"]["remix"]["pool_vectors"] == vectors
+    assert manifest("R2")["inputs"][0]["harvest"] == "R1"
+
+
 def test_a_broken_vectors_run_is_named_and_the_harvest_mends_it(partners_run, tmp_path):
     """Remix refuses vectors that lost a unit, are not the ones the labels came from, or lost their manifest, and a
     rerun of the finished harvest refuses the last; --force-new on the harvest rebuilds an unreadable vectors run,
