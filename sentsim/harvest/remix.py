@@ -336,16 +336,57 @@ def pool_scores(vectors, lam: dict, metric: str) -> tuple[np.ndarray, Optional[n
     return S, pool_context_effect(S) if metrics.get(metric).uses_context_effect else None
 
 
+# The columns remix reads or recomputes as numbers, by table: the first of each pair always, the second where the
+# table has it. Each is checked before it is read (RunReader's numeric check), so a text column (a run edited, or
+# written by another tool) is one line naming it, not a cast error part-way through the remix.
+NUMERIC = {"pairs": (("s1_id", "s2_id", "score"),
+                     ("gold", "n_ctx_s1", "n_ctx_s2", *(f"sim_{t}" for t in TERMS),
+                      *(f"score_{v}" for v in ("paper", "union", "centred")))),
+           "sentences": (("sentence_id",), ()),
+           "context_scores": (("sentence_id", "context_id", *TERMS, "S"), ())}
+
+
+def numeric_columns(table: str, schema: pa.Schema) -> List[str]:
+    """The columns of `table` (of this `schema`) that remix takes as numbers."""
+    always, if_there = NUMERIC[table]
+    return [*always, *(c for c in if_there if c in schema.names)]
+
+
+def check_numbers(reader, pooled: bool = False) -> None:
+    """Each table remix reads holds numbers where it takes numbers (the table's first file, as RunReader.read_table
+    checks before reading; `_read_unit` checks each unit's own)."""
+    for table in _tables_read(pooled):
+        reader.check_columns(table, None, numeric=numeric_columns(table, reader.schema(table)))
+
+
+def _tables_read(pooled: bool) -> tuple:
+    return ("pairs", "sentences") + (() if pooled else ("context_scores",))
+
+
 def _read_unit(reader, record, pooled: bool = False) -> dict:
     """The unit's tables (pairs, sentences and, but in a pool harvest, context_scores), from its own shards or
-    its slice of the compacted files (`reader`: a RunReader)."""
+    its slice of the compacted files (`reader`: a RunReader), each with numbers where remix takes numbers."""
     out = {}
-    for table in ("pairs", "sentences") + (() if pooled else ("context_scores",)):
+    for table in _tables_read(pooled):
         if record.files.get(table) is None:
             raise UsageError(f"{reader.uri}: unit {record.unit} has no {table} shard; "
                              "not a harvest with context scores")
         out[table] = reader.unit_table(record.unit, table)
+        _check_unit_numbers(reader.uri, record.unit, table, out[table].schema)
     return out
+
+
+def _check_unit_numbers(uri: str, unit: int, table: str, schema: pa.Schema) -> None:
+    """One unit's own check of what check_numbers checked on the table's first file, as RunReader checks each file
+    it reads: a unit whose table lacks a column or holds text there is named."""
+    missing = [c for c in numeric_columns(table, schema) if c not in schema.names]
+    if missing:
+        raise UsageError(f"{uri}: unit {unit}'s {table} has no column(s) {', '.join(missing)} "
+                         f"(its columns: {', '.join(schema.names)})")
+    text = next((f for f in map(schema.field, numeric_columns(table, schema))
+                 if not (pa.types.is_integer(f.type) or pa.types.is_floating(f.type))), None)
+    if text is not None:
+        raise UsageError(f"{uri}: unit {unit}'s {table} column {text.name} holds {text.type}, not numbers")
 
 
 def _gold_spearman(root: str) -> Optional[tuple[float, int]]:
@@ -354,7 +395,8 @@ def _gold_spearman(root: str) -> Optional[tuple[float, int]]:
 
     from storage import RunReader
 
-    t = RunReader(root).read_table("pairs", ["score", "gold"]).to_pandas().dropna()  # marked units only
+    # marked units only; a text column is one line (RunReader), not a failed rank of strings
+    t = RunReader(root).read_table("pairs", ["score", "gold"], numeric=["score", "gold"]).to_pandas().dropna()
     if len(t) < 2 or t.score.nunique() < 2 or t.gold.nunique() < 2:  # a constant column ranks nothing: no value
         return None
     return float(spearmanr(t.score, t.gold).statistic * 100), len(t)
@@ -474,6 +516,8 @@ class RemixRun(ShardedJob):
         planned = manifest.get("planned_units") or len(units)
         if len(units) != planned:
             raise UsageError(f"{cfg.source}: {planned - len(units)} of {planned} unit(s) have no completion marker")
+        if units:
+            check_numbers(reader, pooled=self.vectors is not None)
         if self.vectors is not None:
             check_pool_terms(cfg, self.vectors)
         elif units:

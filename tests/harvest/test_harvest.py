@@ -438,6 +438,59 @@ def test_remix_refusals_are_one_line(inline_run, tmp_path):
         assert len(r.stderr.strip().splitlines()) == 1
 
 
+def with_text_column(src, dst, table, column, units=None):
+    """A copy of a harvest whose `column` of `table` holds text (the numbers as strings) in `units` (None: every
+    unit), as a run edited or written by another tool would: every marker vouches for its shards."""
+    import hashlib
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.copytree(src, dst)
+    for marker in sorted((dst / "_units").glob("*.json")):
+        rec = json.loads(marker.read_text())
+        if units is not None and rec["unit"] not in units:
+            continue
+        f = rec["files"][table]
+        t = pq.read_table(dst / f["path"])
+        i = t.schema.get_field_index(column)
+        t = t.set_column(i, column, pa.array([None if x is None else f"{x}" for x in t.column(i).to_pylist()],
+                                             pa.string()))
+        buf = io.BytesIO()
+        pq.write_table(t, buf)
+        (dst / f["path"]).write_bytes(buf.getvalue())
+        f.update(bytes=len(buf.getvalue()), sha256=hashlib.sha256(buf.getvalue()).hexdigest())
+        rec.pop("check", None)  # markers without their own checksum are read (as older sentsim wrote them)
+        marker.write_text(json.dumps(rec))
+    return dst
+
+
+def test_remix_names_a_text_column_where_it_takes_numbers(inline_run, tmp_path):
+    """`sentsim remix` reads scores, gold labels and Eq. 3 terms as numbers: a column of them held as text is one
+    line, exit 2, naming the run, the table and the column, never a traceback: RunReader's numeric check of the
+    table's first file before any unit is remixed, and a unit that differs from that file when it is read (the
+    units before it are remixed, and say so in their progress lines)."""
+    from conftest import error_line, sentsim_cli
+
+    cfg, out = inline_run
+    cases = [
+        (("pairs", "score", None), "column score of table pairs holds string, not numbers (its numeric columns: "),
+        (("pairs", "gold", None), "column gold of table pairs holds string, not numbers (its numeric columns: "),
+        (("context_scores", "fwd", None),
+         "column fwd of table context_scores holds string, not numbers (its numeric columns: "),
+        (("context_scores", "left", {1}), "unit 1's context_scores column left holds string, not numbers"),
+    ]
+    for i, ((table, column, units), expected) in enumerate(cases):
+        src = with_text_column(out, tmp_path / f"src{i}", table, column, units)
+        r = sentsim_cli("remix", src, "--out", tmp_path / f"o{i}")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (table, column, r.stderr[-3000:])
+        line = error_line(r.stderr)
+        assert line.startswith(f"sentsim: error: {src}: ") and expected in line, line
+        assert [ln for ln in r.stderr.splitlines() if not ln.startswith("[harvest-remix] unit ")] == [line], r.stderr
+        assert units is not None or not (tmp_path / f"o{i}").exists()
+
+
 def as_written_before_context_ids(src, dst):
     """A copy of a harvest as the code before sentences.context_ids wrote it: shards, markers and
     manifest all without the column, every checksum valid."""
