@@ -588,8 +588,10 @@ class RemixRun(ShardedJob):
                     totals[k] += int(m.get("extra", {}).get(k, 0))
         written = ctx.store.side_records()
         src = ShardStore(cfg.source)
+        from sentsim.harvest.pool import EFFECT_TABLE
+
         for name in src.side_records():  # rank_anchors: students read the anchors from the run
-            if name == "context_effect":  # the source's λ and metric's: a pool remix recomputes its own
+            if name == EFFECT_TABLE:  # the source's λ and metric's: a pool remix recomputes its own
                 continue
             if name not in written:
                 ctx.store.write_side_table(name, src.read_side_table(name), ctx.fp)
