@@ -106,6 +106,61 @@ class StageSpec:
         return self.stage(**self.args)
 
 
+class Shared:
+    """A large read-only value that every actor of a stage reads (a pool harvest's sentence vectors), built by
+    `load` once per run rather than once per actor. On Ray the runner calls `load` in the driver and puts the
+    value in the object store (`in_object_store`); each actor then maps it from its node's store, numpy arrays
+    zero-copy and read-only, so a node holds one copy however many actors it runs. In-process, `load` runs at
+    the first `get`. `load` must be picklable (a module-level function, or a functools.partial of one), and
+    the value should be numpy arrays: a dict or a list of str would still be unpickled into every actor."""
+
+    def __init__(self, load: Callable[[], Any]):
+        self.load = load
+        self.ref = None  # the object-store reference, once put
+        self._value: Any = None
+        self._loaded = False
+
+    def get(self) -> Any:
+        if not self._loaded:
+            if self.ref is not None:
+                import ray
+
+                self._value = ray.get(self.ref)
+            else:
+                self._value = self.load()
+            self._loaded = True
+        return self._value
+
+    def in_object_store(self) -> "Shared":
+        """A handle to the value put in Ray's object store; the driver keeps no copy of its own. The value
+        lives as long as the returned handle (the pipeline holds it while its actors run, restarts included)."""
+        import ray
+
+        out = Shared(self.load)
+        out.ref = ray.put(self.get() if self._loaded else self.load())
+        return out
+
+    def __getstate__(self) -> dict:
+        # what travels to an actor is the reference (or the loader), never a value loaded here
+        return {"load": self.load, "ref": self.ref, "_value": None, "_loaded": False}
+
+
+def _shared_in_object_store(stages: Sequence[StageSpec]) -> List[StageSpec]:
+    """The stages with each `Shared` argument put in the object store once (a handle shared by several stages
+    is put once)."""
+    put: Dict[int, Shared] = {}
+    out = []
+    for spec in stages:
+        args = dict(spec.args)
+        for k, v in args.items():
+            if isinstance(v, Shared):
+                if id(v) not in put:
+                    put[id(v)] = v.in_object_store()
+                args[k] = put[id(v)]
+        out.append(StageSpec(spec.stage, spec.resources, args))
+    return out
+
+
 def where_this_runs() -> dict:
     """Where this process runs: its pid, host, Ray node and actor, and the GPUs Ray gave it
     (CUDA_VISIBLE_DEVICES). Stamped on every unit's items, and kept in the unit's marker by the
@@ -277,7 +332,7 @@ def run_pipeline(items: Sequence[dict], stages: Sequence[StageSpec], executor: s
         col = np.empty(len(items), dtype=object)
         col[:] = [pickle.dumps(x, protocol=5) for x in items]
         ds = ray.data.from_items([{"item": b} for b in col], override_num_blocks=max(1, len(items)))
-    for spec in stages:
+    for spec in _shared_in_object_store(stages):
         res, name = spec.resources, spec.name
         lo, hi = pool_size(res)
         # One class per stage, so the dashboard and `ray list actors` show MapBatches(ScoringActor) etc.

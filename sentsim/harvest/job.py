@@ -215,10 +215,11 @@ class HarvestRun(ShardedJob):
                 context_schema=None if self.pooled else context_score_schema_of(ctx.manifest))),
         ]
         if self.pooled:  # the sentences' vectors are scored first, by their own run (prepare, pool_vectors.py)
-            from sentsim.harvest.pool_label import PoolLabelStage
+            from sentsim.harvest.pool_label import PoolLabelStage, shared_vectors
 
             return [StageSpec(PoolLabelStage, Resources.of(r.label), args=dict(
-                out=cfg.out, fp=ctx.fp, metric=cfg.metric, precision=self.precision)), *rank_and_write]
+                out=cfg.out, fp=ctx.fp, metric=cfg.metric, precision=self.precision,
+                vectors=shared_vectors(cfg.out))), *rank_and_write]
         # the stages score in the run's resolved format; the fingerprint keeps the setting as given (auto)
         scoring_cfg = cfg.model_copy(update={"scoring": cfg.scoring.model_copy(update={"autocast": self.precision})})
         refs = self.reference_texts()  # scored in every context (ScoreStage), with their disc terms (ContextStage)

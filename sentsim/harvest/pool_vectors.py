@@ -53,13 +53,16 @@ class PackedTexts:
     def __len__(self) -> int:
         return len(self.ends)
 
+    def __getitem__(self, i: int) -> str:
+        i = range(len(self.ends))[i]  # negative indices, and an IndexError past the end
+        lo = int(self.ends[i - 1]) if i else 0
+        return self.data[lo:int(self.ends[i])].tobytes().decode("utf-8", "surrogatepass")
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self.ends)))
+
     def slice(self, start: int, stop: int) -> List[str]:
-        stop = min(stop, len(self.ends))
-        out = []
-        for i in range(start, stop):
-            lo = int(self.ends[i - 1]) if i else 0
-            out.append(self.data[lo:int(self.ends[i])].tobytes().decode("utf-8", "surrogatepass"))
-        return out
+        return [self[i] for i in range(start, min(stop, len(self.ends)))]
 
 
 class SentenceUnits:
@@ -261,23 +264,43 @@ def ensure_pool_vectors(job: PoolVectorsRun, executor: str, address: Optional[st
 
 
 class StoredVectors:
-    """A complete vectors run in memory: row i is sentence `ids[i]`, `S` and `terms[d]` float32 [n, |P|]
-    (read through RunReader, so every shard is checked against its marker)."""
+    """A complete vectors run in memory: row i is sentence `ids[i]` (ascending), `S` and `terms[d]` float32
+    [n, |P|], `texts` packed (read through RunReader, so every shard is checked against its marker).
+
+    Plain numpy arrays only, no Python dict or list per sentence: a pool harvest's label actors share one copy
+    of it through Ray's object store (`pipeline.Shared`), which maps numpy arrays into each actor zero-copy and
+    would unpickle a dict or a list of str into every actor's own memory."""
 
     def __init__(self, uri: str):
         from storage import RunReader
 
         t = RunReader(uri, what="pool vectors").read_table(VECTORS_TABLE)
-        self.ids = t.column("sentence_id").to_numpy()
-        self.texts = t.column("text").to_pylist()
-        self.row = {int(s): i for i, s in enumerate(self.ids)}
+        ids = t.column("sentence_id").to_numpy()
+        order = np.argsort(ids, kind="stable")  # units are sorted slices; sorted here, whatever the read order
+        self.ids = ids[order]
+        texts = t.column("text").to_pylist()
+        self.texts = PackedTexts([texts[i] for i in order])
 
         def matrix(name: str) -> np.ndarray:
             col = t.column(name).combine_chunks()
-            return col.flatten().to_numpy(zero_copy_only=False).reshape(len(t), -1).astype(np.float32)
+            return col.flatten().to_numpy(zero_copy_only=False).reshape(len(t), -1).astype(np.float32)[order]
 
         self.S = matrix("S")
         self.terms = {d: matrix(d) for d in DIRS}
+
+    def rows(self, sentence_ids) -> np.ndarray:
+        """The rows of these sentence ids; a KeyError names the first id the run does not hold."""
+        want = np.asarray(sentence_ids, dtype=np.int64).reshape(-1)
+        at = np.searchsorted(self.ids, want).clip(max=max(len(self.ids) - 1, 0))
+        held = (self.ids[at] == want) if len(self.ids) else np.zeros(len(want), bool)
+        if not held.all():
+            raise KeyError(int(want[~held][0]))
+        return at
+
+    def missing(self, sentence_ids) -> List[int]:
+        """Those of these sentence ids the run holds no vector for, sorted."""
+        want = np.unique(np.asarray(list(sentence_ids), dtype=np.int64))
+        return want[~np.isin(want, self.ids)].tolist()
 
     def context_effect(self) -> np.ndarray:
         """Each pool context's mean S over every scored sentence: what double-centred removes."""

@@ -27,6 +27,7 @@ go in order.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Annotated, Iterator, List, Literal, Optional
@@ -42,7 +43,7 @@ from sentsim.executor import RunContext, ShardedJob, execute
 from sentsim.harvest import metrics
 from sentsim.harvest.eq4_rows import MissingTerm, UnitTerms, has_no_contexts, pair_rows
 from sentsim.out_paths import check_out
-from sentsim.pipeline import Resources, Stage, StageResources, StageSpec
+from sentsim.pipeline import Resources, Shared, Stage, StageResources, StageSpec
 from sentsim.run_formats import scoring_config
 from sentsim.screening.config import discriminator_in_use
 
@@ -308,17 +309,26 @@ def remix_pool_unit(tables: dict, vectors, S: np.ndarray, metric: str, effect: O
 
     pairs = tables["pairs"]
     cols = pairs.to_pydict()
-    missing = [s for s in set(cols["s1_id"]) | set(cols["s2_id"]) if s not in vectors.row]
+    missing = vectors.missing(set(cols["s1_id"]) | set(cols["s2_id"]))
     if missing:
         raise UsageError(f"sentence {missing[0]} of a pair has no stored vector ({len(missing)} such sentences); the "
                          "vectors run does not match the harvest: run `sentsim store verify` on it, then resume")
-    idx = [(vectors.row[a], vectors.row[b]) for a, b in zip(cols["s1_id"], cols["s2_id"])]
+    idx = np.stack([vectors.rows(cols["s1_id"]), vectors.rows(cols["s2_id"])], axis=1)
     for i, row in enumerate(vector_rows(idx, S, vectors.terms, metric, effect)):
         for k, v in row.items():
             cols[k][i] = v
     counts = {"pairs": len(cols["pair_id"]), "null_scores": sum(x is None for x in cols["score"]),
               "approximate": 0, "rescored": len(cols["pair_id"])}
     return {"pairs": pa.Table.from_pydict(cols, schema=pairs.schema), "sentences": tables["sentences"]}, counts
+
+
+def pool_remix_inputs(vectors_uri: str, lam: dict, metric: str) -> tuple:
+    """A pool remix's stored vectors, and S and the context effect under its λ: computed once a run, shared by
+    its actors (pipeline.Shared)."""
+    from sentsim.harvest.pool_vectors import StoredVectors
+
+    stored = StoredVectors(vectors_uri)
+    return (stored, *pool_scores(stored, lam, metric))
 
 
 def pool_scores(vectors, lam: dict, metric: str) -> tuple[np.ndarray, Optional[np.ndarray]]:
@@ -424,9 +434,9 @@ class RemixStage(Stage):
     name = "remix"
 
     def __init__(self, source: str, out: str, fp: str, lam: dict, metric: str, variant: Optional[str] = None,
-                 vectors: Optional[str] = None):
+                 vectors: Optional[Shared] = None):
         self.source, self.out, self.fp, self.lam, self.metric = source, out, fp, lam, metric
-        self.variant, self.vectors = variant, vectors  # vectors: a pool harvest's vectors run
+        self.variant, self.vectors = variant, vectors  # vectors: a pool harvest's (pool_remix_inputs)
         self.reader = None
 
     def setup(self) -> None:
@@ -435,10 +445,7 @@ class RemixStage(Stage):
         # one reader per actor: it keeps the compacted file the next units are sliced from
         self.reader = RunReader(self.source)
         if self.vectors:
-            from sentsim.harvest.pool_vectors import StoredVectors
-
-            self.stored = StoredVectors(self.vectors)
-            self.S, self.effect = pool_scores(self.stored, self.lam, self.metric)
+            self.stored, self.S, self.effect = self.vectors.get()
 
     def process(self, items: List[dict]) -> List[dict]:
         from storage import ShardStore
@@ -571,7 +578,8 @@ class RemixRun(ShardedJob):
         cfg = self.cfg
         return [StageSpec(RemixStage, Resources.of(cfg.resources), args=dict(
             source=cfg.source, out=cfg.out, fp=ctx.fp, lam=self.lam, metric=self.metric, variant=self.variant,
-            vectors=self.vectors))]
+            vectors=Shared(functools.partial(pool_remix_inputs, self.vectors, self.lam, self.metric))
+            if self.vectors else None))]
 
     def summary(self, ctx: RunContext) -> dict:
         from sentsim.harvest.job import all_null_refusal

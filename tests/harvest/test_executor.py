@@ -174,6 +174,50 @@ def test_a_stage_reserves_the_memory_its_config_declares(ray_2gpu):
     assert "memory" not in out[0]["assigned"], out[0]
 
 
+def test_a_shared_value_is_loaded_once_a_run_and_mapped_by_every_actor(ray_2gpu, tmp_path):
+    """pipeline.Shared: the driver loads it once and puts it in the object store; each actor maps it (numpy
+    zero-copy, so read-only) instead of loading its own copy. In-process it loads once, at first use."""
+    import functools
+
+    import numpy as np
+
+    from sentsim.pipeline import Resources, Shared, StageSpec, run_pipeline
+
+    def load(log):
+        with open(log, "a") as f:
+            f.write("load\n")
+        return {"a": np.arange(100_000, dtype=np.float64)}
+
+    class _Reads:  # by value to Ray's workers, as _Assigned above
+        name = "reads"
+
+        def __init__(self, value):
+            self.value = value
+
+        def setup(self):
+            self.a = self.value.get()["a"]
+
+        def process(self, items):
+            import os
+
+            return [dict(it, pid=os.getpid(), writeable=self.a.flags.writeable, total=float(self.a.sum()))
+                    for it in items]
+
+    log = tmp_path / "loads"
+    shared = Shared(functools.partial(load, str(log)))
+    res = Resources(num_cpus=0.25, min_actors=2, max_actors=2)
+    out = list(run_pipeline([{"unit": u} for u in range(12)], [StageSpec(_Reads, res, {"value": shared})],
+                            executor="ray"))
+    assert len(out) == 12 and {o["total"] for o in out} == {float(np.arange(100_000).sum())}
+    assert not any(o["writeable"] for o in out)  # mapped from the object store, not an actor's own copy
+    assert log.read_text().count("load") == 1  # in the driver, once; not once per actor
+    assert len({o["pid"] for o in out}) == 2
+    log.unlink()
+    out = list(run_pipeline([{"unit": u} for u in range(3)], [StageSpec(_Reads, res, {"value": shared})],
+                            executor="inline"))
+    assert len(out) == 3 and log.read_text().count("load") == 1
+
+
 def test_memory_and_cpu_asks_beyond_the_cluster_are_refused(inputs, ray_2gpu, tmp_path):
     """Ray Data would start the pools that fit and wait for the others for ever: refused before any unit."""
     from sentsim.errors import UsageError

@@ -120,7 +120,7 @@ def test_double_centred_removes_the_mean_over_every_sentence(cluster_run):
     assert np.allclose(effect, np.nanmean(v.S.astype(np.float64), axis=0))
     t = pairs_of(out)
     for _, row in t.head(5).iterrows():
-        a, b = v.S[v.row[row.s1_id]].astype(np.float64), v.S[v.row[row.s2_id]].astype(np.float64)
+        a, b = (v.S[v.rows([s])[0]].astype(np.float64) for s in (row.s1_id, row.s2_id))
         ok = np.isfinite(a) & np.isfinite(b)
         assert row.score == pytest.approx(double_centred(a[ok], b[ok], effect[ok]), abs=1e-6)
     # 12 anchors in 3 clusters of 4: 3 x 6 pairs, each once, all among anchors
@@ -648,7 +648,7 @@ def test_the_item_tokens_bench_counts_every_item_of_both_runs(partners_run, inpu
     assert got["per_pair"]["items"] == json.loads((per_pair / "report.json").read_text())["scored_items"]
     assert got["pool"]["contexts"] == POOL and got["window"] >= 1
     tok = ContextTokenizer.load(inputs["bundle"])
-    want = np.mean([len(ids) for ids in tok.encode(vectors_of(out).texts)])
+    want = np.mean([len(ids) for ids in tok.encode(list(vectors_of(out).texts))])
     assert got["pool"]["sentence_tokens"] == pytest.approx(want)
     for row in ("per_pair", "pool", "random_windows"):
         assert got[row]["context_tokens"] > 0 and got[row]["sentence_tokens"] > 0
