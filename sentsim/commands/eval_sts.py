@@ -89,11 +89,12 @@ def run(args) -> int:
     print(format_table(report))
     if model_dir is not None:
         record_on_card(model_dir, Path(args.model), report)
+    from storage.fs import write_text_atomic
+
     for path, text in ((args.json, to_json(report) if args.json else ""),
                        (args.markdown, to_markdown(report) if args.markdown else "")):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text, encoding="utf-8")
+        if path:  # whole or not at all: a script reading the report never finds half of one
+            write_text_atomic(path, text)
     return 0
 
 

@@ -72,6 +72,31 @@ def test_scores_file_formats_via_cli(tiny_year, tmp_path, fmt, capsys):
     assert len(rep["data_hash"]) == 16 and rep["tasks"][0]["data_hash"] in out_md.read_text()
 
 
+def test_reports_are_written_whole_or_not_at_all(tiny_year, tmp_path, monkeypatch, capsys):
+    """--json and --markdown are committed by rename: a write that fails leaves the earlier report as it was
+    and no partial or temporary file beside it; one that succeeds (into a folder it creates) parses whole."""
+    import storage.fs
+
+    path = tmp_path / "scores.csv"
+    tiny_scores(tmp_path).to_csv(path, index=False)
+    out_json, out_md = tmp_path / "reports" / "r.json", tmp_path / "reports" / "r.md"
+    argv = ["eval", "sts", "--scores", str(path), "--data", str(tiny_year), "--tasks", "STS13",
+            "--json", str(out_json), "--markdown", str(out_md)]
+    assert main(argv) == 0
+    before = out_json.read_text()
+    assert json.loads(before)["tasks"][0]["spearman"] == pytest.approx(90.0)
+    assert out_md.read_text().rstrip().endswith("|")  # the table's last row, not a cut line
+
+    def fail(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(storage.fs, "durable_replace", fail)
+    assert main(argv) == 2  # the CLI's one line for a full disk (its wording: tests/cli)
+    assert "no space left on the device" in capsys.readouterr().err
+    assert out_json.read_text() == before
+    assert sorted(p.name for p in out_json.parent.iterdir()) == ["r.json", "r.md"]
+
+
 @pytest.mark.parametrize("name, how", [("scores.json", "jsonl"), ("scores.csv", "jsonl"), ("scores.txt", "jsonl"),
                                        ("scores.jsonl", "jsonl gzip"), ("scores.csv.gz", "csv gzip"),
                                        ("scores.tsv.gz", "tsv"), ("scores.parquet.gz", "parquet gzip")])
