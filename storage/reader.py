@@ -308,7 +308,7 @@ class RunReader:
         def read():
             with self.fs.open_input_file(path) as fh:
                 pf = self._open_checked(fh, path)
-                _refuse_columns(self.display(path), pf.schema_arrow, columns, numeric)
+                check_file_columns(self.display(path), pf.schema_arrow, columns, numeric)
                 return pf.read(columns=list(columns) if columns is not None else None)
         return self.guarded(path, read)
 
@@ -406,7 +406,7 @@ class RunReader:
         for path in self.files(table):
             with self.fs.open_input_file(path) as fh:
                 pf = self.guarded(path, lambda: self._open_checked(fh, path))
-                _refuse_columns(self.display(path), pf.schema_arrow, columns)
+                check_file_columns(self.display(path), pf.schema_arrow, columns)
                 yield from pf.iter_batches(columns=columns, batch_size=batch_size)
 
     def ray_dataset(self, table: str, columns: Optional[Sequence[str]] = None, *,
@@ -498,10 +498,11 @@ def _schema_names(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name} {f.type}" for f in schema)
 
 
-def _refuse_columns(shown: str, schema: pa.Schema, columns: Optional[Sequence[str]],
+def check_file_columns(shown: str, schema: pa.Schema, columns: Optional[Sequence[str]],
                     numeric: Sequence[str] = ()) -> None:
     """One file's own check of what RunReader.check_columns checked on the table's first file: a shard that
-    lacks a column or holds it as another type is named, with what it has."""
+    lacks a column or holds it as another type is named, with what it has. Any reader of a Parquet file
+    (`shown`: how to name it) checks its columns with this, so a text score reads alike everywhere."""
     missing = [c for c in dict.fromkeys([*(columns or ()), *numeric]) if c not in schema.names]
     if missing:
         raise InputError(f"{shown}: missing column(s) {', '.join(missing)} (its columns: {', '.join(schema.names)})")

@@ -136,12 +136,13 @@ class TfidfScorer(Scorer):
 
 
 def _pair_frame(table, where: str):
-    """(s1, s2, score) of an Arrow table as a DataFrame; its score column checked while nulls and NaN still differ."""
-    missing = [c for c in ("s1", "s2", "score") if c not in table.column_names]
-    if missing:
-        raise InputError(f"--scores {where}: missing column(s) {', '.join(missing)}; "
-                         f"found {', '.join(table.column_names)}")
+    """(s1, s2, score) of an Arrow table as a DataFrame; its score column checked while nulls and NaN still differ.
+    The column types are checked as RunReader checks a run's (a text score is refused by its type, not cast)."""
     import pandas as pd
+
+    from storage.reader import check_file_columns
+
+    check_file_columns(f"--scores {where}", table.schema, ["s1", "s2", "score"], numeric=["score"])
 
     return pd.DataFrame({"s1": arrow_texts(table.column("s1"), f"--scores {where}", "s1"),
                          "s2": arrow_texts(table.column("s2"), f"--scores {where}", "s2"),
@@ -179,6 +180,8 @@ def _read_pair_table(path: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from storage.reader import check_file_columns
+
     try:
         if path.is_dir():
             if (path / "manifest.json").is_file():  # a run: its completed pairs/ shards only
@@ -191,10 +194,8 @@ def _read_pair_table(path: Path):
                 raise UsageError(f"--scores {path}: a directory, but no *.parquet files under it")
             frames = []
             for part in parts:  # only the three columns: harvest shards carry many more
-                names = pq.read_schema(part).names
-                missing = [c for c in ("s1", "s2", "score") if c not in names]
-                if missing:
-                    raise InputError(f"--scores {part}: missing column(s) {', '.join(missing)}")
+                check_file_columns(f"--scores {part}", pq.read_schema(part), ["s1", "s2", "score"],
+                                   numeric=["score"])
                 frames.append(_pair_frame(pq.read_table(part, columns=["s1", "s2", "score"]), str(part)))
             return pd.concat(frames, ignore_index=True)
         # as the pairs reader finds them: gzip by its first bytes, the name less .gz telling the format, and
@@ -271,7 +272,7 @@ def _read_run_pairs(uri: str):
     if not reader.files("pairs", required=False):
         raise UsageError(f"--scores {uri}: a run, but it has no completed pairs/ shards")
     try:
-        table = reader.read_table("pairs", ["s1", "s2", "score"])
+        table = reader.read_table("pairs", ["s1", "s2", "score"], numeric=["score"])
     except InputError as exc:
         raise InputError(f"--scores {exc}") from None
     return _pair_frame(table, uri)

@@ -221,6 +221,8 @@ def inspect_harvest(root: str | Path, seed: int = CARVE_SEED) -> HarvestInfo:
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from storage.reader import check_file_columns
+
     reader = open_harvest(str(root))
     if not reader.manifest:
         raise UsageError(f"--data {reader.uri}: not a harvest run (no manifest.json)")
@@ -235,11 +237,7 @@ def inspect_harvest(root: str | Path, seed: int = CARVE_SEED) -> HarvestInfo:
     for f in files:
         schema = _schema(reader, f)
         shown = reader.display(f)
-        missing = [c for c in NEEDED if c not in schema.names]
-        if missing:
-            raise InputError(f"{shown}: missing column(s) {', '.join(missing)}")
-        if not pa.types.is_floating(schema.field("score").type) and not pa.types.is_integer(schema.field("score").type):
-            raise InputError(f"{shown}: column score has type {schema.field('score').type}, expected float")
+        check_file_columns(shown, schema, NEEDED, numeric=["score"])
         table = reader.read_file(f, ["score", "split"])  # two narrow columns: cheap at any size
         rows += table.num_rows
         score = table["score"].cast(pa.float64())

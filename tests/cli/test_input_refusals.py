@@ -262,6 +262,48 @@ def test_scores_file_with_sentences_that_are_not_text_is_one_line(tmp_path, stsb
     one_line_exit_2(sentsim_cli("eval", "sts", "--scores", f, "--data", stsb, "--tasks", "STSb"), name, needle)
 
 
+def text_scores(pairs):
+    """`pairs` with its score column as the text of its numbers (number-like: a cast would take them)."""
+    return pairs.set_column(pairs.schema.get_field_index("score"), "score", pairs["score"].cast(pa.string()))
+
+
+@pytest.mark.parametrize("where", ["parquet file", "pairs folder", "run"])
+def test_scores_with_a_text_score_column_is_refused_as_run_readers_refuse_it(tmp_path, stsb, where):
+    """A Parquet score column of text is refused by its type, in RunReader's words and naming the file (or
+    run) and the column, where a number-like text was cast and any other named as 'not a number'."""
+    from harvest_support import write_pairs_run
+
+    pairs = text_scores(pa.table({"s1": [a for a, _ in SCORED], "s2": [b for _, b in SCORED],
+                                  "score": [0.9, 0.1, 0.5]}))
+    if where == "parquet file":
+        f = shown = tmp_path / "scores.parquet"
+        pq.write_table(pairs, f)
+    elif where == "pairs folder":
+        (tmp_path / "h" / "pairs").mkdir(parents=True)
+        shown = tmp_path / "h" / "pairs" / "part-00000.parquet"
+        pq.write_table(pairs, shown)
+        f = tmp_path / "h"
+    else:
+        f = shown = write_pairs_run(tmp_path / "run", pairs.slice(0, 2),
+                                    pa.table({"sentence_id": pa.array(range(2), pa.int64()), "text": ["a", "b"]}))
+    line = one_line_exit_2(sentsim_cli("eval", "sts", "--scores", f, "--data", stsb, "--tasks", "STSb"),
+                           f"--scores {shown}: column score ", "holds string, not numbers")
+    if where == "run":
+        assert "column score of table pairs holds string" in line, line
+
+
+def test_train_surrogate_names_a_harvest_shard_whose_score_is_text(tmp_path):
+    """The surrogate's reader checks each shard's columns as RunReader does: one line naming the shard and
+    the column, in the same words."""
+    from harvest_support import small_pairs_run, write_pairs_run
+
+    pairs, sentences = small_pairs_run()
+    run = write_pairs_run(tmp_path / "run", text_scores(pairs), sentences)
+    one_line_exit_2(sentsim_cli("train", "surrogate", "--data", run, "--out", tmp_path / "o",
+                                "--max-steps", "1"),
+                    f"{run}/pairs/part-00000.parquet: column score holds string, not numbers")
+
+
 def test_sts_year_with_every_gold_line_empty_is_one_line(tmp_path):
     d = tmp_path / "sts" / "STS2012-en-test"
     d.mkdir(parents=True)
