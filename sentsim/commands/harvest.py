@@ -45,6 +45,13 @@ def run(args) -> int:
     print(f"harvest: {rep.get('pairs', '?')} pairs ({rep.get('null_scores', '?')} null) in "
           f"{m['completed_units']}/{m['planned_units']} units -> {cfg.out}")
     if rep and not rep.get("pairs"):  # stopped (--max-units) before any unit of pairs was labelled, or none had any
+        if rep.get("complete"):
+            # a run with nothing to train on is a failure a script must see; its cause is the input or the
+            # config, so the run stays complete and a rerun says the same without redoing anything
+            from sentsim.errors import UsageError
+
+            raise UsageError(f"--out {cfg.out}: the harvest " + unlabelled_line(rep, m) + "; change the inputs or "
+                             "the partners.* settings and run again with --force-new (or another --out)")
         print("  " + unlabelled_line(rep, m))
     elif rep:
         print("  score by split: " + ", ".join(

@@ -774,24 +774,31 @@ def test_without_rank_targets_the_harvest_has_no_rank_stage(inline_run, tmp_path
 
 def test_a_finished_harvest_with_no_pair_says_so_and_why(inputs, tmp_path):
     """Anchors whose only partners are TF-IDF neighbours, with no --index to draw them from, get no pair: the
-    harvest finishes with none, and its summary says it finished so and why, not "no pairs labelled yet", which
-    reads as a run still to be resumed."""
-    from conftest import sentsim_cli
+    harvest finishes with none and fails (exit 2, a cause in the config) in one line saying it finished so and
+    why, not "no pairs labelled yet", which reads as a run still to be resumed. The run stays complete: a rerun
+    does no unit and says the same."""
+    from conftest import error_line, sentsim_cli
 
     out = tmp_path / "run"
     args = ["harvest", "--corpus", inputs["corpus"], "--context-models", inputs["bundle"], "--out", out,
             "--executor", "inline", "--set", "contexts.mode=random", "--set", "contexts.size=4",
             "--set", "anchors.n=4", "--set", "anchors.per_unit=2", "--set", "partners.neighbours=1",
             "--set", "partners.same_doc=0", "--set", "partners.random=0", "--set", "rank.enabled=false"]
+    why = (f"sentsim: error: --out {out}: the harvest finished with no pairs labelled (2 of 2 units done): none of "
+           "the 4 anchors got a partner (partners.neighbours=1, same_doc=0, random=0; neighbours are drawn from "
+           "--index, and none was given); change the inputs or the partners.* settings and run again with "
+           "--force-new (or another --out)")
     r = sentsim_cli(*args)
-    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert error_line(r.stderr) == why
     assert json.loads((out / "manifest.json").read_text())["complete"]
-    assert r.stdout.splitlines()[-2:] == [
-        f"harvest: 0 pairs (0 null) in 2/2 units -> {out}",
-        "  finished with no pairs labelled (2 of 2 units done): none of the 4 anchors got a partner "
-        "(partners.neighbours=1, same_doc=0, random=0; neighbours are drawn from --index, and none was given)"
-    ], r.stdout
-    assert "yet" not in r.stdout
+    assert r.stdout.splitlines()[-1] == f"harvest: 0 pairs (0 null) in 2/2 units -> {out}", r.stdout
+    assert "yet" not in r.stdout + r.stderr
+    markers = sorted((p.name, p.stat().st_mtime_ns) for p in (out / "_units").iterdir())
+    r = sentsim_cli(*args)  # complete: nothing redone, the same failure
+    assert r.returncode == 2 and error_line(r.stderr) == why, r.stderr[-3000:]
+    assert "[harvest] unit" not in r.stderr, r.stderr[-3000:]
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (out / "_units").iterdir()) == markers
     r = sentsim_cli(*args, "--max-units", "1", "--force-new")  # stopped part-way: still to come
     assert r.returncode == 0, r.stderr[-3000:]
     assert "  no pairs labelled yet: 1 of 2 units done\n" in r.stdout, r.stdout
