@@ -70,6 +70,7 @@ class RunReader:
         self._expect: Dict[str, Tuple[int, int, str]] = {}  # path -> (bytes, rows, whose record), files handed out
         self._vouched: Dict[str, List[str]] = {}  # table -> its files, their sizes checked
         self._rows_ok: set = set()  # files whose footer's row count this reader has checked
+        self._schemas: Dict[str, pa.Schema] = {}  # path -> its Parquet schema (unit_schema)
 
     def __str__(self) -> str:
         return self.uri
@@ -332,6 +333,23 @@ class RunReader:
             return self.read_file(path)
         file_rec, offset, rows = found
         return self._compacted_file(table, file_rec).slice(offset, rows)
+
+    def unit_schema(self, unit: int, table: str) -> pa.Schema:
+        """The schema of the file that holds the unit's rows of `table` (its own shard, or the compacted file
+        holding them): the Parquet footer alone, read once a file, so that a unit-by-unit reader can check
+        every unit's columns before it writes anything."""
+        found = self._compacted_unit(table, unit)
+        if found is None:
+            f = self._marker(unit).get("files", {}).get(table)
+            if f is None:
+                self._refuse_unknown_table(table)
+                raise StoreError(f"{self._where}: unit {unit} has no {table} shard")
+            path = self.store.path(f["path"])
+        else:
+            path = self.store.path(self._compacted().location(found[0]))
+        if path not in self._schemas:
+            self._schemas[path] = self.guarded(path, lambda: pq.read_schema(path, filesystem=self.fs))
+        return self._schemas[path]
 
     def check_unit(self, unit: int) -> Optional[str]:
         """None if every table of the unit reads back as written; otherwise what is wrong, naming the

@@ -362,11 +362,16 @@ def numeric_columns(table: str, schema: pa.Schema) -> List[str]:
     return [*always, *(c for c in if_there if c in schema.names)]
 
 
-def check_numbers(reader, pooled: bool = False) -> None:
-    """Each table remix reads holds numbers where it takes numbers (the table's first file, as RunReader.read_table
-    checks before reading; `_read_unit` checks each unit's own)."""
+def check_numbers(reader, units: dict, pooled: bool = False) -> None:
+    """Each table remix reads holds numbers where it takes numbers: the table's first file, as RunReader.read_table
+    checks before reading, then every unit's own file (its Parquet footer alone), so that a unit that differs is
+    refused before any unit is remixed, not after the units before it are written."""
     for table in _tables_read(pooled):
         reader.check_columns(table, None, numeric=numeric_columns(table, reader.schema(table)))
+    for u in sorted(units):
+        for table in _tables_read(pooled):
+            _has_shard(reader, units[u], table)
+            _check_unit_numbers(reader.uri, u, table, reader.unit_schema(u, table))
 
 
 def _tables_read(pooled: bool) -> tuple:
@@ -378,17 +383,21 @@ def _read_unit(reader, record, pooled: bool = False) -> dict:
     its slice of the compacted files (`reader`: a RunReader), each with numbers where remix takes numbers."""
     out = {}
     for table in _tables_read(pooled):
-        if record.files.get(table) is None:
-            raise UsageError(f"{reader.uri}: unit {record.unit} has no {table} shard; "
-                             "not a harvest with context scores")
+        _has_shard(reader, record, table)
         out[table] = reader.unit_table(record.unit, table)
         _check_unit_numbers(reader.uri, record.unit, table, out[table].schema)
     return out
 
 
+def _has_shard(reader, record, table: str) -> None:
+    if record.files.get(table) is None:
+        raise UsageError(f"{reader.uri}: unit {record.unit} has no {table} shard; not a harvest with context scores")
+
+
 def _check_unit_numbers(uri: str, unit: int, table: str, schema: pa.Schema) -> None:
     """One unit's own check of what check_numbers checked on the table's first file, as RunReader checks each file
-    it reads: a unit whose table lacks a column or holds text there is named."""
+    it reads: a unit whose table lacks a column or holds text there is named (by check_numbers before anything is
+    written, and by `_read_unit` as it reads the unit)."""
     missing = [c for c in numeric_columns(table, schema) if c not in schema.names]
     if missing:
         raise UsageError(f"{uri}: unit {unit}'s {table} has no column(s) {', '.join(missing)} "
@@ -524,7 +533,7 @@ class RemixRun(ShardedJob):
         if len(units) != planned:
             raise UsageError(f"{cfg.source}: {planned - len(units)} of {planned} unit(s) have no completion marker")
         if units:
-            check_numbers(reader, pooled=self.vectors is not None)
+            check_numbers(reader, units, pooled=self.vectors is not None)
         if self.vectors is not None:
             check_pool_terms(cfg, self.vectors)
         elif units:
