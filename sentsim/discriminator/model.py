@@ -38,13 +38,24 @@ class ModelConfig(Section):
     # w sentences on each side of the centre sentence (paper 003 §3.2.1 scores [c_<i, c_i, c_>i]); 1 keeps it fast
     # enough for screening.
     window: int = Field(1, ge=1, le=16)
+    # No paper fixes it (003 §3.2.1 gives only the LSTM's hidden size): 300, the hidden size and the usual size of
+    # word vectors (GloVe, word2vec). Not measured.
     embed_dim: int = Field(300, ge=1)
     # Paper 003 §3.2.1: single-layer BiLSTM, hidden size 300.
     hidden: int = Field(300, ge=1)
+    # The interaction head is not in 003 (Eq. 1 is linear; model.py says why it is needed), so no paper sizes
+    # it: 256, below the 600-wide sentence representation, keeps screening's per-candidate dot products cheap.
     head_dim: int = Field(256, ge=1)
+    # No paper fixes it (003 does not say how its discriminator truncates): words kept per sentence. 64 keeps the
+    # whole of most prose sentences and bounds the LSTM's cost for the few long ones (a corpus keeps up to 200).
+    # Not measured.
     max_tokens: int = Field(64, ge=1)
+    # No paper fixes the vocabulary (003 does not say): the 50,000 most frequent words that occur at least
+    # `min_count` times; the rest are one unknown token. Not measured.
     vocab_size: int = Field(50_000, ge=4)
+    # No paper fixes it (003 does not say): 2 drops words seen once, whose vectors one sentence alone would train.
     min_count: int = Field(2, ge=1)
+    # No paper fixes it (003 does not say): 0.1 on the word vectors, a common rate. Not measured.
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     # "lsa": initial word vectors from an SVD of the corpus's sentence x word TF-IDF (embed_init.py).
     embed_init: Literal["lsa", "random"] = "lsa"

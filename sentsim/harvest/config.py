@@ -14,8 +14,12 @@ from sentsim.screening.config import ContextSetConfig, discriminator_in_use  # `
 
 
 class AnchorConfig(Section):
+    # No paper fixes it: 003 §3.4 harvests 100M pairs without saying how they are drawn. 1,000 anchors (about
+    # 5,000 pairs with the default partners) is a small run's size, to raise for a training harvest.
     n: int = Field(1000, ge=1, description="anchor sentences sampled from the corpus (seeded)")
     per_unit: int = Field(16, ge=1, description="anchors per work unit (one shard, one completion marker)")
+    # No paper fixes it (003 sets no length for the sentences it pairs): 4 leaves out headings, applause lines
+    # and fragments, whose contexts say little of what they mean. Not measured.
     min_tokens: int = Field(4, ge=1, description="skip anchors shorter than this many words")
 
 
@@ -51,6 +55,9 @@ class RankConfig(Section):
     encoder: Optional[str] = Field(None, description="base encoder E1 folder; default: the bundled all-MiniLM-L6-v2 "
                                                      "(a supervised encoder, unlike 004's)")
     n_anchors: int = Field(100_000, ge=2, description="anchor corpus size (004 §4.1: 100,000 sentences)")
+    # No paper fixes it (004 §3.2 defines rank vectors and says nothing of storing them): bits per stored rank
+    # code. 16 keep ranks exact up to 65,536 anchors and, bucketed at 004's 100K, Spearman within about 1e-4 of
+    # exact (rank/vectors.py); 8 halves the bytes at a coarser rank.
     bits: Literal[8, 16, 32] = 16
     # What each sentence row keeps: `codes`, n_anchors * bits / 8 bytes of rank codes (200 KB at
     # 100K anchors); `vectors`, E1's float16 vector (2 * dim bytes: 768 for MiniLM) plus the anchor matrix once

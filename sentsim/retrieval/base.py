@@ -30,6 +30,8 @@ class IndexConfig(Section):
     n_shards: int = Field(1, ge=1, le=4096)
     # 1 keeps bigrams seen once: a query taken from the corpus then still finds its own chunk.
     min_df: int = Field(1, ge=1)
+    # No paper fixes it (003 §3.3 names TF-IDF bigram vectors, no pruning): 1.0 keeps every bigram however
+    # common, as scikit-learn's default does; IDF already weighs a common bigram down.
     max_df: float = Field(1.0, gt=0.0, le=1.0)
     max_features: Optional[int] = Field(None, ge=1)
     sublinear_tf: bool = True

@@ -38,9 +38,12 @@ from sentsim.students.common import Harvest, Objective, Prepared, column, tokeni
 
 class PaSeRConfig(Section):
     top_k: int = Field(3, ge=1)                   # 002 §4.5.3 Table 5: top-3 RAKE phrases
+    # No paper fixes it: 002 §3.1.1 takes RAKE's phrases as RAKE splits them (at stopwords and punctuation), of
+    # any length. Longer runs are dropped here, since they are mostly lists or names rather than one idea, and a
+    # short phrase keeps the decoder's target (top_k phrases joined) within max_target_tokens. Not measured.
     max_phrase_words: int = Field(4, ge=1)
     signal_m: float = Field(10.0, ge=0)           # 002 appendix A: m = n = 10 best (Eq. 2's weights of |.|)
-    signal_n: float = Field(10.0, ge=0)
+    signal_n: float = Field(10.0, ge=0)           # 002 appendix A, Table 8: n = 10, as m
     # one LayerNorm over the 4 x d memory keeps Eq. 2's m and n against E_s; `per_vector` (a norm per
     # memory vector, which divides m and n out) only resumes runs built with it
     signal_norm: Literal["joint", "per_vector"] = "joint"
@@ -49,14 +52,21 @@ class PaSeRConfig(Section):
     generative_reduction: Literal["sum", "mean"] = "sum"
     ADDED_LATER = {"signal_norm": "per_vector", "generative_reduction": "mean"}  # what earlier runs were built with
     decoder_layers: int = Field(6, ge=1)          # 002 §4.2: 6-layer Transformer decoder
+    # No paper fixes it (002 §4.2 says only "a 6-layer transformer decoder"): it must divide the encoder's width,
+    # and 4 divides both MiniLM's 384 and BERT-base's 768.
     decoder_heads: int = Field(4, ge=1)
+    # No paper fixes it (002 §4.2 caps the encoder's input at 32 tokens, not the decoder's target): tokens of the
+    # target, its top_k phrases of at most max_phrase_words words joined by " ; ": 3 x 4 words and two separators
+    # fit in 24 word pieces unless many words split; a longer target keeps its first tokens. Not measured.
     max_target_tokens: int = Field(24, ge=2)
     mlm_probability: float = Field(0.15, ge=0, lt=1)  # BERT's MLM rate (002 §3.2.4 keeps MLM)
     mlm_weight: float = Field(1.0, ge=0)          # 002 Eq. 4: L_MLM + L_generative
     decoder_lr: float = Field(1e-4, gt=0)         # random-init decoder and MLM head (002 gives no value)
     # EDA (002 §3.1.3, Wei & Zou 2019); probabilities per word
     synonym_replacement: float = Field(0.0, ge=0, le=1)
+    # 002 §3.1.3 and Table 4 use it, at a rate 002 does not give; off by default, as in Table 4's "no aug" row
     random_deletion: float = Field(0.0, ge=0, le=1)
+    # 002 §3.1.3 and Table 4 use it, at a rate 002 does not give; off by default, as in Table 4's "no aug" row
     token_reordering: float = Field(0.0, ge=0, le=1)
 
 
