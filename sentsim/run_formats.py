@@ -19,8 +19,10 @@ Format 2, every pool harvest (contexts.mode=pool) opened before format 3 (none h
 - its fingerprint and its vectors run's hold the contexts keys only screening reads
   (`ContextSetConfig.SCREENED_ONLY`) and `keep_context_scores`, which a pool run never reads: a change to one
   made a new run and rescored every vector. `HarvestRun.fingerprint_in_format(2, ...)` and
-  `PoolVectorsRun.fingerprint_in_format` give them back as the stored run holds them (`screened_as_stored`),
-  so such a run and its vectors resume under the fingerprints they hold, whatever those keys are set to now.
+  `PoolVectorsRun.fingerprint_in_format` give them back as the stored run holds them
+  (`sentsim.screening.config.screened_as_stored`, beside the keys it reads: this module stays below screening,
+  whose jobs use it), so such a run and its vectors resume under the fingerprints they hold, whatever those keys
+  are set to now.
 """
 
 from __future__ import annotations
@@ -78,17 +80,3 @@ def revision_changes(revision: int, *, disc: bool, grouped: bool, context_effect
             (["grouped items in their group-mates' contexts"] if grouped else [])
             + (["the reference sentences' items (the context effect)"] if context_effect else [])))
     return changes
-
-
-def screened_as_stored(contexts: dict, stored: dict) -> dict:
-    """A pool run's `contexts` semantic (ContextSetConfig.semantic) with the keys only screening reads as a
-    format 2 run fingerprinted them: their values in `stored` (the stored run's contexts, a config dump or a
-    semantic one), each left out where it holds the value runs made before it had (ADDED_LATER), as
-    `semantic` leaves it out. Their values now change nothing a pool run writes, so they are not asked for."""
-    from sentsim.screening.config import ContextSetConfig
-
-    out = {k: v for k, v in contexts.items() if k not in ContextSetConfig.SCREENED_ONLY}
-    old = ContextSetConfig.ADDED_LATER
-    out.update({k: stored[k] for k in ContextSetConfig.SCREENED_ONLY
-                if k in stored and not (k in old and stored[k] == old[k])})
-    return out

@@ -328,6 +328,19 @@ def no_data_progress_bars() -> None:
     logging.getLogger(DATA_PROGRESS_LOGGER).setLevel(logging.ERROR)
 
 
+def quiet_progress() -> None:
+    """Per-step progress bars from ray.data and transformers would bury the curves and progress lines in job
+    logs. Here, below every user of it, so that rank targets take it without importing the training package."""
+    try:
+        no_data_progress_bars()
+    except ImportError:  # no Ray Data (the GPU machine's slim Ray)
+        pass
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 # Ray's clients of the autoscaling coordinator (Train's resource requests, Data's autoscalers) give a
 # call 5 s; on an overloaded CPU it times out and they warn with a whole traceback, while their own
 # message says that this is safe to ignore when transient. A 2-core machine training beside a harvest

@@ -40,11 +40,10 @@ from sentsim.run_formats import (
     SCORING_REVISION,
     revision_changes,
     scoring_revision,
-    screened_as_stored,
     spelt_as_stored,
 )
 from sentsim.screening.cache_job import check_rep_cache, ensure_rep_cache, given_rep_cache, rep_cache_uri
-from sentsim.screening.config import discriminator_in_use
+from sentsim.screening.config import discriminator_in_use, screened_as_stored
 from storage import ShardStore
 from storage.fs import input_sha256
 

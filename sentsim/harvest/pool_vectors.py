@@ -25,7 +25,7 @@ from sentsim.harvest.pool import POOL_TABLE, Pool
 from sentsim.harvest.work import SentenceVectors, envelope, work_of
 from sentsim.identity import fingerprint
 from sentsim.pipeline import Resources, Stage, StageSpec, UnitPlan, where_this_runs
-from sentsim.run_formats import screened_as_stored
+from sentsim.screening.config import screened_as_stored
 
 STAGE = "harvest-pool-vectors"
 SUBDIR = "pool_vectors"

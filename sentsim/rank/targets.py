@@ -18,6 +18,7 @@ import numpy as np
 from sentsim.bundled_model import default_base_encoder  # noqa: F401  (the harvest and bench/ take it from here)
 from sentsim.errors import UsageError
 from sentsim.rank.vectors import AnchorMatrix, RankCodec, ranks_from_similarities, vector_bytes
+from sentsim.runtime import quiet_progress
 
 
 @functools.lru_cache(maxsize=4)
@@ -26,8 +27,6 @@ def load_encoder(path: str, device: Optional[str] = None):
     Cached per process: in-process runs and tests load each encoder once."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
-
-    from sentsim.training.common import quiet_progress
 
     # a rank actor on a cluster node does not see the driver's HF_HUB_DISABLE_PROGRESS_BARS (sentsim.cli):
     # transformers' "Loading weights" bar would otherwise land in every job's log, once per actor

@@ -138,6 +138,20 @@ class ContextSetConfig(Section):
                              "built with")
 
 
+def screened_as_stored(contexts: dict, stored: dict) -> dict:
+    """A pool run's `contexts` semantic (ContextSetConfig.semantic) with the keys only screening reads as a
+    format 2 run fingerprinted them: their values in `stored` (the stored run's contexts, a config dump or a
+    semantic one), each left out where it holds the value runs made before it had (ADDED_LATER), as
+    `semantic` leaves it out. Their values now change nothing a pool run writes, so they are not asked for.
+    One of the run-format items listed in sentsim/run_formats.py; it is here, beside the keys it reads, so that
+    run_formats (which screening's jobs use) needs nothing of screening."""
+    out = {k: v for k, v in contexts.items() if k not in ContextSetConfig.SCREENED_ONLY}
+    old = ContextSetConfig.ADDED_LATER
+    out.update({k: stored[k] for k in ContextSetConfig.SCREENED_ONLY
+                if k in stored and not (k in old and stored[k] == old[k])})
+    return out
+
+
 def discriminator_in_use(discriminator: Optional[str], mode: Optional[str]) -> bool:
     """The one rule for where a discriminator acts: it screens retrieved contexts and scores Eq. 3's disc
     term over them (from the rep cache of the corpus's windows, 003 §3.3) only with contexts.mode=screened.

@@ -1,23 +1,13 @@
 """Small helpers both sides of the loop use (driver: run.py, workers: loop.py); kept apart so that
-neither imports the other."""
+neither imports the other. `quiet_progress` is sentsim.runtime's (rank targets use it too), handed on here."""
 
 from __future__ import annotations
 
 from typing import Optional
 
+from sentsim.runtime import quiet_progress
 
-def quiet_progress() -> None:
-    """Per-step progress bars from ray.data and transformers would bury the curves in job logs."""
-    try:
-        from sentsim.runtime import no_data_progress_bars
-
-        no_data_progress_bars()
-    except ImportError:  # no Ray Data (the GPU machine's slim Ray)
-        pass
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+__all__ = ["quiet_progress", "use_gpu"]
 
 
 def use_gpu(want: Optional[bool], num_workers: int) -> bool:
