@@ -30,6 +30,7 @@ from sentsim.harvest.stages import (
     WriteStage,
     context_score_schema_of,
     pair_schema,
+    rank_storage_of,
     sentence_schema_of,
 )
 from sentsim.identity import fingerprint
@@ -190,7 +191,8 @@ class HarvestRun(ShardedJob):
            (harvest/eq4_rows.py);
         3. RankStage: each sentence's rank-vector targets (004 §3.2), each pair's rank similarity; left out
            with rank.enabled=false, when it would hand the rows on unchanged with no targets (WriteStage then
-           takes ScoreStage's Scored and writes the rank columns null, as it did after an idle RankStage);
+           takes ScoreStage's Scored and writes the rank columns null, as it did after an idle RankStage); a pool
+           harvest's PoolRankStage reads the targets its ranks run encoded once per sentence (pool_ranks.py);
         4. WriteStage: the unit's shards and completion marker (last: a stage put before it, such as a
            filter of pairs, changes what is written; README "Adding a harvest stage").
 
@@ -203,7 +205,12 @@ class HarvestRun(ShardedJob):
         # no rank targets: no stage of actors that would only pass the rows on (nor a `rank` entry in the
         # placement the summary prints); the writer still takes resources.rank, and the run's fingerprint,
         # which holds no stage list, is the same either way
-        rank = [StageSpec(RankStage, Resources.of(r.rank), args=dict(
+        rank_stage = RankStage
+        if self.pooled:  # each sentence's targets read from the ranks run, encoded once before (prepare_pool)
+            from sentsim.harvest.pool_ranks import PoolRankStage
+
+            rank_stage = PoolRankStage
+        rank = [StageSpec(rank_stage, Resources.of(r.rank), args=dict(
             cfg=cfg, fp=ctx.fp, anchor_ids=anchor_ids, anchor_texts=anchor_texts,
             sentence_schema=sentence_schema_of(ctx.manifest)))] if cfg.rank.enabled else []
         rank_and_write = [
@@ -292,6 +299,20 @@ class HarvestRun(ShardedJob):
             effect = StoredVectors(job.out).context_effect()
             ctx.store.write_side_table(EFFECT_TABLE, pa.table({
                 "context_id": pa.array(self.pool.ids, pa.int64()), "effect": pa.array(effect, pa.float64())}), ctx.fp)
+        if self.cfg.rank.enabled:  # each sentence's rank targets, encoded once (pool_ranks.py)
+            self.prepare_pool_ranks(ctx)
+
+    def prepare_pool_ranks(self, ctx: RunContext) -> None:
+        """The pool run's rank targets, built or resumed (pool_ranks.py) for the anchors this run holds."""
+        from sentsim.harvest.pool_ranks import PoolRanksRun, rank_identity
+        from sentsim.harvest.pool_vectors import ensure_pool_run
+
+        cfg = self.cfg
+        anchor_ids, anchor_texts = run_anchors(cfg, ctx.store, ctx.fp)
+        storage = rank_storage_of(cfg, sentence_schema_of(ctx.manifest))
+        identity = rank_identity(cfg, storage, self.hashes["base_encoder"], anchor_ids, anchor_texts)
+        job = PoolRanksRun(cfg, self.pool_plan.texts, identity, anchor_ids, anchor_texts)
+        ensure_pool_run(job, "rank targets", ctx.executor, ctx.address, ctx.force_new, ctx.quiet, ctx.max_units)
 
     def summary(self, ctx: RunContext) -> dict:
         refusal = all_null_refusal(ctx.store, ctx.fp, len(self.units))
@@ -299,14 +320,18 @@ class HarvestRun(ShardedJob):
             raise UsageError(refusal)
         out = {"plan": self.plan_info}
         if self.pooled:
+            from sentsim.harvest.pool_ranks import ranks_uri
             from sentsim.harvest.pool_vectors import vectors_uri
 
             vectors = ShardStore(vectors_uri(self.out)).read_manifest() or {}
+            ranks = (ShardStore(ranks_uri(self.out)).read_manifest() or {}) if self.cfg.rank.enabled else {}
             out["pool"] = {"size": len(self.pool), "pairs": len(self.pool_plan.pairs),
                            "sentences": len(self.pool_plan.texts),
                            "scored_items": (vectors.get("counts") or {}).get("scored_items"),
                            # which vectors the labels were read from (a remix checks it is still them)
-                           "vectors_fingerprint": vectors.get("fingerprint")}
+                           "vectors_fingerprint": vectors.get("fingerprint"),
+                           # and the rank targets (None with rank.enabled=false: no ranks run)
+                           "ranks_fingerprint": ranks.get("fingerprint")}
         return out
 
 

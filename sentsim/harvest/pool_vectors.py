@@ -14,7 +14,7 @@ that only labels differently (the same --out, --force-new) reuses the vectors.
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -77,6 +77,14 @@ class SentenceUnits:
         return {"unit": u, "ids": self.ids[lo:hi].tolist(), "texts": self.texts.slice(lo, hi)}
 
 
+def sentence_plan(texts: Dict[int, str], per_unit: int) -> tuple[np.ndarray, List[str], UnitPlan]:
+    """A run over the plan's sentences (sentence id -> text): their ids sorted, their texts in that order, and
+    units of `per_unit` of them (SentenceUnits)."""
+    ids = np.array(sorted(texts), dtype=np.int64)
+    ordered = [texts[int(s)] for s in ids]
+    return ids, ordered, UnitPlan(-(-len(ids) // per_unit), SentenceUnits(ids, ordered, per_unit))
+
+
 class PoolVectorsRun(ShardedJob):
     """The vectors of `texts` (sentence id -> text) over `pool`, scored with the harvest's settings.
     `identity`: what, besides the pool and the sentences, the scores depend on (HarvestRun.vector_identity)."""
@@ -88,10 +96,7 @@ class PoolVectorsRun(ShardedJob):
     def __init__(self, cfg, texts: Dict[int, str], pool: Pool, identity: dict, precision: str):
         self.cfg, self.out = cfg, vectors_uri(cfg.out)
         self.pool, self.identity, self.precision = pool, identity, precision
-        self.ids = np.array(sorted(texts), dtype=np.int64)
-        self.texts = [texts[int(s)] for s in self.ids]
-        per = cfg.sentences_per_unit
-        self.unit_plan = UnitPlan(-(-len(self.ids) // per), SentenceUnits(self.ids, self.texts, per))
+        self.ids, self.texts, self.unit_plan = sentence_plan(texts, cfg.sentences_per_unit)
 
     @property
     def units(self) -> UnitPlan:
@@ -239,10 +244,24 @@ class VectorWriteStage(Stage):
 
 def ensure_pool_vectors(job: PoolVectorsRun, executor: str, address: Optional[str], force_new: bool,
                         quiet: bool, max_units: Optional[int] = None) -> dict:
-    """Build (resume, or confirm) the harvest's vectors run, at most `max_units` of its units; returns its
-    manifest, or raises PrerequisiteStopped when --max-units left it unfinished. --force-new on the harvest
-    rebuilds the vectors only when they are not these: of other inputs, or a folder whose manifest is missing
-    or unreadable. Vectors of the same identity are still right, and keep the format they began in."""
+    """Build (resume, or confirm) the harvest's vectors run (`ensure_pool_run`). Vectors of the same identity
+    keep the format they began in."""
+
+    def keep_precision(old: dict) -> None:  # never bf16 and fp32 units in one run (job.scoring_precision)
+        if old.get("scoring_precision"):
+            job.precision = old["scoring_precision"]
+
+    return ensure_pool_run(job, "sentence vectors", executor, address, force_new, quiet, max_units, keep_precision)
+
+
+def ensure_pool_run(job: ShardedJob, what: str, executor: str, address: Optional[str], force_new: bool, quiet: bool,
+                    max_units: Optional[int] = None, resume_as: Optional[Callable[[dict], None]] = None) -> dict:
+    """Build (resume, or confirm) a run the pool harvest reads before it labels a pair (its vectors, its rank
+    targets: `what`), at most `max_units` of its units; returns its manifest, or raises PrerequisiteStopped
+    when --max-units left it unfinished. --force-new on the harvest rebuilds the run only when it is not this
+    one: of other inputs, or a folder whose manifest is missing or unreadable; a run of the same identity is
+    still right, and rebuilding it would only cost time. `resume_as(manifest)` sets on the job what a run
+    of the same identity keeps from when it began."""
     from storage import ShardStore, StoreError
 
     try:
@@ -250,16 +269,16 @@ def ensure_pool_vectors(job: PoolVectorsRun, executor: str, address: Optional[st
     except StoreError:
         old = None
     same = old is not None and job.holds_this_run(old)
-    if same and old.get("scoring_precision"):  # never bf16 and fp32 units in one run (job.scoring_precision)
-        job.precision = old["scoring_precision"]
+    if same and resume_as is not None:
+        resume_as(old)
     m = execute(job, executor=executor, address=address, force_new=force_new and not same, quiet=quiet,
                 max_units=max_units)
     if not m.get("complete") and max_units is not None:
-        raise PrerequisiteStopped(f"the pool's sentence vectors ({job.out}) stopped at --max-units {max_units}, "
+        raise PrerequisiteStopped(f"the pool's {what} ({job.out}) stopped at --max-units {max_units}, "
                                   f"{m['completed_units']}/{m['planned_units']} units done; no pair is labelled "
                                   "until they are all done")
     if not m.get("complete"):
-        raise UsageError(f"{job.out}: the sentence vectors did not complete; run the harvest again to resume them")
+        raise UsageError(f"{job.out}: the {what} did not complete; run the harvest again to resume them")
     return m
 
 

@@ -428,6 +428,25 @@ def pair_groups(unit: int, anchored: bool, pairs: List[Pair], texts: Dict[int, s
     return group_of, [(int(unit) << 20) | g for g in group_of]
 
 
+def rank_encoder(cfg: HarvestConfig, storage: str, anchor_ids: Optional[np.ndarray],
+                 anchor_texts: Optional[List[str]], anchor_vectors: Optional[np.ndarray] = None):
+    """E1 as `storage` needs it: `BaseVectors` (with the run's anchor matrix, when given, to rank from) for
+    vectors, `RankTargets` over the anchors for codes."""
+    from sentsim.rank.targets import BaseVectors, RankTargets, default_base_encoder
+
+    encoder = cfg.rank.encoder or default_base_encoder()
+    if storage == "vectors":
+        return BaseVectors(encoder, anchor_vectors)
+    return RankTargets(encoder, anchor_ids, anchor_texts, bits=cfg.rank.bits)
+
+
+def encoded_ranks(targets, storage: str, texts: List[str]) -> SentenceRanks:
+    """The rank targets of `texts` (in order) from `rank_encoder`'s E1: float16 vectors, or rank codes."""
+    if storage == "vectors":
+        return SentenceRanks("vectors", vectors=targets.vectors(texts), bytes_per_sentence=targets.bytes_per_sentence)
+    return SentenceRanks(storage, codes=targets.codes(texts), bytes_per_sentence=targets.codec.bytes_per_sentence)
+
+
 class RankStage(Stage):
     """Scored -> Ranked: each sentence's rank targets (004 §3.2) and each pair's rank similarity."""
 
@@ -442,29 +461,23 @@ class RankStage(Stage):
         self.anchor_texts = anchor_texts
 
     def setup(self) -> None:
-        self.targets = self.storage = None
+        self.targets = self.storage = self.anchors = None
         if self.cfg.rank.enabled:
-            from sentsim.rank.targets import BaseVectors, RankTargets, default_base_encoder
-
-            encoder = self.cfg.rank.encoder or default_base_encoder()
             self.storage = rank_storage_of(self.cfg, self.sentence_schema)
+            anchor_vectors = None
             if self.storage == "vectors":  # the anchor matrix: encoded once per run (job.run_anchors), read here
                 from sentsim.harvest.anchors import stored_anchor_vectors
                 from storage import ShardStore
 
-                self.targets = BaseVectors(encoder, stored_anchor_vectors(ShardStore(self.cfg.out), self.fp))
-            else:
-                self.targets = RankTargets(encoder, self.anchor_ids, self.anchor_texts, bits=self.cfg.rank.bits)
+                anchor_vectors = stored_anchor_vectors(ShardStore(self.cfg.out), self.fp)
+            self.targets = rank_encoder(self.cfg, self.storage, self.anchor_ids, self.anchor_texts, anchor_vectors)
+            self.anchors = getattr(self.targets, "anchors", None)
 
     def _ranks(self, texts: Dict[int, str]) -> SentenceRanks:
-        sentences = [texts[s] for s in sorted(texts)]
-        if self.storage == "vectors":
-            return SentenceRanks("vectors", vectors=self.targets.vectors(sentences),
-                                 bytes_per_sentence=self.targets.bytes_per_sentence)
-        if self.targets:
-            return SentenceRanks(self.storage, codes=self.targets.codes(sentences),
-                                 bytes_per_sentence=self.targets.codec.bytes_per_sentence)
-        return SentenceRanks()
+        """The rank targets of the unit's sentences, in `sorted(texts)` order."""
+        if self.targets is None:
+            return SentenceRanks()
+        return encoded_ranks(self.targets, self.storage, [texts[s] for s in sorted(texts)])
 
     def process(self, items: List[dict]) -> List[dict]:
         from sentsim.rank import rank_similarity, spearman_of_ranks
@@ -478,7 +491,7 @@ class RankStage(Stage):
             first = [pos[r.pair.s1_id] for r in w.rows]
             second = [pos[r.pair.s2_id] for r in w.rows]
             if ranks.vectors is not None and w.rows:  # ranks from the stored float16 vectors, as students compute them
-                sent_ranks = self.targets.anchors.ranks(ranks.vectors)
+                sent_ranks = self.anchors.ranks(ranks.vectors)
                 rsim = spearman_of_ranks(sent_ranks[first], sent_ranks[second])
             elif ranks.codes is not None and w.rows:
                 rsim = rank_similarity(ranks.codes[first], ranks.codes[second])

@@ -14,7 +14,14 @@ The pool harvest (contexts.mode=pool, harvest/pool*.py) has two passes. Its vect
       PoolScoreStage   ->  SentenceVectors  each sentence's Eq. 3 scores over the shared pool P
       VectorWriteStage ->  result dict      once its sentence_vectors shard is written
 
-and its labelling, whose first stage builds the `Scored` that RankStage and WriteStage take as above:
+with rank targets on, its ranks run (harvest/pool_ranks.py), each sentence's rank targets encoded once:
+
+    unit dict {"unit", "ids", "texts"}
+      RankEncodeStage ->  EncodedRanks  each sentence's rank codes or float16 E1 vector
+      RankWriteStage  ->  result dict   once its sentence_ranks shard is written
+
+and its labelling, whose first stage builds the `Scored` that RankStage (PoolRankStage, which reads the
+ranks run) and WriteStage take as above:
 
     unit dict {"unit", "pairs"}
       PoolLabelStage ->  Scored   Eq. 4 pair rows from the stored vectors (no items scored here)
@@ -166,6 +173,16 @@ class SentenceVectors:
     terms: Dict[str, np.ndarray]
     n_scored: int
     precision: Optional[str]
+    timing: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class EncodedRanks:
+    """RankEncodeStage's output: the rank targets of the unit's sentences, row i that of sentence `ids[i]`."""
+
+    unit: int
+    ids: List[int]
+    ranks: SentenceRanks
     timing: Dict[str, float] = field(default_factory=dict)
 
 

@@ -95,8 +95,10 @@ def test_a_pair_is_eq4_over_the_pool_scored_directly(partners_run, inputs):
     assert report["scored_items_per_pair"] == pytest.approx(len(v.ids) * POOL / len(t))
     manifest = json.loads((out / "manifest.json").read_text())
     vectors_fp = json.loads((out / "pool_vectors" / "manifest.json").read_text())["fingerprint"]
+    ranks_fp = json.loads((out / "pool_ranks" / "manifest.json").read_text())["fingerprint"]
     assert manifest["pool"] == {"size": POOL, "pairs": len(t), "sentences": len(v.ids),
-                                "scored_items": len(v.ids) * POOL, "vectors_fingerprint": vectors_fp}
+                                "scored_items": len(v.ids) * POOL, "vectors_fingerprint": vectors_fp,
+                                "ranks_fingerprint": ranks_fp}
 
 
 def test_the_pool_run_labels_the_same_pairs_as_a_per_pair_run(partners_run, inputs, tmp_path):
@@ -162,8 +164,11 @@ def test_killed_in_either_pass_resumes_to_the_same_rows(partners_run, tmp_path, 
         if harvest(part_cfg, executor="inline", quiet=True, max_units=1)["complete"]:
             break
         assert runs < 50
-    # one unit a run: the run that finishes the vectors also labels its first unit
-    assert runs == vec_units + stopped["planned_units"] - 1
+    # one unit a run: the run that finishes the vectors also encodes the first unit of rank targets (a run of
+    # as many units, pool_ranks.py), and the one that finishes those labels its first unit
+    rank_units = ShardStore(str(part / "pool_ranks")).read_manifest()["planned_units"]
+    assert rank_units == vec_units
+    assert runs == vec_units + rank_units + stopped["planned_units"] - 2
     assert pairs_of(part).pair_id.tolist() == pairs_of(out).pair_id.tolist()
     assert np.allclose(pairs_of(part).score, pairs_of(out).score)
 

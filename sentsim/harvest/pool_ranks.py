@@ -1,0 +1,227 @@
+"""The pool harvest's rank targets: every sentence of the plan encoded once by the base encoder E1 (004 §3.2).
+
+A sharded job of its own (`PoolRanksRun`) under <harvest out>/pool_ranks, resumable by units of sentences
+like the vectors run (pool_vectors.py), which the harvest builds (or finds complete) after its vectors and
+before it labels a pair. Its table `sentence_ranks` holds, per sentence, the targets exactly as the harvest's
+sentences table stores them: `rank_codes` (rank.storage=codes) or the float16 `base_vector` (vectors). In a
+pool harvest a sentence is in many units (its clusters' pairs), and E1 on every unit's sentences cost a pass
+per pair rather than per sentence; the labelling's PoolRankStage reads each unit's targets from here.
+
+Its fingerprint holds what the targets depend on (E1's content hash, the resolved storage, and for codes the
+anchors and rank.bits; the sentences) and not what only labelling reads (the metric, the pool, the scoring,
+nor for vectors the anchor matrix, from which ranks are computed where used), so a harvest that labels
+differently (the same --out, --force-new) reuses what still holds, and the vectors run is never rebuilt
+for a change in rank targets.
+
+    RankEncodeStage (CPU/GPU)  unit of sentences -> EncodedRanks (harvest/work.py)
+    RankWriteStage  (CPU)      EncodedRanks -> the unit's shard and completion marker
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from sentsim.executor import RunContext, ShardedJob
+from sentsim.harvest.config import HarvestConfig
+from sentsim.harvest.pool_vectors import sentence_plan
+from sentsim.harvest.stages import SENTENCE_SCHEMA, RankStage, encoded_ranks, rank_encoder
+from sentsim.harvest.work import EncodedRanks, SentenceRanks, envelope, work_of
+from sentsim.identity import fingerprint
+from sentsim.pipeline import Resources, Stage, StageSpec, UnitPlan, where_this_runs
+
+STAGE = "harvest-pool-ranks"
+SUBDIR = "pool_ranks"
+RANKS_TABLE = "sentence_ranks"
+# the column of the harvest's sentences table each storage fills, with its type there
+COLUMN = {"codes": "rank_codes", "vectors": "base_vector"}
+
+
+def ranks_uri(out: str) -> str:
+    return f"{out.rstrip('/')}/{SUBDIR}"
+
+
+def ranks_schema(storage: str) -> pa.Schema:
+    return pa.schema([SENTENCE_SCHEMA.field("sentence_id"), SENTENCE_SCHEMA.field(COLUMN[storage])])
+
+
+def rank_identity(cfg: HarvestConfig, storage: str, base_encoder: str, anchor_ids: np.ndarray,
+                  anchor_texts: List[str]) -> dict:
+    """What a sentence's stored targets depend on besides its text: E1 (`base_encoder`, its content hash, as
+    the harvest fingerprints it) and the storage; rank codes also on the anchors and rank.bits. A float16 E1
+    vector depends on neither: the anchor matrix is read where ranks are computed from it."""
+    out = {"storage": storage, "base_encoder": base_encoder}
+    if storage == "codes":
+        out.update(bits=cfg.rank.bits, anchors=fingerprint(np.asarray(anchor_ids).tolist(), list(anchor_texts)))
+    return out
+
+
+class PoolRanksRun(ShardedJob):
+    """The rank targets of `texts` (sentence id -> text) under `identity` (rank_identity), encoded with the
+    anchors given (used for codes only)."""
+
+    stage = STAGE
+    count = "sentences"
+    deep = True
+
+    def __init__(self, cfg: HarvestConfig, texts: Dict[int, str], identity: dict, anchor_ids: np.ndarray,
+                 anchor_texts: List[str]):
+        self.cfg, self.out, self.identity = cfg, ranks_uri(cfg.out), identity
+        self.storage = identity["storage"]
+        self.anchor_ids, self.anchor_texts = anchor_ids, anchor_texts
+        self.ids, self.texts, self.unit_plan = sentence_plan(texts, cfg.sentences_per_unit)
+
+    @property
+    def units(self) -> UnitPlan:
+        return self.unit_plan
+
+    def fingerprint_parts(self) -> tuple:
+        return (STAGE, self.identity, self.cfg.sentences_per_unit, fingerprint(self.ids.tolist(), self.texts))
+
+    def config(self) -> dict:
+        return {"sentences_per_unit": self.cfg.sentences_per_unit, "identity": self.identity}
+
+    def inputs(self) -> List[dict]:
+        return [{"corpus": self.cfg.corpus, "sentences": len(self.ids), "anchors": len(self.anchor_ids)}]
+
+    def tables(self) -> dict:
+        return {RANKS_TABLE: ranks_schema(self.storage)}
+
+    def stages(self, ctx: RunContext) -> List[StageSpec]:
+        r = self.cfg.resources
+        return [StageSpec(RankEncodeStage, Resources.of(r.rank), args=dict(
+                    cfg=self.cfg, storage=self.storage, anchor_ids=self.anchor_ids, anchor_texts=self.anchor_texts)),
+                StageSpec(RankWriteStage, Resources.of(r.rank), args=dict(out=self.out, fp=ctx.fp,
+                                                                          storage=self.storage))]
+
+    def summary(self, ctx: RunContext) -> dict:
+        markers = [m for m in ctx.store.markers().values() if m.get("fingerprint") == ctx.fp]
+        return {"counts": {"sentences": sum(m.get("extra", {}).get("sentences", 0) for m in markers)}}
+
+
+class RankEncodeStage(Stage):
+    """A unit of sentences -> EncodedRanks: all the call's units' sentences through E1 at once (RankStage's
+    encoder: rank_encoder, encoded_ranks)."""
+
+    name = "rank"
+
+    def __init__(self, cfg: HarvestConfig, storage: str, anchor_ids: np.ndarray, anchor_texts: List[str]):
+        self.cfg, self.storage, self.anchor_ids, self.anchor_texts = cfg, storage, anchor_ids, anchor_texts
+
+    def setup(self) -> None:
+        self.targets = rank_encoder(self.cfg, self.storage, self.anchor_ids, self.anchor_texts)
+
+    def process(self, items: List[dict]) -> List[dict]:
+        t0 = time.perf_counter()
+        ranks = encoded_ranks(self.targets, self.storage, [t for unit in items for t in unit["texts"]])
+        share = (time.perf_counter() - t0) / max(sum(len(unit["ids"]) for unit in items), 1)
+        out, start = [], 0
+        for unit in items:
+            rows = slice(start, start + len(unit["ids"]))
+            start = rows.stop
+            part = SentenceRanks(ranks.storage, codes=None if ranks.codes is None else ranks.codes[rows],
+                                 vectors=None if ranks.vectors is None else ranks.vectors[rows],
+                                 bytes_per_sentence=ranks.bytes_per_sentence)
+            out.append(envelope(EncodedRanks(unit=unit["unit"], ids=list(unit["ids"]), ranks=part,
+                                             timing={"rank": share * len(unit["ids"])})))
+        return out
+
+
+class RankWriteStage(Stage):
+    """EncodedRanks -> the unit's sentence_ranks shard and completion marker."""
+
+    name = "write"
+
+    def __init__(self, out: str, fp: str, storage: str):
+        self.out, self.fp, self.storage = out, fp, storage
+
+    def setup(self) -> None:
+        self.where = where_this_runs()
+
+    def process(self, items: List[dict]) -> List[dict]:
+        from storage import ShardStore
+
+        out = []
+        for item in items:
+            w: EncodedRanks = work_of(item)
+            t0 = time.perf_counter()
+            # as WriteStage fills the harvest's sentences table, so that the two hold the same values
+            targets = ([c.astype(np.uint32).tolist() for c in w.ranks.codes] if self.storage == "codes"
+                       else list(w.ranks.vectors))
+            table = pa.Table.from_pydict({"sentence_id": w.ids, COLUMN[self.storage]: targets},
+                                         schema=ranks_schema(self.storage))
+            timing = dict(w.timing, write=time.perf_counter() - t0)
+            ShardStore(self.out).write_unit(w.unit, {RANKS_TABLE: table}, self.fp, {
+                "sentences": len(w.ids), "timing": timing, "placement": {self.name: self.where}})
+            out.append({"unit": w.unit, "sentences": len(w.ids), "timing": timing})
+        return out
+
+
+class StoredRanks:
+    """A complete ranks run in memory: row i is sentence `ids[i]`, `targets` its rank codes (uint32, as the
+    sentences table holds them) or float16 E1 vectors, by `storage` (read through RunReader, so every shard is
+    checked against its marker)."""
+
+    def __init__(self, uri: str):
+        from storage import RunReader
+
+        t = RunReader(uri, what="pool rank targets").read_table(RANKS_TABLE)
+        self.storage = "codes" if COLUMN["codes"] in t.column_names else "vectors"
+        self.ids = t.column("sentence_id").to_numpy()
+        self.row = {int(s): i for i, s in enumerate(self.ids)}
+        col = t.column(COLUMN[self.storage]).combine_chunks()
+        self.targets = col.flatten().to_numpy(zero_copy_only=False).reshape(len(t), -1)
+
+    def of(self, ids: List[int]) -> np.ndarray:
+        return self.targets[[self.row[s] for s in ids]]
+
+
+class PoolRankStage(RankStage):
+    """RankStage for the pool harvest: Scored -> Ranked with each sentence's targets read from the ranks run
+    (complete: the harvest built it first) rather than encoded, and each pair's rank similarity computed from
+    them as RankStage computes it.
+
+    The targets can differ in their last bits from what RankStage would encode for the same sentence: E1 runs
+    on a batch, and a batch's padding (its longest sentence) changes the float sums. Encoded once per sentence,
+    every unit holding a sentence gets the same targets for it."""
+
+    def setup(self) -> None:
+        from sentsim.harvest.stages import rank_storage_of
+        from sentsim.rank.vectors import RankCodec, vector_bytes
+
+        self.targets = None
+        self.storage = rank_storage_of(self.cfg, self.sentence_schema)
+        self.stored = load_stored_ranks(self.cfg.out)
+        width = self.stored.targets.shape[1]
+        if self.storage == "vectors":
+            self.anchors = run_anchor_matrix(self.cfg.out, self.fp)
+            self.bytes_per_sentence = vector_bytes(width)
+        else:
+            self.anchors = None
+            self.bytes_per_sentence = RankCodec(len(self.anchor_ids), self.cfg.rank.bits).bytes_per_sentence
+
+    def _ranks(self, texts: Dict[int, str]) -> SentenceRanks:
+        targets = self.stored.of(sorted(texts))
+        if self.storage == "vectors":
+            return SentenceRanks("vectors", vectors=targets, bytes_per_sentence=self.bytes_per_sentence)
+        return SentenceRanks(self.storage, codes=targets, bytes_per_sentence=self.bytes_per_sentence)
+
+
+def load_stored_ranks(out: str) -> StoredRanks:
+    """The harvest at `out`'s ranks run, whole, as each rank actor holds it."""
+    return StoredRanks(ranks_uri(out))
+
+
+def run_anchor_matrix(out: str, fp: Optional[str]):
+    """The harvest's anchor matrix (side table rank_anchors) on the device RankStage's E1 would rank on."""
+    import torch
+
+    from sentsim.harvest.anchors import stored_anchor_vectors
+    from sentsim.rank.vectors import AnchorMatrix
+    from storage import ShardStore
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return AnchorMatrix(stored_anchor_vectors(ShardStore(out), fp), device=device)
