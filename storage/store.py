@@ -123,8 +123,9 @@ def _input_words(key: str, records: Sequence[dict] = ()) -> str:
 
 
 # Runs a job builds inside its own folder and reads back later: a pool harvest's sentence vectors (remix reads
-# them) and a job's own representation cache (sentsim/harvest/pool_vectors.py, sentsim/screening/cache_job.py).
-NESTED_RUNS = ("pool_vectors", "rep_cache")
+# them) and rank targets (its labelling reads them), and a job's own representation cache
+# (sentsim/harvest/pool_vectors.py, sentsim/harvest/pool_ranks.py, sentsim/screening/cache_job.py).
+NESTED_RUNS = ("pool_vectors", "pool_ranks", "rep_cache")
 
 LOST_MANIFEST = (f"{MANIFEST} is missing, though {UNITS_DIR}/ holds the run's completion markers, so the run can be "
                  f"neither read nor resumed: put its {MANIFEST} back, or start it over with --force-new")

@@ -1,0 +1,211 @@
+"""The pool harvest's rank targets (harvest/pool_ranks.py): each sentence of the plan encoded once into a run of
+its own, every unit's sentence rows and rank similarities taken from it; stopped and resumed, mended, rebuilt
+alone for other rank settings, and absent with rank targets off."""
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+from conftest import sentsim_cli
+from test_pool_harvest import inputs, pairs_of, pool_config  # noqa: F401  (inputs: a fixture)
+
+from storage import RunReader, ShardStore
+
+pytestmark = pytest.mark.slow
+
+
+def cluster_config(inputs, out, **over):  # noqa: F811  (the fixture's value)
+    """Every pair within TF-IDF clusters of 4 anchors: each sentence is in several units of 8 pairs."""
+    return pool_config(inputs, out, partners={"cluster_size": 4}, anchors={"n": 12}, **over)
+
+
+def ranks_of(run):
+    """sentence id -> its stored targets (the ranks run's table) as a numpy row."""
+    t = RunReader(str(run / "pool_ranks")).read_table("sentence_ranks")
+    column = t.column_names[1]
+    return {int(s): np.asarray(v) for s, v in zip(t.column("sentence_id").to_pylist(), t.column(column).to_pylist())}
+
+
+def sentence_rows(run):
+    return ds.dataset(str(run / "sentences")).to_table().to_pandas()
+
+
+def anchors_of(run):
+    return RunReader(str(run)).side_table("rank_anchors")
+
+
+@pytest.fixture(scope="module")
+def codes_run(inputs, tmp_path_factory):  # noqa: F811
+    """A clustered pool harvest with rank codes, every rank target encoding counted (the inline executor runs
+    the stages in this process)."""
+    from sentsim.harvest.job import harvest
+    from sentsim.rank.targets import RankTargets
+
+    out = tmp_path_factory.mktemp("ranks") / "codes"
+    cfg = cluster_config(inputs, out, rank={"storage": "codes"})
+    encoded = []
+    codes = RankTargets.codes
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RankTargets, "codes", lambda self, texts: encoded.extend(texts) or codes(self, texts))
+        assert harvest(cfg, executor="inline", quiet=True)["complete"]
+    return cfg, out, encoded
+
+
+def test_each_sentence_is_encoded_once_and_every_unit_carries_its_targets(codes_run):
+    from sentsim.rank import rank_similarity
+
+    cfg, out, encoded = codes_run
+    manifest = json.loads((out / "manifest.json").read_text())
+    n = manifest["pool"]["sentences"]
+    rows = sentence_rows(out)
+    assert rows.sentence_id.nunique() == n and len(rows) > n  # a sentence is in more than one unit
+    assert len(encoded) == n and len(set(encoded)) == n  # each sentence through E1 once, not once per unit
+    ranks = ShardStore(str(out / "pool_ranks"))
+    markers = ranks.markers().values()
+    assert sum(m["extra"]["sentences"] for m in markers) == n
+    assert ranks.read_manifest()["complete"]
+    assert manifest["pool"]["ranks_fingerprint"] == ranks.read_manifest()["fingerprint"]
+    stored = ranks_of(out)
+    assert sorted(stored) == sorted(set(rows.sentence_id))
+    for s, codes in zip(rows.sentence_id, rows.rank_codes):  # every unit's row of a sentence: its stored codes
+        assert codes is not None and np.array_equal(np.asarray(codes), stored[int(s)])
+    assert rows.base_vector.isna().all()
+    pairs = pairs_of(out)
+    want = rank_similarity(np.stack([stored[int(s)] for s in pairs.s1_id]),
+                           np.stack([stored[int(s)] for s in pairs.s2_id]))
+    assert np.array_equal(pairs.rank_sim.to_numpy(), want)
+
+
+def test_the_stored_codes_are_the_sentences_rank_codes(codes_run):
+    """What RankTargets gives for the sentences, encoded together. With the bundled E1 on CPU they are equal
+    (each sentence encoded alone gives them too); the check allows what another machine's kernels may give:
+    E1's float sums change with a batch's padding, which can swap two anchors whose cosines to a sentence are
+    within ~1e-6, moving two ranks by one each, in a few places."""
+    from sentsim.rank.targets import RankTargets, default_base_encoder
+
+    cfg, out, _ = codes_run
+    anchors = anchors_of(out)
+    stored = ranks_of(out)
+    ids = sorted(stored)
+    texts = dict(zip(sentence_rows(out).sentence_id, sentence_rows(out).text))
+    targets = RankTargets(cfg.rank.encoder or default_base_encoder(), anchors.column("sentence_id").to_numpy(),
+                          anchors.column("text").to_pylist(), bits=cfg.rank.bits)
+    want = targets.codes([texts[s] for s in ids]).astype(np.int64)
+    got = np.stack([stored[s] for s in ids]).astype(np.int64)
+    assert got.shape == want.shape == (len(ids), cfg.rank.n_anchors)
+    diff = np.abs(got - want)
+    assert diff.max() <= 1 and (diff > 0).mean() < 0.01, (diff.max(), (diff > 0).mean())
+    assert all(sorted(row) == list(range(cfg.rank.n_anchors)) for row in got)  # each a permutation of the ranks
+
+
+def test_vectors_storage_keeps_each_sentences_float16_vector(inputs, tmp_path):  # noqa: F811
+    from sentsim.harvest.anchors import stored_anchor_vectors
+    from sentsim.harvest.job import harvest
+    from sentsim.rank.targets import BaseVectors, default_base_encoder
+    from sentsim.rank.vectors import AnchorMatrix, spearman_of_ranks
+
+    out = tmp_path / "vectors"
+    cfg = cluster_config(inputs, out, rank={"storage": "vectors"})
+    assert harvest(cfg, executor="inline", quiet=True)["complete"]
+    stored = ranks_of(out)
+    rows = sentence_rows(out)
+    assert rows.rank_codes.isna().all()
+    for s, v in zip(rows.sentence_id, rows.base_vector):
+        assert np.array_equal(np.asarray(v, dtype=np.float16), stored[int(s)].astype(np.float16))
+    ids = sorted(stored)
+    texts = dict(zip(rows.sentence_id, rows.text))
+    want = BaseVectors(cfg.rank.encoder or default_base_encoder()).vectors([texts[s] for s in ids])
+    got = np.stack([stored[s] for s in ids]).astype(np.float16)
+    assert got.dtype == want.dtype and np.allclose(got.astype(np.float32), want.astype(np.float32), atol=2e-3)
+    anchors = AnchorMatrix(stored_anchor_vectors(ShardStore(str(out)), json.loads(
+        (out / "manifest.json").read_text())["fingerprint"]))
+    pairs = pairs_of(out)
+    ranks = anchors.ranks(np.stack([stored[int(s)] for s in pairs.s1_id]).astype(np.float16))
+    others = anchors.ranks(np.stack([stored[int(s)] for s in pairs.s2_id]).astype(np.float16))
+    assert np.allclose(pairs.rank_sim.to_numpy(), spearman_of_ranks(ranks, others), atol=1e-12)
+
+
+def test_stopped_in_the_ranks_pass_a_rerun_finishes_it(codes_run, tmp_path, capsys):
+    """--max-units stops in the rank targets (the vectors done) and labels nothing; reruns finish them and
+    label the same rows. A labelling unit's lost targets unit and another's cut shard are redone."""
+    from sentsim.harvest.job import harvest
+
+    cfg, out, _ = codes_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    shutil.rmtree(copy / "pool_ranks")
+    for p in (copy / "_units").glob("*.json"):
+        p.unlink()
+    (copy / "_COMPLETE").unlink()
+    run_cfg = cfg.model_copy(update={"out": str(copy)})
+    stopped = harvest(run_cfg, executor="inline", quiet=False, max_units=1)
+    err = capsys.readouterr().err
+    units = ShardStore(str(copy / "pool_ranks")).read_manifest()["planned_units"]
+    assert not stopped["complete"] and stopped["completed_units"] == 0 and units > 1
+    assert f"[harvest] the pool's rank targets ({copy}/pool_ranks) stopped at --max-units 1, 1/{units} " \
+           "units done; no pair is labelled until they are all done" in err, err
+    (copy / "pool_ranks" / "_units" / "00000.json").unlink()
+    assert harvest(run_cfg, executor="inline", quiet=True, max_units=1)["completed_units"] == 0
+    shard = sorted((copy / "pool_ranks" / "sentence_ranks").glob("*.parquet"))[0]
+    shard.write_bytes(shard.read_bytes()[:60])
+    assert harvest(run_cfg, executor="inline", quiet=True)["complete"]
+    assert ranks_of(copy).keys() == ranks_of(out).keys()
+    assert all(np.array_equal(v, ranks_of(out)[s]) for s, v in ranks_of(copy).items())
+    assert pairs_of(copy).equals(pairs_of(out))
+
+
+def test_a_finished_harvests_damaged_ranks_are_named_by_verify_and_mended_by_a_rerun(codes_run, tmp_path):
+    from sentsim.harvest.job import harvest
+    from storage.verify import verify_store
+
+    cfg, out, _ = codes_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    shard = sorted((copy / "pool_ranks" / "sentence_ranks").glob("*.parquet"))[0]
+    shard.write_bytes(shard.read_bytes()[:200])
+    problems = verify_store(str(copy))
+    assert problems and all(p.startswith("pool_ranks/sentence_ranks/") for p in problems), problems
+    r = sentsim_cli("store", "verify", copy)
+    assert r.returncode != 0 and "pool_ranks/sentence_ranks/" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    assert harvest(cfg.model_copy(update={"out": str(copy)}), executor="inline", quiet=True)["complete"]
+    assert verify_store(str(copy)) == []
+    assert pairs_of(copy).equals(pairs_of(out))
+
+
+def test_other_rank_bits_rebuild_the_ranks_and_reuse_the_vectors(codes_run, tmp_path):
+    """Only labelling reads rank.bits: a harvest relabelled with other bits (the same --out, --force-new) keeps
+    the vectors run as it is and encodes the rank targets again, into a run of their own identity."""
+    from sentsim.harvest.job import harvest
+
+    cfg, out, _ = codes_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+
+    def files(sub, table):
+        return {p.name: p.stat().st_mtime_ns for p in (copy / sub / table).iterdir()}
+
+    vectors, ranks = files("pool_vectors", "sentence_vectors"), files("pool_ranks", "sentence_ranks")
+    before = ShardStore(str(copy / "pool_ranks")).read_manifest()
+    m = harvest(cfg.model_copy(update={"out": str(copy), "rank": cfg.rank.model_copy(update={"bits": 8})}),
+                executor="inline", quiet=True, force_new=True)
+    assert m["complete"] and m["config"]["rank"]["bits"] == 8
+    assert files("pool_vectors", "sentence_vectors") == vectors
+    after = ShardStore(str(copy / "pool_ranks")).read_manifest()
+    assert after["fingerprint"] != before["fingerprint"] and after["config"]["identity"]["bits"] == 8
+    assert after["complete"] and files("pool_ranks", "sentence_ranks").keys() == ranks.keys()
+    assert all(files("pool_ranks", "sentence_ranks")[k] != t for k, t in ranks.items())
+    assert m["pool"]["ranks_fingerprint"] == after["fingerprint"]
+    # 64 anchors fit in 8 bits: the same ranks, so the same rank similarities
+    assert np.allclose(pairs_of(copy).rank_sim, pairs_of(out).rank_sim)
+
+
+def test_rank_targets_off_build_no_ranks_run(inputs, tmp_path):  # noqa: F811
+    from sentsim.harvest.job import harvest
+
+    out = tmp_path / "off"
+    m = harvest(pool_config(inputs, out, rank={"enabled": False}), executor="inline", quiet=True)
+    assert m["complete"] and not (out / "pool_ranks").exists()
+    assert m["pool"]["ranks_fingerprint"] is None
+    assert pairs_of(out).rank_sim.isna().all()
