@@ -593,6 +593,7 @@ def test_the_command_runs_a_pool_harvest_on_a_local_ray(inputs, tmp_path):
     r = sentsim_cli(*args)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert "[harvest-pool-vectors]" in r.stderr and "[harvest] unit" in r.stderr
+    assert "[harvest-pool-ranks] unit" in r.stderr  # the rank targets encoded by Ray actors, once per sentence
     t = pairs_of(out)
     assert len(t) == 12 and t.score.notna().all()
     # the summary gives each split's spread, and says when the train scores sit in a band too narrow for L2
@@ -601,6 +602,7 @@ def test_the_command_runs_a_pool_harvest_on_a_local_ray(inputs, tmp_path):
     assert ("warning: the train scores sit in a narrow band" in r.stdout) == (train.std() < 0.05), r.stdout
     r = sentsim_cli(*args)  # a rerun redoes nothing
     assert r.returncode == 0 and "[harvest] unit" not in r.stderr and "[harvest-pool-vectors] unit" not in r.stderr
+    assert "[harvest-pool-ranks] unit" not in r.stderr
     assert pairs_of(out).equals(t)
 
 
