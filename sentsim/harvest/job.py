@@ -264,7 +264,8 @@ class HarvestRun(ShardedJob):
 
     def recheck(self, ctx: RunContext) -> None:
         """A finished pool harvest's vectors (and its side tables of the plan) are mended on a rerun: remix
-        reads them after the labels are done, so a damaged unit there would otherwise stay damaged."""
+        reads them after the labels are done, so a damaged unit there would otherwise stay damaged. Its rank
+        targets too, which `store verify` checks with the run."""
         if self.pooled:
             self.prepare_pool(ctx)
 
@@ -275,8 +276,8 @@ class HarvestRun(ShardedJob):
                 "scoring": self.cfg.semantic()["scoring"], "context_models": self.hashes["context_models"]}
 
     def prepare_pool(self, ctx: RunContext) -> None:
-        """The pool run's vectors (built or resumed, pool_vectors.py), its pair plan kept, and the context
-        effect over every scored sentence when the metric reads one."""
+        """The pool run's vectors (built or resumed, pool_vectors.py), its pair plan kept, the context effect
+        over every scored sentence when the metric reads one, and its rank targets when on (pool_ranks.py)."""
         import pyarrow as pa
 
         from sentsim.harvest import metrics

@@ -189,12 +189,13 @@ class PoolRankStage(RankStage):
     every unit holding a sentence gets the same targets for it."""
 
     def setup(self) -> None:
-        from sentsim.harvest.stages import rank_storage_of
         from sentsim.rank.vectors import RankCodec, vector_bytes
 
         self.targets = None
-        self.storage = rank_storage_of(self.cfg, self.sentence_schema)
         self.stored = load_stored_ranks(self.cfg.out)
+        # the harvest's resolved rank.storage (its fingerprint holds it, prepare_pool): E1 is not loaded to resolve
+        # `auto` again, nor at all, in the labelling pass
+        self.storage = self.stored.storage
         width = self.stored.targets.shape[1]
         if self.storage == "vectors":
             self.anchors = run_anchor_matrix(self.cfg.out, self.fp)
