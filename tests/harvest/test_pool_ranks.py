@@ -128,32 +128,36 @@ def test_vectors_storage_keeps_each_sentences_float16_vector(inputs, tmp_path): 
 
 
 def test_stopped_in_the_ranks_pass_a_rerun_finishes_it(codes_run, tmp_path, capsys):
-    """--max-units stops in the rank targets (the vectors done) and labels nothing; reruns finish them and
-    label the same rows. A labelling unit's lost targets unit and another's cut shard are redone."""
+    """A pool harvest part-labelled without a ranks run (as one begun before them): --max-units stops in the rank
+    targets (the vectors done) and labels nothing; reruns finish them, redoing a lost unit and a cut shard, keep
+    the labelled unit as it was and label the rest from the stored targets, to the same rows."""
     from sentsim.harvest.job import harvest
 
     cfg, out, _ = codes_run
     copy = tmp_path / "run"
     shutil.copytree(out, copy)
     shutil.rmtree(copy / "pool_ranks")
-    for p in (copy / "_units").glob("*.json"):
+    for p in sorted((copy / "_units").glob("*.json"))[1:]:
         p.unlink()
     (copy / "_COMPLETE").unlink()
+    kept = {p: p.stat().st_mtime_ns for table in ("pairs", "sentences") for p in (copy / table).glob("part-00000*")}
+    assert kept
     run_cfg = cfg.model_copy(update={"out": str(copy)})
     stopped = harvest(run_cfg, executor="inline", quiet=False, max_units=1)
     err = capsys.readouterr().err
     units = ShardStore(str(copy / "pool_ranks")).read_manifest()["planned_units"]
-    assert not stopped["complete"] and stopped["completed_units"] == 0 and units > 1
+    assert not stopped["complete"] and stopped["completed_units"] == 1 and units > 1
     assert f"[harvest] the pool's rank targets ({copy}/pool_ranks) stopped at --max-units 1, 1/{units} " \
            "units done; no pair is labelled until they are all done" in err, err
     (copy / "pool_ranks" / "_units" / "00000.json").unlink()
-    assert harvest(run_cfg, executor="inline", quiet=True, max_units=1)["completed_units"] == 0
+    assert harvest(run_cfg, executor="inline", quiet=True, max_units=1)["completed_units"] == 1
     shard = sorted((copy / "pool_ranks" / "sentence_ranks").glob("*.parquet"))[0]
     shard.write_bytes(shard.read_bytes()[:60])
     assert harvest(run_cfg, executor="inline", quiet=True)["complete"]
     assert ranks_of(copy).keys() == ranks_of(out).keys()
     assert all(np.array_equal(v, ranks_of(out)[s]) for s, v in ranks_of(copy).items())
     assert pairs_of(copy).equals(pairs_of(out))
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept
 
 
 def test_a_finished_harvests_damaged_ranks_are_named_by_verify_and_mended_by_a_rerun(codes_run, tmp_path):
