@@ -205,14 +205,14 @@ class HarvestRun(ShardedJob):
         # no rank targets: no stage of actors that would only pass the rows on (nor a `rank` entry in the
         # placement the summary prints); the writer still takes resources.rank, and the run's fingerprint,
         # which holds no stage list, is the same either way
-        rank_stage = RankStage
+        rank_stage, ranks = RankStage, {}
         if self.pooled:  # each sentence's targets read from the ranks run, encoded once before (prepare_pool)
-            from sentsim.harvest.pool_ranks import PoolRankStage
+            from sentsim.harvest.pool_ranks import PoolRankStage, shared_ranks
 
-            rank_stage = PoolRankStage
+            rank_stage, ranks = PoolRankStage, {"ranks": shared_ranks(cfg.out)}
         rank = [StageSpec(rank_stage, Resources.of(r.rank), args=dict(
             cfg=cfg, fp=ctx.fp, anchor_ids=anchor_ids, anchor_texts=anchor_texts,
-            sentence_schema=sentence_schema_of(ctx.manifest)))] if cfg.rank.enabled else []
+            sentence_schema=sentence_schema_of(ctx.manifest), **ranks))] if cfg.rank.enabled else []
         rank_and_write = [
             *rank,
             # the writer shares the rank stage's resources; a run keeps the schemas it was opened with

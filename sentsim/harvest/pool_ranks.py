@@ -27,11 +27,11 @@ import pyarrow as pa
 
 from sentsim.executor import RunContext, ShardedJob
 from sentsim.harvest.config import HarvestConfig
-from sentsim.harvest.pool_vectors import sentence_plan
+from sentsim.harvest.pool_vectors import rows_of, sentence_plan
 from sentsim.harvest.stages import SENTENCE_SCHEMA, RankStage, encoded_ranks, rank_encoder
 from sentsim.harvest.work import EncodedRanks, SentenceRanks, envelope, work_of
 from sentsim.identity import fingerprint
-from sentsim.pipeline import Resources, Stage, StageSpec, UnitPlan, where_this_runs
+from sentsim.pipeline import Resources, Shared, Stage, StageSpec, UnitPlan, where_this_runs
 
 STAGE = "harvest-pool-ranks"
 SUBDIR = "pool_ranks"
@@ -161,22 +161,24 @@ class RankWriteStage(Stage):
 
 
 class StoredRanks:
-    """A complete ranks run in memory: row i is sentence `ids[i]`, `targets` its rank codes (uint32, as the
-    sentences table holds them) or float16 E1 vectors, by `storage` (read through RunReader, so every shard is
-    checked against its marker)."""
+    """A complete ranks run in memory: row i is sentence `ids[i]` (ascending), `targets` its rank codes (uint32,
+    as the sentences table holds them) or float16 E1 vectors, by `storage` (read through RunReader, so every
+    shard is checked against its marker). Numpy arrays only, so that a run's rank actors share one copy
+    (pipeline.Shared, as the label actors share the vectors)."""
 
     def __init__(self, uri: str):
         from storage import RunReader
 
         t = RunReader(uri, what="pool rank targets").read_table(RANKS_TABLE)
         self.storage = "codes" if COLUMN["codes"] in t.column_names else "vectors"
-        self.ids = t.column("sentence_id").to_numpy()
-        self.row = {int(s): i for i, s in enumerate(self.ids)}
+        ids = t.column("sentence_id").to_numpy()
+        order = np.argsort(ids, kind="stable")
+        self.ids = ids[order]
         col = t.column(COLUMN[self.storage]).combine_chunks()
-        self.targets = col.flatten().to_numpy(zero_copy_only=False).reshape(len(t), -1)
+        self.targets = col.flatten().to_numpy(zero_copy_only=False).reshape(len(t), -1)[order]
 
     def of(self, ids: List[int]) -> np.ndarray:
-        return self.targets[[self.row[s] for s in ids]]
+        return self.targets[rows_of(self.ids, ids)]
 
 
 class PoolRankStage(RankStage):
@@ -188,11 +190,15 @@ class PoolRankStage(RankStage):
     on a batch, and a batch's padding (its longest sentence) changes the float sums. Encoded once per sentence,
     every unit holding a sentence gets the same targets for it."""
 
+    def __init__(self, *args, ranks: Shared, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ranks = ranks  # shared_ranks: the ranks run, loaded once for all of a run's rank actors
+
     def setup(self) -> None:
         from sentsim.rank.vectors import RankCodec, vector_bytes
 
         self.targets = None
-        self.stored = load_stored_ranks(self.cfg.out)
+        self.stored = self.ranks.get()
         # the harvest's resolved rank.storage (its fingerprint holds it, prepare_pool): E1 is not loaded to resolve
         # `auto` again, nor at all, in the labelling pass
         self.storage = self.stored.storage
@@ -211,9 +217,11 @@ class PoolRankStage(RankStage):
         return SentenceRanks(self.storage, codes=targets, bytes_per_sentence=self.bytes_per_sentence)
 
 
-def load_stored_ranks(out: str) -> StoredRanks:
-    """The harvest at `out`'s ranks run, whole, as each rank actor holds it."""
-    return StoredRanks(ranks_uri(out))
+def shared_ranks(out: str) -> Shared:
+    """The harvest at `out`'s ranks run, whole, loaded once for all of a run's rank actors."""
+    import functools
+
+    return Shared(functools.partial(StoredRanks, ranks_uri(out)))
 
 
 def run_anchor_matrix(out: str, fp: Optional[str]):

@@ -309,12 +309,7 @@ class StoredVectors:
 
     def rows(self, sentence_ids) -> np.ndarray:
         """The rows of these sentence ids; a KeyError names the first id the run does not hold."""
-        want = np.asarray(sentence_ids, dtype=np.int64).reshape(-1)
-        at = np.searchsorted(self.ids, want).clip(max=max(len(self.ids) - 1, 0))
-        held = (self.ids[at] == want) if len(self.ids) else np.zeros(len(want), bool)
-        if not held.all():
-            raise KeyError(int(want[~held][0]))
-        return at
+        return rows_of(self.ids, sentence_ids)
 
     def missing(self, sentence_ids) -> List[int]:
         """Those of these sentence ids the run holds no vector for, sorted."""
@@ -324,6 +319,18 @@ class StoredVectors:
     def context_effect(self) -> np.ndarray:
         """Each pool context's mean S over every scored sentence: what double-centred removes."""
         return pool_context_effect(self.S)
+
+
+def rows_of(ids: np.ndarray, sentence_ids) -> np.ndarray:
+    """Where each of `sentence_ids` is in the ascending `ids` (a stored run's rows), by binary search: no dict
+    of every sentence, which an actor sharing the run (pipeline.Shared) would hold a copy of. A KeyError names
+    the first id not there."""
+    want = np.asarray(sentence_ids, dtype=np.int64).reshape(-1)
+    at = np.searchsorted(ids, want).clip(max=max(len(ids) - 1, 0))
+    held = (ids[at] == want) if len(ids) else np.zeros(len(want), bool)
+    if not held.all():
+        raise KeyError(int(want[~held][0]))
+    return at
 
 
 def pool_context_effect(S: np.ndarray) -> np.ndarray:
