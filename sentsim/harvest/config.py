@@ -6,7 +6,7 @@ from typing import Annotated, Literal, Optional, Tuple
 
 from pydantic import Field, field_validator, model_validator
 
-from sentsim.config import Section, Seed, expand_path
+from sentsim.config import Section, Seed, expand_path, without_added_later
 from sentsim.context.config import ScorerConfig
 from sentsim.harvest import metrics
 from sentsim.pipeline import StageResources
@@ -33,6 +33,17 @@ class PartnerConfig(Section):
     # the anchors of each TF-IDF cluster of K (K(K-1)/2 pairs for K sentences' scoring). 0: the partners above.
     cluster_size: int = Field(0, ge=0, description="contexts.mode=pool: label every pair within TF-IDF clusters "
                                                    "of this many anchors (0: neighbours, same_doc and random)")
+    # No paper fixes it (003 has no clustering; this project's own choice,
+    # docs/notes/2026-11-27-pool-harvest-design.md). Flat clustering costs about n^2/K distances in the driver
+    # (82 s at 90,000 anchors in clusters of 256, hours at 1M); 2 costs about n*2*sqrt(n/K), with clusters of the
+    # same sizes but other pairs (sentsim/harvest/clusters.py).
+    cluster_levels: Literal[1, 2] = Field(
+        1, description="partners.cluster_size's clustering: 1, flat k-means over all anchors; 2, first about "
+                       "sqrt(n/K) equal groups, then clusters of K within each, for large anchor counts (hundreds of "
+                       "thousands), where flat takes hours; same cluster sizes, other pairs")
+
+    # a run made before cluster_levels resumes with it at 1
+    ADDED_LATER = {"cluster_levels": 1}
 
 
 class HarvestResources(Section):
@@ -187,6 +198,9 @@ class HarvestConfig(Section):
                              "it needs contexts.mode=pool")
         if k and self.pairs_file:
             raise ValueError("partners.cluster_size pairs up a corpus's anchors; a --pairs run labels the file's pairs")
+        if self.partners.cluster_levels != 1 and not (k and pool):
+            raise ValueError(f"partners.cluster_levels={self.partners.cluster_levels} clusters partners.cluster_size's "
+                             "anchors: it needs partners.cluster_size (2 or more) and contexts.mode=pool")
 
     def semantic(self, with_paths: bool = False, keep_screened: bool = False) -> dict:
         """Everything that changes the rows; resources and placement do not, and neither do the spellings of
@@ -207,6 +221,7 @@ class HarvestConfig(Section):
             d.pop("keep_context_scores", None)  # a pool run keeps its sentence vectors instead
         if not self.partners.cluster_size:  # runs from before the pool mode keep their fingerprint
             d["partners"].pop("cluster_size")
+        d["partners"] = without_added_later(d["partners"], PartnerConfig.ADDED_LATER)
         if self.contexts.mode != "pool":
             d.pop("sentences_per_unit")
         if not self.grouping.enabled:  # runs from before grouping existed keep their fingerprint

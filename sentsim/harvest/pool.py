@@ -235,7 +235,7 @@ def plan_pool_pairs(cfg, corpus, anchors: Optional[np.ndarray], file_pairs: Opti
         from sentsim.harvest.clusters import balanced_clusters, cluster_pairs, say_progress
 
         clusters = balanced_clusters([t or "" for t in corpus.texts(anchors)], cfg.partners.cluster_size, cfg.seed,
-                                     progress=None if quiet else say_progress)
+                                     progress=None if quiet else say_progress, levels=cfg.partners.cluster_levels)
         both = np.array(cluster_pairs(anchors.tolist(), clusters), np.int64).reshape(-1, 2)
         pairs = PairColumns.build(both[:, 0], both[:, 1], "cluster")
     else:
