@@ -169,7 +169,7 @@ EXECUTION = {
 ALONG = {f"resources.{stage}.min_actors": {f"resources.{stage}.max_actors": 2}
          for stage in ("contexts", "scoring", "rank", "label")}
 # keys refused outside contexts.mode=pool, so they cannot change alone here (tests/harvest/test_pool_harvest.py)
-POOL_ONLY = ("partners.cluster_size",)
+POOL_ONLY = ("partners.cluster_size", "partners.cluster_levels")
 # keys refused without a discriminator in use, which the fixture has none of (the rep cache: read only with one,
 # and then fingerprinted by its identity, not its path: sentsim/harvest/job.py, model_hashes)
 DISCRIMINATOR_ONLY = ("contexts.rep_cache",)

@@ -137,3 +137,81 @@ def test_clustering_says_what_it_clusters_and_what_it_took_without_changing_the_
     assert len(lines) == 2 and capsys.readouterr().err == ""
     balanced_clusters(texts[:10], 64, seed=2)  # one cluster: nothing to cluster, nothing said
     assert capsys.readouterr().err == ""
+
+
+# two levels (levels=2, partners.cluster_levels: 2): groups of whole clusters' worth, then clusters within each
+
+@pytest.mark.parametrize("n,size", [
+    (30, 6), (31, 6), (35, 6), (100, 7), (9, 2), (50, 3),
+    (13, 4),    # 4 clusters: 2 groups of 8, the second short of a group (n < size * groups * per group)
+    (17, 4),    # 5 clusters: groups of 12 and 5, the remainder cluster in the short group
+    (400, 20),  # n a multiple of size and of the group size: no remainder anywhere
+    (420, 20),  # n a multiple of size, not of the group size (groups of 100: four, and one of 20)
+    (1000, 10), (999, 10), (8, 3), (12, 5)])
+def test_two_levels_keep_the_sizes_exact(n, size):
+    texts, _ = synthetic(n, 4, seed=n)
+    assert_sizes(balanced_clusters(texts, size, seed=0, progress=None, levels=2), n, size)
+
+
+def test_two_levels_with_two_clusters_or_fewer_are_the_flat_clustering(capsys):
+    for n in (5, 12, 16):  # one cluster, two clusters: too few for groups
+        texts, _ = synthetic(n, 3, seed=n)
+        assert np.array_equal(balanced_clusters(texts, 8, seed=1, levels=2), balanced_clusters(texts, 8, seed=1))
+    assert "two levels" not in capsys.readouterr().err
+
+
+def test_two_levels_are_deterministic_for_a_seed():
+    """As the flat clustering (test_deterministic_for_a_seed): a function of the texts and the seed, in their
+    order (neither clustering promises the same labels for the texts in another order)."""
+    texts, _ = synthetic(600, 10, seed=1)
+    a = balanced_clusters(texts, 8, seed=3, progress=None, levels=2)
+    assert_sizes(a, 600, 8)
+    assert np.array_equal(a, balanced_clusters(texts, 8, seed=3, progress=None, levels=2))
+    assert any(not np.array_equal(a, balanced_clusters(texts, 8, seed=s, progress=None, levels=2)) for s in (4, 5))
+    assert not np.array_equal(a, balanced_clusters(texts, 8, seed=3, progress=None))  # other pairs than flat
+
+
+def test_two_levels_keep_topics_together():
+    """Two topics of 24 sentences each, clusters of 6: the groups (of 12 here) and the clusters stay pure."""
+    texts = [t for sents in TOPICS.values() for t in sents][:12] * 2
+    topic = np.repeat([0, 1, 0, 1], 6)
+    for seed in range(3):
+        cl = balanced_clusters(texts, 6, seed=seed, progress=None, levels=2)
+        assert_sizes(cl, 24, 6)
+        assert all(len(set(topic[cl == c])) == 1 for c in range(4)), (seed, cl)
+
+
+def test_two_levels_of_texts_without_words():
+    """No TF-IDF at either level: clusters fill in input order, as the flat clustering's do."""
+    for n, size in ((7, 3), (17, 4), (40, 5)):
+        assert np.array_equal(balanced_clusters([""] * n, size, seed=0, progress=None, levels=2),
+                              np.arange(n) // size)
+    texts = ["", "a", "the of and", "", "I x", "to be or not", "", "cats", "a b c", "z", "!!", "?"]
+    assert_sizes(balanced_clusters(texts, 3, seed=1, progress=None, levels=2), len(texts), 3)
+
+
+def test_two_levels_past_mini_batch_k_means():
+    n, size = 8_000, 50
+    texts, _ = synthetic(n, 200, seed=7)
+    assert_sizes(balanced_clusters(texts, size, seed=11, progress=None, levels=2), n, size)
+
+
+def test_two_levels_say_what_each_level_does_and_took(capsys):
+    texts, _ = synthetic(300, 5, 1)
+    said = balanced_clusters(texts, 16, seed=2, levels=2)  # 19 clusters: 4 groups of 5 clusters' worth (80)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("[harvest] clustering 300 sentences into 19 TF-IDF clusters of 16 in two levels: "
+                      "4 groups of 80, then clusters of 16 within each")
+    assert err[1].startswith("[harvest] level 1: 300 sentences into 4 groups in ") and err[1].endswith(" s")
+    assert err[2].startswith("[harvest] level 2: 4 groups into 19 clusters of 16 in ") and err[2].endswith(" s")
+    assert err[3].startswith("[harvest] clustered 300 sentences in ") and len(err) == 4
+    lines = []
+    assert (balanced_clusters(texts, 16, seed=2, progress=lines.append, levels=2) == said).all()
+    assert (balanced_clusters(texts, 16, seed=2, progress=None, levels=2) == said).all()
+    assert len(lines) == 4 and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("levels", [0, 3])
+def test_other_levels_raise(levels):
+    with pytest.raises(ValueError, match="levels must be 1 or 2"):
+        balanced_clusters(["a b", "c d", "e f"], 2, seed=0, levels=levels)

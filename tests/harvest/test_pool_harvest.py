@@ -446,6 +446,10 @@ def test_bad_pool_settings_get_one_line(inputs, tmp_path):
         (["--set", "contexts.mode=pool", "--set", "grouping.enabled=true"], "turn grouping off"),
         (["--set", "contexts.mode=pool", "--set", "partners.cluster_size=1"], "gives no pair"),
         (["--set", "contexts.mode=random", "--set", "partners.cluster_size=8"], "needs contexts.mode=pool"),
+        (["--set", "contexts.mode=pool", "--set", "partners.cluster_levels=2"], "needs partners.cluster_size"),
+        (["--set", "contexts.mode=random", "--set", "partners.cluster_levels=2"], "needs partners.cluster_size"),
+        (["--set", "contexts.mode=pool", "--set", "partners.cluster_size=8", "--set", "partners.cluster_levels=3"],
+         "cluster_levels"),
         (["--set", "contexts.mode=pool", "--set", "contexts.pool_size=999999"], "more than the corpus"),
         # a discriminator would be fingerprinted and used for nothing (it screens only retrieved contexts)
         (["--set", "contexts.mode=pool", "--discriminator", inputs["bundle"]], "contexts.mode=pool uses none"),
@@ -540,6 +544,58 @@ def test_clustering_says_what_it_does_unless_quiet(inputs, tmp_path, capsys):
     assert "[harvest] clustering 12 sentences into 3 TF-IDF clusters of 4" in err
     assert err.count("[harvest] clustering ") == 2 and err.count("[harvest] clustered ") == 2  # pool and pairs
     assert "clustering" not in run(tmp_path / "quiet", quiet=True)
+
+
+def test_two_level_clusters_through_the_command_label_every_pair_within_them(inputs, tmp_path):
+    """partners.cluster_levels=2: the pairs are exactly those within the two-level clusters of the run's anchors
+    (20 anchors in clusters of 4: groups of 12 and 8), and the harvest says what each level did."""
+    from corpus.view import CorpusIndex
+    from sentsim.config import load_config
+    from sentsim.harvest.clusters import balanced_clusters, cluster_pairs
+    from sentsim.harvest.config import HarvestConfig
+    from sentsim.harvest.job import plan_anchors
+
+    out = tmp_path / "two"
+    sets = ["contexts.mode=pool", f"contexts.pool_size={POOL}", "anchors.n=20", "anchors.per_unit=8",
+            "partners.cluster_size=4", "partners.cluster_levels=2", "sentences_per_unit=8", "pairs_per_unit=16",
+            "scoring.autocast=off", "rank.enabled=false"]
+    r = sentsim_cli("harvest", "--corpus", inputs["corpus"], "--index", inputs["index"], "--context-models",
+                    inputs["bundle"], "--out", out, "--executor", "inline", *(a for x in sets for a in ("--set", x)))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "[harvest] clustering 20 sentences into 5 TF-IDF clusters of 4 in two levels: 2 groups of 12" in r.stderr
+    assert "[harvest] level 1: " in r.stderr and "[harvest] level 2: 2 groups into 5 clusters of 4" in r.stderr
+    cfg = load_config(HarvestConfig, None, sets, corpus=str(inputs["corpus"]), index=str(inputs["index"]),
+                      context_models=[str(inputs["bundle"])], out=str(out))
+    assert cfg.semantic()["partners"]["cluster_levels"] == 2
+    corpus = CorpusIndex(str(inputs["corpus"]))
+    anchors = plan_anchors(cfg, corpus)
+    clusters = balanced_clusters([t or "" for t in corpus.texts(anchors)], 4, cfg.seed, progress=None, levels=2)
+    t = pairs_of(out)
+    assert len(t) == 5 * 6 and (t.kind == "cluster").all() and t.score.notna().all()
+    assert sorted(zip(t.s1_id, t.s2_id)) == sorted(cluster_pairs(anchors.tolist(), clusters))
+
+
+def test_cluster_levels_at_its_default_keeps_the_fingerprint(cluster_run, tmp_path):
+    """A clustered run made before partners.cluster_levels (the key unset) resumes with it set to 1, redoing
+    nothing; 2 is another run, refused naming the key. Set or not, 1 leaves the semantic part as it was."""
+    from sentsim.errors import UsageError
+    from sentsim.harvest.job import harvest
+
+    cfg, out = cluster_run
+    copy = shutil.copytree(out, tmp_path / "run")
+    before = ShardStore(str(copy)).read_manifest()["fingerprint"]
+
+    def levels(n):
+        return cfg.model_copy(update={"out": str(copy), "partners": cfg.partners.model_copy(
+            update={"cluster_levels": n})})
+
+    sem = levels(1).semantic()
+    assert sem == cfg.semantic() and set(sem["partners"]) == {"neighbours", "same_doc", "random", "neighbour_chunks",
+                                                              "cluster_size"}
+    m = harvest(levels(1), executor="inline", quiet=True)
+    assert m["complete"] and m["fingerprint"] == before and m["this_run"]["units"] == 0
+    with pytest.raises(UsageError, match="partners.cluster_levels:"):
+        harvest(levels(2), executor="inline", quiet=True)
 
 
 def test_no_sentence_is_scored_in_a_pool_context_whose_window_holds_it(partners_run):
