@@ -94,14 +94,25 @@ def balanced_clusters(texts: Sequence[str], size: int, seed: int,
 def _two_level(texts: Sequence[str], size: int, seed: int, n: int, k: int, per_group: int,
                progress: Optional[Callable[[str], None]]) -> np.ndarray:
     """Groups of `per_group` clusters' worth of texts (one takes the remainder), then clusters of `size` within
-    each; labels numbered group by group (in the order of the group labels), each group's in its own order."""
+    each; labels numbered group by group (in the order of the group labels), each group's in its own order.
+
+    Both levels use the flat clustering's TF-IDF (fitted on all the texts, its vocabulary capped for all k
+    clusters) and the k-means it would use for all n texts (mini-batch past _FULL_KMEANS_MAX_N): full k-means
+    with restarts on each group, on TF-IDF fitted within it, cost 7x the flat clustering at 90K texts."""
     group_size = size * per_group
     g = math.ceil(n / group_size)  # >= 2: n > size * (k - 1) >= group_size, as per_group < k
     t0 = time.perf_counter()
     if progress:
         progress(f"clustering {n:,} sentences into {k:,} TF-IDF clusters of {size:,} in two levels: "
                  f"{g:,} groups of {group_size:,}, then clusters of {size:,} within each")
-    groups = _balanced(texts, group_size, seed, n, g)
+    X = _tfidf(texts, max_features=max(1024, _CENTROID_FLOATS // k))
+    if X is None:  # no word anywhere: groups and clusters alike fill in input order
+        labels = np.arange(n, dtype=np.int64) // size
+        if progress:
+            progress(f"clustered {n:,} sentences in {time.perf_counter() - t0:.1f} s")
+        return labels
+    mini_batch = n > _FULL_KMEANS_MAX_N
+    groups = _balanced_rows(X, group_size, seed, g, mini_batch)
     t1 = time.perf_counter()
     if progress:
         progress(f"level 1: {n:,} sentences into {g:,} groups in {t1 - t0:.1f} s")
@@ -109,7 +120,9 @@ def _two_level(texts: Sequence[str], size: int, seed: int, n: int, k: int, per_g
     offset = 0
     for grp in range(g):
         members = np.flatnonzero(groups == grp)
-        local = balanced_clusters([texts[i] for i in members], size, seed, progress=None)
+        m = len(members)
+        local = (_balanced_rows(X[members], size, seed, math.ceil(m / size), mini_batch) if m > size
+                 else np.zeros(m, dtype=np.int64))
         labels[members] = offset + local
         offset += int(local.max()) + 1
     if progress:
@@ -123,8 +136,14 @@ def _balanced(texts: Sequence[str], size: int, seed: int, n: int, k: int) -> np.
     X = _tfidf(texts, max_features=max(1024, _CENTROID_FLOATS // k))
     if X is None:
         return np.arange(n, dtype=np.int64) // size
-    centres = _kmeans(X, k, seed)
-    cand_d, cand_c = _nearest(X, centres, min(_CANDIDATES, k))
+    return _balanced_rows(X, size, seed, k, n > _FULL_KMEANS_MAX_N)
+
+
+def _balanced_rows(X: sparse.csr_matrix, size: int, seed: int, k: int, mini_batch: bool) -> np.ndarray:
+    """k clusters of `size` rows of X (one takes the remainder): k-means targets, then the capacity walk."""
+    n = X.shape[0]
+    centres = _kmeans(X, k, seed, mini_batch)
+    cand_d, cand_c = _nearest(X, centres, k if k <= 2 * _CANDIDATES else _CANDIDATES)
     room = np.full(k, size, dtype=np.int64)
     if n % size:
         natural = np.bincount(cand_c[:, 0], minlength=k)
@@ -168,13 +187,13 @@ def _tfidf(texts: Sequence[str], max_features: int) -> sparse.csr_matrix | None:
     return sparse.csr_matrix(X)
 
 
-def _kmeans(X: sparse.csr_matrix, k: int, seed: int) -> np.ndarray:
+def _kmeans(X: sparse.csr_matrix, k: int, seed: int, mini_batch: bool) -> np.ndarray:
     """Centroids (k x vocabulary, dense float64); duplicate texts may leave some centroids coinciding."""
     from sklearn.cluster import KMeans, MiniBatchKMeans
     from sklearn.exceptions import ConvergenceWarning
 
     n = X.shape[0]
-    if n <= _FULL_KMEANS_MAX_N:
+    if not mini_batch:
         # a few restarts are cheap at this size and keep small, clearly separated topics from merging
         km = KMeans(n_clusters=k, n_init=4, random_state=seed)
     else:
