@@ -34,13 +34,14 @@ class PartnerConfig(Section):
     cluster_size: int = Field(0, ge=0, description="contexts.mode=pool: label every pair within TF-IDF clusters "
                                                    "of this many anchors (0: neighbours, same_doc and random)")
     # No paper fixes it (003 has no clustering; this project's own choice,
-    # docs/notes/2026-11-27-pool-harvest-design.md). Flat clustering costs about n^2/K distances in the driver
-    # (82 s at 90,000 anchors in clusters of 256, hours at 1M); 2 costs about n*2*sqrt(n/K), with clusters of the
-    # same sizes but other pairs (sentsim/harvest/clusters.py).
+    # docs/notes/2026-11-27-pool-harvest-design.md). Flat clustering costs about n^2/K distances in the driver;
+    # 2 costs about n*2*sqrt(n/K), with clusters of the same sizes but other pairs (sentsim/harvest/clusters.py).
+    # Measured on enwiki sentences (bench/results/cluster_scale.md): 18 s against 110 s at 90K anchors and K=32,
+    # level at 20K, within-cluster TF-IDF cosine 86-110% of flat's.
     cluster_levels: Literal[1, 2] = Field(
         1, description="partners.cluster_size's clustering: 1, flat k-means over all anchors; 2, first about "
-                       "sqrt(n/K) equal groups, then clusters of K within each, for large anchor counts (hundreds of "
-                       "thousands), where flat takes hours; same cluster sizes, other pairs")
+                       "sqrt(n/K) equal groups, then clusters of K within each: for large anchor counts (about "
+                       "100,000 or more), where flat grows as n^2/K; same cluster sizes, other pairs")
 
     # a run made before cluster_levels resumes with it at 1
     ADDED_LATER = {"cluster_levels": 1}
