@@ -265,9 +265,19 @@ class HarvestRun(ShardedJob):
     def recheck(self, ctx: RunContext) -> None:
         """A finished pool harvest's vectors (and its side tables of the plan) are mended on a rerun: remix
         reads them after the labels are done, so a damaged unit there would otherwise stay damaged. Its rank
-        targets too, which `store verify` checks with the run."""
+        targets too, which `store verify` checks with the run; but a run labelled before its targets had a run
+        of their own is not given one now, which nothing would read."""
         if self.pooled:
-            self.prepare_pool(ctx)
+            self.prepare_pool(ctx, ranks=self.has_ranks_run())
+
+    def has_ranks_run(self) -> bool:
+        from sentsim.harvest.pool_ranks import ranks_uri
+        from storage import StoreError
+
+        try:
+            return ShardStore(ranks_uri(self.out)).read_manifest() is not None
+        except StoreError:  # there, but unreadable: mended as the vectors are
+            return True
 
     def vector_identity(self) -> dict:
         """What the pool's sentence vectors depend on besides the pool and the sentences (not the metric, the
@@ -275,7 +285,7 @@ class HarvestRun(ShardedJob):
         return {"corpus": self.corpus.fingerprint, "contexts": self.cfg.contexts.semantic(), "seed": self.cfg.seed,
                 "scoring": self.cfg.semantic()["scoring"], "context_models": self.hashes["context_models"]}
 
-    def prepare_pool(self, ctx: RunContext) -> None:
+    def prepare_pool(self, ctx: RunContext, ranks: bool = True) -> None:
         """The pool run's vectors (built or resumed, pool_vectors.py), its pair plan kept, the context effect
         over every scored sentence when the metric reads one, and its rank targets when on (pool_ranks.py)."""
         import pyarrow as pa
@@ -300,7 +310,7 @@ class HarvestRun(ShardedJob):
             effect = StoredVectors(job.out).context_effect()
             ctx.store.write_side_table(EFFECT_TABLE, pa.table({
                 "context_id": pa.array(self.pool.ids, pa.int64()), "effect": pa.array(effect, pa.float64())}), ctx.fp)
-        if self.cfg.rank.enabled:  # each sentence's rank targets, encoded once (pool_ranks.py)
+        if self.cfg.rank.enabled and ranks:  # each sentence's rank targets, encoded once (pool_ranks.py)
             self.prepare_pool_ranks(ctx)
 
     def prepare_pool_ranks(self, ctx: RunContext) -> None:

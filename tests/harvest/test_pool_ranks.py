@@ -178,6 +178,31 @@ def test_a_finished_harvests_damaged_ranks_are_named_by_verify_and_mended_by_a_r
     assert pairs_of(copy).equals(pairs_of(out))
 
 
+def test_a_finished_harvest_labelled_without_a_ranks_run_is_not_given_one(codes_run, tmp_path):
+    """A pool harvest finished before its rank targets had a run of their own: a rerun does nothing, and does not
+    encode every sentence into a ranks run nothing would read."""
+    cfg, out, _ = codes_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    shutil.rmtree(copy / "pool_ranks")
+    before = {p.name: p.read_bytes() for p in (copy / "_units").glob("*.json")}
+    r = sentsim_cli("harvest", "--config", _config_file(cfg, copy, tmp_path), "--executor", "inline")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "[harvest-pool-ranks]" not in r.stderr and "[harvest] unit" not in r.stderr, r.stderr[-3000:]
+    assert not (copy / "pool_ranks").exists()
+    assert {p.name: p.read_bytes() for p in (copy / "_units").glob("*.json")} == before
+    assert pairs_of(copy).equals(pairs_of(out))
+
+
+def _config_file(cfg, out, tmp_path):
+    """cfg, at `out`, as a YAML file the command reads."""
+    import yaml
+
+    path = tmp_path / "harvest.yaml"
+    path.write_text(yaml.safe_dump(json.loads(cfg.model_copy(update={"out": str(out)}).model_dump_json())))
+    return path
+
+
 def test_other_rank_bits_rebuild_the_ranks_and_reuse_the_vectors(codes_run, tmp_path):
     """Only labelling reads rank.bits: a harvest relabelled with other bits (the same --out, --force-new) keeps
     the vectors run as it is and encodes the rank targets again, into a run of their own identity."""
