@@ -127,6 +127,21 @@ def _input_words(key: str, records: Sequence[dict] = ()) -> str:
 # (sentsim/harvest/pool_vectors.py, sentsim/harvest/pool_ranks.py, sentsim/screening/cache_job.py).
 NESTED_RUNS = ("pool_vectors", "pool_ranks", "rep_cache")
 
+
+def holding_run(uri: str, stage: str = "harvest") -> Optional[str]:
+    """The run folder of `stage` that holds `uri` as one of its NESTED_RUNS, or None: so that a command given
+    such a part where it takes the whole can name the whole."""
+    bare = str(uri).rstrip("/")
+    parent, _, name = bare.rpartition("/")
+    if name not in NESTED_RUNS or not parent or parent.endswith(":/"):
+        return None
+    try:
+        manifest = ShardStore(parent).read_manifest()
+    except StoreError:
+        return None
+    return parent if manifest and manifest.get("stage") == stage else None
+
+
 LOST_MANIFEST = (f"{MANIFEST} is missing, though {UNITS_DIR}/ holds the run's completion markers, so the run can be "
                  f"neither read nor resumed: put its {MANIFEST} back, or start it over with --force-new")
 
