@@ -486,6 +486,31 @@ def test_a_pool_runs_inner_run_given_as_a_harvest_names_the_harvest(partners_run
     assert list(tmp_path.iterdir()) == []
 
 
+def test_store_compact_compacts_the_runs_inside_a_pool_harvest(partners_run, tmp_path):
+    """`store compact RUN` on a pool harvest compacts its pool_vectors/ and pool_ranks/ too (runs of their own
+    inside it, which `store verify RUN` verifies): the harvest and a remix read the same rows afterwards."""
+    _, run = partners_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    inner = {"pool_vectors": "sentence_vectors", "pool_ranks": "sentence_ranks"}
+    assert all(len(list((copy / d / t).glob("part-*.parquet"))) > 1 for d, t in inner.items())
+    r = sentsim_cli("store", "compact", copy)
+    assert r.returncode == 0, r.stderr[-1500:]
+    for d, t in inner.items():
+        assert f"{copy}/{d}: compacted ({t} 1 file(s)" in r.stdout, r.stdout
+        assert [p.name for p in (copy / d / t).iterdir()] == ["compact-001-00000.parquet"]
+    r = sentsim_cli("store", "verify", copy)
+    assert r.returncode == 0 and r.stdout.strip() == f"{copy}: OK", r.stdout + r.stderr[-1500:]
+    again = sentsim_cli("store", "compact", copy)
+    assert again.returncode == 0 and again.stdout.count("already compacted") == 3, again.stdout
+    np.testing.assert_array_equal(vectors_of(copy).S, vectors_of(run).S)
+    r = sentsim_cli("remix", copy, "--out", tmp_path / "remix", "--metric", "spearman")
+    assert r.returncode == 0, r.stderr[-1500:]
+    r = sentsim_cli("remix", run, "--out", tmp_path / "remix0", "--metric", "spearman")
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert pairs_of(tmp_path / "remix").score.tolist() == pairs_of(tmp_path / "remix0").score.tolist()
+
+
 def test_a_clustered_draw_takes_one_context_from_each_tfidf_cluster(inputs):
     from corpus.view import CorpusIndex
     from sentsim.harvest.clusters import balanced_clusters
