@@ -121,8 +121,9 @@ def _job_copy_hint(line: str, argv: Sequence[str]) -> str:
         return ""
     for value in (v.split("=", 1)[-1] for v in argv):
         # a path the line names: a command word (harvest, sts) or a --set number is none, however it is spelt
+        # named as typed, or made absolute (a trainer resolves its inputs before it reads them)
         if _path_like(value) and "://" not in value and not os.path.isabs(value) and \
-                value in line and not os.path.exists(value):
+                (value in line or os.path.abspath(value) in line) and not os.path.exists(value):
             return (f" ({value} is relative, and this Ray job runs in Ray's copy of its --working-dir, which holds "
                     "neither what .gitignore lists nor anything outside it: give an absolute path that every node "
                     "sees, or s3://)")

@@ -143,6 +143,23 @@ def test_in_a_job_a_folder_changed_in_place_must_be_absolute_and_hints_name_only
     assert r.returncode == 2 and "docs_per_unit" in line and "is relative" not in line, r.stderr
 
 
+def test_in_a_job_a_relative_input_a_trainer_made_absolute_gets_the_hint(tmp_path):
+    """A trainer makes its inputs absolute before it reads them, so its error names Ray's copy of the working
+    dir, not the relative path the user typed: the hint about that copy is given all the same, for each trainer
+    that reads a run."""
+    from conftest import error_line
+
+    job = {"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": {"working_dir": "gcs://x.zip"}})}
+    hint = ("(../w/h is relative, and this Ray job runs in Ray's copy of its --working-dir, which holds neither "
+            "what .gitignore lists nor anything outside it")
+    for args in (("train", "surrogate", "--data", "../w/h", "--out", tmp_path / "s"),
+                 ("train", "student", "--data", "../w/h", "--out", tmp_path / "st"),
+                 ("train", "discriminator", "--corpus", "../w/h", "--out", tmp_path / "d")):
+        r = sentsim_cli(*args, env=job, cwd=tmp_path)
+        line = error_line(r.stderr)
+        assert r.returncode == 2 and str(tmp_path.parent / "w" / "h") in line and hint in line, (args, r.stderr)
+
+
 def test_cluster_yaml_passes_rays_validation():
     from ray.autoscaler._private.util import prepare_config, validate_config
 
