@@ -468,9 +468,10 @@ def test_bad_pool_settings_get_one_line(inputs, tmp_path):
     assert not (tmp_path / "c").exists()
 
 
-def test_a_pool_runs_inner_run_given_as_a_harvest_names_the_harvest(partners_run, tmp_path):
-    """`--data RUN/pool_vectors` (or pool_ranks) to a trainer, or as remix's HARVEST: those runs are a pool
-    harvest's own parts, not harvests; one line names the harvest that holds them, before anything is written."""
+def test_a_pool_runs_inner_run_given_as_a_harvest_names_the_harvest(partners_run, shared_data, tmp_path):
+    """`--data RUN/pool_vectors` (or pool_ranks) to a trainer, as remix's HARVEST or eval's --scores: those runs
+    are a pool harvest's own parts, not harvests; one line names the harvest that holds them, before anything is
+    written."""
     _, run = partners_run
     for inner in ("pool_vectors", "pool_ranks"):
         cases = [(("train", "surrogate", "--data", run / inner, "--out", tmp_path / "s", "--max-steps", "1"),
@@ -478,7 +479,9 @@ def test_a_pool_runs_inner_run_given_as_a_harvest_names_the_harvest(partners_run
                  (("train", "student", "--data", run / inner, "--out", tmp_path / "st", "--max-steps", "1"),
                   f"--data {run / inner}: not a harvest run but a part of the harvest {run}; give --data {run}"),
                  (("remix", run / inner, "--out", tmp_path / "r"),
-                  f"{run / inner}: not a harvest run but a part of the harvest {run}; give {run}")]
+                  f"{run / inner}: not a harvest run but a part of the harvest {run}; give {run}"),
+                 (("eval", "sts", "--scores", run / inner, "--data", shared_data / "sts", "--tasks", "STSb"),
+                  f"--scores {run / inner}: not a harvest run but a part of the harvest {run}; give --scores {run}")]
         for args, words in cases:
             r = sentsim_cli(*args)
             lines = r.stderr.strip().splitlines()
