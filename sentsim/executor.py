@@ -88,6 +88,14 @@ class ShardedJob(ABC):
             return self.fp
         return stored["fingerprint"] if stored and self.holds_this_run(stored) else self.fp
 
+    def refuse_another_run_now(self, store, force_new: bool) -> None:
+        """What `open_run` refuses at `store` (a part of another run, a run of another stage or settings), said
+        before a job plans for minutes: the harvest calls it before it clusters the anchors."""
+        store.refuse_another_runs_part(self.stage)
+        stored = None if force_new else store.read_manifest()
+        if stored is not None and not self.holds_this_run(stored):
+            store.refuse_another_run(stored, self.stage, self.fp, self.config(), self.inputs(), self.unfingerprinted)
+
     @abstractmethod
     def config(self) -> dict:
         """The resolved config, stored in the manifest."""

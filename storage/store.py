@@ -185,6 +185,39 @@ class ShardStore:
         """Whether anything is at the manifest's name: a run's, or a broken one `read_manifest` refuses."""
         return sfs.exists(self.fs, self.path(MANIFEST))
 
+    def refuse_another_run(self, existing: dict, stage: str, fingerprint: str, config: dict, inputs: List[dict],
+                           unfingerprinted: Sequence[str] = ()) -> None:
+        """Refuse to resume `existing` (the manifest here) as a run of `stage` with `fingerprint`: a run written by
+        a newer sentsim, of another stage, or with other settings, each named with what the user can do."""
+        check_format(existing, self.uri, "resume it with that sentsim, or pass --force-new to start it over here")
+        if existing.get("stage") != stage:
+            raise StoreError(
+                f"{self.uri} holds a '{existing.get('stage')}' run, not '{stage}'; "
+                "choose another --out or pass --force-new to replace it"
+            )
+        if existing.get("fingerprint") != fingerprint:
+            raise StoreError(
+                f"{self.uri} was written with fingerprint {existing.get('fingerprint')} but this run's is "
+                f"{fingerprint} ({what_changed(existing, config, inputs, ignore=unfingerprinted)}); "
+                "resume with the same settings, "
+                "or pass --force-new to start a new run there"
+            )
+
+    def refuse_another_runs_part(self, stage: str) -> None:
+        """Refuse to start a run of `stage` in a folder that holds a run of another stage nested in an outer run
+        (a pool harvest's pool_vectors/, a contexts run's rep_cache/), with --force-new too: replacing it would
+        delete part of the run around it, which its own command rebuilds at a cost."""
+        parent, _, name = self.uri.rpartition("/")
+        if name not in NESTED_RUNS or not parent or parent.endswith(":/"):
+            return
+        try:
+            here, outer = self.read_manifest(), ShardStore(parent).read_manifest()
+        except StoreError:
+            return
+        if here and outer and here.get("stage") != stage:
+            raise StoreError(f"{self.uri} holds the {name} run of the '{outer.get('stage')}' run {parent}, "
+                             "so nothing else is written there; choose another --out")
+
     def read_manifest(self) -> Optional[dict]:
         odd = sfs.not_a_file(self.fs.get_file_info(self.path(MANIFEST)))
         if odd:
@@ -226,24 +259,13 @@ class ShardStore:
         anything else is refused unless `force_new`, which clears the old run first. The refusal
         names the changed keys, less `unfingerprinted` ones (what_changed's `ignore`).
         """
+        self.refuse_another_runs_part(stage)
         # one writer per run: taken before anything is read or deleted, released by finalize/release
         if self.lease is None:
             self.lease = RunLease(self.fs, self.root, self.uri).acquire()
         existing = None if force_new else self.read_manifest()  # --force-new clears even a broken manifest
         if existing is not None and not force_new:
-            check_format(existing, self.uri, "resume it with that sentsim, or pass --force-new to start it over here")
-            if existing.get("stage") != stage:
-                raise StoreError(
-                    f"{self.uri} holds a '{existing.get('stage')}' run, not '{stage}'; "
-                    "choose another --out or pass --force-new to replace it"
-                )
-            if existing.get("fingerprint") != fingerprint:
-                raise StoreError(
-                    f"{self.uri} was written with fingerprint {existing.get('fingerprint')} but this run's is "
-                    f"{fingerprint} ({what_changed(existing, config, inputs, ignore=unfingerprinted)}); "
-                    "resume with the same settings, "
-                    "or pass --force-new to start a new run there"
-                )
+            self.refuse_another_run(existing, stage, fingerprint, config, inputs, unfingerprinted)
             self.sweep_temp(list(schemas))
             return existing
         self.refuse_other_files(schemas)

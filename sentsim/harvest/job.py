@@ -99,6 +99,7 @@ class HarvestRun(ShardedJob):
             self.unfingerprinted = self.unfingerprinted + tuple(
                 f"contexts.{k}" for k in cfg.contexts.SCREENED_ONLY) + ("keep_context_scores",)
             store = ShardStore(cfg.out)
+            self.refuse_another_run_now(store, force_new)
             resume_fp = self.fp if force_new else self.fingerprint_to_resume(store)
             kept_ids = None if force_new else store.read_side_table(POOL_IDS_TABLE, fingerprint=resume_fp)
             self.pool = draw_pool(self.corpus, cfg.contexts.pool_size, self.context_window(), cfg.seed,

@@ -489,6 +489,42 @@ def test_a_pool_runs_inner_run_given_as_a_harvest_names_the_harvest(partners_run
     assert list(tmp_path.iterdir()) == []
 
 
+def test_no_run_is_started_in_a_pool_harvests_inner_run(partners_run, inputs, tmp_path):
+    """`--out RUN/pool_vectors` for another harvest is refused in one line, --force-new too (it would delete the
+    vectors the pool harvest holds), and those vectors are left as they were."""
+    _, run = partners_run
+    before = vectors_of(run).S.copy()
+    base = ["harvest", "--corpus", inputs["corpus"], "--index", inputs["index"], "--context-models",
+            inputs["bundle"], "--executor", "inline", "--set", "anchors.n=4", "--set", "rank.enabled=false"]
+    for inner in ("pool_vectors", "pool_ranks"):
+        for extra in ((), ("--force-new",)):
+            r = sentsim_cli(*base, "--out", run / inner, *extra)
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+            assert lines[-1].endswith(f"{run / inner} holds the {inner} run of the 'harvest' run {run}, so nothing "
+                                      "else is written there; choose another --out"), r.stderr[-2000:]
+    np.testing.assert_array_equal(vectors_of(run).S, before)
+    r = sentsim_cli("store", "verify", run)
+    assert r.returncode == 0 and r.stdout.strip() == f"{run}: OK", r.stdout + r.stderr[-1500:]
+
+
+def test_a_changed_clustered_harvest_is_refused_before_it_clusters(cluster_run, inputs):
+    """Rerun with another metric, a clustered pool harvest is refused in one line naming what changed, before
+    the anchors are clustered or the pool drawn (minutes at a few 100K anchors), and it is left as it was."""
+    _, run = cluster_run
+    before = pairs_of(run)
+    sets = [f"contexts.pool_size={POOL}", "anchors.n=12", "anchors.per_unit=4", "sentences_per_unit=8",
+            "pairs_per_unit=8", "scoring.batch_tokens=2048", "scoring.autocast=off", "partners.cluster_size=4",
+            "contexts.mode=pool", "metric=spearman"]
+    r = sentsim_cli("harvest", "--corpus", inputs["corpus"], "--index", inputs["index"], "--context-models",
+                    inputs["bundle"], "--out", run, "--executor", "inline", *(a for x in sets for a in ("--set", x)))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert "was written with fingerprint" in last and "metric" in last, r.stderr[-2000:]
+    assert "clustering" not in r.stderr, r.stderr[-2000:]
+    assert pairs_of(run).equals(before)
+
+
 def test_store_compact_compacts_the_runs_inside_a_pool_harvest(partners_run, tmp_path):
     """`store compact RUN` on a pool harvest compacts its pool_vectors/ and pool_ranks/ too (runs of their own
     inside it, which `store verify RUN` verifies): the harvest and a remix read the same rows afterwards."""
