@@ -111,7 +111,8 @@ class Shared:
     `load` once per run rather than once per actor. On Ray the runner calls `load` in the driver and puts the
     value in the object store (`in_object_store`); each actor then maps it from its node's store, numpy arrays
     zero-copy and read-only, so a node holds one copy however many actors it runs. In-process, `load` runs at
-    the first `get`. `load` must be picklable (a module-level function, or a functools.partial of one), and
+    the first `get`. A driver that has read the value for itself first hands it over (`hold`) rather than have
+    it read again. `load` must be picklable (a module-level function, or a functools.partial of one), and
     the value should be numpy arrays: a dict or a list of str would still be unpickled into every actor."""
 
     def __init__(self, load: Callable[[], Any]):
@@ -131,13 +132,24 @@ class Shared:
             self._loaded = True
         return self._value
 
+    def hold(self, value: Any) -> None:
+        """Take `value` as what `load` would return, when the driver has just read it for a use of its own (a pool
+        harvest's context effect), so that it is not read again: on Ray `in_object_store` puts it, in-process the
+        stages `get` it."""
+        self._value, self._loaded = value, True
+
     def in_object_store(self) -> "Shared":
-        """A handle to the value put in Ray's object store; the driver keeps no copy of its own. The value
-        lives as long as the returned handle (the pipeline holds it while its actors run, restarts included)."""
+        """A handle to the value put in Ray's object store, loaded for the put (or the value `hold` gave) and
+        dropped by this Shared once put: the driver's heap keeps no copy. The put itself copies it into the object
+        store of the driver's node (shared memory, which the driver's RSS counts while it has it mapped), and that
+        copy, with one on each other node whose actors read it, stays pinned as long as the returned handle lives
+        (the pipeline holds it while its actors run, restarts included)."""
         import ray
 
         out = Shared(self.load)
-        out.ref = ray.put(self.get() if self._loaded else self.load())
+        value = self._value if self._loaded else self.load()
+        self._value, self._loaded = None, False
+        out.ref = ray.put(value)
         return out
 
     def __getstate__(self) -> dict:

@@ -36,7 +36,7 @@ from sentsim.harvest.stages import (
 from sentsim.identity import fingerprint
 from sentsim.out_paths import check_out
 from sentsim.pairs_file import read_pairs_file
-from sentsim.pipeline import Resources, StageSpec, UnitPlan
+from sentsim.pipeline import Resources, Shared, StageSpec, UnitPlan
 from sentsim.run_formats import (
     SCORING_REVISION,
     revision_changes,
@@ -308,9 +308,15 @@ class HarvestRun(ShardedJob):
                                               ctx.max_units)["fingerprint"]
         if metrics.get(self.cfg.metric).uses_context_effect and \
                 ctx.store.read_side_table(EFFECT_TABLE, fingerprint=ctx.fp) is None:
-            effect = StoredVectors(job.out).context_effect()
+            stored = StoredVectors(job.out)
+            effect = stored.context_effect()
             ctx.store.write_side_table(EFFECT_TABLE, pa.table({
                 "context_id": pa.array(self.pool.ids, pa.int64()), "effect": pa.array(effect, pa.float64())}), ctx.fp)
+            # the label stage's shared copy is this one, not a second read of the whole run: on Ray it is put in
+            # the object store and dropped, in-process the stage reads it (the run is complete and unchanged since)
+            for shared in label_vectors(ctx.specs):
+                shared.hold(stored)
+            del stored
         if self.cfg.rank.enabled and ranks:  # each sentence's rank targets, encoded once (pool_ranks.py)
             self.prepare_pool_ranks(ctx)
 
@@ -345,6 +351,14 @@ class HarvestRun(ShardedJob):
                            # and the rank targets (None with rank.enabled=false: no ranks run)
                            "ranks_fingerprint": ranks.get("fingerprint")}
         return out
+
+
+def label_vectors(specs) -> List[Shared]:
+    """The vectors (pipeline.Shared) the pool label stage among `specs` reads (none before the stages are built,
+    as on a rerun with nothing to label)."""
+    from sentsim.harvest.pool_label import PoolLabelStage
+
+    return [s.args["vectors"] for s in specs or () if issubclass(s.stage, PoolLabelStage)]
 
 
 class AnchorUnits:

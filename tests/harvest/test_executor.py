@@ -216,6 +216,14 @@ def test_a_shared_value_is_loaded_once_a_run_and_mapped_by_every_actor(ray_2gpu,
     out = list(run_pipeline([{"unit": u} for u in range(3)], [StageSpec(_Reads, res, {"value": shared})],
                             executor="inline"))
     assert len(out) == 3 and log.read_text().count("load") == 1
+    # a value the driver read for itself first is handed over, not loaded again, and not kept once put
+    log.unlink()
+    held = Shared(functools.partial(load, str(log)))
+    held.hold({"a": np.arange(100_000, dtype=np.float64)})
+    out = list(run_pipeline([{"unit": u} for u in range(4)], [StageSpec(_Reads, res, {"value": held})],
+                            executor="ray"))
+    assert {o["total"] for o in out} == {float(np.arange(100_000).sum())} and not log.exists()
+    assert held._value is None and not held._loaded
 
 
 def test_memory_and_cpu_asks_beyond_the_cluster_are_refused(inputs, ray_2gpu, tmp_path):

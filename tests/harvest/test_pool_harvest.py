@@ -131,6 +131,35 @@ def test_double_centred_removes_the_mean_over_every_sentence(cluster_run):
     assert json.loads((out / "report.json").read_text())["scored_items_per_pair"] == pytest.approx(12 * POOL / 18)
 
 
+def _count_vector_reads(monkeypatch) -> list:
+    from sentsim.harvest.pool_vectors import StoredVectors
+
+    reads, init = [], StoredVectors.__init__
+
+    def counted(self, uri):
+        reads.append(uri)
+        init(self, uri)
+
+    monkeypatch.setattr(StoredVectors, "__init__", counted)
+    return reads
+
+
+def test_the_driver_reads_the_vectors_once_for_the_effect_and_the_labels(cluster_run, tmp_path, monkeypatch):
+    """double-centred reads the whole vectors run for the context effect before the first unit, and the label
+    stage reads the same run: the driver reads it once for both, in-process and on Ray (where the label actors
+    map the copy the driver put in the object store), and both label the rows the first run did."""
+    from sentsim.harvest.job import harvest
+
+    cfg, out = cluster_run
+    for executor in ("inline", "ray"):
+        again = tmp_path / executor
+        reads = _count_vector_reads(monkeypatch)
+        assert harvest(cfg.model_copy(update={"out": str(again)}), executor=executor, quiet=True)["complete"]
+        assert reads == [str(again / "pool_vectors")], executor
+        assert pairs_of(again).equals(pairs_of(out)), executor
+        monkeypatch.undo()
+
+
 def test_killed_in_either_pass_resumes_to_the_same_rows(partners_run, tmp_path, capsys):
     from sentsim.harvest.job import harvest
 
