@@ -126,6 +126,10 @@ def _input_words(key: str, records: Sequence[dict] = ()) -> str:
 # them) and rank targets (its labelling reads them), and a job's own representation cache
 # (sentsim/harvest/pool_vectors.py, sentsim/harvest/pool_ranks.py, sentsim/screening/cache_job.py).
 NESTED_RUNS = ("pool_vectors", "pool_ranks", "rep_cache")
+# A manifest's list of the nested runs in its folder that the run does not read (a relabel with rank targets off
+# keeps the ranks run for a later one that turns them on): `store verify` names them, and does not count one
+# that is unfinished as damage to the run.
+UNREAD_NESTED = "unread_nested_runs"
 
 
 def holding_run(uri: str, stage: str = "harvest") -> Optional[str]:

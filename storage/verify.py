@@ -11,7 +11,7 @@ A finished run that lacks a unit has lost it, and that is a problem.
 
 from __future__ import annotations
 
-from typing import List, Optional, Set, Tuple
+from typing import List, Optional, Sequence, Set, Tuple
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -19,7 +19,16 @@ import pyarrow.parquet as pq
 from storage import fs as sfs
 from storage.compaction import FILE_PREFIX, load_compaction
 from storage.records import StoreError
-from storage.store import COMPLETE, LOST_MANIFEST, NESTED_RUNS, UNITS_DIR, ShardStore, check_format, schema_signature
+from storage.store import (
+    COMPLETE,
+    LOST_MANIFEST,
+    NESTED_RUNS,
+    UNITS_DIR,
+    UNREAD_NESTED,
+    ShardStore,
+    check_format,
+    schema_signature,
+)
 
 AGAIN = "run `sentsim store compact` again"
 
@@ -66,7 +75,7 @@ def verify_run(uri: str) -> Tuple[List[str], Optional[str]]:
         _check_compacted_files(store, markers, comp, fp, tables, claimed, problems)
     _check_unclaimed_files(store, tables, claimed, problems)
     _check_side_tables(store, fp, problems)
-    _check_nested_runs(uri, store, problems)
+    _check_nested_runs(uri, store, manifest.get(UNREAD_NESTED) or (), problems)
     if store.is_complete():
         _check_planned_units(manifest, markers, problems)
         return problems, None
@@ -75,8 +84,18 @@ def verify_run(uri: str) -> Tuple[List[str], Optional[str]]:
     return problems, _unfinished(manifest, markers)
 
 
-def _check_nested_runs(uri: str, store: ShardStore, problems: List[str]) -> None:
-    """Each nested run there is verified as a run of its own, its problems named under its folder."""
+def unread_nested_runs(uri: str) -> List[str]:
+    """The nested runs in the run's folder that its manifest says it does not read."""
+    try:
+        manifest = ShardStore(uri).read_manifest() or {}
+    except StoreError:
+        return []
+    return [name for name in manifest.get(UNREAD_NESTED) or () if name in NESTED_RUNS]
+
+
+def _check_nested_runs(uri: str, store: ShardStore, unread: Sequence[str], problems: List[str]) -> None:
+    """Each nested run there is verified as a run of its own, its problems named under its folder; one the run
+    does not read (`unread`) may be unfinished."""
     for name in NESTED_RUNS:
         sub = ShardStore(f"{uri.rstrip('/')}/{name}")
         try:
@@ -87,7 +106,7 @@ def _check_nested_runs(uri: str, store: ShardStore, problems: List[str]) -> None
             problems.append(f"{name}/: {exc}")
             continue
         problems.extend(f"{name}/{p}" for p in inner)
-        if unfinished and store.is_complete():
+        if unfinished and store.is_complete() and name not in unread:
             problems.append(f"{name}/: run {unfinished}; the finished run it belongs to needs it whole")
 
 

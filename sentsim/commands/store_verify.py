@@ -15,10 +15,12 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from sentsim.out_paths import refuse_another_kind
-    from storage.verify import verify_run
+    from storage.verify import unread_nested_runs, verify_run
 
     refuse_another_kind(args.run_dir, "store verify")
     problems, unfinished = verify_run(args.run_dir)
+    for name in unread_nested_runs(args.run_dir):  # checked all the same: a later run may read it again
+        print(f"{args.run_dir.rstrip('/')}/{name}: not read by this run (kept from an earlier run in this folder)")
     if problems:
         for line in problems:
             print(f"BAD  {line}", file=sys.stderr)

@@ -47,6 +47,7 @@ from sentsim.screening.cache_job import check_rep_cache, ensure_rep_cache, given
 from sentsim.screening.config import discriminator_in_use, screened_as_stored
 from storage import ShardStore
 from storage.fs import input_sha256
+from storage.store import UNREAD_NESTED
 
 STAGE = "harvest"
 
@@ -273,12 +274,17 @@ class HarvestRun(ShardedJob):
 
     def has_ranks_run(self) -> bool:
         from sentsim.harvest.pool_ranks import ranks_uri
-        from storage import StoreError
 
-        try:
-            return ShardStore(ranks_uri(self.out)).read_manifest() is not None
-        except StoreError:  # there, but unreadable: mended as the vectors are
-            return True
+        return holds_a_run(ranks_uri(self.out))
+
+    def unread_nested_runs(self) -> List[str]:
+        """The pool runs in the harvest's folder that this run does not read: a ranks run kept from a relabel with
+        rank targets on (for one that turns them on again), a pool harvest's runs under a per-pair relabel."""
+        from sentsim.harvest import pool_ranks, pool_vectors
+
+        read = {pool_vectors.SUBDIR, *([pool_ranks.SUBDIR] if self.cfg.rank.enabled else [])} if self.pooled else set()
+        return [m.SUBDIR for m in (pool_vectors, pool_ranks)
+                if m.SUBDIR not in read and holds_a_run(f"{self.out.rstrip('/')}/{m.SUBDIR}")]
 
     def vector_identity(self) -> dict:
         """What the pool's sentence vectors depend on besides the pool and the sentences (not the metric, the
@@ -336,7 +342,7 @@ class HarvestRun(ShardedJob):
         refusal = all_null_refusal(ctx.store, ctx.fp, len(self.units))
         if refusal:
             raise UsageError(refusal)
-        out = {"plan": self.plan_info}
+        out = {"plan": self.plan_info, UNREAD_NESTED: self.unread_nested_runs()}
         if self.pooled:
             from sentsim.harvest.pool_ranks import ranks_uri
             from sentsim.harvest.pool_vectors import vectors_uri
@@ -351,6 +357,16 @@ class HarvestRun(ShardedJob):
                            # and the rank targets (None with rank.enabled=false: no ranks run)
                            "ranks_fingerprint": ranks.get("fingerprint")}
         return out
+
+
+def holds_a_run(uri: str) -> bool:
+    """Whether a run is at `uri`: a manifest there, readable or not (a damaged run is mended, not ignored)."""
+    from storage import StoreError
+
+    try:
+        return ShardStore(uri).read_manifest() is not None
+    except StoreError:
+        return True
 
 
 def label_vectors(specs) -> List[Shared]:

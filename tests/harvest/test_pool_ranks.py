@@ -194,6 +194,37 @@ def test_a_finished_harvest_labelled_without_a_ranks_run_is_not_given_one(codes_
     assert pairs_of(copy).equals(pairs_of(out))
 
 
+def test_a_relabel_with_rank_targets_off_keeps_the_ranks_run_as_one_it_does_not_read(codes_run, tmp_path):
+    """The ranks run of a harvest stopped in its ranks pass, then relabelled with rank targets off (--force-new),
+    stays in the folder for a relabel that turns them on again. It is no part of the relabelled run: the manifest
+    says it is not read, and `store verify` says so and does not call the finished run damaged for it being
+    unfinished (a rerun would never finish it). Turned on again, it is resumed and read."""
+    from sentsim.harvest.job import harvest
+    from storage.verify import verify_store
+
+    cfg, out, _ = codes_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    marker = copy / "pool_ranks" / "_units" / "00000.json"
+    for f in json.loads(marker.read_text())["files"].values():
+        (copy / "pool_ranks" / f["path"]).unlink()
+    marker.unlink()
+    (copy / "pool_ranks" / "_COMPLETE").unlink()
+    off = cfg.model_copy(update={"out": str(copy), "rank": cfg.rank.model_copy(update={"enabled": False})})
+    m = harvest(off, executor="inline", quiet=True, force_new=True)
+    assert m["complete"] and m["pool"]["ranks_fingerprint"] is None
+    assert pairs_of(copy).rank_sim.isna().all()
+    assert verify_store(str(copy)) == []
+    assert m["unread_nested_runs"] == ["pool_ranks"]
+    r = sentsim_cli("store", "verify", copy)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert f"{copy}/pool_ranks: not read by this run" in r.stdout, r.stdout
+    m = harvest(cfg.model_copy(update={"out": str(copy)}), executor="inline", quiet=True, force_new=True)
+    assert m["complete"] and m["unread_nested_runs"] == []
+    assert m["pool"]["ranks_fingerprint"] == ShardStore(str(copy / "pool_ranks")).read_manifest()["fingerprint"]
+    assert verify_store(str(copy)) == [] and pairs_of(copy).equals(pairs_of(out))
+
+
 def _config_file(cfg, out, tmp_path):
     """cfg, at `out`, as a YAML file the command reads."""
     import yaml
