@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from sentsim.executor import RunContext, ShardedJob
 from sentsim.harvest.config import HarvestConfig
-from sentsim.harvest.pool_vectors import rows_of, sentence_plan
+from sentsim.harvest.pool_vectors import column_matrix, release_arrow_memory, rows_of, sentence_plan, sorted_ids
 from sentsim.harvest.stages import SENTENCE_SCHEMA, RankStage, encoded_ranks, rank_encoder
 from sentsim.harvest.work import EncodedRanks, SentenceRanks, envelope, work_of
 from sentsim.identity import fingerprint
@@ -169,13 +169,11 @@ class StoredRanks:
     def __init__(self, uri: str):
         from storage import RunReader
 
-        t = RunReader(uri, what="pool rank targets").read_table(RANKS_TABLE)
-        self.storage = "codes" if COLUMN["codes"] in t.column_names else "vectors"
-        ids = t.column("sentence_id").to_numpy()
-        order = np.argsort(ids, kind="stable")
-        self.ids = ids[order]
-        col = t.column(COLUMN[self.storage]).combine_chunks()
-        self.targets = col.flatten().to_numpy(zero_copy_only=False).reshape(len(t), -1)[order]
+        reader = RunReader(uri, what="pool rank targets")
+        self.storage = "codes" if COLUMN["codes"] in reader.schema(RANKS_TABLE).names else "vectors"
+        self.ids, order = sorted_ids(reader, RANKS_TABLE)
+        self.targets = column_matrix(reader, RANKS_TABLE, COLUMN[self.storage], order)
+        release_arrow_memory()
 
     def of(self, ids: List[int]) -> np.ndarray:
         return self.targets[rows_of(self.ids, ids)]

@@ -293,19 +293,14 @@ class StoredVectors:
     def __init__(self, uri: str):
         from storage import RunReader
 
-        t = RunReader(uri, what="pool vectors").read_table(VECTORS_TABLE)
-        ids = t.column("sentence_id").to_numpy()
-        order = np.argsort(ids, kind="stable")  # units are sorted slices; sorted here, whatever the read order
-        self.ids = ids[order]
-        texts = t.column("text").to_pylist()
-        self.texts = PackedTexts([texts[i] for i in order])
-
-        def matrix(name: str) -> np.ndarray:
-            col = t.column(name).combine_chunks()
-            return col.flatten().to_numpy(zero_copy_only=False).reshape(len(t), -1).astype(np.float32)[order]
-
-        self.S = matrix("S")
-        self.terms = {d: matrix(d) for d in DIRS}
+        reader = RunReader(uri, what="pool vectors")
+        self.ids, order = sorted_ids(reader, VECTORS_TABLE)
+        texts = reader.read_table(VECTORS_TABLE, ["text"]).column(0).to_pylist()
+        self.texts = PackedTexts(texts if order is None else [texts[i] for i in order])
+        del texts
+        self.S = column_matrix(reader, VECTORS_TABLE, "S", order).astype(np.float32, copy=False)
+        self.terms = {d: column_matrix(reader, VECTORS_TABLE, d, order).astype(np.float32, copy=False) for d in DIRS}
+        release_arrow_memory()
 
     def rows(self, sentence_ids) -> np.ndarray:
         """The rows of these sentence ids; a KeyError names the first id the run does not hold."""
@@ -319,6 +314,37 @@ class StoredVectors:
     def context_effect(self) -> np.ndarray:
         """Each pool context's mean S over every scored sentence: what double-centred removes."""
         return pool_context_effect(self.S)
+
+
+def sorted_ids(reader, table: str) -> tuple:
+    """The stored run's sentence ids, ascending, and the order that sorts its rows (None when they are already:
+    units are sorted slices, read in unit order)."""
+    ids = reader.read_table(table, ["sentence_id"]).column(0).to_numpy()
+    if len(ids) < 2 or bool((ids[1:] >= ids[:-1]).all()):
+        return ids, None
+    order = np.argsort(ids, kind="stable")
+    return ids[order], order
+
+
+def column_matrix(reader, table: str, name: str, order: Optional[np.ndarray]) -> np.ndarray:
+    """A list column of equal-length rows as one numpy matrix [rows, width], in `order` (None: as stored). Read
+    on its own and copied once out of Arrow's memory, so that loading a whole run holds at most one column
+    twice, not the whole table beside its matrices."""
+    col = reader.read_table(table, [name]).column(0)
+    n = len(col)
+    flat = np.concatenate([c.flatten().to_numpy(zero_copy_only=False) for c in col.chunks]) if col.num_chunks \
+        else np.zeros(0, col.type.value_type.to_pandas_dtype())
+    del col
+    out = flat.reshape(n, -1) if n else flat.reshape(0, 0)
+    return out if order is None else out[order]
+
+
+def release_arrow_memory() -> None:
+    """Hand the pages Arrow's allocator kept after a whole run was read back to the system: freed, they would
+    stay in the reading process (the driver, all through its pipeline) as much as the run's size again."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 def rows_of(ids: np.ndarray, sentence_ids) -> np.ndarray:
