@@ -293,8 +293,8 @@ class HarvestRun(ShardedJob):
                 "scoring": self.cfg.semantic()["scoring"], "context_models": self.hashes["context_models"]}
 
     def prepare_pool(self, ctx: RunContext, ranks: bool = True) -> None:
-        """The pool run's vectors (built or resumed, pool_vectors.py), its pair plan kept, the context effect
-        over every scored sentence when the metric reads one, and its rank targets when on (pool_ranks.py)."""
+        """The pool run's vectors (built or resumed, pool_vectors.py), its pair plan kept, its rank targets when on
+        (pool_ranks.py), and the context effect over every scored sentence when the metric reads one."""
         import pyarrow as pa
 
         from sentsim.harvest import metrics
@@ -312,6 +312,8 @@ class HarvestRun(ShardedJob):
         job = PoolVectorsRun(self.cfg, self.pool_plan.texts, self.pool, self.vector_identity(), self.precision)
         self.vectors_fp = ensure_pool_vectors(job, ctx.executor, ctx.address, ctx.force_new, ctx.quiet,
                                               ctx.max_units)["fingerprint"]
+        if self.cfg.rank.enabled and ranks:  # each sentence's rank targets, encoded once (pool_ranks.py)
+            self.prepare_pool_ranks(ctx)
         if metrics.get(self.cfg.metric).uses_context_effect and \
                 ctx.store.read_side_table(EFFECT_TABLE, fingerprint=ctx.fp) is None:
             stored = StoredVectors(job.out)
@@ -319,12 +321,11 @@ class HarvestRun(ShardedJob):
             ctx.store.write_side_table(EFFECT_TABLE, pa.table({
                 "context_id": pa.array(self.pool.ids, pa.int64()), "effect": pa.array(effect, pa.float64())}), ctx.fp)
             # the label stage's shared copy is this one, not a second read of the whole run: on Ray it is put in
-            # the object store and dropped, in-process the stage reads it (the run is complete and unchanged since)
+            # the object store and dropped, in-process the stage reads it (the run is complete and unchanged since).
+            # Read after the ranks pass, so that the driver does not hold it all through that pass.
             for shared in label_vectors(ctx.specs):
                 shared.hold(stored)
             del stored
-        if self.cfg.rank.enabled and ranks:  # each sentence's rank targets, encoded once (pool_ranks.py)
-            self.prepare_pool_ranks(ctx)
 
     def prepare_pool_ranks(self, ctx: RunContext) -> None:
         """The pool run's rank targets, built or resumed (pool_ranks.py) for the anchors this run holds."""

@@ -137,7 +137,8 @@ def _count_vector_reads(monkeypatch) -> list:
     reads, init = [], StoredVectors.__init__
 
     def counted(self, uri):
-        reads.append(uri)
+        ranks = ShardStore(str(uri).replace("pool_vectors", "pool_ranks")).read_manifest() or {}
+        reads.append((uri, ranks.get("complete")))
         init(self, uri)
 
     monkeypatch.setattr(StoredVectors, "__init__", counted)
@@ -146,8 +147,8 @@ def _count_vector_reads(monkeypatch) -> list:
 
 def test_the_driver_reads_the_vectors_once_for_the_effect_and_the_labels(cluster_run, tmp_path, monkeypatch):
     """double-centred reads the whole vectors run for the context effect before the first unit, and the label
-    stage reads the same run: the driver reads it once for both, in-process and on Ray (where the label actors
-    map the copy the driver put in the object store), and both label the rows the first run did."""
+    stage reads the same run: the driver reads it once for both, after the ranks pass, in-process and on Ray (where
+    the label actors map the copy the driver put in the object store), and both label the rows the first run did."""
     from sentsim.harvest.job import harvest
 
     cfg, out = cluster_run
@@ -155,7 +156,8 @@ def test_the_driver_reads_the_vectors_once_for_the_effect_and_the_labels(cluster
         again = tmp_path / executor
         reads = _count_vector_reads(monkeypatch)
         assert harvest(cfg.model_copy(update={"out": str(again)}), executor=executor, quiet=True)["complete"]
-        assert reads == [str(again / "pool_vectors")], executor
+        # once, and after the ranks pass: the driver does not hold the vectors all through that pass
+        assert reads == [(str(again / "pool_vectors"), True)], executor
         assert pairs_of(again).equals(pairs_of(out)), executor
         monkeypatch.undo()
 
