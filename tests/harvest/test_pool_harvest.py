@@ -102,14 +102,21 @@ def test_a_pair_is_eq4_over_the_pool_scored_directly(partners_run, inputs):
 
 
 def test_the_pool_run_labels_the_same_pairs_as_a_per_pair_run(partners_run, inputs, tmp_path):
-    """The pair plan is the per-pair harvest's (anchors, then partners, owned once): only the labels differ."""
+    """The pair plan is the per-pair harvest's (anchors, then partners, owned once): only the labels differ. Run
+    as a relabel in the pool run's folder (--force-new), it keeps the pool's runs there, which its manifest lists as
+    runs it does not read (store verify names them, and an unfinished one is no damage to it)."""
     from sentsim.harvest.job import harvest
+    from storage.verify import verify_store
 
     cfg, out = partners_run
     per_pair = tmp_path / "per_pair"
-    harvest(cfg.model_copy(update={"out": str(per_pair), "contexts": cfg.contexts.model_copy(
-        update={"mode": "screened", "size": 4})}), executor="inline", quiet=True)
+    shutil.copytree(out, per_pair)
+    (per_pair / "pool_vectors" / "_COMPLETE").unlink()
+    m = harvest(cfg.model_copy(update={"out": str(per_pair), "contexts": cfg.contexts.model_copy(
+        update={"mode": "screened", "size": 4})}), executor="inline", quiet=True, force_new=True)
     assert pairs_of(per_pair).pair_id.tolist() == pairs_of(out).pair_id.tolist()
+    assert m["complete"] and m["unread_nested_runs"] == ["pool_vectors", "pool_ranks"]
+    assert verify_store(str(per_pair)) == []
 
 
 def test_double_centred_removes_the_mean_over_every_sentence(cluster_run):
