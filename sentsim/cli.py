@@ -11,7 +11,7 @@ import re
 import sys
 from typing import Optional, Sequence
 
-from sentsim.errors import UsageError
+from sentsim.errors import UsageError, WorkerLost
 
 GROUP_HELP = {
     "corpus": "ingest documents into sentence and chunk shards",
@@ -96,11 +96,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         refusing.error(f"unrecognized arguments: {' '.join(given)}")
     try:
         return int(args._run(args) or 0)
+    except WorkerLost as exc:
+        # the machine's doing, not a bug: no traceback; Ray's own report of the kill (the node's memory, its
+        # top users) is above, as its raylet printed it, and SENTSIM_DEBUG=1 shows the whole chain
+        if os.environ.get("SENTSIM_DEBUG"):
+            raise
+        print(f"sentsim: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return exc.exit_code
     except Exception as exc:
         # A user's mistake found inside a Ray task, actor or Train worker arrives wrapped in
         # Ray's own error types; unwrap it so it still prints as one line.
         msg = (_wrapped_usage_error(exc) or _setup_error(exc, args) or _output_not_made(exc, args)
                or _object_store_error(exc, argv))
+        lost = None if msg is not None else _lost_worker_line(exc, args)
+        if lost is not None and not os.environ.get("SENTSIM_DEBUG"):
+            print(f"sentsim: error: {lost}", file=sys.stderr)
+            return WorkerLost.exit_code
         if msg is None or os.environ.get("SENTSIM_DEBUG"):
             raise
         line = msg.splitlines()[0] if msg else repr(exc)
@@ -110,6 +121,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # no command exits from inside: a SystemExit there is Ray Train's SIGINT handler's, a Ctrl-C as well
         print("sentsim: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
+
+
+def _lost_worker_line(exc: BaseException, args):
+    """A Ray worker killed for memory or dead where no run named its stage (the executor and the trainers
+    do): one line, naming the command, that the same command resumes."""
+    from sentsim.lost_workers import lost_worker, sharded_job_line
+
+    lost = lost_worker(exc)
+    return None if lost is None else sharded_job_line(" ".join(args._path), lost, [], {})
 
 
 def _job_copy_hint(line: str, argv: Sequence[str]) -> str:

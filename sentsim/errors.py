@@ -1,4 +1,5 @@
-"""Errors that are the user's doing. The CLI prints them as one line and exits 2, never a traceback."""
+"""Errors the CLI prints as one line, never a traceback: the user's doing (exit 2), and a Ray worker lost to
+the machine (exit 1)."""
 
 
 class UsageError(Exception):
@@ -9,3 +10,12 @@ class UsageError(Exception):
 
 class InputError(UsageError):
     """Malformed input data; the message names the file and, where known, the line."""
+
+
+class WorkerLost(Exception):
+    """A Ray worker of a run was killed for memory, or died: the machine's doing, not a bug, and the run
+    resumes. The CLI prints the message as one line and exits 1 (a run stopped short), never a traceback;
+    the message names the stage, what to change in its config, and that the same command resumes."""
+
+    exit_code = 1
+

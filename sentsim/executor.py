@@ -285,6 +285,19 @@ def execute(job: ShardedJob, executor: str = "ray", address: Optional[str] = Non
         store.release()  # the run's lease: free again for the next writer, whatever happened
 
 
+def _raise_if_worker_lost(exc: Exception, stage: str, ctx: RunContext) -> None:
+    """A Ray worker killed for memory or dead is the machine's doing: WorkerLost, one line naming the stage
+    and its resources, instead of Ray's traceback (the units done so far stay done; the command resumes)."""
+    from sentsim.lost_workers import WorkerLost, lost_worker, sharded_job_line
+
+    lost = lost_worker(exc)
+    if lost is None:
+        return
+    resources = (ctx.manifest.get("config") or {}).get("resources") or {}
+    names = [s.name for s in ctx.specs or ()]
+    raise WorkerLost(sharded_job_line(stage, lost, names, resources if isinstance(resources, dict) else {})) from exc
+
+
 def _chain_first(first: dict, rest):
     yield first
     yield from rest
@@ -341,13 +354,17 @@ def _execute(job: ShardedJob, store, fp: str, planned, units, executor: str, add
                                     stream=stream, gauges=job.gauges, run=job.out, detail=job.detail)
         if stopped:
             return
-        for r in run_pipeline(window, ctx.specs, executor=executor):
-            if store.lease is not None:
-                store.lease.check()  # another writer took the run over (stale lease): stop here, exit 2
-            ctx.note_placement(r)
-            ctx.progress.update(r)
-            if job.on_result(r):
-                stopped = True
+        try:
+            for r in run_pipeline(window, ctx.specs, executor=executor):
+                if store.lease is not None:
+                    store.lease.check()  # another writer took the run over (stale lease): stop here, exit 2
+                ctx.note_placement(r)
+                ctx.progress.update(r)
+                if job.on_result(r):
+                    stopped = True
+        except Exception as exc:
+            _raise_if_worker_lost(exc, job.stage, ctx)
+            raise
 
     t0 = time.time()
     window: List[dict] = []

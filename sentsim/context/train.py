@@ -572,6 +572,7 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
                   "corpus": str(corpus), "directions": rdirs, "tokenizer_dir": str(tok_dir)}
         run = fit(config, name=name, out_dir=run_dir, executor=cfg.executor,
                   hint="lower --set lr=... or raise warmup_steps",
+                  memory_hint="lower --set batch_tokens=... or num_workers",
                   export=lambda d: ContextModel.load(d / "model", cfg.model, tok))
         models[name] = run["model"]
         for d in rdirs:

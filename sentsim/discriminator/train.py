@@ -320,6 +320,7 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     init_ray(address)
     t0 = time.perf_counter()
     run = fit(config, name="discriminator", out_dir=state, hint="lower --set train.lr=...",
+              memory_hint="lower --set train.batch_size=... or train.num_workers",
               export=lambda d: shutil.copy(d / "model.safetensors", state / "model.safetensors"))
     history = run["history"]
     final = dict(history[-1])

@@ -198,7 +198,8 @@ def epoch_left_out(n_rows: int, num_workers: int, batch_size: int, drop_last: bo
 
 
 def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path], Path], datasets: Optional[dict] = None,
-        executor: str = "ray", hint: str = "lower --set lr=...") -> dict:
+        executor: str = "ray", hint: str = "lower --set lr=...",
+        memory_hint: str = "lower --set batch_size=... or num_workers") -> dict:
     """Train, then export the final checkpoint with `export(checkpoint_dir) -> model_dir`. The only
     place sentsim builds a TorchTrainer.
 
@@ -208,7 +209,8 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
     for a trainee that reads its own batches. loop_config["loop"] is the run's `LoopSettings`, which
     also says the resources (num_workers, cpus_per_worker, use_gpu, checkpoints_to_keep, max_failures).
     Returns {"model", "history", "gpu", "result"} (result: rank 0's return value). Raises
-    TrainingDiverged when the loss stopped being finite.
+    TrainingDiverged when the loss stopped being finite, and WorkerLost when a Ray worker of the training was
+    killed for memory or died (`memory_hint`: the trainer's settings that lower a worker's memory).
 
     A fit whose export is a folder or file records it (`FitRecord`): called again with the same settings
     while that export is unchanged, it says so in one line and returns the record, without starting
@@ -256,7 +258,16 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
             dataset_config=ray.train.DataConfig(datasets_to_split=[k for k in ("train",) if k in datasets]),
         )
         drop_unregistered_checkpoints(out_dir / "ray" / name)
-        result = trainer.fit()
+        try:
+            result = trainer.fit()
+        except Exception as exc:
+            from sentsim.lost_workers import WorkerLost, lost_worker, trainer_line
+
+            lost = lost_worker(exc)
+            if lost is None:
+                raise
+            # the machine's doing, not the training's: one line, the knobs that lower a worker's memory
+            raise WorkerLost(trainer_line(label, lost, memory_hint)) from exc
         if result.checkpoint is not None:  # the one exported below, whatever the snapshot says
             drop_unregistered_checkpoints(out_dir / "ray" / name, also_keep=Path(result.checkpoint.path).name)
         if result.return_value is None:
