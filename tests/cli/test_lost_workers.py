@@ -1,0 +1,108 @@
+"""A Ray worker killed by Ray's memory monitor, or dead otherwise, is one line and exit 1, naming the stage and what
+to change, never a traceback; the same command then resumes.
+
+The trainer's kill is Ray's own, through the real command: its local Ray starts with RAY_memory_usage_threshold at
+1% (any machine running Ray is above it), so the memory monitor kills a worker within its first refresh; Ray Train
+restarts none of its actors, so the run fails at the first kill whichever worker Ray chose.
+
+A sharded job's kill cannot be made to end the same way every time: Ray Data restarts a stage's actors for ever
+(max_restarts=-1) and Ray retries a task killed for memory for ever (RAY_task_oom_retries=-1), so under a lasting
+threshold the command kills and restarts workers until it is stopped; with RAY_task_oom_retries=0 it fails only
+when Ray's policy happens to pick a read task before a stage actor. Its line is checked here from Ray's own
+exception types, built as Ray builds them, with the message Ray gave a harvest's driver (RAY_OOM).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import error_line, sentsim_cli
+
+# Ray's settings, read by the raylet of the local Ray the command starts (it inherits the command's env)
+MEMORY_KILL = {"RAY_memory_usage_threshold": "0.01", "RAY_memory_monitor_refresh_ms": "50"}
+
+
+def _one_line(r) -> str:
+    assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    return error_line(r.stderr)
+
+
+@pytest.mark.slow
+def test_a_training_whose_worker_ray_kills_for_memory_is_one_line_and_resumes(speech_corpus, tmp_path):
+    out = tmp_path / "disc"
+    args = ("train", "discriminator", "--corpus", speech_corpus, "--out", out, "--set", "train.max_steps=20",
+            "--set", "model.embed_dim=16", "--set", "model.hidden=16")
+    line = _one_line(sentsim_cli(*args, env=MEMORY_KILL, timeout=300))
+    assert line.startswith("sentsim: error: discriminator: Ray killed a worker of the training for memory"), line
+    assert "train.batch_size" in line and "train.num_workers" in line, line
+    assert line.endswith("run the same command again: it goes on from its last checkpoint"), line
+    assert not (out / "model.safetensors").exists()
+
+    r = sentsim_cli(*args, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (Path(out) / "model.safetensors").exists()
+
+
+# Ray's own message of a memory kill, as the harvest's driver received it (its object-store and top-users parts cut)
+RAY_OOM = """1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: 127.0.0.1, ID: \
+68c270d4f082be53a0690a82f788f46a942879495de740e6dc65f93f) was 3.83GB used / 23.54GB limit (0.162684)
+OOM kill reason: Memory usage 4206714880B exceeded threshold of 1263825536B (5.0% of 25276510208B limit)
+Ray killed 1 worker(s) based on the killing policy
+Considered workers: [
+Selected to kill: (Task: job ID=01000000, lease ID=0100000001000000ffffffffffffffffffffffffffffffffffffffffffffffff, \
+task name={task}, required resources={{}}, pid=28106, actual memory used=0.04GB, worker ID=4f3c93fc)
+]"""
+HARVEST_STAGES = ["contexts", "scoring", "rank", "write"]
+
+
+def _harvest_resources() -> dict:
+    from sentsim.harvest.config import HarvestResources
+
+    return HarvestResources().model_dump()
+
+
+def test_a_memory_kill_of_a_stage_actor_names_that_stage_and_its_knobs():
+    from ray.exceptions import OutOfMemoryError
+
+    from sentsim.lost_workers import lost_worker, sharded_job_line
+
+    lost = lost_worker(OutOfMemoryError(RAY_OOM.format(task="MapWorker(MapBatches(ContextsActor)).__init__")))
+    assert lost.memory
+    line = sharded_job_line("harvest", lost, HARVEST_STAGES, _harvest_resources())
+    assert line == ("harvest: Ray killed a worker of its contexts stage for memory (the node had 3.83GB of 23.54GB "
+                    "in use, above Ray's kill threshold of 5.0%, RAY_memory_usage_threshold); reserve memory per actor "
+                    "with resources.contexts.memory_gb (Ray then places fewer on a node), or lower "
+                    "resources.contexts.max_actors or resources.contexts.units_per_call; then run the same command "
+                    "again: it resumes from its last completed unit")
+
+
+def test_a_memory_kill_of_a_read_task_names_the_stages_that_can_reserve_memory():
+    from ray.exceptions import OutOfMemoryError
+
+    from sentsim.lost_workers import lost_worker, sharded_job_line
+
+    line = sharded_job_line("harvest", lost_worker(OutOfMemoryError(RAY_OOM.format(task="Read_UnitSource"))),
+                            HARVEST_STAGES, _harvest_resources())
+    assert line.startswith("harvest: Ray killed a worker (Read_UnitSource) for memory (the node had 3.83GB"), line
+    assert ("resources.<stage>.memory_gb for the stages that hold the most (contexts, scoring, rank, label; " in line
+            and line.endswith("it resumes from its last completed unit")), line
+
+
+def test_an_actor_that_died_is_named_but_one_whose_constructor_raised_is_not_a_lost_worker():
+    from ray.core.generated.common_pb2 import ActorDiedErrorContext
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    from sentsim.lost_workers import lost_worker, sharded_job_line
+
+    ctx = ActorDiedErrorContext(class_name="MapWorker(MapBatches(ScoringActor))", actor_id=b"\x01" * 16, pid=7,
+                                error_message="The actor is dead because its worker process has died.")
+    lost = lost_worker(ActorDiedError(ctx))
+    assert lost is not None and not lost.memory
+    line = sharded_job_line("harvest", lost, HARVEST_STAGES, _harvest_resources())
+    assert line.startswith("harvest: a worker of its scoring stage died (The actor died unexpectedly"), line
+    assert "if its node ran out of memory: reserve memory per actor with resources.scoring.memory_gb" in line, line
+    init_failed = ActorDiedError(RayTaskError("f", "Traceback ...", ValueError("bad model folder")))
+    assert lost_worker(init_failed) is None
+    assert lost_worker(ValueError("not Ray's")) is None
