@@ -106,3 +106,22 @@ def test_an_actor_that_died_is_named_but_one_whose_constructor_raised_is_not_a_l
     init_failed = ActorDiedError(RayTaskError("f", "Traceback ...", ValueError("bad model folder")))
     assert lost_worker(init_failed) is None
     assert lost_worker(ValueError("not Ray's")) is None
+
+
+def test_the_executor_raises_worker_lost_naming_the_killed_stage_and_keeps_other_errors():
+    from ray.exceptions import OutOfMemoryError
+
+    from sentsim.errors import WorkerLost
+    from sentsim.executor import RunContext, _raise_if_worker_lost
+    from sentsim.pipeline import Stage, StageSpec
+
+    specs = [StageSpec(type(f"{n.title()}Stage", (Stage,), {"name": n})) for n in HARVEST_STAGES]
+    ctx = RunContext(job=None, fp="", store=None, manifest={"config": {"resources": _harvest_resources()}},
+                     executor="ray", address=None, force_new=False, quiet=True, specs=specs)
+    kill = OutOfMemoryError(RAY_OOM.format(task="MapWorker(MapBatches(ScoringActor)).submit"))
+    with pytest.raises(WorkerLost) as lost:
+        _raise_if_worker_lost(kill, "harvest", ctx)
+    assert lost.value.exit_code == 1 and lost.value.__cause__ is kill
+    assert str(lost.value).startswith("harvest: Ray killed a worker of its scoring stage for memory")
+    assert "resources.scoring.memory_gb" in str(lost.value)
+    _raise_if_worker_lost(ValueError("a bug of the stage"), "harvest", ctx)  # not a lost worker: left to the caller
