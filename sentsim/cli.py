@@ -97,10 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except WorkerLost as exc:
-        # the machine's doing, not a bug: no traceback; Ray's own report of the kill (the node's memory, its
-        # top users) is above, as its raylet printed it, and SENTSIM_DEBUG=1 shows the whole chain
+        # the machine's doing, not a bug: no traceback, but Ray's own report of the loss (which worker, the
+        # node's memory and its top users) above the line, which says what to change; SENTSIM_DEBUG=1 shows
+        # the whole chain
         if os.environ.get("SENTSIM_DEBUG"):
             raise
+        if exc.detail and "Traceback" not in exc.detail:  # Train's text of a worker's failure holds its traceback
+            print(f"Ray's report:\n{exc.detail.strip()}", file=sys.stderr)
         print(f"sentsim: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return exc.exit_code
     except Exception as exc:

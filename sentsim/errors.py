@@ -19,3 +19,6 @@ class WorkerLost(Exception):
 
     exit_code = 1
 
+    def __init__(self, line: str, detail: str = ""):
+        super().__init__(line)
+        self.detail = detail  # Ray's own report of the loss (the node's memory, its top users), shown above the line

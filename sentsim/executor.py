@@ -295,7 +295,8 @@ def _raise_if_worker_lost(exc: Exception, stage: str, ctx: RunContext) -> None:
         return
     resources = (ctx.manifest.get("config") or {}).get("resources") or {}
     names = [s.name for s in ctx.specs or ()]
-    raise WorkerLost(sharded_job_line(stage, lost, names, resources if isinstance(resources, dict) else {})) from exc
+    line = sharded_job_line(stage, lost, names, resources if isinstance(resources, dict) else {})
+    raise WorkerLost(line, lost.text) from exc
 
 
 def _chain_first(first: dict, rest):

@@ -267,7 +267,7 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
             if lost is None:
                 raise
             # the machine's doing, not the training's: one line, the knobs that lower a worker's memory
-            raise WorkerLost(trainer_line(label, lost, memory_hint)) from exc
+            raise WorkerLost(trainer_line(label, lost, memory_hint), lost.text) from exc
         if result.checkpoint is not None:  # the one exported below, whatever the snapshot says
             drop_unregistered_checkpoints(out_dir / "ray" / name, also_keep=Path(result.checkpoint.path).name)
         if result.return_value is None:

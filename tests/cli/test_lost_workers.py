@@ -34,7 +34,11 @@ def test_a_training_whose_worker_ray_kills_for_memory_is_one_line_and_resumes(sp
     out = tmp_path / "disc"
     args = ("train", "discriminator", "--corpus", speech_corpus, "--out", out, "--set", "train.max_steps=20",
             "--set", "model.embed_dim=16", "--set", "model.hidden=16")
-    line = _one_line(sentsim_cli(*args, env=MEMORY_KILL, timeout=300))
+    killed = sentsim_cli(*args, env=MEMORY_KILL, timeout=300)
+    line = _one_line(killed)
+    # Ray's own report of the kill stays, above the line: which worker, the node's memory, its top users
+    assert "Ray's report:\n" in killed.stderr and "killed due to the node running low on memory" in killed.stderr
+    assert killed.stderr.strip().endswith(line)
     assert line.startswith("sentsim: error: discriminator: Ray killed a worker of the training for memory"), line
     assert "train.batch_size" in line and "train.num_workers" in line, line
     assert line.endswith("run the same command again: it goes on from its last checkpoint"), line
