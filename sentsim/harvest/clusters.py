@@ -152,27 +152,35 @@ def _balanced_rows(X: sparse.csr_matrix, size: int, seed: int, k: int, mini_batc
     return _assign(X, centres, cand_d, cand_c, room)
 
 
-def cluster_pairs(ids: Sequence[int], clusters: np.ndarray) -> list[tuple[int, int]]:
-    """Every pair (a, b) with a < b of ids that share a cluster, ordered by cluster, then a, then b.
+def cluster_pairs(ids: Sequence[int], clusters: np.ndarray) -> np.ndarray:
+    """Every pair (a, b) with a < b of ids that share a cluster, ordered by cluster, then a, then b: an int64
+    array of shape (pairs, 2).
 
-    `ids[i]` is the id of the text in `clusters[i]`; an id repeated within a cluster still gives each pair once."""
+    `ids[i]` is the id of the text in `clusters[i]`; an id repeated within a cluster still gives each pair once.
+    An array, not a list of tuples: 1,000,000 anchors in clusters of 256 are 127.5M pairs, 2 GiB here against
+    about 20 GiB of Python tuples and ints."""
     ids_arr = np.asarray(ids, dtype=np.int64).reshape(-1)
     cl = np.asarray(clusters, dtype=np.int64).reshape(-1)
     if ids_arr.shape != cl.shape:
         raise ValueError(f"{len(ids_arr)} ids but {len(cl)} cluster labels")
     if not len(cl):
-        return []
+        return np.empty((0, 2), dtype=np.int64)
     order = np.lexsort((ids_arr, cl))
     ids_arr, cl = ids_arr[order], cl[order]
-    starts = np.flatnonzero(np.r_[True, cl[1:] != cl[:-1]])
-    ends = np.r_[starts[1:], len(cl)]
-    firsts, seconds = [], []
+    first = np.r_[True, cl[1:] != cl[:-1]]
+    keep = first | np.r_[True, ids_arr[1:] != ids_arr[:-1]]  # an id once per cluster
+    ids_arr, first = ids_arr[keep], first[keep]
+    starts = np.flatnonzero(first)
+    ends = np.r_[starts[1:], len(ids_arr)]
+    sizes = ends - starts
+    out = np.empty((int((sizes * (sizes - 1) // 2).sum()), 2), dtype=np.int64)
+    at = 0
     for s, e in zip(starts.tolist(), ends.tolist()):
-        members = np.unique(ids_arr[s:e])
-        a, b = np.triu_indices(len(members), 1)  # row-major: by a, then b
-        firsts.append(members[a])
-        seconds.append(members[b])
-    return list(zip(np.concatenate(firsts).tolist(), np.concatenate(seconds).tolist()))
+        a, b = np.triu_indices(e - s, 1)  # row-major: by a, then b
+        out[at:at + len(a), 0] = ids_arr[s + a]
+        out[at:at + len(a), 1] = ids_arr[s + b]
+        at += len(a)
+    return out
 
 
 def _tfidf(texts: Sequence[str], max_features: int) -> sparse.csr_matrix | None:

@@ -236,7 +236,7 @@ def plan_pool_pairs(cfg, corpus, anchors: Optional[np.ndarray], file_pairs: Opti
 
         clusters = balanced_clusters([t or "" for t in corpus.texts(anchors)], cfg.partners.cluster_size, cfg.seed,
                                      progress=None if quiet else say_progress, levels=cfg.partners.cluster_levels)
-        both = np.array(cluster_pairs(anchors.tolist(), clusters), np.int64).reshape(-1, 2)
+        both = cluster_pairs(anchors, clusters)
         pairs = PairColumns.build(both[:, 0], both[:, 1], "cluster")
     else:
         from sentsim.harvest.pairs import AnchorPartners

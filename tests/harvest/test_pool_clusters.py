@@ -63,7 +63,9 @@ def test_cluster_pairs_are_every_pair_within_each_cluster_once():
     texts, _ = synthetic(23, 3, seed=2)
     cl = balanced_clusters(texts, size, seed=0)
     ids = [100 + 3 * i for i in range(len(texts))][::-1]  # ids unrelated to the order of the texts
-    pairs = cluster_pairs(ids, cl)
+    arr = cluster_pairs(ids, cl)
+    assert arr.dtype == np.int64 and arr.shape[1] == 2
+    pairs = list(map(tuple, arr.tolist()))
     assert len(pairs) == len(set(pairs))
     assert all(a < b for a, b in pairs)
     cluster_of = dict(zip(ids, cl.tolist()))
@@ -81,11 +83,31 @@ def test_cluster_pairs_are_every_pair_within_each_cluster_once():
 
 
 def test_cluster_pairs_edge_cases():
-    assert cluster_pairs([], np.array([], dtype=np.int64)) == []
-    assert cluster_pairs([5, 2, 9], np.array([1, 0, 1])) == [(5, 9)]
-    assert cluster_pairs([3, 1, 2], np.zeros(3, dtype=np.int64)) == [(1, 2), (1, 3), (2, 3)]
+    assert cluster_pairs([], np.array([], dtype=np.int64)).shape == (0, 2)
+    assert cluster_pairs([5, 2, 9], np.array([1, 0, 1])).tolist() == [[5, 9]]
+    assert cluster_pairs([3, 1, 2], np.zeros(3, dtype=np.int64)).tolist() == [[1, 2], [1, 3], [2, 3]]
+    # an id repeated within a cluster gives each pair once; across clusters, once per cluster
+    assert cluster_pairs([4, 4, 7, 4, 7], np.array([0, 0, 0, 1, 1])).tolist() == [[4, 7], [4, 7]]
+    assert cluster_pairs([4, 4], np.array([0, 0])).shape == (0, 2)
     with pytest.raises(ValueError):
         cluster_pairs([1, 2], np.array([0]))
+
+
+def test_cluster_pairs_memory_is_the_pairs_array():
+    """Pairs grow as n*(K-1)/2 (127.5M at 1M anchors in clusters of 256): they are built straight into the array
+    returned, with no Python object a pair (a list of tuples took 10x the array's memory)."""
+    import tracemalloc
+
+    n, size = 40_000, 128
+    clusters = np.arange(n, dtype=np.int64)[::-1] // size
+    tracemalloc.start()
+    try:
+        pairs = cluster_pairs(np.arange(n, dtype=np.int64), clusters)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert pairs.shape == ((n // size) * size * (size - 1) // 2 + (n % size) * (n % size - 1) // 2, 2)
+    assert peak < 1.5 * pairs.nbytes, (peak, pairs.nbytes)
 
 
 @pytest.mark.parametrize("size", [1, 0, -3])
