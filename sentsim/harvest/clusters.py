@@ -51,6 +51,13 @@ _CHUNK_FLOATS = 2**22
 _CANDIDATES = 16
 # centroids beyond those listed for a text, taken from its row at first (later blocks: as many as it has had)
 _REST_BLOCK = 64
+# seconds per sentence, and per distance computed, of each clustering, fitted to bench/results/cluster_scale.md
+# (2 shared AMD EPYC cores): only to tell a user of the flat default what two levels would save
+_FLAT_PER_SENTENCE, _FLAT_PER_DISTANCE = 1.3e-4, 2.6e-7
+_TWO_PER_SENTENCE, _TWO_PER_DISTANCE = 1.5e-4, 5.9e-7
+# flat chosen where two levels are estimated at least this many times faster, and this many seconds faster,
+# is worth a line naming the key
+_HINT_RATIO, _HINT_SAVED_S = 3.0, 30.0
 
 
 def say_progress(line: str) -> None:
@@ -89,11 +96,48 @@ def balanced_clusters(texts: Sequence[str], size: int, seed: int,
     # printed meanwhile: say what is being done before, and what it took after
     t0 = time.perf_counter()
     if progress:
+        hint = two_level_hint(n, size)
+        if hint:
+            progress(hint)
         progress(f"clustering {n:,} sentences into {k:,} TF-IDF clusters of {size:,}")
     labels = _balanced(texts, size, seed, n, k)
     if progress:
         progress(f"clustered {n:,} sentences in {time.perf_counter() - t0:.1f} s")
     return labels
+
+
+def estimated_seconds(n: int, size: int, levels: int) -> float:
+    """Seconds `balanced_clusters` is estimated to take for n texts in clusters of `size` at `levels`, from the
+    distances each level computes (flat: n * k; two levels: n * (groups + clusters per group)) and a cost per
+    sentence, fitted to bench/cluster_scale.py on 2 shared cores: a guide to the order of magnitude only."""
+    k = math.ceil(n / size)
+    groups = round(math.sqrt(k))
+    if levels == 2 and groups >= 2:
+        per_group = math.ceil(k / groups)
+        g = math.ceil(n / (size * per_group))
+        return n * (_TWO_PER_SENTENCE + _TWO_PER_DISTANCE * (g + per_group))
+    return n * (_FLAT_PER_SENTENCE + _FLAT_PER_DISTANCE * k)
+
+
+def two_level_hint(n: int, size: int) -> Optional[str]:
+    """The line a flat clustering of n texts in clusters of `size` prints before it starts when two levels are
+    estimated much faster (`_HINT_RATIO` times, and `_HINT_SAVED_S` seconds): both estimates and the key that
+    chooses two levels. None otherwise. Flat stays the default: two levels give other pairs, so a run made with
+    flat resumes only with flat (its fingerprint holds the key when it is 2)."""
+    flat, two = estimated_seconds(n, size, 1), estimated_seconds(n, size, 2)
+    if flat < _HINT_RATIO * two or flat - two < _HINT_SAVED_S:
+        return None
+    return (f"flat clustering of {n:,} sentences in clusters of {size:,}: estimated {_duration(flat)} here, "
+            f"against {_duration(two)} with partners.cluster_levels: 2 (same cluster sizes, other pairs, "
+            f"another run; estimates from bench/results/cluster_scale.md on 2 shared cores)")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"about {seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"about {seconds / 60:.0f} min"
+    return f"about {seconds / 3600:.1f} h"
 
 
 def _two_level(texts: Sequence[str], size: int, seed: int, n: int, k: int, per_group: int,

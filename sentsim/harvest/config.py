@@ -37,11 +37,15 @@ class PartnerConfig(Section):
     # docs/notes/2026-11-27-pool-harvest-design.md). Flat clustering costs about n^2/K distances in the driver;
     # 2 costs about n*2*sqrt(n/K), with clusters of the same sizes but other pairs (sentsim/harvest/clusters.py).
     # Measured on enwiki sentences (bench/results/cluster_scale.md): 18 s against 110 s at 90K anchors and K=32,
-    # level at 20K, within-cluster TF-IDF cosine 86-110% of flat's.
+    # level at 20K, within-cluster TF-IDF cosine 86-110% of flat's; on 1M enwiki+gutenberg sentences 411 s at
+    # K=32 (flat projected at 2-4 h). Flat stays the default, as a run resumes only with the clustering it began
+    # with and an anchor-count threshold would move runs made before across it; flat prints the two estimates
+    # and this key before it starts where two levels are estimated 3x faster (clusters.two_level_hint).
     cluster_levels: Literal[1, 2] = Field(
         1, description="partners.cluster_size's clustering: 1, flat k-means over all anchors; 2, first about "
                        "sqrt(n/K) equal groups, then clusters of K within each: for large anchor counts (about "
-                       "100,000 or more), where flat grows as n^2/K; same cluster sizes, other pairs")
+                       "100,000 or more), where flat grows as n^2/K; same cluster sizes, other pairs. Flat says "
+                       "so before it starts where two levels are estimated much faster")
 
     # a run made before cluster_levels resumes with it at 1
     ADDED_LATER = {"cluster_levels": 1}

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from sentsim.harvest.clusters import balanced_clusters, cluster_pairs
+from sentsim.harvest.clusters import balanced_clusters, cluster_pairs, estimated_seconds, two_level_hint
 
 TOPICS = {
     "cats": ["Cat kitten purrs.", "Kitten and cat nap.", "Cat chases kitten.", "Black cat, small kitten.",
@@ -159,6 +159,41 @@ def test_clustering_says_what_it_clusters_and_what_it_took_without_changing_the_
     assert len(lines) == 2 and capsys.readouterr().err == ""
     balanced_clusters(texts[:10], 64, seed=2)  # one cluster: nothing to cluster, nothing said
     assert capsys.readouterr().err == ""
+
+
+def test_flat_at_a_size_where_two_levels_are_much_faster_names_the_key_first(capsys):
+    """Flat clustering of 300,000 anchors in clusters of 32 would take about an hour: before it starts, one line
+    says so, with two levels' estimate and the key; the clusters are the flat ones all the same (texts without a
+    word keep the test fast: they fill clusters in input order)."""
+    n = 300_000
+    assert np.array_equal(balanced_clusters([""] * n, 32, seed=0), np.arange(n) // 32)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 3 and err[1].startswith(f"[harvest] clustering {n:,} sentences into 9,375 TF-IDF clusters")
+    assert err[0] == "[harvest] " + two_level_hint(n, 32)
+    assert "partners.cluster_levels: 2" in err[0] and err[0].count("estimate") == 2
+    assert err[0].startswith(f"[harvest] flat clustering of {n:,} sentences in clusters of 32: estimated about ")
+    # levels=2 chosen, or flat where two levels save little (90K in clusters of 256: 18 s against 16 s
+    # measured): no such line
+    balanced_clusters([""] * n, 32, seed=0, levels=2)
+    balanced_clusters([""] * 90_000, 256, seed=0)
+    assert not any("cluster_levels" in line for line in capsys.readouterr().err.splitlines())
+
+
+def test_two_level_hint_follows_the_measured_costs():
+    """The estimates grow as the benchmark did (flat as n^2/K, two levels near n^1.5); the line appears where
+    two levels were measured several times faster (90K in clusters of 32: 110 s against 18 s), and never at the
+    sizes of the test suite or the demo, whose output stays as it was."""
+    assert estimated_seconds(1_000_000, 32, 1) > 10 * estimated_seconds(1_000_000, 32, 2)
+    assert estimated_seconds(200_000, 32, 1) > 3.5 * estimated_seconds(100_000, 32, 1)
+    assert estimated_seconds(5, 32, 2) == estimated_seconds(5, 32, 1)  # one cluster: no two levels
+    for n, size in ((1_000_000, 32), (1_000_000, 256), (500_000, 32), (90_000, 32)):
+        line = two_level_hint(n, size)
+        assert line and "partners.cluster_levels: 2" in line, (n, size)
+    for n in (10, 1_000, 5_000, 8_000):  # the demo's 1,000 anchors; this file's largest clustering, 8,000
+        for size in (2, 4, 8, 32, 256):
+            assert two_level_hint(n, size) is None, (n, size)
+    assert all(two_level_hint(20_000, size) is None for size in (8, 32, 256))  # level in the bench at 20K
+    assert two_level_hint(90_000, 256) is None
 
 
 # two levels (levels=2, partners.cluster_levels: 2): groups of whole clusters' worth, then clusters within each
