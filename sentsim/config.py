@@ -325,7 +325,8 @@ def add_run_arguments(parser, executor: str = "ray") -> None:
     parser.add_argument("--executor", choices=["ray", "inline"], default=executor,
                         help=f"ray: Ray actor pools or tasks; inline: everything in this process (default: {executor})")
     parser.add_argument("--max-units", type=unit_count, default=None, metavar="N",
-                        help="run at most N of the pending units, then stop; the same command resumes the run")
+                        help="run at most N of the pending units of each pass (a pool harvest's vectors, rank "
+                             "targets and labels are three), then stop; the same command resumes the run")
 
 
 def unit_count(text: str) -> int:

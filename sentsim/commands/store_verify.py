@@ -21,6 +21,8 @@ def run(args) -> int:
     problems, unfinished = verify_run(args.run_dir)
     for name in unread_nested_runs(args.run_dir):  # checked all the same: a later run may read it again
         print(f"{args.run_dir.rstrip('/')}/{name}: not read by this run (kept from an earlier run in this folder)")
+    for line in missing_pool_runs(args.run_dir):
+        print(line)
     if problems:
         for line in problems:
             print(f"BAD  {line}", file=sys.stderr)
@@ -30,3 +32,33 @@ def run(args) -> int:
     # a run stopped by --max-units (or killed) is not damaged: what it holds checks out, and it resumes
     print(f"{args.run_dir}: OK" + (f" ({unfinished})" if unfinished else ""))
     return 0
+
+
+# what reads each run a pool harvest records, for the note on one that is gone
+_POOL_RUNS = {"pool_vectors": ("vectors_fingerprint", "`sentsim remix` reads it, and the same harvest command "
+                                "rebuilds it"),
+              "pool_ranks": ("ranks_fingerprint", "a relabel reads it, and rebuilds it")}
+
+
+def missing_pool_runs(run_dir: str) -> list:
+    """A note for each run a finished pool harvest recorded (its vectors, its rank targets) that is no longer in
+    its folder: the harvest's own rows stay whole without them, so it is not a problem, but what reads them will
+    refuse or redo work, which the user deleting them to save space should know."""
+    from storage import ShardStore, StoreError
+
+    root = run_dir.rstrip("/")
+    try:
+        store = ShardStore(root)
+        manifest = store.read_manifest() or {}
+        if not store.is_complete():
+            return []
+        pool = manifest.get("pool") or {}
+        lines = []
+        for name, (key, what) in _POOL_RUNS.items():
+            sub = ShardStore(f"{root}/{name}")
+            if isinstance(pool, dict) and pool.get(key) and sub.read_manifest() is None and not sub.lost_manifest():
+                lines.append(f"{root}/{name}: not there (deleted?); this harvest's rows are whole without it, but "
+                             f"{what}")
+        return lines
+    except StoreError:  # verify_run names what is wrong with the manifest
+        return []

@@ -234,7 +234,11 @@ def plan_pool_pairs(cfg, corpus, anchors: Optional[np.ndarray], file_pairs: Opti
     elif cfg.partners.cluster_size:
         from sentsim.harvest.clusters import balanced_clusters, cluster_pairs, say_progress
 
-        clusters = balanced_clusters([t or "" for t in corpus.texts(anchors)], cfg.partners.cluster_size, cfg.seed,
+        k, n = cfg.partners.cluster_size, len(anchors)
+        if n <= k and not quiet:  # no clustering to report, and the user may have meant many clusters
+            say_progress(f"partners.cluster_size={k} holds all {n:,} anchors: one cluster, every pair among them "
+                         f"labelled ({n * (n - 1) // 2:,} pairs)")
+        clusters = balanced_clusters([t or "" for t in corpus.texts(anchors)], k, cfg.seed,
                                      progress=None if quiet else say_progress, levels=cfg.partners.cluster_levels)
         both = cluster_pairs(anchors, clusters)
         pairs = PairColumns.build(both[:, 0], both[:, 1], "cluster")

@@ -563,6 +563,23 @@ def test_a_changed_clustered_harvest_is_refused_before_it_clusters(cluster_run, 
     assert pairs_of(run).equals(before)
 
 
+def test_verify_notes_a_finished_pool_harvests_deleted_runs(partners_run, tmp_path):
+    """A finished pool harvest whose pool_vectors/ and pool_ranks/ were deleted (to save space, say) is still
+    OK, its rows being whole, but verify says each is gone and what needs it; the whole run has no such note."""
+    cfg, run = partners_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    for inner in ("pool_vectors", "pool_ranks"):
+        shutil.rmtree(copy / inner)
+    r = sentsim_cli("store", "verify", copy)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == f"{copy}: OK", r.stdout + r.stderr[-1500:]
+    assert (f"{copy}/pool_vectors: not there (deleted?); this harvest's rows are whole without it, but "
+            "`sentsim remix` reads it, and the same harvest command rebuilds it") in r.stdout, r.stdout
+    assert f"{copy}/pool_ranks: not there (deleted?)" in r.stdout, r.stdout
+    r = sentsim_cli("store", "verify", run)
+    assert r.stdout.strip() == f"{run}: OK", r.stdout
+
+
 def test_store_compact_compacts_the_runs_inside_a_pool_harvest(partners_run, tmp_path):
     """`store compact RUN` on a pool harvest compacts its pool_vectors/ and pool_ranks/ too (runs of their own
     inside it, which `store verify RUN` verifies): the harvest and a remix read the same rows afterwards."""
@@ -664,6 +681,11 @@ def test_clustering_says_what_it_does_unless_quiet(inputs, tmp_path, capsys):
     assert "[harvest] clustering 12 sentences into 3 TF-IDF clusters of 4" in err
     assert err.count("[harvest] clustering ") == 2 and err.count("[harvest] clustered ") == 2  # pool and pairs
     assert "clustering" not in run(tmp_path / "quiet", quiet=True)
+    cfg = pool_config(inputs, tmp_path / "one", partners={"cluster_size": 16}, anchors={"n": 12})
+    assert harvest(cfg, executor="inline", quiet=False)["complete"]
+    err = capsys.readouterr().err
+    assert ("[harvest] partners.cluster_size=16 holds all 12 anchors: one cluster, every pair among them labelled "
+            "(66 pairs)") in err and "clustering" not in err
 
 
 def test_two_level_clusters_through_the_command_label_every_pair_within_them(inputs, tmp_path):
