@@ -89,6 +89,17 @@ def append_results(path, lines: List[str]) -> None:
     print(text, end="")
 
 
+def write_json_result(path, result: dict) -> None:
+    """Write a bench's result as indented JSON (the file BENCHMARKS.md quotes) and print it on one line, the
+    last line of the bench's output."""
+    import json
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+
+
 def bootstrap(pred, gold, n=1000, seed=0):
     """Spearman x 100 of pred against gold, its 95% bootstrap interval (n resamples), pairs used."""
     import numpy as np

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import machine  # noqa: E402
+from common import machine, write_json_result  # noqa: E402
 
 MiB = 2**20
 PER_UNIT = 1000
@@ -130,9 +130,7 @@ def main(argv=None) -> int:
     for m, x in med.items():
         print(f"{m}: {x['seconds']:.2f} s, peak RSS {x['peak_rss_mib']:.0f} MiB (Ray up: {x['rss_before_mib']:.0f}), "
               f"RSS after the put {x['rss_after_put_mib']:.0f} MiB (median of {args.runs})")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    write_json_result(args.json, result)
     return 0
 
 

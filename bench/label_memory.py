@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import machine  # noqa: E402
+from common import machine, write_json_result  # noqa: E402
 
 from sentsim.harvest.pool_label import PoolLabelStage  # noqa: E402
 from sentsim.pipeline import Resources, Shared, StageSpec, run_pipeline  # noqa: E402
@@ -129,9 +128,7 @@ def main(argv=None) -> int:
     print(f"vectors run {store_mib:.0f} MiB; {args.actors} label actors (median of {args.runs} runs): own copies "
           f"{med['own']:.0f} MiB of USS; shared {med['shared']:.0f} MiB of USS + {store_mib:.0f} MiB in the object "
           f"store = {node['shared']:.0f} MiB ({result['ratio_shared_over_own']:.2f}x of own)")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    write_json_result(args.json, result)
     return 0
 
 

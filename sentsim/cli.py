@@ -12,6 +12,7 @@ import sys
 from typing import Optional, Sequence
 
 from sentsim.errors import UsageError, WorkerLost
+from sentsim.lost_workers import error_chain
 
 GROUP_HELP = {
     "corpus": "ingest documents into sentence and chunk shards",
@@ -198,8 +199,8 @@ def _object_store_error(exc: BaseException, argv: Sequence[str]):
     """An object store that cannot be reached or refuses us is a setup problem, not a bug: one line
     that says which settings pyarrow's S3 client (and boto3, for the run's lease) reads, and that on a
     cluster each node reads them from its own environment."""
-    botocore = next((e for e in _chain(exc) if type(e).__module__.startswith("botocore")), None)
-    s3_text = next((m for m in map(_pyarrow_s3_message, _chain(exc)) if m), None)
+    botocore = next((e for e in error_chain(exc) if type(e).__module__.startswith("botocore")), None)
+    s3_text = next((m for m in map(_pyarrow_s3_message, error_chain(exc)) if m), None)
     if botocore is not None:  # the lease's boto3, e.g. NoCredentialsError: "Unable to locate credentials"
         first = (str(botocore).splitlines() or [repr(botocore)])[0]
     elif s3_text is not None:  # pyarrow's S3 client, wherever the run's paths came from (flags or --config)
@@ -240,7 +241,7 @@ def _setup_error(exc: BaseException, args):
     (the file the error names, else the command's output) and what to do. Found on the error or any error
     it wraps (Ray's task errors keep the original as `cause`; Ray Train reports worker failures as text)."""
     code, path = None, None
-    for e in _chain(exc):
+    for e in error_chain(exc):
         if isinstance(e, OSError) and e.errno in _SETUP_ERRNOS:
             code, path = e.errno, e.filename
             break
@@ -269,7 +270,7 @@ def _output_not_made(exc: BaseException, args):
     above it. Any other missing file is sentsim's to explain, so it stays a traceback."""
     outs = [(flag, value) for flag, key in _OUTPUT_FLAGS
             if isinstance(value := getattr(args, key, None), str) and value and "://" not in value]
-    for e in _chain(exc):
+    for e in error_chain(exc):
         if not (isinstance(e, OSError) and e.errno in (errno.ENOENT, errno.EEXIST)):
             continue
         named = e.filename if e.filename is not None else next(iter(_QUOTED_PATH.findall(str(e))), None)
@@ -282,19 +283,6 @@ def _output_not_made(exc: BaseException, args):
                 return (f"{flag} {value}: {bad} cannot be made there ({os.strerror(e.errno)}); "
                         "give an output on a disk this user may write")
     return None
-
-
-def _chain(exc: BaseException):
-    """The error, the errors it wraps (`cause`: Ray's task errors), and their causes and contexts."""
-    seen, todo = set(), [exc]
-    while todo:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        cause = getattr(e, "cause", None)
-        todo += [cause if isinstance(cause, BaseException) else None, e.__cause__, e.__context__]
 
 
 def _usage_line_in(text: str):

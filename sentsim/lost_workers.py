@@ -17,7 +17,7 @@ from typing import Iterable, Optional, Sequence
 
 from sentsim.errors import WorkerLost
 
-__all__ = ["LostWorker", "WorkerLost", "lost_worker", "sharded_job_line", "trainer_line"]
+__all__ = ["LostWorker", "WorkerLost", "error_chain", "lost_worker", "sharded_job_line", "trainer_line"]
 
 # what Ray's memory monitor writes into the error of each task or actor it kills
 _MEMORY_TEXT = re.compile(r"killed due to the node running low on memory")
@@ -57,7 +57,7 @@ class LostWorker:
         return f"({node}, above {limit}, RAY_memory_usage_threshold)"
 
 
-def _chain(exc: BaseException):
+def error_chain(exc: BaseException):
     """The error, the errors it wraps (`cause`: Ray's task errors; Train's per-worker failures), and their
     causes and contexts."""
     seen, todo = set(), [exc]
@@ -87,7 +87,7 @@ def lost_worker(exc: BaseException) -> Optional[LostWorker]:
     except ImportError:
         return None
     died = None
-    for e in _chain(exc):
+    for e in error_chain(exc):
         if isinstance(e, OutOfMemoryError) or (isinstance(e, Exception) and _MEMORY_TEXT.search(str(e))):
             return _found(True, str(e))
         if died is None and isinstance(e, (WorkerCrashedError, NodeDiedError, LocalRayletDiedError)):
