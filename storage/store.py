@@ -146,6 +146,16 @@ def holding_run(uri: str, stage: str = "harvest") -> Optional[str]:
     return parent if manifest and manifest.get("stage") == stage else None
 
 
+def part_of_run_refusal(uri: str, given: str) -> Optional[str]:
+    """The line for a command given a harvest's nested run (`uri`) where it takes the harvest: `given` is how
+    the user gave it (`--data X`, `--scores X`, or X itself), which the line repeats with the harvest instead;
+    None when no harvest holds `uri`."""
+    whole = holding_run(uri)
+    if whole is None:
+        return None
+    return f"{given}: not a harvest run but a part of the harvest {whole}; give {given.replace(uri, whole)}"
+
+
 LOST_MANIFEST = (f"{MANIFEST} is missing, though {UNITS_DIR}/ holds the run's completion markers, so the run can be "
                  f"neither read nor resumed: put its {MANIFEST} back, or start it over with --force-new")
 

@@ -270,12 +270,11 @@ def _read_run_pairs(uri: str):
 
     reader = RunReader(uri, what="--scores")
     if not reader.files("pairs", required=False):
-        from storage.store import holding_run
+        from storage.store import part_of_run_refusal
 
-        whole = holding_run(uri)
-        if whole is not None:  # a pool harvest's pool_vectors/ or pool_ranks/: runs of their own, with no pairs
-            raise UsageError(f"--scores {uri}: not a harvest run but a part of the harvest {whole}; "
-                             f"give --scores {whole}")
+        refusal = part_of_run_refusal(uri, f"--scores {uri}")  # a pool harvest's pool_vectors/: no pairs there
+        if refusal is not None:
+            raise UsageError(refusal)
         raise UsageError(f"--scores {uri}: a run, but it has no completed pairs/ shards")
     try:
         table = reader.read_table("pairs", ["s1", "s2", "score"], numeric=["score"])

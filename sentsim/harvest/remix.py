@@ -509,11 +509,11 @@ class RemixRun(ShardedJob):
 
             raise UsageError(f"{cfg.source}: {LOST_MANIFEST}")
         if not manifest or manifest.get("stage") not in ("harvest", STAGE):
-            from storage.store import holding_run
+            from storage.store import part_of_run_refusal
 
-            whole = holding_run(cfg.source) if manifest else None
-            if whole is not None:
-                raise UsageError(f"{cfg.source}: not a harvest run but a part of the harvest {whole}; give {whole}")
+            refusal = part_of_run_refusal(cfg.source, cfg.source) if manifest else None
+            if refusal is not None:
+                raise UsageError(refusal)
             raise UsageError(f"{cfg.source}: not a harvest run (no manifest.json of stage 'harvest')")
         if not manifest.get("complete"):
             raise UsageError(f"{src.incomplete_note() or cfg.source + ' is not complete'}; resume the harvest "

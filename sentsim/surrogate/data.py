@@ -78,12 +78,11 @@ def open_harvest(data: str):
         raise UsageError(f"--data {reader.uri}: {LOST_MANIFEST}")
     stage = (reader.manifest or {}).get("stage")
     if isinstance(stage, str) and stage not in ("harvest", "harvest-remix"):
-        from storage.store import holding_run
+        from storage.store import part_of_run_refusal
 
-        whole = holding_run(reader.uri)
-        if whole is not None:  # a pool harvest's pool_vectors/ or pool_ranks/: runs of their own, with no pairs
-            raise UsageError(f"--data {reader.uri}: not a harvest run but a part of the harvest {whole}; "
-                             f"give --data {whole}")
+        refusal = part_of_run_refusal(reader.uri, f"--data {reader.uri}")  # a pool harvest's pool_vectors/, say
+        if refusal is not None:
+            raise UsageError(refusal)
         raise UsageError(f"--data {reader.uri}: not a harvest run but a '{stage}' run; give the --out of "
                          "`sentsim harvest` (or `sentsim remix`)")
     return reader
