@@ -328,22 +328,74 @@ def pool_remix_inputs(vectors_uri: str, lam: dict, metric: str) -> tuple:
     from sentsim.harvest.pool_vectors import StoredVectors
 
     stored = StoredVectors(vectors_uri)
+    # the stored S is the source's λ combined, which a remix recomputes and never reads: dropped here, it is
+    # neither held beside the new S nor put in the object store with the terms (a quarter of the run)
+    stored.S = None
     return (stored, *pool_scores(stored, lam, metric))
 
 
-def pool_scores(vectors, lam: dict, metric: str) -> tuple[np.ndarray, Optional[np.ndarray]]:
+# pool_scores recomputes S a block of rows at a time, each temporary of it 2**20 float64 (8 MiB): the driver
+# holds the new S and a few blocks beside the stored terms, not float64 copies of the whole run (25.6M entries
+# at 100K sentences x |P| = 256, 195 MiB each)
+_BLOCK_ENTRIES = 2**20
+
+
+def pool_scores(vectors, lam: dict, metric: str, block_rows: Optional[int] = None
+                ) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """S over the pool for every stored sentence under `lam` (Eq. 3, as the scorer combines its terms), and the
-    context effect over all of them when `metric` reads one."""
-    from sentsim.context.scorer import combine_terms
+    context effect over all of them when `metric` reads one, `block_rows` rows of the run at a time.
 
-    shape = vectors.S.shape
-    values = {t: vectors.terms[t].ravel().astype(np.float64) if t in vectors.terms else np.full(vectors.S.size, np.nan)
-              for t in TERMS}
-    S, _ = combine_terms(values, dict.fromkeys(TERMS, True), lam)
-    S = S.reshape(shape)
-    from sentsim.harvest.pool_vectors import pool_context_effect
+    Each entry of S is combine_terms's sum for it, in float64 from the stored float32 terms, the same operations
+    in the same order, and the effect is pool_context_effect's nanmean of S: the same values to the bit as
+    computing them over the whole run at once (tests/harvest/test_pool_harvest.py)."""
+    n, width = next(iter(vectors.terms.values())).shape
+    step = block_rows or max(1, _BLOCK_ENTRIES // max(1, width))
+    S = np.empty((n, width))
+    means = _ColumnMeans(width) if metrics.get(metric).uses_context_effect else None
+    for lo in range(0, n, step):
+        block = S[lo:lo + step]
+        _eq3_into(block, {t: m[lo:lo + step] for t, m in vectors.terms.items()}, lam)
+        if means is not None:
+            means.add(block)
+    return S, None if means is None else means.result()
 
-    return S, pool_context_effect(S) if metrics.get(metric).uses_context_effect else None
+
+def _eq3_into(out: np.ndarray, terms: dict, lam: dict) -> None:
+    """combine_terms's S for a block of entries, written into `out` (float64), without the per-entry lists of
+    dropped terms it builds as well (25.6M Python lists for a whole run of 100K x 256). A term with no stored
+    values (disc: a pool harvest scores none) is NaN throughout, which combine_terms leaves out of every sum."""
+    out[...] = 0.0
+    used = np.zeros(out.shape, dtype=bool)
+    for t in TERMS:  # combine_terms's order of the sum
+        if lam[t] == 0.0 or t not in terms:
+            continue
+        v = terms[t].astype(np.float64)
+        ok = np.isfinite(v)
+        out += np.where(ok, lam[t] * np.where(ok, v, 0.0), 0.0)
+        used |= ok
+    out[~used] = np.nan
+
+
+class _ColumnMeans:
+    """pool_context_effect over S fed a block of rows at a time: each column's nanmean, summed in the order numpy
+    sums the whole matrix's axis 0 (row after row), so that the mean is the same to the bit."""
+
+    def __init__(self, width: int):
+        self.total: Optional[np.ndarray] = None
+        self.count = np.zeros(width, dtype=np.intp)
+
+    def add(self, block: np.ndarray) -> None:
+        nan = np.isnan(block)
+        rows = np.where(nan, 0.0, block)
+        self.count += (~nan).sum(axis=0)
+        # the running total as the first row of this block's sum: one reduction, in row order, as over the whole
+        self.total = rows.sum(axis=0) if self.total is None else np.concatenate([self.total[None], rows]).sum(axis=0)
+
+    def result(self) -> np.ndarray:
+        if self.total is None:  # no sentence: as nanmean of an empty column
+            return np.full(len(self.count), np.nan)
+        with np.errstate(invalid="ignore", divide="ignore"):  # a context no sentence was scored in: NaN
+            return self.total / self.count
 
 
 # The columns remix reads or recomputes as numbers, by table: the first of each pair always, the second where the

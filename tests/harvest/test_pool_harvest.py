@@ -256,6 +256,52 @@ def test_remix_recomputes_a_pool_harvest_from_its_vectors(cluster_run, partners_
     assert r.returncode == 2 and "disc term was not scored" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_remix_s_and_effect_by_blocks_of_rows_are_the_whole_runs_to_the_bit(cluster_run):
+    """A pool remix computes S and the context effect a block of rows at a time (remix.pool_scores). On the
+    harvest's stored vectors they are, to the bit, what combine_terms and pool_context_effect give over the whole
+    run's float64 copies: blocks that divide the sentences and blocks that do not, one row, more rows than the run,
+    λ of the source and others (a λ on disc, which a pool harvest never scores), and the stored terms with NaN
+    entries, a row and a context unscored throughout."""
+    from sentsim.context.scorer import TERMS, combine_terms
+    from sentsim.harvest.pool_vectors import pool_context_effect
+    from sentsim.harvest.remix import pool_remix_inputs, pool_scores
+
+    cfg, out = cluster_run
+    v = vectors_of(out)
+    n, width = v.S.shape
+    assert n == 12 and width == POOL
+
+    def whole(terms, lam):  # the float64 copies of every term, combined at once, as remix did before blocks
+        values = {t: terms[t].ravel().astype(np.float64) if t in terms else np.full(n * width, np.nan)
+                  for t in TERMS}
+        S = combine_terms(values, dict.fromkeys(TERMS, True), lam)[0].reshape(n, width)
+        return S, pool_context_effect(S)
+
+    stored = dict(v.terms)
+    holed = {t: m.copy() for t, m in stored.items()}
+    rng = np.random.default_rng(0)
+    for t, m in holed.items():
+        m[rng.random(m.shape) < 0.2] = np.nan
+    holed["fwd"][3] = np.nan  # fwd unscored for a whole sentence: the other terms still sum there
+    for m in holed.values():
+        m[7] = np.nan  # a sentence no term was scored for: S is NaN
+        m[:, 5] = np.nan  # a context no sentence was scored in: its effect is NaN
+    source = {"disc": 0.0, "fwd": 1.0, "left": 1.0, "right": 1.0}
+    for terms in (stored, holed):
+        v.terms = terms
+        for lam in (source, {"disc": 0.0, "fwd": 0.7, "left": 0.0, "right": 2.5}, dict(source, disc=1.0)):
+            S0, effect0 = whole(terms, lam)
+            for rows in (5, 4, 1, n, n + 3, None):  # 5 does not divide the 12 sentences
+                S, effect = pool_scores(v, lam, "double-centred", block_rows=rows)
+                assert S.dtype == np.float64 and S.tobytes() == S0.tobytes(), (rows, lam)
+                assert effect.tobytes() == effect0.tobytes(), (rows, lam)
+            assert pool_scores(v, lam, "pearson", block_rows=5)[1] is None
+    assert np.isnan(S0[7]).all() and np.isnan(effect0[5]) and np.isfinite(S0[3]).sum() > 0
+    # the stored S (the source's λ combined) is not held beside the new one, nor shared with the terms
+    stored_run, S, effect = pool_remix_inputs(str(out / "pool_vectors"), source, "double-centred")
+    assert stored_run.S is None and S.tobytes() == whole(stored, source)[0].tobytes()
+
+
 def test_a_remix_of_a_remix_follows_its_harvest_when_it_moves(partners_run, tmp_path):
     """A remix of a pool harvest reads the harvest's vectors, and so does a remix of that remix. Moved together
     with the harvest, the remixes still find them; with the harvest moved alone, rerunning the first remix from
