@@ -6,12 +6,15 @@ three terms, as VectorWriteStage writes them) is written to disk once; each mode
 on a local Ray, as the remix's driver does with --executor ray: pool_remix_inputs through pipeline.Shared,
 loaded and put in the object store. `before` is pool_remix_inputs as it is at --baseline (its remix.py read
 from git and loaded as a module of its own, against this commit's other modules); `after` is this commit's.
-Reported per mode: the driver's peak RSS (ru_maxrss, which counts the object-store pages the put wrote through
-the driver's mapping), its RSS once Ray is up, and the seconds from the first read to the put's return; and
+With --executor inline (`sentsim remix`'s default) the same load runs in the process with no Ray and no put,
+as the first unit's `Shared.get` does there. Reported per mode: the driver's peak RSS (ru_maxrss, which counts
+the object-store pages the put wrote through the driver's mapping), its RSS before the first read (Ray up) and
+after the put (or the load), and the seconds from the first read to the put's return (or the load's); and
 whether both modes gave the same S and context effect to the bit (a sha256 of each, taken after the timing).
 
     python bench/remix_memory.py                              # 100,000 sentences, |P| = 256, 3 runs each
     python bench/remix_memory.py --sentences 20000 --runs 3 --json bench/results/remix_memory_20k.json
+    python bench/remix_memory.py --executor inline --json bench/results/remix_memory_inline.json
 """
 
 from __future__ import annotations
@@ -56,8 +59,9 @@ def baseline_inputs(rev: str, folder: str):
     return module.pool_remix_inputs
 
 
-def measure(mode: str, uri: str, rev: str) -> dict:
-    """One mode in this process: Ray up first, then the driver's load and put, then the digests of what it put."""
+def measure(mode: str, uri: str, rev: str, executor: str) -> dict:
+    """One mode in this process: Ray up first (--executor ray), then the driver's load and put (or, inline, the
+    load alone), then the digests of what it loaded."""
     import resource
     import time
 
@@ -71,21 +75,27 @@ def measure(mode: str, uri: str, rev: str) -> dict:
             inputs = baseline_inputs(rev, tmp)
         else:
             from sentsim.harvest.remix import pool_remix_inputs as inputs
-        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+        on_ray = executor == "ray"
+        if on_ray:
+            ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
         me = psutil.Process()
         base = me.memory_info().rss
         t0 = time.perf_counter()
-        put = Shared(functools.partial(inputs, uri, LAMBDA, METRIC)).in_object_store()
+        shared = Shared(functools.partial(inputs, uri, LAMBDA, METRIC))
+        # on Ray the value is read back from the store once measured; inline, the load is what is measured
+        put = shared.in_object_store() if on_ray else shared
+        value = None if on_ray else put.get()
         seconds = time.perf_counter() - t0
         after = me.memory_info().rss
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        stored, S, effect = ray.get(put.ref)
+        stored, S, effect = value or put.get()
         digest = {"S": hashlib.sha256(np.ascontiguousarray(S).tobytes()).hexdigest(),
                   "effect": hashlib.sha256(np.ascontiguousarray(effect).tobytes()).hexdigest(),
                   "S_dtype": str(S.dtype), "put_mib": (sum(m.nbytes for m in stored.terms.values()) + S.nbytes
                                                        + (stored.S.nbytes if stored.S is not None else 0)) / MiB}
-        del stored, S, effect, put
-        ray.shutdown()
+        del stored, S, effect, put, shared, value
+        if on_ray:
+            ray.shutdown()
     return {"mode": mode, "seconds": seconds, "peak_rss_mib": peak / MiB, "rss_after_put_mib": after / MiB,
             "rss_before_mib": base / MiB, "peak_growth_mib": (peak - base) / MiB, **digest}
 
@@ -99,11 +109,15 @@ def main(argv=None) -> int:
     p.add_argument("--pool", type=int, default=256)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--modes", default="before,after", help="comma-separated: before, after")
+    p.add_argument("--executor", choices=("ray", "inline"), default="ray",
+                   help="ray: the load put in the object store, as the driver of --executor ray; "
+                        "inline: the load alone")
     p.add_argument("--baseline", default=BASELINE, help="the commit whose pool_remix_inputs `before` runs")
     p.add_argument("--run", help="a vectors run written by an earlier call (kept); default: one written to a "
                                  "temporary folder and removed")
     p.add_argument("--json", default=str(ROOT / "bench" / "results" / "remix_memory.json"))
-    p.add_argument("--measure", nargs=3, metavar=("MODE", "URI", "REV"), help=argparse.SUPPRESS)  # one child
+    # one child process
+    p.add_argument("--measure", nargs=4, metavar=("MODE", "URI", "REV", "EXECUTOR"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.measure:
         print(json.dumps(measure(*args.measure)))
@@ -115,7 +129,8 @@ def main(argv=None) -> int:
         runs = {m: [] for m in args.modes.split(",")}
         for _ in range(args.runs):
             for mode in runs:  # alternated, so that a change in the machine's load falls on both
-                r = subprocess.run([sys.executable, __file__, "--measure", mode, uri, args.baseline],
+                r = subprocess.run([sys.executable, __file__, "--measure", mode, uri, args.baseline,
+                                    args.executor],
                                    capture_output=True, text=True)
                 if r.returncode:
                     raise SystemExit(f"{mode} failed:\n{r.stderr[-3000:]}")
@@ -123,16 +138,16 @@ def main(argv=None) -> int:
     med = {m: {k: statistics.median(x[k] for x in rs) for k in KEYS} for m, rs in runs.items()}
     digests = {(x["S"], x["effect"]) for rs in runs.values() for x in rs}
     result = {"bench": "remix_memory", "machine": machine(), "sentences": args.sentences, "pool": args.pool,
-              "baseline": args.baseline, "lambda": LAMBDA, "metric": METRIC,
+              "baseline": args.baseline, "executor": args.executor, "lambda": LAMBDA, "metric": METRIC,
               "float64_matrix_mib": args.sentences * args.pool * 8 / MiB,
               "same_S_and_effect_to_the_bit": len(digests) == 1, "runs": runs, "median": med}
     if {"before", "after"} <= set(med):
         result["ratio_after_over_before"] = {k: med["after"][k] / med["before"][k]
                                              for k in ("seconds", "peak_rss_mib", "peak_growth_mib")}
     for m, x in med.items():
-        print(f"{m}: {x['seconds']:.2f} s, peak RSS {x['peak_rss_mib']:.0f} MiB (Ray up: {x['rss_before_mib']:.0f}, "
-              f"growth {x['peak_growth_mib']:.0f}), RSS after the put {x['rss_after_put_mib']:.0f} MiB "
-              f"(median of {args.runs})")
+        print(f"{m}: {x['seconds']:.2f} s, peak RSS {x['peak_rss_mib']:.0f} MiB "
+              f"(at the start: {x['rss_before_mib']:.0f}, growth {x['peak_growth_mib']:.0f}), "
+              f"RSS after the load/put {x['rss_after_put_mib']:.0f} MiB (median of {args.runs})")
     print(f"same S and effect to the bit in every run: {result['same_S_and_effect_to_the_bit']}")
     write_json_result(args.json, result)
     return 0
