@@ -95,28 +95,34 @@ def _resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def combine_terms(values: dict, on: dict, lam: dict):
-    """Eq. 3: S = sum of λ_t · term_t over the enabled terms t in TERMS, each term an array over items.
-
-    A term that is NaN for an item (unscored, or a discriminator that was not run) is left out of
-    that item's sum and listed in its dropped terms; an item with no term at all gets S = NaN.
-    `sentsim remix` calls this on a harvest's stored terms, so a remix reproduces S exactly.
-    """
-    n = len(next(iter(values.values())))
-    total = np.zeros(n)
-    used = np.zeros(n, dtype=np.int64)
-    dropped = [[] for _ in range(n)]
-    for t in TERMS:
-        if not on[t] or lam[t] == 0.0:
-            continue
+def eq3_sum(values: dict, on: dict, lam: dict) -> np.ndarray:
+    """Eq. 3: S = sum of λ_t · term_t over the enabled terms t in TERMS, each term an array (of any shape) over
+    items. A term that is NaN for an item is left out of that item's sum; an item with no term at all gets S = NaN.
+    A term that is off, or weighed 0, need not be in `values`."""
+    total = np.zeros(np.shape(next(iter(values.values()))))
+    used = np.zeros(total.shape, dtype=bool)
+    for t in _weighed(on, lam):
         v = np.asarray(values[t], dtype=np.float64)
         ok = np.isfinite(v)
         total = total + np.where(ok, lam[t] * np.where(ok, v, 0.0), 0.0)
-        used += ok
-        for i in np.flatnonzero(~ok):
+        used |= ok
+    return np.where(used, total, np.nan)
+
+
+def combine_terms(values: dict, on: dict, lam: dict):
+    """Eq. 3's S (`eq3_sum`) for items in a row, and each item's dropped terms: those enabled, weighed and NaN
+    for it (unscored, or a discriminator that was not run). `sentsim remix` sums a harvest's stored terms with
+    `eq3_sum` too, so a remix reproduces S exactly."""
+    n = len(next(iter(values.values())))
+    dropped = [[] for _ in range(n)]
+    for t in _weighed(on, lam):
+        for i in np.flatnonzero(~np.isfinite(np.asarray(values[t], dtype=np.float64))):
             dropped[i].append(t)
-    score = np.where(used > 0, total, np.nan)
-    return score, [tuple(x) for x in dropped]
+    return eq3_sum(values, on, lam), [tuple(x) for x in dropped]
+
+
+def _weighed(on: dict, lam: dict) -> list:
+    return [t for t in TERMS if on.get(t) and lam[t] != 0.0]
 
 
 class ContextScorer:

@@ -37,7 +37,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from sentsim.config import Section
-from sentsim.context.scorer import TERMS  # the Eq. 3 terms: disc, fwd, left, right
+from sentsim.context.scorer import TERMS, eq3_sum  # the Eq. 3 terms (disc, fwd, left, right) and their sum
 from sentsim.errors import UsageError
 from sentsim.executor import RunContext, ShardedJob, execute
 from sentsim.harvest import metrics
@@ -262,11 +262,9 @@ def resolve_variant(cfg: RemixConfig, manifest: dict) -> Optional[str]:
 def remix_unit(tables: dict, lam: dict, metric: str, variant: Optional[str] = None) -> tuple[dict, dict]:
     """Recompute S and every pair's Eq. 4 row for one unit (eq4_rows.py; in a grouped harvest the three
     variants of each pair's group too, `variant` filling `score`); returns (tables, counts)."""
-    from sentsim.context.scorer import combine_terms
-
     cs, sent, pairs = tables["context_scores"], tables["sentences"], tables["pairs"]
     values = {t: cs.column(t).to_numpy(zero_copy_only=False).astype(np.float64) for t in TERMS}
-    S, _ = combine_terms(values, dict.fromkeys(TERMS, True), lam)
+    S = eq3_sum(values, dict.fromkeys(TERMS, True), lam)
     # S in the stored precision (float32, or float64 in older harvests); null where every term is (an item the
     # harvest left out, as it stored it)
     cs = cs.set_column(cs.schema.get_field_index("S"), "S",
@@ -334,46 +332,32 @@ def pool_remix_inputs(vectors_uri: str, lam: dict, metric: str) -> tuple:
     return (stored, *pool_scores(stored, lam, metric))
 
 
-# pool_scores recomputes S a block of rows at a time, each temporary of it 2**20 float64 (8 MiB): the driver
-# holds the new S and a few blocks beside the stored terms, not float64 copies of the whole run (25.6M entries
-# at 100K sentences x |P| = 256, 195 MiB each)
+# the entries of each block pool_scores sums at once: its float64 temporaries are 8 MiB each, where the whole
+# run's are 195 MiB each at 100K sentences x |P| = 256
 _BLOCK_ENTRIES = 2**20
 
 
 def pool_scores(vectors, lam: dict, metric: str, block_rows: Optional[int] = None
                 ) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """S over the pool for every stored sentence under `lam` (Eq. 3, as the scorer combines its terms), and the
-    context effect over all of them when `metric` reads one, `block_rows` rows of the run at a time.
+    context effect over all of them when `metric` reads one, `block_rows` rows of the run at a time: the driver
+    holds the new S and one block's temporaries beside the stored terms, not float64 copies of the whole run.
 
-    Each entry of S is combine_terms's sum for it, in float64 from the stored float32 terms, the same operations
-    in the same order, and the effect is pool_context_effect's nanmean of S: the same values to the bit as
-    computing them over the whole run at once (tests/harvest/test_pool_harvest.py)."""
+    Each entry of S is the scorer's Eq. 3 sum (`eq3_sum`) in float64 from the stored float32 terms, and the
+    effect is pool_context_effect's nanmean of S: the same values to the bit as computing them over the whole
+    run at once (tests/harvest/test_pool_harvest.py)."""
     n, width = next(iter(vectors.terms.values())).shape
     step = block_rows or max(1, _BLOCK_ENTRIES // max(1, width))
     S = np.empty((n, width))
     means = _ColumnMeans(width) if metrics.get(metric).uses_context_effect else None
     for lo in range(0, n, step):
         block = S[lo:lo + step]
-        _eq3_into(block, {t: m[lo:lo + step] for t, m in vectors.terms.items()}, lam)
+        # a term with no stored values (disc: a pool harvest scores none) is off, as NaN throughout would be
+        block[...] = eq3_sum({t: m[lo:lo + step] for t, m in vectors.terms.items()},
+                             {t: t in vectors.terms for t in TERMS}, lam)
         if means is not None:
             means.add(block)
     return S, None if means is None else means.result()
-
-
-def _eq3_into(out: np.ndarray, terms: dict, lam: dict) -> None:
-    """combine_terms's S for a block of entries, written into `out` (float64), without the per-entry lists of
-    dropped terms it builds as well (25.6M Python lists for a whole run of 100K x 256). A term with no stored
-    values (disc: a pool harvest scores none) is NaN throughout, which combine_terms leaves out of every sum."""
-    out[...] = 0.0
-    used = np.zeros(out.shape, dtype=bool)
-    for t in TERMS:  # combine_terms's order of the sum
-        if lam[t] == 0.0 or t not in terms:
-            continue
-        v = terms[t].astype(np.float64)
-        ok = np.isfinite(v)
-        out += np.where(ok, lam[t] * np.where(ok, v, 0.0), 0.0)
-        used |= ok
-    out[~used] = np.nan
 
 
 class _ColumnMeans:
