@@ -98,9 +98,19 @@ def rank_settings(manifest: dict, root) -> dict:
     return rank
 
 
-def rank_sentences(root, manifest: dict) -> tuple[pa.Table, int]:
-    """(table of text and rank_codes, or of text and base_vector for a rank.storage=vectors run; the
-    number of anchors). Rows without rank codes (or base vectors) are an error."""
+def distinct_sentences(t: pa.Table) -> pa.Table:
+    """One row per sentence_id, the first: a harvest writes a sentence's (identical) row once for every unit
+    it is paired in, and a sentence twice in the training rows would be weighted twice and, in one batch, be
+    its own in-batch negative."""
+    ids = t["sentence_id"].to_numpy(zero_copy_only=False)
+    _, first = np.unique(ids, return_index=True)
+    return t if len(first) == t.num_rows else t.take(pa.array(np.sort(first)))
+
+
+def rank_sentences(root, manifest: dict) -> tuple[pa.Table, int, int]:
+    """(table of text and rank_codes, or of text and base_vector for a rank.storage=vectors run, one row per
+    sentence; the number of anchors; the sentences table's rows). Rows without rank codes (or base vectors)
+    are an error."""
     from sentsim.rank import RankCodec
 
     rank = rank_settings(manifest, root)
@@ -109,8 +119,10 @@ def rank_sentences(root, manifest: dict) -> tuple[pa.Table, int]:
     if "base_vector" in root.schema("sentences").names:
         t = read_table(root, "sentences", ["sentence_id", "text", "base_vector"])
         if t.num_rows and t["base_vector"].null_count < t.num_rows:
-            return vector_sentences(root, manifest, t)
+            return *vector_sentences(root, manifest, distinct_sentences(t)), t.num_rows
     t = read_table(root, "sentences", ["sentence_id", "text", "rank_codes"])
+    rows = t.num_rows
+    t = distinct_sentences(t)
     if t.num_rows == 0:
         raise UsageError(f"--data {root}: the sentences table is empty")
     if t["rank_codes"].null_count:
@@ -127,7 +139,7 @@ def rank_sentences(root, manifest: dict) -> tuple[pa.Table, int]:
     top = pc.max(pc.list_flatten(t["rank_codes"])).as_py()
     if top is not None and top > (n - 1) // codec.step:
         raise UsageError(f"--data {root}: rank code {top} is out of range for {n} anchors at {codec.bits} bits")
-    return t.select(["text", "rank_codes"]), n
+    return t.select(["text", "rank_codes"]), n, rows
 
 
 def vector_sentences(root, manifest: dict, t: pa.Table) -> tuple[pa.Table, int]:

@@ -72,9 +72,13 @@ class RankEncoderObjective(Objective):
         """The harvest's sentences with their rank codes (or base vectors), the anchor set proved against
         them, and, with rankencoder.score_weight > 0, the scored train pairs of the regression term."""
         from sentsim.students import data as D
+        from sentsim.surrogate.data import training_note
 
         root, manifest = harvest.root, harvest.manifest
-        table, n_anchors = D.rank_sentences(root, manifest)
+        table, n_anchors, rows = D.rank_sentences(root, manifest)
+        if rows > table.num_rows:
+            print(training_note(table.num_rows, rows, "sentence rows",
+                                {"repeats of a sentence paired in several units": rows - table.num_rows}))
         counts, skips, workers = {}, {}, {}
         if "base_vector" in table.column_names:  # rank.storage=vectors: workers read the run's anchor matrix
             workers["rank_vectors"] = {"data": str(root), "fingerprint": manifest.get("fingerprint")}
@@ -92,7 +96,7 @@ class RankEncoderObjective(Objective):
         workers.update(anchors=anchors, n_anchors=n_anchors)
         if rc.score_weight > 0:
             from sentsim.losses.cosine_regression import narrow_targets_warning
-            from sentsim.surrogate.data import keep_split, training_note
+            from sentsim.surrogate.data import keep_split
 
             run, carve, left_out = D.harvest_pairs(root)
             pairs = keep_split(run, "train", carve)

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import sentsim_cli
+from conftest import error_line, sentsim_cli
 from harvest_support import build_index_for, harvest_config, reseal, tiny_bert, tiny_context_bundle
 
 pytestmark = pytest.mark.slow
@@ -119,6 +119,37 @@ def test_rankencoder_refuses_rank_vectors_of_another_anchor_set(harvest_dir, tin
     (bad / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(UsageError, match="64..64 entries, but the harvest's anchor set .* has 32"):
         _train("rankencoder", bad, tiny_backbone, tmp_path / "o2")
+
+
+def test_rankencoder_trains_on_each_sentence_once_through_the_command(harvest_dir, tiny_backbone, tmp_path):
+    """A harvest writes a sentence's row once for every unit it is paired in; the student reads one of each."""
+    run = tmp_path / "run"
+    shutil.copytree(harvest_dir, run)
+    first, second = sorted((run / "sentences").glob("*.parquet"))[:2]
+    repeated = pq.read_table(first).slice(0, 3)  # three sentences paired in the second unit too
+    pq.write_table(pa.concat_tables([pq.read_table(second), repeated]), second)
+    reseal(run)
+    ids = pa.concat_tables([pq.read_table(f) for f in sorted((run / "sentences").glob("*.parquet"))])["sentence_id"]
+    rows, distinct = len(ids), len(set(ids.to_pylist()))
+    assert rows - distinct >= 3
+    r = sentsim_cli("train", "student", "--objective", "rankencoder", "--data", run, "--out", tmp_path / "st",
+                    "--backbone", tiny_backbone, "--executor", "inline", "--max-steps", "1",
+                    "--set", "batch_size=8", "--set", "max_seq_length=32")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (f"note: training on {distinct} of {rows} sentence rows ({rows - distinct} repeats of a sentence "
+            "paired in several units)") in r.stdout
+    summary = json.loads((tmp_path / "st" / "summary.json").read_text())
+    assert summary["counts"]["sentences"] == distinct
+
+
+def test_triples_with_another_objective_is_refused_not_ignored(tmp_path):
+    triples = tmp_path / "t.jsonl"
+    triples.write_text('{"s_i": "a", "relation": "entailment", "s_j": "b"}\n')
+    r = sentsim_cli("train", "student", "--triples", triples, "--data", tmp_path / "h", "--out", tmp_path / "o")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert error_line(r.stderr) == ("sentsim: error: --triples is read by --objective rse only, and this run's "
+                                    "objective is rankencoder; add --objective rse, or leave --triples out")
+    assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()
 
 
 def test_rse_trains_with_all_relation_sources_and_scores_relationally(harvest_dir, tiny_backbone, tmp_path):
