@@ -11,7 +11,8 @@ HELP = f"train a student encoder ({' | '.join(objectives.names())}) from harvest
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--objective", choices=objectives.names(), default=None, help=objectives.describe())
+    parser.add_argument("--objective", choices=objectives.names(), default=None,
+                        help=f"{objectives.describe()} (default: the config's objective, {objectives.names()[0]})")
     parser.add_argument("--triples", metavar="FILE", help="rse: JSONL/Parquet of s_i, relation, s_j[, hard_negative]")
     parser.add_argument("--eval-sts", metavar="DIR", help="after training, run the STS suite found under DIR")
     parser.add_argument("--executor", choices=["ray", "inline"], default="ray",
@@ -28,6 +29,11 @@ def run(args) -> int:
     if args.triples:
         overrides.append(f"rse.triples={args.triples}")
     cfg = load_config(StudentConfig, args.config, overrides, objective=args.objective, **training_overrides(args))
+    if args.triples and cfg.objective != "rse":  # only RSE reads a triples file: another would train without it
+        from sentsim.errors import UsageError
+
+        raise UsageError(f"--triples is read by --objective rse only, and this run's objective is "
+                         f"{cfg.objective}; add --objective rse, or leave --triples out")
     s = train_student(cfg, data=args.data, backbone=backbone_or_default(args.backbone), out=args.out,
                       address=args.address, executor=args.executor, force_new=args.force_new, eval_sts=args.eval_sts)
     first, last = s["first_loss"], s["last_loss"]
