@@ -15,7 +15,7 @@ def add_arguments(p) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="input files, read in the order given")
     p.add_argument("--out", required=True, help="run directory (local path or s3://...)")
     p.add_argument("--on-error", choices=["fail", "skip"], default=None,
-                   help="bad documents: stop (exit 2) or skip and count")
+                   help="bad documents: stop (exit 2) or skip and count (default: the config's on_error, fail)")
     p.add_argument("--chunk-size", type=int, default=None, help="sentences per chunk (default 8)")
     add_run_arguments(p)
     add_config_arguments(p)

@@ -40,7 +40,8 @@ def add_arguments(parser) -> None:
     src.add_argument("--tfidf", action="store_true", help="the TF-IDF cosine baseline")
     parser.add_argument("--data", required=True, metavar="DIR",
                         help="folder holding STS20xx-en-test/, stsbenchmark/, SICK/")
-    parser.add_argument("--tasks", default=None, help="comma-separated subset, e.g. STSb,SICK-R")
+    parser.add_argument("--tasks", default=None,
+                        help="comma-separated subset, e.g. STSb,SICK-R (default: every standard task under --data)")
     parser.add_argument("--batch-size", type=int, default=None, metavar="N",
                         help="--model: sentences (or pairs, for a cross-encoder) encoded at once (default 64)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")

@@ -28,7 +28,8 @@ def add_training_arguments(parser, *, data_help: str, out_help: str) -> None:
 
 
 def add_num_workers(parser) -> None:
-    parser.add_argument("--num-workers", type=int, default=None, metavar="N", help="Ray Train (DDP) workers")
+    parser.add_argument("--num-workers", type=int, default=None, metavar="N",
+                        help="Ray Train (DDP) workers (default: the config's num_workers, 1)")
 
 
 def add_max_steps(parser, help: str, *, least: int) -> None:
