@@ -20,7 +20,8 @@ class EvalStsConfig(Section):
     "all" setting; §4.1 does not say how a year's subsets are aggregated)."""
 
     batch_size: int = Field(64, ge=1)
-    device: Optional[str] = None  # default: cuda when present, else cpu
+    # cpu, mps or cuda[:N] (default: cuda when present, else cpu); cuda on a machine without it is refused
+    device: Optional[str] = Field(None, pattern=r"^(cpu|mps|cuda(:[0-9]+)?)$")
     tasks: Optional[list[str]] = Field(None, min_length=1)  # default: every standard task found under --data
 
     @field_validator("tasks")
@@ -73,6 +74,12 @@ def run(args) -> int:
         raise UsageError(f"--tasks {args.tasks!r} names no task; give a comma-separated subset such as "
                          "STSb,SICK-R, or leave --tasks out for every task")
     cfg = load_config(EvalStsConfig, args.config, args.overrides, batch_size=args.batch_size, tasks=tasks)
+    if args.model and (cfg.device or "").startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"device={cfg.device}, but this machine has no CUDA device; leave device unset "
+                             "(cuda when present, else cpu) or set device=cpu")
     loaded, missing = discover_tasks(args.data, cfg.tasks)  # bad data fails before any model loads
     model_dir = None
     if args.model:

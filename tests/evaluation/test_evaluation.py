@@ -358,3 +358,20 @@ def test_non_utf8_sts_file_names_file_and_line(tmp_path, capsys):
     (d / "STS.gs.x.txt").write_text("1\n2\n", encoding="utf-8")
     assert main(["eval", "sts", "--tfidf", "--data", str(tmp_path), "--tasks", "STS12"]) == 2
     assert "STS.input.x.txt:2: not UTF-8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device, line", [
+    ("gpu", "sentsim: error: invalid config: device: String should match pattern '^(cpu|mps|cuda(:[0-9]+)?)$' "
+            "(got 'gpu')"),
+    ("cuda", "sentsim: error: device=cuda, but this machine has no CUDA device; leave device unset (cuda when "
+             "present, else cpu) or set device=cpu"),
+])
+def test_a_device_the_machine_lacks_is_one_line_before_the_model_loads(tiny_year, tmp_path, device, line):
+    import torch
+    from conftest import error_line, sentsim_cli
+
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    r = sentsim_cli("eval", "sts", "--model", tmp_path / "no-model", "--data", tiny_year, "--set", f"device={device}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert error_line(r.stderr) == line
