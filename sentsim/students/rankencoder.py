@@ -76,10 +76,10 @@ class RankEncoderObjective(Objective):
 
         root, manifest = harvest.root, harvest.manifest
         table, n_anchors, rows = D.rank_sentences(root, manifest)
+        counts, skips, workers = {}, {}, {}
         if rows > table.num_rows:
             print(training_note(table.num_rows, rows, "sentence rows",
                                 {"repeats of a sentence paired in several units": rows - table.num_rows}))
-        counts, skips, workers = {}, {}, {}
         if "base_vector" in table.column_names:  # rank.storage=vectors: workers read the run's anchor matrix
             workers["rank_vectors"] = {"data": str(root), "fingerprint": manifest.get("fingerprint")}
         rc = cfg.rankencoder
@@ -111,7 +111,9 @@ class RankEncoderObjective(Objective):
             workers["pairs"] = {"s1": pairs["s1"].to_pylist(), "s2": pairs["s2"].to_pylist(),
                                 "score": pairs["score"].to_numpy().tolist()}
             counts["score_pairs"] = pairs.num_rows
-        counts["sentences"] = table.num_rows
+        # rows read, repeats included (the summary's rows are those trained on): the counts are part of the
+        # fingerprint and of what makes a finished fit a no-op, and leaving out identical repeats is no other run
+        counts["sentences"] = rows
         return Prepared(table, counts, skips, workers)
 
     @classmethod

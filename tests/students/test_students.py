@@ -139,7 +139,22 @@ def test_rankencoder_trains_on_each_sentence_once_through_the_command(harvest_di
     assert (f"note: training on {distinct} of {rows} sentence rows ({rows - distinct} repeats of a sentence "
             "paired in several units)") in r.stdout
     summary = json.loads((tmp_path / "st" / "summary.json").read_text())
-    assert summary["counts"]["sentences"] == distinct
+    assert summary["rows"] == distinct and summary["counts"]["sentences"] == rows
+
+
+def test_eval_sts_over_part_of_the_suite_says_so_beside_its_average(harvest_dir, tiny_backbone, tmp_path):
+    year = tmp_path / "sts" / "STS2013-en-test"  # one task of the seven
+    year.mkdir(parents=True)
+    (year / "STS.input.a.txt").write_text("A man plays.\tA man is playing.\nA dog runs.\tPrices rose.\n"
+                                          "It rains.\tIt is raining.\n")
+    (year / "STS.gs.a.txt").write_text("4.5\n0.2\n4.8\n")
+    r = sentsim_cli("train", "student", "--objective", "rankencoder", "--data", harvest_dir, "--out", tmp_path / "st",
+                    "--backbone", tiny_backbone, "--executor", "inline", "--max-steps", "1",
+                    "--set", "batch_size=8", "--set", "max_seq_length=32", "--eval-sts", tmp_path / "sts")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (f"note: --eval-sts {tmp_path / 'sts'}: averages over 1 of the suite's 7 tasks (STS12, STS14, STS15, "
+            "STS16, STSb, SICK-R not found)") in r.stdout
+    assert "STS suite average: cosine" in r.stdout
 
 
 def test_triples_with_another_objective_is_refused_not_ignored(tmp_path):
