@@ -262,6 +262,9 @@ def evaluate_student(cfg: StudentConfig, model_dir: str, sts_dir: str, out_dir: 
     from sentsim.evaluation import discover_tasks, evaluate, load_model_scorer, to_markdown
 
     tasks, missing = discover_tasks(sts_dir)
+    if missing:  # the console's average line names no tasks: a part of the suite must not pass for all of it
+        print(f"note: --eval-sts {sts_dir}: averages over {len(tasks)} of the suite's {len(tasks) + len(missing)} "
+              f"tasks ({', '.join(missing)} not found)")
     reports = {"cosine": evaluate(load_model_scorer(model_dir), tasks, missing)}
     for name, scorer in objective_class(cfg.objective).scorers(cfg, model_dir).items():
         reports[name] = evaluate(scorer, tasks, missing)
