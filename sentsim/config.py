@@ -315,18 +315,19 @@ def load_config(schema: type[T], path: str | None = None, overrides: Iterable[st
         raise UsageError(format_validation_error(exc, flags)) from None
 
 
-def add_run_arguments(parser, executor: str = "ray") -> None:
+def add_run_arguments(parser, executor: str = "ray", passes: str = "") -> None:
     """The flags of every job that writes a resumable run: --force-new, --executor and --max-units.
     `executor` is the command's default: Ray for the jobs that score or parse, inline for `remix`,
-    whose seconds of arithmetic a unit would cost less than a local Ray's start-up."""
+    whose seconds of arithmetic a unit would cost less than a local Ray's start-up. `passes`: the runs the
+    job builds first, each bounded by --max-units alike, for a job that has them."""
     parser.add_argument("--force-new", action="store_true",
                         help="discard the run at --out, whatever its settings, and start over (without it, a run "
                              "of these settings resumes and one of others is refused)")
     parser.add_argument("--executor", choices=["ray", "inline"], default=executor,
                         help=f"ray: Ray actor pools or tasks; inline: everything in this process (default: {executor})")
     parser.add_argument("--max-units", type=unit_count, default=None, metavar="N",
-                        help="run at most N of the pending units of each pass (a pool harvest's vectors, rank "
-                             "targets and labels are three), then stop; the same command resumes the run")
+                        help="run at most N of the pending units" + (f" of each pass ({passes})" if passes else "")
+                             + ", then stop; the same command resumes the run")
 
 
 def unit_count(text: str) -> int:

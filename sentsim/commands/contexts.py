@@ -18,7 +18,7 @@ def add_arguments(p) -> None:
                         "reads it (TSV, STS-B, CSV with a header or named .csv, JSON lines, Parquet, gzip): both "
                         "sentences of each pair")
     p.add_argument("--out", metavar="DIR", help="output run directory")
-    add_run_arguments(p)
+    add_run_arguments(p, passes="the rep cache it builds first with --discriminator is one")
     add_config_arguments(p)
 
 

@@ -20,7 +20,8 @@ def add_arguments(p) -> None:
     p.add_argument("--out", metavar="DIR",
                    help="output run directory (local path or s3://...); an existing run there with the same "
                         "fingerprint is resumed, another is refused unless --force-new")
-    add_run_arguments(p)
+    add_run_arguments(p, passes="the rep cache a harvest with --discriminator builds first is one; a pool harvest's "
+                               "vectors, rank targets and labels are three")
     add_config_arguments(p)
 
 

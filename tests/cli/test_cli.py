@@ -202,3 +202,16 @@ def test_the_demo_names_a_text_score_in_one_line(tmp_path, capsys):
     assert stop.value.code == 2 and out == "", out
     assert err == (f"demo: error: {run}: column score of table pairs holds string, not numbers (its numeric "
                    "columns: pair_id)\n"), err
+
+
+@pytest.mark.parametrize("command, passes", [
+    (("corpus", "build"), None), (("cache", "build"), None), (("remix",), None),
+    (("contexts",), "the rep cache it builds first with --discriminator is one"),
+    (("harvest",), "a pool harvest's vectors, rank targets and labels are three"),
+])
+def test_max_units_help_names_the_passes_of_its_own_command_only(command, passes):
+    r = sentsim_cli(*command, "--help")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    own = text.split("--max-units N run at most N of the pending units", 1)[1].split("the same command resumes")[0]
+    assert ("pass" not in own) if passes is None else (passes in own)
