@@ -136,7 +136,8 @@ def refuse_relative_in_job(path, flag: str) -> None:
 def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], out_flag: str = "--out",
               folder: bool = True, local: Optional[str] = None, writes: Optional[str] = None) -> None:
     """Refuse `out` when it is, lies inside or holds any of `inputs` ({flag or config key: path(s)}),
-    or (`folder`) when a local `out` is an existing file where the run's folder belongs, or (`local`: what
+    or (`folder`) when a local `out` is an existing file where the run's folder belongs (not `folder`: an
+    existing folder where the output file belongs), or (`local`: what
     the command writes) when it is a URI and the command writes local files only, or (`writes`: a key of
     KINDS) when a local `out` already holds something of another kind, which the command would mix its
     files into or, exporting a model, delete: --force-new never changes that, since it discards only a
@@ -173,6 +174,8 @@ def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], o
                          f"make its target, or give another {out_flag}")
     # the nearest existing path: out itself, or the ancestor it would be made in
     first = next((q for q in (p, *p.parents) if q.exists()), None)
+    if not folder and first == p and p.is_dir():  # refused now, not after the work whose result it was to hold
+        raise UsageError(f"{out_flag} {text}: is a folder, where the output is a file; give a file path")
     if first is not None and not first.is_dir():
         where = "is a file" if first == p else f"lies under {first}, which is a file"
         if folder or first != p:

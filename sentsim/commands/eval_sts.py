@@ -69,6 +69,9 @@ def run(args) -> int:
     for flag in ("--json", "--markdown"):  # a report written over an input would destroy it
         check_out(getattr(args, flag[2:]), {"--model": args.model, "--scores": args.scores, "--data": args.data},
                   out_flag=flag, folder=False, local="reports")
+    if args.json and args.markdown and Path(args.json).resolve() == Path(args.markdown).resolve():
+        raise UsageError(f"--json and --markdown both name {args.json}: the second report would replace the "
+                         "first; give each its own file")
     tasks = None if args.tasks is None else [t.strip() for t in args.tasks.split(",") if t.strip()]
     if tasks == []:  # an empty --tasks names no task: never taken as 'every task'
         raise UsageError(f"--tasks {args.tasks!r} names no task; give a comma-separated subset such as "

@@ -375,3 +375,20 @@ def test_a_device_the_machine_lacks_is_one_line_before_the_model_loads(tiny_year
     r = sentsim_cli("eval", "sts", "--model", tmp_path / "no-model", "--data", tiny_year, "--set", f"device={device}")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert error_line(r.stderr) == line
+
+
+@pytest.mark.parametrize("reports, line", [
+    (("--json", "r.out", "--markdown", "./r.out"),
+     "sentsim: error: --json and --markdown both name r.out: the second report would replace the first; give "
+     "each its own file"),
+    (("--json", "adir"), "sentsim: error: --json adir: is a folder, where the output is a file; give a file path"),
+])
+def test_report_paths_that_cannot_hold_the_report_are_one_line_before_any_scoring(tiny_year, tmp_path, reports,
+                                                                                   line):
+    from conftest import error_line, sentsim_cli
+
+    (tmp_path / "adir").mkdir()
+    r = sentsim_cli("eval", "sts", "--tfidf", "--data", tiny_year, *reports, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert error_line(r.stderr) == line
+    assert "Spearman" not in r.stdout and not (tmp_path / "r.out").exists()
