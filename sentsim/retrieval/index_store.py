@@ -52,6 +52,11 @@ def read_index_manifest(index_dir) -> dict:
     fs, root = resolve(index_dir)
     p = sfs.join(root, INDEX_MANIFEST)
     if fs.get_file_info(p).type != pafs.FileType.File:
+        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+            # configs/teacher.yaml names the reference teacher's index, which `make reference` builds
+            made_by = "`make reference`" if str(index_dir).rstrip("/").endswith("reference/index") else None
+            raise UsageError(f"{index_dir}: no such index (the folder does not exist); build it with "
+                             f"{made_by or '`sentsim index build`'}")
         raise UsageError(f"{index_dir}: not an index directory (no {INDEX_MANIFEST})")
     try:
         manifest = json.loads(sfs.read_bytes(fs, p))

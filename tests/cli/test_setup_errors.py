@@ -224,3 +224,17 @@ def test_an_address_where_no_ray_cluster_listens_is_one_line_in_seconds(how, sam
     assert "interrupted" not in r.stderr
     assert took < 60, took  # in practice a few seconds, of which most is importing Ray
     assert not (tmp_path / "corpus").exists()
+
+
+def test_an_index_folder_that_does_not_exist_is_one_line_naming_what_builds_it(speech_corpus, tmp_path):
+    """A harvest's --index that is not there says so and names the command that builds one; the reference
+    teacher's (configs/teacher.yaml) names `make reference`. A folder without an index stays "not an index"."""
+    base = ("harvest", "--corpus", speech_corpus, "--out", tmp_path / "h", "--context-models", tmp_path / "m",
+            "--set", "contexts.mode=random", "--index")
+    line = _one_line(sentsim_cli(*base, tmp_path / "nowhere" / "index", timeout=300), "no such index")
+    assert "`sentsim index build`" in line
+    line = _one_line(sentsim_cli(*base, tmp_path / "reference" / "index", timeout=300), "no such index")
+    assert "`make reference`" in line
+    (tmp_path / "empty").mkdir()
+    _one_line(sentsim_cli(*base, tmp_path / "empty", timeout=300), "not an index directory")
+    assert not (tmp_path / "h").exists()
