@@ -30,6 +30,7 @@ import numpy as np
 
 from sentsim.errors import UsageError
 from sentsim.identity import fingerprint
+from sentsim.memory_kills import watch_memory_kills
 from sentsim.pipeline import PLACEMENT_KEY, StageSpec, UnitPlan, run_pipeline
 
 EXECUTORS = ("ray", "inline")
@@ -356,13 +357,17 @@ def _execute(job: ShardedJob, store, fp: str, planned, units, executor: str, add
         if stopped:
             return
         try:
-            for r in run_pipeline(window, ctx.specs, executor=executor):
-                if store.lease is not None:
-                    store.lease.check()  # another writer took the run over (stale lease): stop here, exit 2
-                ctx.note_placement(r)
-                ctx.progress.update(r)
-                if job.on_result(r):
-                    stopped = True
+            # Ray's memory monitor killing this pass's workers again and again with no unit committed ends the
+            # pass with Ray's OutOfMemoryError, which becomes WorkerLost below, instead of retries for ever
+            with watch_memory_kills(executor) as kills:
+                for r in run_pipeline(window, ctx.specs, executor=executor):
+                    kills.committed()  # a result reaches the driver once its unit is committed
+                    if store.lease is not None:
+                        store.lease.check()  # another writer took the run over (stale lease): stop here, exit 2
+                    ctx.note_placement(r)
+                    ctx.progress.update(r)
+                    if job.on_result(r):
+                        stopped = True
         except Exception as exc:
             _raise_if_worker_lost(exc, job.stage, ctx)
             raise

@@ -7,6 +7,8 @@ message; a worker that died otherwise (the kernel's OOM killer, a segfault, a lo
 errors or, from Train's workers, as text only. Neither is a bug of the run: the machine ran short, or a
 process was killed. `lost_worker` finds such an error in what a run raised; the sharded executor and the
 trainers turn it into `WorkerLost`, naming the stage and its knobs, and the CLI prints that as one line.
+A sharded job that Ray keeps killing without progress is stopped by sentsim.memory_kills with Ray's
+`OutOfMemoryError` of its last kill, which counts the kills (`kills`): its line says they were repeated.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Iterable, Optional, Sequence
 
 from sentsim.errors import WorkerLost
 
-__all__ = ["LostWorker", "WorkerLost", "error_chain", "lost_worker", "sharded_job_line", "trainer_line"]
+__all__ = ["LostWorker", "WorkerLost", "error_chain", "lost_worker", "memory_kill", "sharded_job_line",
+           "trainer_line"]
 
 # what Ray's memory monitor writes into the error of each task or actor it kills
 _MEMORY_TEXT = re.compile(r"killed due to the node running low on memory")
@@ -37,6 +40,12 @@ class LostWorker:
     memory: bool  # killed by Ray's memory monitor; False: died otherwise
     text: str  # Ray's message
     worker: Optional[str]  # the task or actor class Ray names, e.g. "MapWorker(MapBatches(ContextsActor)).__init__"
+    kills: int = 1  # memory kills with no unit committed since the first (sentsim.memory_kills), this one the last
+
+    @property
+    def names_a_stage(self) -> bool:
+        """Whether Ray names an actor of a pipeline's stage (not a read task, nor one of Ray Data's own actors)."""
+        return _STAGE_ACTOR.search(self.worker or self.text) is not None
 
     def stage(self, names: Iterable[str]) -> Optional[str]:
         """Which of the pipeline's stage names the worker was an actor of (None: another worker, a read task)."""
@@ -89,7 +98,7 @@ def lost_worker(exc: BaseException) -> Optional[LostWorker]:
     died = None
     for e in error_chain(exc):
         if isinstance(e, OutOfMemoryError) or (isinstance(e, Exception) and _MEMORY_TEXT.search(str(e))):
-            return _found(True, str(e))
+            return _found(True, str(e), getattr(e, "kills", 1))
         if died is None and isinstance(e, (WorkerCrashedError, NodeDiedError, LocalRayletDiedError)):
             died = e
         # an actor whose constructor raised is its code's error, not a lost process
@@ -103,9 +112,14 @@ def lost_worker(exc: BaseException) -> Optional[LostWorker]:
     return None
 
 
-def _found(memory: bool, text: str) -> LostWorker:
+def _found(memory: bool, text: str, kills: int = 1) -> LostWorker:
     m = _TASK_NAME.search(text) or _CLASS_NAME.search(text)
-    return LostWorker(memory, text, m.group(1).strip() if m else None)
+    return LostWorker(memory, text, m.group(1).strip() if m else None, kills)
+
+
+def memory_kill(report: str) -> LostWorker:
+    """The kill Ray's memory monitor reports in `report` (a worker's exit detail, as the GCS keeps it)."""
+    return _found(True, report)
 
 
 _RESUME = "then run the same command again: it resumes from its last completed unit"
@@ -136,7 +150,9 @@ def sharded_job_line(job_stage: str, lost: LostWorker, stages: Sequence[str], re
         change = ("reserve memory per actor with resources.<stage>.memory_gb for the stages that hold the most "
                   f"({each}; Ray then places fewer on a node), or lower their max_actors or units_per_call")
     if lost.memory:
-        return f"{job_stage}: Ray killed {who} for memory {lost.why()}; {change}; {_RESUME}"
+        # repeated kills: the run was stopped rather than left to Ray's retries for ever (sentsim.memory_kills)
+        repeated = f", the last of {lost.kills} kills with no unit completed since the first" if lost.kills > 1 else ""
+        return f"{job_stage}: Ray killed {who} for memory {lost.why()}{repeated}; {change}; {_RESUME}"
     return f"{job_stage}: {who} died {lost.why()}; {_RESUME} (if its node ran out of memory: {change})"
 
 

@@ -5,19 +5,25 @@ The trainer's kill is Ray's own, through the real command: its local Ray starts 
 1% (any machine running Ray is above it), so the memory monitor kills a worker within its first refresh; Ray Train
 restarts none of its actors, so the run fails at the first kill whichever worker Ray chose.
 
-A sharded job's kill cannot be made to end the same way every time: Ray Data restarts a stage's actors for ever
-(max_restarts=-1) and Ray retries a task killed for memory for ever (RAY_task_oom_retries=-1), so under a lasting
-threshold the command kills and restarts workers until it is stopped; with RAY_task_oom_retries=0 it fails only
-when Ray's policy happens to pick a read task before a stage actor. Its line is checked here from Ray's own
-exception types, built as Ray builds them, with the message Ray gave a harvest's driver (RAY_OOM).
+A sharded job's single kill is left to Ray: Ray Data restarts a stage's actors for ever (max_restarts=-1) and Ray
+retries a task killed for memory for ever (RAY_task_oom_retries=-1), which is what a passing spike needs. Under a
+lasting threshold the same command, through the real command too, ends once Ray has killed its workers
+KILLS_WITHOUT_PROGRESS times with no unit committed since the first (sentsim.memory_kills), and then resumes
+without the threshold to the rows of an uninterrupted run. The bound's rule is checked on its own, and its line
+from Ray's own exception types, built as Ray builds them, with the message Ray gave a harvest's driver (RAY_OOM).
 """
 
 from __future__ import annotations
 
+import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import error_line, sentsim_cli
+from harvest_support import build_index_for, harvest_config, tiny_context_bundle
 
 # Ray's settings, read by the raylet of the local Ray the command starts (it inherits the command's env)
 MEMORY_KILL = {"RAY_memory_usage_threshold": "0.01", "RAY_memory_monitor_refresh_ms": "50"}
@@ -129,3 +135,128 @@ def test_the_executor_raises_worker_lost_naming_the_killed_stage_and_keeps_other
     assert str(lost.value).startswith("harvest: Ray killed a worker of its scoring stage for memory")
     assert "resources.scoring.memory_gb" in str(lost.value)
     _raise_if_worker_lost(ValueError("a bug of the stage"), "harvest", ctx)  # not a lost worker: left to the caller
+
+
+def test_the_bound_counts_memory_kills_since_the_last_committed_unit():
+    from sentsim.memory_kills import KILLS_WITHOUT_PROGRESS, KillBound
+
+    bound = KillBound()
+    assert not bound.killed(["a spike's kill"])  # one kill: Ray's retry is worth it
+    bound.committed()  # ... and the retried unit completed
+    for _ in range(3):  # kills that each let a unit through never add up
+        assert not bound.killed(["k"] * (KILLS_WITHOUT_PROGRESS - 1))
+        bound.committed()
+    assert not bound.killed(["k"] * (KILLS_WITHOUT_PROGRESS - 1))
+    assert bound.killed(["k"])  # the tenth with no unit since the first
+    assert bound.crossed and len(bound.reports) == KILLS_WITHOUT_PROGRESS
+    assert not KillBound(3).killed([]) and KillBound(3).killed(["a", "b", "c"])
+    with pytest.raises(ValueError):
+        KillBound(0)
+
+
+def _report(task: str) -> str:
+    return RAY_OOM.format(task=task)
+
+
+class _Kills:
+    """A worker table stand-in for the watch's thread: worker id -> report, added to while a pass runs."""
+
+    def __init__(self, before: dict):
+        self.table, self.lock = dict(before), threading.Lock()
+
+    def add(self, n: int, task: str) -> None:
+        with self.lock:
+            for _ in range(n):
+                self.table[f"w{len(self.table)}"] = _report(task)
+
+    def __call__(self) -> dict:
+        with self.lock:
+            return dict(self.table)
+
+
+def _pass(watch, results, kills, per_result):
+    """A pass of the pipeline as the executor runs it: results arrive while Ray kills workers; Ray Data's
+    driver loop waits in short sleeps, where the watch's exception lands."""
+    got = []
+    with watch:
+        for r in results:
+            kills.add(*per_result)
+            deadline = time.time() + 1.0
+            while time.time() < deadline:  # the time a unit takes
+                time.sleep(0.01)
+            watch.committed()
+            got.append(r)
+    return got
+
+
+def test_the_watch_ends_a_pass_that_kills_make_no_progress_with_rays_memory_error():
+    from ray.exceptions import OutOfMemoryError
+
+    from sentsim.lost_workers import lost_worker, sharded_job_line
+    from sentsim.memory_kills import MemoryKillWatch
+
+    # kills before the pass (an earlier pass of the same job) are not counted
+    kills = _Kills({f"old{i}": _report("Read_UnitSource") for i in range(20)})
+    watch = MemoryKillWatch(kills, limit=3, poll_seconds=0.05)
+    with pytest.raises(OutOfMemoryError) as stopped:
+        with watch:
+            kills.add(1, "MapWorker(MapBatches(ScoringActor)).__init__")
+            kills.add(2, "Read_UnitSource")
+            deadline = time.time() + 120
+            while time.time() < deadline:  # Ray Data's wait for a result that never comes
+                time.sleep(0.01)
+    assert time.time() < deadline
+    lost = lost_worker(stopped.value)
+    assert lost.memory and lost.kills == 3 and lost.names_a_stage  # the stage's kill is the one reported
+    line = sharded_job_line("harvest", lost, HARVEST_STAGES, _harvest_resources())
+    assert line.startswith("harvest: Ray killed a worker of its scoring stage for memory (the node had 3.83GB"), line
+    assert ", the last of 3 kills with no unit completed since the first; reserve memory per actor" in line, line
+    assert not watch._thread.is_alive()
+
+
+def test_the_watch_leaves_a_pass_alone_while_units_complete_between_kills():
+    from sentsim.memory_kills import MemoryKillWatch
+
+    kills = _Kills({})
+    watch = MemoryKillWatch(kills, limit=3, poll_seconds=0.05)
+    # two kills per unit: more than the bound in all, never as many as it between two committed units
+    assert _pass(watch, range(4), kills, (2, "MapWorker(MapBatches(ContextsActor)).submit")) == [0, 1, 2, 3]
+    assert len(kills()) == 8 and not watch._thread.is_alive()
+    time.sleep(0.2)  # nothing is delivered after the pass either
+
+
+@pytest.mark.slow
+def test_a_harvest_ray_keeps_killing_for_memory_ends_in_one_line_and_the_same_command_resumes(speech_corpus,
+                                                                                                  tmp_path):
+    from sentsim.harvest.job import harvest
+    from sentsim.memory_kills import KILLS_WITHOUT_PROGRESS
+    from storage import RunReader, verify_store
+
+    index = build_index_for(speech_corpus, tmp_path / "index")
+    bundle = tiny_context_bundle(speech_corpus, tmp_path / "ctx")
+    reference = tmp_path / "reference"
+    harvest(harvest_config(speech_corpus, index, bundle, reference), executor="inline", quiet=True)
+    out = tmp_path / "run"
+    config = tmp_path / "harvest.yaml"
+    config.write_text(yaml.safe_dump(harvest_config(speech_corpus, index, bundle, out).model_dump()))
+
+    # under a lasting threshold every worker is killed again soon after Ray restarts it: without the bound the
+    # command would never end (the timeout is only there to fail the test rather than hang it)
+    killed = sentsim_cli("harvest", "--config", config, env=MEMORY_KILL, timeout=240)
+    line = _one_line(killed)
+    assert "Ray's report:\n" in killed.stderr and "killed due to the node running low on memory" in killed.stderr
+    assert line.startswith("sentsim: error: harvest: Ray killed a worker"), line
+    # the watch reads Ray's worker table every few seconds: it may find more kills than the bound at once
+    repeated = re.search(r", the last of (\d+) kills with no unit completed since the first; ", line)
+    assert repeated and int(repeated.group(1)) >= KILLS_WITHOUT_PROGRESS, line
+    assert "memory_gb" in line and "max_actors" in line and "units_per_call" in line, line
+    assert line.endswith("then run the same command again: it resumes from its last completed unit"), line
+    # whatever it committed before is whole, and the run is left to be resumed
+    assert [p for p in verify_store(str(out)) if not p.startswith("run incomplete: ")] == []
+
+    r = sentsim_cli("harvest", "--config", config, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert verify_store(str(out)) == []
+    for t, key in (("pairs", "pair_id"), ("sentences", "sentence_id")):
+        got, want = (RunReader(str(run)).read_table(t).sort_by(key) for run in (out, reference))
+        assert got.equals(want), t
