@@ -260,3 +260,47 @@ def test_a_harvest_ray_keeps_killing_for_memory_ends_in_one_line_and_the_same_co
     for t, key in (("pairs", "pair_id"), ("sentences", "sentence_id")):
         got, want = (RunReader(str(run)).read_table(t).sort_by(key) for run in (out, reference))
         assert got.equals(want), t
+
+
+# what a `ray job submit` job's driver reads: the same reader as the watch's, and the table it filters, which
+# holds a worker's job once the worker has exited (here an actor the job kills)
+_JOB_READS_KILLS = """
+import time
+import ray
+from ray._private.state import state
+from ray.core.generated import gcs_pb2
+from sentsim.memory_kills import job_memory_kills
+from sentsim.runtime import init_ray
+
+init_ray()
+actor = ray.remote(num_cpus=0)(type("Probe", (), {"ping": lambda self: 1})).remote()
+ray.get(actor.ping.remote())
+ray.kill(actor)
+job = bytes.fromhex(ray.get_runtime_context().get_job_id())
+deadline = time.time() + 120
+while time.time() < deadline:
+    ended = [w for w in map(gcs_pb2.WorkerTableData.FromString, state._connect_and_get_accessor().get_worker_table())
+             if w.job_id == job and not w.is_alive]
+    if ended:
+        break
+    time.sleep(0.5)
+print("memory kills", len(job_memory_kills()()), "ended workers of this job", len(ended))
+"""
+
+
+@pytest.mark.slow
+def test_a_job_submitted_to_a_token_auth_cluster_reads_its_workers_memory_kills(ray_head):
+    """The watch reads the GCS's worker table through the driver's own GCS client: on a `ray start` cluster
+    with token auth, from a `ray job submit` job, it answers (the watch would otherwise be silently off) and
+    holds the job's own workers under the job's id."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    r = subprocess.run([str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", ray_head["address"],
+                        "--working-dir", ".", "--", "python", "-c", _JOB_READS_KILLS],
+                       env=ray_head["env"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    found = re.search(r"memory kills (\d+) ended workers of this job (\d+)", r.stdout)
+    assert found and found.group(1) == "0" and int(found.group(2)) >= 1, r.stdout[-3000:]
