@@ -175,14 +175,15 @@ class _Kills:
 
 
 def _pass(watch, results, kills, per_result):
-    """A pass of the pipeline as the executor runs it: results arrive while Ray kills workers; Ray Data's
-    driver loop waits in short sleeps, where the watch's exception lands."""
+    """A pass of the pipeline as the executor runs it: each result arrives after Ray killed workers, once the
+    watch has seen those kills (a kill it read only after the commit would count towards the next unit);
+    Ray Data's driver loop waits in short sleeps, where the watch's exception would land."""
     got = []
     with watch:
         for r in results:
             kills.add(*per_result)
-            deadline = time.time() + 1.0
-            while time.time() < deadline:  # the time a unit takes
+            deadline = time.time() + 120
+            while len(watch.bound.reports) < per_result[0] and time.time() < deadline:
                 time.sleep(0.01)
             watch.committed()
             got.append(r)
