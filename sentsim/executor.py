@@ -97,6 +97,24 @@ class ShardedJob(ABC):
         if stored is not None and not self.holds_this_run(stored):
             store.refuse_another_run(stored, self.stage, self.fp, self.config(), self.inputs(), self.unfingerprinted)
 
+    # the run's store, when the job took the run's lease before `execute` (hold_run_now): execute opens the run
+    # on it, keeping that lease, and releases it
+    held_store: Optional[object] = None
+
+    def hold_run_now(self, store) -> None:
+        """Take the run's lease at `store` now, before a setup of minutes (the harvest's pool and clustering), so
+        that a second writer is refused before it, not after: the message and exit status open_run's lease
+        gives. The caller runs the job (`execute` releases the lease, whatever happens), or, when its setup
+        fails first, calls `let_go_of_run`."""
+        store.take_lease()
+        self.held_store = store
+
+    def let_go_of_run(self) -> None:
+        """Release the lease `hold_run_now` took (and the run folder it made, when no run was opened there);
+        safe to call twice."""
+        if self.held_store is not None:
+            self.held_store.release()
+
     @abstractmethod
     def config(self) -> dict:
         """The resolved config, stored in the manifest."""
@@ -260,30 +278,34 @@ def execute(job: ShardedJob, executor: str = "ray", address: Optional[str] = Non
     """
     from storage import ShardStore
 
-    if executor not in EXECUTORS:
-        raise UsageError(f"unknown executor {executor!r} (ray or inline)")
-    fp = job.fp
-    planned = job.units  # read once: a generator's units are planned while they stream
-    listed = isinstance(planned, Sequence)
-    units = planned
-    if listed and not units:
-        raise UsageError(f"{job.stage}: nothing to do (0 units planned); refusing to write an empty run at {job.out}")
-    if not listed:  # peek: a stream that yields no unit (an empty input) is refused before any write
-        units = iter(units)
-        first = next(units, None)
-        if first is None:
-            raise UsageError(f"{job.stage}: the inputs hold nothing to process; refusing to write an empty run "
-                             f"at {job.out}")
-        units = _chain_first(first, units)
-    store = ShardStore(job.out)
-    fp = fp if force_new else job.fingerprint_to_resume(store)
+    store = job.held_store  # the store whose lease the job took already (hold_run_now); else open_run takes it
     try:
+        if executor not in EXECUTORS:
+            raise UsageError(f"unknown executor {executor!r} (ray or inline)")
+        fp = job.fp
+        planned = job.units  # read once: a generator's units are planned while they stream
+        listed = isinstance(planned, Sequence)
+        units = planned
+        if listed and not units:
+            raise UsageError(f"{job.stage}: nothing to do (0 units planned); refusing to write an empty run at "
+                             f"{job.out}")
+        if not listed:  # peek: a stream that yields no unit (an empty input) is refused before any write
+            units = iter(units)
+            first = next(units, None)
+            if first is None:
+                raise UsageError(f"{job.stage}: the inputs hold nothing to process; refusing to write an empty run "
+                                 f"at {job.out}")
+            units = _chain_first(first, units)
+        if store is None:
+            store = ShardStore(job.out)
+        fp = fp if force_new else job.fingerprint_to_resume(store)
         # a quiet run's lines go to os.devnull, closed with the run: left to the garbage collector, each quiet
         # run held a descriptor until then and its collection warned (ResourceWarning)
         with open(os.devnull, "w") if quiet else nullcontext(sys.stderr) as stream:
             return _execute(job, store, fp, planned, units, executor, address, force_new, quiet, max_units, stream)
     finally:
-        store.release()  # the run's lease: free again for the next writer, whatever happened
+        if store is not None:
+            store.release()  # the run's lease: free again for the next writer, whatever happened
 
 
 def _raise_if_worker_lost(exc: Exception, stage: str, ctx: RunContext) -> None:

@@ -12,6 +12,9 @@
   holder whose lease was taken over gets 412 on its next heartbeat. On local disk the heartbeat reads
   the file first and finds it naming another holder. Either way the holder stops beating, sets `lost`
   (the reason), says so on stderr, and `check()` raises LeaseLost from then on.
+- Taken by `ShardStore.open_run`, or earlier by `ShardStore.take_lease` for a job whose setup before the run
+  opens takes minutes (a pool harvest's pool draw and clustering), which open_run then keeps: a second writer
+  is refused before that setup. A SIGTERM during it releases the lease too (`released_on_sigterm`).
 - Released (deleted) when the run ends, successfully or not.
 - Anything but a regular file at the lease's name (a folder, a FIFO, a symlink) is refused in one line
   naming it: no writer ever leaves one (a lease is only created exclusively or renamed into place), so it
@@ -23,13 +26,15 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import socket
 import stat
 import sys
 import threading
 import time
 import uuid
-from typing import Optional
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
 
 import pyarrow.fs as pafs
 
@@ -128,12 +133,20 @@ class RunLease:
             self._etag = _s3_put(self.path, data, if_none_match="*")
             return self._etag is not None
         parent = os.path.dirname(self.path)
-        os.makedirs(parent, exist_ok=True)
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            self._refuse_odd()
-            return False
+        for attempt in range(3):
+            os.makedirs(parent, exist_ok=True)
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                self._refuse_odd()
+                return False
+            except FileNotFoundError:
+                # the folder was removed in between by a writer whose setup ended before its run opened
+                # (ShardStore.take_lease removes the folder its lease made): made again
+                if attempt == 2:
+                    raise
+                continue
+            break
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         return True
@@ -252,6 +265,33 @@ class RunLease:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+@contextmanager
+def released_on_sigterm(release: Callable[[], None]) -> Iterator[None]:
+    """Within the block: a SIGTERM (a scheduler stopping the job, a plain `kill`) calls `release` (a lease's),
+    then ends the process as SIGTERM would have. For a lease taken before a long setup that writes nothing (a
+    pool harvest's clustering): by default SIGTERM ends the process with no `finally` or atexit run, and the
+    lease it leaves waits for the stale-takeover rules. Only where SIGTERM has its default action and in the
+    main thread (the only one a handler can be set from); a handler someone else set is left to do its work."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def on_sigterm(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            release()
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)  # the default action now: the process ends as it would have
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _parse(data: bytes) -> dict:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import posixpath
 import sys
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -166,13 +168,38 @@ class ShardStore:
     def __init__(self, uri: str):
         self.uri = uri.rstrip("/")
         self.fs, self.root = sfs.resolve(self.uri)
-        self.lease: Optional[RunLease] = None  # held by the driver between open_run and finalize/release
+        self.lease: Optional[RunLease] = None  # held by the driver between take_lease/open_run and finalize/release
+        self._made: List[str] = []  # the local folders the lease created, deepest first, until the run holds a file
+
+    def take_lease(self) -> None:
+        """Take the run's lease now, if this store does not hold it yet; open_run keeps it. A job whose setup
+        before open_run takes minutes (a pool harvest draws its pool and clusters its anchors) takes it first,
+        so that a second writer is refused before that setup rather than after it. The folders the lease had
+        to create are removed again on release while nothing but the lease was written in them: a setup
+        refused or interrupted before the run opened leaves no run folder where there was none."""
+        if self.lease is not None:
+            return
+        made = []
+        if sfs.is_local(self.fs):
+            here = self.root
+            while here and not sfs.exists(self.fs, here):
+                made.append(here)
+                parent = posixpath.dirname(here)
+                here = parent if parent != here else ""
+        self.lease = RunLease(self.fs, self.root, self.uri).acquire()
+        self._made = made
 
     def release(self) -> None:
         """Give up the run's lease (finalize does it too); safe to call twice."""
         if self.lease is not None:
             self.lease.release()
             self.lease = None
+        made, self._made = self._made, []
+        for folder in made:
+            try:
+                os.rmdir(folder)  # only an empty one: a run opened there (or another writer's lease) keeps it
+            except OSError:
+                break
 
     # ---- paths ----------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -275,8 +302,7 @@ class ShardStore:
         """
         self.refuse_another_runs_part(stage)
         # one writer per run: taken before anything is read or deleted, released by finalize/release
-        if self.lease is None:
-            self.lease = RunLease(self.fs, self.root, self.uri).acquire()
+        self.take_lease()
         existing = None if force_new else self.read_manifest()  # --force-new clears even a broken manifest
         if existing is not None and not force_new:
             self.refuse_another_run(existing, stage, fingerprint, config, inputs, unfingerprinted)
@@ -305,6 +331,7 @@ class ShardStore:
             manifest.update(extra)
         self.fs.create_dir(self.root, recursive=True)
         self.write_manifest(manifest)
+        self._made = []  # a run now: its folder stays
         return manifest
 
     def refuse_other_files(self, tables: Iterable[str]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import nullcontext
 from types import SimpleNamespace
 from typing import List, Optional
 
@@ -47,6 +48,7 @@ from sentsim.screening.cache_job import check_rep_cache, ensure_rep_cache, given
 from sentsim.screening.config import discriminator_in_use, screened_as_stored
 from storage import ShardStore
 from storage.fs import input_sha256
+from storage.lease import released_on_sigterm
 from storage.store import UNREAD_NESTED
 
 STAGE = "harvest"
@@ -60,7 +62,7 @@ def harvest(
     pipeline a unit goes through is `HarvestRun.stages`."""
     from sentsim.harvest.report import write_report
 
-    run = HarvestRun(cfg, executor, force_new, quiet)
+    run = HarvestRun(cfg, executor, force_new, quiet, hold_run=True)
     m = execute(run, executor=executor, address=address, force_new=force_new, quiet=quiet,
                 max_units=max_units)
     this = m["this_run"]
@@ -78,7 +80,9 @@ class HarvestRun(ShardedJob):
     deep = True
     unfingerprinted = UNFINGERPRINTED + ("inputs.0.corpus", "inputs.0.pairs_file")
 
-    def __init__(self, cfg: HarvestConfig, executor: str, force_new: bool, quiet: bool):
+    def __init__(self, cfg: HarvestConfig, executor: str, force_new: bool, quiet: bool, hold_run: bool = False):
+        """`hold_run`: a pool harvest takes its run's lease before it draws the pool and clusters the anchors
+        (`hold_run_now`), for `execute` to keep; without it (a plan read and not run) nothing is written."""
         from corpus.view import CorpusIndex
 
         check_out(cfg.out, harvest_inputs(cfg), writes="run")
@@ -93,14 +97,30 @@ class HarvestRun(ShardedJob):
         self.pooled = cfg.contexts.mode == "pool"
         self.unit_plan, self.plan_info = plan(cfg, self.corpus)
         self.hashes = model_hashes(cfg)
-        if self.pooled:  # the pool, then the pairs: the run's own when it resumes (pool.py)
-            from sentsim.harvest.pool import PAIRS_TABLE, POOL_IDS_TABLE, PoolPairUnits, draw_pool, plan_pool_pairs
-
+        store = None
+        if self.pooled:
+            store = ShardStore(cfg.out)
             # what only screening reads is not fingerprinted here: a refused resume does not name it
             self.unfingerprinted = self.unfingerprinted + tuple(
                 f"contexts.{k}" for k in cfg.contexts.SCREENED_ONLY) + ("keep_context_scores",)
-            store = ShardStore(cfg.out)
             self.refuse_another_run_now(store, force_new)
+            if hold_run:  # one writer per run: a second one is refused here, before the minutes of setup below
+                self.hold_run_now(store)
+        try:
+            # a SIGTERM during the setup frees the lease as an error or a Ctrl-C does (below)
+            with released_on_sigterm(self.let_go_of_run) if self.held_store is not None else nullcontext():
+                self.set_up(store, executor, force_new, quiet)
+        except BaseException:
+            self.let_go_of_run()  # refused or interrupted before execute: neither a lease nor a new run folder left
+            raise
+
+    def set_up(self, store: Optional[ShardStore], executor: str, force_new: bool, quiet: bool) -> None:
+        """The rest of `__init__`: a pool harvest's pool drawn and its pairs planned (the anchors clustered: minutes
+        at 1M anchors) from its run's `store`, the rep cache checked, the scoring format fixed."""
+        cfg = self.cfg
+        if self.pooled:  # the pool, then the pairs: the run's own when it resumes (pool.py)
+            from sentsim.harvest.pool import PAIRS_TABLE, POOL_IDS_TABLE, PoolPairUnits, draw_pool, plan_pool_pairs
+
             resume_fp = self.fp if force_new else self.fingerprint_to_resume(store)
             kept_ids = None if force_new else store.read_side_table(POOL_IDS_TABLE, fingerprint=resume_fp)
             self.pool = draw_pool(self.corpus, cfg.contexts.pool_size, self.context_window(), cfg.seed,
