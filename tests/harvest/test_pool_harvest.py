@@ -988,3 +988,126 @@ def test_a_pool_run_of_format_2_resumes_under_the_fingerprints_it_holds(partners
     m = harvest(changed, executor="inline", quiet=True)
     assert m["complete"] and m["fingerprint"] == run.fp and m["this_run"]["units"] == 0
     assert vector_markers() == before
+
+
+# ---------------------------------------------------------------- one writer, from before the pool's setup
+
+
+def clustered_args(inputs, out) -> list:
+    """`sentsim harvest` of a pool drawn by clusters and of pairs within clusters: the setup before the run opens
+    clusters twice (minutes each at 1M anchors)."""
+    sets = [f"contexts.pool_size={POOL}", "contexts.pool_draw=clusters", "anchors.n=12", "anchors.per_unit=4",
+            "sentences_per_unit=8", "pairs_per_unit=8", "scoring.batch_tokens=2048", "scoring.autocast=off",
+            "partners.cluster_size=4", "contexts.mode=pool", "rank.n_anchors=32"]
+    return ["harvest", "--corpus", inputs["corpus"], "--index", inputs["index"], "--context-models", inputs["bundle"],
+            "--out", out, "--executor", "inline", *(a for x in sets for a in ("--set", x))]
+
+
+def signalled_in_setup(args, signame: str):
+    """The real command (sentsim.cli.main) in a process that sends itself `signame` where its pool harvest is
+    about to draw the pool: after the run's lease is taken, before the pool is drawn or anything clustered. The
+    signal is the only thing added to the command, and no timing decides where it lands."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = ("import os, signal, sys\n"
+            "import sentsim.harvest.pool as pool\n"
+            "draw = pool.draw_pool\n"
+            "def in_setup(*a, **kw):\n"
+            f"    os.kill(os.getpid(), signal.{signame})\n"
+            "    return draw(*a, **kw)\n"
+            "pool.draw_pool = in_setup\n"
+            "from sentsim.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def test_a_second_writer_is_refused_before_the_pool_is_drawn_or_the_anchors_clustered(inputs, tmp_path):
+    """A pool harvest holds its run from before its setup (the pool draw and the clustering, minutes at scale): a
+    second `sentsim harvest` into the same --out, --force-new too, exits 2 in the lease's one line naming the
+    holder, without drawing or clustering anything, and leaves the run alone; the holder then finishes, and the
+    run is free again."""
+    import signal
+    import time
+
+    import psutil
+
+    from storage.lease import LEASE
+
+    out = tmp_path / "run"
+    args = clustered_args(inputs, out)
+    first = signalled_in_setup(args, "SIGSTOP")  # stops itself holding the lease, before its pool draw
+    try:
+        proc, deadline = psutil.Process(first.pid), time.time() + 600  # a guard against a hang, no assert on speed
+        while proc.status() != psutil.STATUS_STOPPED:
+            assert first.poll() is None and time.time() < deadline, first.communicate()
+            time.sleep(0.1)
+        assert json.loads((out / LEASE).read_text())["pid"] == first.pid
+        assert [p.name for p in out.iterdir()] == [LEASE]
+        for extra in ((), ("--force-new",)):
+            # the holder beats no heartbeat while stopped: judged live however slow this machine is
+            r = sentsim_cli(*args, *extra, env={"SENTSIM_LEASE_STALE_SECONDS": "3600"})
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+            assert f"{out} is being written by pid {first.pid} on host" in lines[0], lines
+            assert "one writer per run" in lines[0] and "[harvest" not in r.stderr, lines
+            assert [p.name for p in out.iterdir()] == [LEASE]  # nothing written, nothing deleted
+            assert json.loads((out / LEASE).read_text())["pid"] == first.pid
+        first.send_signal(signal.SIGCONT)
+        _, stderr = first.communicate(timeout=900)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 0, stderr[-3000:]
+    # the holder drew its pool and clustered its anchors, with its pool runs nested under its lease, and labelled
+    assert stderr.count("[harvest] clustering ") == 2 and "[harvest] unit" in stderr, stderr[-3000:]
+    assert "[harvest-pool-vectors] unit" in stderr and "[harvest-pool-ranks] unit" in stderr, stderr[-3000:]
+    assert not (out / LEASE).exists() and (out / "_COMPLETE").is_file()
+    done = pairs_of(out)
+    r = sentsim_cli("store", "verify", out)
+    assert r.returncode == 0 and r.stdout.strip() == f"{out}: OK", r.stdout + r.stderr[-1500:]
+    r = sentsim_cli(*args)  # free again: resumed, with nothing left to do
+    assert r.returncode == 0 and "[harvest] unit" not in r.stderr and "took over" not in r.stderr, r.stderr[-2000:]
+    assert pairs_of(out).equals(done)
+
+
+@pytest.mark.parametrize("how", ["refused", "SIGINT", "SIGTERM"])
+def test_a_setup_refused_or_stopped_after_taking_the_lease_leaves_no_lease_behind(inputs, tmp_path, how):
+    """A pool harvest whose setup fails (a pool larger than the corpus allows), is stopped by Ctrl-C (SIGINT) or
+    by SIGTERM, after it took the run's lease: no lease is left, nor a folder it made for a new run; a run that
+    was there keeps its files; the same command then runs, with no lease to take over."""
+    import signal
+
+    from storage.lease import LEASE
+
+    out = tmp_path / "new" / "run"
+    args = clustered_args(inputs, out)
+    if how == "refused":
+        r = sentsim_cli(*args, "--set", "contexts.pool_size=999999")
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and "is more than the corpus's" in lines[0], r.stderr[-2000:]
+        assert not (tmp_path / "new").exists()
+    else:
+        p = signalled_in_setup(args, how)
+        _, stderr = p.communicate(timeout=900)
+        if how == "SIGINT":
+            assert p.returncode == 130 and "interrupted; run the same command again" in stderr, stderr[-2000:]
+        else:  # ended by the signal, as before, once its lease is released
+            assert p.returncode == -signal.SIGTERM, stderr[-2000:]
+        assert not (tmp_path / "new").exists()  # neither the lease nor the folders it made
+        # a run already there, stopped in the setup of its resume: its files stay, its lease does not
+        r = sentsim_cli(*args, "--max-units", "1")
+        assert r.returncode == 0 and "stopped after --max-units 1" in r.stdout, r.stderr[-2000:]
+        before = {q.relative_to(out): q.read_bytes() for q in out.rglob("*") if q.is_file()}
+        p = signalled_in_setup(args, how)
+        p.communicate(timeout=900)
+        assert p.returncode == (130 if how == "SIGINT" else -signal.SIGTERM)
+        assert {q.relative_to(out): q.read_bytes() for q in out.rglob("*") if q.is_file()} == before
+        assert LEASE not in {q.name for q in out.iterdir()}
+    r = sentsim_cli(*args)
+    assert r.returncode == 0 and "took over the lease" not in r.stderr, r.stderr[-3000:]
+    assert (out / "_COMPLETE").is_file() and not (out / LEASE).exists()

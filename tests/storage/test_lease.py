@@ -150,6 +150,45 @@ def test_heartbeat_on_s3_is_a_conditional_put_and_a_taken_over_holder_notices(s3
     assert holder.read()["token"] == new["token"]
 
 
+# ---------------------------------------------------------------- taken before the run opens
+
+
+def test_a_lease_taken_before_open_run_is_kept_by_it_and_gives_back_only_the_folders_it_made(tmp_path):
+    """ShardStore.take_lease (a pool harvest's, before it clusters): a second writer is refused from then on;
+    open_run keeps that same lease; released before any run opened, the folders the lease had to make are gone
+    again, while a folder that was there, or one a run was opened in, stays."""
+    import pyarrow as pa
+
+    from storage import ShardStore
+
+    run = tmp_path / "a" / "b" / "run"
+    store = ShardStore(str(run))
+    store.take_lease()
+    held = json.loads((run / LEASE).read_text())
+    assert held["pid"] == os.getpid()
+    r = acquire_elsewhere(run)
+    assert r.returncode != 0 and f"is being written by pid {os.getpid()}" in r.stderr, r.stderr[-2000:]
+    store.take_lease()  # again: the same lease, not a second one
+    store.release()
+    assert not (tmp_path / "a").exists() and tmp_path.is_dir()  # a setup refused or stopped: no run folder left
+
+    (tmp_path / "there").mkdir()
+    store = ShardStore(str(tmp_path / "there"))
+    store.take_lease()
+    store.release()
+    assert (tmp_path / "there").is_dir() and not (tmp_path / "there" / LEASE).exists()
+
+    store = ShardStore(str(run))
+    store.take_lease()
+    token = json.loads((run / LEASE).read_text())["token"]
+    store.open_run("corpus", "fp", {}, [], {"t": pa.schema([("x", pa.int64())])})
+    assert json.loads((run / LEASE).read_text())["token"] == token  # open_run took no second lease
+    assert acquire_elsewhere(run).returncode != 0
+    store.release()
+    assert not (run / LEASE).exists() and (run / "manifest.json").is_file()  # a run: its folder stays
+    assert acquire_elsewhere(run).returncode == 0
+
+
 # ---------------------------------------------------------------- training outputs
 
 
