@@ -73,6 +73,22 @@ def run_measured(cmd: List[str], env=None) -> tuple[float, int, str]:
     return wall, mon.peak, out
 
 
+def alternated_children(script: str, modes: List[str], runs: int, *args: str) -> dict:
+    """{mode: [the JSON each child printed last]}: `python script --measure MODE *args` in a fresh process,
+    `runs` rounds of every mode in turn, so that a change in the machine's load falls on each mode alike."""
+    import json
+    import sys
+
+    out = {m: [] for m in modes}
+    for _ in range(runs):
+        for mode in modes:
+            r = subprocess.run([sys.executable, script, "--measure", mode, *args], capture_output=True, text=True)
+            if r.returncode:
+                raise SystemExit(f"{mode} failed:\n{r.stderr[-3000:]}")
+            out[mode].append(json.loads(r.stdout.strip().splitlines()[-1]))
+    return out
+
+
 def median(xs):
     return statistics.median(xs)
 

@@ -23,7 +23,6 @@ import argparse
 import functools
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import machine, write_json_result  # noqa: E402
+from common import alternated_children, machine, write_json_result  # noqa: E402
 
 MiB = 2**20
 PER_UNIT = 1000
@@ -117,12 +116,7 @@ def main(argv=None) -> int:
         if not Path(uri, "manifest.json").exists():
             write_run(uri, args.sentences, args.pool)
         value_mib = args.sentences * args.pool * 4 * 4 / MiB
-        runs = {m: [] for m in args.modes.split(",")}
-        for _ in range(args.runs):
-            for mode in runs:  # alternated, so a change in the machine's load falls on both
-                r = subprocess.run([sys.executable, __file__, "--measure", mode, uri], capture_output=True, text=True,
-                                   check=True)
-                runs[mode].append(json.loads(r.stdout.strip().splitlines()[-1]))
+        runs = alternated_children(__file__, args.modes.split(","), args.runs, uri)
     med = {m: {k: statistics.median(x[k] for x in rs) for k in ("seconds", "peak_rss_mib", "rss_after_put_mib",
                                                                   "rss_before_mib")} for m, rs in runs.items()}
     result = {"bench": "driver_vectors", "machine": machine(), "sentences": args.sentences, "pool": args.pool,

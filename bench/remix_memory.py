@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import machine, write_json_result  # noqa: E402
+from common import alternated_children, machine, write_json_result  # noqa: E402
 from driver_vectors import write_run  # noqa: E402
 
 MiB = 2**20
@@ -126,15 +126,7 @@ def main(argv=None) -> int:
         uri = args.run or str(Path(tmp) / "pool_vectors")
         if not Path(uri, "manifest.json").exists():
             write_run(uri, args.sentences, args.pool)
-        runs = {m: [] for m in args.modes.split(",")}
-        for _ in range(args.runs):
-            for mode in runs:  # alternated, so that a change in the machine's load falls on both
-                r = subprocess.run([sys.executable, __file__, "--measure", mode, uri, args.baseline,
-                                    args.executor],
-                                   capture_output=True, text=True)
-                if r.returncode:
-                    raise SystemExit(f"{mode} failed:\n{r.stderr[-3000:]}")
-                runs[mode].append(json.loads(r.stdout.strip().splitlines()[-1]))
+        runs = alternated_children(__file__, args.modes.split(","), args.runs, uri, args.baseline, args.executor)
     med = {m: {k: statistics.median(x[k] for x in rs) for k in KEYS} for m, rs in runs.items()}
     digests = {(x["S"], x["effect"]) for rs in runs.values() for x in rs}
     result = {"bench": "remix_memory", "machine": machine(), "sentences": args.sentences, "pool": args.pool,
