@@ -26,14 +26,15 @@ def run(args) -> int:
     from sentsim.students import StudentConfig, train_student
 
     overrides = list(args.overrides)
+    readers = objectives.taking("triples")
     if args.triples:
-        overrides.append(f"rse.triples={args.triples}")
+        overrides += [f"{name}.triples={args.triples}" for name in readers]
     cfg = load_config(StudentConfig, args.config, overrides, objective=args.objective, **training_overrides(args))
-    if args.triples and cfg.objective != "rse":  # only RSE reads a triples file: another would train without it
+    if args.triples and not objectives.takes(cfg.objective, "triples"):  # another would train without the file
         from sentsim.errors import UsageError
 
-        raise UsageError(f"--triples is read by --objective rse only, and this run's objective is "
-                         f"{cfg.objective}; add --objective rse, or leave --triples out")
+        raise UsageError(f"--triples is read by --objective {' or '.join(readers)} only, and this run's objective "
+                         f"is {cfg.objective}; add --objective {readers[0]}, or leave --triples out")
     s = train_student(cfg, data=args.data, backbone=backbone_or_default(args.backbone), out=args.out,
                       address=args.address, executor=args.executor, force_new=args.force_new, eval_sts=args.eval_sts)
     first, last = s["first_loss"], s["last_loss"]

@@ -78,6 +78,15 @@ def objective_class(name: str):
     return getattr(importlib.import_module(module), cls)
 
 
+def taking(setting: str) -> tuple[str, ...]:
+    """The objectives whose settings section has `setting` (a flag such as --triples sets it for them)."""
+    return tuple(n for n in _REGISTRY if setting in objective_class(n).settings.model_fields)
+
+
+def takes(name: str, setting: str) -> bool:
+    return name in taking(setting)
+
+
 def seal() -> tuple[Registration, ...]:
     """What StudentConfig is built from; no registration is taken after this."""
     global _SEALED

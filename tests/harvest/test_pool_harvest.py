@@ -1012,7 +1012,10 @@ def signalled_in_setup(args, signame: str):
 
     from conftest import ROOT
 
+    # Ctrl-C at a terminal: a process started in the background by a non-interactive shell (a CI runner's
+    # `cmd &`) inherits SIGINT ignored, and Python then leaves it ignored; a user's terminal gives it Python's own
     code = ("import os, signal, sys\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "import sentsim.harvest.pool as pool\n"
             "draw = pool.draw_pool\n"
             "def in_setup(*a, **kw):\n"
