@@ -330,11 +330,21 @@ def add_run_arguments(parser, executor: str = "ray", passes: str = "") -> None:
                              + ", then stop; the same command resumes the run")
 
 
-def unit_count(text: str) -> int:
-    """argparse type of --max-units (the CLI's and the benches'): a whole number, 1 or more."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of units, 1 or more (got {text!r})")
-    return int(text)
+def whole_number(what: str, least: int = 1):
+    """An argparse type for a count flag: a whole number of `what`, `least` or more. A flag's bad value is
+    refused in the flag's own name (`argument --chunk-size: expected ...`), before the config would refuse it
+    under its key (`chunk.size`), a name the user did not type."""
+    def parse(text: str) -> int:
+        if not text.strip().isdigit() or int(text) < least:
+            raise argparse.ArgumentTypeError(f"expected a whole number of {what}, {least} or more (got {text!r})")
+        return int(text)
+
+    parse.__name__ = f"whole number of {what}"  # argparse names a type by it in its own errors
+    return parse
+
+
+# argparse type of --max-units (the CLI's and the benches')
+unit_count = whole_number("units")
 
 
 def run_exit_code(manifest: dict, max_units, force_new: bool = False) -> int:

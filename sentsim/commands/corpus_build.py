@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from sentsim.config import add_config_arguments, add_run_arguments
+from sentsim.config import add_config_arguments, add_run_arguments, whole_number
 
 COMMAND = ("corpus", "build")
 HELP = "split documents (JSONL[.gz], text, Parquet) into sentence and chunk Parquet shards; resumable"
@@ -16,7 +16,8 @@ def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="run directory (local path or s3://...)")
     p.add_argument("--on-error", choices=["fail", "skip"], default=None,
                    help="bad documents: stop (exit 2) or skip and count (default: the config's on_error, fail)")
-    p.add_argument("--chunk-size", type=int, default=None, help="sentences per chunk (default 8)")
+    p.add_argument("--chunk-size", type=whole_number("sentences"), default=None, metavar="N",
+                   help="sentences per chunk (default 8)")
     add_run_arguments(p)
     add_config_arguments(p)
 

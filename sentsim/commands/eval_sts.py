@@ -7,7 +7,7 @@ from typing import Optional
 
 from pydantic import Field, field_validator
 
-from sentsim.config import Section, add_config_arguments, load_config
+from sentsim.config import Section, add_config_arguments, load_config, whole_number
 from sentsim.errors import UsageError
 from sentsim.out_paths import check_out
 
@@ -43,7 +43,7 @@ def add_arguments(parser) -> None:
                         help="folder holding STS20xx-en-test/, stsbenchmark/, SICK/")
     parser.add_argument("--tasks", default=None,
                         help="comma-separated subset, e.g. STSb,SICK-R (default: every standard task under --data)")
-    parser.add_argument("--batch-size", type=int, default=None, metavar="N",
+    parser.add_argument("--batch-size", type=whole_number("items"), default=None, metavar="N",
                         help="--model: sentences (or pairs, for a cross-encoder) encoded at once (default 64)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown")

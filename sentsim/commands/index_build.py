@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 
-from sentsim.config import add_config_arguments, load_config
+from sentsim.config import add_config_arguments, load_config, whole_number
 from sentsim.errors import UsageError
 
 COMMAND = ("index", "build")
@@ -28,8 +28,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="index directory to write")
     parser.add_argument("--backend", choices=["sklearn", "lucene"], default=None,
                         help="retrieval backend (default: the config's, sklearn)")
-    parser.add_argument("--shards", type=int, default=None, metavar="N", help="number of index shards (n_shards)")
-    parser.add_argument("--num-workers", "--workers", dest="workers", type=int, default=1, metavar="N",
+    parser.add_argument("--shards", type=whole_number("shards"), default=None, metavar="N",
+                        help="number of index shards (n_shards)")
+    parser.add_argument("--num-workers", "--workers", dest="workers", type=whole_number("workers"), default=1,
+                        metavar="N",
                         help="parallel build: N Ray tasks (sklearn) or N indexing threads (lucene); "
                              "1 (default) builds in this process without Ray")
     parser.add_argument("--force-new", action="store_true",
@@ -40,8 +42,6 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from sentsim.retrieval import IndexConfig, already_built, build_index, other_index
 
-    if args.workers < 1:
-        raise UsageError(f"--num-workers (--workers) must be at least 1 (got {args.workers})")
     cfg = load_config(IndexConfig, args.config, args.overrides, backend=args.backend, n_shards=args.shards)
     done = already_built(args.corpus, args.out, cfg)
     if done is not None:  # before Ray: a rerun starts nothing

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import argparse
-
-from sentsim.config import add_config_arguments
+from sentsim.config import add_config_arguments, whole_number
 
 
 def add_training_arguments(parser, *, data_help: str, out_help: str) -> None:
@@ -19,7 +17,7 @@ def add_training_arguments(parser, *, data_help: str, out_help: str) -> None:
     parser.add_argument("--init", choices=["pretrained", "scratch"], default=None,
                         help="start from the backbone's weights, or a small BERT with random weights")
     add_num_workers(parser)
-    parser.add_argument("--epochs", type=int, default=None, metavar="N",
+    parser.add_argument("--epochs", type=whole_number("epochs"), default=None, metavar="N",
                         help="passes over the training rows (default: the config's epochs)")
     add_max_steps(parser, "stop after N optimizer steps, within the epochs (0: run the epochs out; default: the "
                           "config's max_steps)", least=0)
@@ -28,19 +26,14 @@ def add_training_arguments(parser, *, data_help: str, out_help: str) -> None:
 
 
 def add_num_workers(parser) -> None:
-    parser.add_argument("--num-workers", type=int, default=None, metavar="N",
+    parser.add_argument("--num-workers", type=whole_number("workers"), default=None, metavar="N",
                         help="Ray Train (DDP) workers (default: the config's num_workers, 1)")
 
 
 def add_max_steps(parser, help: str, *, least: int) -> None:
     """--max-steps N, in every trainer: a smoke test's bound, and a resumed run's new one (max_steps is a
     setting a run resumes under, not one that makes it another run)."""
-    def steps(text: str) -> int:
-        if not text.strip().isdigit() or int(text) < least:
-            raise argparse.ArgumentTypeError(f"expected a whole number of steps, {least} or more (got {text!r})")
-        return int(text)
-
-    parser.add_argument("--max-steps", type=steps, default=None, metavar="N", help=help)
+    parser.add_argument("--max-steps", type=whole_number("steps", least), default=None, metavar="N", help=help)
 
 
 def add_force_new(parser) -> None:

@@ -146,6 +146,37 @@ def test_an_unknown_flag_is_refused_with_the_usage_of_the_word_it_was_given_to(c
     assert [ln for ln in err.splitlines() if ": error:" in ln] == [f"{prog}: error: unrecognized arguments: {given}"]
 
 
+@pytest.mark.parametrize("argv, flag, what", [
+    (["corpus", "build", "in.jsonl", "--out", "o", "--chunk-size", "0"], "--chunk-size", "sentences"),
+    (["index", "build", "--corpus", "c", "--out", "o", "--shards", "0"], "--shards", "shards"),
+    (["index", "build", "--corpus", "c", "--out", "o", "--workers", "-1"], "--num-workers/--workers", "workers"),
+    (["eval", "sts", "--tfidf", "--data", "d", "--batch-size", "0"], "--batch-size", "items"),
+    (["train", "student", "--out", "o", "--epochs", "0"], "--epochs", "epochs"),
+    (["train", "surrogate", "--out", "o", "--num-workers", "0"], "--num-workers", "workers"),
+    (["train", "context", "--corpus", "c", "--out", "o", "--num-workers", "2.5"], "--num-workers", "workers"),
+])
+def test_a_count_flag_below_one_is_refused_in_the_flags_own_name(capsys, tmp_path, argv, flag, what):
+    """A count given by a flag is refused by argparse under that flag, before any input is read, not by the
+    config under its key (`chunk.size`, `n_shards`), which the user never typed."""
+    from sentsim.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err, err
+    assert [ln for ln in err.splitlines() if ": error:" in ln] == [
+        f"sentsim {argv[0]} {argv[1]}: error: argument {flag}: expected a whole number of {what}, 1 or more "
+        f"(got {argv[-1]!r})"]
+
+
+def test_a_count_flag_below_one_through_the_command(tmp_path):
+    r = sentsim_cli("corpus", "build", tmp_path / "in.jsonl", "--out", tmp_path / "o", "--chunk-size", "0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "sentsim corpus build: error: argument --chunk-size: expected a whole number of sentences, 1 or more " \
+           "(got '0')" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_top_level_unknown_flag_through_the_command(tmp_path):
     r = sentsim_cli("--bogus", "harvest", cwd=tmp_path)
     errors = [ln for ln in r.stderr.splitlines() if ": error:" in ln]
