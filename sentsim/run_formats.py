@@ -23,6 +23,15 @@ Format 2, every pool harvest (contexts.mode=pool) opened before format 3 (none h
   (`sentsim.screening.config.screened_as_stored`, beside the keys it reads: this module stays below screening,
   whose jobs use it), so such a run and its vectors resume under the fingerprints they hold, whatever those keys
   are set to now.
+
+Formats 1 to 3, every per-pair harvest (contexts.mode screened or random) opened before format 4:
+
+- its fingerprint holds the keys its mode does not read (`HarvestConfig.unread_keys`): a corpus harvest's
+  `pairs_per_unit` (its units are `anchors.per_unit` anchors) and, grouped, `grouping.pairs_per_group` (its
+  groups are an anchor and its partners); an explicit (--pairs) harvest's `anchors` and `partners`. A change to
+  one made a new run, or refused a resume, that would write the same rows. `HarvestRun.fingerprint_in_format`
+  gives them back as the stored run holds them (`HarvestRun.config_in_format_3`), so such a run resumes under
+  the fingerprint it holds, whatever those keys are set to now.
 """
 
 from __future__ import annotations

@@ -207,13 +207,25 @@ class HarvestConfig(Section):
             raise ValueError(f"partners.cluster_levels={self.partners.cluster_levels} clusters partners.cluster_size's "
                              "anchors: it needs partners.cluster_size (2 or more) and contexts.mode=pool")
 
-    def semantic(self, with_paths: bool = False, keep_screened: bool = False) -> dict:
+    def unread_keys(self) -> Tuple[str, ...]:
+        """The keys (dotted) a per-pair harvest of this mode never reads, so that no value of theirs changes a
+        row: a corpus harvest's units are `anchors.per_unit` anchors and its groups an anchor and its partners
+        (not `pairs_per_unit`, `grouping.pairs_per_group`); an explicit (--pairs) harvest pairs the file's rows
+        (no anchors, no partners). A pool harvest's are not listed here (its screened-only keys are: `semantic`)."""
+        if self.contexts.mode == "pool":
+            return ()
+        if self.pairs_file:
+            return ("anchors", "partners")
+        return ("pairs_per_unit",) + (("grouping.pairs_per_group",) if self.grouping.enabled else ())
+
+    def semantic(self, with_paths: bool = False, keep_screened: bool = False, keep_unread: bool = False) -> dict:
         """Everything that changes the rows; resources and placement do not, and neither do the spellings of
         the input paths: what they hold is fingerprinted instead (the corpus fingerprint, checkpoint hashes,
         the pairs file's sha256; job.py), so a run resumes from another folder. `with_paths` keeps them, as
         run format 1 fingerprinted them (HarvestRun.fingerprint_in_format, sentsim/run_formats.py). A pool run
         leaves out the keys only screening reads, unless `keep_screened` (or `with_paths`): formats before 3
-        kept them."""
+        kept them. The keys its mode does not read (`unread_keys`) are left out, unless `keep_unread` (or
+        `with_paths`): formats before 4 kept them."""
         d = self.model_dump()
         for k in ("out", "resources") + (() if with_paths else INPUT_PATHS):
             d.pop(k)
@@ -237,4 +249,11 @@ class HarvestConfig(Section):
             d.pop("keep_context_scores")
         if d["rank"].get("storage") == "auto":  # default-config fingerprints stay those of earlier versions
             d["rank"].pop("storage")
+        if not (keep_unread or with_paths):
+            for key in self.unread_keys():
+                *parents, leaf = key.split(".")
+                node = d
+                for p in parents:
+                    node = node[p]
+                node.pop(leaf)
         return d

@@ -95,6 +95,8 @@ class HarvestRun(ShardedJob):
         self.cfg, self.out = cfg, cfg.out
         self.corpus = CorpusIndex(cfg.corpus)
         self.pooled = cfg.contexts.mode == "pool"
+        # what this mode never reads is not fingerprinted (a refused resume does not name it either)
+        self.unfingerprinted = self.unfingerprinted + cfg.unread_keys()
         self.unit_plan, self.plan_info = plan(cfg, self.corpus)
         self.hashes = model_hashes(cfg)
         store = None
@@ -162,17 +164,38 @@ class HarvestRun(ShardedJob):
     def fingerprint_in_format(self, version: int, stored: dict) -> Optional[str]:
         """Format 1: the input paths were fingerprinted as spelt (as the stored run spelt them), not by what
         they hold; every content identity is fingerprinted too, so a match is this same run. Format 2: a pool
-        run was fingerprinted with the keys only screening reads."""
-        if version == 2:
+        run was fingerprinted with the keys only screening reads. Formats 1 to 3: a per-pair run was
+        fingerprinted with the keys its mode does not read (`HarvestConfig.unread_keys`), as the stored run
+        holds them."""
+        if version == 2 and self.pooled:
             return fingerprint(STAGE, self.pool_semantic_in_format_2(stored), self.corpus.fingerprint,
-                               without_paths(self.plan_info), self.hashes) if self.pooled else None
+                               without_paths(self.plan_info), self.hashes)
+        cfg = self.config_in_format_3(stored)
+        if version in (2, 3):
+            return None if cfg is None else fingerprint(STAGE, cfg.semantic(keep_unread=True), self.corpus.fingerprint,
+                                                        without_paths(self.plan_info), self.hashes)
         if version != 1:
             return None
-        sem = spelt_as_stored(self.cfg.semantic(with_paths=True), stored, INPUT_PATHS + ("rank.encoder",))
+        cfg = cfg or self.cfg
+        sem = spelt_as_stored(cfg.semantic(with_paths=True), stored, INPUT_PATHS + ("rank.encoder",))
         info = self.plan_info
         if "pairs_file" in info:
             info = dict(info, pairs_file=(stored.get("config") or {}).get("pairs_file"))
         return fingerprint(STAGE, sem, self.corpus.fingerprint, info, self.hashes)
+
+    def config_in_format_3(self, stored: dict) -> Optional[HarvestConfig]:
+        """This run's config with the keys its mode does not read set as `stored` (its manifest) holds them,
+        as runs of formats before 4 fingerprinted them (sentsim/run_formats.py); None where it reads every key
+        (or the stored ones are no longer valid, so no run of today's settings held them)."""
+        from pydantic import ValidationError
+
+        keys = self.cfg.unread_keys()
+        if not keys:
+            return None
+        try:
+            return HarvestConfig.model_validate(spelt_as_stored(self.cfg.model_dump(), stored, keys))
+        except ValidationError:
+            return None
 
     def pool_semantic_in_format_2(self, stored: dict) -> dict:
         """The semantic config a format 2 pool run was fingerprinted with: the keys only screening reads, and

@@ -802,3 +802,110 @@ def test_a_finished_harvest_with_no_pair_says_so_and_why(inputs, tmp_path):
     r = sentsim_cli(*args, "--max-units", "1", "--force-new")  # stopped part-way: still to come
     assert r.returncode == 0, r.stderr[-3000:]
     assert "  no pairs labelled yet: 1 of 2 units done\n" in r.stdout, r.stdout
+
+
+def config_file(cfg, path: Path) -> Path:
+    """`cfg` as a `sentsim harvest --config` file; its --out is given by the flag."""
+    data = cfg.model_dump()
+    data.pop("out")
+    path.write_text(json.dumps(data))
+    return path
+
+
+def harvest_cli(conf: Path, out: Path, *args):
+    """The real `sentsim harvest --config conf --out out`, inline, with `args` (each `key=value` a --set)."""
+    from conftest import sentsim_cli
+
+    flags = [a for x in args for a in (("--set", x) if "=" in x and not x.startswith("-") else (x,))]
+    return sentsim_cli("harvest", "--config", conf, "--out", out, "--executor", "inline", *flags)
+
+
+def markers_of(run: Path) -> dict:
+    return {p.name: p.stat().st_mtime_ns for p in (run / "_units").glob("*.json")}
+
+
+def format_3_fingerprint(cfg) -> str:
+    """The fingerprint a format 3 sentsim gave a run of `cfg`: with the keys its mode does not read."""
+    from corpus.view import CorpusIndex
+    from sentsim.harvest.job import STAGE, model_hashes, plan, without_paths
+    from sentsim.identity import fingerprint
+
+    corpus = CorpusIndex(cfg.corpus)
+    return fingerprint(STAGE, cfg.semantic(keep_unread=True), corpus.fingerprint,
+                       without_paths(plan(cfg, corpus)[1]), model_hashes(cfg))
+
+
+def test_a_corpus_harvest_resumes_whatever_pairs_per_unit_says(inline_run, tmp_path):
+    """A corpus harvest's units are anchors.per_unit anchors: pairs_per_unit, which it never reads, is not
+    fingerprinted, so a harvest stopped part-way resumes under another value to the rows of an uninterrupted
+    run. A run of format 3, whose fingerprint held it, resumes under the fingerprint it holds whatever it is set
+    to now, a rerun of it finished does no unit, and a key it reads is still refused, named alone."""
+    from conftest import error_line
+
+    cfg, out = inline_run
+    conf = config_file(cfg, tmp_path / "harvest.json")
+    fp = json.loads((out / "manifest.json").read_text())["fingerprint"]
+    stopped = tmp_path / "stopped"
+    r = harvest_cli(conf, stopped, "pairs_per_unit=64", "--max-units", "1")
+    assert r.returncode == 0 and "stopped after --max-units 1" in r.stdout, r.stderr[-3000:]
+    r = harvest_cli(conf, stopped, "pairs_per_unit=5")
+    assert r.returncode == 0 and "resuming" in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+    m = json.loads((stopped / "manifest.json").read_text())
+    assert m["complete"] and m["fingerprint"] == fp and m["config"]["pairs_per_unit"] == 64
+    assert pairs_of(stopped).equals(pairs_of(out))
+
+    old_fp = format_3_fingerprint(cfg)
+    assert old_fp != fp
+    old = as_fingerprinted(shutil.copytree(out, tmp_path / "format3"), old_fp, run_format=3)
+    (old / "_units" / "00001.json").unlink()  # as if stopped before unit 1's marker
+    r = harvest_cli(conf, old, "pairs_per_unit=7")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    m = json.loads((old / "manifest.json").read_text())
+    assert m["complete"] and m["fingerprint"] == old_fp and m["format_version"] == 3
+    assert pairs_of(old).equals(pairs_of(out))
+    done = markers_of(old)
+    r = harvest_cli(conf, old, "pairs_per_unit=9")  # finished: nothing redone
+    assert r.returncode == 0 and "[harvest] unit" not in r.stderr and markers_of(old) == done, r.stderr[-3000:]
+    r = harvest_cli(conf, old, "pairs_per_unit=9", "seed=1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    line = error_line(r.stderr)
+    assert "seed: 3 -> 1" in line and "pairs_per_unit" not in line, line
+
+
+def test_an_explicit_harvest_reads_pairs_per_unit_and_not_the_anchors(inputs, tmp_path):
+    """An explicit (--pairs) harvest's units are pairs_per_unit rows of the file: another value is another run
+    (refused, named), while the anchors.* and partners.* keys, which it never reads, resume the finished run;
+    a run of format 3, whose fingerprint held them, resumes under its own whatever they are set to now."""
+    from conftest import error_line
+
+    f = tmp_path / "pairs.tsv"
+    f.write_text("The nation must remain strong.\tOur country has to stay powerful.\n"
+                 "Taxes were cut this year.\tThe budget was balanced.\n"
+                 "We will build new roads.\tThe schools need more teachers.\n")
+    out = tmp_path / "explicit"
+    cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], out, pairs_file=str(f), pairs_per_unit=2,
+                         rank={"enabled": False})
+    conf = config_file(cfg, tmp_path / "harvest.json")
+    r = harvest_cli(conf, out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    fp = json.loads((out / "manifest.json").read_text())["fingerprint"]
+    done = markers_of(out)
+    unread = ("anchors.n=3", "anchors.per_unit=1", "anchors.min_tokens=9", "partners.random=0",
+              "partners.same_doc=0", "partners.neighbours=0", "partners.neighbour_chunks=2")
+    r = harvest_cli(conf, out, *unread)
+    assert r.returncode == 0 and "[harvest] unit" not in r.stderr, r.stderr[-3000:]
+    assert markers_of(out) == done and json.loads((out / "manifest.json").read_text())["fingerprint"] == fp
+    r = harvest_cli(conf, out, "pairs_per_unit=1")  # three units of one pair: another run
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    line = error_line(r.stderr)
+    assert "pairs_per_unit: 2 -> 1" in line and "anchors" not in line, line
+
+    old_fp = format_3_fingerprint(cfg)
+    assert old_fp != fp
+    old = as_fingerprinted(shutil.copytree(out, tmp_path / "format3"), old_fp, run_format=3)
+    (old / "_units" / "00001.json").unlink()
+    r = harvest_cli(conf, old, *unread)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    m = json.loads((old / "manifest.json").read_text())
+    assert m["complete"] and m["fingerprint"] == old_fp and m["format_version"] == 3
+    assert pairs_of(old).equals(pairs_of(out))
