@@ -49,7 +49,7 @@ from sentsim.screening.config import discriminator_in_use, screened_as_stored
 from storage import ShardStore
 from storage.fs import input_sha256
 from storage.lease import released_on_sigterm
-from storage.store import UNREAD_NESTED
+from storage.store import UNREAD_NESTED, run_format
 
 STAGE = "harvest"
 
@@ -140,9 +140,11 @@ class HarvestRun(ShardedJob):
         stored = None if force_new else ShardStore(cfg.out).read_manifest()  # a new run reads no old manifest
         if stored and self.holds_this_run(stored):
             refuse_an_earlier_revision(cfg, stored)
-        if stored and not (stored.get("fingerprint") == self.fp or self.pooled and self.holds_this_run(stored)):
-            # another run's (resuming it is refused), or a format 1 one: no scoring format kept; a pool run of an
-            # earlier format keeps its own, as its vectors do (pool_vectors.ensure_pool_vectors)
+        if stored and not (stored.get("fingerprint") == self.fp
+                           or run_format(stored) > 1 and self.holds_this_run(stored)):
+            # another run's (resuming it is refused), or a format 1 one: no scoring format kept; a run of format 2
+            # or later resumed under the fingerprint it holds keeps its own, as a pool run's vectors do
+            # (pool_vectors.ensure_pool_vectors)
             stored = None
         self.precision, note = scoring_precision(cfg, stored, force_new, executor)
         if note and not quiet:

@@ -812,12 +812,12 @@ def config_file(cfg, path: Path) -> Path:
     return path
 
 
-def harvest_cli(conf: Path, out: Path, *args):
+def harvest_cli(conf: Path, out: Path, *args, env=None):
     """The real `sentsim harvest --config conf --out out`, inline, with `args` (each `key=value` a --set)."""
     from conftest import sentsim_cli
 
     flags = [a for x in args for a in (("--set", x) if "=" in x and not x.startswith("-") else (x,))]
-    return sentsim_cli("harvest", "--config", conf, "--out", out, "--executor", "inline", *flags)
+    return sentsim_cli("harvest", "--config", conf, "--out", out, "--executor", "inline", *flags, env=env)
 
 
 def markers_of(run: Path) -> dict:
@@ -870,6 +870,15 @@ def test_a_corpus_harvest_resumes_whatever_pairs_per_unit_says(inline_run, tmp_p
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     line = error_line(r.stderr)
     assert "seed: 3 -> 1" in line and "pairs_per_unit" not in line, line
+    # resumed under the fingerprint it holds, it keeps the format its units were scored in, as any run does
+    bf16 = as_fingerprinted(shutil.copytree(out, tmp_path / "format3_bf16"), old_fp, run_format=3)
+    (bf16 / "_units" / "00001.json").unlink()
+    m = json.loads((bf16 / "manifest.json").read_text())
+    (bf16 / "manifest.json").write_text(json.dumps(dict(m, scoring_precision="bf16")))
+    r = harvest_cli(conf, bf16, "pairs_per_unit=7", "scoring.device=cpu", env={"SENTSIM_CPU_BF16": "0"})
+    assert r.returncode == 0 and "scoring in bf16, the format this run began in" in r.stderr, r.stderr[-3000:]
+    marker = json.loads((bf16 / "_units" / "00001.json").read_text())
+    assert marker["extra"]["scoring_precision"] == "bf16", marker
 
 
 def test_an_explicit_harvest_reads_pairs_per_unit_and_not_the_anchors(inputs, tmp_path):
