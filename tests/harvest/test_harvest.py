@@ -884,7 +884,7 @@ def test_a_corpus_harvest_resumes_whatever_pairs_per_unit_says(inline_run, tmp_p
 def test_an_explicit_harvest_reads_pairs_per_unit_and_not_the_anchors(inputs, tmp_path):
     """An explicit (--pairs) harvest's units are pairs_per_unit rows of the file: another value is another run
     (refused, named), while the anchors.* and partners.* keys, which it never reads, resume the finished run;
-    a run of format 3, whose fingerprint held them, resumes under its own whatever they are set to now."""
+    a run of format 2 or 3, whose fingerprint held them, resumes under its own whatever they are set to now."""
     from conftest import error_line
 
     f = tmp_path / "pairs.tsv"
@@ -909,12 +909,13 @@ def test_an_explicit_harvest_reads_pairs_per_unit_and_not_the_anchors(inputs, tm
     line = error_line(r.stderr)
     assert "pairs_per_unit: 2 -> 1" in line and "anchors" not in line, line
 
-    old_fp = format_3_fingerprint(cfg)
+    old_fp = format_3_fingerprint(cfg)  # formats 2 and 3 fingerprinted a per-pair harvest alike
     assert old_fp != fp
-    old = as_fingerprinted(shutil.copytree(out, tmp_path / "format3"), old_fp, run_format=3)
-    (old / "_units" / "00001.json").unlink()
-    r = harvest_cli(conf, old, *unread)
-    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    m = json.loads((old / "manifest.json").read_text())
-    assert m["complete"] and m["fingerprint"] == old_fp and m["format_version"] == 3
-    assert pairs_of(old).equals(pairs_of(out))
+    for version in (2, 3):
+        old = as_fingerprinted(shutil.copytree(out, tmp_path / f"format{version}"), old_fp, run_format=version)
+        (old / "_units" / "00001.json").unlink()
+        r = harvest_cli(conf, old, *unread)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        m = json.loads((old / "manifest.json").read_text())
+        assert m["complete"] and m["fingerprint"] == old_fp and m["format_version"] == version
+        assert pairs_of(old).equals(pairs_of(out))
