@@ -1,11 +1,12 @@
-"""`sentsim train surrogate`: fit a Siamese or cross-encoder surrogate to harvested scores on Ray Train."""
+"""`sentsim train surrogate`: fit a Siamese or cross-encoder surrogate to harvested scores on Ray Train, or
+inline in this process (--executor inline)."""
 
 from __future__ import annotations
 
 import os
 
 from sentsim.config import load_config
-from sentsim.training.cli import add_training_arguments, backbone_or_default, training_overrides
+from sentsim.training.cli import add_executor, add_training_arguments, backbone_or_default, training_overrides
 
 COMMAND = ("train", "surrogate")
 HELP = "train a surrogate (Siamese or cross-encoder) on harvested pair scores, optionally fine-tune on STS-B"
@@ -19,8 +20,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--finetune-sts", metavar="PATH",
                         help="then fine-tune on STS-B train (folder with sts-*.csv) with L2; --max-steps, when "
                              "given, bounds this stage too (else finetune.max_steps and finetune.epochs)")
+    add_executor(parser)
     add_training_arguments(parser, data_help="harvest output: pairs/part-*.parquet and manifest.json",
-                           out_help="output: model/ (and model-sts/), curves/, ray/ checkpoints")
+                           out_help="output: model/ (and model-sts/), curves/, ray/ (or, inline, checkpoint/) "
+                                    "checkpoints")
 
 
 def run(args) -> int:
@@ -34,7 +37,8 @@ def run(args) -> int:
     cfg = load_config(SurrogateConfig, args.config, overrides, arch=args.arch, loss=args.loss,
                       **training_overrides(args))
     summary = train_surrogate(cfg, data=args.data, backbone=backbone_or_default(args.backbone), out=args.out,
-                              finetune_sts=args.finetune_sts, address=args.address, force_new=args.force_new)
+                              finetune_sts=args.finetune_sts, address=args.address, executor=args.executor,
+                              force_new=args.force_new)
     for st in summary["stages"]:
         first, last = st["first"], st["last"]
         sts = st["stage"] == "finetune-sts"  # trained with L2 on STS-B's gold scores

@@ -4,8 +4,8 @@
     from sentsim.surrogate import SurrogateConfig, train_surrogate
     train_surrogate(SurrogateConfig(), data="harvest/", backbone=default_base_encoder(), out="surrogate/")
 
-config.py (settings), data.py (harvest checks, ray.data splits), trainee.py (the step and the dev metric),
-train.py (stages on the shared loop and driver of sentsim.training). Shared with the students, in
+config.py (settings), data.py (harvest checks; ray.data splits, or tables inline), trainee.py (the step and
+the dev metric), train.py (stages on the shared loop and driver of sentsim.training). Shared with the students, in
 sentsim.training: the Siamese and cross forms, their export (replaced all or nothing by sentsim.model_swap)
 and predictions (encoder_models.py), and the model card, the README.md that says what a model is
 (model_card.py).

@@ -1,4 +1,5 @@
-"""Harvested pair shards: checked up front on the driver, then streamed to the trainers with ray.data.
+"""Harvested pair shards: checked up front on the driver, then streamed to the trainers with ray.data
+(or, for an inline run, read into pyarrow Tables: no Ray).
 
 A harvest run (local or s3://) holds `pairs/part-NNNNN.parquet` (pair_id, s1_id, s2_id, s1, s2, score,
 rank_sim, split, ...) and `manifest.json`, read through storage.RunReader: only units with a
@@ -291,23 +292,39 @@ def _schema(reader, path: str):
 
 
 def harvest_datasets(info: HarvestInfo, eval_max_pairs: int, seed: int = 0) -> dict:
-    """ray.data Datasets per split, unscored rows dropped.
+    """ray.data Datasets per split, unscored rows dropped (Ray Train; `harvest_tables` is the inline run's).
 
     train is streamed by Ray Data tasks from exactly the completed shards (local or s3://), in an
     order seeded by `seed`: the trainer's shuffle is a local buffer, and in unit order a run capped
-    below an epoch would see only the harvest's first anchors. dev
-    and test are capped at `eval_max_pairs` for the evaluations, so the driver reads just that many
-    rows with pyarrow and hands them over as in-memory datasets: at 1% of a 100M-pair harvest
-    (section 3.4) the full dev split would be a million pairs, and tiny reads are where Ray Data's
-    per-execution start-up cost dominates.
+    below an epoch would see only the harvest's first anchors. dev and test are `eval_tables`, handed
+    over as in-memory datasets.
     """
-    import pyarrow as pa
     import ray.data
 
     reader = info.reader or open_harvest(info.root)
     base = reader.ray_dataset("pairs", NEEDED, shard_order_seed=seed)
     out = {"train": base.map_batches(keep_split, fn_kwargs={"split": "train", "carve": info.carve},
                                      batch_format="pyarrow")}
+    out.update({split: ray.data.from_arrow(t) for split, t in eval_tables(info, eval_max_pairs).items()})
+    return out
+
+
+def harvest_tables(info: HarvestInfo, eval_max_pairs: int) -> dict:
+    """pyarrow Tables per split for an inline run (no Ray): train whole in memory, read from exactly the
+    completed shards (the inline loop permutes it each epoch itself), dev and test as `eval_tables`. The
+    inline run is for a laptop's harvest: train's texts are held at once, as the student's inline run does."""
+    reader = info.reader or open_harvest(info.root)
+    train = keep_split(reader.read_table("pairs", list(NEEDED)), "train", info.carve).combine_chunks()
+    return {"train": train, **eval_tables(info, eval_max_pairs)}
+
+
+def eval_tables(info: HarvestInfo, eval_max_pairs: int) -> dict:
+    """dev and test, each capped at `eval_max_pairs` for the evaluations: the driver reads just that many
+    rows with pyarrow, since at 1% of a 100M-pair harvest (section 3.4) the full dev split would be a million
+    pairs, and tiny reads are where Ray Data's per-execution start-up cost dominates."""
+    import pyarrow as pa
+
+    reader = info.reader or open_harvest(info.root)
     kept: dict[str, list] = {"dev": [], "test": []}
     for batch in reader.iter_batches("pairs", list(NEEDED), batch_size=65536):
         if all(sum(t.num_rows for t in v) >= eval_max_pairs for v in kept.values()):
@@ -317,15 +334,21 @@ def harvest_datasets(info: HarvestInfo, eval_max_pairs: int, seed: int = 0) -> d
             have = sum(t.num_rows for t in parts)
             if have < eval_max_pairs:
                 parts.append(keep_split(table, split, info.carve).slice(0, eval_max_pairs - have))
-    for split, parts in kept.items():
-        out[split] = ray.data.from_arrow(pa.concat_tables(parts).combine_chunks())
-    return out
+    return {split: pa.concat_tables(parts).combine_chunks() for split, parts in kept.items()}
 
 
 def stsb_datasets(stsb_dir: str | Path) -> tuple[dict, dict]:
-    """STS-B train/dev/test as ray.data datasets with score = gold / 5 (the cosine's scale),
-    for the paper's supervised setting (section 4.1: fine-tune on STS-B train with L2)."""
+    """`stsb_tables` as ray.data datasets (Ray Train)."""
     import ray.data
+
+    tables, counts = stsb_tables(stsb_dir)
+    return {split: ray.data.from_arrow(t) for split, t in tables.items()}, counts
+
+
+def stsb_tables(stsb_dir: str | Path) -> tuple[dict, dict]:
+    """STS-B train/dev/test as pyarrow Tables with score = gold / 5 (the cosine's scale), for the paper's
+    supervised setting (section 4.1: fine-tune on STS-B train with L2); and their row counts."""
+    import pyarrow as pa
 
     from sentsim.evaluation.datasets import STSB_SPLITS, load_stsb
 
@@ -338,7 +361,8 @@ def stsb_datasets(stsb_dir: str | Path) -> tuple[dict, dict]:
         if not path.is_file():
             raise UsageError(f"--finetune-sts {stsb_dir}: {path.name} not found")
         st = load_stsb(path, task).sets[0]
-        rows = [{"s1": a, "s2": b, "score": float(g) / 5.0, "split": split} for a, b, g in zip(st.s1, st.s2, st.gold)]
-        out[split] = ray.data.from_items(rows)
-        counts[split] = len(rows)
+        out[split] = pa.table({"s1": pa.array(list(st.s1), pa.string()), "s2": pa.array(list(st.s2), pa.string()),
+                               "score": pa.array([float(g) / 5.0 for g in st.gold], pa.float64()),
+                               "split": pa.array([split] * len(st.s1), pa.string())})
+        counts[split] = out[split].num_rows
     return out, counts

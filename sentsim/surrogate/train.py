@@ -1,5 +1,6 @@
-"""Surrogate training: validate the inputs on the driver, then one Ray Train run per stage through the
-shared loop (sentsim.training: TorchTrainer, DDP over `num_workers`, data streamed by ray.data).
+"""Surrogate training: validate the inputs on the driver, then one run per stage through the shared loop
+(sentsim.training): on Ray Train (TorchTrainer, DDP over `num_workers`, data streamed by ray.data), or
+inline (--executor inline: this process as the one worker, the data read into pyarrow Tables, no Ray).
 
 `SurrogateRun` is the surrogate's sentsim.training.driver.EncoderDriver. Stages: "harvest" (fit the
 harvested Origin scores, paper section 3.4) and optionally "finetune-sts" (continue on STS-B train with
@@ -8,9 +9,11 @@ harvest checks (data.py), the step and the dev/test metric (trainee.py), the exp
 sentence-transformers or CrossEncoder folder (sentsim.training.encoder_models) and the curves' panels.
 
 OUT/ holds model/ (and model-sts/; each with its card README.md, swapped in whole by sentsim.model_swap),
-curves/<stage>.json and .png, run.json, summary.json and ray/<stage> (Ray Train checkpoints): running the
-same command again with the same --out resumes from the latest checkpoint (model, optimizer, scheduler,
-step and curves), and a finished stage is not redone.
+curves/<stage>.json and .png, run.json, summary.json and ray/<stage> (Ray Train checkpoints) or
+checkpoint/<stage> (inline): running the same command again with the same --out resumes from the latest
+checkpoint (model, optimizer, scheduler, step and curves), and a finished stage is not redone. The executor is
+not part of the run's identity (sentsim.training.driver): the other executor on the same --out trains its
+stages anew beside the first one's state, as the student's does.
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ PREDICTS = {"siamese": "the cosine of the two mean-pooled sentence vectors",
             "cross": "a regression head on [CLS] s1 [SEP] s2 (identity activation)"}
 
 
-def stage_card(name: str, cfg: SurrogateConfig, spec: dict, base: dict, data: dict, rows: dict) -> dict:
-    """What the stage's model card says it is (sentsim.training.model_card)."""
+def stage_card(name: str, cfg: SurrogateConfig, spec: dict, base: dict, data: dict, rows: dict,
+               workers: int) -> dict:
+    """What the stage's model card says it is (sentsim.training.model_card); `workers`: those it trained on."""
     settings = {k: spec[k] for k in ("epochs", "batch_size", "lr", "max_steps")}
-    settings.update({k: getattr(cfg, k) for k in ("arch", "warmup_ratio", "weight_decay", "max_seq_length",
-                                                   "num_workers", "seed")})
+    settings.update({k: getattr(cfg, k) for k in ("arch", "warmup_ratio", "weight_decay", "max_seq_length")})
+    settings.update(num_workers=workers, seed=cfg.seed)
     loss = spec.get("loss", cfg.loss)  # the fine-tune stage's own, when it differs
     settings["loss"] = loss
     return {"kind": "surrogate", "title": f"sentsim surrogate ({cfg.arch}, {name} stage)",
@@ -79,7 +83,7 @@ class SurrogateRun(EncoderDriver):
         if note:
             print(note)
         if harvest:
-            print(harvest.training_note() + epoch_shortfall(harvest.scored["train"], cfg.num_workers,
+            print(harvest.training_note() + epoch_shortfall(harvest.scored["train"], self.workers,
                                                             cfg.batch_size, drop_last=False))
 
     def identity(self, what: dict) -> tuple:
@@ -91,8 +95,10 @@ class SurrogateRun(EncoderDriver):
                 "finetune_sts": self.inputs["--finetune-sts"]}
 
     def train(self) -> dict:
-        from sentsim.surrogate.data import harvest_datasets, stsb_datasets
+        from sentsim.surrogate.data import harvest_datasets, harvest_tables, stsb_datasets, stsb_tables
         from sentsim.training.model_card import base_model, harvest_data
+
+        inline = self.executor == "inline"  # tables in this process; ray.data datasets for Ray Train
 
         cfg, harvest, bb, finetune_sts = self.cfg, self.harvest, self.bb, self.inputs["--finetune-sts"]
         stages = []
@@ -104,13 +110,15 @@ class SurrogateRun(EncoderDriver):
             rows = {"trained": harvest.scored["train"], "total": harvest.rows, "unit": "pairs",
                     "left_out": harvest.left_out, "dev_pairs": harvest.scored["dev"],
                     "test_pairs": harvest.scored["test"]}
-            card = stage_card("harvest", cfg, spec, base, harvest_data(harvest.root, harvest.manifest), rows)
-            stages.append(self.stage("harvest", harvest_datasets(harvest, cfg.eval_max_pairs, cfg.seed),
-                                     harvest.scored["train"], spec, card))
+            card = stage_card("harvest", cfg, spec, base, harvest_data(harvest.root, harvest.manifest), rows,
+                              self.workers)
+            datasets = (harvest_tables(harvest, cfg.eval_max_pairs) if inline
+                        else harvest_datasets(harvest, cfg.eval_max_pairs, cfg.seed))
+            stages.append(self.stage("harvest", datasets, harvest.scored["train"], spec, card))
             current_backbone, current_init = stages[-1]["model"], "pretrained"
             base = {"name": None, "path": str(current_backbone), "model_type": bb["model_type"], "init": "pretrained"}
         if finetune_sts:
-            ds, counts = stsb_datasets(finetune_sts)
+            ds, counts = (stsb_tables if inline else stsb_datasets)(finetune_sts)
             ft = cfg.finetune
             spec = {"backbone": str(current_backbone), "init": current_init, "epochs": ft.epochs,
                     "batch_size": ft.batch_size, "lr": ft.lr, "eval_every": ft.eval_every, "max_steps": ft.max_steps}
@@ -123,19 +131,19 @@ class SurrogateRun(EncoderDriver):
             data = {"kind": "STS-B train", "path": str(finetune_sts),
                     "targets": "gold scores / 5 (cosine's scale; §4.1 gives the L2 objective)"}
             stages.append(self.stage("finetune-sts", ds, counts["train"], spec,
-                                     stage_card("finetune-sts", cfg, spec, base, data, rows)))
+                                     stage_card("finetune-sts", cfg, spec, base, data, rows, self.workers)))
         return {"stages": stages}
 
     def stage(self, name: str, datasets: dict, n_train: int, spec: dict, card: dict) -> dict:
-        """Train one stage on Ray Train and export its model; returns the stage summary."""
+        """Train one stage (on Ray Train, or inline) and export its model; returns the stage summary."""
         from sentsim.surrogate.trainee import build_trainee
         from sentsim.training.encoder_models import export_model
         from sentsim.training.model_card import final_metrics
 
         cfg, out = self.cfg, self.out
-        total = plan_steps(f"stage {name}", n_train, num_workers=cfg.num_workers, batch_size=spec["batch_size"],
+        total = plan_steps(f"stage {name}", n_train, num_workers=self.workers, batch_size=spec["batch_size"],
                            epochs=spec["epochs"], max_steps=spec["max_steps"], drop_last=False)
-        note = capped_note(f"surrogate {name}", n_train, total, num_workers=cfg.num_workers,
+        note = capped_note(f"surrogate {name}", n_train, total, num_workers=self.workers,
                            batch_size=spec["batch_size"], drop_last=False)
         if note:
             print(note, flush=True)
@@ -144,7 +152,7 @@ class SurrogateRun(EncoderDriver):
                                          shuffle_buffer=cfg.shuffle_buffer)
         model_dir = out / ("model" if name == "harvest" else "model-sts")
         run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "stage": spec}, name=name,
-                  out_dir=out, datasets=datasets,
+                  out_dir=out, datasets=datasets, executor=self.executor, inline_dir=f"checkpoint/{name}",
                   hint="training stopped (check the scores' scale, or lower --set lr=...)",
                   export=lambda d: export_model(d / "model", model_dir, cfg.arch, cfg.max_seq_length, card={
                       **card, "training": {"steps": total, "epochs": spec["epochs"], "final": final_metrics(d)}}))
@@ -155,7 +163,9 @@ class SurrogateRun(EncoderDriver):
 
 
 def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, out: str,
-                    finetune_sts: str | None = None, address: str | None = None, force_new: bool = False) -> dict:
-    """Validate every input, then run the stages. Returns the run summary (also OUT/summary.json)."""
+                    finetune_sts: str | None = None, address: str | None = None, executor: str = "ray",
+                    force_new: bool = False) -> dict:
+    """Validate every input, then run the stages (`executor`: "ray", or "inline": this process, no Ray).
+    Returns the run summary (also OUT/summary.json)."""
     return SurrogateRun(cfg, inputs={"--data": data, "--backbone": backbone, "--finetune-sts": finetune_sts},
-                        out=out, address=address, force_new=force_new).run()
+                        out=out, address=address, executor=executor, force_new=force_new).run()

@@ -25,6 +25,13 @@ def add_training_arguments(parser, *, data_help: str, out_help: str) -> None:
     add_config_arguments(parser)
 
 
+def add_executor(parser) -> None:
+    """--executor for the encoder trainers (EncoderDriver): Ray Train, or this process without Ray."""
+    parser.add_argument("--executor", choices=["ray", "inline"], default="ray",
+                        help="ray: Ray Train (default); inline: one process, no Ray (development, a machine "
+                             "without Ray); checkpoints in checkpoint/ instead of ray/, and --num-workers is 1")
+
+
 def add_num_workers(parser) -> None:
     parser.add_argument("--num-workers", type=whole_number("workers"), default=None, metavar="N",
                         help="Ray Train (DDP) workers (default: the config's num_workers, 1)")

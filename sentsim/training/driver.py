@@ -1,5 +1,7 @@
 """`EncoderDriver`: the steps every trainer of a transformer encoder takes on the driver, in order.
 
+0. refuse an executor that is neither "ray" nor "inline", and take the run's worker count (`workers`: the
+   config's num_workers on Ray, 1 inline), which the trainer's step and epoch planning use;
 1. refuse an --out that would overwrite an input (`check_out`), then make every path absolute;
 2. the trainer's checks of its inputs that need no backbone (`check_inputs`);
 3. the backbone's config and tokenizer (`check_backbone`), so a bad one fails before any worker starts;
@@ -7,7 +9,7 @@
 5. the run's fingerprint: the config less RESUMABLE_KEYS, then what the trainer adds (`identity`);
 6. the --out's lease and run record (`claim_out`, with the trainer's `record`);
 7. an export a kill left between its renames is finished (`finish_swap` of each of `models`);
-8. quiet progress bars, and Ray unless the run is inline;
+8. quiet progress bars, and Ray unless the run is inline (an inline run neither imports nor starts Ray);
 9. the trainer's fits, exports and curves (`train`, using `fit` and `write_curves`);
 10. the summary, first its fingerprint, written to OUT/summary.json.
 
@@ -21,9 +23,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from sentsim.errors import UsageError
 from sentsim.identity import fingerprint
 from sentsim.training.config import RESUMABLE_KEYS
 from sentsim.training.run import claim_out, discard_exports, quiet_progress, write_curves
+
+EXECUTORS = ("ray", "inline")
 
 
 class EncoderDriver:
@@ -39,9 +44,13 @@ class EncoderDriver:
     def __init__(self, cfg, *, inputs: dict, out: str, address: Optional[str] = None, executor: str = "ray",
                  force_new: bool = False, verbose: bool = True):
         """`inputs`: flag -> path of each input (None when not given); read back, made absolute, as
-        self.inputs[flag]. `executor`: "ray", or "inline" (this process, no Ray)."""
+        self.inputs[flag]. `executor`: "ray", or "inline" (this process, no Ray). The executor is not part
+        of the run's identity: its state is (OUT/ray/ or OUT/checkpoint/), so the same --out given the other
+        executor trains anew beside the first one's state rather than resuming it."""
         self.cfg, self.inputs, self.out_arg = cfg, dict(inputs), out
         self.address, self.executor, self.force_new, self.verbose = address, executor, force_new, verbose
+        # DDP workers on Ray; inline, this process is the one worker, whatever num_workers says
+        self.workers = cfg.num_workers if executor == "ray" else 1
 
     # ------------------------------------------------------------------------------------------ the trainer's
 
@@ -78,6 +87,8 @@ class EncoderDriver:
         from sentsim.runtime import absolute_local
         from sentsim.training.encoders import check_backbone
 
+        if self.executor not in EXECUTORS:
+            raise UsageError(f"unknown executor {self.executor!r} (ray or inline)")
         check_out(self.out_arg, {**self.inputs, **self.guarded()}, local="a model and its training state",
                   writes=self.kind)
         self.inputs = {k: absolute_local(v) for k, v in self.inputs.items()}

@@ -5,7 +5,8 @@ config["ray"] false, in the calling process. What is trained is a `Trainee`, bui
 config["build"](config, session, checkpoint_dir): an nn.Module whose forward(batch, device) is one
 step's (loss, metrics), plus how to save itself, evaluate on held-out data and describe a log line.
 A trainee may also supply its own batches (`Trainee.batches`); otherwise the loop reads the Ray
-dataset shard "train" (or, inline, the table it was given).
+dataset shard "train" (or, inline, the table it was given; a trainee's other named datasets are
+tables there too, read through the same `session.shard(name).iter_batches`).
 
 The loop owns the rest: Adam or AdamW over the trainee's parameter groups (each group keeps its own
 lr), a transformers schedule by name (linear, cosine, inverse_sqrt, constant; with warm-up), bf16
@@ -204,33 +205,51 @@ class RaySession:
         ray.train.report(info if self.rank == 0 else {}, checkpoint=None)
 
 
-def inline_checkpoint(out: Path) -> Optional[Path]:
-    """The checkpoint an inline run resumes from: OUT/checkpoint, or OUT/checkpoint.old when a kill
-    landed between the two renames that replace it."""
-    for d in (out / "checkpoint", out / "checkpoint.old"):
+def inline_checkpoint(out: Path, name: str = "checkpoint") -> Optional[Path]:
+    """The checkpoint an inline run resumes from: OUT/<name> (`name` "checkpoint", or a stage's
+    "checkpoint/<stage>"), or OUT/<name>.old when a kill landed between the two renames that replace it."""
+    for d in (out / name, out / f"{name}.old"):
         if (d / STATE_FILE).is_file() and (d / HISTORY_FILE).is_file():
             return d
     return None
 
 
+class TableShard:
+    """An in-memory table read as a Ray dataset shard is (`iter_batches`, numpy batches): what an inline
+    session hands a trainee that reads a named dataset (the surrogate's dev and test splits)."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def iter_batches(self, *, batch_size: int, batch_format: str = "numpy"):
+        if batch_format != "numpy":
+            raise ValueError(f"an inline shard gives numpy batches, not {batch_format!r}")
+        for i in range(0, self.table.num_rows, batch_size):
+            part = self.table.slice(i, batch_size)
+            yield {c: part[c].to_numpy(zero_copy_only=False) for c in part.column_names}
+
+
 class InlineSession:
-    """The calling process as the only worker: no Ray, checkpoints in OUT/checkpoint."""
+    """The calling process as the only worker: no Ray, checkpoints in OUT/checkpoint (or, for a trainer of
+    several stages, OUT/checkpoint/<stage>: `name`); `tables`, pyarrow Tables by dataset name."""
 
     ray = False
     rank, world = 0, 1
 
-    def __init__(self, out: Path, use_gpu: Optional[bool]):
+    def __init__(self, out: Path, use_gpu: Optional[bool], name: str = "checkpoint", tables: Optional[dict] = None):
         import torch
 
-        self.out = out
+        self.out, self.name, self.tables = out, name, tables or {}
         self.device = torch.device("cuda" if torch.cuda.is_available() and use_gpu is not False else "cpu")
 
     def shard(self, name: str):
-        raise RuntimeError(f"no Ray dataset {name!r} in an inline run")
+        if self.tables.get(name) is None:
+            raise RuntimeError(f"no dataset {name!r} was given to this inline run")
+        return TableShard(self.tables[name])
 
     @contextmanager
     def checkpoint(self) -> Iterator[Optional[Path]]:
-        yield inline_checkpoint(self.out)
+        yield inline_checkpoint(self.out, self.name)
 
     def wrap(self, module: nn.Module) -> nn.Module:
         return module
@@ -253,9 +272,9 @@ class InlineSession:
         so does a power loss (`durable_replace`: every file fsynced before the rename, the folder after)."""
         from storage.fs import durable_replace
 
-        ckpt, tmp, old = (self.out / n for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+        ckpt, tmp, old = (self.out / n for n in (self.name, f"{self.name}.tmp", f"{self.name}.old"))
         for d in (tmp, old):
-            if d.exists() and d != inline_checkpoint(self.out):
+            if d.exists() and d != inline_checkpoint(self.out, self.name):
                 shutil.rmtree(d)
         tmp.mkdir(parents=True)
         save(tmp)
@@ -330,7 +349,8 @@ def train_loop(config: dict):
     quiet_progress()
     t_start = time.perf_counter()
     settings: LoopSettings = config["loop"]
-    session = RaySession() if config["ray"] else InlineSession(Path(config["out"]), settings.use_gpu)
+    session = RaySession() if config["ray"] else InlineSession(
+        Path(config["out"]), settings.use_gpu, config.get("inline_dir", "checkpoint"), config.get("tables"))
     if session.device.type == "cpu" and settings.cpu_threads:
         torch.set_num_threads(settings.cpu_threads)  # fractional-CPU workers must not grab every core
     torch.manual_seed(settings.seed + session.rank)

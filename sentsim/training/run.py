@@ -5,7 +5,8 @@ Ray Train: a TorchTrainer with `num_workers` DDP workers of `cpus_per_worker` CP
 allowed, so two workers fit a 2-core machine) and a GPU each when the cluster has them; the train
 dataset is split between the workers, every other dataset is seen whole by each. Its runs live under
 OUT/ray/<name>, so the same command with the same --out resumes from the latest checkpoint.
-Inline: the same loop in this process, checkpoints in OUT/checkpoint (development and tests).
+Inline: the same loop in this process, without Ray, checkpoints in OUT/checkpoint (OUT/checkpoint/<name> for
+each stage of a trainer of several), resumed the same way (development, a machine without Ray, and tests).
 """
 
 from __future__ import annotations
@@ -198,16 +199,18 @@ def epoch_left_out(n_rows: int, num_workers: int, batch_size: int, drop_last: bo
 
 
 def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path], Path], datasets: Optional[dict] = None,
-        executor: str = "ray", hint: str = "lower --set lr=...",
+        executor: str = "ray", inline_dir: str = "checkpoint", hint: str = "lower --set lr=...",
         memory_hint: str = "lower --set batch_size=... or num_workers") -> dict:
     """Train, then export the final checkpoint with `export(checkpoint_dir) -> model_dir`. The only
     place sentsim builds a TorchTrainer.
 
-    `out_dir`: where the training state lives (Ray: OUT/ray/<name>, inline: OUT/checkpoint); made
-    absolute here, since the Train workers run in their own working directory. `datasets`: for Ray,
-    ray.data Datasets ("train" is split between the workers); inline, {"train": a pyarrow Table}; none
-    for a trainee that reads its own batches. loop_config["loop"] is the run's `LoopSettings`, which
-    also says the resources (num_workers, cpus_per_worker, use_gpu, checkpoints_to_keep, max_failures).
+    `out_dir`: where the training state lives (Ray: OUT/ray/<name>, inline: OUT/<inline_dir>, which is
+    "checkpoint", or "checkpoint/<name>" for each stage of a trainer of several); made absolute here, since
+    the Train workers run in their own working directory. `datasets`: for Ray, ray.data Datasets ("train" is
+    split between the workers); inline, pyarrow Tables ("train" is batched by the loop, the others read
+    through session.shard); none for a trainee that reads its own batches. Inline, nothing imports Ray.
+    loop_config["loop"] is the run's `LoopSettings`, which also says the resources (num_workers,
+    cpus_per_worker, use_gpu, checkpoints_to_keep, max_failures).
     Returns {"model", "history", "gpu", "result"} (result: rank 0's return value). Raises
     TrainingDiverged when the loss stopped being finite, and WorkerLost when a Ray worker of the training was
     killed for memory or died (`memory_hint`: the trainer's settings that lower a worker's memory).
@@ -233,8 +236,9 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
     t0 = time.perf_counter()
     if executor == "inline":
         gpu = False
-        rv = train_loop({**loop_config, "ray": False, "out": str(out_dir), "table": datasets.get("train")}) or {}
-        ckpt = inline_checkpoint(out_dir)
+        rv = train_loop({**loop_config, "ray": False, "out": str(out_dir), "inline_dir": inline_dir,
+                         "table": datasets.get("train"), "tables": datasets}) or {}
+        ckpt = inline_checkpoint(out_dir, inline_dir)
         checkpoint = None if ckpt is None else nullcontext(str(ckpt))
     else:
         import ray.train

@@ -1,4 +1,4 @@
-"""Surrogate training on Ray Train from small harvested fixtures.
+"""Surrogate training on Ray Train, and inline (one process, no Ray), from small harvested fixtures.
 
 The fixtures are real STS-B train sentence pairs. Their `score` stands in for the Origin teacher:
 the TF-IDF cosine of the pair (a lexical teacher a tiny model can learn in a few dozen steps), so
@@ -338,3 +338,135 @@ def test_cli_training_console_is_readable(tmp_path, stsb_pairs, minilm, ray_loca
     assert re.search(r"^note: surrogate harvest: 4 steps of 1 x 16 see 64 of the \d+ training rows", r.stdout, re.M)
     assert "Failed to query Ray Train Controller" not in out
     assert "Traceback" not in out and "Found multiple active Ray instances" not in out
+
+
+# ---------------------------------------------------------------- inline: one process, no Ray
+
+
+SMALL = ["--init", "scratch", "--set", "scratch.hidden_size=32", "--set", "scratch.num_layers=1",
+         "--set", "scratch.num_heads=2", "--set", "scratch.intermediate_size=64", "--set", "max_seq_length=16",
+         "--set", "batch_size=8", "--set", "eval_every=2", "--set", "eval_max_pairs=20"]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_dir(tmp_path_factory) -> Path:
+    from harvest_support import tiny_bert
+
+    return tiny_bert(tmp_path_factory.mktemp("tiny_bert"), layers=1, width=32, heads=2, positions=64)
+
+
+def small_harvest(root: Path, stsb_pairs) -> Path:
+    """72 STS-B train pairs with TF-IDF scores: 16 dev, 16 test (enough that none are carved out of train)
+    and 40 train pairs, 5 steps of 8 an epoch on one worker."""
+    full = tfidf_harvest(root.with_name(root.name + "-tfidf"), stsb_pairs, n=72)
+    from storage import RunReader
+
+    t = RunReader(str(full)).read_table("pairs", ["s1", "s2", "score"])
+    return write_harvest(root, t["s1"].to_pylist(), t["s2"].to_pylist(), t["score"].to_pylist(),
+                         ["dev"] * 16 + ["test"] * 16 + ["train"] * 40)
+
+
+def without_ray(tmp_path: Path) -> dict:
+    """The env of a machine where Ray is not installed: `import ray` fails (as on the GPU bench's machine,
+    tests/evaluation/test_bench_gpu.py), so a command that imports Ray anywhere fails."""
+    shim = tmp_path / "noray" / "ray"
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "__init__.py").write_text("raise ImportError('no Ray on this machine')\n")
+    root = Path(__file__).resolve().parents[2]
+    env = {"PYTHONPATH": os.pathsep.join([str(shim.parent), str(root)])}
+    import subprocess
+    import sys
+
+    probe = subprocess.run([sys.executable, "-c", "import ray"], env={**os.environ, **env}, capture_output=True)
+    assert probe.returncode != 0 and b"no Ray on this machine" in probe.stderr  # the shim does hide Ray
+    return env
+
+
+def _steps(out: Path, stage: str) -> list:
+    return [p["step"] for p in json.loads((out / "curves" / f"{stage}.json").read_text())]
+
+
+def test_inline_surrogate_trains_resumes_and_needs_no_ray(tmp_path, stsb_pairs, tiny_bert_dir):
+    """`train surrogate --executor inline` on a machine without Ray: one process is its one worker (its
+    step planning and notes say 1 x batch, whatever --num-workers says), checkpoint/harvest holds its
+    state, the same command again is a no-op, a larger --max-steps resumes, --force-new starts over."""
+    from conftest import sentsim_cli
+
+    from sentsim.identity import checkpoint_hash
+
+    h = small_harvest(tmp_path / "h", stsb_pairs)
+    out = tmp_path / "o"
+    env = without_ray(tmp_path)
+    args = ["train", "surrogate", "--executor", "inline", "--data", h, "--backbone", tiny_bert_dir, "--out", out,
+            "--num-workers", "2", *SMALL]
+    r = sentsim_cli(*args, "--max-steps", "2", env=env)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    assert "Traceback" not in r.stderr
+    assert "[surrogate harvest] 1 worker(s) on cpu" in r.stdout and "starting, 2 steps" in r.stdout
+    # the capped-run note counts the one inline worker, not --num-workers 2
+    assert re.search(r"^note: surrogate harvest: 2 steps of 1 x 8 see 16 of the 40 training rows", r.stdout, re.M)
+    assert re.search(r"^harvest: 40 pairs, 2 steps; dev L2 ", r.stdout, re.M), r.stdout
+    assert (out / "model" / "config.json").is_file() and (out / "checkpoint" / "harvest" / "state.pt").is_file()
+    assert not (out / "ray").exists()
+    assert _steps(out, "harvest") == [0, 2]
+    card = json.loads((out / "model" / "sentsim_model.json").read_text())["card"]
+    assert card["settings"]["num_workers"] == 1  # what it trained on
+    model_hash = checkpoint_hash(str(out / "model"))
+
+    again = sentsim_cli(*args, "--max-steps", "2", env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[surrogate harvest] already trained to step 2 with these settings; nothing to do" in again.stdout
+    assert "starting" not in again.stdout and checkpoint_hash(str(out / "model")) == model_hash
+
+    # no step cap: the whole epoch is 5 steps of 8 on one worker (3 if it were split over two)
+    longer = sentsim_cli(*args, "--max-steps", "0", env=env)
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert "resuming at step 2, 5 steps" in longer.stdout, longer.stdout
+    assert _steps(out, "harvest") == [0, 2, 4, 5]
+    assert json.loads((out / "summary.json").read_text())["stages"][0]["total_steps"] == 5
+
+    fresh = sentsim_cli(*args, "--max-steps", "2", "--force-new", env=env)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert "starting, 2 steps" in fresh.stdout and _steps(out, "harvest") == [0, 2]
+
+
+def test_inline_surrogate_both_stages_and_a_rerun_is_a_noop(tmp_path, stsb_pairs, tiny_bert_dir, shared_data):
+    """--finetune-sts inline: each stage has its own checkpoint folder (checkpoint/harvest,
+    checkpoint/finetune-sts), so the fine-tune stage starts from the harvest stage's model, not from its
+    checkpoint; the same command again trains neither stage."""
+    from conftest import sentsim_cli
+
+    from sentsim.identity import checkpoint_hash
+
+    h = small_harvest(tmp_path / "h", stsb_pairs)
+    out = tmp_path / "o"
+    args = ["train", "surrogate", "--executor", "inline", "--data", h, "--backbone", tiny_bert_dir, "--out", out,
+            "--max-steps", "2", "--finetune-sts", shared_data / "sts" / "stsbenchmark", *SMALL,
+            "--set", "finetune.batch_size=8", "--set", "finetune.eval_every=2"]
+    r = sentsim_cli(*args, env=without_ray(tmp_path))
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    assert re.search(r"^finetune-sts: 5749 pairs, 2 steps; dev L2 .*Spearman vs gold \(test\)", r.stdout, re.M)
+    assert "[surrogate finetune-sts] 1 worker(s) on cpu" in r.stdout and "starting, 2 steps" in r.stdout
+    for stage in ("harvest", "finetune-sts"):
+        assert (out / "checkpoint" / stage / "state.pt").is_file() and _steps(out, stage) == [0, 2]
+    assert (out / "model-sts" / "config.json").is_file() and not (out / "ray").exists()
+    hashes = {m: checkpoint_hash(str(out / m)) for m in ("model", "model-sts")}
+
+    again = sentsim_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for stage in ("harvest", "finetune-sts"):
+        assert f"[surrogate {stage}] already trained to step 2 with these settings; nothing to do" in again.stdout
+    assert "starting" not in again.stdout and "resuming" not in again.stdout
+    assert {m: checkpoint_hash(str(out / m)) for m in ("model", "model-sts")} == hashes
+
+
+def test_executor_is_ray_or_inline(tmp_path, minilm):
+    from conftest import sentsim_cli
+
+    r = sentsim_cli("train", "surrogate", "--executor", "spark", "--data", tmp_path, "--out", tmp_path / "o")
+    assert r.returncode == 2 and "argument --executor: invalid choice: 'spark'" in r.stderr, r.stderr[-2000:]
+    # called as a library, the driver refuses it before anything is read or written
+    with pytest.raises(UsageError, match="unknown executor 'spark' \\(ray or inline\\)"):
+        train_surrogate(tiny_cfg(), data=str(tmp_path / "nowhere"), backbone=minilm, out=str(tmp_path / "o"),
+                        executor="spark")
+    assert not (tmp_path / "o").exists()
