@@ -64,7 +64,7 @@ def test_the_capped_run_note_comes_only_when_max_steps_ends_the_first_epoch():
     from sentsim.training.run import capped_note
 
     # `make demo`'s student: 142 rows, batch 16, full batches only: 8 steps are its whole epoch (the 14 rows
-    # an epoch leaves out are epoch_shortfall's note), so max_steps 10 caps nothing
+    # an epoch leaves out are epoch_shortfall's note), and no cap is noted
     assert capped_note("s", 142, 8, num_workers=1, batch_size=16, drop_last=True) == ""
     assert capped_note("s", 142, 7, num_workers=1, batch_size=16, drop_last=True) == (
         "note: s: 7 steps of 1 x 16 see 112 of the 142 training rows (a seeded random part of them; "
