@@ -386,6 +386,7 @@ def _steps(out: Path, stage: str) -> list:
     return [p["step"] for p in json.loads((out / "curves" / f"{stage}.json").read_text())]
 
 
+@pytest.mark.slow
 def test_inline_surrogate_trains_resumes_and_needs_no_ray(tmp_path, stsb_pairs, tiny_bert_dir):
     """`train surrogate --executor inline` on a machine without Ray: one process is its one worker (its
     step planning and notes say 1 x batch, whatever --num-workers says), checkpoint/harvest holds its
@@ -430,6 +431,7 @@ def test_inline_surrogate_trains_resumes_and_needs_no_ray(tmp_path, stsb_pairs, 
     assert "starting, 2 steps" in fresh.stdout and _steps(out, "harvest") == [0, 2]
 
 
+@pytest.mark.slow
 def test_inline_surrogate_both_stages_and_a_rerun_is_a_noop(tmp_path, stsb_pairs, tiny_bert_dir, shared_data):
     """--finetune-sts inline: each stage has its own checkpoint folder (checkpoint/harvest,
     checkpoint/finetune-sts), so the fine-tune stage starts from the harvest stage's model, not from its
