@@ -98,9 +98,8 @@ class SurrogateRun(EncoderDriver):
         from sentsim.surrogate.data import harvest_datasets, harvest_tables, stsb_datasets, stsb_tables
         from sentsim.training.model_card import base_model, harvest_data
 
-        inline = self.executor == "inline"  # tables in this process; ray.data datasets for Ray Train
-
         cfg, harvest, bb, finetune_sts = self.cfg, self.harvest, self.bb, self.inputs["--finetune-sts"]
+        inline = self.executor == "inline"  # tables in this process; ray.data datasets for Ray Train
         stages = []
         current_backbone, current_init = self.inputs["--backbone"], cfg.init
         base = base_model(bb, cfg.init)
