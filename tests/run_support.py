@@ -1,9 +1,14 @@
 """Run helpers the test areas share: a toy sharded job, a run rewritten as an earlier sentsim wrote it,
-an untrained (seeded) discriminator folder, and a kill just before a file is renamed into place."""
+an untrained (seeded) discriminator folder, a kill just before a file is renamed into place, and the env of a
+machine without Ray."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -131,3 +136,16 @@ def killed_before_renaming(monkeypatch, name: str) -> list:
 
     monkeypatch.setattr(storage.fs, "durable_replace", replace)
     return renamed
+
+
+def without_ray(tmp_path: Path) -> dict:
+    """The env of a machine where Ray is not installed (the GPU bench's, a laptop's): `import ray` fails, so a
+    command that imports Ray anywhere fails. The additions to os.environ, for a child process."""
+    shim = tmp_path / "noray" / "ray"
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "__init__.py").write_text("raise ImportError('no Ray on this machine')\n")
+    root = Path(__file__).resolve().parents[1]
+    env = {"PYTHONPATH": os.pathsep.join([str(shim.parent), str(root)])}
+    probe = subprocess.run([sys.executable, "-c", "import ray"], env={**os.environ, **env}, capture_output=True)
+    assert probe.returncode != 0 and b"no Ray on this machine" in probe.stderr  # the shim does hide Ray
+    return env

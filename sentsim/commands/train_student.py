@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sentsim.config import load_config
 from sentsim.students import objectives
-from sentsim.training.cli import add_training_arguments, backbone_or_default, training_overrides
+from sentsim.training.cli import add_executor, add_training_arguments, backbone_or_default, training_overrides
 
 COMMAND = ("train", "student")
 HELP = f"train a student encoder ({' | '.join(objectives.names())}) from harvested shards"
@@ -15,8 +15,7 @@ def add_arguments(parser) -> None:
                         help=f"{objectives.describe()} (default: the config's objective, {objectives.names()[0]})")
     parser.add_argument("--triples", metavar="FILE", help="rse: JSONL/Parquet of s_i, relation, s_j[, hard_negative]")
     parser.add_argument("--eval-sts", metavar="DIR", help="after training, run the STS suite found under DIR")
-    parser.add_argument("--executor", choices=["ray", "inline"], default="ray",
-                        help="ray: Ray Train (default); inline: one process, no Ray (development)")
+    add_executor(parser)
     add_training_arguments(parser, data_help="harvest output: sentences/, pairs/, manifest.json",
                            out_help="output: model/ (sentence-transformers folder), summary.json, curves/, "
                                     "ray/ checkpoints")

@@ -122,8 +122,9 @@ def _export(ckpt_dir: Path, out: Path, cfg: StudentConfig, card: dict, total: in
                         card={**card, "training": training}, extras=side_files, pooling=cfg.pooling)
 
 
-def student_card(cfg: StudentConfig, bb: dict, data: Optional[str], spec: dict, n_rows: int, left: int) -> dict:
-    """What the student's model card says it is (sentsim.training.model_card)."""
+def student_card(cfg: StudentConfig, bb: dict, data: Optional[str], spec: dict, n_rows: int, left: int,
+                 workers: int) -> dict:
+    """What the student's model card says it is (sentsim.training.model_card); `workers`: those it trained on."""
     from sentsim.students import data as D
     from sentsim.students.objectives import registered
     from sentsim.training.model_card import base_model, harvest_data
@@ -140,6 +141,7 @@ def student_card(cfg: StudentConfig, bb: dict, data: Optional[str], spec: dict, 
     keys = ("init", "epochs", "batch_size", "lr", "warmup_ratio", "weight_decay", "max_seq_length", "pooling",
             "max_steps", "num_workers", "seed")
     settings = {k: dumped[k] for k in keys}
+    settings["num_workers"] = workers  # inline, one whatever the config says
     settings.update({f"{cfg.objective}.{k}": v for k, v in (dumped.get(cfg.objective) or {}).items()})
     summary = {r.name: r.summary for r in registered()}.get(cfg.objective, "")
     return {"kind": "student", "title": f"sentsim student ({cfg.objective})",
@@ -165,10 +167,6 @@ class StudentRun(EncoderDriver):
             inputs.update(objective_class(name).input_paths(self.cfg))
         return inputs
 
-    def check_inputs(self) -> None:
-        if self.executor not in ("ray", "inline"):
-            raise UsageError(f"unknown executor {self.executor!r} (ray or inline)")
-
     def prepare(self, bb: dict) -> None:
         cfg, eval_sts = self.cfg, self.inputs["--eval-sts"]
         if eval_sts:
@@ -180,7 +178,6 @@ class StudentRun(EncoderDriver):
         self.spec = prepare_data(cfg, self.inputs["--data"], bb["path"])
         self.table = self.spec.pop("table")
         n_rows = self.table.num_rows
-        self.workers = cfg.num_workers if self.executor == "ray" else 1
         self.drop_last = objective.full_batches
         short = epoch_shortfall(n_rows, self.workers, cfg.batch_size, drop_last=self.drop_last)
         if short:
@@ -209,7 +206,7 @@ class StudentRun(EncoderDriver):
         cfg, spec, table, total, out_dir = self.cfg, self.spec, self.table, self.total, self.out
         n_rows = table.num_rows
         card = student_card(cfg, self.bb, self.inputs["--data"], spec, n_rows,
-                            epoch_left_out(n_rows, self.workers, cfg.batch_size, self.drop_last))
+                            epoch_left_out(n_rows, self.workers, cfg.batch_size, self.drop_last), self.workers)
         spec.update(backbone=self.bb["path"], total_steps=total)
         loop = LoopSettings.from_section(cfg, label=f"student {cfg.objective}", total_steps=total,
                                          verbose=self.verbose, drop_last=self.drop_last,

@@ -83,9 +83,9 @@ def _pair_files(d: Path) -> dict:
 def _no_ray(tmp_path: Path) -> dict:
     import os
 
-    (tmp_path / "noray" / "ray").mkdir(parents=True)
-    (tmp_path / "noray" / "ray" / "__init__.py").write_text("raise ImportError('no Ray on the GPU machine')\n")
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "noray"), str(ROOT)]))
+    from run_support import without_ray
+
+    return dict(os.environ, **without_ray(tmp_path))  # no Ray on the GPU machine
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import error_line, sentsim_cli
 from harvest_support import build_index_for, harvest_config, reseal, tiny_bert, tiny_context_bundle
+from run_support import without_ray
 
 pytestmark = pytest.mark.slow
 
@@ -132,14 +133,17 @@ def test_rankencoder_trains_on_each_sentence_once_through_the_command(harvest_di
     ids = pa.concat_tables([pq.read_table(f) for f in sorted((run / "sentences").glob("*.parquet"))])["sentence_id"]
     rows, distinct = len(ids), len(set(ids.to_pylist()))
     assert rows - distinct >= 3
+    # inline on a machine without Ray, --num-workers 2 notwithstanding: one process is the one worker
     r = sentsim_cli("train", "student", "--objective", "rankencoder", "--data", run, "--out", tmp_path / "st",
-                    "--backbone", tiny_backbone, "--executor", "inline", "--max-steps", "1",
-                    "--set", "batch_size=8", "--set", "max_seq_length=32")
+                    "--backbone", tiny_backbone, "--executor", "inline", "--max-steps", "1", "--num-workers", "2",
+                    "--set", "batch_size=8", "--set", "max_seq_length=32", env=without_ray(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     assert (f"note: training on {distinct} of {rows} sentence rows ({rows - distinct} repeats of a sentence "
             "paired in several units)") in r.stdout
     summary = json.loads((tmp_path / "st" / "summary.json").read_text())
     assert summary["rows"] == distinct and summary["counts"]["sentences"] == rows
+    assert not (tmp_path / "st" / "ray").exists() and (tmp_path / "st" / "checkpoint").is_dir()
+    assert "| num_workers | `1` |" in (tmp_path / "st" / "model" / "README.md").read_text()
 
 
 def test_eval_sts_over_part_of_the_suite_says_so_beside_its_average(harvest_dir, tiny_backbone, tmp_path):

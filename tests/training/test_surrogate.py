@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from run_support import without_ray
 
 from sentsim.cli import main
 from sentsim.errors import UsageError
@@ -364,22 +365,6 @@ def small_harvest(root: Path, stsb_pairs) -> Path:
     t = RunReader(str(full)).read_table("pairs", ["s1", "s2", "score"])
     return write_harvest(root, t["s1"].to_pylist(), t["s2"].to_pylist(), t["score"].to_pylist(),
                          ["dev"] * 16 + ["test"] * 16 + ["train"] * 40)
-
-
-def without_ray(tmp_path: Path) -> dict:
-    """The env of a machine where Ray is not installed: `import ray` fails (as on the GPU bench's machine,
-    tests/evaluation/test_bench_gpu.py), so a command that imports Ray anywhere fails."""
-    shim = tmp_path / "noray" / "ray"
-    shim.mkdir(parents=True, exist_ok=True)
-    (shim / "__init__.py").write_text("raise ImportError('no Ray on this machine')\n")
-    root = Path(__file__).resolve().parents[2]
-    env = {"PYTHONPATH": os.pathsep.join([str(shim.parent), str(root)])}
-    import subprocess
-    import sys
-
-    probe = subprocess.run([sys.executable, "-c", "import ray"], env={**os.environ, **env}, capture_output=True)
-    assert probe.returncode != 0 and b"no Ray on this machine" in probe.stderr  # the shim does hide Ray
-    return env
 
 
 def _steps(out: Path, stage: str) -> list:
