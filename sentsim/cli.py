@@ -95,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         refusing, given = _refusing_parser(args, argv, unknown)
         refusing.error(f"unrecognized arguments: {' '.join(given)}")
+    if getattr(args, "executor", None) == "inline" and getattr(args, "address", None):
+        # an inline run attaches to no cluster: said, as index build says it of one worker, not left silent
+        print(f"note: --address is not used (--executor inline runs in this process); --executor ray runs on "
+              f"{args.address}", file=sys.stderr)
     try:
         return int(args._run(args) or 0)
     except WorkerLost as exc:

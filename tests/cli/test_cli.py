@@ -91,7 +91,8 @@ def test_corpus_build_names_an_input_that_is_no_regular_file(capsys, tmp_path):
 
 def test_address_is_offered_only_where_it_is_used(capsys, tmp_path, speech_corpus):
     """eval sts scores in its own process: --address there is refused as unknown, not accepted and ignored;
-    index build uses it only to build on Ray (sklearn, --num-workers 2 or more), and says so otherwise."""
+    index build uses it only to build on Ray (sklearn, --num-workers 2 or more), and says so otherwise, as an inline
+    run of any job does."""
     with pytest.raises(SystemExit) as stop:  # argparse's own exit
         run_main(capsys, "eval", "sts", "--tfidf", "--data", tmp_path, "--address", "127.0.0.1:6379")
     assert stop.value.code == 2 and "unrecognized arguments: --address" in capsys.readouterr().err
@@ -100,6 +101,10 @@ def test_address_is_offered_only_where_it_is_used(capsys, tmp_path, speech_corpu
     assert code == 0, err
     assert err.splitlines()[0] == ("note: --address is not used (one worker builds here); the sklearn backend builds "
                                    "on Ray with --num-workers 2 or more"), err
+    # an inline run (remix's default, any job's --executor inline) says so too, and dials nothing
+    code, out, err = run_main(capsys, "remix", tmp_path / "none", "--out", tmp_path / "r", "--address", "127.0.0.1:1")
+    assert code == 2 and err.splitlines()[0] == ("note: --address is not used (--executor inline runs in this "
+                                                 "process); --executor ray runs on 127.0.0.1:1"), err
 
 
 @pytest.mark.parametrize("job, args, prog", [
