@@ -7,7 +7,7 @@ import os
 
 from sentsim.config import add_config_arguments, load_config
 from sentsim.out_paths import check_out
-from sentsim.training.cli import add_force_new, add_max_steps, add_num_workers
+from sentsim.training.cli import add_executor, add_force_new, add_max_steps, add_num_workers
 
 COMMAND = ("train", "context")
 HELP = "train the seq2seq context models (paper 3.2.2) on a corpus; reports held-out perplexity and context-use gap"
@@ -25,6 +25,7 @@ def add_arguments(parser) -> None:
     add_num_workers(parser)
     add_max_steps(parser, "stop after N optimizer steps (default: the config's max_steps; a finished run given more "
                           "goes on from where it stopped)", least=1)
+    add_executor(parser, config_key=True)
     add_force_new(parser)
     add_config_arguments(parser)
 
@@ -34,7 +35,7 @@ def run(args) -> int:
     from sentsim.context.train import train_context
 
     cfg = load_config(ContextTrainConfig, args.config, args.overrides, direction=args.direction,
-                      num_workers=args.num_workers, max_steps=args.max_steps)
+                      num_workers=args.num_workers, max_steps=args.max_steps, executor=args.executor)
     # the corpus may be local or s3:// (train_context reads it through the run reader)
     check_out(args.out, {"--corpus": args.corpus, "--tokenizer-from": args.tokenizer_from,
                          "model.pretrained_path": cfg.model.pretrained_path,

@@ -25,11 +25,13 @@ def add_training_arguments(parser, *, data_help: str, out_help: str) -> None:
     add_config_arguments(parser)
 
 
-def add_executor(parser) -> None:
-    """--executor for the encoder trainers (EncoderDriver): Ray Train, or this process without Ray."""
-    parser.add_argument("--executor", choices=["ray", "inline"], default="ray",
-                        help="ray: Ray Train (default); inline: one process, no Ray (development, a machine "
-                             "without Ray); checkpoints in checkpoint/ instead of ray/, and --num-workers is 1")
+def add_executor(parser, *, config_key: bool = False) -> None:
+    """--executor for the trainers: Ray Train, or this process without Ray. `config_key`: the trainer's config
+    holds `executor` (train context), so the flag's default is the config's, which a --config file may set."""
+    default = "the config's executor, ray" if config_key else "ray"
+    parser.add_argument("--executor", choices=["ray", "inline"], default=None if config_key else "ray",
+                        help=f"ray: Ray Train; inline: one process, no Ray (development, a machine without Ray); "
+                             f"checkpoints in checkpoint/ instead of ray/, and --num-workers is 1 (default: {default})")
 
 
 def add_num_workers(parser) -> None:

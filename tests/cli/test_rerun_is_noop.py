@@ -103,7 +103,7 @@ def chain(tmp_path_factory, ray_head) -> Chain:
           "--set", "contexts.size=4", "--set", "contexts.retrieve_chunks=40", "--set", "contexts.rep_cache=cache")
     # the context trainer and the student in-process (their Ray Train path is `make demo`'s), the others on Ray
     c.run("context", "train", "context", "--corpus", "corpus", "--out", "ctx", "--direction", "all",
-          "--set", "executor=inline", *sets(TINY_CONTEXT))
+          "--executor", "inline", *sets(TINY_CONTEXT))
     c.run("harvest", "harvest", "--corpus", "corpus", "--index", "index", "--discriminator", "disc",
           "--context-models", "ctx", "--out", "harvest", "--executor", "inline",
           "--set", "contexts.rep_cache=cache", *sets(TINY_HARVEST))
