@@ -37,7 +37,8 @@ def run(args) -> int:
 # what reads each run a pool harvest records, for the note on one that is gone
 _POOL_RUNS = {"pool_vectors": ("vectors_fingerprint", "`sentsim remix` reads it, and the same harvest command "
                                 "rebuilds it"),
-              "pool_ranks": ("ranks_fingerprint", "a relabel reads it, and rebuilds it")}
+              "pool_ranks": ("ranks_fingerprint", "a relabel reads it, and the same harvest command "
+                                              "rebuilds it")}
 
 
 def missing_pool_runs(run_dir: str) -> list:

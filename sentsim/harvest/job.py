@@ -311,11 +311,13 @@ class HarvestRun(ShardedJob):
 
     def recheck(self, ctx: RunContext) -> None:
         """A finished pool harvest's vectors (and its side tables of the plan) are mended on a rerun: remix
-        reads them after the labels are done, so a damaged unit there would otherwise stay damaged. Its rank
-        targets too, which `store verify` checks with the run; but a run labelled before its targets had a run
-        of their own is not given one now, which nothing would read."""
+        reads them after the labels are done, so a damaged or deleted run there would otherwise stay so. Its rank
+        targets too, which `store verify` checks with the run and a relabel reads; but a run labelled before its
+        targets had a run of their own is not given one now (pool_ranks.labelled_with_ranks_run)."""
         if self.pooled:
-            self.prepare_pool(ctx, ranks=self.has_ranks_run())
+            from sentsim.harvest.pool_ranks import labelled_with_ranks_run
+
+            self.prepare_pool(ctx, ranks=self.has_ranks_run() or labelled_with_ranks_run(ctx.manifest))
 
     def has_ranks_run(self) -> bool:
         from sentsim.harvest.pool_ranks import ranks_uri
@@ -374,15 +376,14 @@ class HarvestRun(ShardedJob):
 
     def prepare_pool_ranks(self, ctx: RunContext) -> None:
         """The pool run's rank targets, built or resumed (pool_ranks.py) for the anchors this run holds."""
-        from sentsim.harvest.pool_ranks import PoolRanksRun, rank_identity
-        from sentsim.harvest.pool_vectors import ensure_pool_run
+        from sentsim.harvest.pool_ranks import PoolRanksRun, ensure_pool_ranks, rank_identity
 
         cfg = self.cfg
         anchor_ids, anchor_texts = run_anchors(cfg, ctx.store, ctx.fp)
         storage = rank_storage_of(cfg, sentence_schema_of(ctx.manifest))
         identity = rank_identity(cfg, storage, self.hashes["base_encoder"], anchor_ids, anchor_texts)
         job = PoolRanksRun(cfg, self.pool_plan.texts, identity, anchor_ids, anchor_texts)
-        ensure_pool_run(job, "rank targets", ctx.executor, ctx.address, ctx.force_new, ctx.quiet, ctx.max_units)
+        ensure_pool_ranks(job, ctx.executor, ctx.address, ctx.force_new, ctx.quiet, ctx.max_units)
 
     def summary(self, ctx: RunContext) -> dict:
         refusal = all_null_refusal(ctx.store, ctx.fp, len(self.units))

@@ -215,6 +215,48 @@ class PoolRankStage(RankStage):
         return SentenceRanks(self.storage, codes=targets, bytes_per_sentence=self.bytes_per_sentence)
 
 
+def labelled_with_ranks_run(manifest: dict) -> bool:
+    """Whether the harvest whose manifest this is was labelled from a ranks run (its summary names one): a
+    rerun builds that run again when its folder was deleted, as it builds the vectors. A harvest labelled before
+    rank targets had a run of their own names none, and is not given one."""
+    return bool((manifest.get("pool") or {}).get("ranks_fingerprint"))
+
+
+def ensure_pool_ranks(job: PoolRanksRun, executor: str, address: Optional[str], force_new: bool, quiet: bool,
+                      max_units: Optional[int] = None) -> dict:
+    """Build (resume, or confirm) the harvest's ranks run (pool_vectors.ensure_pool_run). One rebuilt after its
+    folder was deleted, under a harvest that already labelled units from the first one, is compared with the
+    targets those units' `sentences` rows hold, and a line says whether they are the same."""
+    from sentsim.harvest.pool_vectors import ensure_pool_run, rebuilt_note, run_is_there
+
+    there = run_is_there(job.out)
+    m = ensure_pool_run(job, "rank targets", executor, address, force_new, quiet, max_units)
+    if not there:
+        rebuilt_note(job.out, ranks_unlike_labels(job.cfg.out, job.storage), "rank targets", quiet)
+    return m
+
+
+def ranks_unlike_labels(out: str, storage: str) -> Optional[tuple[int, int]]:
+    """Of the sentences the harvest at `out` labelled so far, how many have targets in its ranks run other than
+    those of their `sentences` rows, and how many there are; None when no unit is labelled yet (nothing to
+    compare). A sentence of several units is compared in each."""
+    from storage import RunReader
+
+    harvest = RunReader(out)
+    if not harvest.units() or COLUMN[storage] not in harvest.schema("sentences").names:
+        return None
+    t = harvest.read_table("sentences", ["sentence_id", COLUMN[storage]])
+    stored = StoredRanks(ranks_uri(out))
+    ids = t.column("sentence_id").to_numpy()
+    col = t.column(COLUMN[storage]).combine_chunks()
+    if col.null_count or stored.storage != storage:  # rank targets off in those units, or the other storage
+        return len(np.unique(ids)), len(np.unique(ids))
+    held = col.flatten().to_numpy(zero_copy_only=False).reshape(len(ids), -1).astype(stored.targets.dtype)
+    want = stored.of(ids.tolist())
+    differ = ~(held == want).all(axis=1) if held.shape == want.shape else np.ones(len(ids), bool)
+    return len(np.unique(ids[differ])), len(np.unique(ids))
+
+
 def shared_ranks(out: str) -> Shared:
     """The harvest at `out`'s ranks run, whole, loaded once for all of a run's rank actors."""
     import functools

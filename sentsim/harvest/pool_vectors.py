@@ -13,6 +13,7 @@ that only labels differently (the same --out, --force-new) reuses the vectors.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -251,7 +252,70 @@ def ensure_pool_vectors(job: PoolVectorsRun, executor: str, address: Optional[st
         if old.get("scoring_precision"):
             job.precision = old["scoring_precision"]
 
-    return ensure_pool_run(job, "sentence vectors", executor, address, force_new, quiet, max_units, keep_precision)
+    there = run_is_there(job.out)
+    m = ensure_pool_run(job, "sentence vectors", executor, address, force_new, quiet, max_units, keep_precision)
+    if not there:
+        rebuilt_note(job.out, scores_unlike_labels(job.cfg.out, job.cfg.metric), "sentence vectors", quiet)
+    return m
+
+
+def run_is_there(uri: str) -> bool:
+    """Whether a run (a manifest, readable or not, or shards that lost theirs) is at `uri`: one that is not was
+    never built or was deleted, and whatever ensure_pool_run builds there now is new."""
+    from storage import ShardStore, StoreError
+
+    store = ShardStore(uri)
+    try:
+        return store.read_manifest() is not None or store.lost_manifest()
+    except StoreError:
+        return True
+
+
+def rebuilt_note(uri: str, unlike: Optional[tuple[int, int]], what: str, quiet: bool) -> None:
+    """The line for a pool run built again under a harvest that had labelled units from the one deleted: whether
+    the rebuilt one gives what those labels hold (`unlike`: sentences or pairs that differ, of how many; None:
+    nothing labelled, so nothing rebuilt under labels)."""
+    if unlike is None or quiet and not unlike[0]:
+        return
+    differ, n = unlike
+    if not differ:
+        line = f"{uri} was not there and is rebuilt: the same {what} as the {n:,} labelled {_noun(what)} were " \
+               "computed from"
+    else:
+        line = f"note: {uri} was not there and is rebuilt, but not exactly: {differ:,} of the {n:,} labelled " \
+               f"{_noun(what)} differ from what these {what} give (scored or encoded on other hardware, or in " \
+               "other batches); the labelled rows are kept as they were, and a remix or relabel reads the rebuilt ones"
+    print(f"[harvest] {line}", file=sys.stderr, flush=True)
+
+
+def _noun(what: str) -> str:
+    return "pairs' scores" if what == "sentence vectors" else "sentences"
+
+
+def scores_unlike_labels(out: str, metric: str) -> Optional[tuple[int, int]]:
+    """Of the pairs the harvest at `out` labelled so far, how many get another score from its vectors run (the
+    label stage's Eq. 4, pool_label.py, with the harvest's own context effect) than they hold, and how many there
+    are; None when no unit is labelled yet (nothing to compare)."""
+    from sentsim.harvest import metrics
+    from sentsim.harvest.eq4_rows import vector_rows
+    from sentsim.harvest.pool import EFFECT_TABLE
+    from storage import RunReader
+
+    harvest = RunReader(out)
+    if not harvest.units():
+        return None
+    t = harvest.read_table("pairs", ["s1_id", "s2_id", "score"])
+    effect = None
+    if metrics.get(metric).uses_context_effect:
+        side = harvest.store.read_side_table(EFFECT_TABLE, fingerprint=harvest.fingerprint)
+        effect = None if side is None else side.column("effect").to_numpy()
+    stored = StoredVectors(vectors_uri(out))
+    pairs = np.stack([stored.rows(t.column("s1_id").to_numpy()), stored.rows(t.column("s2_id").to_numpy())], axis=1)
+    got = np.array([np.nan if r["score"] is None else r["score"]
+                    for r in vector_rows(pairs, stored.S, {}, metric, effect)], dtype=np.float64)
+    held = t.column("score").cast(pa.float64()).to_numpy(zero_copy_only=False)
+    same = (got == held) | (np.isnan(got) & np.isnan(held))
+    return int((~same).sum()), len(held)
 
 
 def ensure_pool_run(job: ShardedJob, what: str, executor: str, address: Optional[str], force_new: bool, quiet: bool,

@@ -178,13 +178,79 @@ def test_a_finished_harvests_damaged_ranks_are_named_by_verify_and_mended_by_a_r
     assert pairs_of(copy).equals(pairs_of(out))
 
 
-def test_a_finished_harvest_labelled_without_a_ranks_run_is_not_given_one(codes_run, tmp_path):
-    """A pool harvest finished before its rank targets had a run of their own: a rerun does nothing, and does not
-    encode every sentence into a ranks run nothing would read."""
+def _shards(run, *tables):
+    """Every shard and marker of these tables of `run`, by path, with its bytes: what a rerun must not touch."""
+    return {str(p.relative_to(run)): p.read_bytes() for t in tables for p in sorted((run / t).rglob("*"))
+            if p.is_file()}
+
+
+def test_a_finished_harvests_deleted_ranks_are_rebuilt_by_the_same_command(codes_run, tmp_path):
+    """pool_ranks/ deleted from a finished harvest (to save space, say): `store verify` says so and names the
+    command that rebuilds it; that command, the same harvest run again, encodes it again, to the same targets
+    (the same rows, and the fingerprint the manifest recorded) and says they are the ones the labels hold,
+    without touching a labelled row."""
     cfg, out, _ = codes_run
     copy = tmp_path / "run"
     shutil.copytree(out, copy)
     shutil.rmtree(copy / "pool_ranks")
+    r = sentsim_cli("store", "verify", copy)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert (f"{copy}/pool_ranks: not there (deleted?); this harvest's rows are whole without it, but a relabel "
+            "reads it, and the same harvest command rebuilds it") in r.stdout, r.stdout
+    labelled = _shards(copy, "pairs", "sentences", "_units")
+    r = sentsim_cli("harvest", "--config", _config_file(cfg, copy, tmp_path), "--executor", "inline")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    n = json.loads((out / "manifest.json").read_text())["pool"]["sentences"]
+    assert (f"[harvest] {copy}/pool_ranks was not there and is rebuilt: the same rank targets as the {n:,} "
+            "labelled sentences were computed from") in r.stderr, r.stderr[-3000:]
+    assert "[harvest] unit" not in r.stderr, r.stderr[-3000:]  # nothing relabelled
+    assert RunReader(str(copy / "pool_ranks")).read_table("sentence_ranks").sort_by("sentence_id").equals(
+        RunReader(str(out / "pool_ranks")).read_table("sentence_ranks").sort_by("sentence_id"))
+    fp = ShardStore(str(out / "pool_ranks")).read_manifest()["fingerprint"]
+    assert ShardStore(str(copy / "pool_ranks")).read_manifest()["fingerprint"] == fp
+    assert json.loads((copy / "manifest.json").read_text())["pool"]["ranks_fingerprint"] == fp
+    assert _shards(copy, "pairs", "sentences", "_units") == labelled
+    r = sentsim_cli("store", "verify", copy)
+    assert r.returncode == 0 and r.stdout.strip() == f"{copy}: OK", r.stdout + r.stderr[-2000:]
+
+
+def test_rebuilt_ranks_unlike_the_labelled_ones_are_counted(codes_run, tmp_path, capsys):
+    """Where rebuilt targets are not those the labelled sentences hold (here: another harvest's, of other
+    anchors), the rebuild's line counts them rather than calling them the same."""
+    from sentsim.harvest.pool_ranks import ranks_unlike_labels
+    from sentsim.harvest.pool_vectors import rebuilt_note
+
+    cfg, out, _ = codes_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    n = json.loads((out / "manifest.json").read_text())["pool"]["sentences"]
+    assert ranks_unlike_labels(str(copy), "codes") == (0, n)
+    t = RunReader(str(copy / "pool_ranks")).read_table("sentence_ranks")
+    # each sentence's codes in reverse: still a permutation of the ranks, no longer the labelled one
+    reversed_codes = [list(reversed(c)) for c in t.column("rank_codes").to_pylist()]
+    shutil.rmtree(copy / "pool_ranks")
+    store = ShardStore(str(copy / "pool_ranks"))
+    store.open_run("harvest-pool-ranks", "other", {}, [], {"sentence_ranks": t.schema}, planned_units=1)
+    store.write_unit(0, {"sentence_ranks": t.set_column(1, "rank_codes", [reversed_codes])}, "other", {})
+    store.finalize(1, {})
+    assert ranks_unlike_labels(str(copy), "codes") == (n, n)
+    rebuilt_note(str(copy / "pool_ranks"), (n, n), "rank targets", quiet=True)  # said even when quiet
+    assert capsys.readouterr().err == (
+        f"[harvest] note: {copy}/pool_ranks was not there and is rebuilt, but not exactly: {n:,} of the {n:,} "
+        "labelled sentences differ from what these rank targets give (scored or encoded on other hardware, or in "
+        "other batches); the labelled rows are kept as they were, and a remix or relabel reads the rebuilt ones\n")
+
+
+def test_a_finished_harvest_labelled_without_a_ranks_run_is_not_given_one(codes_run, tmp_path):
+    """A pool harvest finished before its rank targets had a run of their own (its manifest names no ranks run): a
+    rerun does nothing, and does not encode every sentence into a ranks run nothing would read."""
+    cfg, out, _ = codes_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    shutil.rmtree(copy / "pool_ranks")
+    m = json.loads((copy / "manifest.json").read_text())
+    del m["pool"]["ranks_fingerprint"]  # as such a harvest's summary wrote it
+    (copy / "manifest.json").write_text(json.dumps(m))
     before = {p.name: p.read_bytes() for p in (copy / "_units").glob("*.json")}
     r = sentsim_cli("harvest", "--config", _config_file(cfg, copy, tmp_path), "--executor", "inline")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
