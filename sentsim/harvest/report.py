@@ -80,8 +80,7 @@ def write_report(out: str, manifest: dict, progress, wall: float) -> dict:
         "placement": placement_summary(units),
         # units by the format they were scored in (bf16, fp16, off = fp32); more than one key: a mixed run
         "scoring_precision": precision_counts(units),
-        "bytes_per_sentence_rank_codes": next(
-            (m.get("extra", {}).get("bytes_per_sentence") for m in units.values()), None),
+        **rank_target_bytes(units),
     }
     store.fs.create_dir(store.root, recursive=True)
     with store.fs.open_output_stream(f"{store.root}/report.json") as f:
@@ -128,6 +127,17 @@ def _vectors_units(out: str) -> Optional[tuple[Optional[int], dict]]:
         return reader.manifest.get("planned_units"), reader.units()
     except StoreError:
         return None
+
+
+def rank_target_bytes(units: dict) -> dict:
+    """What a sentence's rank target takes, from the first unit marker: `rank_storage` (codes, vectors; None with
+    rank targets off, or where the marker predates the key), and its bytes as `bytes_per_sentence_rank_targets`,
+    also given as `bytes_per_sentence_rank_codes`, the key's first name, for the readers of that one: under
+    rank.storage=vectors it holds the base vector's bytes too, not what codes would take."""
+    first = next((m.get("extra", {}) for m in units.values()), {})
+    size = first.get("bytes_per_sentence")
+    return {"rank_storage": first.get("rank_storage"), "bytes_per_sentence_rank_targets": size,
+            "bytes_per_sentence_rank_codes": size}
 
 
 def precision_counts(units: dict) -> dict:

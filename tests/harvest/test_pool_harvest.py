@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pyarrow.dataset as ds
 import pytest
-from conftest import sentsim_cli
+from conftest import error_line, sentsim_cli
 from harvest_support import build_index_for, harvest_config, tiny_context_bundle
 
 from storage import ShardStore
@@ -621,9 +621,71 @@ def test_verify_notes_a_finished_pool_harvests_deleted_runs(partners_run, tmp_pa
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == f"{copy}: OK", r.stdout + r.stderr[-1500:]
     assert (f"{copy}/pool_vectors: not there (deleted?); this harvest's rows are whole without it, but "
             "`sentsim remix` reads it, and the same harvest command rebuilds it") in r.stdout, r.stdout
-    assert f"{copy}/pool_ranks: not there (deleted?)" in r.stdout, r.stdout
+    assert (f"{copy}/pool_ranks: not there (deleted?); this harvest's rows are whole without it, but a relabel "
+            "reads it, and the same harvest command rebuilds it") in r.stdout, r.stdout
     r = sentsim_cli("store", "verify", run)
     assert r.stdout.strip() == f"{run}: OK", r.stdout
+
+
+def labelled_files(run) -> dict:
+    """Every shard and marker of the labelled units and of the rank targets, by path, with its bytes: what a rerun
+    that rebuilds the vectors must not touch (the manifests it finalizes again are left out)."""
+    return {str(p.relative_to(run)): p.read_bytes()
+            for t in ("pairs", "sentences", "_units", "pool_ranks/sentence_ranks", "pool_ranks/_units")
+            for p in sorted((run / t).rglob("*")) if p.is_file()}
+
+
+def test_a_finished_pool_harvests_deleted_vectors_are_rebuilt_by_the_same_command(partners_run, tmp_path):
+    """pool_vectors/ deleted from a finished harvest: remix, which reads it, refuses in one line; the same
+    harvest command scores it again, to the same vectors (rows, pool and fingerprint), checks the labelled
+    scores against them and says so in a line, without touching a labelled row; remix then reads them."""
+    import yaml
+
+    from storage import RunReader
+
+    cfg, out = partners_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    shutil.rmtree(copy / "pool_vectors")
+    r = sentsim_cli("remix", copy, "--out", tmp_path / "r1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert error_line(r.stderr) == (f"sentsim: error: {copy}/pool_vectors: this pool harvest's sentence vectors "
+                                    "are missing or incomplete (no finished run there); resume the harvest")
+    labelled = labelled_files(copy)
+    config = tmp_path / "harvest.yaml"
+    config.write_text(yaml.safe_dump(json.loads(cfg.model_copy(update={"out": str(copy)}).model_dump_json())))
+    r = sentsim_cli("harvest", "--config", config, "--executor", "inline")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    n = len(pairs_of(out))
+    assert (f"[harvest] {copy}/pool_vectors was not there and is rebuilt: the same sentence vectors as the {n:,} "
+            "labelled pairs' scores were computed from") in r.stderr, r.stderr[-3000:]
+    assert "[harvest] unit" not in r.stderr, r.stderr[-3000:]  # nothing relabelled
+    for table in ("sentence_vectors", "_side/pool"):
+        def read(run):
+            reader = RunReader(str(run / "pool_vectors"))
+            t = reader.side_table("pool") if table.startswith("_side") else reader.read_table(table)
+            return t.sort_by(t.column_names[0])
+        assert read(copy).equals(read(out)), table
+    fp = ShardStore(str(out / "pool_vectors")).read_manifest()["fingerprint"]
+    assert ShardStore(str(copy / "pool_vectors")).read_manifest()["fingerprint"] == fp
+    assert json.loads((copy / "manifest.json").read_text())["pool"]["vectors_fingerprint"] == fp
+    assert labelled_files(copy) == labelled
+    report = json.loads((copy / "report.json").read_text())
+    assert report["vectors_units"] == json.loads((out / "report.json").read_text())["vectors_units"]
+    r = sentsim_cli("remix", copy, "--out", tmp_path / "r2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert np.allclose(pairs_of(tmp_path / "r2").score, pairs_of(out).score, atol=1e-5)
+
+
+def test_rebuilt_vectors_unlike_the_labelled_ones_are_counted(cluster_run, tmp_path):
+    """The check of rebuilt vectors against the labels counts the pairs whose score they do not give: none under
+    the harvest's own metric, nearly all where the pairs' double-centred scores are compared with pearson's."""
+    from sentsim.harvest.pool_vectors import scores_unlike_labels
+
+    cfg, out = cluster_run
+    n = len(pairs_of(out))
+    assert scores_unlike_labels(str(out), cfg.metric) == (0, n)
+    assert scores_unlike_labels(str(out), "pearson")[0] > 0.9 * n
 
 
 def test_store_compact_compacts_the_runs_inside_a_pool_harvest(partners_run, tmp_path):

@@ -78,6 +78,15 @@ def test_each_sentence_is_encoded_once_and_every_unit_carries_its_targets(codes_
     assert np.array_equal(pairs.rank_sim.to_numpy(), want)
 
 
+def test_the_report_names_the_rank_storage_and_its_bytes(codes_run):
+    """report.json: codes of n_anchors ranks at rank.bits each; the key's first name holds the same value."""
+    cfg, out, _ = codes_run
+    report = json.loads((out / "report.json").read_text())
+    want = cfg.rank.n_anchors * cfg.rank.bits // 8
+    assert report["rank_storage"] == "codes"
+    assert report["bytes_per_sentence_rank_targets"] == report["bytes_per_sentence_rank_codes"] == want
+
+
 def test_the_stored_codes_are_the_sentences_rank_codes(codes_run):
     """What RankTargets gives for the sentences, encoded together. With the bundled E1 on CPU they are equal
     (each sentence encoded alone gives them too); the check allows what another machine's kernels may give:
@@ -125,6 +134,11 @@ def test_vectors_storage_keeps_each_sentences_float16_vector(inputs, tmp_path): 
     ranks = anchors.ranks(np.stack([stored[int(s)] for s in pairs.s1_id]).astype(np.float16))
     others = anchors.ranks(np.stack([stored[int(s)] for s in pairs.s2_id]).astype(np.float16))
     assert np.allclose(pairs.rank_sim.to_numpy(), spearman_of_ranks(ranks, others), atol=1e-12)
+    # report.json names the storage, and its bytes are the float16 vector's (under the key's first name too,
+    # which says codes: kept for its readers)
+    report = json.loads((out / "report.json").read_text())
+    assert report["rank_storage"] == "vectors"
+    assert report["bytes_per_sentence_rank_targets"] == report["bytes_per_sentence_rank_codes"] == 2 * got.shape[1]
 
 
 def test_stopped_in_the_ranks_pass_a_rerun_finishes_it(codes_run, tmp_path, capsys):
@@ -335,3 +349,6 @@ def test_rank_targets_off_build_no_ranks_run(inputs, tmp_path):  # noqa: F811
     assert m["complete"] and not (out / "pool_ranks").exists()
     assert m["pool"]["ranks_fingerprint"] is None
     assert pairs_of(out).rank_sim.isna().all()
+    report = json.loads((out / "report.json").read_text())
+    assert report["rank_storage"] is None
+    assert report["bytes_per_sentence_rank_targets"] == report["bytes_per_sentence_rank_codes"] == 0

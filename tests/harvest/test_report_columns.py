@@ -1,12 +1,13 @@
 """report.py reads the pairs as numpy columns (strings as codes), not a Python object per pair: the values it
 computes from them are those of the old per-row reading, copied here as the reference; its scatter draws a
-fixed-seed sample above SCATTER_MAX pairs and says so in its title."""
+fixed-seed sample above SCATTER_MAX pairs and says so in its title; a rank target's bytes come with its storage,
+as bytes_per_sentence_rank_targets and, for its readers, under the old bytes_per_sentence_rank_codes."""
 
 import numpy as np
 import pyarrow as pa
 
 from sentsim.harvest import report
-from sentsim.harvest.report import Labels, _floats, scatter_points
+from sentsim.harvest.report import Labels, _floats, rank_target_bytes, scatter_points
 
 
 def _table():
@@ -81,3 +82,21 @@ def test_the_scatter_draws_every_pair_up_to_its_limit_then_a_fixed_sample(monkey
     assert title == "score vs rank similarity (100 of 230 pairs, sampled)"
     assert len(sample) == 100 and (np.diff(sample) > 0).all() and np.isfinite(score[sample]).all()
     assert (scatter_points(score, rank)[0] == sample).all()  # the same sample on a rerun
+
+
+def test_the_rank_target_bytes_are_named_by_their_storage_and_kept_under_the_first_name():
+    """bytes_per_sentence_rank_codes held the base vector's bytes under rank.storage=vectors: the report names the
+    storage and gives the bytes as bytes_per_sentence_rank_targets, keeping the old key, same value, for its
+    readers. A marker from before rank_storage gives its bytes, storage None; a run with no unit gives None."""
+    def marker(**extra):
+        return {"extra": extra}
+
+    assert rank_target_bytes({0: marker(bytes_per_sentence=768, rank_storage="vectors")}) == {
+        "rank_storage": "vectors", "bytes_per_sentence_rank_targets": 768, "bytes_per_sentence_rank_codes": 768}
+    assert rank_target_bytes({0: marker(bytes_per_sentence=128, rank_storage="codes")}) == {
+        "rank_storage": "codes", "bytes_per_sentence_rank_targets": 128, "bytes_per_sentence_rank_codes": 128}
+    assert rank_target_bytes({0: marker(bytes_per_sentence=0, rank_storage=None)})["rank_storage"] is None
+    assert rank_target_bytes({3: marker(bytes_per_sentence=128)}) == {
+        "rank_storage": None, "bytes_per_sentence_rank_targets": 128, "bytes_per_sentence_rank_codes": 128}
+    assert rank_target_bytes({}) == {"rank_storage": None, "bytes_per_sentence_rank_targets": None,
+                                     "bytes_per_sentence_rank_codes": None}
