@@ -239,22 +239,27 @@ def ensure_pool_ranks(job: PoolRanksRun, executor: str, address: Optional[str], 
 def ranks_unlike_labels(out: str, storage: str) -> Optional[tuple[int, int]]:
     """Of the sentences the harvest at `out` labelled so far, how many have targets in its ranks run other than
     those of their `sentences` rows, and how many there are; None when no unit is labelled yet (nothing to
-    compare). A sentence of several units is compared in each."""
+    compare). A sentence of several units is compared in each. The rows are read a batch at a time: beside the
+    ranks run, the driver holds no second copy of every target."""
     from storage import RunReader
 
     harvest = RunReader(out)
     if not harvest.units() or COLUMN[storage] not in harvest.schema("sentences").names:
         return None
-    t = harvest.read_table("sentences", ["sentence_id", COLUMN[storage]])
     stored = StoredRanks(ranks_uri(out))
-    ids = t.column("sentence_id").to_numpy()
-    col = t.column(COLUMN[storage]).combine_chunks()
-    if col.null_count or stored.storage != storage:  # rank targets off in those units, or the other storage
-        return len(np.unique(ids)), len(np.unique(ids))
-    held = col.flatten().to_numpy(zero_copy_only=False).reshape(len(ids), -1).astype(stored.targets.dtype)
-    want = stored.of(ids.tolist())
-    differ = ~(held == want).all(axis=1) if held.shape == want.shape else np.ones(len(ids), bool)
-    return len(np.unique(ids[differ])), len(np.unique(ids))
+    seen, differ = [], []
+    for batch in harvest.iter_batches("sentences", ["sentence_id", COLUMN[storage]]):
+        ids = batch.column(0).to_numpy()
+        col = batch.column(1)
+        seen.append(ids)
+        if col.null_count or stored.storage != storage:  # rank targets off in those units, or the other storage
+            differ.append(ids)
+            continue
+        held = col.flatten().to_numpy(zero_copy_only=False).reshape(len(ids), -1).astype(stored.targets.dtype)
+        want = stored.of(ids.tolist())
+        differ.append(ids[~(held == want).all(axis=1)] if held.shape == want.shape else ids)
+    n = len(np.unique(np.concatenate(seen))) if seen else 0
+    return len(np.unique(np.concatenate(differ))) if differ else 0, n
 
 
 def shared_ranks(out: str) -> Shared:

@@ -292,6 +292,10 @@ def _noun(what: str) -> str:
     return "pairs' scores" if what == "sentence vectors" else "sentences"
 
 
+# pairs whose scores scores_unlike_labels computes at once
+_CHECK_PAIRS = 65_536
+
+
 def scores_unlike_labels(out: str, metric: str) -> Optional[tuple[int, int]]:
     """Of the pairs the harvest at `out` labelled so far, how many get another score from its vectors run (the
     label stage's Eq. 4, pool_label.py, with the harvest's own context effect) than they hold, and how many there
@@ -311,8 +315,10 @@ def scores_unlike_labels(out: str, metric: str) -> Optional[tuple[int, int]]:
         effect = None if side is None else side.column("effect").to_numpy()
     stored = StoredVectors(vectors_uri(out))
     pairs = np.stack([stored.rows(t.column("s1_id").to_numpy()), stored.rows(t.column("s2_id").to_numpy())], axis=1)
-    got = np.array([np.nan if r["score"] is None else r["score"]
-                    for r in vector_rows(pairs, stored.S, {}, metric, effect)], dtype=np.float64)
+    got = np.empty(len(pairs), np.float64)
+    for lo in range(0, len(pairs), _CHECK_PAIRS):  # vector_rows gives a dict a pair: a block of them at a time
+        rows = vector_rows(pairs[lo:lo + _CHECK_PAIRS], stored.S, {}, metric, effect)
+        got[lo:lo + len(rows)] = [np.nan if r["score"] is None else r["score"] for r in rows]
     held = t.column("score").cast(pa.float64()).to_numpy(zero_copy_only=False)
     same = (got == held) | (np.isnan(got) & np.isnan(held))
     return int((~same).sum()), len(held)
