@@ -228,6 +228,26 @@ def test_a_finished_harvests_deleted_ranks_are_rebuilt_by_the_same_command(codes
     assert r.returncode == 0 and r.stdout.strip() == f"{copy}: OK", r.stdout + r.stderr[-2000:]
 
 
+def test_a_rerun_that_builds_nothing_keeps_the_record_of_the_deleted_runs(codes_run, tmp_path):
+    """--max-units 0 on a finished harvest whose pool_ranks/ and pool_vectors/ were deleted builds neither, and
+    its manifest still names the runs the labels were read from, not none, so that a later rerun rebuilds them."""
+    cfg, out, _ = codes_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    for inner in ("pool_ranks", "pool_vectors"):
+        shutil.rmtree(copy / inner)
+    pool = json.loads((out / "manifest.json").read_text())["pool"]
+    config = _config_file(cfg, copy, tmp_path)
+    r = sentsim_cli("harvest", "--config", config, "--executor", "inline", "--max-units", "0")
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert not (copy / "pool_ranks").exists() and not (copy / "pool_vectors").exists()
+    assert json.loads((copy / "manifest.json").read_text())["pool"] == pool
+    r = sentsim_cli("harvest", "--config", config, "--executor", "inline")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ShardStore(str(copy / "pool_ranks")).read_manifest()["fingerprint"] == pool["ranks_fingerprint"]
+    assert ShardStore(str(copy / "pool_vectors")).read_manifest()["fingerprint"] == pool["vectors_fingerprint"]
+
+
 def test_rebuilt_ranks_unlike_the_labelled_ones_are_counted(codes_run, tmp_path, capsys):
     """Where rebuilt targets are not those the labelled sentences hold (here: another harvest's, of other
     anchors), the rebuild's line counts them rather than calling them the same."""
