@@ -1,6 +1,7 @@
 """The pool harvest's rank targets (harvest/pool_ranks.py): each sentence of the plan encoded once into a run of
 its own, every unit's sentence rows and rank similarities taken from it; stopped and resumed, mended, rebuilt
-alone for other rank settings, and absent with rank targets off."""
+alone for other rank settings, rebuilt by a rerun or relabel after it was deleted (and what reads it meanwhile),
+and absent with rank targets off; report.json's rank target bytes by storage."""
 
 import json
 import shutil
@@ -246,6 +247,43 @@ def test_a_rerun_that_builds_nothing_keeps_the_record_of_the_deleted_runs(codes_
     assert r.returncode == 0, r.stderr[-3000:]
     assert ShardStore(str(copy / "pool_ranks")).read_manifest()["fingerprint"] == pool["ranks_fingerprint"]
     assert ShardStore(str(copy / "pool_vectors")).read_manifest()["fingerprint"] == pool["vectors_fingerprint"]
+
+
+def test_a_rankencoder_student_trains_on_a_harvest_whose_inner_runs_were_deleted(codes_run, tmp_path):
+    """`train student --objective rankencoder` reads each sentence's targets from the harvest's `sentences` rows
+    and its anchors from the side table, never pool_ranks/ or pool_vectors/: with both deleted it trains on every
+    sentence, as `store verify`'s note on them says nothing but a relabel and remix need them."""
+    from harvest_support import tiny_bert
+
+    _, out, _ = codes_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    for inner in ("pool_ranks", "pool_vectors"):
+        shutil.rmtree(copy / inner)
+    r = sentsim_cli("train", "student", "--objective", "rankencoder", "--data", copy, "--out", tmp_path / "st",
+                    "--backbone", tiny_bert(tmp_path / "bert"), "--executor", "inline", "--max-steps", "1",
+                    "--set", "batch_size=8", "--set", "max_seq_length=32")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    n = json.loads((out / "manifest.json").read_text())["pool"]["sentences"]
+    assert json.loads((tmp_path / "st" / "summary.json").read_text())["rows"] == n
+
+
+def test_a_relabel_of_a_harvest_whose_ranks_were_deleted_encodes_them_again(codes_run, tmp_path):
+    """A relabel (another metric, the same --out, --force-new) is what reads pool_ranks/: with it deleted, the
+    relabel encodes it again, to the same targets and so the same rank similarities, and labels nothing twice."""
+    cfg, out, _ = codes_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    shutil.rmtree(copy / "pool_ranks")
+    relabel = cfg.model_copy(update={"metric": "double-centred"})
+    r = sentsim_cli("harvest", "--config", _config_file(relabel, copy, tmp_path), "--executor", "inline",
+                    "--force-new")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "was not there and is rebuilt" not in r.stderr  # nothing labelled under the new run to compare with
+    assert RunReader(str(copy / "pool_ranks")).read_table("sentence_ranks").sort_by("sentence_id").equals(
+        RunReader(str(out / "pool_ranks")).read_table("sentence_ranks").sort_by("sentence_id"))
+    assert pairs_of(copy).rank_sim.equals(pairs_of(out).rank_sim)
+    assert not pairs_of(copy).score.equals(pairs_of(out).score)
 
 
 def test_rebuilt_ranks_unlike_the_labelled_ones_are_counted(codes_run, tmp_path, capsys):
