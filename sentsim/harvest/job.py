@@ -391,18 +391,11 @@ class HarvestRun(ShardedJob):
             raise UsageError(refusal)
         out = {"plan": self.plan_info, UNREAD_NESTED: self.unread_nested_runs()}
         if self.pooled:
-            from sentsim.harvest.pool_ranks import ranks_uri
-            from sentsim.harvest.pool_vectors import vectors_uri
+            from sentsim.harvest.pool_vectors import pool_runs_record
 
-            vectors = ShardStore(vectors_uri(self.out)).read_manifest() or {}
-            ranks = (ShardStore(ranks_uri(self.out)).read_manifest() or {}) if self.cfg.rank.enabled else {}
             out["pool"] = {"size": len(self.pool), "pairs": len(self.pool_plan.pairs),
                            "sentences": len(self.pool_plan.texts),
-                           "scored_items": (vectors.get("counts") or {}).get("scored_items"),
-                           # which vectors the labels were read from (a remix checks it is still them)
-                           "vectors_fingerprint": vectors.get("fingerprint"),
-                           # and the rank targets (None with rank.enabled=false: no ranks run)
-                           "ranks_fingerprint": ranks.get("fingerprint")}
+                           **pool_runs_record(self.out, self.cfg.rank.enabled, ctx.manifest.get("pool") or {})}
         return out
 
 

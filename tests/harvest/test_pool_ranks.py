@@ -229,9 +229,10 @@ def test_a_finished_harvests_deleted_ranks_are_rebuilt_by_the_same_command(codes
     assert r.returncode == 0 and r.stdout.strip() == f"{copy}: OK", r.stdout + r.stderr[-2000:]
 
 
-def test_a_rerun_that_builds_nothing_keeps_the_record_of_the_deleted_runs(codes_run, tmp_path):
-    """--max-units 0 on a finished harvest whose pool_ranks/ and pool_vectors/ were deleted builds neither, and
-    its manifest still names the runs the labels were read from, not none, so that a later rerun rebuilds them."""
+def test_a_rerun_stopped_before_the_ranks_keeps_the_record_of_the_deleted_runs(codes_run, tmp_path):
+    """--max-units 1 on a finished harvest whose pool_vectors/ and pool_ranks/ were deleted rebuilds one unit of
+    the vectors and stops; its manifest still names the runs the labels were read from (not none for the ranks
+    run it has not begun), so that the next rerun rebuilds both, to those fingerprints."""
     cfg, out, _ = codes_run
     copy = tmp_path / "run"
     shutil.copytree(out, copy)
@@ -239,14 +240,18 @@ def test_a_rerun_that_builds_nothing_keeps_the_record_of_the_deleted_runs(codes_
         shutil.rmtree(copy / inner)
     pool = json.loads((out / "manifest.json").read_text())["pool"]
     config = _config_file(cfg, copy, tmp_path)
-    r = sentsim_cli("harvest", "--config", config, "--executor", "inline", "--max-units", "0")
-    assert "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert not (copy / "pool_ranks").exists() and not (copy / "pool_vectors").exists()
+    r = sentsim_cli("harvest", "--config", config, "--executor", "inline", "--max-units", "1")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"the pool's sentence vectors ({copy}/pool_vectors) stopped at --max-units 1" in r.stderr, r.stderr[-3000:]
+    assert not (copy / "pool_ranks").exists()
     assert json.loads((copy / "manifest.json").read_text())["pool"] == pool
     r = sentsim_cli("harvest", "--config", config, "--executor", "inline")
     assert r.returncode == 0, r.stderr[-3000:]
     assert ShardStore(str(copy / "pool_ranks")).read_manifest()["fingerprint"] == pool["ranks_fingerprint"]
     assert ShardStore(str(copy / "pool_vectors")).read_manifest()["fingerprint"] == pool["vectors_fingerprint"]
+    report, first = (json.loads((run / "report.json").read_text()) for run in (copy, out))
+    assert {k: report[k] for k in ("scored_items", "scored_items_per_pair", "vectors_units")} == \
+        {k: first[k] for k in ("scored_items", "scored_items_per_pair", "vectors_units")}
 
 
 def test_a_rankencoder_student_trains_on_a_harvest_whose_inner_runs_were_deleted(codes_run, tmp_path):
