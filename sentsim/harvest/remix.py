@@ -145,7 +145,7 @@ def pool_vectors_of(source: str, manifest: dict) -> Optional[tuple[str, str]]:
                          "it from its new place, or rerun the remix made from it with its new path (the remixes "
                          "of that remix follow)")
     raise UsageError(f"{uri}: this pool harvest's sentence vectors are missing or incomplete ({why}); "
-                     "resume the harvest")
+                     "run the harvest's command again, which rebuilds them, then remix")
 
 
 def _vector_places(source: str, manifest: dict, seen: set) -> Iterator[str]:

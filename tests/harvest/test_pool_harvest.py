@@ -12,6 +12,7 @@ from conftest import error_line, sentsim_cli
 from harvest_support import build_index_for, harvest_config, tiny_context_bundle
 
 from storage import ShardStore
+from storage.store import FORMAT_VERSION
 
 pytestmark = pytest.mark.slow
 
@@ -650,7 +651,8 @@ def test_a_finished_pool_harvests_deleted_vectors_are_rebuilt_by_the_same_comman
     r = sentsim_cli("remix", copy, "--out", tmp_path / "r1")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert error_line(r.stderr) == (f"sentsim: error: {copy}/pool_vectors: this pool harvest's sentence vectors "
-                                    "are missing or incomplete (no finished run there); resume the harvest")
+                                    "are missing or incomplete (no finished run there); run the harvest's command "
+                                    "again, which rebuilds them, then remix")
     labelled = labelled_files(copy)
     config = tmp_path / "harvest.yaml"
     config.write_text(yaml.safe_dump(json.loads(cfg.model_copy(update={"out": str(copy)}).model_dump_json())))
@@ -1045,7 +1047,7 @@ def test_a_pool_run_of_format_2_resumes_under_the_fingerprints_it_holds(partners
     # and a rerun with that key changed again reads them still
     before = vector_markers()
     m = harvest(run.cfg, executor="inline", quiet=True, force_new=True)
-    assert m["complete"] and m["fingerprint"] == run.fp and m["format_version"] == 3
+    assert m["complete"] and m["fingerprint"] == run.fp and m["format_version"] == FORMAT_VERSION
     assert m["pool"]["vectors_fingerprint"] == old_vectors_fp
     m = harvest(changed, executor="inline", quiet=True)
     assert m["complete"] and m["fingerprint"] == run.fp and m["this_run"]["units"] == 0
