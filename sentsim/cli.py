@@ -283,10 +283,22 @@ def _output_not_made(exc: BaseException, args):
         bad = os.path.abspath(os.fsdecode(named))
         for flag, value in outs:
             out = os.path.abspath(os.path.expanduser(value))
+            if _temp_name_of(bad, out):  # an output file is written under a temporary name beside it first
+                return (f"{flag} {value}: {os.path.dirname(out)} takes no new file ({os.strerror(e.errno)}); "
+                        "give an output on a disk this user may write")
             if out == bad or out.startswith(bad.rstrip(os.sep) + os.sep):
                 return (f"{flag} {value}: {bad} cannot be made there ({os.strerror(e.errno)}); "
                         "give an output on a disk this user may write")
     return None
+
+
+def _temp_name_of(path: str, out: str) -> bool:
+    """Whether `path` is a temporary name `storage.fs.temp_name` gives the file `out` (its own folder)."""
+    from storage.fs import TMP_PREFIX
+
+    name = os.path.basename(path)
+    return (os.path.dirname(path) == os.path.dirname(out) and name.startswith(TMP_PREFIX)
+            and name.endswith("-" + os.path.basename(out)))
 
 
 def _usage_line_in(text: str):

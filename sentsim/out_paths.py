@@ -180,3 +180,18 @@ def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], o
         where = "is a file" if first == p else f"lies under {first}, which is a file"
         if folder or first != p:
             raise UsageError(f"{out_flag} {text}: {where}, not a folder; give a folder for the output")
+
+
+def probe_file_out(path: Union[str, os.PathLike]) -> None:
+    """Make a local output file's folder and write and remove an empty file there under the temporary name its
+    writer uses, so that a report the file system will not take (a read-only disk, a folder such as /proc that
+    makes no files) fails before the work whose result it holds, with the error the command's line names."""
+    from storage.fs import temp_name
+
+    p = Path(os.path.expanduser(os.fspath(path))).absolute()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    probe = p.parent / temp_name(p.name)
+    try:
+        probe.open("wb").close()
+    finally:
+        probe.unlink(missing_ok=True)

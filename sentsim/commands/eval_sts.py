@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from sentsim.config import Section, add_config_arguments, load_config, whole_number
 from sentsim.errors import UsageError
-from sentsim.out_paths import check_out
+from sentsim.out_paths import check_out, probe_file_out
 
 COMMAND = ("eval", "sts")
 HELP = "Spearman/Pearson on STS12-16, STS-B and SICK-R for a model, a scored-pair file or TF-IDF"
@@ -72,6 +72,9 @@ def run(args) -> int:
     if args.json and args.markdown and Path(args.json).resolve() == Path(args.markdown).resolve():
         raise UsageError(f"--json and --markdown both name {args.json}: the second report would replace the "
                          "first; give each its own file")
+    for path in (args.json, args.markdown):  # a report the disk will not take fails now, not after the scoring
+        if path:
+            probe_file_out(path)
     tasks = None if args.tasks is None else [t.strip() for t in args.tasks.split(",") if t.strip()]
     if tasks == []:  # an empty --tasks names no task: never taken as 'every task'
         raise UsageError(f"--tasks {args.tasks!r} names no task; give a comma-separated subset such as "

@@ -230,3 +230,26 @@ def test_an_out_the_file_system_cannot_make_is_one_line_for_every_command(corpus
             _refused(sentsim_cli(*args, timeout=300), f"--out {out}: /proc/sentsim-test cannot be made there")
     _refused(sentsim_cli(*sts, "--json", "/proc/sentsim-test/r.json"),
              "--json /proc/sentsim-test/r.json: /proc/sentsim-test cannot be made there")
+
+
+def test_a_report_file_its_folder_will_not_take_is_one_line_before_scoring(shared_data, tmp_path):
+    """`eval sts --json /proc/r.json`: the folder exists but makes no file, so the report's temporary file was
+    "no such file", a traceback after the whole scoring. The report's folder is now tried with an empty file
+    under that temporary name first: one line naming the flag, nothing scored, nothing left behind."""
+    import errno
+
+    try:
+        open("/proc/sentsim-test-file", "wb").close()
+        os.remove("/proc/sentsim-test-file")
+        pytest.skip("this /proc makes files")
+    except OSError as e:
+        if e.errno != errno.ENOENT:
+            pytest.skip(f"/proc refuses a file otherwise here ({e})")
+    sts = ("eval", "sts", "--tfidf", "--data", shared_data / "sts", "--tasks", "STSb")
+    for flag in ("--json", "--markdown"):
+        r = sentsim_cli(*sts, flag, "/proc/r.out")
+        _refused(r, f"{flag} /proc/r.out: /proc takes no new file")
+        assert "Spearman" not in r.stdout  # refused before the scoring, not after it
+    report = tmp_path / "new" / "r.json"  # a folder still to make is made, and holds only the report
+    assert sentsim_cli(*sts, "--json", report).returncode == 0
+    assert [p.name for p in report.parent.iterdir()] == ["r.json"]
