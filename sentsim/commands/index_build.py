@@ -29,7 +29,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--backend", choices=["sklearn", "lucene"], default=None,
                         help="retrieval backend (default: the config's, sklearn)")
     parser.add_argument("--shards", type=whole_number("shards"), default=None, metavar="N",
-                        help="number of index shards (n_shards)")
+                        help="number of index shards (n_shards; the sklearn backend's)")
     parser.add_argument("--num-workers", "--workers", dest="workers", type=whole_number("workers"), default=1,
                         metavar="N",
                         help="parallel build: N Ray tasks (sklearn) or N indexing threads (lucene); "
@@ -48,6 +48,7 @@ def run(args) -> int:
         print(f"--out {args.out} already holds this finished index (fingerprint {done['fingerprint']}); "
               "nothing to do (another config or corpus needs --force-new)", flush=True)
         return 0
+    refuse_unused_by_lucene(cfg)  # after the no-op: an index built before the check reruns as it did
     other = None if args.force_new else other_index(args.corpus, args.out)
     if other is not None:
         raise UsageError(f"--out {args.out} holds an index built for {other}; give another --out, or --force-new "
@@ -66,3 +67,21 @@ def run(args) -> int:
     summary["n_shards"] = len(manifest["shards"])
     print(json.dumps(summary))
     return 0
+
+
+# the sklearn backend's settings that a Lucene index has no use for: it indexes every term of every chunk, as one
+# index searched whole, and weighs terms by its own similarity
+_SKLEARN_ONLY = {"n_shards": 1, "min_df": 1, "max_df": 1.0, "max_features": None, "sublinear_tf": True}
+
+
+def refuse_unused_by_lucene(cfg) -> None:
+    """A lucene build given a setting it would ignore is refused here, in the command, not in the schema: an
+    index built before this check with such a value keeps opening."""
+    if cfg.backend != "lucene":
+        return
+    unused = [f"{k}={getattr(cfg, k)}" for k, default in _SKLEARN_ONLY.items() if getattr(cfg, k) != default]
+    if unused:
+        it = "it" if len(unused) == 1 else "them"
+        raise UsageError(f"{', '.join(unused)}: the lucene backend would ignore {it} (it builds one index of every "
+                         f"term, searched whole; its build threads are --num-workers); leave {it} at the default, or "
+                         "use --backend sklearn")

@@ -26,7 +26,8 @@ class IndexConfig(Section):
     # cites (Chen et al. 2017) hashes unigrams and bigrams, which `unigram+bigram` is. Bigrams alone find nothing
     # for a short sentence that shares only single words with the corpus (a shortfall, counted).
     ngrams: Literal["bigram", "unigram+bigram"] = "bigram"
-    # Shards are searched independently (one per Ray actor) and their top-k merged.
+    # Shards are searched independently (one per Ray actor) and their top-k merged. The sklearn backend's, as are
+    # min_df, max_df, max_features and sublinear_tf: a lucene build refuses them (it indexes every term, in one index).
     n_shards: int = Field(1, ge=1, le=4096)
     # 1 keeps bigrams seen once: a query taken from the corpus then still finds its own chunk.
     min_df: int = Field(1, ge=1)

@@ -271,6 +271,25 @@ def test_cli_parallel_build_and_bad_workers(ray_local, speech_corpus, tmp_path, 
         assert "Traceback" not in err and ("similarity" in err or "bm25_b" in err), err
 
 
+def test_a_lucene_build_refuses_the_sklearn_settings_it_would_ignore(speech_corpus, tmp_path):
+    """`index build --backend lucene --shards 3` built one unsharded index and said n_shards 1, under a
+    fingerprint of 3; min_df, max_df, max_features and sublinear_tf were ignored alike. Each is one line, exit 2,
+    before anything is written (no lucene extra needed to be refused); an index already built keeps rerunning."""
+    from conftest import error_line, sentsim_cli
+
+    out = tmp_path / "lucene"
+    base = ("index", "build", "--corpus", str(speech_corpus), "--out", str(out), "--backend", "lucene")
+    r = sentsim_cli(*base, "--shards", "3")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert error_line(r.stderr).startswith("sentsim: error: n_shards=3: the lucene backend would ignore it"), r.stderr
+    r = sentsim_cli(*base, "--set", "min_df=2", "--set", "max_df=0.5", "--set", "max_features=10",
+                    "--set", "sublinear_tf=false")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert error_line(r.stderr).startswith("sentsim: error: min_df=2, max_df=0.5, max_features=10, "
+                                           "sublinear_tf=False: the lucene backend would ignore them"), r.stderr
+    assert not out.exists()
+
+
 def test_lucene_length_quantisation():
     from sentsim.retrieval.sklearn_backend import lucene_length
 
