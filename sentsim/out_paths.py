@@ -123,14 +123,16 @@ def in_job_working_copy() -> bool:
     return isinstance(runtime_env, dict) and bool(runtime_env.get("working_dir"))
 
 
-def refuse_relative_in_job(path, flag: str) -> None:
+def refuse_relative_in_job(path, flag: str, uri_ok: bool = True) -> None:
     """A path a command writes to (an output, or a folder it changes in place, such as a run it compacts or a
     model whose card it records scores in), given relative inside a `ray job submit --working-dir` job: there
-    it names Ray's temporary copy, which Ray deletes, so the work would be lost while the job reports success."""
+    it names Ray's temporary copy, which Ray deletes, so the work would be lost while the job reports success.
+    `uri_ok`: whether the flag takes an object store too, so that the line offers only what the flag takes."""
     text = os.fspath(path)
     if "://" not in text and not os.path.isabs(os.path.expanduser(text)) and in_job_working_copy():
         raise UsageError(f"{flag} {text} is relative, and this Ray job runs in Ray's temporary copy of its "
-                         "--working-dir, which Ray deletes: give an absolute path (one every node sees) or s3://")
+                         "--working-dir, which Ray deletes: give an absolute path (one every node sees)"
+                         + (" or s3://" if uri_ok else ""))
 
 
 def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], out_flag: str = "--out",
@@ -159,7 +161,7 @@ def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], o
     text = os.fspath(out)
     if "://" in text:
         return
-    refuse_relative_in_job(text, out_flag)
+    refuse_relative_in_job(text, out_flag, uri_ok=not local)
     held = held_kind(text) if writes else None
     if held is not None and held[0] != writes:
         raise UsageError(f"{out_flag} {text} holds {held[1]}, not {KINDS[writes]}; give another {out_flag}")

@@ -65,7 +65,7 @@ def run(args) -> int:
     if args.model:  # its model card records the scores, in place
         from sentsim.out_paths import refuse_relative_in_job
 
-        refuse_relative_in_job(args.model, "--model")
+        refuse_relative_in_job(args.model, "--model", uri_ok=False)
     for flag in ("--json", "--markdown"):  # a report written over an input would destroy it
         check_out(getattr(args, flag[2:]), {"--model": args.model, "--scores": args.scores, "--data": args.data},
                   out_flag=flag, folder=False, local="reports")

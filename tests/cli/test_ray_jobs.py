@@ -136,6 +136,14 @@ def test_in_a_job_a_folder_changed_in_place_must_be_absolute_and_hints_name_only
     assert not (tmp_path / "run" / "_compact").exists()
     r = sentsim_cli("eval", "sts", "--model", "m", "--data", tmp_path, env=job, cwd=tmp_path)
     assert r.returncode == 2 and "--model m is relative, and this Ray job" in error_line(r.stderr), r.stderr
+    assert error_line(r.stderr).endswith("(one every node sees)"), r.stderr  # no s3:// for a local-only path
+    # the same for outputs that go to a local folder only: a report, a model; a run's --out may be s3://
+    for args, flag, s3 in (
+            (("eval", "sts", "--tfidf", "--data", tmp_path / "sts", "--json", "r.json"), "--json r.json", False),
+            (("train", "discriminator", "--corpus", tmp_path / "run", "--out", "d"), "--out d", False),
+            (("store", "compact", "run"), "DIR run", True)):
+        line = error_line(sentsim_cli(*args, env=job, cwd=tmp_path).stderr)
+        assert line.startswith(f"sentsim: error: {flag} is relative") and line.endswith("or s3://") == s3, line
     # a resume refused for a changed setting: no word about relative paths (the words harvest, 9 are none)
     r = sentsim_cli("corpus", "build", str(SAMPLE), "--out", tmp_path / "run", "--set", "docs_per_unit=9",
                     env=job, cwd=tmp_path)
