@@ -62,6 +62,10 @@ def run(args) -> int:
         to_markdown,
     )
 
+    for flag, value in (("--data", args.data), ("--model", args.model)):  # else Path() makes s3://b/x into s3:/b/x
+        if value and "://" in value:
+            raise UsageError(f"{flag} {value}: read from a local folder (or a shared file system that every node "
+                             "mounts), not an object store; copy it there first (--scores alone reads s3://)")
     if args.model:  # its model card records the scores, in place
         from sentsim.out_paths import refuse_relative_in_job
 

