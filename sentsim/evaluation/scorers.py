@@ -275,6 +275,10 @@ def _read_run_pairs(uri: str):
         refusal = part_of_run_refusal(uri, f"--scores {uri}")  # a pool harvest's pool_vectors/: no pairs there
         if refusal is not None:
             raise UsageError(refusal)
+        stage = reader.manifest.get("stage")
+        if stage not in ("harvest", "harvest-remix"):  # a corpus, rep cache or contexts run holds no pairs ever
+            raise UsageError(f"--scores {uri}: not a harvest run but a {stage!r} run; give the --out of `sentsim "
+                             "harvest` (or `sentsim remix`), or a file of scored pairs (s1, s2, score)")
         raise UsageError(f"--scores {uri}: a run, but it has no completed pairs/ shards")
     try:
         table = reader.read_table("pairs", ["s1", "s2", "score"], numeric=["score"])

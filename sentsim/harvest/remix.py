@@ -550,6 +550,9 @@ class RemixRun(ShardedJob):
             refusal = part_of_run_refusal(cfg.source, cfg.source) if manifest else None
             if refusal is not None:
                 raise UsageError(refusal)
+            if manifest:  # another job's run: say which, as the trainers and eval sts --scores do
+                raise UsageError(f"{cfg.source}: not a harvest run but a {manifest.get('stage')!r} run; give the "
+                                 "--out of `sentsim harvest` (or `sentsim remix`)")
             raise UsageError(f"{cfg.source}: not a harvest run (no manifest.json of stage 'harvest')")
         if not manifest.get("complete"):
             raise UsageError(f"{src.incomplete_note() or cfg.source + ' is not complete'}; resume the harvest "

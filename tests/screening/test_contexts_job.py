@@ -84,7 +84,7 @@ def test_external_sentences_and_shortfalls(speech_corpus, index, tmp_path):
     assert r.returncode == 2 and "not found" in r.stderr
 
 
-def test_a_run_of_another_stage_given_as_a_corpus_or_harvest_is_named(speech_corpus, index, tmp_path):
+def test_a_run_of_another_stage_given_as_a_corpus_or_harvest_is_named(speech_corpus, index, shared_data, tmp_path):
     """A contexts run (a sharded run, but no corpus) as --corpus, and a corpus as a trainer's --data: one
     line naming the stage that was given, before anything runs or is written."""
     f = tmp_path / "s.txt"
@@ -101,7 +101,13 @@ def test_a_run_of_another_stage_given_as_a_corpus_or_harvest_is_named(speech_cor
              (("train", "surrogate", "--data", speech_corpus, "--out", tmp_path / "s"),
               "not a harvest run but a 'corpus' run; give the --out of `sentsim harvest` (or `sentsim remix`)"),
              (("train", "student", "--data", speech_corpus, "--out", tmp_path / "st"),
-              "not a harvest run but a 'corpus' run")]
+              "not a harvest run but a 'corpus' run"),
+             # remix said "no manifest.json of stage 'harvest'", eval sts "a run, but it has no completed pairs/"
+             (("remix", run, "--out", tmp_path / "r"), f"{run}: not a harvest run but a 'contexts' run; give the "
+              "--out of `sentsim harvest` (or `sentsim remix`)"),
+             (("eval", "sts", "--scores", run, "--data", shared_data / "sts", "--tasks", "STSb"),
+              f"--scores {run}: not a harvest run but a "
+              "'contexts' run")]
     for args, words in cases:
         r = sentsim_cli(*args)
         lines = r.stderr.strip().splitlines()
