@@ -41,6 +41,11 @@ def open_corpus(corpus: str | Path):
                          "`sentsim corpus build`")
     if not isinstance(reader.fingerprint, str) or not reader.fingerprint:
         raise UsageError(f"{corpus}/manifest.json: has no \"fingerprint\" string")
+    unfinished = reader.incomplete_note()
+    if unfinished:  # its fingerprint is the whole corpus's: what is built from part of it would pass for built from all
+        raise UsageError(f"{unfinished}: finish the corpus first (the same `sentsim corpus build` command resumes "
+                         "it); an index, cache or model built from part of it would carry the whole corpus's "
+                         "fingerprint")
     return reader
 
 

@@ -259,3 +259,30 @@ def test_empty_corpus_is_refused_and_never_complete(tmp_path, content, extra, me
     assert not (out / "_COMPLETE").exists()
     if not content:
         assert not out.exists()
+
+
+def test_an_unfinished_corpus_is_refused_by_every_command_that_reads_one(tmp_path, sample_path):
+    """A corpus stopped part-way (--max-units, a kill) records the whole corpus's fingerprint from the start, so an
+    index, rep cache or model built from its first units passed, once it was finished, for one built from all of
+    it: `index build` indexed 121 of the sample's 481 chunks and then matched the finished corpus. Each command
+    refuses it in one line, writing nothing; the same build finishes it, and then they read it."""
+    from conftest import error_line
+
+    corpus = tmp_path / "corpus"
+    build = ("corpus", "build", sample_path, "--out", corpus, "--set", "docs_per_unit=4", "--executor", "inline")
+    assert sentsim_cli(*build, "--max-units", "1").returncode == 0
+    model = tmp_path / "model"  # read only after the corpus: never reached
+    model.mkdir()
+    reads = [("index", "build", "--corpus", corpus, "--out", tmp_path / "index"),
+             ("train", "discriminator", "--corpus", corpus, "--out", tmp_path / "disc"),
+             ("cache", "build", "--corpus", corpus, "--discriminator", model, "--out", tmp_path / "cache"),
+             ("train", "context", "--corpus", corpus, "--out", tmp_path / "ctx")]
+    for args in reads:
+        r = sentsim_cli(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr[-2000:])
+        assert "is not complete (1/5 units written): finish the corpus first" in error_line(r.stderr), r.stderr
+    # (train context records its run.json in --out before it reads the corpus)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "ctx") == ["corpus", "model"]
+    assert sentsim_cli(*build).returncode == 0
+    r = sentsim_cli(*reads[0])
+    assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["n_chunks"] == 481, r.stderr[-2000:]
