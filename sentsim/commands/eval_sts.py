@@ -24,6 +24,12 @@ class EvalStsConfig(Section):
     device: Optional[str] = Field(None, pattern=r"^(cpu|mps|cuda(:[0-9]+)?)$")
     tasks: Optional[list[str]] = Field(None, min_length=1)  # default: every standard task found under --data
 
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _comma_separated(cls, v):
+        """`--set tasks=STSb,SICK-R` as `--tasks` spells it, not only the YAML list `[STSb, SICK-R]`."""
+        return [t.strip() for t in v.split(",") if t.strip()] if isinstance(v, str) else v
+
     @field_validator("tasks")
     @classmethod
     def _each_once(cls, v):

