@@ -150,6 +150,8 @@ def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], o
     if local and "://" in os.fspath(out):  # else Path("s3://b/x") would quietly be a local folder s3:/b/x
         raise UsageError(f"{out_flag} {os.fspath(out)}: {local} go to a local folder (or a shared file system "
                          "that every node mounts), not an object store")
+    if "://" not in os.fspath(out):  # first: in a job, the overlap line would be taken for a missing input's
+        refuse_relative_in_job(os.fspath(out), out_flag, uri_ok=not local)
     for flag, paths in inputs.items():
         for inp in _each(paths):
             how = overlap(out, inp)
@@ -161,7 +163,6 @@ def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], o
     text = os.fspath(out)
     if "://" in text:
         return
-    refuse_relative_in_job(text, out_flag, uri_ok=not local)
     held = held_kind(text) if writes else None
     if held is not None and held[0] != writes:
         raise UsageError(f"{out_flag} {text} holds {held[1]}, not {KINDS[writes]}; give another {out_flag}")

@@ -141,7 +141,9 @@ def test_in_a_job_a_folder_changed_in_place_must_be_absolute_and_hints_name_only
     for args, flag, s3 in (
             (("eval", "sts", "--tfidf", "--data", tmp_path / "sts", "--json", "r.json"), "--json r.json", False),
             (("train", "discriminator", "--corpus", tmp_path / "run", "--out", "d"), "--out d", False),
-            (("store", "compact", "run"), "DIR run", True)):
+            (("store", "compact", "run"), "DIR run", True),
+            # an output inside an input: the relative line, not the overlap's with a hint of a missing input
+            (("eval", "sts", "--tfidf", "--data", tmp_path, "--json", "r.json"), "--json r.json", False)):
         line = error_line(sentsim_cli(*args, env=job, cwd=tmp_path).stderr)
         assert line.startswith(f"sentsim: error: {flag} is relative") and line.endswith("or s3://") == s3, line
     # a resume refused for a changed setting: no word about relative paths (the words harvest, 9 are none)
