@@ -115,6 +115,8 @@ def _without_manifest(store: ShardStore) -> Tuple[List[str], Optional[str]]:
     resumed); anything else is not a run to verify (a StoreError)."""
     if store.lost_manifest():
         return [LOST_MANIFEST], None
+    if store.fs.get_file_info(store.root).type == pafs.FileType.NotFound:  # as store compact and every reader say
+        raise StoreError(f"{store.uri}: no such directory")
     raise StoreError(f"{store.uri}: no manifest.json here; is this a sentsim run directory?")
 
 

@@ -33,6 +33,6 @@ def run(args) -> int:
     m = screen_contexts(cfg, executor=args.executor, force_new=args.force_new, address=args.address,
                         max_units=args.max_units)
     c = m["counts"]
-    print(f"contexts: {c['sentences']:,} sentences screened, {c['shortfalls']} with fewer than "
-          f"{cfg.contexts.size} contexts -> {cfg.out}")
+    print(f"contexts: {c['sentences']:,} sentences screened, {c['shortfalls']:,} with fewer than "
+          f"{cfg.contexts.size:,} contexts -> {cfg.out}")
     return run_exit_code(m, args.max_units, args.force_new)

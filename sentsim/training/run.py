@@ -99,7 +99,8 @@ def _changed(stored: dict, record: dict, unfingerprinted: tuple) -> str:
     """': key: old -> new; ...' for a refused --out, or '' where run.json recorded no settings to compare."""
     from storage.store import what_changed
 
-    prev = {k: v for k, v in stored.items() if k != "fingerprint"}
+    # what mark_finished added (the model's hash, the summary) is the outcome of those settings, not one of them
+    prev = {k: v for k, v in stored.items() if k not in ("fingerprint", "finished")}
     if not prev:
         return ""
     changed = what_changed({"config": prev}, record, [], most=4, ignore=unfingerprinted)

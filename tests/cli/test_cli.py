@@ -1,5 +1,7 @@
 """The CLI's error contract: a user's mistake is one line and exit 2, even from inside Ray."""
 
+from pathlib import Path
+
 import pytest
 from conftest import sentsim_cli
 
@@ -35,9 +37,11 @@ def test_unknown_command_and_missing_args_exit_2():
     assert r.returncode == 2 and "Traceback" not in r.stderr
     r = sentsim_cli("corpus", "build")
     assert r.returncode == 2 and "--out" in r.stderr
-    r = sentsim_cli("store", "verify", "/nonexistent/run")
+    r = sentsim_cli("store", "verify", "/nonexistent/run")  # as store compact and every reader say it
+    assert r.returncode == 2 and r.stderr.strip() == "sentsim: error: /nonexistent/run: no such directory"
+    r = sentsim_cli("store", "verify", Path(__file__).parent)  # a folder, but no run
     assert r.returncode == 2
-    assert r.stderr.strip() == ("sentsim: error: /nonexistent/run: no manifest.json here; "
+    assert r.stderr.strip() == (f"sentsim: error: {Path(__file__).parent}: no manifest.json here; "
                                 "is this a sentsim run directory?")
 
 

@@ -56,7 +56,7 @@ def test_verify_flags_orphans_missing_and_foreign_dirs(run_copy, tmp_path):
     bad = [line for line in r.stderr.splitlines() if "_units/" in line and "not a completion marker" in line]
     assert len(bad) == 1 and "_units/00002 (copy).json" in bad[0], r.stderr
     r = sentsim_cli("store", "verify", tmp_path / "nothing")
-    assert r.returncode == 2 and "no manifest.json" in r.stderr
+    assert r.returncode == 2 and "nothing: no such directory" in r.stderr
 
 
 def test_verify_says_a_run_stopped_part_way_is_ok_and_incomplete(sample_path, tmp_path):

@@ -266,8 +266,9 @@ def test_siamese_from_scratch_learns_the_teacher_and_resumes(tmp_path, stsb_pair
     assert f"Dev/test metrics at step 30: dev_l2 {end['dev_l2']:.4g}" in body and "| arch | `\"siamese\"` |" in body
 
     # different settings against the same --out are refused, not silently mixed
-    with pytest.raises(UsageError, match=r"holds a run with other settings \(.*config\.lr: .* -> 0\.0005"):
+    with pytest.raises(UsageError, match=r"holds a run with other settings \(.*config\.lr: .* -> 0\.0005") as refused:
         train_surrogate(tiny_cfg(lr=5e-4), data=str(h), backbone=minilm, out=str(out))
+    assert "finished" not in str(refused.value)  # the finished run's record is no setting that changed
 
 
 @pytest.mark.slow
