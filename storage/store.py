@@ -100,11 +100,14 @@ def what_changed(stored: dict, config: dict, inputs: List[dict], most: int = 6, 
         parts.append(f"and {len(keys) - most} more key(s)")
     old_in = _flatten({"inputs": json.loads(json.dumps(stored.get("inputs") or [], default=str))})
     new_in = _flatten({"inputs": json.loads(json.dumps(inputs or [], default=str))})
-    # an input field a run recorded none of (e.g. `models`, from before runs recorded it) is not a change
+    # an input field a run recorded none of (e.g. `models`, from before runs recorded it) is not a change, but an
+    # input it recorded nothing of at all is (a second file given to a corpus build)
     field = lambda k: ".".join(k.split(".")[:3])  # noqa: E731  (inputs.<i>.<field>)
-    recorded = {field(k) for k in old_in}
+    index = lambda k: ".".join(k.split(".")[:2])  # noqa: E731  (inputs.<i>)
+    recorded, indices = {field(k) for k in old_in}, {index(k) for k in old_in}
     changed = sorted(k for k in old_in.keys() | new_in.keys()
-                     if old_in.get(k) != new_in.get(k) and not skip(k) and field(k) in recorded)
+                     if old_in.get(k) != new_in.get(k) and not skip(k)
+                     and (field(k) in recorded or index(k) not in indices))
     if changed:
         named = [_input_words(k, list(inputs or []) or list(stored.get("inputs") or [])) for k in changed[:3]]
         parts.append(f"input(s) changed: {', '.join(named)}" + (" ..." if len(changed) > 3 else ""))

@@ -196,6 +196,11 @@ def test_other_fingerprint_refused_unless_force_new(tmp_path, sample_path):
     build_corpus([str(sample_path)], str(out), executor="inline", quiet=True)
     r = sentsim_cli("corpus", "build", sample_path, "--out", out, "--executor", "inline", "--chunk-size", "5")
     assert r.returncode == 2 and "fingerprint" in r.stderr and "--force-new" in r.stderr
+    assert "chunk.size: 8 -> 5" in r.stderr, r.stderr
+    extra = tmp_path / "extra.jsonl"  # a second input file: named as the input that changed
+    extra.write_text('{"text": "A second file. It adds a document."}\n')
+    r = sentsim_cli("corpus", "build", sample_path, extra, "--out", out, "--executor", "inline")
+    assert r.returncode == 2 and "input(s) changed: inputs.1." in r.stderr, r.stderr
     r = sentsim_cli("corpus", "build", sample_path, "--out", out, "--executor", "inline", "--chunk-size", "5",
                     "--force-new")
     assert r.returncode == 0, r.stderr
