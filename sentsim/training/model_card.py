@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from sentsim.evaluation.datasets import DEFAULT_TASKS
 from sentsim.evaluation.model_folder import INFO_FILE
 
 CARD_FILE = "README.md"
@@ -64,7 +65,10 @@ def front_matter(card: dict, sts: dict) -> dict:
     data = card.get("data") or {}
     if data.get("kind") == "STS-B train":
         front["datasets"] = ["sentence-transformers/stsb"]
-    tasks = {k: v for k, v in (sts.get("tasks") or {}).items() if v.get("spearman") is not None}
+    # published-comparable scores only: a stand-in split (SICK train+trial for a missing test file) is in the
+    # card's table with its note, not in the metadata that model hubs list beside other models' results
+    tasks = {k: v for k, v in (sts.get("tasks") or {}).items()
+             if v.get("spearman") is not None and not _stand_in(v)}
     if tasks:
         front["metrics"] = ["spearman_cosine", "pearson_cosine"]
         front["model-index"] = [{"name": card.get("title"), "results": [
@@ -142,14 +146,23 @@ def _sts_lines(sts: dict, folder_hint: str) -> list[str]:
 
     lines = ["Spearman and Pearson x100 of the cosine (a cross-encoder: its score) against gold, every pair of "
              "a task pooled ('all' setting), from `sentsim eval sts`.", "",
-             "| task | pairs | Spearman | Pearson | data hash |", "|---|---:|---:|---:|---|"]
+             "| task | pairs | Spearman | Pearson | data hash | note |", "|---|---:|---:|---:|---|---|"]
     for name, t in tasks.items():
         lines.append(f"| {name} | {t.get('scored')}/{t.get('pairs')} | {fmt(t.get('spearman'))} | "
-                     f"{fmt(t.get('pearson'))} | `{t.get('data_hash')}` |")
-    vals = [t["spearman"] for t in tasks.values() if t.get("spearman") is not None]
-    if vals:
-        lines.append(f"| **Avg.** | | **{sum(vals) / len(vals):.2f}** | | mean of {len(vals)} task(s) |")
+                     f"{fmt(t.get('pearson'))} | `{t.get('data_hash')}` | {t.get('note') or ''} |")
+    # the suite's mean: its tasks only (not STS-B's train or dev splits, which a model may also be scored on),
+    # each on its published split
+    suite = [n for n, t in tasks.items() if n in DEFAULT_TASKS and t.get("spearman") is not None and not _stand_in(t)]
+    if suite:
+        mean = sum(tasks[n]["spearman"] for n in suite) / len(suite)
+        lines.append(f"| **Avg.** | | **{mean:.2f}** | | | mean of {len(suite)} of the suite's {len(DEFAULT_TASKS)} "
+                     f"tasks ({', '.join(suite)}) |")
     return lines
+
+
+def _stand_in(task: dict) -> bool:
+    """Whether a task was scored on another split than the published one (eval sts's note says so)."""
+    return "not comparable" in (task.get("note") or "")
 
 
 def render(info: dict) -> str:
@@ -184,7 +197,7 @@ def record_sts(folder: Path, report) -> bool:
     tasks = dict((info.get("sts") or {}).get("tasks") or {})
     for t in report.tasks:
         tasks[t.name] = {"pairs": t.n, "scored": t.scored, "spearman": t.spearman, "pearson": t.pearson,
-                         "data_hash": t.data_hash}
+                         "data_hash": t.data_hash, "note": t.note}
     info["sts"] = {"tasks": tasks}
     # the same scores again (a rerun of the same evaluation) leave both files as they were, mtimes included
     for target, text in ((path, json.dumps(info, indent=2)), (folder / CARD_FILE, render(info))):

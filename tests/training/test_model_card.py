@@ -9,6 +9,7 @@ card is checked after its Ray training runs in test_surrogate.py.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -81,3 +82,31 @@ def test_eval_sts_records_its_scores_on_the_card(trained):
     # the card is documentation: the folder is still whole, and evaluates again
     r = sentsim_cli("eval", "sts", "--model", model, "--data", trained["sts"])
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_the_cards_average_is_the_suites_on_published_splits(trained, tmp_path):
+    """A card accumulates every task eval sts scored: its mean is over the suite's tasks on their published
+    splits only, not STS-B's dev split, nor SICK-R scored on train+trial for a missing test file, which the card
+    lists with eval's note and leaves out of the model-index."""
+    data = tmp_path / "sts"
+    shutil.copytree(trained["sts"] / "STS2013-en-test", data / "STS2013-en-test")
+    (data / "SICK").mkdir(parents=True)
+    (data / "SICK" / "SICK_train.txt").write_text(
+        "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n"
+        "1\ta man plays a flute\ta man is playing a flute\t4.8\tENTAILMENT\n"
+        "2\ta dog runs\tthe cat sleeps\t1.2\tNEUTRAL\n3\tprices rose\tprices went up\t4.1\tENTAILMENT\n")
+    (data / "stsbenchmark").mkdir()
+    (data / "stsbenchmark" / "sts-dev.csv").write_text(
+        "main-news\tMSRpar\t2012\t0001\t4.5\tprices rose\tprices went up\n"
+        "main-news\tMSRpar\t2012\t0002\t0.5\ta dog runs\tthe senate voted\n"
+        "main-news\tMSRpar\t2012\t0003\t3.0\tit rains\tit is raining hard\n")
+    model = tmp_path / "model"
+    shutil.copytree(trained["model"], model)
+    r = sentsim_cli("eval", "sts", "--model", model, "--data", data, "--tasks", "STS13,SICK-R,STSb-dev")
+    assert r.returncode == 0, r.stderr[-3000:]
+    front, body = read_card(model)
+    assert [x["dataset"]["name"] for x in front["model-index"][0]["results"]] == ["STS13", "STSb-dev"]
+    sick = next(line for line in body.splitlines() if line.startswith("| SICK-R |"))
+    assert "not comparable with published SICK-R" in sick
+    stsb13 = json.loads((model / INFO_FILE).read_text())["sts"]["tasks"]["STS13"]["spearman"]
+    assert f"| **Avg.** | | **{stsb13:.2f}** | | | mean of 1 of the suite's 7 tasks (STS13) |" in body
