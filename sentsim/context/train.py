@@ -554,6 +554,11 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
     if (cfg.model.arch == "bart" and not cfg.model.pretrained_path and tok.vocab_size > cfg.model.vocab_size
             and not tokenizer_from):
         raise UsageError(f"tokenizer has {tok.vocab_size} tokens, more than model.vocab_size={cfg.model.vocab_size}")
+    if tokenizer_from and not resumed and tok.vocab_size != cfg.model.vocab_size:
+        # the models are built to the tokenizer's size; context.json's vocab_size is that one, and its
+        # model_config keeps the config's as given
+        print(f"note: --tokenizer-from {tokenizer_from}: its {tok.vocab_size:,} tokens size the models' vocabulary; "
+              f"model.vocab_size ({cfg.model.vocab_size:,}) is not used", flush=True)
     dirs = list(DIRECTIONS) if cfg.direction == "all" else [cfg.direction]
     _heldout_pool(corpus, tok, cfg, dirs, cap=2)
     if not resumed:

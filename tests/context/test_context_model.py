@@ -515,3 +515,26 @@ def test_doc_id_prefixes_train_and_hold_out_only_the_chosen_documents(corpus_dir
     assert run_fingerprint(cfg, "c", "") != run_fingerprint(plain, "c", "")
     assert run_fingerprint(plain.model_copy(update={"batching": "bucketed"}), "c", "") != \
         run_fingerprint(plain, "c", "")
+
+
+def test_tokenizer_from_another_run_sizes_the_vocabulary_and_says_so(tmp_path, corpus_dir, capsys):
+    """--tokenizer-from reuses another context-model folder's tokenizer (so separate runs combine): the models
+    are built to its size, and a model.vocab_size that differs is said not to be used, not taken silently."""
+    from sentsim.cli import main
+
+    sets = [x for k, v in {**TRAIN, "max_steps": 1, "eval_every": 1, "heldout_windows": 8}.items()
+            for x in ("--set", f"{k}={v}")]
+    sets += [x for k, v in TINY_MODEL.items() for x in ("--set", f"model.{k}={v}")]
+    first = tmp_path / "first"
+    assert main(["train", "context", "--corpus", corpus_dir, "--out", str(first), "--direction", "fwd",
+                 "--executor", "inline", *sets]) == 0
+    vocab = json.loads((first / "context.json").read_text())["vocab_size"]
+    capsys.readouterr()
+    second = tmp_path / "second"
+    assert main(["train", "context", "--corpus", corpus_dir, "--out", str(second), "--direction", "left",
+                 "--executor", "inline", "--tokenizer-from", str(first), *sets, "--set", "model.vocab_size=900"]) == 0
+    out = capsys.readouterr().out
+    assert (f"note: --tokenizer-from {first}: its {vocab:,} tokens size the models' vocabulary; model.vocab_size "
+            "(900) is not used") in out
+    a, b = (json.loads((d / "context.json").read_text()) for d in (first, second))
+    assert b["vocab_size"] == vocab and b["tokenizer_sha256"] == a["tokenizer_sha256"]
