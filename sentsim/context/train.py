@@ -521,6 +521,8 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
 
         corpus_id = corpus_fingerprint(corpus)
     except UsageError:
+        if "://" not in corpus and not Path(corpus).exists():  # before --out is claimed: nothing left there
+            raise UsageError(f"{corpus}: not a corpus directory (no such directory)") from None
         corpus_id = corpus  # no manifest: the parts are checked when read
     if cfg.executor == "ray":  # started before the fingerprint: whether the workers get GPUs sets batch_tokens
         from sentsim.runtime import init_ray

@@ -282,6 +282,7 @@ def test_cli_usage_errors(tmp_path, capsys):
     from sentsim.cli import main
 
     assert main(["train", "context", "--corpus", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
+    assert not (tmp_path / "o").exists()  # refused before the --out was claimed
     (tmp_path / "c").mkdir()
     assert main(["train", "context", "--corpus", str(tmp_path / "c"), "--out", str(tmp_path / "o"),
                  "--set", "lr=0"]) == 2
