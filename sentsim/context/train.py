@@ -521,8 +521,14 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
 
         corpus_id = corpus_fingerprint(corpus)
     except UsageError:
-        if "://" not in corpus and not Path(corpus).exists():  # before --out is claimed: nothing left there
+        from storage import ShardStore
+
+        # refused before --out is claimed, so nothing is left there: a folder that does not exist, and a corpus
+        # whose manifest the fingerprint refused (one not finished)
+        if "://" not in corpus and not Path(corpus).exists():
             raise UsageError(f"{corpus}: not a corpus directory (no such directory)") from None
+        if ShardStore(corpus).read_manifest() is not None:
+            raise
         corpus_id = corpus  # no manifest: the parts are checked when read
     if cfg.executor == "ray":  # started before the fingerprint: whether the workers get GPUs sets batch_tokens
         from sentsim.runtime import init_ray

@@ -227,11 +227,11 @@ def ensure_pool_ranks(job: PoolRanksRun, executor: str, address: Optional[str], 
     """Build (resume, or confirm) the harvest's ranks run (pool_vectors.ensure_pool_run). One rebuilt after its
     folder was deleted, under a harvest that already labelled units from the first one, is compared with the
     targets those units' `sentences` rows hold, and a line says whether they are the same."""
-    from sentsim.harvest.pool_vectors import ensure_pool_run, rebuilt_note, run_is_there
+    from sentsim.harvest.pool_vectors import ensure_pool_run, rebuilt_note, run_was_whole
 
-    there = run_is_there(job.out)
+    whole = run_was_whole(job.out)
     m = ensure_pool_run(job, "rank targets", executor, address, force_new, quiet, max_units)
-    if not there:
+    if not whole:
         rebuilt_note(job.out, ranks_unlike_labels(job.cfg.out, job.storage), "rank targets", quiet)
     return m
 

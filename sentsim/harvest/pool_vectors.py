@@ -252,9 +252,9 @@ def ensure_pool_vectors(job: PoolVectorsRun, executor: str, address: Optional[st
         if old.get("scoring_precision"):
             job.precision = old["scoring_precision"]
 
-    there = run_is_there(job.out)
+    whole = run_was_whole(job.out)
     m = ensure_pool_run(job, "sentence vectors", executor, address, force_new, quiet, max_units, keep_precision)
-    if not there:
+    if not whole:
         rebuilt_note(job.out, scores_unlike_labels(job.cfg.out, job.cfg.metric), "sentence vectors", quiet)
     return m
 
@@ -276,16 +276,18 @@ def pool_runs_record(out: str, ranks_on: bool, recorded: dict) -> dict:
             "ranks_fingerprint": (ranks.get("fingerprint") or recorded.get("ranks_fingerprint")) if ranks_on else None}
 
 
-def run_is_there(uri: str) -> bool:
-    """Whether a run (a manifest, readable or not, or shards that lost theirs) is at `uri`: one that is not was
-    never built or was deleted, and whatever ensure_pool_run builds there now is new."""
+def run_was_whole(uri: str) -> bool:
+    """Whether a finished run is at `uri`, or one whose manifest cannot be read (ensure_pool_run's to judge). A run
+    that is not was never built, was deleted, or was rebuilt only part-way by a rerun that stopped (--max-units):
+    whatever ensure_pool_run finishes there now is new, and is compared with the labels it did not make."""
     from storage import ShardStore, StoreError
 
     store = ShardStore(uri)
     try:
-        return store.read_manifest() is not None or store.lost_manifest()
+        m = store.read_manifest()
     except StoreError:
         return True
+    return bool(m.get("complete")) if m is not None else store.lost_manifest()
 
 
 def rebuilt_note(uri: str, unlike: Optional[tuple[int, int]], what: str, quiet: bool) -> None:
@@ -325,20 +327,23 @@ def scores_unlike_labels(out: str, metric: str) -> Optional[tuple[int, int]]:
     harvest = RunReader(out)
     if not harvest.units():
         return None
-    t = harvest.read_table("pairs", ["s1_id", "s2_id", "score"])
     effect = None
     if metrics.get(metric).uses_context_effect:
         side = harvest.store.read_side_table(EFFECT_TABLE, fingerprint=harvest.fingerprint)
         effect = None if side is None else side.column("effect").to_numpy()
     stored = StoredVectors(vectors_uri(out))
-    pairs = np.stack([stored.rows(t.column("s1_id").to_numpy()), stored.rows(t.column("s2_id").to_numpy())], axis=1)
-    got = np.empty(len(pairs), np.float64)
-    for lo in range(0, len(pairs), _CHECK_PAIRS):  # vector_rows gives a dict a pair: a block of them at a time
-        rows = vector_rows(pairs[lo:lo + _CHECK_PAIRS], stored.S, {}, metric, effect)
-        got[lo:lo + len(rows)] = [np.nan if r["score"] is None else r["score"] for r in rows]
-    held = t.column("score").cast(pa.float64()).to_numpy(zero_copy_only=False)
-    same = (got == held) | (np.isnan(got) & np.isnan(held))
-    return int((~same).sum()), len(held)
+    differ = n = 0
+    # a batch of labelled pairs at a time (vector_rows gives a dict a pair): beside the vectors run, the driver
+    # holds no whole-run column of the pairs
+    for batch in harvest.iter_batches("pairs", ["s1_id", "s2_id", "score"], batch_size=_CHECK_PAIRS):
+        pairs = np.stack([stored.rows(batch.column("s1_id").to_numpy()), stored.rows(batch.column("s2_id").to_numpy())],
+                         axis=1)
+        got = np.array([np.nan if r["score"] is None else r["score"]
+                        for r in vector_rows(pairs, stored.S, {}, metric, effect)], dtype=np.float64)
+        held = batch.column("score").cast(pa.float64()).to_numpy(zero_copy_only=False)
+        differ += int((~((got == held) | (np.isnan(got) & np.isnan(held)))).sum())
+        n += len(held)
+    return differ, n
 
 
 def ensure_pool_run(job: ShardedJob, what: str, executor: str, address: Optional[str], force_new: bool, quiet: bool,

@@ -247,6 +247,9 @@ def test_a_rerun_stopped_before_the_ranks_keeps_the_record_of_the_deleted_runs(c
     assert json.loads((copy / "manifest.json").read_text())["pool"] == pool
     r = sentsim_cli("harvest", "--config", config, "--executor", "inline")
     assert r.returncode == 0, r.stderr[-3000:]
+    # the vectors begun by the stopped rerun are finished by this one, and compared with the labels all the same
+    for inner in ("pool_vectors", "pool_ranks"):
+        assert f"[harvest] {copy}/{inner} was not there and is rebuilt: the same" in r.stderr, r.stderr[-3000:]
     assert ShardStore(str(copy / "pool_ranks")).read_manifest()["fingerprint"] == pool["ranks_fingerprint"]
     assert ShardStore(str(copy / "pool_vectors")).read_manifest()["fingerprint"] == pool["vectors_fingerprint"]
     report, first = (json.loads((run / "report.json").read_text()) for run in (copy, out))
