@@ -391,7 +391,7 @@ class HarvestRun(ShardedJob):
             raise UsageError(refusal)
         out = {"plan": self.plan_info, UNREAD_NESTED: self.unread_nested_runs()}
         if self.pooled:
-            from sentsim.harvest.pool_vectors import pool_runs_record
+            from sentsim.harvest.pool_ranks import pool_runs_record
 
             out["pool"] = {"size": len(self.pool), "pairs": len(self.pool_plan.pairs),
                            "sentences": len(self.pool_plan.texts),

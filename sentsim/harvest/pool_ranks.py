@@ -27,7 +27,14 @@ import pyarrow as pa
 
 from sentsim.executor import RunContext, ShardedJob
 from sentsim.harvest.config import HarvestConfig
-from sentsim.harvest.pool_vectors import column_matrix, release_arrow_memory, rows_of, sentence_plan, sorted_ids
+from sentsim.harvest.pool_vectors import (
+    column_matrix,
+    release_arrow_memory,
+    rows_of,
+    sentence_plan,
+    sorted_ids,
+    vectors_uri,
+)
 from sentsim.harvest.stages import SENTENCE_SCHEMA, RankStage, encoded_ranks, rank_encoder
 from sentsim.harvest.work import EncodedRanks, SentenceRanks, envelope, work_of
 from sentsim.identity import fingerprint
@@ -234,6 +241,22 @@ def ensure_pool_ranks(job: PoolRanksRun, executor: str, address: Optional[str], 
     if not whole:
         rebuilt_note(job.out, ranks_unlike_labels(job.cfg.out, job.storage), "rank targets", quiet)
     return m
+
+
+def pool_runs_record(out: str, ranks_on: bool, recorded: dict) -> dict:
+    """The harvest at `out`'s record of its pool runs, for its manifest: the items its vectors run scored, which
+    vectors the labels were read from (a remix checks it is still them) and which rank targets (None with rank
+    targets off: no ranks run). A run deleted, or rebuilt only part-way when a rerun stopped (--max-units), keeps
+    what the manifest `recorded` of it: the labels were read from that one, and a rerun rebuilds it from the
+    record (pool_ranks.labelled_with_ranks_run)."""
+    from storage import ShardStore
+
+    vectors = ShardStore(vectors_uri(out)).read_manifest() or {}
+    ranks = (ShardStore(ranks_uri(out)).read_manifest() or {}) if ranks_on else {}
+    whole = vectors.get("complete") or not recorded.get("scored_items")
+    return {"scored_items": (vectors.get("counts") or {}).get("scored_items") if whole else recorded["scored_items"],
+            "vectors_fingerprint": vectors.get("fingerprint") or recorded.get("vectors_fingerprint"),
+            "ranks_fingerprint": (ranks.get("fingerprint") or recorded.get("ranks_fingerprint")) if ranks_on else None}
 
 
 def ranks_unlike_labels(out: str, storage: str) -> Optional[tuple[int, int]]:

@@ -259,23 +259,6 @@ def ensure_pool_vectors(job: PoolVectorsRun, executor: str, address: Optional[st
     return m
 
 
-def pool_runs_record(out: str, ranks_on: bool, recorded: dict) -> dict:
-    """The harvest at `out`'s record of its pool runs, for its manifest: the items its vectors run scored, which
-    vectors the labels were read from (a remix checks it is still them) and which rank targets (None with rank
-    targets off: no ranks run). A run deleted, or rebuilt only part-way when a rerun stopped (--max-units), keeps
-    what the manifest `recorded` of it: the labels were read from that one, and a rerun rebuilds it from the
-    record (pool_ranks.labelled_with_ranks_run)."""
-    from sentsim.harvest.pool_ranks import ranks_uri
-    from storage import ShardStore
-
-    vectors = ShardStore(vectors_uri(out)).read_manifest() or {}
-    ranks = (ShardStore(ranks_uri(out)).read_manifest() or {}) if ranks_on else {}
-    whole = vectors.get("complete") or not recorded.get("scored_items")
-    return {"scored_items": (vectors.get("counts") or {}).get("scored_items") if whole else recorded["scored_items"],
-            "vectors_fingerprint": vectors.get("fingerprint") or recorded.get("vectors_fingerprint"),
-            "ranks_fingerprint": (ranks.get("fingerprint") or recorded.get("ranks_fingerprint")) if ranks_on else None}
-
-
 def run_was_whole(uri: str) -> bool:
     """Whether a finished run is at `uri`, or one whose manifest cannot be read (ensure_pool_run's to judge). A run
     that is not was never built, was deleted, or was rebuilt only part-way by a rerun that stopped (--max-units):
