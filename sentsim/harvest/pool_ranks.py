@@ -234,13 +234,10 @@ def ensure_pool_ranks(job: PoolRanksRun, executor: str, address: Optional[str], 
     """Build (resume, or confirm) the harvest's ranks run (pool_vectors.ensure_pool_run). One rebuilt after its
     folder was deleted, under a harvest that already labelled units from the first one, is compared with the
     targets those units' `sentences` rows hold, and a line says whether they are the same."""
-    from sentsim.harvest.pool_vectors import ensure_pool_run, rebuilt_note, run_was_whole
+    from sentsim.harvest.pool_vectors import ensure_pool_run
 
-    whole = run_was_whole(job.out)
-    m = ensure_pool_run(job, "rank targets", executor, address, force_new, quiet, max_units)
-    if not whole:
-        rebuilt_note(job.out, ranks_unlike_labels(job.cfg.out, job.storage), "rank targets", quiet)
-    return m
+    return ensure_pool_run(job, "rank targets", executor, address, force_new, quiet, max_units,
+                           unlike=lambda: ranks_unlike_labels(job.cfg.out, job.storage))
 
 
 def pool_runs_record(out: str, ranks_on: bool, recorded: dict) -> dict:
@@ -272,8 +269,8 @@ def ranks_unlike_labels(out: str, storage: str) -> Optional[tuple[int, int]]:
     stored = StoredRanks(ranks_uri(out))
     seen, differ = [], []
     for batch in harvest.iter_batches("sentences", ["sentence_id", COLUMN[storage]]):
-        ids = batch.column(0).to_numpy()
-        col = batch.column(1)
+        ids = batch.column("sentence_id").to_numpy()
+        col = batch.column(COLUMN[storage])
         seen.append(ids)
         if col.null_count or stored.storage != storage:  # rank targets off in those units, or the other storage
             differ.append(ids)

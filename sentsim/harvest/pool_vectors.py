@@ -252,11 +252,8 @@ def ensure_pool_vectors(job: PoolVectorsRun, executor: str, address: Optional[st
         if old.get("scoring_precision"):
             job.precision = old["scoring_precision"]
 
-    whole = run_was_whole(job.out)
-    m = ensure_pool_run(job, "sentence vectors", executor, address, force_new, quiet, max_units, keep_precision)
-    if not whole:
-        rebuilt_note(job.out, scores_unlike_labels(job.cfg.out, job.cfg.metric), "sentence vectors", quiet)
-    return m
+    return ensure_pool_run(job, "sentence vectors", executor, address, force_new, quiet, max_units, keep_precision,
+                           unlike=lambda: scores_unlike_labels(job.cfg.out, job.cfg.metric))
 
 
 def run_was_whole(uri: str) -> bool:
@@ -330,15 +327,18 @@ def scores_unlike_labels(out: str, metric: str) -> Optional[tuple[int, int]]:
 
 
 def ensure_pool_run(job: ShardedJob, what: str, executor: str, address: Optional[str], force_new: bool, quiet: bool,
-                    max_units: Optional[int] = None, resume_as: Optional[Callable[[dict], None]] = None) -> dict:
+                    max_units: Optional[int] = None, resume_as: Optional[Callable[[dict], None]] = None,
+                    unlike: Optional[Callable[[], Optional[tuple[int, int]]]] = None) -> dict:
     """Build (resume, or confirm) a run the pool harvest reads before it labels a pair (its vectors, its rank
     targets: `what`), at most `max_units` of its units; returns its manifest, or raises PrerequisiteStopped
     when --max-units left it unfinished. --force-new on the harvest rebuilds the run only when it is not this
     one: of other inputs, or a folder whose manifest is missing or unreadable; a run of the same identity is
     still right, and rebuilding it would only cost time. `resume_as(manifest)` sets on the job what a run
-    of the same identity keeps from when it began."""
+    of the same identity keeps from when it began. `unlike()`: how many labelled items the run finished here
+    gives otherwise than the labels hold, said in one line (`rebuilt_note`) when it was not whole before."""
     from storage import ShardStore, StoreError
 
+    whole = run_was_whole(job.out)
     try:
         old = ShardStore(job.out).read_manifest()
     except StoreError:
@@ -354,6 +354,8 @@ def ensure_pool_run(job: ShardedJob, what: str, executor: str, address: Optional
                                   "until they are all done")
     if not m.get("complete"):
         raise UsageError(f"{job.out}: the {what} did not complete; run the harvest again to resume them")
+    if unlike is not None and not whole:
+        rebuilt_note(job.out, unlike(), what, quiet)
     return m
 
 
