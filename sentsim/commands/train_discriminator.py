@@ -1,14 +1,15 @@
-"""`sentsim train discriminator --corpus DIR --out DIR`: the BiLSTM coherence discriminator on Ray Train."""
+"""`sentsim train discriminator --corpus DIR --out DIR`: the BiLSTM coherence discriminator on Ray Train, or
+inline in this process (--executor inline)."""
 
 from __future__ import annotations
 
 import json
 
 from sentsim.config import add_config_arguments, load_config
-from sentsim.training.cli import add_force_new, add_max_steps, add_num_workers
+from sentsim.training.cli import add_executor, add_force_new, add_max_steps, add_num_workers
 
 COMMAND = ("train", "discriminator")
-HELP = "train the BiLSTM coherence discriminator (Ray Train; held-out accuracy and AUC)"
+HELP = "train the BiLSTM coherence discriminator (Ray Train or inline; held-out accuracy and AUC)"
 
 
 def add_arguments(parser) -> None:
@@ -18,6 +19,7 @@ def add_arguments(parser) -> None:
     add_num_workers(parser)
     add_max_steps(parser, "stop after N optimizer steps per worker, within the epochs (0: run the epochs out; "
                           "default: the config's train.max_steps)", least=0)
+    add_executor(parser)
     add_force_new(parser)
     add_config_arguments(parser)
 
@@ -31,7 +33,8 @@ def run(args) -> int:
     if args.max_steps is not None:  # 0 runs the epochs out, as in the other trainers (here: no max_steps)
         overrides.append(f"train.max_steps={args.max_steps or 'null'}")
     job = load_config(DiscriminatorJob, args.config, overrides)
-    metrics = train_discriminator(args.corpus, args.out, job, address=args.address, force_new=args.force_new)
+    metrics = train_discriminator(args.corpus, args.out, job, address=args.address, force_new=args.force_new,
+                                  executor=args.executor)
     keep = ("step", "heldout_accuracy", "heldout_auc", "heldout_auc_same_doc", "heldout_auc_random",
             "heldout_windows", "heldout_split", "world_size", "fit_seconds")
     print(json.dumps({k: metrics[k] for k in keep if k in metrics}))

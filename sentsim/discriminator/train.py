@@ -1,5 +1,5 @@
-"""`sentsim train discriminator`: the shared training loop (sentsim.training, Ray Train) over the
-corpus windows.
+"""`sentsim train discriminator`: the shared training loop (sentsim.training) over the corpus windows, on Ray
+Train or inline (--executor inline: this process as the one worker, no Ray).
 
 Every worker reads the corpus and the saved vocabulary itself (paths, not data, travel in the
 config), takes every world_size-th training window, and trains the same model under DDP (gloo
@@ -9,6 +9,11 @@ overall and per negative type. A checkpoint holds model.safetensors plus the loo
 history.json; OUT gets model.safetensors, vocab.json and config.json (metrics and history), replacing any
 model there in place (sentsim.model_swap.replace_in_place, config.json its commit file): a kill at any
 moment leaves the old model or the new one, whole, and until the export the old one stays usable.
+
+The training state lives in OUT/_train: Ray Train's checkpoints in _train/ray/discriminator, an inline run's in
+_train/checkpoint. The executor is not part of the run's identity, as in the other trainers
+(sentsim.training.driver): the other executor on the same --out trains anew beside the first one's state
+(and says so), and a finished model is the same model whichever executor is asked for it again.
 """
 
 from __future__ import annotations
@@ -258,9 +263,10 @@ def _vocab_and_init(st, job: DiscriminatorJob, state: Path):
 
 
 def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJob | None = None,
-                        address: str | None = None, force_new: bool = False) -> dict:
-    """Build the vocabulary, train through the shared loop on Ray Train, save model + vocab + config
-    into `out` (`export_model`). Training state lives in OUT/_train until the model is exported (a rerun
+                        address: str | None = None, force_new: bool = False, executor: str = "ray") -> dict:
+    """Build the vocabulary, train through the shared loop (`executor`: "ray", Ray Train; or "inline", this
+    process as the one worker, whatever train.num_workers says, without importing Ray), save model + vocab +
+    config into `out` (`export_model`). Training state lives in OUT/_train until the model is exported (a rerun
     with the same --out resumes from its latest checkpoint); the same command again on the finished model
     is a no-op that says so and returns its metrics, so the model keeps its bytes and its identity."""
     from corpus.view import SentenceTable
@@ -268,11 +274,16 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     from sentsim.identity import corpus_fingerprint
     from sentsim.model_swap import discard_in_place, finish_in_place
     from sentsim.out_paths import check_out
-    from sentsim.runtime import absolute_local, init_ray
+    from sentsim.runtime import absolute_local, init_ray  # init_ray imports Ray only when called
+    from sentsim.training.driver import EXECUTORS
     from sentsim.training.run import claim_out, fit, plan_steps, quiet_progress, release_out, say_finished
     from sentsim.training.settings import LoopSettings
 
+    if executor not in EXECUTORS:
+        raise UsageError(f"unknown executor {executor!r} (ray or inline)")
     job = job or DiscriminatorJob()
+    if executor == "inline":  # this process is the one worker: planned, trained and recorded as one
+        job = job.model_copy(update={"train": job.train.model_copy(update={"num_workers": 1})})
     check_out(out, {"--corpus": corpus}, local="a model and its training state", writes="discriminator")
     out_arg = str(out)
     corpus, out = absolute_local(str(corpus)), Path(absolute_local(str(out)))  # corpus may be s3://...
@@ -300,6 +311,7 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
               unfingerprinted=tuple(f"job.train.{k}" for k in RESUMABLE_TRAIN_KEYS))
     if force_new:  # the discarded run's model goes with its state, not stays beside the new run's
         discard_in_place(out, "config.json")
+    other_executors_state(state, executor, out_arg)
     vocab, init_path = _vocab_and_init(st, job, state)
     del st
 
@@ -317,9 +329,11 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
               "model": job.model.model_dump(), "train": tc.model_dump(),
               "embed_init_path": str(init_path) if init_path else None}
     quiet_progress()
-    init_ray(address)
+    if executor == "ray":
+        init_ray(address)
     t0 = time.perf_counter()
-    run = fit(config, name="discriminator", out_dir=state, hint="lower --set train.lr=...",
+    run = fit(config, name="discriminator", out_dir=state, executor=executor, inline_dir=INLINE_DIR,
+              hint="lower --set train.lr=...",
               memory_hint="lower --set train.batch_size=... or train.num_workers",
               export=lambda d: shutil.copy(d / "model.safetensors", state / "model.safetensors"))
     history = run["history"]
@@ -328,6 +342,25 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     release_out(state)  # its lease lives in the state folder, which the export removes
     export_model(out, state, job, corpus_fp, vocab, final, history)
     return final
+
+
+# where each executor keeps its checkpoints under OUT/_train (fit's out_dir): Ray Train's run, the inline one
+RAY_RUN = "ray/discriminator"
+INLINE_DIR = "checkpoint"
+
+
+def other_executors_state(state: Path, executor: str, out_arg: str) -> None:
+    """Say so when OUT/_train holds checkpoints of the other executor and none of this one's: they are not
+    resumed (the executor is not part of the run's identity, its state is), this run starts over beside them,
+    and the export removes them with the rest of OUT/_train."""
+    from sentsim.training.loop import inline_checkpoint
+
+    held = {"inline": inline_checkpoint(state, INLINE_DIR), "ray": next((state / RAY_RUN).glob("checkpoint_*"), None)}
+    flag = "inline" if executor == "ray" else "ray"
+    if held[flag] is not None and held[executor] is None:
+        print(f"note: --out {out_arg} holds the checkpoints of a run on --executor {flag}, which --executor "
+              f"{executor} does not resume: this run starts from step 0 (the same command with --executor {flag} "
+              "resumes that run); its checkpoints are removed when this run's model is exported", flush=True)
 
 
 def export_model(out: Path, state: Path, job: DiscriminatorJob, corpus_fp: str, vocab, final: dict,

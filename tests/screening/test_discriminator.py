@@ -1,15 +1,19 @@
-"""The BiLSTM coherence discriminator (paper 003 §3.2.1): Ray Train with DDP, held-out AUC,
-save/load, and sentence-specific screening scores."""
+"""The BiLSTM coherence discriminator (paper 003 §3.2.1): trained inline (the shared loop in this process; its
+Ray Train run is tests/training/test_train_cli.py's), held-out AUC, save/load, resume, and sentence-specific
+screening scores."""
 
 from __future__ import annotations
 
 import gzip
 import itertools
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import sentsim_cli
+from run_support import without_ray
 
 from sentsim.cli import main as cli_main
 from sentsim.errors import UsageError
@@ -19,8 +23,9 @@ pytestmark = pytest.mark.slow
 WIKI_DOCS = 800
 TRAIN_SETTINGS = [
     "model.embed_dim=64", "model.hidden=64", "model.head_dim=64", "model.max_tokens=32",
-    "train.max_steps=100", "train.batch_size=32", "train.lr=5e-3",
-    "train.num_workers=2", "train.cpus_per_worker=0.5",
+    # one inline worker of 64 windows a step: the windows and the averaged gradient of the two Ray Train DDP workers
+    # of 32 each that this trained on before, without a Ray of its own (which cost the suite ~50 s)
+    "train.max_steps=100", "train.batch_size=64", "train.lr=5e-3",
 ]
 
 
@@ -43,9 +48,9 @@ def wiki_corpus(shared_data, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def trained(ray_local, wiki_corpus, tmp_path_factory):
+def trained(wiki_corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("disc") / "model"
-    rc = cli_main(["train", "discriminator", "--corpus", str(wiki_corpus), "--out", str(out),
+    rc = cli_main(["train", "discriminator", "--corpus", str(wiki_corpus), "--out", str(out), "--executor", "inline",
                    *itertools.chain.from_iterable(("--set", s) for s in TRAIN_SETTINGS)])
     assert rc == 0
     return out
@@ -56,7 +61,7 @@ def test_heldout_auc_clearly_above_chance_and_learned(trained):
     m, hist = cfg["metrics"], cfg["history"]
     print("discriminator metrics:", {k: m[k] for k in ("heldout_auc", "heldout_accuracy", "fit_seconds")},
           "auc at step 0:", hist[0]["heldout_auc"])
-    assert m["world_size"] == 2  # DDP over two Ray Train workers
+    assert m["world_size"] == 1  # inline: this process is the one worker
     assert m["heldout_split"] == "documents" and m["heldout_windows"] >= 300
     assert m["heldout_auc"] > 0.70, m
     assert m["heldout_accuracy"] > 0.60, m
@@ -114,6 +119,47 @@ def test_trained_head_ranks_contexts_per_sentence(trained, wiki_corpus):
     assert np.mean(ranks) < 8, ranks  # chance would be 19.5
     tops = M.argmax(axis=1)
     assert len(set(tops.tolist())) > 10  # different sentences prefer different contexts
+
+
+def test_inline_training_without_ray_resumes_exports_and_keeps_a_finished_model(tmp_path, speech_corpus):
+    """`--executor inline` on a machine without Ray: a run killed after its step-2 checkpoint (here: as its export
+    begins) resumes there when given a larger --max-steps, and exports the files a Ray Train run does; the same
+    command again is a no-op that says so. --num-workers 2 is taken as 1 and --address is said to be unused."""
+    import subprocess
+    import sys
+
+    from sentsim.identity import checkpoint_hash
+
+    env = without_ray(tmp_path)
+    sets = ["model.embed_dim=16", "model.hidden=16", "model.head_dim=16", "model.max_tokens=16",
+            "model.embed_init=random", "train.batch_size=8", "train.max_heldout_windows=32"]
+    out = tmp_path / "disc"
+    args = ["train", "discriminator", "--executor", "inline", "--corpus", str(speech_corpus), "--out", str(out),
+            "--num-workers", "2", *(x for s in sets for x in ("--set", s))]
+    # killed once its training is checkpointed: the process ends where the export would begin
+    kill = ("import os, sys, sentsim.discriminator.train as t; t.export_model = lambda *a, **k: os._exit(137); "
+            "from sentsim.cli import main; sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", kill, *args, "--max-steps", "2"], capture_output=True, text=True,
+                       env={**os.environ, **env}, timeout=300)
+    assert r.returncode == 137, (r.stdout[-3000:], r.stderr[-3000:])
+    assert (out / "_train" / "checkpoint" / "state.pt").is_file() and not (out / "_train" / "ray").exists()
+    assert not (out / "config.json").exists()
+
+    r = sentsim_cli(*args, "--max-steps", "4", "--address", "127.0.0.1:1", env=env)  # no cluster there to dial
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    assert "Traceback" not in r.stderr
+    assert "note: --address is not used (--executor inline runs in this process)" in r.stderr
+    assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "vocab.json", "sentsim_model.json"}
+    cfg = json.loads((out / "config.json").read_text())
+    assert [h["step"] for h in cfg["history"]] == [0, 2, 4]  # resumed at step 2, not trained again from 0
+    assert cfg["metrics"]["world_size"] == 1 and cfg["train"]["num_workers"] == 1  # one process, one worker
+    assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == 4
+    model_hash = checkpoint_hash(str(out))
+
+    again = sentsim_cli(*args, "--max-steps", "4", env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"[discriminator] --out {out} already holds this finished model" in again.stdout
+    assert "starting" not in again.stdout and checkpoint_hash(str(out)) == model_hash
 
 
 def test_corpus_without_windows_is_a_usage_error(tmp_path, capsys):
