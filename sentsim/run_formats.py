@@ -30,8 +30,19 @@ Formats 1 to 3, every per-pair harvest (contexts.mode screened or random) opened
   `pairs_per_unit` (its units are `anchors.per_unit` anchors) and, grouped, `grouping.pairs_per_group` (its
   groups are an anchor and its partners); an explicit (--pairs) harvest's `anchors` and `partners`. A change to
   one made a new run, or refused a resume, that would write the same rows. `HarvestRun.fingerprint_in_format`
-  gives them back as the stored run holds them (`HarvestRun.config_in_format_3`), so such a run resumes under
-  the fingerprint it holds, whatever those keys are set to now.
+  gives them back as the stored run holds them (`HarvestRun.config_unread_as_stored`), so such a run resumes
+  under the fingerprint it holds, whatever those keys are set to now.
+
+Formats 2 to 4, every pool harvest (contexts.mode=pool) opened before format 5:
+
+- its fingerprint holds the keys its mode does not read (`HarvestConfig.unread_keys`): a corpus harvest's
+  `anchors.per_unit` (it labels units of `pairs_per_unit` planned pairs and scores units of
+  `sentences_per_unit` sentences) and, clustered (`partners.cluster_size`), `partners.neighbours`, `same_doc`,
+  `random` and `neighbour_chunks` (it pairs the anchors within clusters); an explicit (--pairs) harvest's
+  `anchors` and `partners`. A change to one refused a resume of a run it could not change.
+  `HarvestRun.fingerprint_in_format` gives them back as the stored run holds them (`config_unread_as_stored`,
+  with the screened-only keys too for format 2), so such a run resumes under the fingerprint it holds, whatever
+  those keys are set to now. Its vectors and ranks runs never held them: their fingerprints are unchanged.
 """
 
 from __future__ import annotations

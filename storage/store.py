@@ -33,9 +33,11 @@ NOT_A_FILE = "is not a regular file"  # a folder (or FIFO) where a run's file be
 # manifest has no format_version; its harvests may lack columns or keep older types, and its
 # fingerprint may hold its input paths as spelt. 2: a pool harvest's fingerprints (its own and its
 # vectors') hold the keys only screening reads. 3: a per-pair harvest's fingerprint holds the keys its mode
-# does not read (pairs_per_unit in a corpus harvest, anchors and partners in a --pairs one). 4: the schemas and
+# does not read (pairs_per_unit in a corpus harvest, anchors and partners in a --pairs one). 4: a pool
+# harvest's fingerprint holds the keys its mode does not read (anchors.per_unit in a corpus harvest, and the
+# partners it does not draw in a clustered one; anchors and partners in a --pairs one). 5: the schemas and
 # fingerprints of this version.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 
 
 def run_format(manifest: Optional[dict]) -> int:

@@ -106,6 +106,10 @@ UNFINGERPRINTED = (("out", "resources", "contexts.rep_cache", "rank.encoder") + 
                    + tuple(f"scoring.{k}" for k in SCORING_EXECUTION))
 
 
+# the partners keys a clustered pool harvest (partners.cluster_size) never reads: it pairs within clusters
+CLUSTERED_UNREAD = tuple(f"partners.{k}" for k in ("neighbours", "same_doc", "random", "neighbour_chunks"))
+
+
 # a share of the pairs (train, dev or test; 003 §3.4)
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 
@@ -208,14 +212,17 @@ class HarvestConfig(Section):
                              "anchors: it needs partners.cluster_size (2 or more) and contexts.mode=pool")
 
     def unread_keys(self) -> Tuple[str, ...]:
-        """The keys (dotted) a per-pair harvest of this mode never reads, so that no value of theirs changes a
-        row: a corpus harvest's units are `anchors.per_unit` anchors and its groups an anchor and its partners
-        (not `pairs_per_unit`, `grouping.pairs_per_group`); an explicit (--pairs) harvest pairs the file's rows
-        (no anchors, no partners). A pool harvest's are not listed here (its screened-only keys are: `semantic`)."""
-        if self.contexts.mode == "pool":
-            return ()
+        """The keys (dotted) a harvest of this mode never reads, so that no value of theirs changes a row. A
+        per-pair corpus harvest's units are `anchors.per_unit` anchors and its groups an anchor and its partners
+        (not `pairs_per_unit`, `grouping.pairs_per_group`); an explicit (--pairs) harvest, per-pair or pool,
+        pairs the file's rows (no anchors, no partners). A pool corpus harvest labels units of `pairs_per_unit`
+        planned pairs and scores units of `sentences_per_unit` sentences (not `anchors.per_unit`), and with
+        `partners.cluster_size` pairs every two anchors of a TF-IDF cluster (not the partners' neighbours,
+        same_doc, random nor neighbour_chunks). A pool run's screened-only keys are left out too: `semantic`."""
         if self.pairs_file:
             return ("anchors", "partners")
+        if self.contexts.mode == "pool":
+            return ("anchors.per_unit",) + (CLUSTERED_UNREAD if self.partners.cluster_size else ())
         return ("pairs_per_unit",) + (("grouping.pairs_per_group",) if self.grouping.enabled else ())
 
     def semantic(self, with_paths: bool = False, keep_screened: bool = False, keep_unread: bool = False) -> dict:
@@ -225,7 +232,7 @@ class HarvestConfig(Section):
         run format 1 fingerprinted them (HarvestRun.fingerprint_in_format, sentsim/run_formats.py). A pool run
         leaves out the keys only screening reads, unless `keep_screened` (or `with_paths`): formats before 3
         kept them. The keys its mode does not read (`unread_keys`) are left out, unless `keep_unread` (or
-        `with_paths`): formats before 4 kept them."""
+        `with_paths`): formats before 4 kept them in a per-pair run's, formats before 5 in a pool run's."""
         d = self.model_dump()
         for k in ("out", "resources") + (() if with_paths else INPUT_PATHS):
             d.pop(k)

@@ -166,14 +166,15 @@ class HarvestRun(ShardedJob):
     def fingerprint_in_format(self, version: int, stored: dict) -> Optional[str]:
         """Format 1: the input paths were fingerprinted as spelt (as the stored run spelt them), not by what
         they hold; every content identity is fingerprinted too, so a match is this same run. Format 2: a pool
-        run was fingerprinted with the keys only screening reads. Formats 1 to 3: a per-pair run was
-        fingerprinted with the keys its mode does not read (`HarvestConfig.unread_keys`), as the stored run
-        holds them."""
+        run was fingerprinted with the keys only screening reads. Formats 1 to 3 for a per-pair run, 1 to 4 for a
+        pool run: it was fingerprinted with the keys its mode does not read (`HarvestConfig.unread_keys`), as the
+        stored run holds them."""
+        cfg = self.config_unread_as_stored(stored)
         if version == 2 and self.pooled:
-            return fingerprint(STAGE, self.pool_semantic_in_format_2(stored), self.corpus.fingerprint,
-                               without_paths(self.plan_info), self.hashes)
-        cfg = self.config_in_format_3(stored)
-        if version in (2, 3):
+            return None if cfg is None else fingerprint(
+                STAGE, self.pool_semantic_in_format_2(stored, cfg), self.corpus.fingerprint,
+                without_paths(self.plan_info), self.hashes)
+        if version in (2, 3) or (version == 4 and self.pooled):
             return None if cfg is None else fingerprint(STAGE, cfg.semantic(keep_unread=True), self.corpus.fingerprint,
                                                         without_paths(self.plan_info), self.hashes)
         if version != 1:
@@ -185,10 +186,10 @@ class HarvestRun(ShardedJob):
             info = dict(info, pairs_file=(stored.get("config") or {}).get("pairs_file"))
         return fingerprint(STAGE, sem, self.corpus.fingerprint, info, self.hashes)
 
-    def config_in_format_3(self, stored: dict) -> Optional[HarvestConfig]:
-        """This run's config with the keys its mode does not read set as `stored` (its manifest) holds them,
-        as runs of formats before 4 fingerprinted them (sentsim/run_formats.py); None where it reads every key
-        (or the stored ones are no longer valid, so no run of today's settings held them)."""
+    def config_unread_as_stored(self, stored: dict) -> Optional[HarvestConfig]:
+        """This run's config with the keys its mode does not read set as `stored` (its manifest) holds them, as
+        runs of formats before 4 (per-pair) or 5 (pool) fingerprinted them (sentsim/run_formats.py); None where
+        it reads every key (or the stored ones are no longer valid, so no run of today's settings held them)."""
         from pydantic import ValidationError
 
         keys = self.cfg.unread_keys()
@@ -199,11 +200,12 @@ class HarvestRun(ShardedJob):
         except ValidationError:
             return None
 
-    def pool_semantic_in_format_2(self, stored: dict) -> dict:
-        """The semantic config a format 2 pool run was fingerprinted with: the keys only screening reads, and
-        keep_context_scores, as `stored` (its manifest) holds them (sentsim/run_formats.py)."""
+    def pool_semantic_in_format_2(self, stored: dict, cfg: HarvestConfig) -> dict:
+        """The semantic config a format 2 pool run was fingerprinted with: `cfg` (`config_unread_as_stored`) with
+        the keys its mode does not read, the keys only screening reads, and keep_context_scores, as `stored` (its
+        manifest) holds them (sentsim/run_formats.py)."""
         old = stored.get("config") or {}
-        sem = self.cfg.semantic()
+        sem = cfg.semantic(keep_unread=True)
         sem["contexts"] = screened_as_stored(sem["contexts"], old.get("contexts") or {})
         if old.get("keep_context_scores", "all") != "all":
             sem["keep_context_scores"] = old["keep_context_scores"]

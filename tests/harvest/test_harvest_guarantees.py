@@ -160,6 +160,20 @@ SEMANTIC = {
 # group is an anchor and its partners, so they change no row and resume the finished run (an explicit --pairs
 # harvest reads them and not the anchors.* and partners.* ones: tests/harvest/test_harvest.py)
 UNREAD = {"pairs_per_unit": 32, "grouping.pairs_per_group": 2}
+# a pool harvest (contexts.mode=pool) of each kind: the keys it never reads (HarvestConfig.unread_keys), which
+# leave its fingerprint alone, and keys it reads beside them, which move it. A corpus harvest labels units of
+# pairs_per_unit planned pairs and scores units of sentences_per_unit sentences, never anchors.per_unit anchors;
+# a clustered one pairs within clusters, not with partners; a --pairs one pairs the file's rows (the real runs:
+# tests/harvest/test_pool_harvest.py::test_a_pool_run_resumes_whatever_the_keys_it_never_reads_say)
+POOL_KINDS = {"corpus": {}, "clustered": {"partners": {"cluster_size": 4}}, "pairs": {"pairs_file": "pairs.tsv"}}
+PARTNERS = {"partners.neighbours": 2, "partners.same_doc": 0, "partners.random": 2, "partners.neighbour_chunks": 4}
+POOL_UNREAD = {"corpus": {"anchors.per_unit": 4}, "clustered": {"anchors.per_unit": 4, **PARTNERS},
+               "pairs": {"anchors.n": 10, "anchors.per_unit": 4, "anchors.min_tokens": 5, **PARTNERS}}
+POOL_READ = {"corpus": {"pairs_per_unit": 32, "sentences_per_unit": 16, "anchors.n": 10, "anchors.min_tokens": 5,
+                        "partners.cluster_size": 4, **PARTNERS},
+             "clustered": {"pairs_per_unit": 32, "sentences_per_unit": 16, "anchors.n": 10, "anchors.min_tokens": 5,
+                           "partners.cluster_size": 3, "partners.cluster_levels": 2},
+             "pairs": {"pairs_per_unit": 32, "sentences_per_unit": 16}}
 EXECUTION = {
     "scoring.device": "cpu", "scoring.torch_threads": 1, "scoring.batch_tokens": 1024, "scoring.compile": True,
     # the pool mode's own keys leave a per-pair harvest's rows alone (in pool mode they are semantic:
@@ -209,6 +223,21 @@ def test_every_config_key_is_classified(spread):
     keys = flat_keys(spread["cfg"].model_dump())
     known = set(SEMANTIC) | set(UNREAD) | set(EXECUTION) | set(INPUTS) | set(POOL_ONLY) | set(DISCRIMINATOR_ONLY)
     assert keys == known, f"unclassified: {sorted(keys - known)}; gone: {sorted(known - keys)}"
+
+
+@pytest.mark.parametrize("kind", sorted(POOL_KINDS))
+def test_a_pool_runs_fingerprint_leaves_out_only_the_keys_it_never_reads(kind, tmp_path):
+    """Config only (no run): a pool harvest's semantic config does not move with a key it never reads, and moves
+    with each key it reads beside them; one of run format 4 or before (keep_unread) held them all."""
+    cfg = harvest_config(tmp_path / "c", tmp_path / "i", tmp_path / "b", tmp_path / "o",
+                         contexts={"mode": "pool", "pool_size": 8}, **POOL_KINDS[kind])
+    sem, held = cfg.semantic(), cfg.semantic(keep_unread=True)
+    assert {k.split(".")[0] if kind == "pairs" else k for k in POOL_UNREAD[kind]} == set(cfg.unread_keys())
+    for key, value in POOL_UNREAD[kind].items():
+        other = changed(cfg, key, value)
+        assert other.semantic() == sem and other.semantic(keep_unread=True) != held, key
+    for key, value in POOL_READ[kind].items():
+        assert changed(cfg, key, value).semantic() != sem, key
 
 
 def test_fingerprint_changes_with_each_semantic_key(spread):

@@ -841,9 +841,10 @@ def test_cluster_levels_at_its_default_keeps_the_fingerprint(cluster_run, tmp_pa
         return cfg.model_copy(update={"out": str(copy), "partners": cfg.partners.model_copy(
             update={"cluster_levels": n})})
 
-    sem = levels(1).semantic()
-    assert sem == cfg.semantic() and set(sem["partners"]) == {"neighbours", "same_doc", "random", "neighbour_chunks",
-                                                              "cluster_size"}
+    sem = levels(1).semantic()  # the partners it does not draw are not fingerprinted (HarvestConfig.unread_keys)
+    assert sem == cfg.semantic() and set(sem["partners"]) == {"cluster_size"}
+    assert set(levels(1).semantic(keep_unread=True)["partners"]) == {"neighbours", "same_doc", "random",
+                                                                     "neighbour_chunks", "cluster_size"}
     m = harvest(levels(1), executor="inline", quiet=True)
     assert m["complete"] and m["fingerprint"] == before and m["this_run"]["units"] == 0
     with pytest.raises(UsageError, match="partners.cluster_levels:"):
@@ -1019,7 +1020,7 @@ def test_a_pool_run_of_format_2_resumes_under_the_fingerprints_it_holds(partners
     # what a format 2 sentsim stored: the whole config, and the vectors' identity with the screened-only keys
     held = dict(run.vector_identity(), contexts=cfg.contexts.semantic(keep_screened=True))
     # the fingerprints a format 2 sentsim gave them, made here as it made them (not by the code under test)
-    old_fp = fingerprint("harvest", cfg.semantic(keep_screened=True), run.corpus.fingerprint,
+    old_fp = fingerprint("harvest", cfg.semantic(keep_screened=True, keep_unread=True), run.corpus.fingerprint,
                          without_paths(run.plan_info), run.hashes)
     old_vectors_fp = fingerprint(*vectors.fingerprint_parts(held))
     assert old_fp != run.fp and old_vectors_fp != vectors.fp
@@ -1052,6 +1053,70 @@ def test_a_pool_run_of_format_2_resumes_under_the_fingerprints_it_holds(partners
     m = harvest(changed, executor="inline", quiet=True)
     assert m["complete"] and m["fingerprint"] == run.fp and m["this_run"]["units"] == 0
     assert vector_markers() == before
+
+
+def test_a_pool_run_resumes_whatever_the_keys_it_never_reads_say(partners_run, cluster_run, inputs, tmp_path):
+    """A pool corpus harvest labels units of pairs_per_unit planned pairs: anchors.per_unit, which it never reads, is
+    not fingerprinted, so the finished run reruns as itself, doing nothing, and one cut short resumes to the same
+    rows under another value. A run of format 4, whose fingerprint held it, resumes under the fingerprint it holds
+    whatever it is set to now, and a key it reads is still refused, named alone. A clustered harvest's fingerprint
+    leaves out the partners it does not draw, a --pairs one's the anchors and the partners."""
+    from run_support import as_fingerprinted
+
+    from sentsim.errors import UsageError
+    from sentsim.harvest.job import STAGE, HarvestRun, harvest, without_paths
+    from sentsim.identity import fingerprint
+
+    cfg, out = partners_run
+    fp = ShardStore(str(out)).read_manifest()["fingerprint"]
+
+    def per_unit(n, at):
+        return cfg.model_copy(update={"out": str(at), "anchors": cfg.anchors.model_copy(update={"per_unit": n})})
+
+    def same_rows(run):
+        assert pairs_of(run).drop(columns=["rank_sim"]).equals(pairs_of(out).drop(columns=["rank_sim"]))
+        assert np.allclose(pairs_of(run).rank_sim, pairs_of(out).rank_sim, atol=1e-6)
+
+    copy = shutil.copytree(out, tmp_path / "run")
+    m = harvest(per_unit(1, copy), executor="inline", quiet=True)
+    assert m["complete"] and m["fingerprint"] == fp and m["this_run"]["units"] == 0
+    (copy / "_units" / "00000.json").unlink()  # cut short before unit 0's marker
+    (copy / "_COMPLETE").unlink()
+    m = harvest(per_unit(3, copy), executor="inline", quiet=True)
+    assert m["complete"] and m["fingerprint"] == fp and m["this_run"]["units"] == 1
+    assert m["config"]["anchors"]["per_unit"] == 4  # the run keeps the config it was opened with
+    same_rows(copy)
+
+    # the fingerprint a format 4 sentsim gave it, made here as it made it (not by the code under test)
+    run = HarvestRun(cfg, "inline", False, True)
+    old_fp = fingerprint(STAGE, cfg.semantic(keep_unread=True), run.corpus.fingerprint,
+                         without_paths(run.plan_info), run.hashes)
+    assert old_fp != fp == run.fp
+    old = as_fingerprinted(shutil.copytree(out, tmp_path / "format4"), old_fp, run_format=4)
+    (old / "_units" / "00000.json").unlink()
+    with pytest.raises(UsageError, match="pairs_per_unit: 8 -> 4") as err:
+        harvest(per_unit(1, old).model_copy(update={"pairs_per_unit": 4}), executor="inline", quiet=True)
+    assert "per_unit: 4 -> 1" not in str(err.value)
+    m = harvest(per_unit(1, old), executor="inline", quiet=True)
+    assert m["complete"] and m["fingerprint"] == old_fp and m["format_version"] == 4 and m["this_run"]["units"] == 1
+    same_rows(old)
+    # its unread keys as it held them, not as they are set now
+    assert HarvestRun(per_unit(1, old), "inline", False, True).fingerprint_in_format(4, m) == old_fp
+
+    # the other kinds, fingerprinted without running them: a clustered harvest (its finished run here, so the
+    # changed config is resolved as that run), then a --pairs one
+    ccfg, cout = cluster_run
+    partners = {"neighbours": 0, "same_doc": 3, "random": 0, "neighbour_chunks": 2}
+    clustered = ccfg.model_copy(update={"anchors": ccfg.anchors.model_copy(update={"per_unit": 5}),
+                                        "partners": ccfg.partners.model_copy(update=partners)})
+    assert HarvestRun(clustered, "inline", False, True).fp == ShardStore(str(cout)).read_manifest()["fingerprint"]
+    f = tmp_path / "pairs.tsv"
+    f.write_text("The nation must remain strong.\tOur country has to stay powerful.\n")
+    explicit = pool_config(inputs, tmp_path / "explicit", pairs_file=str(f), rank={"enabled": False})
+    moved = explicit.model_copy(update={"anchors": explicit.anchors.model_copy(update={"n": 3, "min_tokens": 9}),
+                                        "partners": explicit.partners.model_copy(update=partners)})
+    assert HarvestRun(moved, "inline", False, True).fp == HarvestRun(explicit, "inline", False, True).fp
+    assert moved.semantic(keep_unread=True) != explicit.semantic(keep_unread=True)
 
 
 # ---------------------------------------------------------------- one writer, from before the pool's setup
