@@ -136,3 +136,20 @@ def reseal(run: Path) -> None:
         if rec.get("check") is not None:
             rec["check"] = record_check(rec)
         marker.write_text(json.dumps(rec))
+
+
+def cli_in_process(capsys, *args):
+    """`sentsim ARGS` run by sentsim.cli.main in this process, as (returncode, stdout, stderr) like sentsim_cli's:
+    for refusals, where a subprocess's start-up (seconds on a loaded machine) would cost more than the check. An
+    exception main does not turn into its one line propagates (a test that wants none fails on it)."""
+    import subprocess
+
+    from sentsim.cli import main
+
+    capsys.readouterr()
+    try:
+        rc = main([str(a) for a in args])
+    except SystemExit as exc:  # argparse's refusals exit, as the console script would
+        rc = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["sentsim", *map(str, args)], rc, out, err)

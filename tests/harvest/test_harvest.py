@@ -304,8 +304,9 @@ def test_remix_with_the_source_weights_reproduces_every_score(inline_run, tmp_pa
     assert (tmp_path / "same" / "_side" / "rank_anchors.parquet").is_file()
 
 
-def test_remix_without_fwd_equals_a_harvest_scored_without_it(inline_run, inputs, tmp_path):
-    """Re-weighing stored terms gives what scoring again with those weights gives; resumable too."""
+def test_remix_without_fwd_equals_a_harvest_scored_without_it(inline_run, inputs, tmp_path, capsys):
+    """Re-weighing stored terms gives what scoring again with those weights gives; resumable too. (The last
+    refusal runs sentsim.cli.main in this process: no subprocess start-up.)"""
     from sentsim.harvest.job import harvest
     from sentsim.harvest.remix import RemixConfig, remix
 
@@ -345,7 +346,9 @@ def test_remix_without_fwd_equals_a_harvest_scored_without_it(inline_run, inputs
     assert json.loads((tmp_path / "split" / "manifest.json").read_text())["complete"]
     assert _scores(tmp_path / "split").equals(b)
     # the fresh harvest never scored fwd: weighing it in is refused
-    r = sentsim_cli("remix", fresh, "--out", tmp_path / "x", "--lambda-fwd", "1")
+    from harvest_support import cli_in_process
+
+    r = cli_in_process(capsys, "remix", fresh, "--out", tmp_path / "x", "--lambda-fwd", "1")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "the fwd term was not scored there (its λ was 0, or the ablation left it out)" in r.stderr
 
@@ -408,8 +411,11 @@ def test_the_discriminator_term_remixes_like_a_harvest_scored_with_that_weight(i
     assert r.returncode != 0 and "disc term was not scored" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_remix_refusals_are_one_line(inline_run, tmp_path):
+def test_remix_refusals_are_one_line(inline_run, tmp_path, capsys):
+    """Each refusal is exit 2 in one line: the first through the real console script, the rest by sentsim.cli.main
+    in this process (the same code from argument parsing to the line, without a subprocess start-up each)."""
     from conftest import sentsim_cli
+    from harvest_support import cli_in_process
 
     cfg, out = inline_run
     partial = tmp_path / "partial"
@@ -432,8 +438,8 @@ def test_remix_refusals_are_one_line(inline_run, tmp_path):
         ((out, "--out", tmp_path / "o4", "--lambda-disc", "0", "--lambda-fwd", "0", "--lambda-left", "0",
           "--lambda-right", "0"), "every λ is 0"),
     ]
-    for args, expected in cases:
-        r = sentsim_cli("remix", *args)
+    for i, (args, expected) in enumerate(cases):
+        r = sentsim_cli("remix", *args) if i == 0 else cli_in_process(capsys, "remix", *args)
         assert r.returncode == 2 and expected in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-500:])
         assert len(r.stderr.strip().splitlines()) == 1
 
@@ -466,12 +472,14 @@ def with_text_column(src, dst, table, column, units=None):
     return dst
 
 
-def test_remix_names_a_text_column_where_it_takes_numbers(inline_run, tmp_path):
+def test_remix_names_a_text_column_where_it_takes_numbers(inline_run, tmp_path, capsys):
     """`sentsim remix` reads scores, gold labels and Eq. 3 terms as numbers: a column of them held as text is one
     line, exit 2, naming the run, the table and the column, never a traceback, before any unit is remixed:
     RunReader's numeric check of the table's first file, then every unit's own schema, so that a later unit that
-    differs from the first file leaves nothing written either (no --out, no progress line)."""
+    differs from the first file leaves nothing written either (no --out, no progress line). The first case runs the
+    real console script, the others sentsim.cli.main in this process (no subprocess start-up each)."""
     from conftest import error_line, sentsim_cli
+    from harvest_support import cli_in_process
 
     cfg, out = inline_run
     cases = [
@@ -483,7 +491,8 @@ def test_remix_names_a_text_column_where_it_takes_numbers(inline_run, tmp_path):
     ]
     for i, ((table, column, units), expected) in enumerate(cases):
         src = with_text_column(out, tmp_path / f"src{i}", table, column, units)
-        r = sentsim_cli("remix", src, "--out", tmp_path / f"o{i}")
+        args = ("remix", src, "--out", tmp_path / f"o{i}")
+        r = sentsim_cli(*args) if i == 0 else cli_in_process(capsys, *args)
         assert r.returncode == 2 and "Traceback" not in r.stderr, (table, column, r.stderr[-3000:])
         line = error_line(r.stderr)
         assert line.startswith(f"sentsim: error: {src}: ") and expected in line, line
@@ -772,12 +781,13 @@ def test_without_rank_targets_the_harvest_has_no_rank_stage(inline_run, tmp_path
     assert store.read_manifest()["fingerprint"] == job.fp
 
 
-def test_a_finished_harvest_with_no_pair_says_so_and_why(inputs, tmp_path):
+def test_a_finished_harvest_with_no_pair_says_so_and_why(inputs, tmp_path, capsys):
     """Anchors whose only partners are TF-IDF neighbours, with no --index to draw them from, get no pair: the
     harvest finishes with none and fails (exit 2, a cause in the config) in one line saying it finished so and
     why, not "no pairs labelled yet", which reads as a run still to be resumed. The run stays complete: a rerun
-    does no unit and says the same."""
+    does no unit and says the same (that rerun by sentsim.cli.main in this process: no subprocess start-up)."""
     from conftest import error_line, sentsim_cli
+    from harvest_support import cli_in_process
 
     out = tmp_path / "run"
     args = ["harvest", "--corpus", inputs["corpus"], "--context-models", inputs["bundle"], "--out", out,
@@ -795,7 +805,7 @@ def test_a_finished_harvest_with_no_pair_says_so_and_why(inputs, tmp_path):
     assert r.stdout.splitlines()[-1] == f"harvest: 0 pairs (0 null) in 2/2 units -> {out}", r.stdout
     assert "yet" not in r.stdout + r.stderr
     markers = sorted((p.name, p.stat().st_mtime_ns) for p in (out / "_units").iterdir())
-    r = sentsim_cli(*args)  # complete: nothing redone, the same failure
+    r = cli_in_process(capsys, *args)  # complete: nothing redone, the same failure
     assert r.returncode == 2 and error_line(r.stderr) == why, r.stderr[-3000:]
     assert "[harvest] unit" not in r.stderr, r.stderr[-3000:]
     assert sorted((p.name, p.stat().st_mtime_ns) for p in (out / "_units").iterdir()) == markers
@@ -812,12 +822,19 @@ def config_file(cfg, path: Path) -> Path:
     return path
 
 
-def harvest_cli(conf: Path, out: Path, *args, env=None):
-    """The real `sentsim harvest --config conf --out out`, inline, with `args` (each `key=value` a --set)."""
+def harvest_cli(conf: Path, out: Path, *args, env=None, capsys=None):
+    """The real `sentsim harvest --config conf --out out`, inline, with `args` (each `key=value` a --set). Given
+    `capsys`: by sentsim.cli.main in this process (for a refusal or a rerun with nothing to do, where a
+    subprocess's start-up would cost more than the check)."""
     from conftest import sentsim_cli
+    from harvest_support import cli_in_process
 
     flags = [a for x in args for a in (("--set", x) if "=" in x and not x.startswith("-") else (x,))]
-    return sentsim_cli("harvest", "--config", conf, "--out", out, "--executor", "inline", *flags, env=env)
+    full = ("harvest", "--config", conf, "--out", out, "--executor", "inline", *flags)
+    if capsys is not None:
+        assert env is None
+        return cli_in_process(capsys, *full)
+    return sentsim_cli(*full, env=env)
 
 
 def markers_of(run: Path) -> dict:
@@ -835,7 +852,7 @@ def format_3_fingerprint(cfg) -> str:
                        without_paths(plan(cfg, corpus)[1]), model_hashes(cfg))
 
 
-def test_a_corpus_harvest_resumes_whatever_pairs_per_unit_says(inline_run, tmp_path):
+def test_a_corpus_harvest_resumes_whatever_pairs_per_unit_says(inline_run, tmp_path, capsys):
     """A corpus harvest's units are anchors.per_unit anchors: pairs_per_unit, which it never reads, is not
     fingerprinted, so a harvest stopped part-way resumes under another value to the rows of an uninterrupted
     run. A run of format 3, whose fingerprint held it, resumes under the fingerprint it holds whatever it is set
@@ -864,9 +881,9 @@ def test_a_corpus_harvest_resumes_whatever_pairs_per_unit_says(inline_run, tmp_p
     assert m["complete"] and m["fingerprint"] == old_fp and m["format_version"] == 3
     assert pairs_of(old).equals(pairs_of(out))
     done = markers_of(old)
-    r = harvest_cli(conf, old, "pairs_per_unit=9")  # finished: nothing redone
+    r = harvest_cli(conf, old, "pairs_per_unit=9", capsys=capsys)  # finished: nothing redone (in this process)
     assert r.returncode == 0 and "[harvest] unit" not in r.stderr and markers_of(old) == done, r.stderr[-3000:]
-    r = harvest_cli(conf, old, "pairs_per_unit=9", "seed=1")
+    r = harvest_cli(conf, old, "pairs_per_unit=9", "seed=1", capsys=capsys)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     line = error_line(r.stderr)
     assert "seed: 3 -> 1" in line and "pairs_per_unit" not in line, line
@@ -881,7 +898,7 @@ def test_a_corpus_harvest_resumes_whatever_pairs_per_unit_says(inline_run, tmp_p
     assert marker["extra"]["scoring_precision"] == "bf16", marker
 
 
-def test_an_explicit_harvest_reads_pairs_per_unit_and_not_the_anchors(inputs, tmp_path):
+def test_an_explicit_harvest_reads_pairs_per_unit_and_not_the_anchors(inputs, tmp_path, capsys):
     """An explicit (--pairs) harvest's units are pairs_per_unit rows of the file: another value is another run
     (refused, named), while the anchors.* and partners.* keys, which it never reads, resume the finished run;
     a run of format 2 or 3, whose fingerprint held them, resumes under its own whatever they are set to now."""
@@ -901,10 +918,10 @@ def test_an_explicit_harvest_reads_pairs_per_unit_and_not_the_anchors(inputs, tm
     done = markers_of(out)
     unread = ("anchors.n=3", "anchors.per_unit=1", "anchors.min_tokens=9", "partners.random=0",
               "partners.same_doc=0", "partners.neighbours=0", "partners.neighbour_chunks=2")
-    r = harvest_cli(conf, out, *unread)
+    r = harvest_cli(conf, out, *unread, capsys=capsys)  # nothing to do: in this process
     assert r.returncode == 0 and "[harvest] unit" not in r.stderr, r.stderr[-3000:]
     assert markers_of(out) == done and json.loads((out / "manifest.json").read_text())["fingerprint"] == fp
-    r = harvest_cli(conf, out, "pairs_per_unit=1")  # three units of one pair: another run
+    r = harvest_cli(conf, out, "pairs_per_unit=1", capsys=capsys)  # three units of one pair: another run
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     line = error_line(r.stderr)
     assert "pairs_per_unit: 2 -> 1" in line and "anchors" not in line, line
