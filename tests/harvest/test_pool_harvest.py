@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow.dataset as ds
 import pytest
 from conftest import error_line, sentsim_cli
-from harvest_support import build_index_for, harvest_config, tiny_context_bundle
+from harvest_support import build_index_for, cli_in_process, harvest_config, tiny_context_bundle
 
 from storage import ShardStore
 from storage.store import FORMAT_VERSION
@@ -57,13 +57,20 @@ def partners_run(inputs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster_run(inputs, tmp_path_factory):
-    """Every pair within TF-IDF clusters of 4 anchors, labelled by double-centred."""
+    """Every pair within TF-IDF clusters of 4 anchors, labelled by double-centred. The reads of its vectors run are
+    counted (CLUSTER_RUN_READS): test_the_driver_reads_the_vectors_once_for_the_effect_and_the_labels checks them."""
     from sentsim.harvest.job import harvest
 
     out = tmp_path_factory.mktemp("pool") / "clusters"
     cfg = pool_config(inputs, out, metric="double-centred", partners={"cluster_size": 4}, anchors={"n": 12})
-    assert harvest(cfg, executor="inline", quiet=True)["complete"]
+    with pytest.MonkeyPatch.context() as mp:
+        reads = _count_vector_reads(mp)
+        assert harvest(cfg, executor="inline", quiet=True)["complete"]
+    CLUSTER_RUN_READS[:] = reads
     return cfg, out
+
+
+CLUSTER_RUN_READS: list = []  # the cluster_run fixture's reads of its vectors run (in-process, inline)
 
 
 def test_a_pair_is_eq4_over_the_pool_scored_directly(partners_run, inputs):
@@ -155,19 +162,19 @@ def _count_vector_reads(monkeypatch) -> list:
 
 def test_the_driver_reads_the_vectors_once_for_the_effect_and_the_labels(cluster_run, tmp_path, monkeypatch):
     """double-centred reads the whole vectors run for the context effect before the first unit, and the label
-    stage reads the same run: the driver reads it once for both, after the ranks pass, in-process and on Ray (where
-    the label actors map the copy the driver put in the object store), and both label the rows the first run did."""
+    stage reads the same run: the driver reads it once for both, after the ranks pass, in-process (the cluster_run
+    fixture's own inline run, its reads counted as it ran) and on Ray (where the label actors map the copy the
+    driver put in the object store), and the Ray run labels the rows the inline run did."""
     from sentsim.harvest.job import harvest
 
     cfg, out = cluster_run
-    for executor in ("inline", "ray"):
-        again = tmp_path / executor
-        reads = _count_vector_reads(monkeypatch)
-        assert harvest(cfg.model_copy(update={"out": str(again)}), executor=executor, quiet=True)["complete"]
-        # once, and after the ranks pass: the driver does not hold the vectors all through that pass
-        assert reads == [(str(again / "pool_vectors"), True)], executor
-        assert pairs_of(again).equals(pairs_of(out)), executor
-        monkeypatch.undo()
+    # once, and after the ranks pass: the driver does not hold the vectors all through that pass
+    assert CLUSTER_RUN_READS == [(str(out / "pool_vectors"), True)], "inline"
+    again = tmp_path / "ray"
+    reads = _count_vector_reads(monkeypatch)
+    assert harvest(cfg.model_copy(update={"out": str(again)}), executor="ray", quiet=True)["complete"]
+    assert reads == [(str(again / "pool_vectors"), True)], "ray"
+    assert pairs_of(again).equals(pairs_of(out)), "ray"
 
 
 def test_killed_in_either_pass_resumes_to_the_same_rows(partners_run, tmp_path, capsys):
@@ -303,16 +310,22 @@ def test_remix_s_and_effect_by_blocks_of_rows_are_the_whole_runs_to_the_bit(clus
     assert stored_run.S is None and S.tobytes() == whole(stored, source)[0].tobytes()
 
 
-def test_a_remix_of_a_remix_follows_its_harvest_when_it_moves(partners_run, tmp_path):
+def test_a_remix_of_a_remix_follows_its_harvest_when_it_moves(partners_run, tmp_path, capsys, monkeypatch):
     """A remix of a pool harvest reads the harvest's vectors, and so does a remix of that remix. Moved together
     with the harvest, the remixes still find them; with the harvest moved alone, rerunning the first remix from
-    its new place points the remixes of it there too. Vectors that are really gone get one line."""
+    its new place points the remixes of it there too. Vectors that are really gone get one line. (The refusals
+    and the rerun with nothing to do run sentsim.cli.main in this process, in tmp_path: no subprocess start-up.)"""
     from conftest import error_line
 
     from sentsim.harvest.remix import RemixConfig, remix
 
     def cli(*args):  # the paths a user types, relative to where they run the command
         return sentsim_cli("remix", *args, cwd=tmp_path)
+
+    def in_process(*args):  # the same, by sentsim.cli.main in this process
+        with monkeypatch.context() as mp:
+            mp.chdir(tmp_path)
+            return cli_in_process(capsys, "remix", *args)
 
     shutil.copytree(partners_run[1], tmp_path / "a" / "H")
     remix(RemixConfig(source=str(tmp_path / "a" / "H"), out=str(tmp_path / "a" / "R1"), lambda_fwd=0.0), quiet=True)
@@ -335,11 +348,11 @@ def test_a_remix_of_a_remix_follows_its_harvest_when_it_moves(partners_run, tmp_
 
     (tmp_path / "c").mkdir()
     (tmp_path / "b" / "H").rename(tmp_path / "c" / "H")
-    r = cli("b/R2", "--out", "b/R4")
+    r = in_process("b/R2", "--out", "b/R4")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     line = error_line(r.stderr)
     assert "b/R2: the pool harvest's sentence vectors it was remixed from are missing" in line, line
-    r = cli("c/H", "--out", "b/R1", "--lambda-fwd", "0")  # the same remix, resumed: nothing to redo
+    r = in_process("c/H", "--out", "b/R1", "--lambda-fwd", "0")  # the same remix, resumed: nothing to redo
     assert r.returncode == 0 and "0 to do" in r.stderr, r.stderr[-3000:]
     r = cli("b/R2", "--out", "b/R4")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -348,16 +361,17 @@ def test_a_remix_of_a_remix_follows_its_harvest_when_it_moves(partners_run, tmp_
     assert np.allclose(pairs_of(tmp_path / "b" / "R4").score, pairs_of(tmp_path / "b" / "R2").score, atol=1e-6)
 
     shutil.rmtree(tmp_path / "c" / "H" / "pool_vectors")
-    r = cli("b/R4", "--out", "b/R5")
+    r = in_process("b/R4", "--out", "b/R5")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "sentence vectors it was remixed from are missing or incomplete at" in error_line(r.stderr)
 
 
-def test_a_remix_rerun_from_its_sources_new_place_records_that_place(partners_run, tmp_path):
+def test_a_remix_rerun_from_its_sources_new_place_records_that_place(partners_run, tmp_path, capsys, monkeypatch):
     """Rerunning a remix from the place its source was moved to resumes it (same fingerprint, nothing redone) and
     rewrites its whole record to that place, config.remix and inputs as well as the top-level remix record, so
     a remix of it reads the vectors there once the old place is gone. A remix recorded before the relative
-    paths gains them; a refused resume does not blame the moved paths."""
+    paths gains them; a refused resume does not blame the moved paths (that refusal by sentsim.cli.main in this
+    process, in tmp_path: no subprocess start-up)."""
     from conftest import error_line
 
     def cli(*args):  # the paths a user types, relative to where they run the command
@@ -379,7 +393,9 @@ def test_a_remix_rerun_from_its_sources_new_place_records_that_place(partners_ru
     (tmp_path / "c").mkdir()
     (tmp_path / "a" / "H").rename(tmp_path / "c" / "H")
     (tmp_path / "a").rmdir()
-    r = cli("c/H", "--out", "R1", "--lambda-fwd", "0.5")  # another λ: another run, refused for that alone
+    with monkeypatch.context() as mp:  # another λ: another run, refused for that alone
+        mp.chdir(tmp_path)  # the paths as cli's cwd gives them
+        r = cli_in_process(capsys, "remix", "c/H", "--out", "R1", "--lambda-fwd", "0.5")
     assert r.returncode == 2
     line = error_line(r.stderr)
     assert "weights.fwd" in line and "remix.source" not in line and "inputs.0.harvest" not in line, line
@@ -517,7 +533,10 @@ def test_remix_gives_spearman_vs_gold_only_where_it_has_a_value(inputs, tmp_path
     assert "Spearman" not in r.stdout and "nan" not in r.stdout and "Warning" not in r.stderr, (r.stdout, r.stderr)
 
 
-def test_bad_pool_settings_get_one_line(inputs, tmp_path):
+def test_bad_pool_settings_get_one_line(inputs, tmp_path, capsys):
+    """Each bad setting is exit 2 in one line: the first through the real console script, the rest by
+    sentsim.cli.main in this process (the same code from argument parsing to the line, without a subprocess
+    start-up each)."""
     from sentsim.errors import UsageError
     from sentsim.harvest.job import harvest
 
@@ -541,22 +560,25 @@ def test_bad_pool_settings_get_one_line(inputs, tmp_path):
         (["--set", "contexts.mode=random", "--discriminator", inputs["bundle"]], "contexts.mode=random uses none"),
     ]
     for i, (args, expected) in enumerate(cases):
-        r = sentsim_cli(*base, "--out", tmp_path / f"o{i}", *args)
+        full = (*base, "--out", tmp_path / f"o{i}", *args)
+        r = sentsim_cli(*full) if i == 0 else cli_in_process(capsys, *full)
         assert r.returncode == 2 and expected in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-800:])
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
-    r = sentsim_cli("contexts", "--corpus", inputs["corpus"], "--index", inputs["index"], "--out", tmp_path / "c",
-                    "--set", "contexts.mode=pool", "--executor", "inline")
+    r = cli_in_process(capsys, "contexts", "--corpus", inputs["corpus"], "--index", inputs["index"], "--out",
+                       tmp_path / "c", "--set", "contexts.mode=pool", "--executor", "inline")
     assert r.returncode == 2 and "a harvest's shared pool" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    r = sentsim_cli("contexts", "--corpus", inputs["corpus"], "--index", inputs["index"], "--out", tmp_path / "c",
-                    "--set", "contexts.mode=random", "--discriminator", inputs["bundle"], "--executor", "inline")
+    r = cli_in_process(capsys, "contexts", "--corpus", inputs["corpus"], "--index", inputs["index"], "--out",
+                       tmp_path / "c", "--set", "contexts.mode=random", "--discriminator", inputs["bundle"],
+                       "--executor", "inline")
     assert r.returncode == 2 and "contexts.mode=random uses none" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "c").exists()
 
 
-def test_a_pool_runs_inner_run_given_as_a_harvest_names_the_harvest(partners_run, shared_data, tmp_path):
+def test_a_pool_runs_inner_run_given_as_a_harvest_names_the_harvest(partners_run, shared_data, tmp_path, capsys):
     """`--data RUN/pool_vectors` (or pool_ranks) to a trainer, as remix's HARVEST or eval's --scores: those runs
     are a pool harvest's own parts, not harvests; one line names the harvest that holds them, before anything is
-    written."""
+    written. Each command's first refusal runs the real console script, the other by sentsim.cli.main in this
+    process (no subprocess start-up each)."""
     _, run = partners_run
     for inner in ("pool_vectors", "pool_ranks"):
         cases = [(("train", "surrogate", "--data", run / inner, "--out", tmp_path / "s", "--max-steps", "1"),
@@ -568,22 +590,25 @@ def test_a_pool_runs_inner_run_given_as_a_harvest_names_the_harvest(partners_run
                  (("eval", "sts", "--scores", run / inner, "--data", shared_data / "sts", "--tasks", "STSb"),
                   f"--scores {run / inner}: not a harvest run but a part of the harvest {run}; give --scores {run}")]
         for args, words in cases:
-            r = sentsim_cli(*args)
+            r = sentsim_cli(*args) if inner == "pool_vectors" else cli_in_process(capsys, *args)
             lines = r.stderr.strip().splitlines()
             assert r.returncode == 2 and len(lines) == 1 and words in lines[0], (args, r.stderr[-1500:])
     assert list(tmp_path.iterdir()) == []
 
 
-def test_no_run_is_started_in_a_pool_harvests_inner_run(partners_run, inputs, tmp_path):
+def test_no_run_is_started_in_a_pool_harvests_inner_run(partners_run, inputs, tmp_path, capsys):
     """`--out RUN/pool_vectors` for another harvest is refused in one line, --force-new too (it would delete the
-    vectors the pool harvest holds), and those vectors are left as they were."""
+    vectors the pool harvest holds), and those vectors are left as they were. The first refusal runs the real
+    console script, the others sentsim.cli.main in this process (no subprocess start-up each)."""
     _, run = partners_run
     before = vectors_of(run).S.copy()
     base = ["harvest", "--corpus", inputs["corpus"], "--index", inputs["index"], "--context-models",
             inputs["bundle"], "--executor", "inline", "--set", "anchors.n=4", "--set", "rank.enabled=false"]
     for inner in ("pool_vectors", "pool_ranks"):
         for extra in ((), ("--force-new",)):
-            r = sentsim_cli(*base, "--out", run / inner, *extra)
+            first = inner == "pool_vectors" and not extra
+            full = (*base, "--out", run / inner, *extra)
+            r = sentsim_cli(*full) if first else cli_in_process(capsys, *full)
             lines = r.stderr.strip().splitlines()
             assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
             assert lines[-1].endswith(f"{run / inner} holds the {inner} run of the 'harvest' run {run}, so nothing "
@@ -1157,11 +1182,13 @@ def signalled_in_setup(args, signame: str):
                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
-def test_a_second_writer_is_refused_before_the_pool_is_drawn_or_the_anchors_clustered(inputs, tmp_path):
+def test_a_second_writer_is_refused_before_the_pool_is_drawn_or_the_anchors_clustered(inputs, tmp_path, capsys,
+                                                                                        monkeypatch):
     """A pool harvest holds its run from before its setup (the pool draw and the clustering, minutes at scale): a
     second `sentsim harvest` into the same --out, --force-new too, exits 2 in the lease's one line naming the
     holder, without drawing or clustering anything, and leaves the run alone; the holder then finishes, and the
-    run is free again."""
+    run is free again. The second writer is the real console script, its --force-new one sentsim.cli.main in this
+    process (no subprocess start-up)."""
     import signal
     import time
 
@@ -1179,15 +1206,17 @@ def test_a_second_writer_is_refused_before_the_pool_is_drawn_or_the_anchors_clus
             time.sleep(0.1)
         assert json.loads((out / LEASE).read_text())["pid"] == first.pid
         assert [p.name for p in out.iterdir()] == [LEASE]
+        # the holder beats no heartbeat while stopped: judged live however slow this machine is
+        monkeypatch.setenv("SENTSIM_LEASE_STALE_SECONDS", "3600")
         for extra in ((), ("--force-new",)):
-            # the holder beats no heartbeat while stopped: judged live however slow this machine is
-            r = sentsim_cli(*args, *extra, env={"SENTSIM_LEASE_STALE_SECONDS": "3600"})
+            r = sentsim_cli(*args) if not extra else cli_in_process(capsys, *args, *extra)
             lines = r.stderr.strip().splitlines()
             assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
             assert f"{out} is being written by pid {first.pid} on host" in lines[0], lines
             assert "one writer per run" in lines[0] and "[harvest" not in r.stderr, lines
             assert [p.name for p in out.iterdir()] == [LEASE]  # nothing written, nothing deleted
             assert json.loads((out / LEASE).read_text())["pid"] == first.pid
+        monkeypatch.delenv("SENTSIM_LEASE_STALE_SECONDS")
         first.send_signal(signal.SIGCONT)
         _, stderr = first.communicate(timeout=900)
     finally:
@@ -1211,7 +1240,9 @@ def test_a_second_writer_is_refused_before_the_pool_is_drawn_or_the_anchors_clus
 def test_a_setup_refused_or_stopped_after_taking_the_lease_leaves_no_lease_behind(inputs, tmp_path, how):
     """A pool harvest whose setup fails (a pool larger than the corpus allows), is stopped by Ctrl-C (SIGINT) or
     by SIGTERM, after it took the run's lease: no lease is left, nor a folder it made for a new run; a run that
-    was there keeps its files; the same command then runs, with no lease to take over."""
+    was there keeps its files; the same command then runs (one unit, --max-units 1: taking the lease and running is
+    what is shown; a pool harvest run to its end is test_a_second_writer_...'s), with no lease to take over, and
+    leaves none."""
     import signal
 
     from storage.lease import LEASE
@@ -1240,6 +1271,7 @@ def test_a_setup_refused_or_stopped_after_taking_the_lease_leaves_no_lease_behin
         assert p.returncode == (130 if how == "SIGINT" else -signal.SIGTERM)
         assert {q.relative_to(out): q.read_bytes() for q in out.rglob("*") if q.is_file()} == before
         assert LEASE not in {q.name for q in out.iterdir()}
-    r = sentsim_cli(*args)
+    r = sentsim_cli(*args, "--max-units", "1")
     assert r.returncode == 0 and "took over the lease" not in r.stderr, r.stderr[-3000:]
-    assert (out / "_COMPLETE").is_file() and not (out / LEASE).exists()
+    assert "[harvest-pool-vectors] unit" in r.stderr and "stopped" in r.stdout, (r.stdout, r.stderr[-3000:])
+    assert (out / "manifest.json").is_file() and not (out / LEASE).exists()
