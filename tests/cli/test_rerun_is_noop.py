@@ -117,8 +117,10 @@ def chain(tmp_path_factory, ray_head) -> Chain:
     return c
 
 
+# (the harvest's rerun is test_a_harvest_on_the_rerun_models_resumes's: the same check, after the trainers it
+# reads ran again too)
 @pytest.mark.parametrize("step,out", [("corpus", "corpus"), ("cache", "cache"), ("contexts", "ctxsets"),
-                                      ("harvest", "harvest"), ("remix", "remix")])
+                                      ("remix", "remix")])
 def test_rerun_of_a_finished_sharded_run_keeps_its_shards_and_fingerprint(chain, step, out):
     before = run_identity(chain.root / out)
     chain.again(step)
@@ -142,22 +144,6 @@ def test_rerun_of_index_build_keeps_its_fingerprint_and_rewrites_nothing(chain):
     assert read_index_manifest(str(index))["fingerprint"] == before
     assert index_files(index) == on_disk and sorted(p.name for p in index.iterdir()) == sorted(
         {p.split("/")[0] for p in on_disk})
-
-
-def test_rerun_of_train_discriminator_is_a_noop(chain):
-    disc = chain.root / "disc"
-    before, listing = model_identity(disc), sorted(p.name for p in disc.iterdir())
-    said = chain.again("discriminator")
-    assert "already holds this finished model" in said and "worker(s) on" not in said, said[-2000:]
-    assert model_identity(disc) == before and sorted(p.name for p in disc.iterdir()) == listing
-
-
-def test_rerun_of_train_context_is_a_noop(chain):
-    ctx = chain.root / "ctx"
-    before = model_identity(ctx)
-    said = chain.again("context")
-    assert "already holds this finished bundle" in said and "worker(s) on" not in said, said[-2000:]
-    assert model_identity(ctx) == before
 
 
 @pytest.mark.parametrize("step,model", [("surrogate", "sur/model"), ("student", "stu/model")])
@@ -185,11 +171,22 @@ def test_rerun_of_eval_sts_writes_the_same_report_and_keeps_the_model(chain):
 
 
 def test_a_harvest_on_the_rerun_models_resumes(chain):
-    """The end-to-end form of the above: after every trainer ran again, the harvest built on their models
-    is still the same run (before, it refused: 'same config and inputs, so a model or checkpoint they
+    """The end-to-end form of the above: the discriminator's and the context trainer's reruns are no-ops
+    that keep their models, and after them the harvest built on those models is still the same run, its
+    shards and fingerprint kept (before, it refused: 'same config and inputs, so a model or checkpoint they
     name changed')."""
-    chain.again("discriminator")
-    chain.again("context")
+    disc = chain.root / "disc"
+    before, listing = model_identity(disc), sorted(p.name for p in disc.iterdir())
+    said = chain.again("discriminator")
+    assert "already holds this finished model" in said and "worker(s) on" not in said, said[-2000:]
+    assert model_identity(disc) == before and sorted(p.name for p in disc.iterdir()) == listing
+
+    ctx = chain.root / "ctx"
+    before = model_identity(ctx)
+    said = chain.again("context")
+    assert "already holds this finished bundle" in said and "worker(s) on" not in said, said[-2000:]
+    assert model_identity(ctx) == before
+
     before = run_identity(chain.root / "harvest")
     said = chain.again("harvest")
     assert "changed" not in said, said[-2000:]
