@@ -3,7 +3,8 @@ working directory that is not the checkout, attached to the session's `ray start
 RAY_ADDRESS (as a user with a running cluster would be; it spares each command a local Ray of its own).
 Ray Train workers run in their own working directory, so a path that reached them relative named
 nothing there (the context trainer failed with "no tokenizer.json in <out>/context/tokenizer"). One
-small run each."""
+small run each. Refusals that no Ray part of the command makes (argparse's, a config check's) run in this
+process, where a subprocess's start-up would cost more than the check."""
 
 from __future__ import annotations
 
@@ -49,15 +50,19 @@ def _run(cwd: Path, env: dict, *args):
     return r
 
 
-def test_train_discriminator_relative_paths(tmp_path, speech_corpus, head_env):
+def test_train_discriminator_relative_paths(tmp_path, speech_corpus, head_env, capsys):
+    from sentsim.cli import main
+
     corpus = os.path.relpath(speech_corpus, tmp_path)
     sets = ["model.embed_dim=16", "model.hidden=16", "model.head_dim=16", "model.max_tokens=16",
             "model.embed_init=random", "train.batch_size=8", "train.max_heldout_windows=32"]
     sets = [x for s in sets for x in ("--set", s)]
-    # --max-steps is spelt as in every trainer; a bad count is argparse's one line
-    r = sentsim_cli("train", "discriminator", "--corpus", corpus, "--out", "disc", "--max-steps", "-1", *sets,
-                    cwd=tmp_path, env=head_env)
-    assert r.returncode == 2 and "--max-steps: expected a whole number of steps, 0 or more (got '-1')" in r.stderr
+    # --max-steps is spelt as in every trainer; a bad count is argparse's one line (in this process: argparse
+    # refuses it before anything is read)
+    with pytest.raises(SystemExit) as refused:
+        main(["train", "discriminator", "--corpus", corpus, "--out", "disc", "--max-steps", "-1", *sets])
+    assert refused.value.code == 2
+    assert "--max-steps: expected a whole number of steps, 0 or more (got '-1')" in capsys.readouterr().err
     r = _run(tmp_path, head_env, "train", "discriminator", "--corpus", corpus, "--out", "disc", "--num-workers", "1",
              "--max-steps", "2", *sets)
     out = tmp_path / "disc"
@@ -71,7 +76,19 @@ def test_train_discriminator_relative_paths(tmp_path, speech_corpus, head_env):
     assert Discriminator.load(out).encode(["A sentence."]).shape == (1, 32)
 
 
-def test_train_context_relative_paths(tmp_path, speech_corpus, head_env):
+def test_train_context_relative_paths(tmp_path, speech_corpus, head_env, capsys, monkeypatch):
+    from sentsim.cli import main
+
+    def refused_inline(*args) -> str:
+        """A refusal made before any training, whatever the executor: the command in this process, inline
+        (no Ray attached, no subprocess started); its stderr."""
+        monkeypatch.chdir(tmp_path)
+        capsys.readouterr()
+        rc = main([*map(str, args), "--executor", "inline"])
+        err = capsys.readouterr().err
+        assert rc == 2 and "Traceback" not in err, err[-2000:]
+        return err
+
     corpus = os.path.relpath(speech_corpus, tmp_path)
     sets = ["model.vocab_size=400", "model.d_model=32", "model.encoder_layers=1", "model.decoder_layers=1",
             "model.attention_heads=2", "model.ffn_dim=64", "model.max_source_tokens=64", "model.max_target_tokens=32",
@@ -91,11 +108,12 @@ def test_train_context_relative_paths(tmp_path, speech_corpus, head_env):
              "--num-workers", "1", *sets, "--max-steps", "4")
     assert "4 steps" in r.stdout, r.stdout[-2000:]
     assert [h["step"] for h in json.loads((out / "runs/fwd/history.json").read_text())] == [0, 2, 4]
-    # other settings against the same --out are refused before any training; --force-new is the way out
-    r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx", "--direction", "fwd", *sets,
-                    "--set", "lr=1e-3", cwd=tmp_path, env=head_env)
-    assert r.returncode == 2 and "--force-new" in r.stderr, r.stderr[-2000:]
-    assert "config.lr: " in error_line(r.stderr) and "0.001" in error_line(r.stderr), r.stderr[-2000:]
+    # other settings against the same --out are refused before any training; --force-new is the way out (the
+    # executor is no setting of the run: the Ray run's --out refuses an inline command for its lr alone)
+    err = refused_inline("train", "context", "--corpus", corpus, "--out", "ctx", "--direction", "fwd", *sets,
+                         "--set", "lr=1e-3")
+    assert "--force-new" in err, err[-2000:]
+    assert "config.lr: " in error_line(err) and "0.001" in error_line(err), err[-2000:]
     # a corpus with too few held-out windows is said on the driver, before a Train worker (whose failure
     # policy retries, printing each worker's traceback) starts
     r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx_small", "--direction", "fwd", *sets,
@@ -104,16 +122,15 @@ def test_train_context_relative_paths(tmp_path, speech_corpus, head_env):
     assert error_line(r.stderr).endswith("fewer than 2 held-out windows for direction 'fwd'; raise "
                                          "heldout_percent or use a larger corpus"), r.stderr[-2000:]
     # a document filter that matches nothing is named as such (raising heldout_percent could not help)
-    r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx_prefix", "--direction", "fwd", *sets,
-                    "--set", "doc_id_prefixes=[nope]", cwd=tmp_path, env=head_env)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert "no document has a doc_id starting with any of doc_id_prefixes ['nope']" in error_line(r.stderr), \
-        r.stderr[-2000:]
+    err = refused_inline("train", "context", "--corpus", corpus, "--out", "ctx_prefix", "--direction", "fwd", *sets,
+                         "--set", "doc_id_prefixes=[nope]")
+    assert "no document has a doc_id starting with any of doc_id_prefixes ['nope']" in error_line(err), err[-2000:]
     # ... and leaves no training state behind (its tokenizer is saved only once the inputs pass), so the
-    # command the message asks for is not refused as a run of other settings
+    # command the message asks for is not refused as a run of other settings (run inline: whether it is
+    # refused is the driver's check, the same for either executor, and the Ray Train run is the first one's)
     assert not (tmp_path / "ctx_small" / "tokenizer").exists()
     _run(tmp_path, head_env, "train", "context", "--corpus", corpus, "--out", "ctx_small", "--direction", "fwd",
-         "--num-workers", "1", *sets)
+         "--num-workers", "1", *sets, "--executor", "inline")
     assert (tmp_path / "ctx_small" / "models/fwd/model.safetensors").is_file()
     # more workers than the cluster holds: refused in one line, where Ray Train would wait for them for ever
     r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx_wide", "--direction", "fwd", *sets,
@@ -123,27 +140,17 @@ def test_train_context_relative_paths(tmp_path, speech_corpus, head_env):
     assert "context fwd: 64 worker(s) of" in line and "but the Ray cluster has" in line, line
 
 
-def test_train_surrogate_relative_paths(tmp_path, tiny_bert, head_env):
-    toy_harvest(tmp_path / "h")
-    bb = os.path.relpath(tiny_bert, tmp_path)
-    _run(tmp_path, head_env, "train", "surrogate", "--data", "h", "--backbone", bb, "--out", "sur", "--init", "scratch",
-         "--num-workers", "1", "--max-steps", "2", "--force-new", "--set", "scratch.hidden_size=32",
-         "--set", "scratch.num_layers=1", "--set", "scratch.num_heads=2", "--set", "scratch.intermediate_size=64",
-         "--set", "batch_size=8", "--set", "eval_every=2", "--set", "max_seq_length=16")
-    summary = json.loads((tmp_path / "sur/summary.json").read_text())
-    assert summary["stages"][0]["last"]["step"] == 2
-    assert (tmp_path / "sur/model/config.json").is_file()
-
-
 def test_max_steps_bounds_the_finetune_stage_and_each_line_names_its_measures(tmp_path, tiny_bert, head_env,
                                                                              shared_data):
     """`--max-steps 2 --finetune-sts`: a smoke test stays one (the fine-tune stage ran its 4 epochs of
     STS-B train before, ~1,400 steps). Each stage's line names what it measured: under cosent the dev
     Spearman (the cosines keep the targets' order, not their values), and the fine-tune stage's test
-    Spearman is against STS-B gold, not the teacher."""
+    Spearman is against STS-B gold, not the teacher. The same run is `train surrogate`'s relative-paths
+    check: --data, --backbone and --out as typed at a shell, relative to its working directory."""
     toy_harvest(tmp_path / "h")
-    r = _run(tmp_path, head_env, "train", "surrogate", "--data", "h", "--backbone", tiny_bert, "--out", "sur",
-             "--init", "scratch", "--num-workers", "1", "--max-steps", "2", "--loss", "cosent",
+    bb = os.path.relpath(tiny_bert, tmp_path)
+    r = _run(tmp_path, head_env, "train", "surrogate", "--data", "h", "--backbone", bb, "--out", "sur",
+             "--init", "scratch", "--num-workers", "1", "--max-steps", "2", "--force-new", "--loss", "cosent",
              "--finetune-sts", shared_data / "sts" / "stsbenchmark",
              *[x for s in ("scratch.hidden_size=32", "scratch.num_layers=1", "scratch.num_heads=2",
                            "scratch.intermediate_size=64", "batch_size=8", "eval_every=2", "max_seq_length=16",
@@ -157,6 +164,9 @@ def test_max_steps_bounds_the_finetune_stage_and_each_line_names_its_measures(tm
     # --loss is the harvest stage's: the fine-tune stage keeps 003 §4.1's L2, and its model card says so
     cards = {m: json.loads((tmp_path / "sur" / m / "sentsim_model.json").read_text()) for m in ("model", "model-sts")}
     assert [cards[m]["card"]["objective"]["name"] for m in ("model", "model-sts")] == ["cosent", "cosine_regression"]
+    summary = json.loads((tmp_path / "sur/summary.json").read_text())
+    assert summary["stages"][0]["last"]["step"] == 2
+    assert (tmp_path / "sur/model/config.json").is_file()
 
 
 def test_train_student_relative_paths(tmp_path, tiny_bert, head_env):
