@@ -134,10 +134,14 @@ def test_paser_student_says_what_it_trains_on(harvest, backbone, tmp_path):
     assert "leaves out" not in r.stdout
 
 
-def test_a_nan_score_in_a_harvest_is_refused_by_the_students(backbone, tmp_path):
-    """The surrogate refused NaN scores; the students read them as scored (keep_split keeps NaN)."""
+def test_a_nan_score_in_a_harvest_is_refused_by_the_students(backbone, tmp_path, capsys):
+    """The surrogate refused NaN scores; the students read them as scored (keep_split keeps NaN). (The command
+    runs in this process: it is refused before any training, and a subprocess's start-up would cost more.)"""
+    from sentsim.cli import main
+
     bad = write_pairs_run(tmp_path / "h", *small_pairs_run(nan_score=True))
-    r = sentsim_cli("train", "student", "--objective", "rse", "--data", bad, "--backbone", backbone,
-                    "--out", tmp_path / "o", "--executor", "inline", *TINY)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert "1 score(s) are NaN or infinite" in r.stderr and not (tmp_path / "o").exists()
+    rc = main(["train", "student", "--objective", "rse", "--data", str(bad), "--backbone", str(backbone),
+               "--out", str(tmp_path / "o"), "--executor", "inline", *TINY])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err[-3000:]
+    assert "1 score(s) are NaN or infinite" in err and not (tmp_path / "o").exists()
