@@ -506,7 +506,20 @@ def steps_by(history: list, key: str) -> dict:
 
 def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = None, tokenizer_from: str = "",
                   address: Optional[str] = None, force_new: bool = False) -> dict:
-    """Train the context model(s) and write the bundle to `out`. Returns a summary (also `out/train_summary.json`)."""
+    """Train the context model(s) and write the bundle to `out`. Returns a summary (also `out/train_summary.json`).
+    The --out lease is held no longer than the call: a caller's next command on `out`, in any process, is not
+    refused as a second writer."""
+    from sentsim.runtime import absolute_local
+    from sentsim.training.run import release_out
+
+    try:
+        return _train_context(corpus, out, config, tokenizer_from, address, force_new)
+    finally:
+        release_out(Path(absolute_local(out)))
+
+
+def _train_context(corpus: str, out: str, config: Optional[ContextTrainConfig], tokenizer_from: str,
+                   address: Optional[str], force_new: bool) -> dict:
     from sentsim.runtime import absolute_local
     from sentsim.training.run import claim_out, finished_run, fit, mark_finished, quiet_progress, say_finished
     from storage.fs import write_text_atomic  # the reports: a kill while writing one leaves the last, whole

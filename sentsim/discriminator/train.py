@@ -269,6 +269,17 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     config into `out` (`export_model`). Training state lives in OUT/_train until the model is exported (a rerun
     with the same --out resumes from its latest checkpoint); the same command again on the finished model
     is a no-op that says so and returns its metrics, so the model keeps its bytes and its identity."""
+    from sentsim.runtime import absolute_local
+    from sentsim.training.run import release_out
+
+    try:
+        return _train_discriminator(corpus, out, job, address, force_new, executor)
+    finally:  # held no longer than the call: a caller's next command on `out`, in any process, is not refused
+        release_out(Path(absolute_local(str(out))) / "_train")
+
+
+def _train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJob | None, address: str | None,
+                         force_new: bool, executor: str) -> dict:
     from corpus.view import SentenceTable
     from sentsim.discriminator.data import window_centres
     from sentsim.identity import corpus_fingerprint

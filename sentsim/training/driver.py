@@ -26,7 +26,7 @@ from typing import Optional
 from sentsim.errors import UsageError
 from sentsim.identity import fingerprint
 from sentsim.training.config import RESUMABLE_KEYS
-from sentsim.training.run import claim_out, discard_exports, quiet_progress, write_curves
+from sentsim.training.run import claim_out, discard_exports, quiet_progress, release_out, write_curves
 
 EXECUTORS = ("ray", "inline")
 
@@ -82,7 +82,6 @@ class EncoderDriver:
     # ------------------------------------------------------------------------------------------ the skeleton
 
     def run(self) -> dict:
-        from sentsim.model_swap import finish_swap
         from sentsim.out_paths import check_out
         from sentsim.runtime import absolute_local
         from sentsim.training.encoders import check_backbone
@@ -100,6 +99,15 @@ class EncoderDriver:
         self.run_id = fingerprint(*self.identity(what))
         claim_out(self.out, self.run_id, self.record(), self.force_new, self.out_arg,
                   unfingerprinted=tuple(f"config.{k}" for k in RESUMABLE_KEYS))
+        try:
+            return self._train_claimed()
+        finally:  # held no longer than the run: a caller's next command on this --out, in any process, is not refused
+            release_out(self.out)
+
+    def _train_claimed(self) -> dict:
+        """run()'s part under the --out lease: exports, training, the summary."""
+        from sentsim.model_swap import finish_swap
+
         for name in self.models:
             finish_swap(self.out / name)
         if self.force_new:  # the discarded run's exports go with its state, not stay beside the new run's

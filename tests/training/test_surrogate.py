@@ -373,11 +373,16 @@ def _steps(out: Path, stage: str) -> list:
 
 
 @pytest.mark.slow
-def test_inline_surrogate_trains_resumes_and_needs_no_ray(tmp_path, stsb_pairs, tiny_bert_dir):
+def test_inline_surrogate_trains_resumes_and_needs_no_ray(tmp_path, stsb_pairs, tiny_bert_dir, capsys):
     """`train surrogate --executor inline` on a machine without Ray: one process is its one worker (its
     step planning and notes say 1 x batch, whatever --num-workers says), checkpoint/harvest holds its
-    state, the same command again is a no-op, a larger --max-steps resumes, --force-new starts over."""
+    state, the same command again is a no-op, a larger --max-steps resumes, --force-new starts over. The
+    no-op rerun runs in this process, as a library caller's would: it gives up the --out lease when it returns,
+    so the next command, in another process, is not refused as a second writer."""
     from conftest import sentsim_cli
+    from harvest_support import cli_in_process
+
+    from storage.lease import LEASE
 
     from sentsim.identity import checkpoint_hash
 
@@ -400,10 +405,11 @@ def test_inline_surrogate_trains_resumes_and_needs_no_ray(tmp_path, stsb_pairs, 
     assert card["settings"]["num_workers"] == 1  # what it trained on
     model_hash = checkpoint_hash(str(out / "model"))
 
-    again = sentsim_cli(*args, "--max-steps", "2", env=env)
+    again = cli_in_process(capsys, *args, "--max-steps", "2")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[surrogate harvest] already trained to step 2 with these settings; nothing to do" in again.stdout
     assert "starting" not in again.stdout and checkpoint_hash(str(out / "model")) == model_hash
+    assert not (out / LEASE).exists()
 
     # no step cap: the whole epoch is 5 steps of 8 on one worker (3 if it were split over two)
     longer = sentsim_cli(*args, "--max-steps", "0", env=env)
