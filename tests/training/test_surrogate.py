@@ -382,9 +382,8 @@ def test_inline_surrogate_trains_resumes_and_needs_no_ray(tmp_path, stsb_pairs, 
     from conftest import sentsim_cli
     from harvest_support import cli_in_process
 
-    from storage.lease import LEASE
-
     from sentsim.identity import checkpoint_hash
+    from storage.lease import LEASE
 
     h = small_harvest(tmp_path / "h", stsb_pairs)
     out = tmp_path / "o"
