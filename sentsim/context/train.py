@@ -515,7 +515,8 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
     try:
         return _train_context(corpus, out, config, tokenizer_from, address, force_new)
     finally:
-        release_out(Path(absolute_local(out)))
+        if out:
+            release_out(Path(absolute_local(out)))
 
 
 def _train_context(corpus: str, out: str, config: Optional[ContextTrainConfig], tokenizer_from: str,

@@ -49,9 +49,15 @@ def wiki_corpus(shared_data, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(wiki_corpus, tmp_path_factory):
+    import torch
+
     out = tmp_path_factory.mktemp("disc") / "model"
-    rc = cli_main(["train", "discriminator", "--corpus", str(wiki_corpus), "--out", str(out), "--executor", "inline",
-                   *itertools.chain.from_iterable(("--set", s) for s in TRAIN_SETTINGS)])
+    threads = torch.get_num_threads()  # the training loop sets this process's thread count: the next files get theirs
+    try:
+        rc = cli_main(["train", "discriminator", "--corpus", str(wiki_corpus), "--out", str(out), "--executor",
+                       "inline", *itertools.chain.from_iterable(("--set", s) for s in TRAIN_SETTINGS)])
+    finally:
+        torch.set_num_threads(threads)
     assert rc == 0
     return out
 

@@ -431,6 +431,7 @@ def test_inline_surrogate_both_stages_and_a_rerun_is_a_noop(tmp_path, stsb_pairs
     from conftest import sentsim_cli
 
     from sentsim.identity import checkpoint_hash
+    from storage.lease import LEASE
 
     h = small_harvest(tmp_path / "h", stsb_pairs)
     out = tmp_path / "o"
@@ -446,10 +447,11 @@ def test_inline_surrogate_both_stages_and_a_rerun_is_a_noop(tmp_path, stsb_pairs
     assert (out / "model-sts" / "config.json").is_file() and not (out / "ray").exists()
     hashes = {m: checkpoint_hash(str(out / m)) for m in ("model", "model-sts")}
 
-    # the same command again, in this process (a subprocess's start-up would cost more than the check; it is
-    # this test's last command: the in-process run's lease on --out stays with this live process)
+    # the same command again, in this process (a subprocess's start-up would cost more than the check); one lease
+    # covers both stages, and it is given up when the command returns
     capsys.readouterr()
     assert main([*map(str, args)]) == 0
+    assert not (out / LEASE).exists()
     again = capsys.readouterr().out
     for stage in ("harvest", "finetune-sts"):
         assert f"[surrogate {stage}] already trained to step 2 with these settings; nothing to do" in again

@@ -63,12 +63,14 @@ def test_train_discriminator_relative_paths(tmp_path, speech_corpus, head_env, c
         main(["train", "discriminator", "--corpus", corpus, "--out", "disc", "--max-steps", "-1", *sets])
     assert refused.value.code == 2
     assert "--max-steps: expected a whole number of steps, 0 or more (got '-1')" in capsys.readouterr().err
-    r = _run(tmp_path, head_env, "train", "discriminator", "--corpus", corpus, "--out", "disc", "--num-workers", "1",
-             "--max-steps", "2", *sets)
+    # two DDP workers: each takes every other training window, in equal steps (the only multi-worker discriminator)
+    r = _run(tmp_path, head_env, "train", "discriminator", "--corpus", corpus, "--out", "disc", "--num-workers", "2",
+             "--set", "train.cpus_per_worker=0.5", "--max-steps", "2", *sets)
     out = tmp_path / "disc"
     assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "vocab.json", "sentsim_model.json"}
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["metrics"]["step"] == 2 and [h["step"] for h in cfg["history"]] == [0, 2]
+    assert cfg["metrics"]["world_size"] == 2 and cfg["train"]["num_workers"] == 2
     assert 0.0 <= cfg["metrics"]["heldout_auc"] <= 1.0
     assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == 2
     from sentsim.discriminator import Discriminator
