@@ -509,21 +509,13 @@ def train_context(corpus: str, out: str, config: Optional[ContextTrainConfig] = 
     """Train the context model(s) and write the bundle to `out`. Returns a summary (also `out/train_summary.json`).
     The --out lease is held no longer than the call: a caller's next command on `out`, in any process, is not
     refused as a second writer."""
-    from sentsim.runtime import absolute_local
-    from sentsim.training.run import release_out
-
-    try:
-        return _train_context(corpus, out, config, tokenizer_from, address, force_new)
-    finally:
-        if out:
-            release_out(Path(absolute_local(out)))
+    return _train_context(corpus, out, config, tokenizer_from, address, force_new)
 
 
 def _train_context(corpus: str, out: str, config: Optional[ContextTrainConfig], tokenizer_from: str,
                    address: Optional[str], force_new: bool) -> dict:
     from sentsim.runtime import absolute_local
-    from sentsim.training.run import claim_out, finished_run, fit, mark_finished, quiet_progress, say_finished
-    from storage.fs import write_text_atomic  # the reports: a kill while writing one leaves the last, whole
+    from sentsim.training.run import claim_out, finished_run, quiet_progress, say_finished
 
     out_arg = out
     corpus, out, tokenizer_from = (absolute_local(p) if p else p for p in (corpus, out, tokenizer_from))
@@ -561,8 +553,17 @@ def _train_context(corpus: str, out: str, config: Optional[ContextTrainConfig], 
     if done is not None:
         say_finished("context", out_arg, f"bundle (fingerprint {run_id})")
         return done["summary"]
-    claim_out(out_p, run_id, record, force_new, out_arg, state=("runs", "tokenizer"),
-              unfingerprinted=tuple(f"config.{k}" for k in RESUMABLE))
+    with claim_out(out_p, run_id, record, force_new, out_arg, state=("runs", "tokenizer"),
+                   unfingerprinted=tuple(f"config.{k}" for k in RESUMABLE)):
+        return _train_claimed(out_p, cfg, corpus, tokenizer_from, force_new, t0)
+
+
+def _train_claimed(out_p: Path, cfg: ContextTrainConfig, corpus: str, tokenizer_from: str, force_new: bool,
+                   t0: float) -> dict:
+    """_train_context's part under the --out lease: the tokenizer, the fits, the bundle and its summary."""
+    from sentsim.training.run import fit, mark_finished
+    from storage.fs import write_text_atomic  # the reports: a kill while writing one leaves the last, whole
+
     if force_new:  # the discarded bundle's model files go with its runs, not stay beside the new run's
         from sentsim.model_swap import discard_in_place
 

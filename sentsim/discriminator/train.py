@@ -269,13 +269,7 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
     config into `out` (`export_model`). Training state lives in OUT/_train until the model is exported (a rerun
     with the same --out resumes from its latest checkpoint); the same command again on the finished model
     is a no-op that says so and returns its metrics, so the model keeps its bytes and its identity."""
-    from sentsim.runtime import absolute_local
-    from sentsim.training.run import release_out
-
-    try:
-        return _train_discriminator(corpus, out, job, address, force_new, executor)
-    finally:  # held no longer than the call: a caller's next command on `out`, in any process, is not refused
-        release_out(Path(absolute_local(str(out))) / "_train")
+    return _train_discriminator(corpus, out, job, address, force_new, executor)
 
 
 def _train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJob | None, address: str | None,
@@ -287,7 +281,7 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
     from sentsim.out_paths import check_out
     from sentsim.runtime import absolute_local, init_ray  # init_ray imports Ray only when called
     from sentsim.training.driver import EXECUTORS
-    from sentsim.training.run import claim_out, fit, plan_steps, quiet_progress, release_out, say_finished
+    from sentsim.training.run import claim_out, fit, plan_steps, quiet_progress, say_finished
     from sentsim.training.settings import LoopSettings
 
     if executor not in EXECUTORS:
@@ -318,39 +312,39 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
         say_finished("discriminator", out_arg, f"model (fingerprint {run_id})")
         return done
     state = out / "_train"
-    claim_out(state, run_id, {"job": job.model_dump(), "corpus": str(corpus)}, force_new, out_arg,
-              unfingerprinted=tuple(f"job.train.{k}" for k in RESUMABLE_TRAIN_KEYS))
-    if force_new:  # the discarded run's model goes with its state, not stays beside the new run's
-        discard_in_place(out, "config.json")
-    other_executors_state(state, executor, out_arg)
-    vocab, init_path = _vocab_and_init(st, job, state)
-    del st
+    with claim_out(state, run_id, {"job": job.model_dump(), "corpus": str(corpus)}, force_new, out_arg,
+                   unfingerprinted=tuple(f"job.train.{k}" for k in RESUMABLE_TRAIN_KEYS)):
+        if force_new:  # the discarded run's model goes with its state, not stays beside the new run's
+            discard_in_place(out, "config.json")
+        other_executors_state(state, executor, out_arg)
+        vocab, init_path = _vocab_and_init(st, job, state)
+        del st
 
-    # the training windows, as each worker will split them (same seed, same rule): the plan's step count
-    from sentsim.discriminator.data import split_heldout
+        # the training windows, as each worker will split them (same seed, same rule): the plan's step count
+        from sentsim.discriminator.data import split_heldout
 
-    ids = SentenceTable.load(corpus).ids
-    train_c, _, _ = split_heldout(ids, window_centres(ids, job.model.window), tc.heldout_frac, tc.seed)
-    n_train = min(len(train_c), tc.max_train_windows or len(train_c))
-    per_epoch = plan_steps("discriminator", n_train, num_workers=tc.num_workers, batch_size=tc.batch_size, epochs=1,
-                           max_steps=0, drop_last=False)
-    total = tc.max_steps or per_epoch * tc.epochs
-    loop = LoopSettings.for_discriminator(tc, total_steps=total, epochs=math.ceil(total / per_epoch))
-    config = {"build": build_trainee, "loop": loop, "corpus": str(corpus), "vocab_path": str(state / "vocab.json"),
-              "model": job.model.model_dump(), "train": tc.model_dump(),
-              "embed_init_path": str(init_path) if init_path else None}
-    quiet_progress()
-    if executor == "ray":
-        init_ray(address)
-    t0 = time.perf_counter()
-    run = fit(config, name="discriminator", out_dir=state, executor=executor, inline_dir=INLINE_DIR,
-              hint="lower --set train.lr=...",
-              memory_hint="lower --set train.batch_size=... or train.num_workers",
-              export=lambda d: shutil.copy(d / "model.safetensors", state / "model.safetensors"))
+        ids = SentenceTable.load(corpus).ids
+        train_c, _, _ = split_heldout(ids, window_centres(ids, job.model.window), tc.heldout_frac, tc.seed)
+        n_train = min(len(train_c), tc.max_train_windows or len(train_c))
+        per_epoch = plan_steps("discriminator", n_train, num_workers=tc.num_workers, batch_size=tc.batch_size,
+                               epochs=1, max_steps=0, drop_last=False)
+        total = tc.max_steps or per_epoch * tc.epochs
+        loop = LoopSettings.for_discriminator(tc, total_steps=total, epochs=math.ceil(total / per_epoch))
+        config = {"build": build_trainee, "loop": loop, "corpus": str(corpus), "vocab_path": str(state / "vocab.json"),
+                  "model": job.model.model_dump(), "train": tc.model_dump(),
+                  "embed_init_path": str(init_path) if init_path else None}
+        quiet_progress()
+        if executor == "ray":
+            init_ray(address)
+        t0 = time.perf_counter()
+        run = fit(config, name="discriminator", out_dir=state, executor=executor, inline_dir=INLINE_DIR,
+                  hint="lower --set train.lr=...",
+                  memory_hint="lower --set train.batch_size=... or train.num_workers",
+                  export=lambda d: shutil.copy(d / "model.safetensors", state / "model.safetensors"))
+    # the lease lives in the state folder, which the export removes: given back before it
     history = run["history"]
     final = dict(history[-1])
     final["fit_seconds"] = round(time.perf_counter() - t0, 2)
-    release_out(state)  # its lease lives in the state folder, which the export removes
     export_model(out, state, job, corpus_fp, vocab, final, history)
     return final
 

@@ -7,7 +7,7 @@
 3. the backbone's config and tokenizer (`check_backbone`), so a bad one fails before any worker starts;
 4. the trainer's checks and data that need it (`prepare`);
 5. the run's fingerprint: the config less RESUMABLE_KEYS, then what the trainer adds (`identity`);
-6. the --out's lease and run record (`claim_out`, with the trainer's `record`);
+6. the --out's lease and run record (`claim_out`, with the trainer's `record`), held to the run's end;
 7. an export a kill left between its renames is finished (`finish_swap` of each of `models`);
 8. quiet progress bars, and Ray unless the run is inline (an inline run neither imports nor starts Ray);
 9. the trainer's fits, exports and curves (`train`, using `fit` and `write_curves`);
@@ -26,7 +26,7 @@ from typing import Optional
 from sentsim.errors import UsageError
 from sentsim.identity import fingerprint
 from sentsim.training.config import RESUMABLE_KEYS
-from sentsim.training.run import claim_out, discard_exports, quiet_progress, release_out, write_curves
+from sentsim.training.run import claim_out, discard_exports, quiet_progress, write_curves
 
 EXECUTORS = ("ray", "inline")
 
@@ -97,12 +97,9 @@ class EncoderDriver:
         self.prepare(self.bb)
         what = {k: v for k, v in self.cfg.model_dump().items() if k not in RESUMABLE_KEYS}
         self.run_id = fingerprint(*self.identity(what))
-        claim_out(self.out, self.run_id, self.record(), self.force_new, self.out_arg,
-                  unfingerprinted=tuple(f"config.{k}" for k in RESUMABLE_KEYS))
-        try:
+        with claim_out(self.out, self.run_id, self.record(), self.force_new, self.out_arg,
+                       unfingerprinted=tuple(f"config.{k}" for k in RESUMABLE_KEYS)):
             return self._train_claimed()
-        finally:  # held no longer than the run: a caller's next command on this --out, in any process, is not refused
-            release_out(self.out)
 
     def _train_claimed(self) -> dict:
         """run()'s part under the --out lease: exports, training, the summary."""

@@ -42,10 +42,12 @@ def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg
     sharded run: `storage.lease`; a second trainer exits 2 naming the holder), then refuse an --out
     that holds training state (`state`: names under it) of a run with other settings, unless
     --force-new, which discards that state; then record this run's fingerprint and settings in
-    OUT/run.json. The lease is held until `release_out(out_dir)` or the process exits (a killed
+    OUT/run.json. Returns the claim, to be entered: `with claim_out(...):` holds the lease to the block's end,
+    however it ends, so a caller's next command on this --out, in any process, is not refused as a second
+    writer (a claim never entered is held until `release_out(out_dir)` or the process exits; a killed
     trainer's lease is taken over by the next one, which says so). A refusal names the recorded settings
     that differ, less `unfingerprinted` (flattened keys of `record`, e.g. `config.epochs`, that a run may
-    change and still resume). Returns the lease."""
+    change and still resume)."""
     import pyarrow.fs as pafs
 
     from storage.fs import write_text_atomic
@@ -79,7 +81,21 @@ def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg
     except BaseException:
         release_out(out_dir)
         raise
-    return lease
+    return ClaimedOut(out_dir, lease)
+
+
+class ClaimedOut:
+    """A training --out this process holds (claim_out). Taken when claimed, not when entered, so that
+    the refusals come before the caller's `with` block; given back when that block ends."""
+
+    def __init__(self, out_dir: Path, lease):
+        self.out_dir, self.lease = out_dir, lease
+
+    def __enter__(self) -> "ClaimedOut":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        release_out(self.out_dir)
 
 
 # what an encoder trainer (student, surrogate) writes into --out beside its models and state

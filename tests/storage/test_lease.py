@@ -194,7 +194,8 @@ def test_a_lease_taken_before_open_run_is_kept_by_it_and_gives_back_only_the_fol
 
 def test_claim_out_takes_the_lease_of_a_training_out(tmp_path):
     """claim_out: a second process claiming the same --out is refused naming the holder; a holder that was
-    killed is taken over; the same process may claim again (a rerun, a second stage)."""
+    killed is taken over; the same process may claim again (a rerun, a second stage); a claim entered in a
+    `with` block is given back when the block ends, by an error too."""
     from pathlib import Path
 
     from sentsim.training.run import claim_out, release_out
@@ -215,6 +216,11 @@ def test_claim_out_takes_the_lease_of_a_training_out(tmp_path):
     assert json.loads((out / LEASE).read_text())["pid"] == os.getpid()
     release_out(out)
     assert not (out / LEASE).exists() and json.loads((out / "run.json").read_text())["fingerprint"] == "fp"
+    with pytest.raises(RuntimeError, match="in the run"):  # entered: given back when the block ends, however
+        with claim_out(Path(out), "fp", {}, False, "OUT"):
+            assert json.loads((out / LEASE).read_text())["pid"] == os.getpid()
+            raise RuntimeError("in the run")
+    assert not (out / LEASE).exists()
 
 
 @pytest.mark.slow
