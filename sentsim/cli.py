@@ -147,15 +147,33 @@ def _job_copy_hint(line: str, argv: Sequence[str]) -> str:
 
     if not in_job_working_copy() or " is relative, and this Ray job" in line:
         return ""
-    for value in (v.split("=", 1)[-1] for v in argv):
+    flag = None  # the flag the value is given to: None for a positional one
+    for arg in argv:
+        value = arg.split("=", 1)[-1]
         # a path the line names: a command word (harvest, sts) or a --set number is none, however it is spelt
         # named as typed, or made absolute (a trainer resolves its inputs before it reads them)
         if _path_like(value) and "://" not in value and not os.path.isabs(value) and \
                 (value in line or os.path.abspath(value) in line) and not os.path.exists(value):
+            given = arg.split("=", 1)[0] if arg.startswith("--") and "=" in arg else flag
             return (f" ({value} is relative, and this Ray job runs in Ray's copy of its --working-dir, which holds "
                     "neither what .gitignore lists nor anything outside it: give an absolute path that every node "
-                    "sees, or s3://)")
+                    f"sees{', or s3://' if _takes_uri(argv, given) else ''})")
+        flag = arg if arg.startswith("--") and "=" not in arg else None
     return ""
+
+
+# the inputs read through the shard store or the index store, so an object store serves as well as a folder: a
+# corpus or harvest run, an index, a run of scored pairs; every other input file or folder is read locally
+_URI_INPUTS = {"--corpus", "--index", "--scores"}
+_URI_INPUTS_OF = {("train", "surrogate"): {"--data"}, ("train", "student"): {"--data"}}
+
+
+def _takes_uri(argv: Sequence[str], flag: Optional[str]) -> bool:
+    """Whether the input given to `flag` (None: a positional one) of the command in `argv` may be s3://."""
+    words = tuple(a for a in argv[:2] if not a.startswith("-"))
+    if flag is None:
+        return words[:1] == ("store",)  # a run to verify or compact; corpus build's inputs are local files
+    return flag in _URI_INPUTS or flag in _URI_INPUTS_OF.get(words, set())
 
 
 def _path_like(value: str) -> bool:

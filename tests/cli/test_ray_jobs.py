@@ -156,7 +156,7 @@ def test_in_a_job_a_folder_changed_in_place_must_be_absolute_and_hints_name_only
 def test_in_a_job_a_relative_input_a_trainer_made_absolute_gets_the_hint(tmp_path):
     """A trainer makes its inputs absolute before it reads them, so its error names Ray's copy of the working
     dir, not the relative path the user typed: the hint about that copy is given all the same, for each trainer
-    that reads a run."""
+    that reads a run. It offers s3:// only for an input that may be one."""
     from conftest import error_line
 
     job = {"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": {"working_dir": "gcs://x.zip"}})}
@@ -168,6 +168,12 @@ def test_in_a_job_a_relative_input_a_trainer_made_absolute_gets_the_hint(tmp_pat
         r = sentsim_cli(*args, env=job, cwd=tmp_path)
         line = error_line(r.stderr)
         assert r.returncode == 2 and str(tmp_path.parent / "w" / "h") in line and hint in line, (args, r.stderr)
+        assert line.endswith("every node sees, or s3://)"), line  # a run: read through the shard store
+    # an input read from local files only is offered no object store: corpus build's input files, eval's STS folder
+    for args in (("corpus", "build", "../w/h", "--out", tmp_path / "c"),
+                 ("eval", "sts", "--tfidf", "--data=../w/h")):
+        line = error_line(sentsim_cli(*args, env=job, cwd=tmp_path).stderr)
+        assert hint in line and line.endswith("every node sees)"), line
 
 
 def test_cluster_yaml_passes_rays_validation():
