@@ -21,7 +21,7 @@ from sentsim.errors import InputError
 class RawRecord:
     """One document as read: where it came from, and its undecoded payload."""
 
-    source: str  # input file name, for messages
+    source: str  # the input's name (corpus.units.input_names), in its documents' doc_ids and in messages
     line: int  # 1-based line (JSONL), row (Parquet) or 1 (text file)
     kind: str  # "jsonl" | "text" | "parquet"
     payload: Union[bytes, tuple]  # raw line / file bytes, or (doc_id, text-or-paragraphs) for Parquet
@@ -55,13 +55,15 @@ def _open_maybe_gzip(path: str):
     return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
-def iter_records(path: str, text_column: str = "text", id_column: Optional[str] = None) -> Iterator[RawRecord]:
+def iter_records(path: str, text_column: str = "text", id_column: Optional[str] = None,
+                 name: Optional[str] = None) -> Iterator[RawRecord]:
+    """The records of one input; `name` is what they are named by (default: the file's name)."""
     if os.path.isdir(path):
         raise InputError(f"{path}: is a folder, not a file; pass the files inside it")
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     kind = detect_kind(path)
-    name = os.path.basename(path)
+    name = name or os.path.basename(path)
     if kind == "jsonl":
         with _open_maybe_gzip(path) as f:
             try:

@@ -18,18 +18,50 @@ from sentsim.errors import InputError
 from storage.fs import input_sha256
 
 
+def input_names(paths: Sequence[str]) -> List[str]:
+    """What each input's documents and records are named by (a document without an id of its own is
+    `<name>:<line>`): its file name, unless another input has that file name too; then the shortest
+    trailing part of its absolute path that no other input of that file name ends with (`a/x.txt` and
+    `b/x.txt`), so that no two inputs of one build name their documents alike. An input whose path
+    ends another's (`/x.txt` beside `/a/x.txt`) is named by its absolute path."""
+    split = [[part for part in os.path.abspath(p).split(os.sep) if part] for p in paths]
+    by_name: Dict[str, List[int]] = {}
+    for i, parts in enumerate(split):
+        by_name.setdefault(parts[-1] if parts else "", []).append(i)
+    names = [os.path.basename(p) for p in paths]
+    for group in by_name.values():
+        others = {tuple(split[i]) for i in group}
+        if len(others) < 2:  # a file name no other input has (or the same path given again)
+            continue
+        for i in group:
+            mine = split[i]
+            names[i] = os.path.abspath(paths[i])
+            for k in range(2, len(mine) + 1):
+                if sum(tuple(o[-k:]) == tuple(mine[-k:]) for o in others) == 1:
+                    names[i] = "/".join(mine[-k:])
+                    break
+    return names
+
+
 def describe_inputs(paths: Sequence[str]) -> List[dict]:
-    """Name, size and sha256 of each input: part of the fingerprint, so edited inputs are noticed."""
-    out = []
-    for p in paths:
+    """Name (`input_names`), size and sha256 of each input: part of the fingerprint, so edited inputs
+    are noticed, and so are renamed ones whose name their documents' ids hold. A file given twice is
+    refused: its documents would be ingested twice."""
+    seen: Dict[Tuple[int, int], int] = {}
+    for i, p in enumerate(paths):
         if os.path.isdir(p):
             raise InputError(f"{p}: is a folder, not a file; pass the files inside it "
                              f"(e.g. {p.rstrip('/')}/*.jsonl.gz)")
         if not os.path.isfile(p):
             raise InputError(f"{p}: no such file")
-        out.append({"path": os.path.abspath(p), "name": os.path.basename(p), "bytes": os.path.getsize(p),
-                    "sha256": input_sha256(p)})
-    return out
+        st = os.stat(p)
+        first = seen.setdefault((st.st_dev, st.st_ino), i)
+        if first != i:
+            same = "given twice" if paths[first] == p else f"the same file as {paths[first]}"
+            raise InputError(f"{p}: {same} (inputs {first + 1} and {i + 1}); pass each file once, "
+                             "or its documents are ingested twice")
+    return [{"path": os.path.abspath(p), "name": name, "bytes": os.path.getsize(p), "sha256": input_sha256(p)}
+            for p, name in zip(paths, input_names(paths))]
 
 
 def plan_units(paths: Sequence[str], cfg: CorpusConfig) -> Iterator[dict]:
@@ -38,8 +70,8 @@ def plan_units(paths: Sequence[str], cfg: CorpusConfig) -> Iterator[dict]:
     unit, doc_key, first_key = 0, 0, 0
     batch: List[RawRecord] = []
     size = 0
-    for path in paths:
-        for rec in iter_records(path, cfg.text_column, cfg.id_column):
+    for path, name in zip(paths, input_names(paths)):
+        for rec in iter_records(path, cfg.text_column, cfg.id_column, name):
             if not batch:
                 first_key = doc_key
             batch.append(rec)

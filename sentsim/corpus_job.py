@@ -119,7 +119,10 @@ class CorpusRun(ShardedJob):
         return plan_units(self.paths, self.cfg)
 
     def fingerprint_parts(self) -> tuple:
-        # where the inputs live is not fingerprinted, only what they hold and in which order
+        # where the inputs live is not fingerprinted, only what they hold, in which order, and their names
+        # (corpus.units.input_names), which the ids of their documents hold: the folders that tell apart two
+        # inputs of one file name are part of those names, so a run whose ids named its inputs otherwise (by
+        # file name alone) is another run, never resumed into one whose ids mix the two namings
         return (STAGE, self.cfg.semantic(), [(i["name"], i["bytes"], i["sha256"]) for i in self.input_meta])
 
     def config(self) -> dict:

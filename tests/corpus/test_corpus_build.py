@@ -290,3 +290,66 @@ def test_an_unfinished_corpus_is_refused_by_every_command_that_reads_one(tmp_pat
     assert sentsim_cli(*build).returncode == 0
     r = sentsim_cli(*reads[0])
     assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["n_chunks"] == 481, r.stderr[-2000:]
+
+
+def test_inputs_of_one_file_name_in_two_folders_are_named_by_their_folders(tmp_path, capsys):
+    """A document without an id is `<input>:<line>`. Two inputs of one file name (`a/part.jsonl`, `b/part.jsonl`)
+    gave two documents one doc_id and a bad record's message could not say which file it was in: each is named
+    by the end of its path that tells it apart, in doc_ids, skips and errors. An input whose file name is its
+    own keeps it, so a corpus of such inputs keeps its ids and its fingerprint."""
+    from conftest import error_line
+    from harvest_support import cli_in_process
+
+    for folder, x, part in [("a", "Alpha one. Alpha two.", '{"paragraphs": ["A part."]}\n{"id": "own", '
+                             '"paragraphs": ["Own id."]}\n'),
+                            ("b", "Beta one.", '{"paragraphs": ["B part."]}\n{"paragraphs": [\n')]:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "x.txt").write_text(x)
+        (tmp_path / folder / "part.jsonl").write_text(part)
+    (tmp_path / "solo.txt").write_text("Solo.")
+    inputs = ["a/x.txt", "b/x.txt", "a/part.jsonl", "b/part.jsonl", "solo.txt"]
+    build = ("corpus", "build", *inputs, "--executor", "inline")
+    r = sentsim_cli(*build, "--out", tmp_path / "o", "--on-error", "skip", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert set(read(tmp_path / "o", "sentences").column("doc_id").to_pylist()) == {
+        "a/x.txt:1", "b/x.txt:1", "a/part.jsonl:1", "own", "b/part.jsonl:1", "solo.txt:1"}
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert [i["name"] for i in manifest["inputs"]] == inputs
+    assert [(s["file"], s["line"]) for s in manifest["skipped_documents"]["listed"]] == [("b/part.jsonl", 2)]
+    r = sentsim_cli(*build, "--out", tmp_path / "fail", cwd=tmp_path)
+    assert r.returncode == 2 and error_line(r.stderr).startswith("sentsim: error: b/part.jsonl:2: malformed JSON")
+
+    # the names are fingerprinted: the same bytes under another folder's name are another corpus, so a corpus
+    # whose documents were named otherwise (by file name alone, before) is never resumed into mixed names
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "x.txt").write_text("Beta one.")
+    r = cli_in_process(capsys, "corpus", "build", tmp_path / "a" / "x.txt", tmp_path / "c" / "x.txt",
+                       "--out", tmp_path / "o2", "--executor", "inline")
+    assert r.returncode == 0, r.stderr
+    r = cli_in_process(capsys, "corpus", "build", tmp_path / "a" / "x.txt", tmp_path / "b" / "x.txt",
+                       "--out", tmp_path / "o2", "--executor", "inline")
+    assert r.returncode == 2 and "inputs.1.name" in error_line(r.stderr), r.stderr
+
+    # a file name no other input has is the name, as it always was
+    m = build_corpus([str(tmp_path / "a" / "x.txt"), str(tmp_path / "solo.txt")], str(tmp_path / "o3"),
+                     executor="inline", quiet=True)
+    assert [i["name"] for i in m["inputs"]] == ["x.txt", "solo.txt"]
+    assert set(read(tmp_path / "o3", "sentences").column("doc_id").to_pylist()) == {"x.txt:1", "solo.txt:1"}
+
+
+def test_a_file_given_twice_is_refused(tmp_path, capsys):
+    """The same file twice (as typed again, or by another path to it) would ingest its documents twice: refused
+    in one line, before anything is written."""
+    from conftest import error_line
+    from harvest_support import cli_in_process
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text('{"paragraphs": ["One."]}\n')
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(src)
+    for second, said in [(src, f"{src}: given twice (inputs 1 and 2)"),
+                         (link, f"{link}: the same file as {src} (inputs 1 and 2)")]:
+        r = cli_in_process(capsys, "corpus", "build", src, second, "--out", tmp_path / "o", "--executor", "inline")
+        assert r.returncode == 2 and error_line(r.stderr) == (f"sentsim: error: {said}; pass each file once, or its "
+                                                              "documents are ingested twice"), r.stderr
+        assert not (tmp_path / "o").exists()
