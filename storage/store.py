@@ -139,6 +139,10 @@ NESTED_RUNS = ("pool_vectors", "pool_ranks", "rep_cache")
 # keeps the ranks run for a later one that turns them on): `store verify` names them, and does not count one
 # that is unfinished as damage to the run.
 UNREAD_NESTED = "unread_nested_runs"
+# The nested runs read only while the run that holds them works: a job's own representation cache, read by its
+# screening. Once that run is finished nothing reads it again, and a run that screens again resumes it first,
+# so one left unfinished there is no damage to the finished run (`store verify` says so in a note).
+NESTED_CACHES = ("rep_cache",)
 
 
 def holding_run(uri: str, stage: str = "harvest") -> Optional[str]:

@@ -22,6 +22,7 @@ from storage.records import StoreError
 from storage.store import (
     COMPLETE,
     LOST_MANIFEST,
+    NESTED_CACHES,
     NESTED_RUNS,
     UNITS_DIR,
     UNREAD_NESTED,
@@ -53,9 +54,10 @@ def verify_store(uri: str) -> List[str]:
     return problems + ([f"run {unfinished}"] if unfinished else [])
 
 
-def verify_run(uri: str) -> Tuple[List[str], Optional[str]]:
+def verify_run(uri: str, notes: Optional[List[str]] = None) -> Tuple[List[str], Optional[str]]:
     """(every problem found, one line each, naming the shard; how far the run got when its job has not
-    finished, else None). No problems and None: the run checks out and is complete."""
+    finished, else None). No problems and None: the run checks out and is complete. `notes`, when given,
+    gets a line for what is worth saying and is no damage (a finished run's own cache left unfinished)."""
     store = ShardStore(uri)
     manifest = store.read_manifest()
     if manifest is None:
@@ -75,7 +77,8 @@ def verify_run(uri: str) -> Tuple[List[str], Optional[str]]:
         _check_compacted_files(store, markers, comp, fp, tables, claimed, problems)
     _check_unclaimed_files(store, tables, claimed, problems)
     _check_side_tables(store, fp, problems)
-    _check_nested_runs(uri, store, manifest.get(UNREAD_NESTED) or (), problems)
+    _check_nested_runs(uri, store, manifest.get(UNREAD_NESTED) or (), problems,
+                       notes if notes is not None else [])
     if store.is_complete():
         _check_planned_units(manifest, markers, problems)
         return problems, None
@@ -93,9 +96,11 @@ def unread_nested_runs(uri: str) -> List[str]:
     return [name for name in manifest.get(UNREAD_NESTED) or () if name in NESTED_RUNS]
 
 
-def _check_nested_runs(uri: str, store: ShardStore, unread: Sequence[str], problems: List[str]) -> None:
+def _check_nested_runs(uri: str, store: ShardStore, unread: Sequence[str], problems: List[str],
+                       notes: List[str]) -> None:
     """Each nested run there is verified as a run of its own, its problems named under its folder; one the run
-    does not read (`unread`) may be unfinished."""
+    does not read (`unread`) may be unfinished, and so may a finished run's own cache (NESTED_CACHES), which
+    gets a note instead."""
     for name in NESTED_RUNS:
         sub = ShardStore(f"{uri.rstrip('/')}/{name}")
         try:
@@ -106,7 +111,12 @@ def _check_nested_runs(uri: str, store: ShardStore, unread: Sequence[str], probl
             problems.append(f"{name}/: {exc}")
             continue
         problems.extend(f"{name}/{p}" for p in inner)
-        if unfinished and store.is_complete() and name not in unread:
+        if not (unfinished and store.is_complete()) or name in unread:
+            continue
+        if name in NESTED_CACHES:
+            notes.append(f"{uri.rstrip('/')}/{name}: {unfinished.split(';')[0]}; a cache the finished run does not "
+                         "read again (its screening did; a run that screens again resumes it first)")
+        else:
             problems.append(f"{name}/: run {unfinished}; the finished run it belongs to needs it whole")
 
 

@@ -18,7 +18,10 @@ def run(args) -> int:
     from storage.verify import unread_nested_runs, verify_run
 
     refuse_another_kind(args.run_dir, "store verify")
-    problems, unfinished = verify_run(args.run_dir)
+    notes: list = []
+    problems, unfinished = verify_run(args.run_dir, notes)
+    for line in notes:
+        print(line)
     for name in unread_nested_runs(args.run_dir):  # checked all the same: a later run may read it again
         print(f"{args.run_dir.rstrip('/')}/{name}: not read by this run (kept from an earlier run in this folder)")
     for line in missing_pool_runs(args.run_dir):

@@ -449,3 +449,37 @@ def test_a_changed_input_is_named_by_what_it_holds():
     job = what_changed({"config": {}, "inputs": [{"corpus": "/c", "fingerprint": "a"}]}, {},
                        [{"corpus": "/c", "fingerprint": "b"}])
     assert "inputs.0.fingerprint (the corpus's content)" in job, job
+
+
+def test_a_finished_runs_own_cache_left_unfinished_is_a_note_and_its_other_nested_runs_are_damage(tmp_path, capsys):
+    """A finished harvest's own representation cache (rep_cache/) is read only by its screening: one left
+    unfinished (its _COMPLETE deleted, a unit lost) is no damage to the run, and `store verify` says so in a
+    note (exit 0). A nested run the finished run reads later (pool_vectors/, which remix reads) is damage."""
+    import pyarrow as pa
+    from harvest_support import cli_in_process
+
+    def run(root, stage, planned, done):
+        store = ShardStore(str(root))
+        store.open_run(stage, "a" * 16, {}, [], {"rows": pa.schema([("x", pa.int64())])}, planned_units=planned)
+        for unit in range(done):
+            store.write_unit(unit, {"rows": pa.table({"x": [unit]})}, "a" * 16)
+        if done == planned:
+            store.finalize(planned, {})
+        store.release()
+
+    outer = tmp_path / "harvest"
+    run(outer, "harvest", 1, 1)
+    run(outer / "rep_cache", "rep_cache", 2, 1)
+    r = cli_in_process(capsys, "store", "verify", outer)
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+    assert r.stdout.splitlines() == [
+        f"{outer}/rep_cache: incomplete: 1 of 2 units done; a cache the finished run does not read again (its "
+        "screening did; a run that screens again resumes it first)", f"{outer}: OK"], r.stdout
+    (outer / "rep_cache" / "rows" / "part-00000.parquet").write_bytes(b"PAR1")  # damage in it is still named
+    r = cli_in_process(capsys, "store", "verify", outer)
+    assert r.returncode == 1 and "BAD  rep_cache/rows/part-00000.parquet" in r.stderr, r.stderr
+    shutil.rmtree(outer / "rep_cache")
+    run(outer / "pool_vectors", "pool_vectors", 2, 1)
+    r = cli_in_process(capsys, "store", "verify", outer)
+    assert r.returncode == 1 and ("BAD  pool_vectors/: run incomplete: 1 of 2 units done; the same command resumes "
+                                  "it; the finished run it belongs to needs it whole") in r.stderr, r.stderr
