@@ -21,7 +21,7 @@ outside the folder so that the model's identity (sentsim.identity.model_files) n
 sealed the replacement is decided: the old commit file goes, then the old model's files, the staged files
 are linked in (copied across filesystems), the commit file is written, the trainer's scratch the export
 ends (`scratch_removed`) is removed, and last the staged folder. Each step can be done again, so
-`finish_in_place` (each save, and a trainer whose export removes scratch, as it starts) completes a
+`finish_in_place` (each save, and the discriminator trainer under its --out lease, as it starts) completes a
 replacement a kill cut short. Readers (`resolve_in_place`) read the folder while it has its commit file
 (the old model whole, or the new one whole) and else the sealed staged folder (the new model whole);
 they never write.
@@ -223,21 +223,23 @@ def in_place_steps(folder: Path, commit: str) -> list[Callable[[], None]]:
     return [drop_commit, drop_old, link_new, write_commit, drop_scratch, drop_staged]
 
 
-def finish_in_place(folder: str | Path, commit: str) -> None:
+def finish_in_place(folder: str | Path, commit: str) -> bool:
     """Complete a replacement a kill cut short (its staged folder sealed), or remove a half-written staged
-    folder: `folder` then holds one whole model, or none, and nothing is staged beside it."""
+    folder: `folder` then holds one whole model, or none, and nothing is staged beside it. True when a
+    replacement was completed (the model in `folder` is the one that export wrote)."""
     folder = Path(folder)
     staged = staged_beside(folder)
     if not staged.exists():
-        return
+        return False
     info = sealed_info(staged)
     if info is None or not folder.is_dir():
         shutil.rmtree(staged, ignore_errors=True)
-        return
+        return False
     # from the start even when the kill came after the commit: two models' folders can match file for file
     # in every size, so nothing short of their bytes tells whether this one is linked in yet
     for step in in_place_steps(folder, commit):
         step()
+    return True
 
 
 def discard_in_place(folder: str | Path, commit: str) -> None:

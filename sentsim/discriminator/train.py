@@ -8,12 +8,16 @@ documents; the window tail when the corpus has one document) and reports accurac
 overall and per negative type. A checkpoint holds model.safetensors plus the loop's state.pt and
 history.json; OUT gets model.safetensors, vocab.json and config.json (metrics and history), replacing any
 model there in place (sentsim.model_swap.replace_in_place, config.json its commit file): a kill at any
-moment leaves the old model or the new one, whole, and until the export the old one stays usable.
+moment leaves the old model or the new one, whole, and until the export the old one stays usable. The --out
+lease (OUT/_train/_LEASE) is held through the export, so no second writer starts while the model is written.
 
-The training state lives in OUT/_train: Ray Train's checkpoints in _train/ray/discriminator, an inline run's in
-_train/checkpoint. The executor is not part of the run's identity, as in the other trainers
-(sentsim.training.driver): the other executor on the same --out trains anew beside the first one's state
-(and says so), and a finished model is the same model whichever executor is asked for it again.
+The training state lives in OUT/_train and stays there beside the exported model, as the other trainers keep
+theirs (sentsim.training.driver): Ray Train's checkpoints in _train/ray/discriminator, an inline run's in
+_train/checkpoint, with the run's record (run.json), vocabulary and initial embeddings. The same command again
+on a finished model is a no-op; a larger --max-steps or more epochs resume from the last checkpoint. The
+executor is not part of the run's identity: the other executor on the same --out trains anew beside the first
+one's state (and says so), the export keeps only the state of the executor that trained the model, and a
+finished model is the same model whichever executor is asked for it again.
 """
 
 from __future__ import annotations
@@ -214,20 +218,38 @@ def build_trainee(config: dict, session, ckpt: Optional[Path]) -> DiscriminatorT
 RESUMABLE_TRAIN_KEYS = ("epochs", "max_steps", "eval_every", "num_workers", "cpus_per_worker")
 
 
-# train settings that leave a finished model as it is: how wide it ran and how often it evaluated (a finished
-# run keeps no training state, so unlike epochs and max_steps they have nothing to resume)
+# train settings that leave a finished model as it is: how wide it ran and how often it evaluated. Unlike
+# epochs and max_steps they train no further step, so a finished model asked for with other values of them
+# is the same model (the inline executor's num_workers is 1 whatever was asked)
 WIDTH_KEYS = ("eval_every", "num_workers", "cpus_per_worker")
 
 
-def finished_model(out: Path, job: DiscriminatorJob, corpus_fp: str) -> Optional[dict]:
+def finished_model(out: Path, job: DiscriminatorJob, corpus_fp: str, run_id: str) -> Optional[dict]:
     """The metrics of the model a finished run of this job on this corpus left in `out` (its config.json,
-    written last, says what it was trained with), or None: then it is trained (again)."""
+    written last, says what it was trained with), or None: then it is trained (again), or its run resumed.
+
+    The training state kept beside it (OUT/_train) must say that its run (`run_id`) finished with this very
+    model (sentsim.training.run.mark_finished): without that, a run is under way or was killed, and goes on.
+    A model whose state is gone (exported before the state was kept, or removed since) is its config.json's."""
+    from sentsim.model_swap import staged_beside
+
+    if staged_beside(out).exists():
+        return None  # an export is under way, or was cut short and is completed under the lease
+    done = exported_model(out, job, corpus_fp)
+    if done is None or ((out / "_train").exists() and not _state_finished(out / "_train", run_id, out)):
+        return None
+    return done
+
+
+def exported_model(out: Path, job: DiscriminatorJob, corpus_fp: str) -> Optional[dict]:
+    """The metrics of the model in `out` when its config.json says it is this job's on this corpus (the
+    width keys aside), or None."""
     import json
 
     from sentsim.discriminator.io import FORMAT
 
-    if (out / "_train").exists() or not (out / "model.safetensors").is_file() or not (out / "vocab.json").is_file():
-        return None  # a run is under way, was killed, or left no model
+    if not (out / "model.safetensors").is_file() or not (out / "vocab.json").is_file():
+        return None
     try:
         cfg = json.loads((out / "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
@@ -239,6 +261,23 @@ def finished_model(out: Path, job: DiscriminatorJob, corpus_fp: str) -> Optional
     if cfg.get("model") != this["model"] or same(cfg.get("train") or {}) != same(this["train"]):
         return None
     return cfg.get("metrics") or {}
+
+
+def _state_finished(state: Path, run_id: str, out: Path) -> bool:
+    """Whether OUT/_train/run.json records that the run `run_id` finished there with the model now in `out`
+    (by checkpoint_hash), as mark_finished wrote it after the export. claim_out rewrites run.json without
+    that record, so a longer run started since, killed or under way, is not finished."""
+    import json
+
+    from sentsim.identity import checkpoint_hash
+
+    try:
+        rec = json.loads((state / "run.json").read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    done = rec.get("finished") if isinstance(rec, dict) else None
+    return (isinstance(done, dict) and rec.get("fingerprint") == run_id
+            and done.get("model_hash") == checkpoint_hash(str(out)))
 
 
 def _vocab_and_init(st, job: DiscriminatorJob, state: Path):
@@ -266,9 +305,10 @@ def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJ
                         address: str | None = None, force_new: bool = False, executor: str = "ray") -> dict:
     """Build the vocabulary, train through the shared loop (`executor`: "ray", Ray Train; or "inline", this
     process as the one worker, whatever train.num_workers says, without importing Ray), save model + vocab +
-    config into `out` (`export_model`). Training state lives in OUT/_train until the model is exported (a rerun
-    with the same --out resumes from its latest checkpoint); the same command again on the finished model
-    is a no-op that says so and returns its metrics, so the model keeps its bytes and its identity."""
+    config into `out` (`export_model`). Training state lives in OUT/_train, and stays there after the export:
+    a rerun with the same --out resumes from its latest checkpoint, a finished model's with a larger
+    --max-steps or more epochs too; the same command again on the finished model is a no-op that says so and
+    returns its metrics, so the model keeps its bytes and its identity."""
     return _train_discriminator(corpus, out, job, address, force_new, executor)
 
 
@@ -281,7 +321,7 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
     from sentsim.out_paths import check_out
     from sentsim.runtime import absolute_local, init_ray  # init_ray imports Ray only when called
     from sentsim.training.driver import EXECUTORS
-    from sentsim.training.run import claim_out, fit, plan_steps, quiet_progress, say_finished
+    from sentsim.training.run import claim_out, fit, mark_finished, plan_steps, quiet_progress, say_finished
     from sentsim.training.settings import LoopSettings
 
     if executor not in EXECUTORS:
@@ -306,16 +346,25 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
     what = {"model": job.model.model_dump(),
             "train": {k: v for k, v in tc.model_dump().items() if k not in RESUMABLE_TRAIN_KEYS}}
     run_id = fingerprint("discriminator", what, corpus_fp)
-    finish_in_place(out, "config.json")  # an export a kill cut short is completed before anything is read
-    done = None if force_new else finished_model(out, job, corpus_fp)
+    done = None if force_new else finished_model(out, job, corpus_fp, run_id)
     if done is not None:
         say_finished("discriminator", out_arg, f"model (fingerprint {run_id})")
         return done
     state = out / "_train"
     with claim_out(state, run_id, {"job": job.model_dump(), "corpus": str(corpus)}, force_new, out_arg,
                    unfingerprinted=tuple(f"job.train.{k}" for k in RESUMABLE_TRAIN_KEYS)):
+        # an export a kill cut short is completed by the one writer the lease lets in, not beside a live export;
+        # when it was this job's model, its run is the finished one
+        if finish_in_place(out, "config.json") and not force_new:
+            done = exported_model(out, job, corpus_fp)
+            if done is not None:
+                mark_finished(state, out, done)
+                say_finished("discriminator", out_arg, f"model (fingerprint {run_id})")
+                return done
         if force_new:  # the discarded run's model goes with its state, not stays beside the new run's
             discard_in_place(out, "config.json")
+            for name in ("embed_init.npy", "model.safetensors"):  # its initial embeddings and last weights too
+                (state / name).unlink(missing_ok=True)
         other_executors_state(state, executor, out_arg)
         vocab, init_path = _vocab_and_init(st, job, state)
         del st
@@ -341,23 +390,27 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
                   hint="lower --set train.lr=...",
                   memory_hint="lower --set train.batch_size=... or train.num_workers",
                   export=lambda d: shutil.copy(d / "model.safetensors", state / "model.safetensors"))
-    # the lease lives in the state folder, which the export removes: given back before it
-    history = run["history"]
-    final = dict(history[-1])
-    final["fit_seconds"] = round(time.perf_counter() - t0, 2)
-    export_model(out, state, job, corpus_fp, vocab, final, history)
+        history = run["history"]
+        final = dict(history[-1])
+        final["fit_seconds"] = round(time.perf_counter() - t0, 2)
+        # under the lease: no second writer starts while the model is written into OUT
+        export_model(out, state, job, corpus_fp, vocab, final, history, executor=executor)
+        mark_finished(state, out, final)  # last: the same command again is a no-op (finished_model)
     return final
 
 
 # where each executor keeps its checkpoints under OUT/_train (fit's out_dir): Ray Train's run, the inline one
 RAY_RUN = "ray/discriminator"
 INLINE_DIR = "checkpoint"
+# what each executor keeps under OUT/_train: its checkpoints and fit record (the inline checkpoint's swap
+# folders included)
+EXECUTOR_STATE = {"ray": ("ray",), "inline": (INLINE_DIR, f"{INLINE_DIR}.old", f"{INLINE_DIR}.tmp")}
 
 
 def other_executors_state(state: Path, executor: str, out_arg: str) -> None:
     """Say so when OUT/_train holds checkpoints of the other executor and none of this one's: they are not
     resumed (the executor is not part of the run's identity, its state is), this run starts over beside them,
-    and the export removes them with the rest of OUT/_train."""
+    and the export removes them (the state kept beside a model is that of the run that trained it)."""
     from sentsim.training.loop import inline_checkpoint
 
     held = {"inline": inline_checkpoint(state, INLINE_DIR), "ray": next((state / RAY_RUN).glob("checkpoint_*"), None)}
@@ -369,9 +422,11 @@ def other_executors_state(state: Path, executor: str, out_arg: str) -> None:
 
 
 def export_model(out: Path, state: Path, job: DiscriminatorJob, corpus_fp: str, vocab, final: dict,
-                 history: list) -> None:
-    """Replace the model in OUT by the trained one in `state` (OUT/_train: its weights and vocabulary) and
-    remove that state, so that a kill at any moment leaves OUT's old model or the new one, whole."""
+                 history: list, executor: Optional[str] = None) -> None:
+    """Replace the model in OUT by the trained one in `state` (OUT/_train: its weights and vocabulary), so
+    that a kill at any moment leaves OUT's old model or the new one, whole. The state stays, for a longer
+    run to resume; with `executor` (the one that trained the model) the other executor's checkpoints there go
+    once the model is in place, so that no later run resumes a state the model did not come from."""
     from sentsim.discriminator.io import FORMAT, save_config
     from sentsim.model_swap import replace_in_place
 
@@ -380,4 +435,5 @@ def export_model(out: Path, state: Path, job: DiscriminatorJob, corpus_fp: str, 
         shutil.copyfile(state / "vocab.json", folder / "vocab.json")
         save_config(folder, job, corpus_fp, vocab, final, history)
 
-    replace_in_place(out, "config.json", write, {"format": FORMAT}, scratch_removed=[state.name])
+    other = [f"{state.name}/{n}" for e, names in EXECUTOR_STATE.items() if executor and e != executor for n in names]
+    replace_in_place(out, "config.json", write, {"format": FORMAT}, scratch_removed=other)

@@ -83,7 +83,8 @@ def test_saved_model_loads_and_refuses_another_corpus(trained, wiki_corpus, spee
     from sentsim.discriminator import Discriminator
 
     names = {p.name for p in trained.iterdir()}
-    assert names == {"model.safetensors", "config.json", "vocab.json", "sentsim_model.json"}  # the last: sizes
+    # sentsim_model.json: the files' sizes; _train: the training state a longer run resumes from
+    assert names == {"model.safetensors", "config.json", "vocab.json", "sentsim_model.json", "_train"}
     d = Discriminator.load(trained, corpus=wiki_corpus)
     reps = d.encode(["The river floods every spring.", "", "?!"])
     assert reps.shape == (3, 128) and np.isfinite(reps).all()
@@ -128,14 +129,20 @@ def test_trained_head_ranks_contexts_per_sentence(trained, wiki_corpus):
 
 
 def test_inline_training_without_ray_resumes_exports_and_keeps_a_finished_model(tmp_path, speech_corpus,
-                                                                             capsys):
+                                                                             capsys, monkeypatch):
     """`--executor inline` on a machine without Ray: a run killed after its step-2 checkpoint (here: as its export
-    begins) resumes there when given a larger --max-steps, and exports the files a Ray Train run does; the same
-    command again is a no-op that says so. --num-workers 2 is taken as 1 and --address is said to be unused."""
+    begins) resumes there when given a larger --max-steps, and exports the files a Ray Train run does, keeping
+    its training state beside them; the same command again is a no-op that says so. The finished model given a
+    larger --max-steps goes on from its last checkpoint, exporting under the --out lease, which it gives back;
+    --force-new starts over. --num-workers 2 is taken as 1 and --address is said to be unused."""
     import subprocess
     import sys
 
-    from sentsim.identity import checkpoint_hash
+    import torch
+
+    import sentsim.discriminator.train as T
+    from sentsim.identity import checkpoint_hash, model_files
+    from storage.lease import LEASE
 
     env = without_ray(tmp_path)
     sets = ["model.embed_dim=16", "model.hidden=16", "model.head_dim=16", "model.max_tokens=16",
@@ -156,18 +163,53 @@ def test_inline_training_without_ray_resumes_exports_and_keeps_a_finished_model(
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     assert "Traceback" not in r.stderr
     assert "note: --address is not used (--executor inline runs in this process)" in r.stderr
-    assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "vocab.json", "sentsim_model.json"}
+    assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "vocab.json", "sentsim_model.json",
+                                               "_train"}
+    assert (out / "_train" / "checkpoint" / "state.pt").is_file() and not (out / "_train" / LEASE).exists()
     cfg = json.loads((out / "config.json").read_text())
     assert [h["step"] for h in cfg["history"]] == [0, 2, 4]  # resumed at step 2, not trained again from 0
     assert cfg["metrics"]["world_size"] == 1 and cfg["train"]["num_workers"] == 1  # one process, one worker
     assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == 4
-    model_hash = checkpoint_hash(str(out))
 
-    # the same command again (in this process: a subprocess's start-up would cost more than the check)
-    assert cli_main([*args, "--max-steps", "4"]) == 0
-    again = capsys.readouterr().out
+    def model_bytes() -> tuple:
+        return checkpoint_hash(str(out)), {str(f.relative_to(out)): f.read_bytes() for f in model_files(out)}
+
+    def in_process(*more: str) -> str:
+        """The command in this process (a subprocess's start-up would cost more than the checks): its stdout."""
+        threads = torch.get_num_threads()  # the training loop sets this process's thread count
+        try:
+            assert cli_main([*args, *more]) == 0
+        finally:
+            torch.set_num_threads(threads)
+        return capsys.readouterr().out
+
+    # the same command again
+    before = model_bytes()
+    again = in_process("--max-steps", "4")
     assert f"[discriminator] --out {out} already holds this finished model" in again
-    assert "starting" not in again and checkpoint_hash(str(out)) == model_hash
+    assert "starting" not in again and "resuming" not in again and model_bytes() == before
+
+    # a larger --max-steps goes on from the finished model's last checkpoint, and the export is written under the
+    # --out lease; a Ray Train run's state beside it (not the model's) goes with that export
+    (out / "_train" / "ray" / "discriminator").mkdir(parents=True)
+    held = []
+    export = T.export_model
+    monkeypatch.setattr(T, "export_model", lambda o, state, *a, **k: (held.append((state / LEASE).is_file()),
+                                                                     export(o, state, *a, **k)))
+    longer = in_process("--max-steps", "6")
+    assert "resuming at step 4" in longer and held == [True]
+    cfg = json.loads((out / "config.json").read_text())
+    assert [h["step"] for h in cfg["history"]] == [0, 2, 4, 6] and cfg["metrics"]["step"] == 6
+    assert not (out / "_train" / LEASE).exists() and not (out / "_train" / "ray").exists()
+    assert (out / "_train" / "checkpoint" / "state.pt").is_file()
+    before = model_bytes()
+    again = in_process("--max-steps", "6")
+    assert "already holds this finished model" in again and "resuming" not in again and model_bytes() == before
+
+    # --force-new discards the run and its model: trained again from step 0
+    fresh = in_process("--max-steps", "2", "--force-new")
+    assert "starting" in fresh and "resuming" not in fresh
+    assert [h["step"] for h in json.loads((out / "config.json").read_text())["history"]] == [0, 2]
 
 
 def test_corpus_without_windows_is_a_usage_error(tmp_path, capsys):

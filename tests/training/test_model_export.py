@@ -255,6 +255,7 @@ def two_discriminators(tmp_path_factory):
         shutil.copytree(root / name / "_train", root / f"{name}_state")
         export_model(root / name, root / name / "_train", job, "corpus-fp",
                      Vocab.load(root / name / "_train" / "vocab.json"), {}, [])
+        shutil.rmtree(root / name / "_train")  # the exports alone: each test puts beside them the state it needs
     return root / "old", root / "new_state", root / "new", job.model_dump_json()
 
 
@@ -290,8 +291,28 @@ def test_a_kill_anywhere_in_a_discriminator_export_leaves_the_old_or_the_new_mod
     assert _which_disc(out, old, new) == after
     assert checkpoint_hash(str(out)) == checkpoint_hash(str(old if after == "old" else new))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["disc"]  # nothing staged beside it
-    # the training state goes with a finished export; a kill before the seal keeps it for a resume
-    assert (out / "_train").exists() == (point == "writing")
+    # the training state stays beside the model, whatever the point: a longer run resumes from it
+    assert sorted(p.name for p in (out / "_train").iterdir()) == ["model.safetensors", "vocab.json"]
+
+
+def test_a_discriminator_export_keeps_its_state_and_drops_the_other_executors(two_discriminators, tmp_path):
+    """The export keeps OUT/_train (a longer run resumes from it) but not the checkpoints of the executor that
+    did not train the model: no later run resumes a state the model did not come from."""
+    from sentsim.discriminator.train import DiscriminatorJob, export_model
+    from sentsim.discriminator.vocab import Vocab
+
+    old, new_state, new, job = two_discriminators
+    out = tmp_path / "disc"
+    shutil.copytree(old, out)
+    shutil.copytree(new_state, out / "_train")
+    for d in ("checkpoint", "ray/discriminator"):
+        (out / "_train" / d).mkdir(parents=True)
+        (out / "_train" / d / "state.pt").write_text("x")
+    export_model(out, out / "_train", DiscriminatorJob.model_validate_json(job), "corpus-fp",
+                 Vocab.load(out / "_train" / "vocab.json"), {}, [], executor="inline")
+    assert _which_disc(out, old, new) == "new"
+    assert sorted(p.name for p in (out / "_train").iterdir()) == ["checkpoint", "model.safetensors", "vocab.json"]
+    assert (out / "_train" / "checkpoint" / "state.pt").is_file()
 
 
 @pytest.mark.parametrize("how", ["truncated weights", "no vocabulary"])

@@ -67,7 +67,11 @@ def test_train_discriminator_relative_paths(tmp_path, speech_corpus, head_env, c
     r = _run(tmp_path, head_env, "train", "discriminator", "--corpus", corpus, "--out", "disc", "--num-workers", "2",
              "--set", "train.cpus_per_worker=0.5", "--max-steps", "2", *sets)
     out = tmp_path / "disc"
-    assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "vocab.json", "sentsim_model.json"}
+    assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "vocab.json", "sentsim_model.json",
+                                               "_train"}
+    # Ray Train's state stays beside the model, for a longer run to resume; the lease is given back
+    assert (out / "_train" / "ray" / "discriminator").is_dir() and not (out / "_train" / "checkpoint").exists()
+    assert not (out / "_train" / "_LEASE").exists()
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["metrics"]["step"] == 2 and [h["step"] for h in cfg["history"]] == [0, 2]
     assert cfg["metrics"]["world_size"] == 2 and cfg["train"]["num_workers"] == 2
@@ -76,6 +80,12 @@ def test_train_discriminator_relative_paths(tmp_path, speech_corpus, head_env, c
     from sentsim.discriminator import Discriminator
 
     assert Discriminator.load(out).encode(["A sentence."]).shape == (1, 32)
+    # the finished model given a larger --max-steps goes on from Ray Train's last checkpoint, not from step 0
+    r = _run(tmp_path, head_env, "train", "discriminator", "--corpus", corpus, "--out", "disc", "--num-workers", "2",
+             "--set", "train.cpus_per_worker=0.5", "--max-steps", "4", *sets)
+    assert "resuming at step 2" in r.stdout, r.stdout[-2000:]
+    assert [h["step"] for h in json.loads((out / "config.json").read_text())["history"]] == [0, 2, 4]
+    assert not (out / "_train" / "_LEASE").exists()
 
 
 def test_train_context_relative_paths(tmp_path, speech_corpus, head_env, capsys, monkeypatch):
