@@ -171,8 +171,8 @@ _URI_INPUTS_OF = {("train", "surrogate"): {"--data"}, ("train", "student"): {"--
 def _takes_uri(argv: Sequence[str], flag: Optional[str]) -> bool:
     """Whether the input given to `flag` (None: a positional one) of the command in `argv` may be s3://."""
     words = tuple(a for a in argv[:2] if not a.startswith("-"))
-    if flag is None:
-        return words[:1] == ("store",)  # a run to verify or compact; corpus build's inputs are local files
+    if flag is None:  # a run to verify, compact or remix; corpus build's inputs are local files
+        return words[:1] in (("store",), ("remix",))
     return flag in _URI_INPUTS or flag in _URI_INPUTS_OF.get(words, set())
 
 

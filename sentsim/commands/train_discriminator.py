@@ -15,7 +15,9 @@ HELP = "train the BiLSTM coherence discriminator (Ray Train or inline; held-out 
 def add_arguments(parser) -> None:
     parser.add_argument("--corpus", required=True, metavar="DIR", help="corpus directory (sentences/, manifest.json)")
     parser.add_argument("--out", required=True, metavar="DIR",
-                        help="model directory to write; rerunning with the same --out resumes an unfinished run")
+                        help="model directory to write; rerunning with the same --out resumes an unfinished run, "
+                             "or goes on from a finished one with a larger --max-steps; other settings need "
+                             "--force-new")
     add_num_workers(parser)
     add_max_steps(parser, "stop after N optimizer steps per worker, within the epochs (0: run the epochs out; "
                           "default: the config's train.max_steps)", least=0)

@@ -280,9 +280,10 @@ def _state_finished(state: Path, run_id: str, out: Path) -> bool:
             and done.get("model_hash") == checkpoint_hash(str(out)))
 
 
-def _vocab_and_init(st, job: DiscriminatorJob, state: Path):
+def _vocab_and_init(st, job: DiscriminatorJob, state: Path, run_id: str):
     """The vocabulary (saved in the training state: OUT/vocab.json only with the model it belongs to) and
-    the path of the LSA embeddings the weights start from (None for random ones)."""
+    the path of the LSA embeddings the weights start from (None for random ones), made once for the run
+    `run_id` (its name holds it: a run of other settings killed before its first checkpoint left its own)."""
     from sentsim.discriminator.vocab import Vocab
 
     vocab = Vocab.build(st.texts, job.model.vocab_size, job.model.min_count)
@@ -293,8 +294,10 @@ def _vocab_and_init(st, job: DiscriminatorJob, state: Path):
         return vocab, None
     from sentsim.discriminator.embed_init import lsa_embeddings
 
-    init_path = state / "embed_init.npy"
+    init_path = state / f"embed_init-{run_id}.npy"
     if not init_path.is_file():
+        for other in state.glob("embed_init*.npy"):
+            other.unlink()
         emb = lsa_embeddings([vocab.encode(t, job.model.max_tokens) for t in st.texts], len(vocab),
                              job.model.embed_dim, seed=job.train.seed)
         np.save(init_path, emb, allow_pickle=False)
@@ -317,7 +320,7 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
     from corpus.view import SentenceTable
     from sentsim.discriminator.data import window_centres
     from sentsim.identity import corpus_fingerprint
-    from sentsim.model_swap import discard_in_place, finish_in_place
+    from sentsim.model_swap import discard_in_place, finish_in_place, sealed_info, staged_beside
     from sentsim.out_paths import check_out
     from sentsim.runtime import absolute_local, init_ray  # init_ray imports Ray only when called
     from sentsim.training.driver import EXECUTORS
@@ -351,22 +354,26 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
         say_finished("discriminator", out_arg, f"model (fingerprint {run_id})")
         return done
     state = out / "_train"
+    if "_train" in (sealed_info(staged_beside(out)) or {}).get("scratch_removed", []):
+        # sealed by an export that removed the whole state, the lease's folder too: completed before it is taken
+        finish_in_place(out, "config.json")
     with claim_out(state, run_id, {"job": job.model_dump(), "corpus": str(corpus)}, force_new, out_arg,
                    unfingerprinted=tuple(f"job.train.{k}" for k in RESUMABLE_TRAIN_KEYS)):
-        # an export a kill cut short is completed by the one writer the lease lets in, not beside a live export;
-        # when it was this job's model, its run is the finished one
-        if finish_in_place(out, "config.json") and not force_new:
-            done = exported_model(out, job, corpus_fp)
-            if done is not None:
-                mark_finished(state, out, done)
-                say_finished("discriminator", out_arg, f"model (fingerprint {run_id})")
-                return done
+        # an export a kill cut short is completed by the one writer the lease lets in, not beside a live export
+        finish_in_place(out, "config.json")
+        # this job's model, exported whole (config.json, written last, names its settings, the budget included),
+        # is its finished run's, whatever its state says since: a run killed after the export and before
+        # mark_finished, or a longer run killed before its own export, which this shorter job does not take on
+        done = None if force_new else exported_model(out, job, corpus_fp)
+        if done is not None:
+            mark_finished(state, out, done)
+            say_finished("discriminator", out_arg, f"model (fingerprint {run_id})")
+            return done
         if force_new:  # the discarded run's model goes with its state, not stays beside the new run's
             discard_in_place(out, "config.json")
-            for name in ("embed_init.npy", "model.safetensors"):  # its initial embeddings and last weights too
-                (state / name).unlink(missing_ok=True)
+            (state / "model.safetensors").unlink(missing_ok=True)  # its last weights too
         other_executors_state(state, executor, out_arg)
-        vocab, init_path = _vocab_and_init(st, job, state)
+        vocab, init_path = _vocab_and_init(st, job, state, run_id)
         del st
 
         # the training windows, as each worker will split them (same seed, same rule): the plan's step count

@@ -249,6 +249,12 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
             print(f"[{label}] already trained to step {done['history'][-1].get('step')} with these settings; "
                   f"nothing to do ({done['model']} is kept)", flush=True)
         return done
+    reached = resumed_step(out_dir, name, executor, inline_dir)
+    if reached is not None and reached > settings.total_steps:
+        # resumed, it would train no step and export the longer run's weights under this run's budget
+        raise UsageError(f"{label}: the training state in {out_dir} is at step {reached}, past the "
+                         f"{settings.total_steps} steps this run plans, and a model is not trained back: ask for at "
+                         f"least {reached} steps (max_steps or epochs), or --force-new to start over, or another --out")
     record.clear()
     t0 = time.perf_counter()
     if executor == "inline":
@@ -310,6 +316,24 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
     out = {"model": model_dir, "history": history, "gpu": gpu, "result": rv}
     record.write(out)
     return out
+
+
+def resumed_step(out_dir: Path, name: str, executor: str, inline_dir: str) -> Optional[int]:
+    """The step of the checkpoint a fit into `out_dir` resumes from (inline: `inline_checkpoint`'s history; Ray
+    Train: the latest checkpoint its manager's snapshot registers), or None: none there, or none this can read."""
+    from sentsim.training.loop import HISTORY_FILE, inline_checkpoint
+
+    try:
+        if executor == "inline":
+            ckpt = inline_checkpoint(out_dir, inline_dir)
+            return None if ckpt is None else int(json.loads((ckpt / HISTORY_FILE).read_text())[-1]["step"])
+        snapshot = out_dir / "ray" / name / "checkpoint_manager_snapshot.json"
+        if not snapshot.is_file():
+            return None
+        latest = json.loads(snapshot.read_text()).get("latest_checkpoint_result") or {}
+        return int(latest["metrics"]["step"]) if latest.get("checkpoint_dir_name") else None
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None
 
 
 def drop_unregistered_checkpoints(run_dir: Path, also_keep: Optional[str] = None) -> list:

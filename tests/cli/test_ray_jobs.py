@@ -169,6 +169,8 @@ def test_in_a_job_a_relative_input_a_trainer_made_absolute_gets_the_hint(tmp_pat
         line = error_line(r.stderr)
         assert r.returncode == 2 and str(tmp_path.parent / "w" / "h") in line and hint in line, (args, r.stderr)
         assert line.endswith("every node sees, or s3://)"), line  # a run: read through the shard store
+    line = error_line(sentsim_cli("remix", "../w/h", "--out", tmp_path / "r", env=job, cwd=tmp_path).stderr)
+    assert hint in line and line.endswith("every node sees, or s3://)"), line  # a harvest run to remix
     # an input read from local files only is offered no object store: corpus build's input files, eval's STS folder
     for args in (("corpus", "build", "../w/h", "--out", tmp_path / "c"),
                  ("eval", "sts", "--tfidf", "--data=../w/h")):

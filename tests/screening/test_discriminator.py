@@ -133,8 +133,9 @@ def test_inline_training_without_ray_resumes_exports_and_keeps_a_finished_model(
     """`--executor inline` on a machine without Ray: a run killed after its step-2 checkpoint (here: as its export
     begins) resumes there when given a larger --max-steps, and exports the files a Ray Train run does, keeping
     its training state beside them; the same command again is a no-op that says so. The finished model given a
-    larger --max-steps goes on from its last checkpoint, exporting under the --out lease, which it gives back;
-    --force-new starts over. --num-workers 2 is taken as 1 and --address is said to be unused."""
+    larger --max-steps goes on from its last checkpoint, exporting under the --out lease, which it gives back; a
+    smaller one is refused; a model whose run was not marked finished is still this command's; --force-new starts
+    over. --num-workers 2 is taken as 1 and --address is said to be unused."""
     import subprocess
     import sys
 
@@ -205,6 +206,22 @@ def test_inline_training_without_ray_resumes_exports_and_keeps_a_finished_model(
     before = model_bytes()
     again = in_process("--max-steps", "6")
     assert "already holds this finished model" in again and "resuming" not in again and model_bytes() == before
+
+    # a smaller budget is refused in one line: resumed, it would export the step-6 weights labelled as 2 steps
+    assert cli_main([*args, "--max-steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "is at step 6, past the 2 steps this run plans" in err and len(err.strip().splitlines()) == 1, err
+    assert model_bytes() == before and not (out / "_train" / LEASE).exists()
+    # the run's record without its "finished" (as the refused run, a kill after the export and before
+    # mark_finished, or a longer run killed before its own export leaves it): the model this command exported
+    # is still its finished one
+    run_json = out / "_train" / "run.json"
+    rec = json.loads(run_json.read_text())
+    rec.pop("finished", None)
+    run_json.write_text(json.dumps(rec))
+    again = in_process("--max-steps", "6")
+    assert "already holds this finished model" in again and "resuming" not in again and model_bytes() == before
+    assert "finished" in json.loads(run_json.read_text())  # recorded again: the next rerun reads it as before
 
     # --force-new discards the run and its model: trained again from step 0
     fresh = in_process("--max-steps", "2", "--force-new")
