@@ -154,7 +154,7 @@ def _job_copy_hint(line: str, argv: Sequence[str]) -> str:
         # named as typed, or made absolute (a trainer resolves its inputs before it reads them)
         if _path_like(value) and "://" not in value and not os.path.isabs(value) and \
                 (value in line or os.path.abspath(value) in line) and not os.path.exists(value):
-            given = arg.split("=", 1)[0] if arg.startswith("--") and "=" in arg else flag
+            given = arg.split("=", 1)[0] if (arg.startswith("--") or flag == "--set") and "=" in arg else flag
             return (f" ({value} is relative, and this Ray job runs in Ray's copy of its --working-dir, which holds "
                     "neither what .gitignore lists nor anything outside it: give an absolute path that every node "
                     f"sees{', or s3://' if _takes_uri(argv, given) else ''})")
@@ -166,14 +166,17 @@ def _job_copy_hint(line: str, argv: Sequence[str]) -> str:
 # corpus or harvest run, an index, a run of scored pairs; every other input file or folder is read locally
 _URI_INPUTS = {"--corpus", "--index", "--scores"}
 _URI_INPUTS_OF = {("train", "surrogate"): {"--data"}, ("train", "student"): {"--data"}}
+# the same inputs given as config keys (`--set KEY=PATH`): a run, an index, a representation cache
+_URI_KEYS = {"corpus", "index", "contexts.rep_cache"}
 
 
 def _takes_uri(argv: Sequence[str], flag: Optional[str]) -> bool:
-    """Whether the input given to `flag` (None: a positional one) of the command in `argv` may be s3://."""
+    """Whether the input given to `flag` (None: a positional one; a config key for one given by --set) of the
+    command in `argv` may be s3://."""
     words = tuple(a for a in argv[:2] if not a.startswith("-"))
     if flag is None:  # a run to verify, compact or remix; corpus build's inputs are local files
         return words[:1] in (("store",), ("remix",))
-    return flag in _URI_INPUTS or flag in _URI_INPUTS_OF.get(words, set())
+    return flag in _URI_INPUTS or flag in _URI_KEYS or flag in _URI_INPUTS_OF.get(words, set())
 
 
 def _path_like(value: str) -> bool:

@@ -178,6 +178,18 @@ def test_in_a_job_a_relative_input_a_trainer_made_absolute_gets_the_hint(tmp_pat
         assert hint in line and line.endswith("every node sees)"), line
 
 
+def test_the_job_hint_offers_s3_for_a_run_given_by_set_and_not_for_a_local_file(tmp_path, monkeypatch):
+    """`--set KEY=PATH` names an input as a flag does: a run (corpus, contexts.rep_cache) may be s3://, a file
+    read locally (a context-model folder) may not."""
+    from sentsim.cli import _job_copy_hint
+
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://x.zip"}}))
+    monkeypatch.chdir(tmp_path)
+    for key, s3 in (("contexts.rep_cache", True), ("corpus", True), ("context_models", False)):
+        hint = _job_copy_hint("../w/h: no such directory", ["harvest", "--set", f"{key}=../w/h", "--out", "/o"])
+        assert "../w/h is relative" in hint and hint.endswith("every node sees, or s3://)") == s3, (key, hint)
+
+
 def test_cluster_yaml_passes_rays_validation():
     from ray.autoscaler._private.util import prepare_config, validate_config
 
