@@ -104,6 +104,28 @@ def held_kind(folder: Union[str, os.PathLike]) -> Optional[Tuple[str, str]]:
     return None
 
 
+def output_around(path: Path) -> Optional[Tuple[Path, str]]:
+    """The nearest folder above `path` that holds a sentsim output, as (folder, words), or None. Only a sentsim
+    writer's own marks count (a run's manifest naming its stage, a model's listing, a trainer's fingerprinted
+    run record, a discriminator's training state, an index's record), so a project folder with a manifest.json
+    of its own is none. A run's nested runs (a harvest's own rep_cache/) are built inside it by design."""
+    from storage.store import NESTED_RUNS
+
+    for q in path.parents:
+        if q.name == "_train" and (q / "run.json").is_file() and held_kind(q.parent) is not None:
+            continue  # a discriminator's training state: named by the model folder it belongs to, next
+        if (q / "manifest.json").is_file() and _json(q / "manifest.json").get("stage"):
+            if q == path.parent and path.name in NESTED_RUNS:
+                return None
+            return q, held_kind(q)[1]
+        marks = ((q / "sentsim_model.json").is_file() or (q / "_train" / "run.json").is_file()
+                 or ((q / "run.json").is_file() and "fingerprint" in _json(q / "run.json"))
+                 or str(_json(q / "index.json").get("format", "")).startswith("sentsim"))
+        if marks:
+            return q, (held_kind(q) or ("", "a sentsim output"))[1]
+    return None
+
+
 def refuse_another_kind(folder: str, command: str) -> None:
     """`store verify` and `store compact` take a sharded run: another sentsim output there is named."""
     held = held_kind(folder)
@@ -167,6 +189,12 @@ def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], o
     if held is not None and held[0] != writes:
         raise UsageError(f"{out_flag} {text} holds {held[1]}, not {KINDS[writes]}; give another {out_flag}")
     p = Path(os.path.expanduser(text)).absolute()
+    if writes:
+        outer = output_around(p)
+        if outer is not None:
+            raise UsageError(f"{out_flag} {text} lies inside {outer[0]}, which holds {outer[1]}: written there, it "
+                             f"would mix with that output's files (or, with --force-new, delete them); give a "
+                             f"{out_flag} outside it")
     # a symlink to nothing (a disk not mounted, a folder moved away) at out or on the way to it: neither a
     # folder nor one that can be made there, and following it would write somewhere the user did not name
     given = Path(os.path.expanduser(text))  # named as the user spelt it

@@ -19,8 +19,8 @@ def add_arguments(parser) -> None:
                              "or goes on from a finished one with a larger --max-steps; other settings need "
                              "--force-new")
     add_num_workers(parser)
-    add_max_steps(parser, "stop after N optimizer steps per worker, within the epochs (0: run the epochs out; "
-                          "default: the config's train.max_steps)", least=0)
+    add_max_steps(parser, "train N optimizer steps per worker, for as many epochs as they take (0: run "
+                          "train.epochs out; default: the config's train.max_steps)", least=0)
     add_executor(parser)
     add_force_new(parser)
     add_config_arguments(parser)

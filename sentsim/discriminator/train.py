@@ -242,13 +242,14 @@ def finished_model(out: Path, job: DiscriminatorJob, corpus_fp: str, run_id: str
 
 
 def exported_model(out: Path, job: DiscriminatorJob, corpus_fp: str) -> Optional[dict]:
-    """The metrics of the model in `out` when its config.json says it is this job's on this corpus (the
-    width keys aside), or None."""
+    """The metrics of the model in `out` when it is whole (every file its listing names, at its size) and its
+    config.json says it is this job's on this corpus (the width keys aside), or None."""
     import json
 
     from sentsim.discriminator.io import FORMAT
+    from sentsim.model_swap import sealed_info
 
-    if not (out / "model.safetensors").is_file() or not (out / "vocab.json").is_file():
+    if sealed_info(out) is None:  # a file cut short or lost: the run re-exports it from its state
         return None
     try:
         cfg = json.loads((out / "config.json").read_text(encoding="utf-8"))

@@ -90,6 +90,7 @@ class HarvestRun(ShardedJob):
             from sentsim.retrieval.base import check_index
 
             check_index(cfg.index, corpus=cfg.corpus)
+        check_context_models(cfg)
         check_scorable_terms(cfg)
         check_scoring_device(cfg, executor)
         self.cfg, self.out = cfg, cfg.out
@@ -494,6 +495,31 @@ def check_scoring_device(cfg: HarvestConfig, executor: str) -> None:
 def uses_rep_cache(cfg: HarvestConfig) -> bool:
     """Screening with a discriminator scores contexts from its representation cache (003 §3.3)."""
     return discriminator_in_use(cfg.discriminator, cfg.contexts.mode)
+
+
+def check_context_models(cfg: HarvestConfig) -> None:
+    """Refuse, before the run folder is written, context-model folders the scorers would refuse at their setup:
+    a direction given by two of them, or models of different tokenizers (their scores cannot be combined). Past
+    that point the refusal would leave a run whose fingerprint names those folders, refusing the mended command."""
+    from sentsim.context.model import read_bundle_meta
+
+    by_dir, tokenizer, seen = {}, None, {}
+    for p in cfg.context_models:
+        where = os.path.realpath(p)
+        if where in seen:
+            raise UsageError(f"--context-models: {p} is given twice (as {seen[where]} too); give each folder once")
+        seen[where] = p
+        meta = read_bundle_meta(p)
+        for d in meta.get("directions", {}):
+            if d in by_dir:
+                raise UsageError(f"{p}: direction {d!r} is provided by more than one model directory (by {by_dir[d]} "
+                                 "too); give each direction once")
+            by_dir[d] = p
+        sha = meta.get("tokenizer_sha256")
+        if tokenizer is not None and sha != tokenizer[1]:
+            raise UsageError(f"{p}: its tokenizer ({str(sha)[:12]}) differs from {tokenizer[0]}'s "
+                             f"({str(tokenizer[1])[:12]}); scores from different vocabularies cannot be combined")
+        tokenizer = tokenizer or (p, sha)
 
 
 def check_scorable_terms(cfg: HarvestConfig) -> None:

@@ -387,6 +387,12 @@ class _Worker:
         if state:
             self.opt.load_state_dict(state["optimizer"])
             self.sched.load_state_dict(state["scheduler"])
+            # the optimizer comes back with the lr the saved run's plan gave this step (at its end: 0); a run given
+            # more steps takes its own plan's from its first step on. Unchanged plan: the same number, bit for bit
+            for group, base, fn in zip(self.opt.param_groups, self.sched.base_lrs,
+                                       getattr(self.sched, "lr_lambdas", ())):
+                group["lr"] = base * fn(self.sched.last_epoch)
+            self.sched._last_lr = [group["lr"] for group in self.opt.param_groups]  # what the history logs
         self.step, self.epoch0 = state.get("step", 0), state.get("epoch", 0)
         self.skip = state.get("batches_in_epoch", 0)
         self.in_epoch, self.last_metrics, self.stop = self.skip, {}, False

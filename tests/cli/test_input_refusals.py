@@ -169,6 +169,33 @@ def test_harvest_refuses_terms_its_models_cannot_score(harvest_inputs, tmp_path)
     assert not (tmp_path / "run").exists()
 
 
+def test_context_models_the_scorers_would_refuse_are_refused_before_the_run_is_written(harvest_inputs, tmp_path,
+                                                                                        capsys):
+    """A folder given twice, a direction two folders give, or two tokenizers: the scorers refuse them at their
+    setup, after the run folder was written with a fingerprint naming them, so the mended command was refused as
+    another run. Now refused before anything is written."""
+    import shutil
+
+    from harvest_support import cli_in_process
+
+    bundle = harvest_inputs["bundle"]
+    again = tmp_path / "again"
+    shutil.copytree(bundle, again)
+    other_tok = tmp_path / "other-tokenizer"
+    shutil.copytree(bundle, other_tok)
+    meta = json.loads((other_tok / "context.json").read_text())
+    meta["directions"] = {}  # no direction twice: only the tokenizers differ
+    meta["tokenizer_sha256"] = "0" * 64
+    (other_tok / "context.json").write_text(json.dumps(meta))
+    base = ["harvest", "--corpus", harvest_inputs["corpus"], "--index", harvest_inputs["index"], "--out",
+            tmp_path / "run", "--executor", "inline", "--set", "rank.enabled=false", "--context-models"]
+    for models, needles in (((bundle, bundle), ("is given twice",)),
+                            ((bundle, again), ("is provided by more than one model directory", f"by {bundle} too")),
+                            ((bundle, other_tok), ("its tokenizer (000000000000) differs from",))):
+        one_line_exit_2(cli_in_process(capsys, *base, *models), *needles)
+        assert not (tmp_path / "run").exists()
+
+
 def test_a_scoring_device_that_cannot_be_had_is_refused_before_any_work(harvest_inputs, tmp_path):
     """scoring.device=cuda: inline on a machine without CUDA, or on Ray for scoring actors that ask for no GPU
     (Ray hides every GPU from them): one line before the rep cache, Ray or the run folder."""

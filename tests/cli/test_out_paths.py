@@ -253,3 +253,37 @@ def test_a_report_file_its_folder_will_not_take_is_one_line_before_scoring(share
     report = tmp_path / "new" / "r.json"  # a folder still to make is made, and holds only the report
     assert sentsim_cli(*sts, "--json", report).returncode == 0
     assert [p.name for p in report.parent.iterdir()] == ["r.json"]
+
+
+def test_an_out_inside_another_output_is_refused_before_anything_is_written(corpus, tmp_path, capsys):
+    """An --out inside another sentsim output (a model folder, a discriminator's training state, a harvest) would
+    mix its files with that output's, and --force-new would delete that output's state: refused in one line naming
+    the output, before anything is written, --force-new or not. A run's nested runs (a harvest's own rep_cache/)
+    are built inside it by design, and a folder with a manifest.json of its own (no sentsim stage) is no output."""
+    import json
+
+    from harvest_support import cli_in_process
+
+    disc = tmp_path / "disc"  # a finished discriminator: its listing, and its training state beside it
+    (disc / "_train" / "ray").mkdir(parents=True)
+    (disc / "sentsim_model.json").write_text(json.dumps({"format": "sentsim-discriminator-v1", "files": {}}))
+    (disc / "_train" / "run.json").write_text(json.dumps({"fingerprint": "f" * 16, "job": {}}))
+    harvest = tmp_path / "harvest"
+    harvest.mkdir()
+    (harvest / "manifest.json").write_text(json.dumps({"stage": "harvest"}))
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    c = str(corpus)
+    for args, where, words in (
+            (("train", "surrogate", "--data", c, "--out", disc / "_train", "--force-new"), disc, "a discriminator"),
+            (("train", "discriminator", "--corpus", c, "--out", disc / "_train" / "x"), disc, "a discriminator"),
+            (("index", "build", "--corpus", c, "--out", harvest / "index"), harvest, "a sentsim 'harvest' run")):
+        r = cli_in_process(capsys, *args)
+        line = r.stderr.strip()
+        assert r.returncode == 2 and len(line.splitlines()) == 1, r.stderr
+        assert f"lies inside {where}, which holds {words}" in line, line
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before  # nothing written
+    check_out(harvest / "rep_cache", {}, writes="run")  # the harvest's own cache
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "manifest.json").write_text("{}")
+    check_out(project / "corpus", {}, writes="run")

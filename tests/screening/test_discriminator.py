@@ -134,8 +134,9 @@ def test_inline_training_without_ray_resumes_exports_and_keeps_a_finished_model(
     begins) resumes there when given a larger --max-steps, and exports the files a Ray Train run does, keeping
     its training state beside them; the same command again is a no-op that says so. The finished model given a
     larger --max-steps goes on from its last checkpoint, exporting under the --out lease, which it gives back; a
-    smaller one is refused; a model whose run was not marked finished is still this command's; --force-new starts
-    over. --num-workers 2 is taken as 1 and --address is said to be unused."""
+    smaller one is refused; a model whose run was not marked finished is still this command's, unless a file of
+    it was cut short (then it is written again); --force-new starts over. --num-workers 2 is taken as 1 and
+    --address is said to be unused."""
     import subprocess
     import sys
 
@@ -197,20 +198,23 @@ def test_inline_training_without_ray_resumes_exports_and_keeps_a_finished_model(
     export = T.export_model
     monkeypatch.setattr(T, "export_model", lambda o, state, *a, **k: (held.append((state / LEASE).is_file()),
                                                                      export(o, state, *a, **k)))
-    longer = in_process("--max-steps", "6")
+    weights_at_4 = (out / "model.safetensors").read_bytes()
+    longer = in_process("--max-steps", "5")
     assert "resuming at step 4" in longer and held == [True]
     cfg = json.loads((out / "config.json").read_text())
-    assert [h["step"] for h in cfg["history"]] == [0, 2, 4, 6] and cfg["metrics"]["step"] == 6
+    assert [h["step"] for h in cfg["history"]] == [0, 2, 4, 5] and cfg["metrics"]["step"] == 5
+    # its one step trained at its own plan's lr, not at the finished plan's last (0, which changed nothing)
+    assert (out / "model.safetensors").read_bytes() != weights_at_4
     assert not (out / "_train" / LEASE).exists() and not (out / "_train" / "ray").exists()
     assert (out / "_train" / "checkpoint" / "state.pt").is_file()
     before = model_bytes()
-    again = in_process("--max-steps", "6")
+    again = in_process("--max-steps", "5")
     assert "already holds this finished model" in again and "resuming" not in again and model_bytes() == before
 
     # a smaller budget is refused in one line: resumed, it would export the step-6 weights labelled as 2 steps
     assert cli_main([*args, "--max-steps", "2"]) == 2
     err = capsys.readouterr().err
-    assert "is at step 6, past the 2 steps this run plans" in err and len(err.strip().splitlines()) == 1, err
+    assert "is at step 5, past the 2 steps this run plans" in err and len(err.strip().splitlines()) == 1, err
     assert model_bytes() == before and not (out / "_train" / LEASE).exists()
     # the run's record without its "finished" (as the refused run, a kill after the export and before
     # mark_finished, or a longer run killed before its own export leaves it): the model this command exported
@@ -219,9 +223,16 @@ def test_inline_training_without_ray_resumes_exports_and_keeps_a_finished_model(
     rec = json.loads(run_json.read_text())
     rec.pop("finished", None)
     run_json.write_text(json.dumps(rec))
-    again = in_process("--max-steps", "6")
+    again = in_process("--max-steps", "5")
     assert "already holds this finished model" in again and "resuming" not in again and model_bytes() == before
     assert "finished" in json.loads(run_json.read_text())  # recorded again: the next rerun reads it as before
+    # a model file cut short is no finished model: the same command writes it again, whole, from its state
+    weights = out / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    again = in_process("--max-steps", "5")
+    assert "already holds this finished model" not in again, again
+    assert weights.read_bytes() == before[1]["model.safetensors"]
+    assert "already holds this finished model" in in_process("--max-steps", "5")
 
     # --force-new discards the run and its model: trained again from step 0
     fresh = in_process("--max-steps", "2", "--force-new")
