@@ -109,21 +109,29 @@ def output_around(path: Path) -> Optional[Tuple[Path, str]]:
     writer's own marks count (a run's manifest naming its stage, a model's listing, a trainer's fingerprinted
     run record, a discriminator's training state, an index's record), so a project folder with a manifest.json
     of its own is none. A run's nested runs (a harvest's own rep_cache/) are built inside it by design."""
+    for q in path.parents:
+        try:
+            found = _output_at(q, path)
+        except OSError:  # a folder on the way this process may pass through but not look into: no mark it can see
+            continue
+        if found is not False:
+            return found
+    return None
+
+
+def _output_at(q: Path, path: Path):
+    """output_around's look at one folder above `path`: (q, words); None, where `path` is one of q's nested
+    runs (no refusal); False, where q holds no output."""
     from storage.store import NESTED_RUNS
 
-    for q in path.parents:
-        if q.name == "_train" and (q / "run.json").is_file() and held_kind(q.parent) is not None:
-            continue  # a discriminator's training state: named by the model folder it belongs to, next
-        if (q / "manifest.json").is_file() and _json(q / "manifest.json").get("stage"):
-            if q == path.parent and path.name in NESTED_RUNS:
-                return None
-            return q, held_kind(q)[1]
-        marks = ((q / "sentsim_model.json").is_file() or (q / "_train" / "run.json").is_file()
-                 or ((q / "run.json").is_file() and "fingerprint" in _json(q / "run.json"))
-                 or str(_json(q / "index.json").get("format", "")).startswith("sentsim"))
-        if marks:
-            return q, (held_kind(q) or ("", "a sentsim output"))[1]
-    return None
+    if q.name == "_train" and (q / "run.json").is_file() and held_kind(q.parent) is not None:
+        return False  # a discriminator's training state: named by the model folder it belongs to, next
+    if (q / "manifest.json").is_file() and _json(q / "manifest.json").get("stage"):
+        return None if q == path.parent and path.name in NESTED_RUNS else (q, held_kind(q)[1])
+    marks = ((q / "sentsim_model.json").is_file() or (q / "_train" / "run.json").is_file()
+             or ((q / "run.json").is_file() and "fingerprint" in _json(q / "run.json"))
+             or str(_json(q / "index.json").get("format", "")).startswith("sentsim"))
+    return (q, (held_kind(q) or ("", "a sentsim output"))[1]) if marks else False
 
 
 def refuse_another_kind(folder: str, command: str) -> None:
