@@ -81,15 +81,15 @@ def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg
     except BaseException:
         release_out(out_dir)
         raise
-    return ClaimedOut(out_dir, lease)
+    return ClaimedOut(out_dir)
 
 
 class ClaimedOut:
     """A training --out this process holds (claim_out). Taken when claimed, not when entered, so that
     the refusals come before the caller's `with` block; given back when that block ends."""
 
-    def __init__(self, out_dir: Path, lease):
-        self.out_dir, self.lease = out_dir, lease
+    def __init__(self, out_dir: Path):
+        self.out_dir = out_dir  # its lease is _HELD_OUTS', where release_out finds it
 
     def __enter__(self) -> "ClaimedOut":
         return self
