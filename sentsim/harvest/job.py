@@ -90,8 +90,7 @@ class HarvestRun(ShardedJob):
             from sentsim.retrieval.base import check_index
 
             check_index(cfg.index, corpus=cfg.corpus)
-        check_context_models(cfg)
-        check_scorable_terms(cfg)
+        check_scorable_terms(cfg, check_context_models(cfg))
         check_scoring_device(cfg, executor)
         self.cfg, self.out = cfg, cfg.out
         self.corpus = CorpusIndex(cfg.corpus)
@@ -497,10 +496,11 @@ def uses_rep_cache(cfg: HarvestConfig) -> bool:
     return discriminator_in_use(cfg.discriminator, cfg.contexts.mode)
 
 
-def check_context_models(cfg: HarvestConfig) -> None:
+def check_context_models(cfg: HarvestConfig) -> set:
     """Refuse, before the run folder is written, context-model folders the scorers would refuse at their setup:
     a direction given by two of them, or models of different tokenizers (their scores cannot be combined). Past
-    that point the refusal would leave a run whose fingerprint names those folders, refusing the mended command."""
+    that point the refusal would leave a run whose fingerprint names those folders, refusing the mended command.
+    Returns the directions they provide."""
     from sentsim.context.model import read_bundle_meta
 
     by_dir, tokenizer, seen = {}, None, {}
@@ -520,16 +520,17 @@ def check_context_models(cfg: HarvestConfig) -> None:
             raise UsageError(f"{p}: its tokenizer ({str(sha)[:12]}) differs from {tokenizer[0]}'s "
                              f"({str(tokenizer[1])[:12]}); scores from different vocabularies cannot be combined")
         tokenizer = tokenizer or (p, sha)
+    return set(by_dir)
 
 
-def check_scorable_terms(cfg: HarvestConfig) -> None:
+def check_scorable_terms(cfg: HarvestConfig, directions: set) -> None:
     """Refuse, before anything starts, a harvest none of whose weighted Eq. 3 terms can be scored: a
     direction no context-model folder provides (or the discriminator term without a discriminator) is
-    NaN for every item, so every S and every pair's score would be null."""
-    from sentsim.context.model import read_bundle_meta
+    NaN for every item, so every S and every pair's score would be null. `directions`: those the context-model
+    folders provide (check_context_models)."""
     from sentsim.context.scorer import TERMS
 
-    have = {d for p in cfg.context_models for d in read_bundle_meta(p).get("directions", {})}
+    have = set(directions)
     if uses_rep_cache(cfg):
         have.add("disc")
     weights, on = cfg.scoring.weights(), cfg.scoring.enabled()
