@@ -61,6 +61,15 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> N
     one_line_coordinator_warnings()  # the driver runs Ray Data's executor and Ray Train's driver side
 
 
+def attach_before_writing(address: Optional[str] = None) -> None:
+    """Attach to the cluster `address` (or RAY_ADDRESS) names now, before a trainer writes its --out: a cluster
+    that cannot be reached, or that turns this driver away, is refused in one line with nothing written (a
+    sharded run reaches its cluster before its manifest too). Without an address nothing happens here: a local
+    Ray cannot refuse the driver, and starting one takes seconds that a refused --out should not wait for."""
+    if address or os.environ.get("RAY_ADDRESS"):
+        init_ray(address)
+
+
 # How long the check before ray.init waits for a TCP connection, then for a gRPC (HTTP/2) handshake: a
 # healthy cluster answers both in well under a second, even over a slow link.
 _PROBE_TIMEOUT_S = 5.0

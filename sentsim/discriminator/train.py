@@ -323,7 +323,7 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
     from sentsim.identity import corpus_fingerprint
     from sentsim.model_swap import discard_in_place, finish_in_place, sealed_info, staged_beside
     from sentsim.out_paths import check_out
-    from sentsim.runtime import absolute_local, init_ray  # init_ray imports Ray only when called
+    from sentsim.runtime import absolute_local, attach_before_writing, init_ray  # Ray imported only when called
     from sentsim.training.driver import EXECUTORS
     from sentsim.training.run import claim_out, fit, mark_finished, plan_steps, quiet_progress, say_finished
     from sentsim.training.settings import LoopSettings
@@ -354,6 +354,8 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
     if done is not None:
         say_finished("discriminator", out_arg, f"model (fingerprint {run_id})")
         return done
+    if executor == "ray":  # a cluster that turns this driver away is refused before OUT/_train is written
+        attach_before_writing(address)
     state = out / "_train"
     if "_train" in (sealed_info(staged_beside(out)) or {}).get("scratch_removed", []):
         # sealed by an export that removed the whole state, the lease's folder too: completed before it is taken

@@ -7,7 +7,9 @@
 3. the backbone's config and tokenizer (`check_backbone`), so a bad one fails before any worker starts;
 4. the trainer's checks and data that need it (`prepare`);
 5. the run's fingerprint: the config less RESUMABLE_KEYS, then what the trainer adds (`identity`);
-6. the --out's lease and run record (`claim_out`, with the trainer's `record`), held to the run's end;
+6. on Ray with an address, the cluster reached (`attach_before_writing`), so that one that cannot be reached
+   leaves --out as it was; then the --out's lease and run record (`claim_out`, with the trainer's `record`),
+   held to the run's end;
 7. an export a kill left between its renames is finished (`finish_swap` of each of `models`);
 8. quiet progress bars, and Ray unless the run is inline (an inline run neither imports nor starts Ray);
 9. the trainer's fits, exports and curves (`train`, using `fit` and `write_curves`);
@@ -97,6 +99,10 @@ class EncoderDriver:
         self.prepare(self.bb)
         what = {k: v for k, v in self.cfg.model_dump().items() if k not in RESUMABLE_KEYS}
         self.run_id = fingerprint(*self.identity(what))
+        if self.executor == "ray":  # a cluster that turns this driver away is refused before --out is written
+            from sentsim.runtime import attach_before_writing
+
+            attach_before_writing(self.address)
         with claim_out(self.out, self.run_id, self.record(), self.force_new, self.out_arg,
                        unfingerprinted=tuple(f"config.{k}" for k in RESUMABLE_KEYS)):
             return self._train_claimed()

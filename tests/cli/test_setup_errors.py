@@ -226,6 +226,31 @@ def test_an_address_where_no_ray_cluster_listens_is_one_line_in_seconds(how, sam
     assert not (tmp_path / "corpus").exists()
 
 
+def test_a_trainer_given_an_address_where_no_cluster_listens_writes_nothing(speech_corpus, tmp_path):
+    """The trainers reach the cluster before they write their --out, as a sharded run does before its manifest:
+    the discriminator's state (OUT/_train: run record, vocabulary) and an encoder trainer's run record are not
+    left behind by a command that never trained, and the same command at the right address starts clean."""
+    import json
+
+    from conftest import error_line, free_port
+    from harvest_support import tiny_bert
+
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there once free_port has closed it
+    triples = [{"s_i": f"sentence {i} about {w}", "relation": "entailment", "s_j": f"a line on {w} {i}"}
+               for i, w in enumerate("river city vote law war peace".split())]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(t) + "\n" for t in triples))
+    backbone = tiny_bert(tmp_path / "bert", layers=1, width=32, heads=2, positions=64)
+    commands = {"disc": ("train", "discriminator", "--corpus", speech_corpus),
+                "stu": ("train", "student", "--objective", "rse", "--triples", tmp_path / "t.jsonl",
+                        "--backbone", backbone, "--set", "batch_size=4", "--set", "max_seq_length=16")}
+    for out, args in commands.items():
+        r = sentsim_cli(*args, "--out", tmp_path / out, "--max-steps", "1", "--address", address, timeout=300)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert error_line(r.stderr).startswith(f"sentsim: error: cannot reach the Ray cluster at {address} ("), \
+            r.stderr[-2000:]
+        assert not (tmp_path / out).exists(), sorted(p.name for p in (tmp_path / out).rglob("*"))
+
+
 def test_an_index_folder_that_does_not_exist_is_one_line_naming_what_builds_it(speech_corpus, tmp_path):
     """A harvest's --index that is not there says so and names the command that builds one; the reference
     teacher's (configs/teacher.yaml) names `make reference`. A folder without an index stays "not an index"."""
