@@ -43,6 +43,18 @@ Formats 2 to 4, every pool harvest (contexts.mode=pool) opened before format 5:
   `HarvestRun.fingerprint_in_format` gives them back as the stored run holds them (`config_unread_as_stored`,
   with the screened-only keys too for format 2), so such a run resumes under the fingerprint it holds, whatever
   those keys are set to now. Its vectors and ranks runs never held them: their fingerprints are unchanged.
+
+Training run records (a trainer's OUT/run.json, sentsim.training.run.claim_out; their own format,
+`sentsim.training.config.TRAINING_FORMAT`), format 1, every record written before records had a `format`:
+
+- a surrogate's fingerprint holds its config less the top-level RESUMABLE_KEYS only, so with the fine-tune
+  stage's budget (`finetune.epochs`, `finetune.max_steps`, `finetune.eval_every`), and its harvest by its path
+  and counts (`HarvestInfo.summary`), not its content (`HarvestInfo.identity`).
+  `SurrogateRun.fingerprint_in_format(1, ...)` makes it so, with the fine-tune budget as the record's config
+  held it when first recognised (kept since as the record's `fingerprinted_with`), so such a run goes on under
+  the fingerprint it holds, its record keeping format 1, whatever that budget is set to now. A harvest moved
+  since is another run to it (its fingerprint held the path). The other trainers' fingerprints are the same in
+  both formats.
 """
 
 from __future__ import annotations

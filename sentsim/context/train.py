@@ -561,7 +561,7 @@ def _train_context(corpus: str, out: str, config: Optional[ContextTrainConfig], 
 def _train_claimed(out_p: Path, cfg: ContextTrainConfig, corpus: str, tokenizer_from: str, force_new: bool,
                    t0: float) -> dict:
     """_train_context's part under the --out lease: the tokenizer, the fits, the bundle and its summary."""
-    from sentsim.training.run import fit, mark_finished
+    from sentsim.training.run import check_fit, fit, go_ahead, mark_finished
     from storage.fs import write_text_atomic  # the reports: a kill while writing one leaves the last, whole
 
     if force_new:  # the discarded bundle's model files go with its runs, not stay beside the new run's
@@ -584,14 +584,17 @@ def _train_claimed(out_p: Path, cfg: ContextTrainConfig, corpus: str, tokenizer_
               f"model.vocab_size ({cfg.model.vocab_size:,}) is not used", flush=True)
     dirs = list(DIRECTIONS) if cfg.direction == "all" else [cfg.direction]
     _heldout_pool(corpus, tok, cfg, dirs, cap=2)
-    if not resumed:
-        # saved once the inputs passed: a saved tokenizer is training state, and with it at --out the
-        # command these errors ask for (other settings) would be refused as another run
-        tok.save(tok_dir)
     if cfg.direction == "all" and cfg.model.layout == "shared":
         runs = {"shared": dirs}
     else:
         runs = {d: [d] for d in dirs}
+    for name in runs:  # each fit's refusals, before the run writes anything: a refused run leaves OUT as it was
+        check_fit(LoopSettings.for_context(cfg, name), name=name, out_dir=out_p / "runs" / name, executor=cfg.executor)
+    go_ahead(out_p)
+    if not resumed:
+        # saved once the inputs passed: a saved tokenizer is training state, and with it at --out the
+        # command these errors ask for (other settings) would be refused as another run
+        tok.save(tok_dir)
     summary = {"corpus": str(corpus), "config": cfg.model_dump(), "runs": {}}
     models, by_dir = {}, {}
     for name, rdirs in runs.items():

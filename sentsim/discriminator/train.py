@@ -325,7 +325,16 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
     from sentsim.out_paths import check_out
     from sentsim.runtime import absolute_local, attach_before_writing, init_ray  # Ray imported only when called
     from sentsim.training.driver import EXECUTORS
-    from sentsim.training.run import claim_out, fit, mark_finished, plan_steps, quiet_progress, say_finished
+    from sentsim.training.run import (
+        check_fit,
+        claim_out,
+        fit,
+        go_ahead,
+        mark_finished,
+        plan_steps,
+        quiet_progress,
+        say_finished,
+    )
     from sentsim.training.settings import LoopSettings
 
     if executor not in EXECUTORS:
@@ -376,25 +385,28 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
             discard_in_place(out, "config.json")
             (state / "model.safetensors").unlink(missing_ok=True)  # its last weights too
         other_executors_state(state, executor, out_arg)
-        vocab, init_path = _vocab_and_init(st, job, state, run_id)
-        del st
 
         # the training windows, as each worker will split them (same seed, same rule): the plan's step count
         from sentsim.discriminator.data import split_heldout
 
-        ids = SentenceTable.load(corpus).ids
+        ids = st.ids
         train_c, _, _ = split_heldout(ids, window_centres(ids, job.model.window), tc.heldout_frac, tc.seed)
         n_train = min(len(train_c), tc.max_train_windows or len(train_c))
         per_epoch = plan_steps("discriminator", n_train, num_workers=tc.num_workers, batch_size=tc.batch_size,
                                epochs=1, max_steps=0, drop_last=False)
         total = tc.max_steps or per_epoch * tc.epochs
         loop = LoopSettings.for_discriminator(tc, total_steps=total, epochs=math.ceil(total / per_epoch))
-        config = {"build": build_trainee, "loop": loop, "corpus": str(corpus), "vocab_path": str(state / "vocab.json"),
-                  "model": job.model.model_dump(), "train": tc.model_dump(),
-                  "embed_init_path": str(init_path) if init_path else None}
         quiet_progress()
         if executor == "ray":
             init_ray(address)
+        # fit's refusals before the vocabulary is written into the state: a refused run leaves OUT as it was
+        check_fit(loop, name="discriminator", out_dir=state, executor=executor, inline_dir=INLINE_DIR)
+        go_ahead(state)
+        vocab, init_path = _vocab_and_init(st, job, state, run_id)
+        del st, ids
+        config = {"build": build_trainee, "loop": loop, "corpus": str(corpus), "vocab_path": str(state / "vocab.json"),
+                  "model": job.model.model_dump(), "train": tc.model_dump(),
+                  "embed_init_path": str(init_path) if init_path else None}
         t0 = time.perf_counter()
         run = fit(config, name="discriminator", out_dir=state, executor=executor, inline_dir=INLINE_DIR,
                   hint="lower --set train.lr=...",

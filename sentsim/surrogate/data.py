@@ -36,6 +36,7 @@ class HarvestInfo:
     left_out: dict = field(default_factory=dict)  # the rows not trained on, by why (pairs_left_out)
     score_mean: float = 0.0  # of every scored row
     score_sd: float = 0.0
+    pairs_sha256: str = ""  # pairs_content: the trained pairs by their bytes, wherever the harvest lies
 
     def loss_warnings(self, loss: str) -> list[str]:
         """What the scores' scale means for `loss`: cosine_regression fits them with a cosine, in [-1, 1],
@@ -56,6 +57,13 @@ class HarvestInfo:
 
     def training_note(self) -> str:
         return training_note(self.scored["train"], self.rows, "pairs", self.left_out)
+
+    def identity(self) -> dict:
+        """What a surrogate's fingerprint holds of its harvest: its content (the run's fingerprint and its pairs
+        shards' sha256) and the splits trained on, not its path, so a harvest moved or copied is the same data
+        and one whose pairs changed at the same path is not."""
+        return {"harvest": (self.manifest or {}).get("fingerprint"), "pairs_sha256": self.pairs_sha256,
+                "scored": self.scored}
 
     def summary(self) -> dict:
         out = {"root": str(self.root), "files": len(self.files), "rows": self.rows, "scored": self.scored,
@@ -87,6 +95,16 @@ def open_harvest(data: str):
         raise UsageError(f"--data {reader.uri}: not a harvest run but a '{stage}' run; give the --out of "
                          "`sentsim harvest` (or `sentsim remix`)")
     return reader
+
+
+def pairs_content(reader) -> str:
+    """The completed units' pairs shards by the sha256 their markers record, in unit order: what the reader
+    reads (a compacted file holds the very shards its markers name, so a compaction keeps it; a unit redone
+    changes it). The bytes behind a record are `sentsim store verify`'s to check."""
+    from sentsim.identity import fingerprint
+
+    return fingerprint([(u, rec["files"]["pairs"]["sha256"]) for u, rec in reader.units().items()
+                        if "pairs" in (rec.get("files") or {})])
 
 
 def incomplete_harvest_note(root, what: str) -> str | None:
@@ -282,7 +300,8 @@ def inspect_harvest(root: str | Path, seed: int = CARVE_SEED) -> HarvestInfo:
     mean = total / n_valid
     return HarvestInfo(reader.uri, files, rows, scored, (lo, hi), reader.manifest, reader, carve,
                        pairs_left_out(rows, harvested, carve), score_mean=mean,
-                       score_sd=math.sqrt(max(squares / n_valid - mean * mean, 0.0)))
+                       score_sd=math.sqrt(max(squares / n_valid - mean * mean, 0.0)),
+                       pairs_sha256=pairs_content(reader))
 
 
 def _schema(reader, path: str):

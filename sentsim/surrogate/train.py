@@ -23,7 +23,7 @@ from pathlib import Path
 from sentsim.errors import UsageError
 from sentsim.surrogate.config import SurrogateConfig
 from sentsim.training.driver import EncoderDriver
-from sentsim.training.run import TrainingDiverged, capped_note, epoch_shortfall, fit, plan_steps
+from sentsim.training.run import TrainingDiverged, capped_note, check_fit, epoch_shortfall, fit, plan_steps
 from sentsim.training.settings import LoopSettings
 
 __all__ = ["SurrogateRun", "TrainingDiverged", "train_surrogate"]
@@ -87,11 +87,33 @@ class SurrogateRun(EncoderDriver):
                                                             cfg.batch_size, drop_last=False))
 
     def identity(self, what: dict) -> tuple:
-        return what, self.harvest.summary() if self.harvest else None, self.bb, self.inputs["--finetune-sts"]
+        return what, self.harvest.identity() if self.harvest else None, self.bb, self.inputs["--finetune-sts"]
+
+    def fingerprint_in_format(self, version: int, stored: dict) -> tuple[str, dict] | None:
+        """Format 1 (sentsim/run_formats.py): the config less its top-level RESUMABLE_KEYS only, so with the
+        fine-tune stage's budget as the run was first fingerprinted with it (its record's config, then the
+        `fingerprinted_with` that keeps it), and the harvest by its path and counts (`HarvestInfo.summary`)."""
+        from sentsim.identity import fingerprint
+        from sentsim.run_formats import spelt_as_stored
+        from sentsim.training.config import RESUMABLE_KEYS, resumable_paths
+
+        if version != 1:
+            return None
+        dump = self.cfg.model_dump()
+        nested = [k for k in resumable_paths(dump) if "." in k]
+        kept = stored.get("fingerprinted_with")
+        if not isinstance(kept, dict):
+            kept = {"config": _picked(stored.get("config"), nested)}
+        what = spelt_as_stored({k: v for k, v in dump.items() if k not in RESUMABLE_KEYS}, kept, nested)
+        return fingerprint(what, self.harvest.summary() if self.harvest else None, self.bb,
+                           self.inputs["--finetune-sts"]), kept
+
+    def unfingerprinted(self) -> tuple:
+        return super().unfingerprinted() + ("data.root", "data.files")  # the harvest is known by its content
 
     def record(self) -> dict:
         return {"config": self.cfg.model_dump(), "backbone": self.bb,
-                "data": self.harvest.summary() if self.harvest else None,
+                "data": {**self.harvest.summary(), **self.harvest.identity()} if self.harvest else None,
                 "finetune_sts": self.inputs["--finetune-sts"]}
 
     def train(self) -> dict:
@@ -100,7 +122,7 @@ class SurrogateRun(EncoderDriver):
 
         cfg, harvest, bb, finetune_sts = self.cfg, self.harvest, self.bb, self.inputs["--finetune-sts"]
         inline = self.executor == "inline"  # tables in this process; ray.data datasets for Ray Train
-        stages = []
+        stages = []  # (name, datasets, training rows, spec, card) of each stage, planned before either trains
         current_backbone, current_init = self.inputs["--backbone"], cfg.init
         base = base_model(bb, cfg.init)
         if harvest:
@@ -113,8 +135,8 @@ class SurrogateRun(EncoderDriver):
                               self.workers)
             datasets = (harvest_tables(harvest, cfg.eval_max_pairs) if inline
                         else harvest_datasets(harvest, cfg.eval_max_pairs, cfg.seed))
-            stages.append(self.stage("harvest", datasets, harvest.scored["train"], spec, card))
-            current_backbone, current_init = stages[-1]["model"], "pretrained"
+            stages.append(("harvest", datasets, harvest.scored["train"], spec, card))
+            current_backbone, current_init = str(self.out / "model"), "pretrained"
             base = {"name": None, "path": str(current_backbone), "model_type": bb["model_type"], "init": "pretrained"}
         if finetune_sts:
             ds, counts = (stsb_tables if inline else stsb_datasets)(finetune_sts)
@@ -129,17 +151,17 @@ class SurrogateRun(EncoderDriver):
                     "test_pairs": counts["test"]}
             data = {"kind": "STS-B train", "path": str(finetune_sts),
                     "targets": "gold scores / 5 (cosine's scale; §4.1 gives the L2 objective)"}
-            stages.append(self.stage("finetune-sts", ds, counts["train"], spec,
-                                     stage_card("finetune-sts", cfg, spec, base, data, rows, self.workers)))
-        return {"stages": stages}
+            stages.append(("finetune-sts", ds, counts["train"], spec,
+                           stage_card("finetune-sts", cfg, spec, base, data, rows, self.workers)))
+        plans = [self.plan(name, n_train, spec) for name, _, n_train, spec, _ in stages]
+        for (name, *_), (_, loop) in zip(stages, plans):
+            # every stage's refusals before the first trains or writes its curves: a refused run changes nothing
+            check_fit(loop, name=name, out_dir=self.out, executor=self.executor, inline_dir=f"checkpoint/{name}")
+        return {"stages": [self.stage(*stage, *plan) for stage, plan in zip(stages, plans)]}
 
-    def stage(self, name: str, datasets: dict, n_train: int, spec: dict, card: dict) -> dict:
-        """Train one stage (on Ray Train, or inline) and export its model; returns the stage summary."""
-        from sentsim.surrogate.trainee import build_trainee
-        from sentsim.training.encoder_models import export_model
-        from sentsim.training.model_card import final_metrics
-
-        cfg, out = self.cfg, self.out
+    def plan(self, name: str, n_train: int, spec: dict) -> tuple[int, LoopSettings]:
+        """A stage's steps (refused when no batch fills) and loop settings; its note when capped."""
+        cfg = self.cfg
         total = plan_steps(f"stage {name}", n_train, num_workers=self.workers, batch_size=spec["batch_size"],
                            epochs=spec["epochs"], max_steps=spec["max_steps"], drop_last=False)
         note = capped_note(f"surrogate {name}", n_train, total, num_workers=self.workers,
@@ -149,6 +171,16 @@ class SurrogateRun(EncoderDriver):
         loop = LoopSettings.from_section(cfg, label=f"surrogate {name}", total_steps=total, epochs=spec["epochs"],
                                          batch_size=spec["batch_size"], lr=spec["lr"], eval_every=spec["eval_every"],
                                          shuffle_buffer=cfg.shuffle_buffer)
+        return total, loop
+
+    def stage(self, name: str, datasets: dict, n_train: int, spec: dict, card: dict, total: int,
+              loop: LoopSettings) -> dict:
+        """Train one stage (on Ray Train, or inline) and export its model; returns the stage summary."""
+        from sentsim.surrogate.trainee import build_trainee
+        from sentsim.training.encoder_models import export_model
+        from sentsim.training.model_card import final_metrics
+
+        cfg, out = self.cfg, self.out
         model_dir = out / ("model" if name == "harvest" else "model-sts")
         run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "stage": spec}, name=name,
                   out_dir=out, datasets=datasets, executor=self.executor, inline_dir=f"checkpoint/{name}",
@@ -159,6 +191,20 @@ class SurrogateRun(EncoderDriver):
         self.curves(history, name, f"surrogate ({cfg.arch}, {spec['init']}) - {name}")
         return {"stage": name, "model": str(model_dir), "train_pairs": n_train, "total_steps": total,
                 "gpu": run["gpu"], "first": history[0], "last": history[-1]}
+
+
+def _picked(config, keys: list) -> dict:
+    """The dotted `keys` of a stored config that it holds, as a config of those alone."""
+    out: dict = {}
+    for key in keys:
+        *parents, leaf = key.split(".")
+        here, there = out, config
+        for p in parents:
+            there = there.get(p) if isinstance(there, dict) else None
+            here = here.setdefault(p, {})
+        if isinstance(there, dict) and leaf in there:
+            here[leaf] = there[leaf]
+    return out
 
 
 def train_surrogate(cfg: SurrogateConfig, *, data: str | None, backbone: str, out: str,

@@ -13,9 +13,32 @@ from pydantic import Field
 from sentsim.config import Bf16WhenThere, GpuWhenThere, Section, Seed
 
 # Settings a resumed run may change: how long and how wide to train, not what is trained. They are
-# left out of the run's fingerprint, so changing them against the same --out resumes.
+# left out of the run's fingerprint, in the config and in each of its sections (a stage's own budget: the
+# surrogate's finetune.max_steps), so changing them against the same --out resumes.
 RESUMABLE_KEYS = ("epochs", "max_steps", "eval_every", "log_every", "num_workers", "cpus_per_worker", "use_gpu",
                   "checkpoints_to_keep")
+
+# The format of a trainer's run record (OUT/run.json, sentsim.training.run.claim_out): how the fingerprint it
+# holds was made. A record without one is format 1; sentsim/run_formats.py says what changed since and how a
+# run of an earlier format keeps the fingerprint it holds.
+TRAINING_FORMAT = 2
+
+
+def resumable_paths(dump: dict, prefix: str = "") -> tuple[str, ...]:
+    """The dotted keys of `dump` (a config's model_dump) named in RESUMABLE_KEYS, its sections' included."""
+    out: list[str] = []
+    for k, v in dump.items():
+        if isinstance(v, dict):
+            out += resumable_paths(v, f"{prefix}{k}.")
+        elif k in RESUMABLE_KEYS:
+            out.append(prefix + k)
+    return tuple(out)
+
+
+def without_resumable(dump: dict) -> dict:
+    """`dump` less RESUMABLE_KEYS, in every section: what a trainer's fingerprint holds of its config."""
+    return {k: without_resumable(v) if isinstance(v, dict) else v for k, v in dump.items() if
+            isinstance(v, dict) or k not in RESUMABLE_KEYS}
 
 
 class ScratchConfig(Section):

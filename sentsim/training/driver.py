@@ -6,10 +6,13 @@
 2. the trainer's checks of its inputs that need no backbone (`check_inputs`);
 3. the backbone's config and tokenizer (`check_backbone`), so a bad one fails before any worker starts;
 4. the trainer's checks and data that need it (`prepare`);
-5. the run's fingerprint: the config less RESUMABLE_KEYS, then what the trainer adds (`identity`);
+5. the run's fingerprint: the config less RESUMABLE_KEYS (its sections' too), then what the trainer adds
+   (`identity`); a run whose record holds the fingerprint this same run had in an earlier run-record format
+   (`fingerprint_in_format`) goes on under that one;
 6. on Ray with an address, the cluster reached (`attach_before_writing`), so that one that cannot be reached
-   leaves --out as it was; then the --out's lease and run record (`claim_out`, with the trainer's `record`),
-   held to the run's end;
+   leaves --out as it was; then the --out's lease (`claim_out`, with the trainer's `record`), held to the run's
+   end; the record is written to OUT/run.json when the run goes ahead (its first fit that trains, or its end),
+   so a refused run leaves the earlier one's;
 7. an export a kill left between its renames is finished (`finish_swap` of each of `models`);
 8. quiet progress bars, and Ray unless the run is inline (an inline run neither imports nor starts Ray);
 9. the trainer's fits, exports and curves (`train`, using `fit` and `write_curves`);
@@ -27,7 +30,7 @@ from typing import Optional
 
 from sentsim.errors import UsageError
 from sentsim.identity import fingerprint
-from sentsim.training.config import RESUMABLE_KEYS
+from sentsim.training.config import resumable_paths, without_resumable
 from sentsim.training.run import claim_out, discard_exports, quiet_progress, write_curves
 
 EXECUTORS = ("ray", "inline")
@@ -70,6 +73,16 @@ class EncoderDriver:
         """The fingerprint's parts, `what` (the config less RESUMABLE_KEYS) among them."""
         raise NotImplementedError
 
+    def fingerprint_in_format(self, version: int, stored: dict) -> Optional[tuple[str, dict]]:
+        """The fingerprint this same run held in run-record format `version` (older than TRAINING_FORMAT),
+        given its stored record (OUT/run.json), and what it was made of beyond today's settings (claim_out
+        keeps that in the record); None where it held today's (sentsim/run_formats.py)."""
+        return None
+
+    def unfingerprinted(self) -> tuple:
+        """Flattened keys of `record` outside the fingerprint: a refusal does not name their changes."""
+        return tuple(f"config.{k}" for k in resumable_paths(self.cfg.model_dump()))
+
     def record(self) -> dict:
         """What OUT/run.json records besides the fingerprint."""
         raise NotImplementedError
@@ -97,14 +110,14 @@ class EncoderDriver:
         self.check_inputs()
         self.bb = check_backbone(self.inputs["--backbone"], self.cfg.init)
         self.prepare(self.bb)
-        what = {k: v for k, v in self.cfg.model_dump().items() if k not in RESUMABLE_KEYS}
-        self.run_id = fingerprint(*self.identity(what))
+        self.run_id = fingerprint(*self.identity(without_resumable(self.cfg.model_dump())))
         if self.executor == "ray":  # a cluster that turns this driver away is refused before --out is written
             from sentsim.runtime import attach_before_writing
 
             attach_before_writing(self.address)
         with claim_out(self.out, self.run_id, self.record(), self.force_new, self.out_arg,
-                       unfingerprinted=tuple(f"config.{k}" for k in RESUMABLE_KEYS)):
+                       unfingerprinted=self.unfingerprinted(), earlier=self.fingerprint_in_format) as claim:
+            self.run_id = claim.fingerprint
             return self._train_claimed()
 
     def _train_claimed(self) -> dict:

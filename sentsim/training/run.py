@@ -25,8 +25,8 @@ from sentsim.errors import UsageError
 from sentsim.training.common import quiet_progress, use_gpu
 from sentsim.training.settings import LoopSettings, rounded_threads, worker_threads
 
-__all__ = ["TrainingDiverged", "claim_out", "finished_run", "fit", "mark_finished", "plan_steps",
-           "quiet_progress", "release_out", "say_finished", "use_gpu", "write_curves"]
+__all__ = ["TrainingDiverged", "check_fit", "claim_out", "finished_run", "fit", "go_ahead", "mark_finished",
+           "plan_steps", "quiet_progress", "release_out", "say_finished", "use_gpu", "write_curves"]
 
 
 class TrainingDiverged(UsageError):
@@ -34,23 +34,32 @@ class TrainingDiverged(UsageError):
 
 
 _HELD_OUTS: dict = {}  # absolute --out -> the RunLease this process holds on it
+_PENDING: dict = {}  # absolute --out -> the run.json text its claim writes once the run goes ahead (go_ahead)
 
 
 def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg: str,
-              state: tuple[str, ...] = ("ray", "checkpoint", "checkpoint.old"), unfingerprinted: tuple = ()):
+              state: tuple[str, ...] = ("ray", "checkpoint", "checkpoint.old"), unfingerprinted: tuple = (),
+              earlier: Optional[Callable[[int, dict], Optional[tuple[str, dict]]]] = None):
     """Take the output folder for this training: its lease first (one writer per --out, as for a
     sharded run: `storage.lease`; a second trainer exits 2 naming the holder), then refuse an --out
     that holds training state (`state`: names under it) of a run with other settings, unless
-    --force-new, which discards that state; then record this run's fingerprint and settings in
-    OUT/run.json. Returns the claim, to be entered: `with claim_out(...):` holds the lease to the block's end,
-    however it ends, so a caller's next command on this --out, in any process, is not refused as a second
-    writer (a claim never entered is held until `release_out(out_dir)` or the process exits; a killed
-    trainer's lease is taken over by the next one, which says so). A refusal names the recorded settings
-    that differ, less `unfingerprinted` (flattened keys of `record`, e.g. `config.epochs`, that a run may
-    change and still resume)."""
+    --force-new, which discards that state. This run's fingerprint and settings are recorded in OUT/run.json
+    once the run goes ahead (`go_ahead`): before then OUT/run.json is the earlier run's, so a run refused
+    after its claim leaves it as it was. Returns the claim, to be entered: `with claim_out(...):` holds the
+    lease to the block's end, however it ends, so a caller's next command on this --out, in any process, is
+    not refused as a second writer (a claim never entered is held until `release_out(out_dir)` or the process
+    exits; a killed trainer's lease is taken over by the next one, which says so); a block that ends without
+    an exception has gone ahead. A refusal names the recorded settings that differ, less `unfingerprinted`
+    (flattened keys of `record`, e.g. `config.epochs`, that a run may change and still resume).
+
+    `earlier(format, stored)`: the fingerprint this same run held when its record was written in an earlier
+    run-record format (TRAINING_FORMAT; sentsim/run_formats.py), given that record, and what it was made of
+    beyond today's settings (kept in the record as `fingerprinted_with`, so that a resumable setting changed
+    since does not lose it); None where it held today's. A record of that format holding it is this run's: the
+    run goes on under that fingerprint (the claim's `fingerprint`) and its record keeps its format."""
     import pyarrow.fs as pafs
 
-    from storage.fs import write_text_atomic
+    from sentsim.training.config import TRAINING_FORMAT
     from storage.lease import RunLease
 
     key = str(out_dir.absolute())
@@ -63,6 +72,7 @@ def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg
     try:
         run_file = out_dir / "run.json"
         state_dirs = [out_dir / n for n in state]
+        fmt, kept = TRAINING_FORMAT, {}
         if force_new:
             for d in state_dirs:
                 if d.exists():
@@ -74,28 +84,59 @@ def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg
             except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
                 stored, prev = {}, "unreadable"
             if prev != run_id:
-                raise UsageError(f"--out {out_arg} holds a run with other settings (fingerprint {prev}, now {run_id}"
-                                 f"{_changed(stored, record, unfingerprinted)}); use a new --out, or --force-new "
-                                 "to discard it")
-        write_text_atomic(str(run_file), json.dumps({"fingerprint": run_id, **record}, indent=2))
+                held = _held_format(stored, earlier, TRAINING_FORMAT)
+                if held is None:
+                    raise UsageError(f"--out {out_arg} holds a run with other settings (fingerprint {prev}, now "
+                                     f"{run_id}{_changed(stored, record, unfingerprinted)}); use a new --out, or "
+                                     "--force-new to discard it")
+                run_id, (fmt, kept) = prev, held
+        held_with = {"fingerprinted_with": kept} if kept else {}
+        _PENDING[key] = json.dumps({"fingerprint": run_id, "format": fmt, **held_with, **record}, indent=2)
     except BaseException:
         release_out(out_dir)
         raise
-    return ClaimedOut(out_dir)
+    return ClaimedOut(out_dir, run_id)
+
+
+def _held_format(stored: dict, earlier, current: int) -> Optional[tuple[int, dict]]:
+    """(format, what its fingerprint was made of) of a run record whose fingerprint is this run's in that
+    earlier format (claim_out's `earlier`), or None: then it is another run's."""
+    version = stored.get("format", 1)
+    if (earlier is None or not isinstance(version, int) or isinstance(version, bool) or not 1 <= version < current
+            or stored.get("fingerprint") is None):
+        return None
+    held = earlier(version, stored)
+    return (version, held[1]) if held is not None and held[0] == stored["fingerprint"] else None
+
+
+def go_ahead(path: Path) -> None:
+    """The run that claimed the --out holding `path` (that folder, or one inside it: a fit's state) goes
+    ahead: its record is written to OUT/run.json now, before it changes anything there (its refusals are
+    behind it). Once per claim; nothing where no claim of this process holds `path`."""
+    from storage.fs import write_text_atomic
+
+    p = Path(path).absolute()
+    for key in [k for k in _PENDING if p == Path(k) or Path(k) in p.parents]:
+        write_text_atomic(str(Path(key) / "run.json"), _PENDING.pop(key))
 
 
 class ClaimedOut:
     """A training --out this process holds (claim_out). Taken when claimed, not when entered, so that
     the refusals come before the caller's `with` block; given back when that block ends."""
 
-    def __init__(self, out_dir: Path):
+    def __init__(self, out_dir: Path, fingerprint: str):
         self.out_dir = out_dir  # its lease is _HELD_OUTS', where release_out finds it
+        self.fingerprint = fingerprint  # the one the run goes on under: today's, or the one its record holds
 
     def __enter__(self) -> "ClaimedOut":
         return self
 
-    def __exit__(self, *exc) -> None:
-        release_out(self.out_dir)
+    def __exit__(self, exc_type, *exc) -> None:
+        try:
+            if exc_type is None:  # the run ended as it should, so it went ahead (a finished fit's no-op too)
+                go_ahead(self.out_dir)
+        finally:
+            release_out(self.out_dir)
 
 
 # what an encoder trainer (student, surrogate) writes into --out beside its models and state
@@ -116,7 +157,7 @@ def _changed(stored: dict, record: dict, unfingerprinted: tuple) -> str:
     from storage.store import what_changed
 
     # what mark_finished added (the model's hash, the summary) is the outcome of those settings, not one of them
-    prev = {k: v for k, v in stored.items() if k not in ("fingerprint", "finished")}
+    prev = {k: v for k, v in stored.items() if k not in ("fingerprint", "format", "fingerprinted_with", "finished")}
     if not prev:
         return ""
     changed = what_changed({"config": prev}, record, [], most=4, ignore=unfingerprinted)
@@ -126,7 +167,9 @@ def _changed(stored: dict, record: dict, unfingerprinted: tuple) -> str:
 
 
 def release_out(out_dir: Path) -> None:
-    """Give up this process's lease on a training --out (claim_out takes it); safe to call twice."""
+    """Give up this process's lease on a training --out (claim_out takes it), and the record of a run that
+    did not go ahead, unwritten; safe to call twice."""
+    _PENDING.pop(str(Path(out_dir).absolute()), None)
     lease = _HELD_OUTS.pop(str(Path(out_dir).absolute()), None)
     if lease is not None:
         lease.release()
@@ -157,6 +200,7 @@ def mark_finished(out_dir: Path, model: Path, summary: dict) -> None:
     from sentsim.identity import checkpoint_hash
     from storage.fs import write_text_atomic
 
+    go_ahead(out_dir)  # a run that ends here without training (its fits finished) still records its settings
     run_file = out_dir / "run.json"
     record = json.loads(run_file.read_text())
     record["finished"] = {"model_hash": checkpoint_hash(str(model)), "summary": summary}
@@ -249,16 +293,11 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
             print(f"[{label}] already trained to step {done['history'][-1].get('step')} with these settings; "
                   f"nothing to do ({done['model']} is kept)", flush=True)
         return done
-    reached = resumed_step(out_dir, name, executor, inline_dir)
-    if reached is not None and reached > settings.total_steps:
-        # resumed, it would train no step and export the longer run's weights under this run's budget
-        raise UsageError(f"{label}: the training state in {out_dir} is at step {reached}, past the "
-                         f"{settings.total_steps} steps this run plans, and a model is not trained back: ask for at "
-                         f"least {reached} steps (max_steps or epochs), or --force-new to start over, or another --out")
+    gpu = check_fit(settings, name=name, out_dir=out_dir, executor=executor, inline_dir=inline_dir)
+    go_ahead(out_dir)  # from here on the run changes its state, and its run record says whose it is
     record.clear()
     t0 = time.perf_counter()
     if executor == "inline":
-        gpu = False
         rv = train_loop({**loop_config, "ray": False, "out": str(out_dir), "inline_dir": inline_dir,
                          "table": datasets.get("train"), "tables": datasets}) or {}
         ckpt = inline_checkpoint(out_dir, inline_dir)
@@ -267,8 +306,6 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
         import ray.train
         from ray.train.torch import TorchTrainer
 
-        gpu = use_gpu(settings.use_gpu, settings.num_workers)
-        check_workers_fit(label, settings.num_workers, settings.cpus_per_worker, gpu)
         loop_config = {**loop_config, "ray": True, "out": str(out_dir), "loop": replace(settings, use_gpu=gpu)}
         resources = {"CPU": settings.cpus_per_worker, **({"GPU": 1} if gpu else {})}
         trainer = TorchTrainer(
@@ -316,6 +353,25 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
     out = {"model": model_dir, "history": history, "gpu": gpu, "result": rv}
     record.write(out)
     return out
+
+
+def check_fit(settings: LoopSettings, *, name: str, out_dir: Path, executor: str,
+              inline_dir: str = "checkpoint") -> bool:
+    """fit's refusals, said before it changes anything: a training state past the steps this run plans, and
+    Ray workers the cluster cannot hold. Returns whether the workers get a GPU (Ray is started by then). A
+    trainer that writes into its state before its fit (the discriminator's vocabulary) asks first."""
+    out_dir = Path(out_dir).absolute()
+    reached = resumed_step(out_dir, name, executor, inline_dir)
+    if reached is not None and reached > settings.total_steps:
+        # resumed, it would train no step and export the longer run's weights under this run's budget
+        raise UsageError(f"{settings.label}: the training state in {out_dir} is at step {reached}, past the "
+                         f"{settings.total_steps} steps this run plans, and a model is not trained back: ask for at "
+                         f"least {reached} steps (max_steps or epochs), or --force-new to start over, or another --out")
+    if executor == "inline":
+        return False
+    gpu = use_gpu(settings.use_gpu, settings.num_workers)
+    check_workers_fit(settings.label, settings.num_workers, settings.cpus_per_worker, gpu)
+    return gpu
 
 
 def resumed_step(out_dir: Path, name: str, executor: str, inline_dir: str) -> Optional[int]:
@@ -387,26 +443,32 @@ class FitRecord:
     inline checkpoint folder), so that --force-new and a new training discard it with that state: its
     settings (the loop config as fingerprinted, the trainee's build hook aside; the data's identity is
     the run's fingerprint, which claim_out keeps for that state), the export and its checkpoint_hash,
-    and the history and result it returned."""
+    and the history and result it returned. The fit's own budget and width are its LoopSettings'; the
+    trainer's config beside them is taken without RESUMABLE_KEYS, so that another stage's budget (the
+    surrogate's finetune.max_steps for its harvest stage) is no setting of this fit."""
 
     def __init__(self, out_dir: Path, name: str, executor: str, loop_config: dict):
         from sentsim.identity import fingerprint
+        from sentsim.training.config import without_resumable
 
         state = out_dir / ("checkpoint" if executor == "inline" else "ray")
         self.out_dir, self.path = out_dir, state / f"{name}.done.json"
 
-        def settings(loop: LoopSettings) -> str:
-            return fingerprint(name, executor, {k: (loop.record() if k == "loop" else v)
-                                                for k, v in loop_config.items() if k != "build"})
+        def settings(loop: LoopSettings, whole: bool = False) -> str:
+            return fingerprint(name, executor, {
+                k: (loop.record() if k == "loop" else v if whole or not isinstance(v, dict) else without_resumable(v))
+                for k, v in loop_config.items() if k != "build"})
 
         loop = loop_config["loop"]
         self.settings = settings(loop)
-        self.accepted = {self.settings}
+        # a fit recorded with the whole config (before the resumable keys were left out) is this same fit
+        self.accepted = {self.settings, settings(loop, whole=True)}
         if loop.cpu_threads == worker_threads(loop.cpus_per_worker):
             # A fit recorded while the surrogate and student trainers rounded cpus_per_worker to threads (1.5 -> 2)
             # is still this fit: finished, it trains no further step, so its thread count no longer changes its
             # model, and taking it for another would only export the same checkpoint again
-            self.accepted.add(settings(replace(loop, cpu_threads=rounded_threads(loop.cpus_per_worker))))
+            rounded = replace(loop, cpu_threads=rounded_threads(loop.cpus_per_worker))
+            self.accepted |= {settings(rounded), settings(rounded, whole=True)}
 
     def finished(self) -> Optional[dict]:
         """The fit's return value when it finished with these settings and its export is unchanged."""

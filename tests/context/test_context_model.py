@@ -200,6 +200,33 @@ def test_a_finished_run_run_again_trains_no_further(tmp_path, corpus_dir):
         assert (out / "models" / "fwd" / "model.safetensors").read_bytes() == weights
 
 
+def test_a_run_refused_for_a_smaller_budget_leaves_out_as_it_was(tmp_path, corpus_dir, capsys):
+    """A budget below the state's step is refused (a model is not trained back), and the refused run leaves
+    every file of --out as it was, run.json included: the finished run's command again is then the no-op it
+    was, not a resume at its last step that trains nothing and writes the bundle again."""
+    from sentsim.cli import main
+
+    out = tmp_path / "model"
+
+    def args(steps: int) -> list:
+        return ["train", "context", "--corpus", corpus_dir, "--direction", "fwd", "--out", str(out),
+                *_sets(executor="inline", max_steps=steps, eval_every=100000, checkpoint_every=1)]
+
+    def files() -> dict:
+        return {str(p.relative_to(out)): (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+
+    assert main(args(2)) == 0
+    before = files()
+    capsys.readouterr()
+    assert main(args(1)) == 2
+    err = capsys.readouterr().err
+    assert "is at step 2, past the 1 steps this run plans" in err and "Traceback" not in err, err
+    assert files() == before
+    assert main(args(2)) == 0
+    assert "already holds this finished bundle" in capsys.readouterr().out
+    assert files() == before
+
+
 def test_a_tokenizer_cut_short_at_out_is_one_line_naming_it_and_force_new(tmp_path, corpus_dir):
     """A kill while the trainer saved OUT/tokenizer/ left a cut-off tokenizer.json, and every later run with that
     --out stopped in the tokenizers library's bare traceback. The save is now whole or absent (roles first,

@@ -211,14 +211,18 @@ def test_inline_training_without_ray_resumes_exports_and_keeps_a_finished_model(
     again = in_process("--max-steps", "5")
     assert "already holds this finished model" in again and "resuming" not in again and model_bytes() == before
 
-    # a smaller budget is refused in one line: resumed, it would export the step-6 weights labelled as 2 steps
+    # a smaller budget is refused in one line: resumed, it would export the step-6 weights labelled as 2 steps;
+    # refused, it leaves every file as it was (its run record and vocabulary too)
+    def files() -> dict:
+        return {str(p.relative_to(out)): (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+
+    unrefused = files()
     assert cli_main([*args, "--max-steps", "2"]) == 2
     err = capsys.readouterr().err
     assert "is at step 5, past the 2 steps this run plans" in err and len(err.strip().splitlines()) == 1, err
-    assert model_bytes() == before and not (out / "_train" / LEASE).exists()
-    # the run's record without its "finished" (as the refused run, a kill after the export and before
-    # mark_finished, or a longer run killed before its own export leaves it): the model this command exported
-    # is still its finished one
+    assert model_bytes() == before and files() == unrefused
+    # the run's record without its "finished" (as a kill after the export and before mark_finished, or a longer
+    # run killed before its own export leaves it): the model this command exported is still its finished one
     run_json = out / "_train" / "run.json"
     rec = json.loads(run_json.read_text())
     rec.pop("finished", None)

@@ -215,12 +215,16 @@ def test_claim_out_takes_the_lease_of_a_training_out(tmp_path):
     claim_out(Path(out), "fp", {}, False, "OUT")  # this process again
     assert json.loads((out / LEASE).read_text())["pid"] == os.getpid()
     release_out(out)
-    assert not (out / LEASE).exists() and json.loads((out / "run.json").read_text())["fingerprint"] == "fp"
+    # a claim given back before its run went ahead (go_ahead) recorded nothing in run.json
+    assert not (out / LEASE).exists() and not (out / "run.json").exists()
     with pytest.raises(RuntimeError, match="in the run"):  # entered: given back when the block ends, however
         with claim_out(Path(out), "fp", {}, False, "OUT"):
             assert json.loads((out / LEASE).read_text())["pid"] == os.getpid()
             raise RuntimeError("in the run")
-    assert not (out / LEASE).exists()
+    assert not (out / LEASE).exists() and not (out / "run.json").exists()
+    with claim_out(Path(out), "fp", {}, False, "OUT"):  # a block that ends as it should went ahead
+        pass
+    assert not (out / LEASE).exists() and json.loads((out / "run.json").read_text())["fingerprint"] == "fp"
 
 
 @pytest.mark.slow

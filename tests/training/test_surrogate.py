@@ -469,3 +469,134 @@ def test_executor_is_ray_or_inline(tmp_path, minilm):
         train_surrogate(tiny_cfg(), data=str(tmp_path / "nowhere"), backbone=minilm, out=str(tmp_path / "o"),
                         executor="spark")
     assert not (tmp_path / "o").exists()
+
+
+def _files(out: Path) -> dict:
+    """Every file under `out` by its bytes and mtime."""
+    return {str(p.relative_to(out)): (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+def test_inline_surrogate_fine_tune_budget_resumes_and_a_refused_run_changes_nothing(tmp_path, stsb_pairs,
+                                                                                   tiny_bert_dir, shared_data,
+                                                                                   capsys):
+    """The fine-tune stage's own budget (finetune.max_steps, finetune.epochs) is resumable as the harvest
+    stage's is: a larger one resumes that stage where it stopped. A run refused after it claimed --out (a
+    budget below its state's step) leaves every file there as it was, run.json included."""
+    from harvest_support import cli_in_process
+
+    h = small_harvest(tmp_path / "h", stsb_pairs)
+    out = tmp_path / "o"
+    args = ["train", "surrogate", "--executor", "inline", "--data", h, "--backbone", tiny_bert_dir, "--out", out,
+            "--finetune-sts", shared_data / "sts" / "stsbenchmark", *SMALL, "--set", "finetune.batch_size=8",
+            "--set", "finetune.eval_every=2"]
+    r = cli_in_process(capsys, *args, "--max-steps", "2", "--set", "finetune.max_steps=2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    fp = json.loads((out / "run.json").read_text())["fingerprint"]
+
+    before = _files(out)
+    for smaller in (["--max-steps", "1", "--set", "finetune.max_steps=2"],
+                    ["--max-steps", "2", "--set", "finetune.max_steps=1"]):
+        r = cli_in_process(capsys, *args, *smaller)
+        assert r.returncode == 2 and "past the 1 steps this run plans" in r.stderr, (smaller, r.stderr[-3000:])
+        assert _files(out) == before, smaller
+
+    r = cli_in_process(capsys, *args, "--max-steps", "2", "--set", "finetune.max_steps=3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    # the harvest stage's fit is that of the run before (another stage's budget is none of its settings)
+    assert "[surrogate harvest] already trained to step 2 with these settings; nothing to do" in r.stdout, r.stdout
+    assert re.search(r"^\[surrogate finetune-sts\] .*resuming at step 2, 3 steps", r.stdout, re.M), r.stdout
+    assert _steps(out, "finetune-sts") == [0, 2, 3] and _steps(out, "harvest") == [0, 2]
+    assert json.loads((out / "run.json").read_text())["fingerprint"] == fp
+    assert json.loads((out / "summary.json").read_text())["fingerprint"] == fp
+
+
+def as_format_1(out: Path, harvest: Path) -> str:
+    """Rewrite OUT/run.json as a surrogate written before run records had a format (format 1) recorded it: its
+    fingerprint made of the config less its top-level resumable keys (the fine-tune stage's budget in it) and
+    the harvest by its path and counts. Returns that fingerprint."""
+    from sentsim.identity import fingerprint
+    from sentsim.surrogate.data import inspect_harvest
+    from sentsim.training.config import RESUMABLE_KEYS
+
+    rec = json.loads((out / "run.json").read_text())
+    summary = inspect_harvest(str(harvest)).summary()
+    fp = fingerprint({k: v for k, v in rec["config"].items() if k not in RESUMABLE_KEYS}, summary, rec["backbone"],
+                     rec["finetune_sts"])
+    (out / "run.json").write_text(json.dumps({"fingerprint": fp, "config": rec["config"], "backbone": rec["backbone"],
+                                              "data": summary, "finetune_sts": rec["finetune_sts"]}, indent=2))
+    return fp
+
+
+@pytest.mark.slow
+def test_inline_surrogate_of_an_earlier_run_format_goes_on_under_its_fingerprint(tmp_path, stsb_pairs, tiny_bert_dir,
+                                                                               shared_data, capsys):
+    """A run whose record was written before the fine-tune budget was resumable and the harvest known by its
+    content (format 1: no `format` in run.json) is this same run: the same command again trains nothing, a larger
+    fine-tune budget resumes, both under the fingerprint it holds; a change to a fingerprinted setting is still
+    another run."""
+    from harvest_support import cli_in_process
+
+    h = small_harvest(tmp_path / "h", stsb_pairs)
+    out = tmp_path / "o"
+    args = ["train", "surrogate", "--executor", "inline", "--data", h, "--backbone", tiny_bert_dir, "--out", out,
+            "--finetune-sts", shared_data / "sts" / "stsbenchmark", "--max-steps", "2", *SMALL,
+            "--set", "finetune.batch_size=8", "--set", "finetune.eval_every=2"]
+    assert cli_in_process(capsys, *args, "--set", "finetune.max_steps=2").returncode == 0
+    assert json.loads((out / "run.json").read_text())["format"] == 2
+    held = as_format_1(out, h)
+
+    r = cli_in_process(capsys, *args, "--set", "finetune.max_steps=2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "starting" not in r.stdout and "resuming" not in r.stdout, r.stdout
+    rec = json.loads((out / "run.json").read_text())
+    assert (rec["fingerprint"], rec["format"]) == (held, 1)
+    assert json.loads((out / "summary.json").read_text())["fingerprint"] == held
+
+    for _ in range(2):  # the budget it was fingerprinted with is kept in its record, so it is known again after
+        r = cli_in_process(capsys, *args, "--set", "finetune.max_steps=3")
+        assert r.returncode == 0, r.stderr[-3000:]
+        rec = json.loads((out / "run.json").read_text())
+        assert (rec["fingerprint"], rec["format"], rec["config"]["finetune"]["max_steps"]) == (held, 1, 3)
+    assert _steps(out, "finetune-sts") == [0, 2, 3]
+
+    r = cli_in_process(capsys, *args, "--set", "finetune.max_steps=3", "--set", "lr=0.1")
+    assert r.returncode == 2 and "holds a run with other settings" in r.stderr and "config.lr" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_inline_surrogate_knows_its_harvest_by_content_not_path(tmp_path, stsb_pairs, tiny_bert_dir, capsys):
+    """The harvest is part of the run's identity by its content (its fingerprint and its pairs shards' sha256),
+    not its path: the same harvest copied elsewhere is the same run (a no-op), one whose scores changed at the
+    same path is another run, refused naming its content."""
+    import shutil
+
+    from harvest_support import cli_in_process
+
+    from storage import RunReader
+
+    h = small_harvest(tmp_path / "h", stsb_pairs)
+    out = tmp_path / "o"
+
+    def args(data: Path) -> list:
+        return ["train", "surrogate", "--executor", "inline", "--data", data, "--backbone", tiny_bert_dir, "--out",
+                out, "--max-steps", "2", *SMALL]
+
+    assert cli_in_process(capsys, *args(h)).returncode == 0
+    fp = json.loads((out / "run.json").read_text())["fingerprint"]
+    moved = tmp_path / "elsewhere" / "h"
+    shutil.copytree(h, moved)
+    r = cli_in_process(capsys, *args(moved))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "already trained to step 2 with these settings; nothing to do" in r.stdout, r.stdout
+    assert json.loads((out / "run.json").read_text())["fingerprint"] == fp
+
+    t = RunReader(str(h)).read_table("pairs", ["s1", "s2", "score", "split"])
+    shutil.rmtree(h)
+    write_harvest(h, t["s1"].to_pylist(), t["s2"].to_pylist(), [1 - s for s in t["score"].to_pylist()],
+                  t["split"].to_pylist())
+    before = _files(out)
+    r = cli_in_process(capsys, *args(h))
+    assert r.returncode == 2 and "holds a run with other settings" in r.stderr, r.stderr[-3000:]
+    assert "data.pairs_sha256" in r.stderr and "data.root" not in r.stderr, r.stderr
+    assert _files(out) == before
