@@ -23,7 +23,9 @@
   7. the final bundle (tokenizer.json, context.json, models/<name>/) is written to `out` (replacing any
      bundle there whole: sentsim.context.model.save_bundle), with
      runs/<name>/history.json and train_summary.json; run.json then records the run as finished, and
-     the same command again is a no-op that says so (the bundle keeps its bytes and its identity).
+     the same command again is a no-op that says so (the bundle keeps its bytes and its identity), with
+     either executor: the executor is no setting of the run, and a run's state on the other executor (which
+     neither reads) is refused in one line, never trained again beside it (sentsim.training.run.fit).
 
 Training state lives in `out/runs/<name>/` (ray/<name>/ for Ray Train, checkpoint/ inline) in the
 shared loop's checkpoint format: model/ (safetensors), state.pt (read with torch.load(weights_only=True)),
@@ -549,13 +551,22 @@ def _train_context(corpus: str, out: str, config: Optional[ContextTrainConfig], 
     run_id = run_fingerprint(cfg, corpus_id, tokenizer_from)
     _refuse_legacy_resume(out_p, cfg, force_new, out_arg)
     record = {"config": cfg.model_dump(), "corpus": corpus, "tokenizer_from": tokenizer_from}
-    done = None if force_new else finished_run(out_p, run_id, record, out_p)
+    # a finished bundle is the run's outcome, whichever executor trained it or is asked for it now
+    done = None if force_new else finished_run(out_p, run_id, record, out_p, ignore=("config.executor",))
     if done is not None:
         say_finished("context", out_arg, f"bundle (fingerprint {run_id})")
         return done["summary"]
     with claim_out(out_p, run_id, record, force_new, out_arg, state=("runs", "tokenizer"),
                    unfingerprinted=tuple(f"config.{k}" for k in RESUMABLE)):
         return _train_claimed(out_p, cfg, corpus, tokenizer_from, force_new, t0)
+
+
+def run_directions(cfg: ContextTrainConfig) -> dict:
+    """The training runs of `cfg`, each with its directions: one shared model, or one model per direction."""
+    dirs = list(DIRECTIONS) if cfg.direction == "all" else [cfg.direction]
+    if cfg.direction == "all" and cfg.model.layout == "shared":
+        return {"shared": dirs}
+    return {d: [d] for d in dirs}
 
 
 def _train_claimed(out_p: Path, cfg: ContextTrainConfig, corpus: str, tokenizer_from: str, force_new: bool,
@@ -584,12 +595,12 @@ def _train_claimed(out_p: Path, cfg: ContextTrainConfig, corpus: str, tokenizer_
               f"model.vocab_size ({cfg.model.vocab_size:,}) is not used", flush=True)
     dirs = list(DIRECTIONS) if cfg.direction == "all" else [cfg.direction]
     _heldout_pool(corpus, tok, cfg, dirs, cap=2)
-    if cfg.direction == "all" and cfg.model.layout == "shared":
-        runs = {"shared": dirs}
-    else:
-        runs = {d: [d] for d in dirs}
-    for name in runs:  # each fit's refusals, before the run writes anything: a refused run leaves OUT as it was
-        check_fit(LoopSettings.for_context(cfg, name), name=name, out_dir=out_p / "runs" / name, executor=cfg.executor)
+    runs = run_directions(cfg)
+    configs = {name: {"build": build_trainee, "loop": LoopSettings.for_context(cfg, name), "cfg": cfg.model_dump(),
+                      "corpus": str(corpus), "directions": rdirs, "tokenizer_dir": str(tok_dir)}
+               for name, rdirs in runs.items()}
+    for name, config in configs.items():  # each fit's refusals, before the run writes anything: OUT stays as it was
+        check_fit(config, name=name, out_dir=out_p / "runs" / name, executor=cfg.executor)
     go_ahead(out_p)
     if not resumed:
         # saved once the inputs passed: a saved tokenizer is training state, and with it at --out the
@@ -599,9 +610,7 @@ def _train_claimed(out_p: Path, cfg: ContextTrainConfig, corpus: str, tokenizer_
     models, by_dir = {}, {}
     for name, rdirs in runs.items():
         run_dir = out_p / "runs" / name
-        config = {"build": build_trainee, "loop": LoopSettings.for_context(cfg, name), "cfg": cfg.model_dump(),
-                  "corpus": str(corpus), "directions": rdirs, "tokenizer_dir": str(tok_dir)}
-        run = fit(config, name=name, out_dir=run_dir, executor=cfg.executor,
+        run = fit(configs[name], name=name, out_dir=run_dir, executor=cfg.executor,
                   hint="lower --set lr=... or raise warmup_steps",
                   memory_hint="lower --set batch_tokens=... or num_workers",
                   export=lambda d: ContextModel.load(d / "model", cfg.model, tok))

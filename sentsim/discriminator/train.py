@@ -15,9 +15,10 @@ The training state lives in OUT/_train and stays there beside the exported model
 theirs (sentsim.training.driver): Ray Train's checkpoints in _train/ray/discriminator, an inline run's in
 _train/checkpoint, with the run's record (run.json), vocabulary and initial embeddings. The same command again
 on a finished model is a no-op; a larger --max-steps or more epochs resume from the last checkpoint. The
-executor is not part of the run's identity: the other executor on the same --out trains anew beside the first
-one's state (and says so), the export keeps only the state of the executor that trained the model, and a
-finished model is the same model whichever executor is asked for it again.
+executor is not part of the run's identity: a finished model is the same model whichever executor is asked
+for it again, and the state of the other executor, which neither reads, is refused in one line rather than
+trained beside (sentsim.training.run.check_state, as for every trainer); the export keeps only the
+state of the executor that trained the model.
 """
 
 from __future__ import annotations
@@ -281,28 +282,34 @@ def _state_finished(state: Path, run_id: str, out: Path) -> bool:
             and done.get("model_hash") == checkpoint_hash(str(out)))
 
 
-def _vocab_and_init(st, job: DiscriminatorJob, state: Path, run_id: str):
-    """The vocabulary (saved in the training state: OUT/vocab.json only with the model it belongs to) and
-    the path of the LSA embeddings the weights start from (None for random ones), made once for the run
-    `run_id` (its name holds it: a run of other settings killed before its first checkpoint left its own)."""
+def _vocab_and_init(st, job: DiscriminatorJob, state: Path, init_path: Optional[Path]):
+    """The vocabulary (saved in the training state: OUT/vocab.json only with the model it belongs to), and the
+    LSA embeddings the weights start from at `init_path` (`embed_init_path`; None for random ones), made once
+    for the run (the path's name holds its fingerprint: a run of other settings killed before its first
+    checkpoint left its own, which goes)."""
     from sentsim.discriminator.vocab import Vocab
 
     vocab = Vocab.build(st.texts, job.model.vocab_size, job.model.min_count)
     if len(vocab) <= 3:
         vocab = Vocab.build(st.texts, job.model.vocab_size, 1)
     vocab.save(state / "vocab.json")
-    if job.model.embed_init != "lsa":
-        return vocab, None
+    if init_path is None:
+        return vocab
     from sentsim.discriminator.embed_init import lsa_embeddings
 
-    init_path = state / f"embed_init-{run_id}.npy"
     if not init_path.is_file():
         for other in state.glob("embed_init*.npy"):
             other.unlink()
         emb = lsa_embeddings([vocab.encode(t, job.model.max_tokens) for t in st.texts], len(vocab),
                              job.model.embed_dim, seed=job.train.seed)
         np.save(init_path, emb, allow_pickle=False)
-    return vocab, init_path
+    return vocab
+
+
+def embed_init_path(job: DiscriminatorJob, state: Path, run_id: str) -> Optional[Path]:
+    """Where the run's LSA initial embeddings are kept in its state (named by its fingerprint, so that another
+    run's are never taken for its own), or None: model.embed_init is not "lsa"."""
+    return state / f"embed_init-{run_id}.npy" if job.model.embed_init == "lsa" else None
 
 
 def train_discriminator(corpus: str | Path, out: str | Path, job: DiscriminatorJob | None = None,
@@ -324,8 +331,8 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
     from sentsim.model_swap import discard_in_place, finish_in_place, sealed_info, staged_beside
     from sentsim.out_paths import check_out
     from sentsim.runtime import absolute_local, attach_before_writing, init_ray  # Ray imported only when called
-    from sentsim.training.driver import EXECUTORS
     from sentsim.training.run import (
+        EXECUTORS,
         check_fit,
         claim_out,
         fit,
@@ -384,7 +391,6 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
         if force_new:  # the discarded run's model goes with its state, not stays beside the new run's
             discard_in_place(out, "config.json")
             (state / "model.safetensors").unlink(missing_ok=True)  # its last weights too
-        other_executors_state(state, executor, out_arg)
 
         # the training windows, as each worker will split them (same seed, same rule): the plan's step count
         from sentsim.discriminator.data import split_heldout
@@ -399,14 +405,15 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
         quiet_progress()
         if executor == "ray":
             init_ray(address)
-        # fit's refusals before the vocabulary is written into the state: a refused run leaves OUT as it was
-        check_fit(loop, name="discriminator", out_dir=state, executor=executor, inline_dir=INLINE_DIR)
-        go_ahead(state)
-        vocab, init_path = _vocab_and_init(st, job, state, run_id)
-        del st, ids
+        init_path = embed_init_path(job, state, run_id)
         config = {"build": build_trainee, "loop": loop, "corpus": str(corpus), "vocab_path": str(state / "vocab.json"),
                   "model": job.model.model_dump(), "train": tc.model_dump(),
                   "embed_init_path": str(init_path) if init_path else None}
+        # fit's refusals before the vocabulary is written into the state: a refused run leaves OUT as it was
+        check_fit(config, name="discriminator", out_dir=state, executor=executor, inline_dir=INLINE_DIR)
+        go_ahead(state)
+        vocab = _vocab_and_init(st, job, state, init_path)
+        del st, ids
         t0 = time.perf_counter()
         run = fit(config, name="discriminator", out_dir=state, executor=executor, inline_dir=INLINE_DIR,
                   hint="lower --set train.lr=...",
@@ -421,26 +428,11 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
     return final
 
 
-# where each executor keeps its checkpoints under OUT/_train (fit's out_dir): Ray Train's run, the inline one
-RAY_RUN = "ray/discriminator"
+# where the inline executor keeps its checkpoints under OUT/_train (fit's out_dir; Ray Train's run is ray/discriminator)
 INLINE_DIR = "checkpoint"
 # what each executor keeps under OUT/_train: its checkpoints and fit record (the inline checkpoint's swap
 # folders included)
 EXECUTOR_STATE = {"ray": ("ray",), "inline": (INLINE_DIR, f"{INLINE_DIR}.old", f"{INLINE_DIR}.tmp")}
-
-
-def other_executors_state(state: Path, executor: str, out_arg: str) -> None:
-    """Say so when OUT/_train holds checkpoints of the other executor and none of this one's: they are not
-    resumed (the executor is not part of the run's identity, its state is), this run starts over beside them,
-    and the export removes them (the state kept beside a model is that of the run that trained it)."""
-    from sentsim.training.loop import inline_checkpoint
-
-    held = {"inline": inline_checkpoint(state, INLINE_DIR), "ray": next((state / RAY_RUN).glob("checkpoint_*"), None)}
-    flag = "inline" if executor == "ray" else "ray"
-    if held[flag] is not None and held[executor] is None:
-        print(f"note: --out {out_arg} holds the checkpoints of a run on --executor {flag}, which --executor "
-              f"{executor} does not resume: this run starts from step 0 (the same command with --executor {flag} "
-              "resumes that run); its checkpoints are removed when this run's model is exported", flush=True)
 
 
 def export_model(out: Path, state: Path, job: DiscriminatorJob, corpus_fp: str, vocab, final: dict,

@@ -11,9 +11,9 @@ sentence-transformers or CrossEncoder folder (sentsim.training.encoder_models) a
 OUT/ holds model/ (and model-sts/; each with its card README.md, swapped in whole by sentsim.model_swap),
 curves/<stage>.json and .png, run.json, summary.json and ray/<stage> (Ray Train checkpoints) or
 checkpoint/<stage> (inline): running the same command again with the same --out resumes from the latest
-checkpoint (model, optimizer, scheduler, step and curves), and a finished stage is not redone. The executor is
-not part of the run's identity (sentsim.training.driver): the other executor on the same --out trains its
-stages anew beside the first one's state, as the student's does.
+checkpoint (model, optimizer, scheduler, step and curves), and a finished stage is not redone, whichever
+executor asks for it. The executor is not part of the run's identity (sentsim.training.driver): a stage's
+state on the other executor is not read, so it is finished there or refused, as the student's is.
 """
 
 from __future__ import annotations
@@ -156,7 +156,8 @@ class SurrogateRun(EncoderDriver):
         plans = [self.plan(name, n_train, spec) for name, _, n_train, spec, _ in stages]
         for (name, *_), (_, loop) in zip(stages, plans):
             # every stage's refusals before the first trains or writes its curves: a refused run changes nothing
-            check_fit(loop, name=name, out_dir=self.out, executor=self.executor, inline_dir=f"checkpoint/{name}")
+            check_fit(self.fit_config(loop, spec), name=name, out_dir=self.out, executor=self.executor,
+                      inline_dir=f"checkpoint/{name}")
         return {"stages": [self.stage(*stage, *plan) for stage, plan in zip(stages, plans)]}
 
     def plan(self, name: str, n_train: int, spec: dict) -> tuple[int, LoopSettings]:
@@ -173,16 +174,21 @@ class SurrogateRun(EncoderDriver):
                                          shuffle_buffer=cfg.shuffle_buffer)
         return total, loop
 
+    def fit_config(self, loop: LoopSettings, spec: dict) -> dict:
+        """A stage's loop config, as `fit` takes it (and as its refusals are checked before either stage trains)."""
+        from sentsim.surrogate.trainee import build_trainee
+
+        return {"build": build_trainee, "loop": loop, "cfg": self.cfg.model_dump(), "stage": spec}
+
     def stage(self, name: str, datasets: dict, n_train: int, spec: dict, card: dict, total: int,
               loop: LoopSettings) -> dict:
         """Train one stage (on Ray Train, or inline) and export its model; returns the stage summary."""
-        from sentsim.surrogate.trainee import build_trainee
         from sentsim.training.encoder_models import export_model
         from sentsim.training.model_card import final_metrics
 
         cfg, out = self.cfg, self.out
         model_dir = out / ("model" if name == "harvest" else "model-sts")
-        run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "stage": spec}, name=name,
+        run = fit(self.fit_config(loop, spec), name=name,
                   out_dir=out, datasets=datasets, executor=self.executor, inline_dir=f"checkpoint/{name}",
                   hint="training stopped (check the scores' scale, or lower --set lr=...)",
                   export=lambda d: export_model(d / "model", model_dir, cfg.arch, cfg.max_seq_length, card={

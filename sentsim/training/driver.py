@@ -31,9 +31,7 @@ from typing import Optional
 from sentsim.errors import UsageError
 from sentsim.identity import fingerprint
 from sentsim.training.config import resumable_paths, without_resumable
-from sentsim.training.run import claim_out, discard_exports, quiet_progress, write_curves
-
-EXECUTORS = ("ray", "inline")
+from sentsim.training.run import EXECUTORS, claim_out, discard_exports, quiet_progress, write_curves
 
 
 class EncoderDriver:
@@ -50,8 +48,9 @@ class EncoderDriver:
                  force_new: bool = False, verbose: bool = True):
         """`inputs`: flag -> path of each input (None when not given); read back, made absolute, as
         self.inputs[flag]. `executor`: "ray", or "inline" (this process, no Ray). The executor is not part
-        of the run's identity: its state is (OUT/ray/ or OUT/checkpoint/), so the same --out given the other
-        executor trains anew beside the first one's state rather than resuming it."""
+        of the run's identity, and neither reads the other's state (OUT/ray/ or OUT/checkpoint/): a stage
+        finished on one is finished on the other (the same settings and budget), and any other run of it on
+        the other executor is refused in one line (sentsim.training.run.check_state)."""
         self.cfg, self.inputs, self.out_arg = cfg, dict(inputs), out
         self.address, self.executor, self.force_new, self.verbose = address, executor, force_new, verbose
         # DDP workers on Ray; inline, this process is the one worker, whatever num_workers says

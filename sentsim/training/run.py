@@ -7,6 +7,11 @@ dataset is split between the workers, every other dataset is seen whole by each.
 OUT/ray/<name>, so the same command with the same --out resumes from the latest checkpoint.
 Inline: the same loop in this process, without Ray, checkpoints in OUT/checkpoint (OUT/checkpoint/<name> for
 each stage of a trainer of several), resumed the same way (development, a machine without Ray, and tests).
+
+The executor is not part of a run's identity, and a finished fit's export is the run's outcome, not the
+executor's: `fit` keeps the same rule for every trainer (`check_state`). Neither executor reads the
+other's checkpoints, so a run whose state another executor holds is finished there (the same settings and
+budget: nothing trained, the export kept) or refused in one line, never trained again from step 0 beside it.
 """
 
 from __future__ import annotations
@@ -25,8 +30,11 @@ from sentsim.errors import UsageError
 from sentsim.training.common import quiet_progress, use_gpu
 from sentsim.training.settings import LoopSettings, rounded_threads, worker_threads
 
-__all__ = ["TrainingDiverged", "check_fit", "claim_out", "finished_run", "fit", "go_ahead", "mark_finished",
-           "plan_steps", "quiet_progress", "release_out", "say_finished", "use_gpu", "write_curves"]
+__all__ = ["EXECUTORS", "TrainingDiverged", "check_fit", "check_state", "claim_out", "finished_run", "fit",
+           "go_ahead", "mark_finished", "plan_steps", "quiet_progress", "release_out", "say_finished", "use_gpu",
+           "write_curves"]
+
+EXECUTORS = ("ray", "inline")
 
 
 class TrainingDiverged(UsageError):
@@ -175,10 +183,11 @@ def release_out(out_dir: Path) -> None:
         lease.release()
 
 
-def finished_run(out_dir: Path, run_id: str, record: dict, model: Path) -> Optional[dict]:
+def finished_run(out_dir: Path, run_id: str, record: dict, model: Path, ignore: tuple = ()) -> Optional[dict]:
     """What `mark_finished` recorded in OUT/run.json when this very run (fingerprint and every setting in
-    `record`, the resumable ones included) finished there and `model` is still the model it exported
-    (by checkpoint_hash); None otherwise, and the run goes on (a resume, or a longer run) as before."""
+    `record`, the resumable ones included, less `ignore`: flattened keys such as `config.executor` that do not
+    make a finished model another one) finished there and `model` is still the model it exported (by
+    checkpoint_hash); None otherwise, and the run goes on (a resume, or a longer run) as before."""
     from sentsim.identity import checkpoint_hash
 
     try:
@@ -188,9 +197,23 @@ def finished_run(out_dir: Path, run_id: str, record: dict, model: Path) -> Optio
     done = prev.get("finished") if isinstance(prev, dict) else None
     if not isinstance(done, dict) or prev.get("fingerprint") != run_id or not model.exists():
         return None
-    if {k: prev.get(k) for k in record} != json.loads(json.dumps(record, default=str)):
+    now = json.loads(json.dumps(record, default=str))
+    if _without({k: prev.get(k) for k in record}, ignore) != _without(now, ignore):
         return None
     return done if done.get("model_hash") == checkpoint_hash(str(model)) else None
+
+
+def _without(record: dict, keys: tuple) -> dict:
+    """`record` (plain JSON) less the flattened `keys` ("config.executor": that key of its "config")."""
+    record = json.loads(json.dumps(record))
+    for key in keys:
+        *parents, leaf = key.split(".")
+        node = record
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return record
 
 
 def mark_finished(out_dir: Path, model: Path, summary: dict) -> None:
@@ -278,7 +301,9 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
 
     A fit whose export is a folder or file records it (`FitRecord`): called again with the same settings
     while that export is unchanged, it says so in one line and returns the record, without starting
-    a trainer nor exporting again, so a finished model keeps its bytes and its identity.
+    a trainer nor exporting again, so a finished model keeps its bytes and its identity. That holds whichever
+    executor finished it and whichever is asked now; a state of the other executor's that this fit cannot
+    take as finished is refused (`check_state`), before anything is trained or removed.
     """
     from sentsim.training.loop import HISTORY_FILE, inline_checkpoint, train_loop  # torch: worker-side, imported late
 
@@ -293,7 +318,7 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
             print(f"[{label}] already trained to step {done['history'][-1].get('step')} with these settings; "
                   f"nothing to do ({done['model']} is kept)", flush=True)
         return done
-    gpu = check_fit(settings, name=name, out_dir=out_dir, executor=executor, inline_dir=inline_dir)
+    gpu = refuse_fit(settings, name=name, out_dir=out_dir, executor=executor, inline_dir=inline_dir)
     go_ahead(out_dir)  # from here on the run changes its state, and its run record says whose it is
     record.clear()
     t0 = time.perf_counter()
@@ -355,18 +380,21 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
     return out
 
 
-def check_fit(settings: LoopSettings, *, name: str, out_dir: Path, executor: str,
-              inline_dir: str = "checkpoint") -> bool:
-    """fit's refusals, said before it changes anything: a training state past the steps this run plans, and
-    Ray workers the cluster cannot hold. Returns whether the workers get a GPU (Ray is started by then). A
-    trainer that writes into its state before its fit (the discriminator's vocabulary) asks first."""
+def check_fit(loop_config: dict, *, name: str, out_dir: Path, executor: str, inline_dir: str = "checkpoint") -> bool:
+    """fit's refusals (`refuse_fit`), said before a trainer writes anything of its own for this fit (the context
+    trainer's tokenizer, the discriminator's vocabulary, a later stage's curves): none for a fit already finished
+    with these settings on either executor (FitRecord), which fit then reports as finished. `loop_config` and
+    the rest: as fit takes them. Returns whether the workers get a GPU."""
     out_dir = Path(out_dir).absolute()
-    reached = resumed_step(out_dir, name, executor, inline_dir)
-    if reached is not None and reached > settings.total_steps:
-        # resumed, it would train no step and export the longer run's weights under this run's budget
-        raise UsageError(f"{settings.label}: the training state in {out_dir} is at step {reached}, past the "
-                         f"{settings.total_steps} steps this run plans, and a model is not trained back: ask for at "
-                         f"least {reached} steps (max_steps or epochs), or --force-new to start over, or another --out")
+    if FitRecord(out_dir, name, executor, loop_config).finished() is not None:
+        return False
+    return refuse_fit(loop_config["loop"], name=name, out_dir=out_dir, executor=executor, inline_dir=inline_dir)
+
+
+def refuse_fit(settings: LoopSettings, *, name: str, out_dir: Path, executor: str, inline_dir: str) -> bool:
+    """A fit's refusals, before it changes anything: a training state it cannot go on to (`check_state`), and Ray
+    workers the cluster cannot hold. Returns whether the workers get a GPU (Ray is started by then)."""
+    check_state(settings.label, out_dir, name, executor, inline_dir, settings.total_steps)
     if executor == "inline":
         return False
     gpu = use_gpu(settings.use_gpu, settings.num_workers)
@@ -390,6 +418,35 @@ def resumed_step(out_dir: Path, name: str, executor: str, inline_dir: str) -> Op
         return int(latest["metrics"]["step"]) if latest.get("checkpoint_dir_name") else None
     except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
         return None
+
+
+def check_state(label: str, out_dir: Path, name: str, executor: str, inline_dir: str, total_steps: int) -> None:
+    """Refuse, in one line, a fit of `total_steps` that the training state in its `out_dir` cannot go on to
+    (once no finished fit of these settings was found in either executor's record, FitRecord). Each executor
+    reads only its own state (Ray Train's run under ray/<name>, the inline checkpoint under `inline_dir`).
+    A state past the budget, either executor's, is refused: resumed, it would train no step and export the
+    longer run's weights under this run's budget (a model is not trained back). The other executor's state at
+    any other step is refused naming the executor that continues it, unless this executor holds state of its
+    own (an --out trained on both before this rule), which it resumes. So no run trains from step 0 beside the
+    other executor's state, and no export replaces the model, or removes the state, of its longer run."""
+    reached = resumed_step(out_dir, name, executor, inline_dir)
+    if reached is not None and reached > total_steps:
+        raise UsageError(f"{label}: the training state in {out_dir} is at step {reached}, past the "
+                         f"{total_steps} steps this run plans, and a model is not trained back: ask for at "
+                         f"least {reached} steps (max_steps or epochs), or --force-new to start over, or another --out")
+    for other in EXECUTORS:
+        step = None if other == executor else resumed_step(out_dir, name, other, inline_dir)
+        if step is None:
+            continue
+        if step > total_steps:
+            raise UsageError(f"{label}: the training state in {out_dir} (--executor {other}'s) is at step {step}, "
+                             f"past the {total_steps} steps this run plans, and a model is not trained back: ask "
+                             f"--executor {other} for at least {step} steps (max_steps or epochs), or --force-new to "
+                             "start over, or another --out")
+        if reached is None:
+            raise UsageError(f"{label}: the training state in {out_dir} is at step {step} on --executor {other}, "
+                             f"which --executor {executor} does not read: continue it with --executor {other}, or "
+                             f"--force-new to start over on --executor {executor}")
 
 
 def drop_unregistered_checkpoints(run_dir: Path, also_keep: Optional[str] = None) -> list:
@@ -445,40 +502,56 @@ class FitRecord:
     the run's fingerprint, which claim_out keeps for that state), the export and its checkpoint_hash,
     and the history and result it returned. The fit's own budget and width are its LoopSettings'; the
     trainer's config beside them is taken without RESUMABLE_KEYS, so that another stage's budget (the
-    surrogate's finetune.max_steps for its harvest stage) is no setting of this fit."""
+    surrogate's finetune.max_steps for its harvest stage) is no setting of this fit. A fit finished on either
+    executor is found (`finished`): each executor's record lies in its own state folder, and holds the settings
+    as a fit on that executor has them."""
 
     def __init__(self, out_dir: Path, name: str, executor: str, loop_config: dict):
+        self.out_dir, self.name = out_dir, name
+        self.path = self.where(executor)
+        loop = loop_config["loop"]
+        self.settings = self.fingerprint(executor, loop_config, loop)
+        self.accepted = {}  # executor -> the settings its record may hold for this fit, this executor's first
+        for e in (executor, *(x for x in EXECUTORS if x != executor)):
+            config = as_executor(loop_config, e)
+            loops = [loop]
+            if loop.cpu_threads == worker_threads(loop.cpus_per_worker):
+                # A fit recorded while the surrogate and student trainers rounded cpus_per_worker to threads
+                # (1.5 -> 2) is still this fit: finished, it trains no further step, so its thread count no longer
+                # changes its model, and taking it for another would only export the same checkpoint again
+                loops.append(replace(loop, cpu_threads=rounded_threads(loop.cpus_per_worker)))
+            # a fit recorded with the trainer's whole config (before its resumable keys were left out) is this fit
+            self.accepted[e] = {self.fingerprint(e, config, lp, whole) for lp in loops for whole in (False, True)}
+
+    def where(self, executor: str) -> Path:
+        return self.out_dir / ("checkpoint" if executor == "inline" else "ray") / f"{self.name}.done.json"
+
+    def fingerprint(self, executor: str, loop_config: dict, loop: LoopSettings, whole: bool = False) -> str:
         from sentsim.identity import fingerprint
         from sentsim.training.config import without_resumable
 
-        state = out_dir / ("checkpoint" if executor == "inline" else "ray")
-        self.out_dir, self.path = out_dir, state / f"{name}.done.json"
-
-        def settings(loop: LoopSettings, whole: bool = False) -> str:
-            return fingerprint(name, executor, {
-                k: (loop.record() if k == "loop" else v if whole or not isinstance(v, dict) else without_resumable(v))
-                for k, v in loop_config.items() if k != "build"})
-
-        loop = loop_config["loop"]
-        self.settings = settings(loop)
-        # a fit recorded with the whole config (before the resumable keys were left out) is this same fit
-        self.accepted = {self.settings, settings(loop, whole=True)}
-        if loop.cpu_threads == worker_threads(loop.cpus_per_worker):
-            # A fit recorded while the surrogate and student trainers rounded cpus_per_worker to threads (1.5 -> 2)
-            # is still this fit: finished, it trains no further step, so its thread count no longer changes its
-            # model, and taking it for another would only export the same checkpoint again
-            rounded = replace(loop, cpu_threads=rounded_threads(loop.cpus_per_worker))
-            self.accepted |= {settings(rounded), settings(rounded, whole=True)}
+        # the trainer's config less RESUMABLE_KEYS; `whole`: all of it, as fits recorded before that was so
+        return fingerprint(self.name, executor, {
+            k: (loop.record() if k == "loop" else v if whole or not isinstance(v, dict) else without_resumable(v))
+            for k, v in loop_config.items() if k != "build"})
 
     def finished(self) -> Optional[dict]:
-        """The fit's return value when it finished with these settings and its export is unchanged."""
+        """The fit's return value when it finished with these settings, on this executor or the other, and its
+        export is unchanged; this executor's record first."""
+        for executor, accepted in self.accepted.items():
+            done = self._finished(self.where(executor), accepted)
+            if done is not None:
+                return done
+        return None
+
+    def _finished(self, path: Path, accepted: set) -> Optional[dict]:
         from sentsim.identity import checkpoint_hash
 
         try:
-            rec = json.loads(self.path.read_text())
+            rec = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError, UnicodeDecodeError):
             return None
-        if not isinstance(rec, dict) or rec.get("settings") not in self.accepted or not rec.get("history"):
+        if not isinstance(rec, dict) or rec.get("settings") not in accepted or not rec.get("history"):
             return None
         model = self.out_dir / (rec.get("model") or "")  # kept relative: --out may have moved
         if not rec.get("model") or not model.exists() or checkpoint_hash(str(model)) != rec.get("model_hash"):
@@ -502,6 +575,13 @@ class FitRecord:
                "model_hash": checkpoint_hash(str(model)), "history": out["history"], "gpu": out["gpu"],
                "result": {k: v for k, v in out["result"].items() if k != "history"}}
         write_text_atomic(str(self.path), json.dumps(rec, indent=1, default=str))
+
+
+def as_executor(loop_config: dict, executor: str) -> dict:
+    """`loop_config` as a fit on `executor` would have it: a trainer whose config section names its executor
+    (the context trainer's `executor`) says the other one there; nothing else in it depends on the executor."""
+    return {k: ({**v, "executor": executor} if isinstance(v, dict) and "executor" in v else v)
+            for k, v in loop_config.items()}
 
 
 def write_curves(history: list[dict], folder: Path, name: str, title: str,

@@ -302,6 +302,34 @@ def test_ray_train_ddp_two_workers(tmp_path, corpus_dir, ray_session):
     _, _, models = load_bundle(tmp_path / "m")
     assert set(models) == {"right"}
 
+    # the executor is no setting of the run, and the inline one does not read Ray Train's checkpoints: asked
+    # inline with the same settings and budget, the bundle is finished (nothing trained, every byte kept); a
+    # smaller budget is refused as on Ray, a larger one naming the executor that continues it, both before the
+    # --out is claimed, so its run record keeps the bundle finished for either executor
+    from sentsim.errors import UsageError
+    from sentsim.identity import checkpoint_hash
+
+    out = tmp_path / "m"
+
+    def kept() -> tuple:
+        state = {str(f.relative_to(out)) for f in (out / "runs").rglob("*")}
+        files = {str(f.relative_to(out)): f.read_bytes() for f in out.rglob("*") if f.is_file()
+                 and "runs" not in f.relative_to(out).parts}
+        return checkpoint_hash(str(out)), files, state
+
+    before = kept()
+    inline = cfg.model_copy(update={"executor": "inline"})
+    assert train_context(corpus_dir, str(out), inline)["runs"]["right"]["steps"] == 4 and kept() == before
+    for steps, said in ((3, "is at step 4, past the 3 steps this run plans"),
+                        (6, "at step 4 on --executor ray, which --executor inline does not read")):
+        with pytest.raises(UsageError) as refused:
+            train_context(corpus_dir, str(out), inline.model_copy(update={"max_steps": steps}))
+        line = str(refused.value)
+        assert said in line and "--executor ray" in line and "--force-new" in line and "\n" not in line, line
+        assert kept() == before
+    assert train_context(corpus_dir, str(out), inline)["runs"]["right"]["steps"] == 4 and kept() == before
+    assert train_context(corpus_dir, str(out), cfg)["runs"]["right"]["steps"] == 4 and kept() == before
+
 
 def test_cli_usage_errors(tmp_path, capsys):
     from sentsim.cli import main

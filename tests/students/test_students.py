@@ -370,6 +370,28 @@ def test_rankencoder_on_ray_train_exports_what_it_trained(harvest_dir, tiny_back
     np.testing.assert_allclose(st.encode(sents, convert_to_numpy=True), mine, atol=1e-5)
     assert json.loads((out / "model" / "rank_anchors.json").read_text())["lambda_inf"] == 0.1
 
+    # the executor is no setting of the run, and the inline one does not read Ray Train's checkpoints: asked
+    # inline with the same settings and budget, the finished model is finished (nothing trained, its bytes kept);
+    # a smaller budget is refused as on Ray, a larger one naming the executor that continues it
+    from sentsim.errors import UsageError
+    from sentsim.identity import checkpoint_hash
+
+    def model_bytes() -> tuple:
+        files = {str(f.relative_to(out)): f.read_bytes() for f in (out / "model").rglob("*") if f.is_file()}
+        return checkpoint_hash(str(out / "model")), files
+
+    before = model_bytes()
+    ray_run = dict(epochs=20, eval_every=4, num_workers=2, cpus_per_worker=0.5)
+    again = _train("rankencoder", harvest_dir, tiny_backbone, out, executor="inline", max_steps=12, **ray_run)
+    assert again["history"] == s["history"] and model_bytes() == before
+    for steps, said in ((6, "is at step 12, past the 6 steps this run plans"),
+                        (20, "at step 12 on --executor ray, which --executor inline does not read")):
+        with pytest.raises(UsageError) as refused:
+            _train("rankencoder", harvest_dir, tiny_backbone, out, executor="inline", max_steps=steps, **ray_run)
+        line = str(refused.value)
+        assert said in line and "--executor ray" in line and "--force-new" in line and "\n" not in line, line
+    assert model_bytes() == before and not (out / "checkpoint").exists()
+
 
 def test_ray_rows_come_in_a_seeded_order_not_the_harvests(ray_local):
     """What the Ray path hands Ray Train: every row once, in an order the seed fixes, not anchor by

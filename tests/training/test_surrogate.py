@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import error_line
 from run_support import without_ray
 
 from sentsim.cli import main
@@ -457,6 +458,56 @@ def test_inline_surrogate_both_stages_and_a_rerun_is_a_noop(tmp_path, stsb_pairs
         assert f"[surrogate {stage}] already trained to step 2 with these settings; nothing to do" in again
     assert "starting" not in again and "resuming" not in again
     assert {m: checkpoint_hash(str(out / m)) for m in ("model", "model-sts")} == hashes
+
+
+@pytest.mark.slow
+def test_a_finished_inline_stage_is_finished_on_ray_and_another_budget_there_is_refused(tmp_path, stsb_pairs,
+                                                                                      tiny_bert_dir, capsys,
+                                                                                      ray_local):
+    """The executor is no setting of a run, and neither executor reads the other's checkpoints: a stage
+    finished inline, asked for again with --executor ray and the same settings and budget, is finished (nothing
+    trained, its model's bytes kept); a smaller budget there is refused as the inline one is, and a larger one
+    in one line naming the executor that continues it, so nothing trains from step 0 beside the inline state or
+    replaces its model. The shared driver (EncoderDriver, fit) does this for the student too; every command
+    here runs in this process, and none on Ray starts a Train run."""
+    from harvest_support import cli_in_process
+
+    from sentsim.identity import checkpoint_hash
+
+    h = small_harvest(tmp_path / "h", stsb_pairs)
+    out = tmp_path / "o"
+    args = ["train", "surrogate", "--data", h, "--backbone", tiny_bert_dir, "--out", out, *SMALL]
+
+    def model_bytes() -> tuple:  # its identity, and every file of the folder (its card too): not exported again
+        files = {str(f.relative_to(out)): f.read_bytes() for f in (out / "model").rglob("*") if f.is_file()}
+        return checkpoint_hash(str(out / "model")), files
+
+    first = cli_in_process(capsys, *args, "--executor", "inline", "--max-steps", "2")
+    assert first.returncode == 0 and "starting, 2 steps" in first.stdout, first.stderr[-3000:]
+    before = model_bytes()
+
+    again = cli_in_process(capsys, *args, "--executor", "ray", "--max-steps", "2")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[surrogate harvest] already trained to step 2 with these settings; nothing to do" in again.stdout
+    assert "starting" not in again.stdout and "resuming" not in again.stdout
+    assert model_bytes() == before and not (out / "ray").exists()
+
+    for steps, said in (("1", "is at step 2, past the 1 steps this run plans"),
+                        ("3", "at step 2 on --executor inline, which --executor ray does not read")):
+        r = cli_in_process(capsys, *args, "--executor", "ray", "--max-steps", steps)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        line = error_line(r.stderr)
+        assert said in line and "--executor inline" in line and "--force-new" in line, line
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert model_bytes() == before and not (out / "ray" / "harvest").exists()
+
+    # the inline state is whole: the same command there is still finished, and a larger budget resumes it
+    back = cli_in_process(capsys, *args, "--executor", "inline", "--max-steps", "2")
+    assert back.returncode == 0 and "already trained to step 2" in back.stdout, back.stderr[-3000:]
+    assert model_bytes() == before
+    longer = cli_in_process(capsys, *args, "--executor", "inline", "--max-steps", "3")
+    assert longer.returncode == 0 and "resuming at step 2, 3 steps" in longer.stdout, longer.stdout[-3000:]
+    assert _steps(out, "harvest") == [0, 2, 3]
 
 
 def test_executor_is_ray_or_inline(tmp_path, minilm):

@@ -50,7 +50,7 @@ def _run(cwd: Path, env: dict, *args):
     return r
 
 
-def test_train_discriminator_relative_paths(tmp_path, speech_corpus, head_env, capsys):
+def test_train_discriminator_relative_paths(tmp_path, speech_corpus, head_env, capsys, monkeypatch):
     from sentsim.cli import main
 
     corpus = os.path.relpath(speech_corpus, tmp_path)
@@ -86,6 +86,36 @@ def test_train_discriminator_relative_paths(tmp_path, speech_corpus, head_env, c
     assert "resuming at step 2" in r.stdout, r.stdout[-2000:]
     assert [h["step"] for h in json.loads((out / "config.json").read_text())["history"]] == [0, 2, 4]
     assert not (out / "_train" / "_LEASE").exists()
+
+    # the executor is no setting of the run, and the inline one does not read Ray Train's checkpoints (each
+    # command in this process, inline): the same settings and budget are the finished model, nothing trained;
+    # a smaller budget is refused as on Ray, a larger one naming the executor that continues it, and neither
+    # trains a model from step 0 nor removes the Ray Train state the model came from
+    from harvest_support import cli_in_process
+
+    from sentsim.identity import checkpoint_hash
+
+    def kept() -> tuple:
+        return checkpoint_hash(str(out)), {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
+
+    monkeypatch.chdir(tmp_path)
+    ray_state = sorted(p.name for p in (out / "_train" / "ray" / "discriminator").glob("checkpoint_*"))
+    before = kept()
+    inline = ["train", "discriminator", "--corpus", corpus, "--out", "disc", "--executor", "inline", *sets]
+    r = cli_in_process(capsys, *inline, "--max-steps", "4")
+    assert r.returncode == 0 and "disc already holds this finished model" in r.stdout, r.stderr[-2000:]
+    assert "starting" not in r.stdout and kept() == before
+    for steps, said in (("3", "is at step 4, past the 3 steps this run plans"),
+                        ("6", "at step 4 on --executor ray, which --executor inline does not read")):
+        r = cli_in_process(capsys, *inline, "--max-steps", steps)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        line = error_line(r.stderr)
+        assert said in line and "--executor ray" in line and "--force-new" in line, line
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert kept() == before and not (out / "_train" / "checkpoint").exists()
+    assert sorted(p.name for p in (out / "_train" / "ray" / "discriminator").glob("checkpoint_*")) == ray_state
+    r = cli_in_process(capsys, *inline, "--max-steps", "4")
+    assert r.returncode == 0 and "already holds this finished model" in r.stdout and kept() == before
 
 
 def test_train_context_relative_paths(tmp_path, speech_corpus, head_env, capsys, monkeypatch):
