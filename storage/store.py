@@ -143,6 +143,8 @@ UNREAD_NESTED = "unread_nested_runs"
 # screening. Once that run is finished nothing reads it again, and a run that screens again resumes it first,
 # so one left unfinished there is no damage to the finished run (`store verify` says so in a note).
 NESTED_CACHES = ("rep_cache",)
+# What a run writes in its folder beside its tables and nested runs once it finishes (sentsim/harvest/report.py)
+RUN_REPORTS = ("report.json", "report.png")
 
 
 def holding_run(uri: str, stage: str = "harvest") -> Optional[str]:
@@ -347,10 +349,15 @@ class ShardStore:
 
     def refuse_other_files(self, tables: Iterable[str]) -> None:
         """A folder with no run in it (no manifest) that holds names no run writes there (hidden ones
-        aside: a temporary file, or the file system's own) is refused: a run would be mixed in among them."""
+        aside: a temporary file, or the file system's own) is refused: a run would be mixed in among them. A run
+        that lost its manifest (LOST_MANIFEST: its completion markers are there) owns its nested runs and reports
+        too, so that --force-new starts it over as that message says (a nested run is checked by its own
+        fingerprint before anything reuses it)."""
         if self.has_manifest() or not sfs.exists(self.fs, self.root):
             return
         own = {MANIFEST, UNITS_DIR, SIDE_DIR, TMP_DIR, COMPLETE, COMPACT_DIR, LEASE, *tables}
+        if self.lost_manifest():
+            own |= {*NESTED_RUNS, *RUN_REPORTS}
         found = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
         other = sorted(i.base_name for i in found if i.base_name not in own and not i.base_name.startswith("."))
         if other:
@@ -391,7 +398,7 @@ class ShardStore:
             return []
         if not old or old.get("stage") == stage:
             return []
-        return sorted(set(old.get("tables") or {}) | set(NESTED_RUNS) | {"report.json", "report.png"})
+        return sorted(set(old.get("tables") or {}) | set(NESTED_RUNS) | set(RUN_REPORTS))
 
     def clear(self, tables: Iterable[str]) -> None:
         """Delete a run. Commit points go first (completion flag, markers, manifest), data last, so

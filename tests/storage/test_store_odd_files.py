@@ -125,6 +125,26 @@ def test_a_run_that_lost_its_manifest_is_damage_and_other_outputs_are_named(spee
         assert f"{index}: holds a retrieval index, not a sharded run" in one_line(sentsim_cli("store", command, index))
 
 
+def test_force_new_starts_over_a_run_that_lost_its_manifest_beside_its_nested_runs_and_reports(speech_corpus,
+                                                                                                sample_path, tmp_path):
+    """LOST_MANIFEST's advice holds: --force-new starts the run over although its folder also holds what a
+    harvest writes there besides its tables (its rep_cache/, report.json, report.png), which a folder without
+    a run's completion markers keeps refusing."""
+    run = tmp_path / "corpus"
+    shutil.copytree(speech_corpus, run)
+    (run / "manifest.json").unlink()
+    (run / "report.json").write_text("{}")
+    (run / "report.png").write_bytes(b"png")
+    (run / "rep_cache").mkdir()
+    r = build(sample_path, run, "--force-new")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert sentsim_cli("store", "verify", run).returncode == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "report.json").write_text("{}")  # a user's file, no run's markers: still refused
+    assert "holds no sentsim run" in one_line(build(sample_path, other, "--force-new"))
+
+
 def test_force_new_over_another_stages_run_removes_all_of_it_and_the_same_stage_keeps_its_nested_runs(tmp_path):
     """--force-new replacing a run of another stage (a harvest over a cache build's run, a remix over a pool
     harvest) removes that run's tables, the runs it built inside its folder and its reports, so nothing of it
