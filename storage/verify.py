@@ -136,7 +136,10 @@ def _unfinished(manifest: dict, markers: dict) -> str:
         return f"incomplete: {len(markers)} units done; the same command resumes it"
     done = sum(u in markers for u in range(planned))
     if done == planned:
-        return f"incomplete: all {planned} units done, not marked complete; the same command finishes it"
+        # killed before it was marked, or refused at the end (a harvest whose every score is null, a corpus whose
+        # every document was skipped): the same command marks it, or says again why it does not
+        return (f"incomplete: all {planned} units done, not marked complete; the same command marks it complete, "
+                "or says why it cannot")
     return f"incomplete: {done} of {planned} units done; the same command resumes it"
 
 

@@ -222,6 +222,10 @@ def test_a_harvest_in_which_every_pair_is_null_is_not_marked_complete(harvest_in
     assert "lambda" not in line  # no weight scores a sentence without contexts: the advice is about retrieval
     m = json.loads((run / "manifest.json").read_text())
     assert not m.get("complete") and not (run / "_COMPLETE").exists()
+    # store verify does not promise that the same command finishes it: that command refuses again
+    r = sentsim_cli("store", "verify", run)
+    assert r.returncode == 0 and "not marked complete; the same command marks it complete, or says why it cannot" \
+        in r.stdout + r.stderr, (r.stdout, r.stderr)
 
 
 # ---------------------------------------------------------------- eval sts --scores and the STS readers
