@@ -19,7 +19,7 @@ import numpy as np
 
 from corpus.documents import json_refusal, surrogate_refusal
 from sentsim.errors import InputError, UsageError
-from sentsim.pairs_file import JSON_SUFFIXES, arrow_texts, file_bytes
+from sentsim.pairs_file import JSON_SUFFIXES, arrow_texts, decode_text, file_bytes
 
 
 class Scorer:
@@ -209,9 +209,16 @@ def _read_pair_table(path: Path):
         if name.endswith(JSON_SUFFIXES) or raw.removeprefix(codecs.BOM_UTF8).lstrip()[:1] == b"{":
             return _read_jsonl_pairs(path, raw)
         if name.endswith((".csv", ".tsv")):
+            try:  # as the pairs reader says it: the line of the first byte that is not UTF-8
+                text = decode_text(path, raw)
+            except InputError as exc:
+                raise InputError(f"--scores {exc}") from None
+            if not text.strip():
+                raise InputError(f"--scores {path}: an empty file; it needs a header line naming s1, s2 and score, "
+                                 "then one scored pair a line")
             # score read as text: an empty cell is the only 'no score', a literal nan or inf is refused
             tsv = dict(sep="\t", quoting=3) if name.endswith(".tsv") else {}
-            df = pd.read_csv(io.BytesIO(raw), keep_default_na=False, na_values=[""],
+            df = pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=[""],
                              dtype={"score": str, "s1": str, "s2": str}, **tsv)
             if "score" in df.columns:  # data row i is line i + 2, below the header (one line a row)
                 df["score"] = present_scores([None if pd.isna(v) else v for v in df["score"]], str(path),
@@ -230,7 +237,11 @@ def _read_jsonl_pairs(path: Path, raw: bytes):
     import pandas as pd
 
     rows, lines = [], []
-    with io.StringIO(raw.decode("utf-8-sig"), newline=None) as fh:
+    try:
+        text = decode_text(path, raw)
+    except InputError as exc:
+        raise InputError(f"--scores {exc}") from None
+    with io.StringIO(text, newline=None) as fh:
         for n, line in enumerate(fh, start=1):
             if line.strip():
                 try:
@@ -303,6 +314,10 @@ class PairFileScorer(Scorer):
                 raise UsageError(f"--scores {path}: no such file")
             df = _read_pair_table(path)
         missing = [c for c in ("s1", "s2", "score") if c not in df.columns]
+        if len(missing) == 3 and len(df.columns):  # no header: its first line was taken for one
+            first = "\t".join(map(str, df.columns))
+            raise InputError(f"--scores {path}: no header line naming s1, s2 and score (the first line reads "
+                             f"{first[:80]!r}{'...' if len(first) > 80 else ''}); put one above the scored pairs")
         if missing:
             raise InputError(f"--scores {path}: missing column(s) {', '.join(missing)}; "
                              f"found {', '.join(map(str, df.columns))}")

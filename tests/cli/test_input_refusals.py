@@ -293,6 +293,22 @@ def test_scores_file_with_sentences_that_are_not_text_is_one_line(tmp_path, stsb
     one_line_exit_2(sentsim_cli("eval", "sts", "--scores", f, "--data", stsb, "--tasks", "STSb"), name, needle)
 
 
+@pytest.mark.parametrize("name, content, needle", [
+    ("latin1.tsv", "s1\ts2\tscore\nA caf\xe9 sits.\ta\t0.5\n".encode("latin-1"),
+     "latin1.tsv:2: not UTF-8 text (byte 0xe9); save the file as UTF-8"),
+    ("latin1.jsonl", b'{"s1": "A caf\xe9", "s2": "b", "score": 1}\n', "latin1.jsonl:1: not UTF-8 text (byte 0xe9)"),
+    ("empty.csv", b"\n", "empty.csv: an empty file; it needs a header line naming s1, s2 and score"),
+    ("sts-test.tsv", b"main-captions\tMSRvid\t2012test\t0000\t5.000\tA man.\tA man.\n",
+     "sts-test.tsv: no header line naming s1, s2 and score (the first line reads 'main-captions\\tMSRvid"),
+])
+def test_a_scores_file_that_is_not_utf8_empty_or_headerless_says_so(tmp_path, stsb, name, content, needle):
+    """The pairs reader's words for what it refuses too, not a pandas exception's name (`UnicodeDecodeError`,
+    `EmptyDataError`), nor a data line shown as the columns found."""
+    f = tmp_path / name
+    f.write_bytes(content)
+    one_line_exit_2(sentsim_cli("eval", "sts", "--scores", f, "--data", stsb, "--tasks", "STSb"), needle)
+
+
 def text_scores(pairs):
     """`pairs` with its score column as the text of its numbers (number-like: a cast would take them)."""
     return pairs.set_column(pairs.schema.get_field_index("score"), "score", pairs["score"].cast(pa.string()))
