@@ -233,7 +233,9 @@ class Progress:
             self.stage_seconds[k] = self.stage_seconds.get(k, 0.0) + v
         el = max(time.time() - self.t0, 1e-9)
         units = f"{self.already + self.done}/{self.total} units" if self.total is not None else f"{self.done} units"
-        line = (f"[{self.label}] unit {r['unit']:05d} | {units} | {self.rows:,} {self.noun} "
+        # a resumed run's units count the units done before it, its rows only its own: said so, as its end does
+        this_run = " this run" if self.already else ""
+        line = (f"[{self.label}] unit {r['unit']:05d} | {units} | {self.rows:,} {self.noun}{this_run} "
                 f"| {self.rows / el:,.1f} {self.noun}/s")
         values = {"units_done": self.already + self.done, f"{self.noun}_written": self.rows,
                   f"{self.noun}_per_second": self.rows / el}

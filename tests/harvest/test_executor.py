@@ -43,6 +43,7 @@ def test_resume_max_units_and_progress(tmp_path, capsys):
     assert m["complete"] and m["n"] == 5 and m["this_run"]["units"] == 3
     err = capsys.readouterr().err
     assert "[toy] resuming" in err and "2 already complete, 3 to do" in err
+    assert "[toy] unit 00004 | 5/5 units | 3 rows this run |" in err  # the units resumed, the rows its own
     # nothing left: no stage is built, nothing runs
     m = execute(toy_job(tmp_path / "r", units), executor="inline")
     assert m["complete"] and m["this_run"]["units"] == 0
