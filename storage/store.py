@@ -111,15 +111,17 @@ def what_changed(stored: dict, config: dict, inputs: List[dict], most: int = 6, 
                      if old_in.get(k) != new_in.get(k) and not skip(k)
                      and (field(k) in recorded or index(k) not in indices))
     if changed:
-        named = [_input_words(k, list(inputs or []) or list(stored.get("inputs") or [])) for k in changed[:3]]
+        records = list(inputs or []) or list(stored.get("inputs") or [])
+        named = [_input_words(k, records, k in old_in, k in new_in) for k in changed[:3]]
         parts.append(f"input(s) changed: {', '.join(named)}" + (" ..." if len(changed) > 3 else ""))
     return "; ".join(parts) if parts else "same config and inputs, so a model or checkpoint they name changed"
 
 
-def _input_words(key: str, records: Sequence[dict] = ()) -> str:
+def _input_words(key: str, records: Sequence[dict] = (), was: bool = True, now: bool = True) -> str:
     """A changed input's manifest key, with what the user gave that changed: a run's `inputs` record each input
     by the identity of what it holds (`fingerprint` of its corpus, or of the source run a remix reads;
-    `models.<flag>` of each model or index)."""
+    `models.<flag>` of each model or index, recorded only while the settings read it: `was` and `now` say
+    whether the stored and the new record hold the key)."""
     parts = key.split(".")
     if len(parts) == 3 and parts[2] == "fingerprint":
         i = int(parts[1]) if parts[1].isdigit() else -1
@@ -127,7 +129,10 @@ def _input_words(key: str, records: Sequence[dict] = ()) -> str:
         return f"{key} (the content of the source run {record['harvest']})" if "harvest" in record else \
             f"{key} (the corpus's content)"
     if len(parts) >= 4 and parts[2] == "models":
-        return f"{key} (the content of {parts[3].replace('_', ' ')})"
+        what = parts[3].replace("_", " ")
+        if was != now:  # a setting turned its reading on or off; the model itself may be the same
+            return f"{key} ({what}: {'now read' if now else 'no longer read'})"
+        return f"{key} (the content of {what})"
     return key
 
 

@@ -449,6 +449,16 @@ def test_a_changed_input_is_named_by_what_it_holds():
     job = what_changed({"config": {}, "inputs": [{"corpus": "/c", "fingerprint": "a"}]}, {},
                        [{"corpus": "/c", "fingerprint": "b"}])
     assert "inputs.0.fingerprint (the corpus's content)" in job, job
+    # a model the settings read no longer (rank targets turned off) is not said to have changed its content
+    models = {"corpus": "/c", "fingerprint": "a", "models": {"discriminator": "d1", "base_encoder": "e1"}}
+    off = what_changed({"config": {"rank": True}, "inputs": [models]}, {"rank": False},
+                       [{**models, "models": {"discriminator": "d1"}}])
+    assert off == "rank: True -> False; input(s) changed: inputs.0.models.base_encoder (base encoder: no longer read)"
+    on = what_changed({"config": {}, "inputs": [{**models, "models": {"discriminator": "d1"}}]}, {}, [models])
+    assert "inputs.0.models.base_encoder (base encoder: now read)" in on, on
+    changed = what_changed({"config": {}, "inputs": [models]}, {}, [{**models, "models": {"discriminator": "d2",
+                                                                                           "base_encoder": "e1"}}])
+    assert "inputs.0.models.discriminator (the content of discriminator)" in changed, changed
 
 
 def test_a_finished_runs_own_cache_left_unfinished_is_a_note_and_its_other_nested_runs_are_damage(tmp_path, capsys):
