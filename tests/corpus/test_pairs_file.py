@@ -135,6 +135,20 @@ def test_a_parquet_gold_that_is_not_a_finite_number_is_refused(tmp_path, gold, m
     assert "p.parquet" in str(err.value) and "\n" not in str(err.value)
 
 
+def test_parquet_columns_take_the_names_a_header_line_may_give_them(tmp_path):
+    """sentence1/sentence2/score (the names of a CSV header the reader takes) are read from Parquet too; columns
+    of no such name are refused naming those it has and the names it reads."""
+    p = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"id": [7], "Sentence1": ["a cat"], "sentence2": ["a dog"], "score": [3.5]}), p)
+    assert read_pairs_file(str(p)) == [("a cat", "a dog", 3.5)]
+    pq.write_table(pa.table({"sentence1": ["a cat"], "sentence2": ["a dog"], "score": ["high"]}), p)
+    with pytest.raises(InputError, match="column score has type string"):
+        read_pairs_file(str(p))
+    pq.write_table(pa.table({"left": ["a"], "right": ["b"]}), p)
+    with pytest.raises(InputError, match=r"needs columns s1 and s2 \(or sentence1/sentence2, .*; has left, right\)"):
+        read_pairs_file(str(p))
+
+
 def test_parquet_gold_of_integers_decimals_or_nulls_is_read(tmp_path):
     from decimal import Decimal
 
