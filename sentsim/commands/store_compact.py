@@ -33,7 +33,8 @@ def run(args) -> int:
         if not (math.isfinite(args.target_mb) and args.target_mb > 0):  # float() reads "inf" and "nan" too
             raise UsageError(f"--target-mb must be positive and finite (a size in MB), got {args.target_mb:g}")
         target = max(1, int(args.target_mb * (1 << 20)))
-    report(args.run_dir, compact_run(args.run_dir, target_bytes=target))
+    given = target is not None
+    report(args.run_dir, compact_run(args.run_dir, target_bytes=target), given)
     # A pool harvest's sentence vectors and rank targets (and a run's representation cache) are runs of their
     # own inside it, often its largest part: compacting the run compacts them too, as verifying it verifies them.
     for name in NESTED_RUNS:
@@ -44,11 +45,13 @@ def run(args) -> int:
         if not store.is_complete():  # nothing of the finished run reads it (a ranks pass begun after it finished)
             print(f"{inner}: left as it is ({store.incomplete_note() or 'not complete'})")
             continue
-        report(inner, compact_run(inner, target_bytes=target))
+        report(inner, compact_run(inner, target_bytes=target), given)
     return 0
 
 
-def report(run_dir: str, r: dict) -> None:
+def report(run_dir: str, r: dict, target_given: bool = False) -> None:
+    """One line of what compaction did; the hint to compact to another size only where no --target-mb was given
+    (given, the run was already at that size)."""
     files = ", ".join(f"{t} {n}" for t, n in sorted(r.get("files", {}).items()))
     moved = len(r.get("moved") or [])
     replaced = r.get("replaced") or 0
@@ -56,4 +59,5 @@ def report(run_dir: str, r: dict) -> None:
           + (f"; {replaced} earlier compacted file(s) replaced" if replaced else "")
           + (f"; {moved} file(s) no marker names moved to _foreign/" if moved else "")
           + f"); target {r['target_bytes'] / (1 << 20):.3g} MB a file"
-          + ("; pass --target-mb to compact to another size" if r["status"] == "already compacted" else ""))
+          + ("; pass --target-mb to compact to another size" if r["status"] == "already compacted"
+             and not target_given else ""))

@@ -213,7 +213,8 @@ def test_compacting_again_with_another_target_regroups_the_files(tmp_path):
     assert "compacted (a 30, b 30 file(s); 0 per-unit shard(s) removed)" in same.stdout
     assert {p.name: p.stat().st_mtime_ns for p in (run / "a").iterdir()} == kept
     assert RunReader(str(run)).compaction()["generation"] == 4
-    assert "already compacted" in compact("--target-mb", "0.00011").stdout
+    at_target = compact("--target-mb", "0.00011").stdout
+    assert "already compacted" in at_target and "pass --target-mb" not in at_target  # it was passed
 
 
 def test_a_killed_compaction_to_another_target_keeps_the_committed_files_and_resumes(tmp_path):
