@@ -295,6 +295,10 @@ def _read_run_pairs(uri: str):
         table = reader.read_table("pairs", ["s1", "s2", "score"], numeric=["score"])
     except InputError as exc:
         raise InputError(f"--scores {exc}") from None
+    note = reader.store.incomplete_note()
+    if note:  # as the trainers say it: the coverage the report gives is then the completed units'
+        print(f"note: --scores {note}; scoring with the pairs of its completed units only",
+              file=sys.stderr, flush=True)
     return _pair_frame(table, uri)
 
 

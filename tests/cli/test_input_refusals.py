@@ -339,6 +339,28 @@ def test_scores_with_a_text_score_column_is_refused_as_run_readers_refuse_it(tmp
         assert "column score of table pairs holds string" in line, line
 
 
+def test_scores_of_a_harvest_stopped_part_way_say_so(tmp_path, stsb, capsys):
+    """eval sts --scores on a harvest with a unit still to do scores the completed units' pairs and says the
+    harvest is incomplete, as the trainers reading it do; a finished harvest says nothing of the kind."""
+    from harvest_support import cli_in_process
+
+    from storage import ShardStore
+
+    pairs = pa.table({"s1": [a for a, _ in SCORED], "s2": [b for _, b in SCORED], "score": [0.9, 0.1, 0.5]})
+    store = ShardStore(str(tmp_path / "run"))
+    store.open_run("harvest", "part", {}, [], {"pairs": pairs.schema}, planned_units=2)
+    store.write_unit(0, {"pairs": pairs}, "part")
+    args = ("eval", "sts", "--scores", tmp_path / "run", "--data", stsb, "--tasks", "STSb")
+    r = cli_in_process(capsys, *args)
+    said = f"note: --scores {tmp_path / 'run'} is not complete (1/2 units written)"
+    assert r.returncode == 0 and said in r.stderr, r.stderr
+    assert "scoring with the pairs of its completed units only" in r.stderr
+    store.write_unit(1, {"pairs": pairs.slice(0, 0)}, "part")
+    store.finalize(2, {})
+    r = cli_in_process(capsys, *args)
+    assert r.returncode == 0 and "not complete" not in r.stderr, r.stderr
+
+
 def test_train_surrogate_names_a_harvest_shard_whose_score_is_text(tmp_path):
     """The surrogate's reader checks each shard's columns as RunReader does: one line naming the shard and
     the column, in the same words."""
