@@ -102,10 +102,19 @@ def _listed_problem(p: Path) -> Optional[str]:
 
 
 def exported_model_hint(p: Path) -> str:
-    """A trainer's --out holds its models one level down (OUT/model, OUT/model-sts): name the one to give."""
+    """A trainer's --out holds its models one level down (OUT/model, OUT/model-sts): name the one to give. A
+    harvest's folder holds scored pairs, which `--scores` evaluates."""
     inside = [p / n for n in ("model", "model-sts") if (p / n / "config.json").is_file() or
               (p / n / "modules.json").is_file()]
-    return f"; a trainer's output holds its model in a folder: give --model {inside[0]}" if inside else ""
+    if inside:
+        return f"; a trainer's output holds its model in a folder: give --model {inside[0]}"
+    try:
+        stage = json.loads((p / "manifest.json").read_text(encoding="utf-8")).get("stage")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if stage in ("harvest", "harvest-remix"):
+        return f"; it is a harvest run, whose scored pairs --scores {p} evaluates"
+    return ""
 
 
 def _generic_problem(p: Path) -> Optional[str]:

@@ -361,6 +361,19 @@ def test_scores_of_a_harvest_stopped_part_way_say_so(tmp_path, stsb, capsys):
     assert r.returncode == 0 and "not complete" not in r.stderr, r.stderr
 
 
+def test_a_harvest_given_as_a_model_points_to_scores(tmp_path, stsb, capsys):
+    from harvest_support import cli_in_process
+
+    from storage import ShardStore
+
+    pairs = pa.table({"s1": ["a"], "s2": ["b"], "score": [0.5]})
+    ShardStore(str(tmp_path / "run")).open_run("harvest", "h", {}, [], {"pairs": pairs.schema}, planned_units=1)
+    r = cli_in_process(capsys, "eval", "sts", "--model", tmp_path / "run", "--data", stsb, "--tasks", "STSb")
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        f"not a model folder (no config.json or modules.json); it is a harvest run, whose scored pairs --scores "
+        f"{tmp_path / 'run'} evaluates"), r.stderr
+
+
 def test_train_surrogate_names_a_harvest_shard_whose_score_is_text(tmp_path):
     """The surrogate's reader checks each shard's columns as RunReader does: one line naming the shard and
     the column, in the same words."""
