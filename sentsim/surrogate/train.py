@@ -154,7 +154,7 @@ class SurrogateRun(EncoderDriver):
             stages.append(("finetune-sts", ds, counts["train"], spec,
                            stage_card("finetune-sts", cfg, spec, base, data, rows, self.workers)))
         plans = [self.plan(name, n_train, spec) for name, _, n_train, spec, _ in stages]
-        for (name, *_), (_, loop) in zip(stages, plans):
+        for (name, _, _, spec, _), (_, loop) in zip(stages, plans):  # each stage with its own spec
             # every stage's refusals before the first trains or writes its curves: a refused run changes nothing
             check_fit(self.fit_config(loop, spec), name=name, out_dir=self.out, executor=self.executor,
                       inline_dir=f"checkpoint/{name}")

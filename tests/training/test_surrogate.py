@@ -425,10 +425,11 @@ def test_inline_surrogate_trains_resumes_and_needs_no_ray(tmp_path, stsb_pairs, 
 
 @pytest.mark.slow
 def test_inline_surrogate_both_stages_and_a_rerun_is_a_noop(tmp_path, stsb_pairs, tiny_bert_dir, shared_data,
-                                                           capsys):
+                                                           capsys, ray_local):
     """--finetune-sts inline: each stage has its own checkpoint folder (checkpoint/harvest,
     checkpoint/finetune-sts), so the fine-tune stage starts from the harvest stage's model, not from its
-    checkpoint; the same command again trains neither stage."""
+    checkpoint; the same command again trains neither stage, with either executor (each stage is checked
+    against its own finished record before either trains)."""
     from conftest import sentsim_cli
 
     from sentsim.identity import checkpoint_hash
@@ -458,6 +459,13 @@ def test_inline_surrogate_both_stages_and_a_rerun_is_a_noop(tmp_path, stsb_pairs
         assert f"[surrogate {stage}] already trained to step 2 with these settings; nothing to do" in again
     assert "starting" not in again and "resuming" not in again
     assert {m: checkpoint_hash(str(out / m)) for m in ("model", "model-sts")} == hashes
+    on_ray = [str(a) for a in args]
+    on_ray[on_ray.index("inline")] = "ray"
+    assert main(on_ray) == 0
+    again = capsys.readouterr().out
+    for stage in ("harvest", "finetune-sts"):
+        assert f"[surrogate {stage}] already trained to step 2 with these settings; nothing to do" in again
+    assert {m: checkpoint_hash(str(out / m)) for m in ("model", "model-sts")} == hashes and not (out / "ray").exists()
 
 
 @pytest.mark.slow
