@@ -267,8 +267,8 @@ def exported_model(out: Path, job: DiscriminatorJob, corpus_fp: str) -> Optional
 
 def _state_finished(state: Path, run_id: str, out: Path) -> bool:
     """Whether OUT/_train/run.json records that the run `run_id` finished there with the model now in `out`
-    (by checkpoint_hash), as mark_finished wrote it after the export. claim_out rewrites run.json without
-    that record, so a longer run started since, killed or under way, is not finished."""
+    (by checkpoint_hash), as mark_finished wrote it after the export. A run that goes ahead writes run.json
+    again without that record (go_ahead), so a longer run started since, killed or under way, is not finished."""
     import json
 
     from sentsim.identity import checkpoint_hash
@@ -423,7 +423,9 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
         final = dict(history[-1])
         final["fit_seconds"] = round(time.perf_counter() - t0, 2)
         # under the lease: no second writer starts while the model is written into OUT
-        export_model(out, state, job, corpus_fp, vocab, final, history, executor=executor)
+        # the executor whose state the model came from: a fit found finished in the other executor's record
+        # keeps that state (and the export removes this one's, if any)
+        export_model(out, state, job, corpus_fp, vocab, final, history, executor=run.get("executor", executor))
         mark_finished(state, out, final)  # last: the same command again is a no-op (finished_model)
     return final
 

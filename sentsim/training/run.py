@@ -219,7 +219,8 @@ def _without(record: dict, keys: tuple) -> dict:
 def mark_finished(out_dir: Path, model: Path, summary: dict) -> None:
     """Record in OUT/run.json, last and atomically, that the run claim_out recorded there finished, with
     its exported model's identity and summary: the same command again is a no-op (`finished_run`).
-    claim_out rewrites run.json without it, so a run that trains again is not finished until it ends."""
+    a run's record is written again without it when the run goes ahead (go_ahead), so a run that trains again is
+    not finished until it ends."""
     from sentsim.identity import checkpoint_hash
     from storage.fs import write_text_atomic
 
@@ -295,7 +296,8 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
     through session.shard); none for a trainee that reads its own batches. Inline, nothing imports Ray.
     loop_config["loop"] is the run's `LoopSettings`, which also says the resources (num_workers,
     cpus_per_worker, use_gpu, checkpoints_to_keep, max_failures).
-    Returns {"model", "history", "gpu", "result"} (result: rank 0's return value). Raises
+    Returns {"model", "history", "gpu", "result"} (result: rank 0's return value; a finished fit's adds
+    "executor", that of the state it was found in, which may be the other one). Raises
     TrainingDiverged when the loss stopped being finite, and WorkerLost when a Ray worker of the training was
     killed for memory or died (`memory_hint`: the trainer's settings that lower a worker's memory).
 
@@ -540,8 +542,8 @@ class FitRecord:
         export is unchanged; this executor's record first."""
         for executor, accepted in self.accepted.items():
             done = self._finished(self.where(executor), accepted)
-            if done is not None:
-                return done
+            if done is not None:  # with the executor whose state trained it: that state is the model's
+                return {**done, "executor": executor}
         return None
 
     def _finished(self, path: Path, accepted: set) -> Optional[dict]:

@@ -244,6 +244,38 @@ def test_inline_training_without_ray_resumes_exports_and_keeps_a_finished_model(
     assert [h["step"] for h in json.loads((out / "config.json").read_text())["history"]] == [0, 2]
 
 
+def test_a_model_rewritten_from_the_other_executors_finished_state_keeps_that_state(tmp_path, speech_corpus,
+                                                                                    capsys, ray_local):
+    """A model file cut short, asked for on Ray where the inline run finished it: the fit is found finished in
+    the inline state, the model is written again from it, and that state stays (the export removes only the
+    executor's state the model did not come from), so a larger budget inline still goes on from it."""
+    import torch
+
+    from sentsim.cli import main as cli_main
+
+    sets = ["model.embed_dim=16", "model.hidden=16", "model.head_dim=16", "model.max_tokens=16",
+            "model.embed_init=random", "train.batch_size=8", "train.max_heldout_windows=32", "train.num_workers=1"]
+    out = tmp_path / "disc"
+    args = ["train", "discriminator", "--corpus", str(speech_corpus), "--out", str(out), "--max-steps", "2",
+            *(x for s in sets for x in ("--set", s))]
+    threads = torch.get_num_threads()  # the training loop sets this process's thread count
+    try:
+        assert cli_main([*args, "--executor", "inline"]) == 0
+        weights = out / "model.safetensors"
+        whole = weights.read_bytes()
+        weights.write_bytes(whole[:1000])
+        capsys.readouterr()
+        assert cli_main([*args, "--executor", "ray"]) == 0
+        said = capsys.readouterr().out
+        assert "already trained to step 2" in said and "starting" not in said, said[-2000:]
+        assert weights.read_bytes() == whole and (out / "_train" / "checkpoint" / "state.pt").is_file()
+        longer = [a if a != "2" else "3" for a in args]  # --max-steps 3
+        assert cli_main([*longer, "--executor", "inline"]) == 0
+        assert "resuming at step 2" in capsys.readouterr().out
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_corpus_without_windows_is_a_usage_error(tmp_path, capsys):
     corpus = _build(tmp_path, "tiny", [
         json.dumps({"id": "a", "paragraphs": ["Only one sentence here."]}) + "\n",
