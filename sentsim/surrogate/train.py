@@ -22,6 +22,7 @@ from pathlib import Path
 
 from sentsim.errors import UsageError
 from sentsim.surrogate.config import SurrogateConfig
+from sentsim.training.config import TRAINING_FORMAT
 from sentsim.training.driver import EncoderDriver
 from sentsim.training.run import TrainingDiverged, capped_note, check_fit, epoch_shortfall, fit, plan_steps
 from sentsim.training.settings import LoopSettings
@@ -108,8 +109,10 @@ class SurrogateRun(EncoderDriver):
         return fingerprint(what, self.harvest.summary() if self.harvest else None, self.bb,
                            self.inputs["--finetune-sts"]), kept
 
-    def unfingerprinted(self) -> tuple:
-        return super().unfingerprinted() + ("data.root", "data.files")  # the harvest is known by its content
+    def unfingerprinted(self, version: int = TRAINING_FORMAT) -> tuple:
+        if version < 2:  # format 1 knew the harvest by its path and counts, and recorded nothing of its content
+            return super().unfingerprinted(version) + ("data.harvest", "data.pairs_sha256")
+        return super().unfingerprinted(version) + ("data.root", "data.files")  # the harvest is known by its content
 
     def record(self) -> dict:
         return {"config": self.cfg.model_dump(), "backbone": self.bb,

@@ -30,7 +30,7 @@ from typing import Optional
 
 from sentsim.errors import UsageError
 from sentsim.identity import fingerprint
-from sentsim.training.config import resumable_paths, without_resumable
+from sentsim.training.config import TRAINING_FORMAT, resumable_paths, without_resumable
 from sentsim.training.run import EXECUTORS, claim_out, discard_exports, quiet_progress, write_curves
 
 
@@ -78,8 +78,9 @@ class EncoderDriver:
         keeps that in the record); None where it held today's (sentsim/run_formats.py)."""
         return None
 
-    def unfingerprinted(self) -> tuple:
-        """Flattened keys of `record` outside the fingerprint: a refusal does not name their changes."""
+    def unfingerprinted(self, version: int = TRAINING_FORMAT) -> tuple:
+        """Flattened keys of `record` outside the fingerprint of run-record format `version` (the stored record's,
+        for a refusal of it): a refusal does not name their changes."""
         return tuple(f"config.{k}" for k in resumable_paths(self.cfg.model_dump()))
 
     def record(self) -> dict:
@@ -115,7 +116,7 @@ class EncoderDriver:
 
             attach_before_writing(self.address)
         with claim_out(self.out, self.run_id, self.record(), self.force_new, self.out_arg,
-                       unfingerprinted=self.unfingerprinted(), earlier=self.fingerprint_in_format) as claim:
+                       unfingerprinted=self.unfingerprinted, earlier=self.fingerprint_in_format) as claim:
             self.run_id = claim.fingerprint
             return self._train_claimed()
 

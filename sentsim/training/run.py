@@ -46,7 +46,8 @@ _PENDING: dict = {}  # absolute --out -> the run.json text its claim writes once
 
 
 def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg: str,
-              state: tuple[str, ...] = ("ray", "checkpoint", "checkpoint.old"), unfingerprinted: tuple = (),
+              state: tuple[str, ...] = ("ray", "checkpoint", "checkpoint.old"),
+              unfingerprinted: tuple | Callable[[int], tuple] = (),
               earlier: Optional[Callable[[int, dict], Optional[tuple[str, dict]]]] = None):
     """Take the output folder for this training: its lease first (one writer per --out, as for a
     sharded run: `storage.lease`; a second trainer exits 2 naming the holder), then refuse an --out
@@ -57,7 +58,8 @@ def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg
     lease to the block's end, however it ends, so a caller's next command on this --out, in any process, is
     not refused as a second writer (a claim never entered is held until `release_out(out_dir)` or the process
     exits; a killed trainer's lease is taken over by the next one, which says so); a block that ends without
-    an exception has gone ahead. A refusal names the recorded settings that differ, less `unfingerprinted`
+    an exception has gone ahead. A refusal names the recorded settings that differ, less `unfingerprinted` (or
+    what it returns given the stored record's format: a format's fingerprint left out other parts)
     (flattened keys of `record`, e.g. `config.epochs`, that a run may change and still resume).
 
     `earlier(format, stored)`: the fingerprint this same run held when its record was written in an earlier
@@ -94,9 +96,9 @@ def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg
             if prev != run_id:
                 held = _held_format(stored, earlier, TRAINING_FORMAT)
                 if held is None:
+                    changed = _changed(stored, record, _ignored(unfingerprinted, stored))
                     raise UsageError(f"--out {out_arg} holds a run with other settings (fingerprint {prev}, now "
-                                     f"{run_id}{_changed(stored, record, unfingerprinted)}); use a new --out, or "
-                                     "--force-new to discard it")
+                                     f"{run_id}{changed}); use a new --out, or --force-new to discard it")
                 run_id, (fmt, kept) = prev, held
         held_with = {"fingerprinted_with": kept} if kept else {}
         _PENDING[key] = json.dumps({"fingerprint": run_id, "format": fmt, **held_with, **record}, indent=2)
@@ -158,6 +160,14 @@ def discard_exports(out_dir: Path, models) -> None:
 
     for name in (*models, *REPORTS):
         remove_path(out_dir / name)
+
+
+def _ignored(unfingerprinted, stored: dict) -> tuple:
+    """claim_out's `unfingerprinted` for the format of the `stored` record (1 where it names none)."""
+    if not callable(unfingerprinted):
+        return tuple(unfingerprinted)
+    version = stored.get("format", 1)
+    return tuple(unfingerprinted(version if isinstance(version, int) and not isinstance(version, bool) else 1))
 
 
 def _changed(stored: dict, record: dict, unfingerprinted: tuple) -> str:

@@ -621,6 +621,13 @@ def test_inline_surrogate_of_an_earlier_run_format_goes_on_under_its_fingerprint
 
     r = cli_in_process(capsys, *args, "--set", "finetune.max_steps=3", "--set", "lr=0.1")
     assert r.returncode == 2 and "holds a run with other settings" in r.stderr and "config.lr" in r.stderr, r.stderr
+    # its refusals name what format 1 fingerprinted: not the content keys its record never held, but the path
+    assert "data.harvest" not in r.stderr and "pairs_sha256" not in r.stderr, r.stderr
+    import shutil
+
+    shutil.copytree(h, tmp_path / "moved")
+    r = cli_in_process(capsys, *[tmp_path / "moved" if a == h else a for a in args], "--set", "finetune.max_steps=3")
+    assert r.returncode == 2 and "data.root" in r.stderr and "pairs_sha256" not in r.stderr, r.stderr
 
 
 @pytest.mark.slow
