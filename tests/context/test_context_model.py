@@ -305,7 +305,7 @@ def test_ray_train_ddp_two_workers(tmp_path, corpus_dir, ray_session):
     # the executor is no setting of the run, and the inline one does not read Ray Train's checkpoints: asked
     # inline with the same settings and budget, the bundle is finished (nothing trained, every byte kept); a
     # smaller budget is refused as on Ray, a larger one naming the executor that continues it, both before the
-    # --out is claimed, so its run record keeps the bundle finished for either executor
+    # run goes ahead (its record is written), so its run record keeps the bundle finished for either executor
     from sentsim.errors import UsageError
     from sentsim.identity import checkpoint_hash
 
