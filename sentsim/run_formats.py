@@ -50,11 +50,14 @@ Training run records (a trainer's OUT/run.json, sentsim.training.run.claim_out; 
 - a surrogate's fingerprint holds its config less the top-level RESUMABLE_KEYS only, so with the fine-tune
   stage's budget (`finetune.epochs`, `finetune.max_steps`, `finetune.eval_every`), and its harvest by its path
   and counts (`HarvestInfo.summary`), not its content (`HarvestInfo.identity`).
+  Its `--finetune-sts` folder is held by its path as given, not by the content of the STS-B files the fine-tune
+  stage reads (`stsb_content`: train, dev and test by their sha256; a format-2 record made before that held the
+  path as well, and is another run to today's code).
   `SurrogateRun.fingerprint_in_format(1, ...)` makes it so, with the fine-tune budget as the record's config
   held it when first recognised (kept since as the record's `fingerprinted_with`), so such a run goes on under
-  the fingerprint it holds, its record keeping format 1, whatever that budget is set to now. A harvest moved
-  since is another run to it (its fingerprint held the path). The other trainers' fingerprints are the same in
-  both formats.
+  the fingerprint it holds, its record keeping format 1, whatever that budget is set to now. A harvest or STS-B
+  folder moved since is another run to it (its fingerprint held the path).
+- the other trainers' fingerprints are the same in both formats.
 """
 
 from __future__ import annotations

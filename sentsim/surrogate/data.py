@@ -364,21 +364,39 @@ def stsb_datasets(stsb_dir: str | Path) -> tuple[dict, dict]:
     return {split: ray.data.from_arrow(t) for split, t in tables.items()}, counts
 
 
+def stsb_files(stsb_dir: str | Path) -> dict:
+    """{split: (task, path)} of the STS-B files `stsb_tables` reads, each refused in one line when missing."""
+    from sentsim.evaluation.datasets import STSB_SPLITS
+
+    root = Path(stsb_dir)
+    if (root / "stsbenchmark").is_dir():
+        root = root / "stsbenchmark"
+    out = {}
+    for split, task in (("train", "STSb-train"), ("dev", "STSb-dev"), ("test", "STSb")):
+        path = root / STSB_SPLITS[task]
+        if not path.is_file():
+            raise UsageError(f"--finetune-sts {stsb_dir}: {path.name} not found")
+        out[split] = (task, path)
+    return out
+
+
+def stsb_content(stsb_dir: str | Path) -> dict:
+    """{split: sha256} of the files the fine-tune stage reads (`stsb_files`): what a surrogate's fingerprint
+    holds of --finetune-sts, so the folder moved or copied is the same data and one edited in place is not."""
+    from storage.fs import input_sha256
+
+    return {split: input_sha256(str(path)) for split, (_, path) in stsb_files(stsb_dir).items()}
+
+
 def stsb_tables(stsb_dir: str | Path) -> tuple[dict, dict]:
     """STS-B train/dev/test as pyarrow Tables with score = gold / 5 (the cosine's scale), for the paper's
     supervised setting (section 4.1: fine-tune on STS-B train with L2); and their row counts."""
     import pyarrow as pa
 
-    from sentsim.evaluation.datasets import STSB_SPLITS, load_stsb
+    from sentsim.evaluation.datasets import load_stsb
 
-    root = Path(stsb_dir)
-    if (root / "stsbenchmark").is_dir():
-        root = root / "stsbenchmark"
     out, counts = {}, {}
-    for split, task in (("train", "STSb-train"), ("dev", "STSb-dev"), ("test", "STSb")):
-        path = root / STSB_SPLITS[task]
-        if not path.is_file():
-            raise UsageError(f"--finetune-sts {stsb_dir}: {path.name} not found")
+    for split, (task, path) in stsb_files(stsb_dir).items():
         st = load_stsb(path, task).sets[0]
         out[split] = pa.table({"s1": pa.array(list(st.s1), pa.string()), "s2": pa.array(list(st.s2), pa.string()),
                                "score": pa.array([float(g) / 5.0 for g in st.gold], pa.float64()),

@@ -77,9 +77,12 @@ class SurrogateRun(EncoderDriver):
         cfg, harvest, finetune_sts = self.cfg, self.harvest, self.inputs["--finetune-sts"]
         if finetune_sts:
             from sentsim.evaluation.datasets import locate_task
+            from sentsim.surrogate.data import stsb_content
 
             if locate_task(Path(finetune_sts), "STSb-train") is None:
                 raise UsageError(f"--finetune-sts {finetune_sts}: no sts-train.csv there (STS-B folder expected)")
+        # what the fine-tune stage reads, by its bytes: the folder moved or copied is the same data
+        self.sts = stsb_content(finetune_sts) if finetune_sts else None
         note = harvest.incomplete_note() if harvest else None
         if note:
             print(note)
@@ -88,12 +91,13 @@ class SurrogateRun(EncoderDriver):
                                                             cfg.batch_size, drop_last=False))
 
     def identity(self, what: dict) -> tuple:
-        return what, self.harvest.identity() if self.harvest else None, self.bb, self.inputs["--finetune-sts"]
+        return what, self.harvest.identity() if self.harvest else None, self.bb, self.sts
 
     def fingerprint_in_format(self, version: int, stored: dict) -> tuple[str, dict] | None:
         """Format 1 (sentsim/run_formats.py): the config less its top-level RESUMABLE_KEYS only, so with the
         fine-tune stage's budget as the run was first fingerprinted with it (its record's config, then the
-        `fingerprinted_with` that keeps it), and the harvest by its path and counts (`HarvestInfo.summary`)."""
+        `fingerprinted_with` that keeps it), the harvest by its path and counts (`HarvestInfo.summary`), and
+        --finetune-sts by its path as given."""
         from sentsim.identity import fingerprint
         from sentsim.run_formats import spelt_as_stored
         from sentsim.training.config import RESUMABLE_KEYS, resumable_paths
@@ -110,14 +114,16 @@ class SurrogateRun(EncoderDriver):
                            self.inputs["--finetune-sts"]), kept
 
     def unfingerprinted(self, version: int = TRAINING_FORMAT) -> tuple:
-        if version < 2:  # format 1 knew the harvest by its path and counts, and recorded nothing of its content
-            return super().unfingerprinted(version) + ("data.harvest", "data.pairs_sha256")
-        return super().unfingerprinted(version) + ("data.root", "data.files")  # the harvest is known by its content
+        if version < 2:  # format 1 knew its inputs by their paths, and recorded nothing of their content
+            return super().unfingerprinted(version) + ("data.harvest", "data.pairs_sha256", "finetune_sts.sha256")
+        # the harvest and the STS-B files are known by their content
+        return super().unfingerprinted(version) + ("data.root", "data.files", "finetune_sts.path")
 
     def record(self) -> dict:
+        sts = self.inputs["--finetune-sts"]
         return {"config": self.cfg.model_dump(), "backbone": self.bb,
                 "data": {**self.harvest.summary(), **self.harvest.identity()} if self.harvest else None,
-                "finetune_sts": self.inputs["--finetune-sts"]}
+                "finetune_sts": {"path": str(sts), "sha256": self.sts} if sts else None}
 
     def train(self) -> dict:
         from sentsim.surrogate.data import harvest_datasets, harvest_tables, stsb_datasets, stsb_tables

@@ -573,17 +573,18 @@ def test_inline_surrogate_fine_tune_budget_resumes_and_a_refused_run_changes_not
 def as_format_1(out: Path, harvest: Path) -> str:
     """Rewrite OUT/run.json as a surrogate written before run records had a format (format 1) recorded it: its
     fingerprint made of the config less its top-level resumable keys (the fine-tune stage's budget in it) and
-    the harvest by its path and counts. Returns that fingerprint."""
+    the harvest and --finetune-sts by their paths. Returns that fingerprint."""
     from sentsim.identity import fingerprint
     from sentsim.surrogate.data import inspect_harvest
     from sentsim.training.config import RESUMABLE_KEYS
 
     rec = json.loads((out / "run.json").read_text())
     summary = inspect_harvest(str(harvest)).summary()
+    sts = rec["finetune_sts"]["path"] if rec["finetune_sts"] else None  # then recorded as given
     fp = fingerprint({k: v for k, v in rec["config"].items() if k not in RESUMABLE_KEYS}, summary, rec["backbone"],
-                     rec["finetune_sts"])
+                     sts)
     (out / "run.json").write_text(json.dumps({"fingerprint": fp, "config": rec["config"], "backbone": rec["backbone"],
-                                              "data": summary, "finetune_sts": rec["finetune_sts"]}, indent=2))
+                                              "data": summary, "finetune_sts": sts}, indent=2))
     return fp
 
 
@@ -665,4 +666,45 @@ def test_inline_surrogate_knows_its_harvest_by_content_not_path(tmp_path, stsb_p
     r = cli_in_process(capsys, *args(h))
     assert r.returncode == 2 and "holds a run with other settings" in r.stderr, r.stderr[-3000:]
     assert "data.pairs_sha256" in r.stderr and "data.root" not in r.stderr, r.stderr
+    assert _files(out) == before
+
+
+@pytest.mark.slow
+def test_inline_surrogate_knows_its_sts_files_by_content_not_path(tmp_path, tiny_bert_dir, shared_data, capsys):
+    """--finetune-sts is part of the run's identity by the content of the files the fine-tune stage reads (STS-B
+    train, dev and test), not its path: the folder copied elsewhere is the same run (a no-op), one whose dev
+    file changed at the same path, as many pairs in it, is another run, refused naming that file's content."""
+    import shutil
+
+    from harvest_support import cli_in_process
+
+    sts, out = tmp_path / "sts", tmp_path / "o"
+    shutil.copytree(shared_data / "sts" / "stsbenchmark", sts)
+
+    def args(folder: Path) -> list:
+        return ["train", "surrogate", "--executor", "inline", "--finetune-sts", folder, "--backbone", tiny_bert_dir,
+                "--out", out, "--max-steps", "1", *SMALL]
+
+    r = cli_in_process(capsys, *args(sts))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["finetune_sts"]["path"] == str(sts) and set(rec["finetune_sts"]["sha256"]) == {"train", "dev", "test"}
+    moved = tmp_path / "elsewhere" / "stsbenchmark"
+    shutil.copytree(sts, moved)
+    r = cli_in_process(capsys, *args(moved))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "already trained to step 1 with these settings; nothing to do" in r.stdout, r.stdout
+    assert json.loads((out / "run.json").read_text())["fingerprint"] == rec["fingerprint"]
+
+    dev = sts / "sts-dev.csv"
+    first, rest = dev.read_text().split("\n", 1)
+    cells = first.split("\t")
+    cells[4] = "0.000" if cells[4] != "0.000" else "5.000"  # one gold score
+    dev.unlink()  # the copy keeps the shared file's read-only mode
+    dev.write_text("\t".join(cells) + "\n" + rest)
+    before = _files(out)
+    r = cli_in_process(capsys, *args(sts))
+    assert r.returncode == 2 and "holds a run with other settings" in r.stderr, r.stderr[-3000:]
+    line = error_line(r.stderr)
+    assert "finetune_sts.sha256.dev" in line and "finetune_sts.path" not in line and ".train" not in line, line
     assert _files(out) == before
