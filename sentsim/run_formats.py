@@ -57,6 +57,14 @@ Training run records (a trainer's OUT/run.json, sentsim.training.run.claim_out; 
   held it when first recognised (kept since as the record's `fingerprinted_with`), so such a run goes on under
   the fingerprint it holds, its record keeping format 1, whatever that budget is set to now. A harvest or STS-B
   folder moved since is another run to it (its fingerprint held the path).
+- a student's fingerprint holds its config less the top-level RESUMABLE_KEYS (the same keys: no section of a
+  student's config has one), `--data` as given and the counts, so its harvest by its path, not its content
+  (`sentsim.students.data.harvest_content`: the harvest's fingerprint and its pairs and sentences shards'
+  sha256), and its objective's data files (`Objective.data_files`: rse's `triples`) by their paths in its
+  config, not their sha256. `StudentRun.fingerprint_in_format(1, ...)` makes it so (nothing kept beside the
+  record), and such a run's fit keeps those paths in the workers' config (`StudentRun.workers_config`), as its
+  fit's record was made with them, so the same command is a no-op and a larger budget a resume. A harvest or
+  triples file moved since is another run to it.
 - the other trainers' fingerprints are the same in both formats.
 """
 

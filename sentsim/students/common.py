@@ -70,6 +70,9 @@ class Objective(Trainee):
     settings: Optional[type] = None  # its config section (a sentsim.config.Section), reached as cfg.<name>
     needs_data: Optional[str] = None  # what it reads from --data (words for the error); None: --data optional
     side_files: tuple[str, ...] = ()  # files `save_extras` writes that the exported student keeps
+    # keys of its settings section naming a file it reads (local): the run's fingerprint holds that file's
+    # sha256, not its path, so the file moved or copied is the same run and one edited in place is not
+    data_files: tuple[str, ...] = ()
     # in-batch negatives (InfoNCE) want every batch full: each epoch's short last batch is dropped, and the
     # trainer's note says how many rows that leaves out; an objective whose loss is per row trains on it
     full_batches = True

@@ -29,6 +29,16 @@ def harvest_root(data: str):
     return open_harvest(data)
 
 
+def harvest_content(root) -> dict:
+    """What a student's fingerprint holds of its harvest: the harvest run's fingerprint and the content of the
+    tables the objectives read (pairs, sentences), as their unit markers record it (the surrogate's
+    `shards_content`), not its path: a harvest moved or copied is the same data, one redone in place is not."""
+    from sentsim.surrogate.data import pairs_content, shards_content
+
+    return {"harvest": (root.manifest or {}).get("fingerprint"), "pairs_sha256": pairs_content(root),
+            "sentences_sha256": shards_content(root, "sentences")}
+
+
 def read_manifest(root) -> dict:
     if not root.manifest:
         raise UsageError(f"--data {root}: no manifest.json (not a harvest output)")

@@ -8,6 +8,7 @@ its paper and its inputs, that says beside its loss everything the trainer needs
     needs_data    what it reads from --data HARVEST_DIR, for the error when --data is missing; None when
                   it can train without a harvest
     input_paths   the input files its settings name (`--out` must not overlap them)
+    data_files    the keys of its settings naming a data file it reads, known to the run by its content
     check         cfg and backbone checks that must fail before any data is read
     prepare       on the driver: the training table, its counts and skips, and what the workers need
     build         on each worker: the objective around its encoder; `step(batch, device)` is its loss

@@ -76,6 +76,7 @@ class RSEConfig(Section):
 class RSEObjective(Objective):
     settings = RSEConfig
     side_files = (RELATIONS_FILE,)
+    data_files = ("triples",)
     # needs_data stays None: a triples file alone is enough
 
     @classmethod

@@ -45,9 +45,10 @@ __all__ = ["StudentRun", "TrainingDiverged", "evaluate_student", "train_student"
 WORKER_KEYS = frozenset({"counts", "skips", "dev", "table", "backbone", "total_steps"})
 
 
-def prepare_data(cfg: StudentConfig, data: Optional[str], backbone_path: str) -> dict:
+def prepare_data(cfg: StudentConfig, data: Optional[str], backbone_path: str) -> tuple[dict, Optional[dict]]:
     """Everything the workers need, checked here so that a bad input fails before Ray starts: the harvest's
-    dev pairs (the dev metric) and the objective's own table (`Objective.prepare`)."""
+    dev pairs (the dev metric) and the objective's own table (`Objective.prepare`); and the harvest by its
+    content (`harvest_content`; None without --data)."""
     from sentsim.students import data as D
 
     objective = objective_class(cfg.objective)
@@ -76,7 +77,7 @@ def prepare_data(cfg: StudentConfig, data: Optional[str], backbone_path: str) ->
     spec["dev"] = None if dev is None else {"s1": dev["s1"].to_pylist(), "s2": dev["s2"].to_pylist(),
                                             "score": dev["score"].to_numpy().tolist()}
     spec["table"] = table
-    return spec
+    return spec, D.harvest_content(root) if root is not None else None
 
 
 # ----------------------------------------------------------------------------- worker
@@ -168,6 +169,8 @@ class StudentRun(EncoderDriver):
         return inputs
 
     def prepare(self, bb: dict) -> None:
+        from storage.fs import input_sha256
+
         cfg, eval_sts = self.cfg, self.inputs["--eval-sts"]
         if eval_sts:
             from sentsim.evaluation.datasets import discover_tasks
@@ -175,7 +178,11 @@ class StudentRun(EncoderDriver):
             discover_tasks(eval_sts)  # fails now, not after training
         objective = objective_class(cfg.objective)
         objective.check(cfg, self.inputs["--backbone"], bb["path"])
-        self.spec = prepare_data(cfg, self.inputs["--data"], bb["path"])
+        self.spec, self.data_content = prepare_data(cfg, self.inputs["--data"], bb["path"])
+        section = getattr(cfg, cfg.objective, None)
+        # each data file the objective reads, by its bytes (read and checked by its prepare just now)
+        self.files = {f"{cfg.objective}.{k}": (path, input_sha256(path)) for k in objective.data_files
+                      for path in [getattr(section, k)] if path}
         self.table = self.spec.pop("table")
         n_rows = self.table.num_rows
         self.drop_last = objective.full_batches
@@ -189,17 +196,46 @@ class StudentRun(EncoderDriver):
         if capped:
             print(capped)
 
-    def identity(self, what: dict) -> tuple:
-        # keys added to the config or an objective's section after runs were made stay out while they hold
-        # those runs' value (Section.ADDED_LATER), so the runs keep their fingerprints
+    def settings(self, what: dict) -> dict:
+        """`what` less the keys added to the config or an objective's section after runs were made while they
+        hold those runs' value (Section.ADDED_LATER), so the runs keep their fingerprints."""
         what = without_added_later(what, type(self.cfg).ADDED_LATER)
         for name in objective_names():
             if isinstance(what.get(name), dict):
                 what[name] = without_added_later(what[name], type(getattr(self.cfg, name)).ADDED_LATER)
-        return "student", what, self.bb, self.inputs["--data"], self.spec["counts"]
+        return what
+
+    def identity(self, what: dict) -> tuple:
+        # the data by its content: the harvest (harvest_content) and the objective's data files, whose paths
+        # leave its section
+        what = self.settings(what)
+        name = self.cfg.objective
+        if isinstance(what.get(name), dict):
+            what[name] = {k: v for k, v in what[name].items() if k not in objective_class(name).data_files}
+        return "student", what, self.bb, self.data_content, {k: sha for k, (_, sha) in self.files.items()}, \
+            self.spec["counts"]
+
+    def fingerprint_in_format(self, version: int, stored: dict) -> tuple[str, dict] | None:
+        """Format 1 (sentsim/run_formats.py): the config less its top-level RESUMABLE_KEYS, the harvest by
+        --data as given and the objective's data files by their paths in the config, with the counts."""
+        from sentsim.identity import fingerprint
+        from sentsim.training.config import RESUMABLE_KEYS
+
+        if version != 1:
+            return None
+        what = self.settings({k: v for k, v in self.cfg.model_dump().items() if k not in RESUMABLE_KEYS})
+        return fingerprint("student", what, self.bb, self.inputs["--data"], self.spec["counts"]), {}
+
+    def unfingerprinted(self) -> tuple:
+        name = self.cfg.objective
+        paths = [f"config.{name}.{k}" for k in objective_class(name).data_files]
+        return super().unfingerprinted() + ("data.path", *paths, *(f"files.{k}.path" for k in self.files))
 
     def record(self) -> dict:
-        return {"config": self.cfg.model_dump(), "backbone": self.bb, "data": self.inputs["--data"],
+        data = self.inputs["--data"]
+        files = {"files": {k: {"path": str(p), "sha256": sha} for k, (p, sha) in self.files.items()}}
+        return {"config": self.cfg.model_dump(), "backbone": self.bb,
+                "data": {"path": data, **self.data_content} if data else None, **(files if self.files else {}),
                 "counts": self.spec["counts"]}
 
     def train(self) -> dict:
@@ -212,8 +248,8 @@ class StudentRun(EncoderDriver):
                                          verbose=self.verbose, drop_last=self.drop_last,
                                          shuffle_buffer=max(cfg.batch_size * 4, 1000))
         datasets = {"train": table if self.executor == "inline" else seeded_ray_dataset(table, cfg.seed)}
-        run = fit({"build": build_trainee, "loop": loop, "cfg": cfg.model_dump(), "spec": spec}, name=cfg.objective,
-                  out_dir=out_dir, datasets=datasets, executor=self.executor,
+        run = fit({"build": build_trainee, "loop": loop, "cfg": self.workers_config(), "spec": spec},
+                  name=cfg.objective, out_dir=out_dir, datasets=datasets, executor=self.executor,
                   export=lambda d: _export(d, out_dir, cfg, card, total))
         history, model_dir, rv = run["history"], run["model"], run["result"]
         self.model_dir = model_dir
@@ -225,6 +261,21 @@ class StudentRun(EncoderDriver):
                 "empty_filter_batches": rv.get("empty_filter_batches"),
                 "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                 "loss_points": len(losses), "history": history}
+
+    def workers_config(self) -> dict:
+        """The config the workers build from, and the fit's record holds: without the paths of the objective's
+        data files (read on the driver, into the training table), so that one moved or copied is the same fit,
+        a finished one a no-op; with them for a run that goes on under a format-1 fingerprint, whose fits were
+        recorded so."""
+        from sentsim.identity import fingerprint
+        from sentsim.training.config import without_resumable
+
+        dump = self.cfg.model_dump()
+        if self.run_id != fingerprint(*self.identity(without_resumable(dump))):
+            return dump
+        name = self.cfg.objective
+        return {**dump, name: {k: None if k in objective_class(name).data_files else v
+                               for k, v in dump[name].items()}} if isinstance(dump.get(name), dict) else dump
 
     def finish(self, summary: dict) -> None:
         eval_sts = self.inputs["--eval-sts"]

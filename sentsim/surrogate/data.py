@@ -98,13 +98,18 @@ def open_harvest(data: str):
 
 
 def pairs_content(reader) -> str:
-    """The completed units' pairs shards by the sha256 their markers record, in unit order: what the reader
+    """The completed units' pairs shards by their content (`shards_content`)."""
+    return shards_content(reader, "pairs")
+
+
+def shards_content(reader, table: str) -> str:
+    """The completed units' `table` shards by the sha256 their markers record, in unit order: what the reader
     reads (a compacted file holds the very shards its markers name, so a compaction keeps it; a unit redone
     changes it). The bytes behind a record are `sentsim store verify`'s to check."""
     from sentsim.identity import fingerprint
 
-    return fingerprint([(u, rec["files"]["pairs"]["sha256"]) for u, rec in reader.units().items()
-                        if "pairs" in (rec.get("files") or {})])
+    return fingerprint([(u, rec["files"][table]["sha256"]) for u, rec in reader.units().items()
+                        if table in (rec.get("files") or {})])
 
 
 def incomplete_harvest_note(root, what: str) -> str | None:

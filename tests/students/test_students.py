@@ -487,3 +487,119 @@ def test_force_new_discards_the_old_runs_model_and_summary_before_training(harve
     assert r.returncode == 2 and "the training loss became" in error_line(r.stderr), r.stderr[-2000:]
     assert not (out / "model").exists() and not (out / "summary.json").exists() and not (out / "curves").exists()
     assert "finished" not in json.loads((out / "run.json").read_text())  # the new run's record, unfinished
+
+
+def _files(out) -> dict:
+    """Every file under `out` by its bytes and mtime."""
+    return {str(p.relative_to(out)): (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+
+
+def _rse_args(data, triples, backbone, out) -> list:
+    return ["train", "student", "--objective", "rse", "--executor", "inline", "--data", data, "--triples", triples,
+            "--backbone", backbone, "--out", out, "--set", "batch_size=8", "--set", "max_seq_length=16",
+            "--set", "eval_every=1000"]
+
+
+def _nli_triples(path, partner: str = "walks") -> None:
+    path.write_text("".join(json.dumps({"s_i": f"A person number {i} is walking outside.", "relation": "entailment",
+                                        "s_j": f"Person {i} {partner}."}) + "\n" for i in range(12)))
+
+
+def test_a_student_knows_its_harvest_and_triples_by_content_not_path(harvest_dir, tiny_backbone, tmp_path, capsys):
+    """A student's data are part of its run's identity by their content, not their paths: the harvest (its
+    fingerprint and its pairs and sentences shards' sha256) and the objective's data file (rse's triples, by its
+    sha256). Both copied elsewhere are the same run (a no-op); either edited in place, its counts unchanged, is
+    another run, refused naming its content and leaving --out as it was."""
+    from harvest_support import cli_in_process
+
+    h, triples, out = tmp_path / "h", tmp_path / "nli.jsonl", tmp_path / "o"
+    shutil.copytree(harvest_dir, h)
+    _nli_triples(triples)
+    r = cli_in_process(capsys, *_rse_args(h, triples, tiny_backbone, out), "--max-steps", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["format"] == 2 and rec["data"]["path"] == str(h) and rec["data"]["pairs_sha256"]
+    assert rec["files"]["rse.triples"]["path"] == str(triples)
+
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(h, moved / "h")
+    shutil.copy(triples, moved / "nli.jsonl")
+    r = cli_in_process(capsys, *_rse_args(moved / "h", moved / "nli.jsonl", tiny_backbone, out), "--max-steps", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "already trained to step 1 with these settings; nothing to do" in r.stdout, r.stdout
+    assert json.loads((out / "run.json").read_text())["fingerprint"] == rec["fingerprint"]
+
+    before = _files(out)
+    _nli_triples(triples, partner="strolls")  # as many triples of the same relation: the same counts
+    r = cli_in_process(capsys, *_rse_args(h, triples, tiny_backbone, out), "--max-steps", "1")
+    assert r.returncode == 2 and "holds a run with other settings" in r.stderr, r.stderr[-3000:]
+    line = error_line(r.stderr)
+    assert "files.rse.triples.sha256" in line and "counts" not in line and ".path" not in line, line
+    assert _files(out) == before
+
+    _nli_triples(triples)
+    shard = sorted((h / "pairs").glob("*.parquet"))[0]
+    t = pq.read_table(shard)
+    # each pair the other way round: the same pairs, scores and counts, other training rows
+    pq.write_table(t.set_column(t.column_names.index("s1"), "s1", t["s2"])
+                    .set_column(t.column_names.index("s2"), "s2", t["s1"]), shard)
+    reseal(h)
+    r = cli_in_process(capsys, *_rse_args(h, triples, tiny_backbone, out), "--max-steps", "1")
+    assert r.returncode == 2 and "holds a run with other settings" in r.stderr, r.stderr[-3000:]
+    line = error_line(r.stderr)
+    assert "data.pairs_sha256" in line and "counts" not in line and "data.path" not in line, line
+    assert _files(out) == before
+
+
+def as_format_1(out) -> str:
+    """Rewrite OUT/run.json as a student's record was written before run records had a format (format 1): its
+    fingerprint made of the config less its top-level resumable keys, --data as given and the counts, and its
+    record holding --data as given. Returns that fingerprint."""
+    from sentsim.config import without_added_later
+    from sentsim.identity import fingerprint
+    from sentsim.students import StudentConfig
+    from sentsim.training.config import RESUMABLE_KEYS
+
+    rec = json.loads((out / "run.json").read_text())
+    what = without_added_later({k: v for k, v in rec["config"].items() if k not in RESUMABLE_KEYS},
+                               StudentConfig.ADDED_LATER)
+    for name, field in StudentConfig.model_fields.items():
+        if isinstance(what.get(name), dict):
+            what[name] = without_added_later(what[name], field.annotation.ADDED_LATER)
+    fp = fingerprint("student", what, rec["backbone"], rec["data"]["path"], rec["counts"])
+    (out / "run.json").write_text(json.dumps({"fingerprint": fp, "config": rec["config"], "backbone": rec["backbone"],
+                                              "data": rec["data"]["path"], "counts": rec["counts"]}, indent=2))
+    return fp
+
+
+def test_a_student_of_an_earlier_run_format_goes_on_under_its_fingerprint(harvest_dir, tiny_backbone, tmp_path,
+                                                                          capsys):
+    """A student run whose record was written before its data were known by content (format 1: no `format` in
+    run.json, its fingerprint holding --data's and the triples' paths) is this same run: the same command again
+    trains nothing, a larger --max-steps resumes, both under the fingerprint it holds and its record keeping
+    format 1."""
+    from harvest_support import cli_in_process
+
+    triples, out = tmp_path / "nli.jsonl", tmp_path / "o"
+    _nli_triples(triples)
+    args = _rse_args(harvest_dir, triples, tiny_backbone, out)
+    assert cli_in_process(capsys, *args, "--max-steps", "1").returncode == 0
+    held = as_format_1(out)
+    # its fit recorded as a format-1 run's was (the workers' config holding the triples' path): made again here
+    (out / "checkpoint" / "rse.done.json").unlink()
+    r = cli_in_process(capsys, *args, "--max-steps", "1")
+    assert r.returncode == 0 and "resuming at step 1, 1 steps" in r.stdout, r.stderr[-3000:]
+    assert json.loads((out / "run.json").read_text())["fingerprint"] == held
+
+    r = cli_in_process(capsys, *args, "--max-steps", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "already trained to step 1 with these settings; nothing to do" in r.stdout, r.stdout
+    rec = json.loads((out / "run.json").read_text())
+    assert (rec["fingerprint"], rec["format"]) == (held, 1)
+
+    r = cli_in_process(capsys, *args, "--max-steps", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming at step 1, 2 steps" in r.stdout, r.stdout
+    rec = json.loads((out / "run.json").read_text())
+    assert (rec["fingerprint"], rec["format"]) == (held, 1)
+    assert json.loads((out / "summary.json").read_text())["fingerprint"] == held
