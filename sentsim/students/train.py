@@ -32,6 +32,7 @@ from sentsim.students.common import Harvest
 from sentsim.students.config import StudentConfig
 from sentsim.students.objectives import names as objective_names
 from sentsim.students.objectives import objective_class
+from sentsim.training.config import TRAINING_FORMAT
 from sentsim.training.driver import EncoderDriver
 from sentsim.training.run import TrainingDiverged, capped_note, epoch_left_out, epoch_shortfall, fit, plan_steps
 from sentsim.training.settings import LoopSettings
@@ -226,10 +227,13 @@ class StudentRun(EncoderDriver):
         what = self.settings({k: v for k, v in self.cfg.model_dump().items() if k not in RESUMABLE_KEYS})
         return fingerprint("student", what, self.bb, self.inputs["--data"], self.spec["counts"]), {}
 
-    def unfingerprinted(self) -> tuple:
+    def unfingerprinted(self, version: int = TRAINING_FORMAT) -> tuple:
+        if version < 2:  # format 1 knew its data by paths, and recorded nothing of their content
+            return super().unfingerprinted(version) + ("data.harvest", "data.pairs_sha256", "data.sentences_sha256",
+                                                       "files")
         name = self.cfg.objective
         paths = [f"config.{name}.{k}" for k in objective_class(name).data_files]
-        return super().unfingerprinted() + ("data.path", *paths, *(f"files.{k}.path" for k in self.files))
+        return super().unfingerprinted(version) + ("data.path", *paths, *(f"files.{k}.path" for k in self.files))
 
     def record(self) -> dict:
         data = self.inputs["--data"]
