@@ -9,8 +9,8 @@
 - JSON lines, one object with s1, s2[, gold] a line: a file named .jsonl, .ndjson or .json, or one whose
   first line that is not blank starts with `{`, whatever its name (a .json file that is one JSON array or
   document is refused, never read a line at a time);
-- Parquet with columns s1, s2[, gold], or the other names a header line may give them (sentence1/sentence2,
-  score ...), found by name as there.
+- Parquet with columns s1, s2[, gold] (read by those names alone where it has them), or else the other names
+  a header line may give them (sentence1/sentence2, score ...), found as there.
 Any of these may be gzip-compressed (found by its first bytes, 1f 8b; a plain file named .gz is read as it
 is): the name without .gz tells the format (p.tsv.gz is TSV, p.jsonl.gz JSON lines).
 Under a header line, a row with more filled fields than the header names is refused (a TAB inside a sentence
@@ -312,12 +312,20 @@ def _parquet(p: Path, raw: Optional[bytes] = None) -> List[Pair]:
         t = pq.read_table(p) if raw is None else pq.read_table(pa.BufferReader(raw), use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"{p}: not a readable Parquet file ({(str(exc).splitlines() or [''])[0]})") from None
-    # its columns found by the names a header line may give them (s1 or sentence1, gold or score ...)
-    found = _header_columns(t.column_names)
-    if found is None:
-        alternatives = ", ".join(f"{a}/{b}" for a, b in zip(S1_NAMES[1:], S2_NAMES[1:]))
-        raise InputError(f"{p}: needs columns s1 and s2 (or {alternatives}; has {', '.join(t.column_names) or 'none'})")
-    c1, c2, cg = (None if i is None else t.column_names[i] for i in found)
+    names = t.column_names
+    if {"s1", "s2"} <= set(names):
+        # a file with the plain names is read by them alone, whatever other columns it has: as it always was, so
+        # that a --pairs harvest resumed on it scores the pairs and gold its first units did
+        c1, c2, cg = "s1", "s2", "gold" if "gold" in names else None
+    else:
+        # else by the names a header line may give them (sentence1/sentence2, score ...), found as there
+        found = _header_columns(names)
+        if found is None:
+            alternatives = ", ".join(f"{a}/{b}" for a, b in zip(S1_NAMES[1:], S2_NAMES[1:]))
+            raise InputError(f"{p}: needs columns s1 and s2 (or {alternatives}; has {', '.join(names) or 'none'})")
+        if len({n.strip().lower() for n in names}) < len(names):
+            raise InputError(f"{p}: two columns have one name, in other cases ({', '.join(names)}); rename one")
+        c1, c2, cg = (None if i is None else names[i] for i in found)
     gold = [None] * t.num_rows
     if cg is not None:
         kind = t.schema.field(cg).type
@@ -329,7 +337,7 @@ def _parquet(p: Path, raw: Optional[bytes] = None) -> List[Pair]:
     rows = list(zip(arrow_texts(t.column(c1), f"{p}", c1), arrow_texts(t.column(c2), f"{p}", c2), gold))
     for i, (a, b, g) in enumerate(rows):
         if not isinstance(a, str) or not isinstance(b, str):
-            raise InputError(f"{p}: row {i}: s1 and s2 must be non-null strings")
+            raise InputError(f"{p}: row {i}: {c1} and {c2} must be non-null strings")
         if g is not None and not math.isfinite(g):
             # refused, as a text file's 'nan' is: null is how a Parquet file says 'no gold score'
             raise InputError(f"{p}: row {i}: {cg} {g!r} is not finite (leave it null for a pair without gold)")

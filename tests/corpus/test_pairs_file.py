@@ -144,6 +144,12 @@ def test_parquet_columns_take_the_names_a_header_line_may_give_them(tmp_path):
     pq.write_table(pa.table({"sentence1": ["a cat"], "sentence2": ["a dog"], "score": ["high"]}), p)
     with pytest.raises(InputError, match="column score has type string"):
         read_pairs_file(str(p))
+    # the plain names are read by them alone, as before the others were taken: no other column is gold
+    pq.write_table(pa.table({"sentence1": ["x"], "sentence2": ["y"], "s1": ["a"], "s2": ["b"], "label": [2]}), p)
+    assert read_pairs_file(str(p)) == [("a", "b", None)]
+    pq.write_table(pa.table({"Sentence1": ["x"], "sentence1": ["a"], "sentence2": ["b"]}), p)
+    with pytest.raises(InputError, match="two columns have one name, in other cases"):
+        read_pairs_file(str(p))
     pq.write_table(pa.table({"left": ["a"], "right": ["b"]}), p)
     with pytest.raises(InputError, match=r"needs columns s1 and s2 \(or sentence1/sentence2, .*; has left, right\)"):
         read_pairs_file(str(p))
