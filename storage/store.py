@@ -401,7 +401,9 @@ class ShardStore:
             old = self.read_manifest()
         except StoreError:
             return []
-        if not old or old.get("stage") == stage:
+        if not old:  # a run that lost its manifest, started over: its reports go (its nested runs are checked)
+            return list(RUN_REPORTS) if self.lost_manifest() else []
+        if old.get("stage") == stage:
             return []
         return sorted(set(old.get("tables") or {}) | set(NESTED_RUNS) | set(RUN_REPORTS))
 

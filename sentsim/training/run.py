@@ -176,6 +176,10 @@ def _changed(stored: dict, record: dict, unfingerprinted: tuple) -> str:
 
     # what mark_finished added (the model's hash, the summary) is the outcome of those settings, not one of them
     prev = {k: v for k, v in stored.items() if k not in ("fingerprint", "format", "fingerprinted_with", "finished")}
+    # an input an earlier record format held as its path alone, which today's holds as {"path", its content}: the
+    # same path is no change (the content keys it never held are `unfingerprinted` for that format)
+    prev = {k: {"path": v} if isinstance(v, str) and isinstance(record.get(k), dict) and "path" in record[k] else v
+            for k, v in prev.items()}
     if not prev:
         return ""
     changed = what_changed({"config": prev}, record, [], most=4, ignore=unfingerprinted)

@@ -399,3 +399,16 @@ def test_an_endpoint_that_is_no_s3_server_is_named_not_taken_for_a_lease_race(sa
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(lines) == 1, r.stderr[-2000:]
     assert lines[0].startswith("sentsim: error: cannot use the object store (") and "took over" not in lines[0]
+
+
+def test_a_refusal_of_an_earlier_record_format_does_not_name_an_input_it_held_as_a_path():
+    """A format-1 record held a student's --data (a surrogate's --finetune-sts) as its path alone, where today's
+    holds {"path", its content}: the same path is no change, and only what differs is named."""
+    from sentsim.training.run import _changed
+
+    stored = {"fingerprint": "a", "config": {"lr": 1}, "data": "/h"}
+    same = {"config": {"lr": 2}, "data": {"path": "/h", "harvest": "x", "pairs_sha256": "y"}}
+    content = ("data.harvest", "data.pairs_sha256")
+    assert _changed(stored, same, content) == "; config.lr: 1 -> 2"
+    moved = {"config": {"lr": 1}, "data": {"path": "/h2", "harvest": "x", "pairs_sha256": "y"}}
+    assert _changed(stored, moved, content) == "; data.path: '/h' -> '/h2'"

@@ -139,6 +139,9 @@ def test_force_new_starts_over_a_run_that_lost_its_manifest_beside_its_nested_ru
     r = build(sample_path, run, "--force-new")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert sentsim_cli("store", "verify", run).returncode == 0
+    # the lost run's reports go with it (no reader takes them for the new run's); its nested runs are checked
+    # by their own fingerprints before anything reuses them
+    assert not (run / "report.json").exists() and not (run / "report.png").exists()
     other = tmp_path / "other"
     other.mkdir()
     (other / "report.json").write_text("{}")  # a user's file, no run's markers: still refused
