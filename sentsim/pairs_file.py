@@ -143,6 +143,12 @@ def _header_columns(cols: Sequence[str]) -> Optional[Tuple[int, int, Optional[in
     return i1, i2, find(GOLD_NAMES)
 
 
+def names_only(fields: Sequence[str]) -> bool:
+    """Whether every field is a short name (a letter, then letters, digits, spaces, `_`, `-`, `.`): a line that
+    could be a header, where a line of data (a sentence, a score) is not."""
+    return all(_NAME.fullmatch(f.strip()) for f in fields)
+
+
 def _is_column_name(field: str) -> bool:
     name = field.strip().lower()
     if name in S1_NAMES + S2_NAMES + GOLD_NAMES + OTHER_NAMES:

@@ -19,7 +19,7 @@ import numpy as np
 
 from corpus.documents import json_refusal, surrogate_refusal
 from sentsim.errors import InputError, UsageError
-from sentsim.pairs_file import JSON_SUFFIXES, arrow_texts, decode_text, file_bytes
+from sentsim.pairs_file import JSON_SUFFIXES, arrow_texts, decode_text, file_bytes, names_only
 
 
 class Scorer:
@@ -216,6 +216,12 @@ def _read_pair_table(path: Path):
             if not text.strip():
                 raise InputError(f"--scores {path}: an empty file; it needs a header line naming s1, s2 and score, "
                                  "then one scored pair a line")
+            first = text.lstrip("\ufeff").split("\n", 1)[0].rstrip("\r")
+            fields = first.split("\t" if name.endswith(".tsv") else ",")
+            if not {"s1", "s2", "score"} & {f.strip() for f in fields} and not names_only(fields):
+                # a first line of data, not of names (an STS-B line): it would be taken for the header
+                raise InputError(f"--scores {path}: no header line naming s1, s2 and score (the first line reads "
+                                 f"{first[:80]!r}{'...' if len(first) > 80 else ''}); put one above the scored pairs")
             # score read as text: an empty cell is the only 'no score', a literal nan or inf is refused
             tsv = dict(sep="\t", quoting=3) if name.endswith(".tsv") else {}
             df = pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=[""],
@@ -318,10 +324,6 @@ class PairFileScorer(Scorer):
                 raise UsageError(f"--scores {path}: no such file")
             df = _read_pair_table(path)
         missing = [c for c in ("s1", "s2", "score") if c not in df.columns]
-        if len(missing) == 3 and len(df.columns):  # no header: its first line was taken for one
-            first = "\t".join(map(str, df.columns))
-            raise InputError(f"--scores {path}: no header line naming s1, s2 and score (the first line reads "
-                             f"{first[:80]!r}{'...' if len(first) > 80 else ''}); put one above the scored pairs")
         if missing:
             raise InputError(f"--scores {path}: missing column(s) {', '.join(missing)}; "
                              f"found {', '.join(map(str, df.columns))}")

@@ -300,6 +300,9 @@ def test_scores_file_with_sentences_that_are_not_text_is_one_line(tmp_path, stsb
     ("empty.csv", b"\n", "empty.csv: an empty file; it needs a header line naming s1, s2 and score"),
     ("sts-test.tsv", b"main-captions\tMSRvid\t2012test\t0000\t5.000\tA man.\tA man.\n",
      "sts-test.tsv: no header line naming s1, s2 and score (the first line reads 'main-captions\\tMSRvid"),
+    # a header of other names is a header: its columns are named, not its line taken for data
+    ("named.csv", b"sentence1,sentence2,similarity\nA cat sits.,A cat sat.,0.5\n",
+     "named.csv: missing column(s) s1, s2, score; found sentence1, sentence2, similarity"),
 ])
 def test_a_scores_file_that_is_not_utf8_empty_or_headerless_says_so(tmp_path, stsb, name, content, needle):
     """The pairs reader's words for what it refuses too, not a pandas exception's name (`UnicodeDecodeError`,
