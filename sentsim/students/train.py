@@ -271,11 +271,8 @@ class StudentRun(EncoderDriver):
         data files (read on the driver, into the training table), so that one moved or copied is the same fit,
         a finished one a no-op; with them for a run that goes on under a format-1 fingerprint, whose fits were
         recorded so."""
-        from sentsim.identity import fingerprint
-        from sentsim.training.config import without_resumable
-
         dump = self.cfg.model_dump()
-        if self.run_id != fingerprint(*self.identity(without_resumable(dump))):
+        if self.record_format < TRAINING_FORMAT:
             return dump
         name = self.cfg.objective
         return {**dump, name: {k: None if k in objective_class(name).data_files else v

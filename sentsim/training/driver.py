@@ -117,7 +117,7 @@ class EncoderDriver:
             attach_before_writing(self.address)
         with claim_out(self.out, self.run_id, self.record(), self.force_new, self.out_arg,
                        unfingerprinted=self.unfingerprinted, earlier=self.fingerprint_in_format) as claim:
-            self.run_id = claim.fingerprint
+            self.run_id, self.record_format = claim.fingerprint, claim.format
             return self._train_claimed()
 
     def _train_claimed(self) -> dict:

@@ -105,7 +105,7 @@ def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg
     except BaseException:
         release_out(out_dir)
         raise
-    return ClaimedOut(out_dir, run_id)
+    return ClaimedOut(out_dir, run_id, fmt)
 
 
 def _held_format(stored: dict, earlier, current: int) -> Optional[tuple[int, dict]]:
@@ -134,9 +134,10 @@ class ClaimedOut:
     """A training --out this process holds (claim_out). Taken when claimed, not when entered, so that
     the refusals come before the caller's `with` block; given back when that block ends."""
 
-    def __init__(self, out_dir: Path, fingerprint: str):
+    def __init__(self, out_dir: Path, fingerprint: str, fmt: int):
         self.out_dir = out_dir  # its lease is _HELD_OUTS', where release_out finds it
         self.fingerprint = fingerprint  # the one the run goes on under: today's, or the one its record holds
+        self.format = fmt  # the run-record format that fingerprint was made in
 
     def __enter__(self) -> "ClaimedOut":
         return self
