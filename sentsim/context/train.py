@@ -557,8 +557,16 @@ def _train_context(corpus: str, out: str, config: Optional[ContextTrainConfig], 
         say_finished("context", out_arg, f"bundle (fingerprint {run_id})")
         return done["summary"]
     with claim_out(out_p, run_id, record, force_new, out_arg, state=("runs", "tokenizer"),
-                   unfingerprinted=tuple(f"config.{k}" for k in RESUMABLE)):
+                   unfingerprinted=tuple(f"config.{k}" for k in RESUMABLE), discard=lambda: _discard_bundle(out_p)):
         return _train_claimed(out_p, cfg, corpus, tokenizer_from, force_new, t0)
+
+
+def _discard_bundle(out_p: Path) -> None:
+    """--force-new, once the new run goes ahead: the discarded bundle's model files go with its runs, not stay
+    beside the new run's."""
+    from sentsim.model_swap import discard_in_place
+
+    discard_in_place(out_p, "context.json")
 
 
 def run_directions(cfg: ContextTrainConfig) -> dict:
@@ -575,12 +583,9 @@ def _train_claimed(out_p: Path, cfg: ContextTrainConfig, corpus: str, tokenizer_
     from sentsim.training.run import check_fit, fit, go_ahead, mark_finished
     from storage.fs import write_text_atomic  # the reports: a kill while writing one leaves the last, whole
 
-    if force_new:  # the discarded bundle's model files go with its runs, not stay beside the new run's
-        from sentsim.model_swap import discard_in_place
-
-        discard_in_place(out_p, "context.json")
     tok_dir = out_p / "tokenizer"
-    resumed = (tok_dir / "tokenizer.json").is_file()
+    # --force-new: the tokenizer there is the discarded run's, which goes when this run goes ahead
+    resumed = not force_new and (tok_dir / "tokenizer.json").is_file()
     # resuming: keep the tokenizer the checkpoints were trained with; one that does not read is this run's
     # state, which only --force-new discards
     redo = "it is this run's saved tokenizer: --force-new starts the run over, or use another --out"

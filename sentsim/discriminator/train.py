@@ -376,8 +376,13 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
     if "_train" in (sealed_info(staged_beside(out)) or {}).get("scratch_removed", []):
         # sealed by an export that removed the whole state, the lease's folder too: completed before it is taken
         finish_in_place(out, "config.json")
+
+    def discard() -> None:  # --force-new, once the new run goes ahead: the discarded run's model goes with its state
+        discard_in_place(out, "config.json")
+        (state / "model.safetensors").unlink(missing_ok=True)  # its last weights too
+
     with claim_out(state, run_id, {"job": job.model_dump(), "corpus": str(corpus)}, force_new, out_arg,
-                   unfingerprinted=tuple(f"job.train.{k}" for k in RESUMABLE_TRAIN_KEYS)):
+                   unfingerprinted=tuple(f"job.train.{k}" for k in RESUMABLE_TRAIN_KEYS), discard=discard):
         # an export a kill cut short is completed by the one writer the lease lets in, not beside a live export
         finish_in_place(out, "config.json")
         # this job's model, exported whole (config.json, written last, names its settings, the budget included),
@@ -388,9 +393,6 @@ def _train_discriminator(corpus: str | Path, out: str | Path, job: Discriminator
             mark_finished(state, out, done)
             say_finished("discriminator", out_arg, f"model (fingerprint {run_id})")
             return done
-        if force_new:  # the discarded run's model goes with its state, not stays beside the new run's
-            discard_in_place(out, "config.json")
-            (state / "model.safetensors").unlink(missing_ok=True)  # its last weights too
 
         # the training windows, as each worker will split them (same seed, same rule): the plan's step count
         from sentsim.discriminator.data import split_heldout

@@ -12,7 +12,8 @@
 6. on Ray with an address, the cluster reached (`attach_before_writing`), so that one that cannot be reached
    leaves --out as it was; then the --out's lease (`claim_out`, with the trainer's `record`), held to the run's
    end; the record is written to OUT/run.json when the run goes ahead (its first fit that trains, or its end),
-   so a refused run leaves the earlier one's;
+   so a refused run leaves the earlier one's, and --force-new discards the earlier run's state, models and
+   reports only then, so a refused --force-new run leaves the earlier run whole too;
 7. an export a kill left between its renames is finished (`finish_swap` of each of `models`);
 8. quiet progress bars, and Ray unless the run is inline (an inline run neither imports nor starts Ray);
 9. the trainer's fits, exports and curves (`train`, using `fit` and `write_curves`);
@@ -115,8 +116,10 @@ class EncoderDriver:
             from sentsim.runtime import attach_before_writing
 
             attach_before_writing(self.address)
+        # --force-new: the discarded run's exports go with its state when this run goes ahead, not stay beside its own
         with claim_out(self.out, self.run_id, self.record(), self.force_new, self.out_arg,
-                       unfingerprinted=self.unfingerprinted, earlier=self.fingerprint_in_format) as claim:
+                       unfingerprinted=self.unfingerprinted, earlier=self.fingerprint_in_format,
+                       discard=lambda: discard_exports(self.out, self.models)) as claim:
             self.run_id, self.record_format = claim.fingerprint, claim.format
             return self._train_claimed()
 
@@ -126,8 +129,6 @@ class EncoderDriver:
 
         for name in self.models:
             finish_swap(self.out / name)
-        if self.force_new:  # the discarded run's exports go with its state, not stay beside the new run's
-            discard_exports(self.out, self.models)
         quiet_progress()
         self.t0 = time.perf_counter()
         if self.executor == "ray":

@@ -30,8 +30,8 @@ from sentsim.errors import UsageError
 from sentsim.training.common import quiet_progress, use_gpu
 from sentsim.training.settings import LoopSettings, rounded_threads, worker_threads
 
-__all__ = ["EXECUTORS", "TrainingDiverged", "check_fit", "check_state", "claim_out", "finished_run", "fit",
-           "go_ahead", "mark_finished", "plan_steps", "quiet_progress", "release_out", "say_finished", "use_gpu",
+__all__ = ["EXECUTORS", "TrainingDiverged", "check_fit", "check_state", "claim_out", "discarding", "finished_run",
+           "fit", "go_ahead", "mark_finished", "plan_steps", "quiet_progress", "release_out", "say_finished", "use_gpu",
            "write_curves"]
 
 EXECUTORS = ("ray", "inline")
@@ -43,16 +43,24 @@ class TrainingDiverged(UsageError):
 
 _HELD_OUTS: dict = {}  # absolute --out -> the RunLease this process holds on it
 _PENDING: dict = {}  # absolute --out -> the run.json text its claim writes once the run goes ahead (go_ahead)
+# absolute --out -> what --force-new discards there once the run goes ahead (go_ahead): the state folders, and the
+# trainer's discard of the earlier run's exports and reports
+_DISCARDS: dict = {}
 
 
 def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg: str,
               state: tuple[str, ...] = ("ray", "checkpoint", "checkpoint.old"),
               unfingerprinted: tuple | Callable[[int], tuple] = (),
-              earlier: Optional[Callable[[int, dict], Optional[tuple[str, dict]]]] = None):
+              earlier: Optional[Callable[[int, dict], Optional[tuple[str, dict]]]] = None,
+              discard: Optional[Callable[[], None]] = None):
     """Take the output folder for this training: its lease first (one writer per --out, as for a
     sharded run: `storage.lease`; a second trainer exits 2 naming the holder), then refuse an --out
     that holds training state (`state`: names under it) of a run with other settings, unless
-    --force-new, which discards that state. This run's fingerprint and settings are recorded in OUT/run.json
+    --force-new, which discards that state, and the earlier run's exports (`discard`: the trainer's removal of
+    its models and reports), once the run goes ahead (`go_ahead`), not when it is claimed: until then the
+    claim's checks take the state as gone (`discarding`), and a run refused after its claim (a batch no row
+    fills, workers the cluster cannot hold, a setting found wrong at fit time) leaves the earlier run whole,
+    --force-new or not. This run's fingerprint and settings are recorded in OUT/run.json
     once the run goes ahead (`go_ahead`): before then OUT/run.json is the earlier run's, so a run refused
     after its claim leaves it as it was. Returns the claim, to be entered: `with claim_out(...):` holds the
     lease to the block's end, however it ends, so a caller's next command on this --out, in any process, is
@@ -84,9 +92,7 @@ def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg
         state_dirs = [out_dir / n for n in state]
         fmt, kept = TRAINING_FORMAT, {}
         if force_new:
-            for d in state_dirs:
-                if d.exists():
-                    shutil.rmtree(d)
+            _DISCARDS[key] = (state_dirs, discard)
         elif run_file.is_file() and any(d.exists() for d in state_dirs):
             try:
                 stored = json.loads(run_file.read_text())
@@ -121,13 +127,33 @@ def _held_format(stored: dict, earlier, current: int) -> Optional[tuple[int, dic
 
 def go_ahead(path: Path) -> None:
     """The run that claimed the --out holding `path` (that folder, or one inside it: a fit's state) goes
-    ahead: its record is written to OUT/run.json now, before it changes anything there (its refusals are
-    behind it). Once per claim; nothing where no claim of this process holds `path`."""
+    ahead (its refusals are behind it): with --force-new the earlier run is discarded now, its state and then
+    its exports, and the run's record is written to OUT/run.json, before it changes anything else there. Once
+    per claim; nothing where no claim of this process holds `path`."""
     from storage.fs import write_text_atomic
 
-    p = Path(path).absolute()
-    for key in [k for k in _PENDING if p == Path(k) or Path(k) in p.parents]:
+    for key in _claims_holding(path, _PENDING):
+        state_dirs, discard = _DISCARDS.pop(key, ((), None))
+        for d in state_dirs:
+            if d.exists():
+                shutil.rmtree(d)
+        if discard is not None:
+            discard()
+        # last: a kill while discarding leaves the earlier run's record, never this run's over the earlier state
         write_text_atomic(str(Path(key) / "run.json"), _PENDING.pop(key))
+
+
+def discarding(path: Path) -> bool:
+    """Whether a --force-new claim of this process holding `path` discards the training state there once its
+    run goes ahead (claim_out): until then that state is still on disk, and no check may take it for this run's
+    (a finished fit, a step to resume from, a saved tokenizer)."""
+    return bool(_claims_holding(path, _DISCARDS))
+
+
+def _claims_holding(path: Path, claims: dict) -> list:
+    """The --out keys of `claims` that are `path` or a folder above it."""
+    p = Path(path).absolute()
+    return [k for k in claims if p == Path(k) or Path(k) in p.parents]
 
 
 class ClaimedOut:
@@ -155,8 +181,9 @@ REPORTS = ("summary.json", "curves", "eval.json", "eval.md")
 
 
 def discard_exports(out_dir: Path, models) -> None:
-    """--force-new: the discarded run's exported models and reports go as its state does (claim_out), so that
-    a new run stopped before its own export leaves no model or summary of the old one, taken for its own."""
+    """--force-new: the discarded run's exported models and reports go with its state when the new run goes ahead
+    (claim_out's `discard`), so that a new run stopped before its own export leaves no model or summary of the old
+    one, taken for its own."""
     from sentsim.model_swap import remove_path
 
     for name in (*models, *REPORTS):
@@ -193,6 +220,7 @@ def release_out(out_dir: Path) -> None:
     """Give up this process's lease on a training --out (claim_out takes it), and the record of a run that
     did not go ahead, unwritten; safe to call twice."""
     _PENDING.pop(str(Path(out_dir).absolute()), None)
+    _DISCARDS.pop(str(Path(out_dir).absolute()), None)  # --force-new's discard too: the earlier run stays whole
     lease = _HELD_OUTS.pop(str(Path(out_dir).absolute()), None)
     if lease is not None:
         lease.release()
@@ -329,13 +357,14 @@ def fit(loop_config: dict, *, name: str, out_dir: Path, export: Callable[[Path],
     datasets = datasets or {}
     out_dir = Path(out_dir).absolute()
     record = FitRecord(out_dir, name, executor, loop_config)
-    done = record.finished()
+    fresh = discarding(out_dir)  # --force-new: what the state holds goes at go_ahead, and is none of this fit's
+    done = None if fresh else record.finished()
     if done is not None:
         if settings.verbose:
             print(f"[{label}] already trained to step {done['history'][-1].get('step')} with these settings; "
                   f"nothing to do ({done['model']} is kept)", flush=True)
         return done
-    gpu = refuse_fit(settings, name=name, out_dir=out_dir, executor=executor, inline_dir=inline_dir)
+    gpu = refuse_fit(settings, name=name, out_dir=out_dir, executor=executor, inline_dir=inline_dir, fresh=fresh)
     go_ahead(out_dir)  # from here on the run changes its state, and its run record says whose it is
     record.clear()
     t0 = time.perf_counter()
@@ -403,15 +432,20 @@ def check_fit(loop_config: dict, *, name: str, out_dir: Path, executor: str, inl
     with these settings on either executor (FitRecord), which fit then reports as finished. `loop_config` and
     the rest: as fit takes them. Returns whether the workers get a GPU."""
     out_dir = Path(out_dir).absolute()
-    if FitRecord(out_dir, name, executor, loop_config).finished() is not None:
+    fresh = discarding(out_dir)
+    if not fresh and FitRecord(out_dir, name, executor, loop_config).finished() is not None:
         return False
-    return refuse_fit(loop_config["loop"], name=name, out_dir=out_dir, executor=executor, inline_dir=inline_dir)
+    return refuse_fit(loop_config["loop"], name=name, out_dir=out_dir, executor=executor, inline_dir=inline_dir,
+                      fresh=fresh)
 
 
-def refuse_fit(settings: LoopSettings, *, name: str, out_dir: Path, executor: str, inline_dir: str) -> bool:
-    """A fit's refusals, before it changes anything: a training state it cannot go on to (`check_state`), and Ray
-    workers the cluster cannot hold. Returns whether the workers get a GPU (Ray is started by then)."""
-    check_state(settings.label, out_dir, name, executor, inline_dir, settings.total_steps)
+def refuse_fit(settings: LoopSettings, *, name: str, out_dir: Path, executor: str, inline_dir: str,
+               fresh: bool = False) -> bool:
+    """A fit's refusals, before it changes anything: a training state it cannot go on to (`check_state`; none
+    when `fresh`: --force-new discards that state once the run goes ahead), and Ray workers the cluster cannot
+    hold. Returns whether the workers get a GPU (Ray is started by then)."""
+    if not fresh:
+        check_state(settings.label, out_dir, name, executor, inline_dir, settings.total_steps)
     if executor == "inline":
         return False
     gpu = use_gpu(settings.use_gpu, settings.num_workers)

@@ -227,6 +227,46 @@ def test_a_run_refused_for_a_smaller_budget_leaves_out_as_it_was(tmp_path, corpu
     assert files() == before
 
 
+def test_a_force_new_run_refused_after_its_claim_keeps_the_old_run_whole(tmp_path, corpus_dir, capsys, ray_session):
+    """--force-new discards the bundle at --out (its runs, tokenizer and model files) when the new run goes
+    ahead, not when it claims --out: a run refused after its claim (inline, too few held-out windows; on Ray,
+    workers the cluster cannot hold) exits 2 in one line and leaves every file as it was, so the old command is
+    still a no-op; a --force-new run that goes ahead replaces the bundle."""
+    from conftest import error_line
+
+    from sentsim.cli import main
+    from sentsim.identity import checkpoint_hash
+
+    out = tmp_path / "model"
+
+    def args(*more: str, **kw) -> list:
+        return ["train", "context", "--corpus", corpus_dir, "--direction", "fwd", "--out", str(out),
+                *_sets(**{"executor": "inline", "max_steps": 1, "eval_every": 100000, "checkpoint_every": 1, **kw}),
+                *more]
+
+    def files() -> dict:
+        return {str(p.relative_to(out)): (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+
+    assert main(args()) == 0
+    old_fp, old_bundle = json.loads((out / "run.json").read_text())["fingerprint"], checkpoint_hash(str(out))
+    before = files()
+    assert {"context.json", "run.json", "tokenizer/tokenizer.json"} <= set(before), sorted(before)
+    for refused, said in (({"heldout_percent": 0.01}, "fewer than 2 held-out windows"),
+                          ({"executor": "ray", "num_workers": 5}, "5 worker(s) of 0.5 CPU each ask for 2.5 CPUs")):
+        capsys.readouterr()
+        assert main(args("--force-new", **refused)) == 2, refused
+        err = capsys.readouterr().err
+        assert said in error_line(err) and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert files() == before, refused
+    assert main(args()) == 0 and "already holds this finished bundle" in capsys.readouterr().out
+    assert files() == before
+
+    assert main(args("--force-new", lr=1e-3)) == 0
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["fingerprint"] != old_fp and rec["config"]["lr"] == 1e-3 and "finished" in rec
+    assert checkpoint_hash(str(out)) != old_bundle
+
+
 def test_a_tokenizer_cut_short_at_out_is_one_line_naming_it_and_force_new(tmp_path, corpus_dir):
     """A kill while the trainer saved OUT/tokenizer/ left a cut-off tokenizer.json, and every later run with that
     --out stopped in the tokenizers library's bare traceback. The save is now whole or absent (roles first,

@@ -244,6 +244,55 @@ def test_inline_training_without_ray_resumes_exports_and_keeps_a_finished_model(
     assert [h["step"] for h in json.loads((out / "config.json").read_text())["history"]] == [0, 2]
 
 
+def test_a_force_new_run_refused_after_its_claim_keeps_the_old_run_whole(tmp_path, speech_corpus, capsys, ray_local):
+    """--force-new discards the run at --out (its state in _train, its model) when the new run goes ahead, not when
+    it claims --out: a run refused after its claim (on Ray, where the inline run before it had its one worker: a
+    batch no window fills, workers the cluster cannot hold) exits 2 in one line and leaves every file as it was,
+    so the old command is still a no-op; a --force-new run that goes ahead replaces the model."""
+    import torch
+    from conftest import error_line
+    from harvest_support import cli_in_process
+
+    from sentsim.identity import checkpoint_hash
+
+    sets = ["model.embed_dim=16", "model.hidden=16", "model.head_dim=16", "model.max_tokens=16",
+            "model.embed_init=random", "train.batch_size=8", "train.max_heldout_windows=32"]
+    out = tmp_path / "disc"
+    args = ["train", "discriminator", "--corpus", str(speech_corpus), "--out", str(out), "--max-steps", "2",
+            *(x for s in sets for x in ("--set", s))]
+
+    def files() -> dict:
+        return {str(p.relative_to(out)): (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+
+    threads = torch.get_num_threads()  # the training loop sets this process's thread count
+    try:
+        r = cli_in_process(capsys, *args, "--executor", "inline")
+        assert r.returncode == 0, r.stderr[-3000:]
+        old_fp = json.loads((out / "_train" / "run.json").read_text())["fingerprint"]
+        old_model = checkpoint_hash(str(out))
+        before = files()
+        assert {"config.json", "model.safetensors", "_train/run.json", "_train/checkpoint/state.pt"} <= set(before)
+        for refused, said in (
+                (["--executor", "ray", "--set", "train.max_train_windows=4", "--set", "train.num_workers=8"],
+                 "discriminator: 4 training rows cannot fill one batch of 8 per worker (8 worker(s))"),
+                (["--executor", "ray", "--set", "train.num_workers=3"], "3 worker(s) of 1 CPU each ask for 3 CPUs")):
+            r = cli_in_process(capsys, *args, *refused, "--force-new")
+            assert r.returncode == 2 and "Traceback" not in r.stderr, (refused, r.stderr[-3000:])
+            assert said in error_line(r.stderr) and len(r.stderr.strip().splitlines()) == 1, (refused, r.stderr)
+            assert files() == before, refused
+        r = cli_in_process(capsys, *args, "--executor", "inline")
+        assert r.returncode == 0 and "already holds this finished model" in r.stdout, r.stdout[-3000:]
+        assert files() == before
+
+        r = cli_in_process(capsys, *args, "--executor", "inline", "--set", "train.lr=0.01", "--force-new")
+        assert r.returncode == 0 and "starting" in r.stdout, r.stderr[-3000:]
+    finally:
+        torch.set_num_threads(threads)
+    rec = json.loads((out / "_train" / "run.json").read_text())
+    assert rec["fingerprint"] != old_fp and rec["job"]["train"]["lr"] == 0.01 and "finished" in rec
+    assert checkpoint_hash(str(out)) != old_model
+
+
 def test_a_model_rewritten_from_the_other_executors_finished_state_keeps_that_state(tmp_path, speech_corpus,
                                                                                     capsys, ray_local):
     """A model file cut short, asked for on Ray where the inline run finished it: the fit is found finished in

@@ -489,6 +489,37 @@ def test_force_new_discards_the_old_runs_model_and_summary_before_training(harve
     assert "finished" not in json.loads((out / "run.json").read_text())  # the new run's record, unfinished
 
 
+def test_a_force_new_run_refused_after_its_claim_keeps_the_old_run_whole(harvest_dir, tiny_backbone, tmp_path,
+                                                                        capsys, ray_local):
+    """--force-new discards the run at --out when the new run goes ahead, not when it claims --out: a student run
+    refused after its claim (on Ray, workers the cluster cannot hold) exits 2 in one line and leaves every file
+    of the old inline run as it was, run.json and model included; a --force-new run that goes ahead replaces it."""
+    from harvest_support import cli_in_process
+
+    from sentsim.identity import checkpoint_hash
+
+    out = tmp_path / "stu"
+    args = ("train", "student", "--objective", "rankencoder", "--data", harvest_dir, "--backbone", tiny_backbone,
+            "--out", out, "--set", "batch_size=8", "--set", "max_seq_length=16", "--max-steps", "2")
+    r = cli_in_process(capsys, *args, "--executor", "inline")
+    assert r.returncode == 0, r.stderr[-2000:]
+    old_fp, old_model = json.loads((out / "run.json").read_text())["fingerprint"], checkpoint_hash(str(out / "model"))
+    before = _files(out)
+    assert {"run.json", "summary.json", "model/config.json", "checkpoint/state.pt"} <= set(before), sorted(before)
+
+    r = cli_in_process(capsys, *args, "--executor", "ray", "--num-workers", "3", "--force-new")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "3 worker(s) of 1 CPU each ask for 3 CPUs" in error_line(r.stderr), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert _files(out) == before
+
+    r = cli_in_process(capsys, *args, "--executor", "inline", "--set", "lr=1e-3", "--force-new")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["fingerprint"] != old_fp and rec["config"]["lr"] == 1e-3
+    assert checkpoint_hash(str(out / "model")) != old_model
+
+
 def _files(out) -> dict:
     """Every file under `out` by its bytes and mtime."""
     return {str(p.relative_to(out)): (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}

@@ -709,3 +709,42 @@ def test_inline_surrogate_knows_its_sts_files_by_content_not_path(tmp_path, tiny
     line = error_line(r.stderr)
     assert "finetune_sts.sha256.dev" in line and "finetune_sts.path" not in line and ".train" not in line, line
     assert _files(out) == before
+
+
+@pytest.mark.slow
+def test_a_force_new_run_refused_after_its_claim_keeps_the_old_run_whole(tmp_path, stsb_pairs, tiny_bert_dir, capsys,
+                                                                        ray_local):
+    """--force-new discards the run at --out when the new run goes ahead, not when it claims --out: a new run
+    refused after its claim (a batch no row fills, workers the cluster cannot hold: on Ray, where the inline run
+    before it has its one worker) exits 2 in one line and leaves every file of the old run as it was (its run.json
+    and model among them), so the old command is still a no-op; a --force-new run that goes ahead still replaces
+    it. The student shares this driver."""
+    from harvest_support import cli_in_process
+
+    from sentsim.identity import checkpoint_hash
+
+    h = small_harvest(tmp_path / "h", stsb_pairs)
+    out = tmp_path / "o"
+    args = ["train", "surrogate", "--data", h, "--backbone", tiny_bert_dir, "--out", out, *SMALL]
+    first = cli_in_process(capsys, *args, "--executor", "inline", "--max-steps", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    old_fp, old_model = json.loads((out / "run.json").read_text())["fingerprint"], checkpoint_hash(str(out / "model"))
+    before = _files(out)
+    assert {"run.json", "summary.json", "model/config.json", "checkpoint/harvest/state.pt"} <= set(before)
+
+    for refused, said in ((["--num-workers", "50"], "40 training rows cannot fill one batch of 8 per worker"),
+                          (["--num-workers", "3"], "3 worker(s) of 1 CPU each ask for 3 CPUs")):
+        r = cli_in_process(capsys, *args, "--executor", "ray", *refused, "--max-steps", "2", "--force-new")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (refused, r.stderr[-3000:])
+        assert said in error_line(r.stderr) and len(r.stderr.strip().splitlines()) == 1, (refused, r.stderr)
+        assert _files(out) == before, refused
+    again = cli_in_process(capsys, *args, "--executor", "inline", "--max-steps", "2")
+    assert again.returncode == 0 and "already trained to step 2 with these settings" in again.stdout, again.stdout
+    assert "starting" not in again.stdout and checkpoint_hash(str(out / "model")) == old_model
+
+    fresh = cli_in_process(capsys, *args, "--executor", "inline", "--max-steps", "1", "--set", "lr=1e-3",
+                           "--force-new")
+    assert fresh.returncode == 0 and "starting, 1 steps" in fresh.stdout, fresh.stderr[-3000:]
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["fingerprint"] != old_fp and rec["config"]["lr"] == 1e-3
+    assert _steps(out, "harvest") == [0, 1] and checkpoint_hash(str(out / "model")) != old_model
