@@ -2,7 +2,7 @@
 
 A run directory (local path or any pyarrow filesystem URI, e.g. ``s3://bucket/run``) holds
 
-    manifest.json                format version, stage, config, fingerprint, inputs, counts
+    manifest.json                format version, stage, config, fingerprint, inputs, counts, its own checksum
     <table>/part-NNNNN.parquet   one file per work unit and output table
     _units/NNNNN.json            completion marker: rows, bytes and sha256 of each file
     _COMPLETE                    written once every planned unit has its marker

@@ -176,6 +176,36 @@ def part_of_run_refusal(uri: str, given: str) -> Optional[str]:
     return f"{given}: not a harvest run but a part of the harvest {whole}; give {given.replace(uri, whole)}"
 
 
+# The manifest's checksum of itself (storage.records.record_check of its canonical JSON, less this key, which is
+# the one record_check leaves out), written in the same file by the same write as what it covers, so no reader ever
+# sees one without the other. A manifest with none is from a sentsim before it was written: read as before, and
+# not checked (`store verify` says so).
+MANIFEST_CHECK = "check"
+
+
+def manifest_checks(manifest: dict) -> Optional[bool]:
+    """True when the manifest's checksum matches its content, False when it does not (edited by hand, or
+    corrupt), None when it has none (written before manifests carried one)."""
+    if MANIFEST_CHECK not in manifest:
+        return None
+    return manifest[MANIFEST_CHECK] == record_check(manifest)
+
+
+def sealed_manifest(manifest: dict) -> dict:
+    """The manifest as written: its content as JSON reads it back (a tuple is a list, an int key a string), and
+    the checksum of that, so that the check a reader computes from the parsed file is the one written."""
+    body = json.loads(json.dumps({k: v for k, v in manifest.items() if k != MANIFEST_CHECK}))
+    body[MANIFEST_CHECK] = record_check(body)
+    return body
+
+
+def edited_manifest(uri: str) -> str:
+    """The line for a manifest whose checksum does not match its content: its settings are not used."""
+    return (f"{uri.rstrip('/')}/{MANIFEST} does not match its own checksum (edited by hand, or corrupt), so its "
+            "settings are not used and the run is neither read nor resumed; put back the manifest.json the run "
+            "wrote, or start the run over with its command and --force-new (its units are redone)")
+
+
 LOST_MANIFEST = (f"{MANIFEST} is missing, though {UNITS_DIR}/ holds the run's completion markers, so the run can be "
                  f"neither read nor resumed: put its {MANIFEST} back, or start it over with --force-new")
 
@@ -277,7 +307,9 @@ class ShardStore:
             raise StoreError(f"{self.uri} holds the {name} run of the '{outer.get('stage')}' run {parent}, "
                              "so nothing else is written there; choose another --out")
 
-    def read_manifest(self) -> Optional[dict]:
+    def read_manifest(self, trusted: bool = True) -> Optional[dict]:
+        """The run's manifest, None when there is none. One that fails its own checksum is refused (StoreError)
+        unless `trusted` is False: for `store verify`, which names it among the run's damage."""
         odd = sfs.not_a_file(self.fs.get_file_info(self.path(MANIFEST)))
         if odd:
             raise StoreError(
@@ -290,6 +322,9 @@ class ShardStore:
             raise StoreError(
                 f"{self.uri}/{MANIFEST} is empty or not valid JSON, so this run cannot be resumed or read; "
                 f"start it over with --force-new (its units are redone), or restore {MANIFEST} from a copy")
+        # a run of a newer format is left to check_format to refuse as such: its checksum may be made otherwise
+        if trusted and run_format(manifest) <= FORMAT_VERSION and manifest_checks(manifest) is False:
+            raise StoreError(edited_manifest(self.uri))
         return manifest
 
     def commit_bytes(self, path: str, data: bytes) -> None:
@@ -298,7 +333,10 @@ class ShardStore:
         sfs.write_bytes_atomic(self.fs, path, data, tmp_dir=self.path(TMP_DIR))
 
     def write_manifest(self, manifest: dict) -> None:
-        self.commit_bytes(self.path(MANIFEST), json.dumps(manifest, indent=2, sort_keys=True).encode())
+        """The manifest and its checksum, in one atomic write (sealed_manifest); any checksum it holds is
+        replaced. Written under the run's lease (open_run, finalize), so no two writers interleave."""
+        body = json.dumps(sealed_manifest(manifest), indent=2, sort_keys=True)
+        self.commit_bytes(self.path(MANIFEST), body.encode())
 
     def open_run(
         self,

@@ -1,6 +1,7 @@
 """`sentsim store verify`: re-read every shard of a run against its manifest and markers.
 
-OK means: every planned unit has a valid marker, every file a marker (or the committed compaction)
+OK means: the manifest matches its own checksum (one written before manifests carried a checksum is not checked,
+and a note says so), every planned unit has a valid marker, every file a marker (or the committed compaction)
 names reads back with its size, sha256, rows and schema, and the table folders hold nothing else, so
 plain Parquet readers of DIR/<table> see exactly the run's rows too.
 
@@ -22,12 +23,14 @@ from storage.records import StoreError
 from storage.store import (
     COMPLETE,
     LOST_MANIFEST,
+    MANIFEST,
     NESTED_CACHES,
     NESTED_RUNS,
     UNITS_DIR,
     UNREAD_NESTED,
     ShardStore,
     check_format,
+    manifest_checks,
     schema_signature,
 )
 
@@ -57,13 +60,24 @@ def verify_store(uri: str) -> List[str]:
 def verify_run(uri: str, notes: Optional[List[str]] = None) -> Tuple[List[str], Optional[str]]:
     """(every problem found, one line each, naming the shard; how far the run got when its job has not
     finished, else None). No problems and None: the run checks out and is complete. `notes`, when given,
-    gets a line for what is worth saying and is no damage (a finished run's own cache left unfinished)."""
+    gets a line for what is worth saying and is no damage (a finished run's own cache left unfinished, a manifest
+    with no checksum to check)."""
     store = ShardStore(uri)
-    manifest = store.read_manifest()
+    notes = notes if notes is not None else []
+    manifest = store.read_manifest(trusted=False)  # an edited one is named below, with the rest of the damage
     if manifest is None:
         return _without_manifest(store)
     check_format(manifest, uri, "verify it with that sentsim")
     problems: List[str] = []
+    sealed = manifest_checks(manifest)
+    if sealed is False:
+        # the rest is still checked against it: its other lines may show what was edited (a fingerprint, a count)
+        problems.append(f"{MANIFEST}: does not match its own checksum (edited by hand, or corrupt); every reader and "
+                        "a resume refuse the run until the manifest.json it wrote is put back, or its command "
+                        "starts it over with --force-new")
+    elif sealed is None:
+        notes.append(f"{uri.rstrip('/')}/{MANIFEST}: no checksum (written by a sentsim from before manifests "
+                     "carried one), so a hand edit of it is not detected: not checked")
     fp = manifest.get("fingerprint")
     tables = manifest.get("tables", {})
     markers, invalid = store.marker_scan()
@@ -77,8 +91,7 @@ def verify_run(uri: str, notes: Optional[List[str]] = None) -> Tuple[List[str], 
         _check_compacted_files(store, markers, comp, fp, tables, claimed, problems)
     _check_unclaimed_files(store, tables, claimed, problems)
     _check_side_tables(store, fp, problems)
-    _check_nested_runs(uri, store, manifest.get(UNREAD_NESTED) or (), problems,
-                       notes if notes is not None else [])
+    _check_nested_runs(uri, store, manifest.get(UNREAD_NESTED) or (), problems, notes)
     if store.is_complete():
         _check_planned_units(manifest, markers, problems)
         return problems, None
@@ -104,9 +117,9 @@ def _check_nested_runs(uri: str, store: ShardStore, unread: Sequence[str], probl
     for name in NESTED_RUNS:
         sub = ShardStore(f"{uri.rstrip('/')}/{name}")
         try:
-            if sub.read_manifest() is None and not sub.lost_manifest():
+            if sub.read_manifest(trusted=False) is None and not sub.lost_manifest():
                 continue  # none there (or not a run: the outer run's checks name stray files)
-            inner, unfinished = verify_run(sub.uri)
+            inner, unfinished = verify_run(sub.uri, notes)
         except StoreError as exc:
             problems.append(f"{name}/: {exc}")
             continue

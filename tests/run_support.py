@@ -1,6 +1,6 @@
-"""Run helpers the test areas share: a toy sharded job, a run rewritten as an earlier sentsim wrote it,
-an untrained (seeded) discriminator folder, a kill just before a file is renamed into place, and the env of a
-machine without Ray."""
+"""Run helpers the test areas share: a toy sharded job, a run rewritten as an earlier sentsim wrote it (or its
+manifest as a writer would have written it in another state), an untrained (seeded) discriminator folder, a kill
+just before a file is renamed into place, and the env of a machine without Ray."""
 
 from __future__ import annotations
 
@@ -87,6 +87,15 @@ def as_fingerprinted(run, fp, run_format=1):
         f.write_text(json.dumps(rec))
     (run / "_COMPLETE").unlink()
     return run
+
+
+def rewrite_manifest(run, manifest: dict) -> None:
+    """Write `manifest` as the run's, through the store, as a writer would have written it (with its checksum):
+    for tests of a run in a state a real one can be in (stopped part-way, of other settings), made from another
+    real one. A manifest written by hand is refused by every reader as edited."""
+    from storage import ShardStore
+
+    ShardStore(str(run)).write_manifest(manifest)
 
 
 def save_untrained_discriminator(corpus, out, seed: int = 0, window: int = 1):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 COMMAND = ("store", "verify")
-HELP = ("re-read every shard of a run against its manifest (rows, schema, checksum); exit 1 naming each bad shard; "
+HELP = ("re-read every shard of a run against its manifest (rows, schema, checksum), and the manifest against its own "
+        "checksum; exit 1 naming each bad shard; "
         "an intact run not yet finished is OK (incomplete: ...)")
 
 

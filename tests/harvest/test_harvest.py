@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.dataset as ds
 import pytest
 from harvest_support import build_index_for, harvest_config, tiny_context_bundle
-from run_support import as_fingerprinted
+from run_support import as_fingerprinted, rewrite_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -121,6 +121,47 @@ def test_resume_after_losing_units_gives_same_rows(inline_run, inputs, tmp_path)
     assert pairs_of(copy).equals(pairs_of(out))
 
 
+def test_a_hand_edited_harvest_manifest_is_named_by_verify_and_refused_by_remix_and_resume(inline_run, tmp_path,
+                                                                                          capsys):
+    """The manifest holds the settings remix reads as the source's and a resume keeps: edited by hand, `store verify`
+    names it and remix and the resume refuse it in one line naming it (exit 2), with nothing written. A manifest
+    from before the checksum (none in it) still remixes and resumes."""
+    from harvest_support import cli_in_process
+
+    from sentsim.harvest.job import harvest
+    from sentsim.harvest.remix import RemixConfig, remix
+
+    cfg, out = inline_run
+    edited = tmp_path / "edited"
+    shutil.copytree(out, edited)
+    m = json.loads((edited / "manifest.json").read_text())
+    m["config"]["scoring"]["lambda_fwd"] = 0.5  # the weights a remix would take as the source's
+    (edited / "manifest.json").write_text(json.dumps(m, indent=2, sort_keys=True))
+    (edited / "_units" / "00001.json").unlink()  # a unit the resume would redo
+    line = f"{edited}/manifest.json does not match its own checksum (edited by hand, or corrupt)"
+
+    r = cli_in_process(capsys, "store", "verify", edited)
+    assert r.returncode == 1 and "BAD  manifest.json: does not match its own checksum" in r.stderr, r.stderr
+    conf = config_file(cfg, tmp_path / "harvest.json")
+    for args in (("remix", edited, "--out", tmp_path / "r"),
+                 ("harvest", "--config", conf, "--out", edited, "--executor", "inline")):
+        r = cli_in_process(capsys, *args)
+        assert r.returncode == 2 and line in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-2000:])
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "r").exists() and not (edited / "_units" / "00001.json").exists()
+
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    m = json.loads((old / "manifest.json").read_text())
+    m.pop("check")  # as every sentsim before the checksum wrote it
+    (old / "manifest.json").write_text(json.dumps(m, indent=2, sort_keys=True))
+    assert remix(RemixConfig(source=str(old), out=str(tmp_path / "r_old")), quiet=True)["complete"]
+    (old / "_units" / "00001.json").unlink()
+    (old / "_COMPLETE").unlink()
+    assert harvest(cfg.model_copy(update={"out": str(old)}), executor="inline", quiet=True)["complete"]
+    assert pairs_of(old).equals(pairs_of(out))
+
+
 def test_explicit_pairs_mode_and_null_reason(inputs, tmp_path):
     from sentsim.harvest.job import harvest
 
@@ -204,6 +245,7 @@ def test_a_refused_resume_names_the_model_that_changed(inline_run, inputs, tmp_p
     # a run whose manifest recorded no models (from before they were recorded) is not said to have changed them
     m = json.loads((copy / "manifest.json").read_text())
     del m["inputs"][0]["models"]
+    m.pop("check")  # nor a checksum of the manifest
     (copy / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(UsageError) as refused:
         harvest(cfg.model_copy(update={"out": str(copy), "index": str(other)}), executor="inline", quiet=True)
@@ -422,12 +464,12 @@ def test_remix_refusals_are_one_line(inline_run, tmp_path, capsys):
     shutil.copytree(out, partial)
     m = json.loads((partial / "manifest.json").read_text())
     m["complete"] = False
-    (partial / "manifest.json").write_text(json.dumps(m))
+    rewrite_manifest(partial, m)
     centred = tmp_path / "centred"
     shutil.copytree(out, centred)
     m = json.loads((centred / "manifest.json").read_text())
     m["config"]["metric"] = "double-centred"
-    (centred / "manifest.json").write_text(json.dumps(m))
+    rewrite_manifest(centred, m)
     cases = [
         ((centred, "--out", tmp_path / "o0"), "pass --metric pearson"),
         ((partial, "--out", tmp_path / "o1"), "not complete"),
@@ -521,6 +563,7 @@ def as_written_before_context_ids(src, dst):
     m = json.loads((dst / "manifest.json").read_text())
     m["tables"]["sentences"] = [c for c in m["tables"]["sentences"] if c[0] != "context_ids"]
     m["format_version"] = 1
+    m.pop("check")  # nor had manifests a checksum of their own
     (dst / "manifest.json").write_text(json.dumps(m))
     return dst
 

@@ -10,6 +10,7 @@ import pyarrow.dataset as ds
 import pytest
 from conftest import error_line, sentsim_cli
 from harvest_support import build_index_for, cli_in_process, harvest_config, tiny_context_bundle
+from run_support import rewrite_manifest
 
 from storage import ShardStore
 from storage.store import FORMAT_VERSION
@@ -336,6 +337,7 @@ def test_a_remix_of_a_remix_follows_its_harvest_when_it_moves(partners_run, tmp_
     m = json.loads((old / "manifest.json").read_text())
     for rec in (m["remix"], m["config"]["remix"]):
         del rec["pool_vectors_relative"], rec["source_relative"]
+    m.pop("check")  # that sentsim wrote no checksum of the manifest either
     (old / "manifest.json").write_text(json.dumps(m))
     r = cli("old", "--out", "old_again")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -388,6 +390,7 @@ def test_a_remix_rerun_from_its_sources_new_place_records_that_place(partners_ru
     m = dict(first)  # as a remix written before the relative records: the absolute ones only
     for rec in (m["remix"], m["config"]["remix"]):
         del rec["pool_vectors_relative"], rec["source_relative"]
+    m.pop("check")  # that sentsim wrote no checksum of the manifest either
     (tmp_path / "R1" / "manifest.json").write_text(json.dumps(m))
 
     (tmp_path / "c").mkdir()
@@ -437,7 +440,7 @@ def test_a_broken_vectors_run_is_named_and_the_harvest_mends_it(partners_run, tm
     shutil.copytree(out / "pool_vectors", copy / "pool_vectors")
     m = json.loads((copy / "manifest.json").read_text())
     m["pool"]["vectors_fingerprint"] = "0" * 16  # as if the harvest's vectors had been remade with other settings
-    (copy / "manifest.json").write_text(json.dumps(m))
+    rewrite_manifest(copy, m)
     with pytest.raises(UsageError, match="not the ones .* labels were computed from"):
         remix(RemixConfig(source=str(copy), out=str(tmp_path / "r2")), quiet=True)
     (copy / "pool_vectors" / "manifest.json").unlink()

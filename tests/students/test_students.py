@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import error_line, sentsim_cli
 from harvest_support import build_index_for, harvest_config, reseal, tiny_bert, tiny_context_bundle
-from run_support import without_ray
+from run_support import rewrite_manifest, without_ray
 
 pytestmark = pytest.mark.slow
 
@@ -117,7 +117,7 @@ def test_rankencoder_refuses_rank_vectors_of_another_anchor_set(harvest_dir, tin
     m["config"]["rank"]["n_anchors"] = 32
     shutil.rmtree(bad)
     shutil.copytree(harvest_dir, bad)
-    (bad / "manifest.json").write_text(json.dumps(m))
+    rewrite_manifest(bad, m)  # as a harvest with that setting wrote it
     with pytest.raises(UsageError, match="64..64 entries, but the harvest's anchor set .* has 32"):
         _train("rankencoder", bad, tiny_backbone, tmp_path / "o2")
 

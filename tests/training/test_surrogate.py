@@ -193,19 +193,21 @@ def test_nonfinite_scores_and_bad_split_values(tmp_path, minilm):
 
 
 def test_incomplete_harvest_is_named(tmp_path, stsb_pairs):
+    from run_support import rewrite_manifest
+
     from sentsim.surrogate.data import inspect_harvest
 
     h = tfidf_harvest(tmp_path / "h", stsb_pairs, n=50)
     assert inspect_harvest(h).incomplete_note() is None  # a finished run: nothing to say
     m = json.loads((h / "manifest.json").read_text())
-    (h / "manifest.json").write_text(json.dumps({**m, "complete": False, "planned_units": 5}))
+    rewrite_manifest(h, {**m, "complete": False, "planned_units": 5})
     note = inspect_harvest(h).incomplete_note()
     assert "not complete (2/5 units written)" in note and "training on its 50 pairs" in note
     # a finished run that lost units since (a marker deleted or damaged) is named too, not read silently
-    (h / "manifest.json").write_text(json.dumps({**m, "complete": True, "planned_units": 5}))
+    rewrite_manifest(h, {**m, "complete": True, "planned_units": 5})
     note = inspect_harvest(h).incomplete_note()
     assert "says it is complete, but only 2/5 units are readable" in note and "training on its 50 pairs" in note
-    (h / "manifest.json").write_text(json.dumps({**m, "complete": True, "planned_units": 2}))
+    rewrite_manifest(h, {**m, "complete": True, "planned_units": 2})
     assert inspect_harvest(h).incomplete_note() is None
 
 

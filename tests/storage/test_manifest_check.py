@@ -1,0 +1,211 @@
+"""A run's manifest carries a checksum of itself: a hand edit (its config, its tables, its counts) is named by
+`store verify` and refused in one line by every reader and by a resume; a manifest from before the checksum reads,
+verifies (said to be unchecked) and resumes as it did; and on S3 through the same code."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from harvest_support import cli_in_process
+from test_store import s3_server  # noqa: F401  (the moto fixture, reused)
+
+from storage import RunReader, ShardStore, StoreError
+from storage.store import MANIFEST_CHECK, manifest_checks
+from storage.verify import verify_run
+
+EDITED = "manifest.json does not match its own checksum (edited by hand, or corrupt)"
+
+
+@pytest.fixture()
+def run_copy(speech_corpus, tmp_path):
+    dst = tmp_path / "run"
+    shutil.copytree(speech_corpus, dst)
+    return dst
+
+
+def _build(sample_path, run, *extra):
+    return ("corpus", "build", sample_path, "--out", run, "--executor", "inline", "--set", "docs_per_unit=4", *extra)
+
+
+def _edit(m: dict, what: str) -> None:
+    if what == "config":
+        m["config"]["docs_per_unit"] = 8
+    elif what == "tables":
+        m["tables"].pop("chunks")
+    else:
+        m["counts"]["sentences"] += 1
+
+
+def test_the_manifest_and_its_checksum_are_one_write(tmp_path):
+    """What JSON does not keep (a tuple, an int key) is checked as it reads back; a reader of a manifest being
+    rewritten over and over (as a writer rewrites it under the run's lease) never sees one without its checksum."""
+    schema = pa.schema([("x", pa.int64())])
+    store = ShardStore(str(tmp_path / "run"))
+    store.open_run("t", "fp1", {"splits": (0.9, 0.1), "by_unit": {3: "a", 10: "b"}}, [], {"rows": schema},
+                   planned_units=1)
+    store.write_unit(0, {"rows": pa.table({"x": [1]}, schema=schema)}, "fp1")
+    m = store.finalize(1, {"counts": {"rows": 1}})
+    assert m["complete"]
+    on_disk = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest_checks(on_disk) is True and on_disk["config"]["splits"] == [0.9, 0.1]
+    notes: list = []
+    assert verify_run(str(tmp_path / "run"), notes) == ([], None) and notes == []
+
+    stop, seen, failures = threading.Event(), [], []
+
+    def read():
+        reader = ShardStore(str(tmp_path / "run"))
+        while not stop.is_set():
+            try:
+                seen.append(reader.read_manifest()["counts"]["rows"])
+            except StoreError as exc:
+                failures.append(str(exc))
+
+    t = threading.Thread(target=read)
+    t.start()
+    try:
+        for i in range(300):
+            store.write_manifest(dict(on_disk, counts={"rows": i}))
+    finally:
+        stop.set()
+        t.join()
+    assert failures == [] and len(seen) > 0
+
+
+@pytest.mark.parametrize("what", ["config", "tables", "counts"])
+def test_an_edited_manifest_is_named_by_verify_and_refused_by_readers_and_a_resume(run_copy, sample_path, capsys,
+                                                                                  what):
+    m = json.loads((run_copy / "manifest.json").read_text())
+    _edit(m, what)
+    (run_copy / "manifest.json").write_text(json.dumps(m, indent=2))
+    before = {p.name: p.read_bytes() for p in [run_copy / "manifest.json", *(run_copy / "_units").iterdir()]}
+
+    r = cli_in_process(capsys, "store", "verify", run_copy)
+    bad = [line for line in r.stderr.splitlines() if line.startswith("BAD")]
+    assert r.returncode == 1 and "OK" not in r.stdout, r.stdout + r.stderr
+    assert bad[0].startswith("BAD  manifest.json: does not match its own checksum (edited by hand, or corrupt)")
+    assert sum("manifest.json" in line for line in bad) == 1, r.stderr
+
+    with pytest.raises(StoreError) as refused:
+        RunReader(str(run_copy))
+    assert str(refused.value).startswith(f"{run_copy}/{EDITED}")
+    for args in (_build(sample_path, run_copy), ("store", "compact", run_copy)):
+        r = cli_in_process(capsys, *args)
+        assert r.returncode == 2 and f"{run_copy}/{EDITED}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # refused before anything was read into the run or written there
+    assert {p.name: p.read_bytes() for p in [run_copy / "manifest.json", *(run_copy / "_units").iterdir()]} == before
+
+    r = cli_in_process(capsys, *_build(sample_path, run_copy, "--force-new"))  # what the line says to do
+    assert r.returncode == 0, r.stderr
+    r = cli_in_process(capsys, "store", "verify", run_copy)
+    assert r.returncode == 0 and r.stdout.strip() == f"{run_copy}: OK", r.stdout + r.stderr
+
+
+def test_a_manifest_from_before_checksums_verifies_reads_and_resumes_as_before(run_copy, sample_path, capsys):
+    rows = RunReader(str(run_copy)).read_table("sentences")
+    m = json.loads((run_copy / "manifest.json").read_text())
+    m.pop(MANIFEST_CHECK)  # as every sentsim before the checksum wrote it
+    (run_copy / "manifest.json").write_text(json.dumps(m, indent=2, sort_keys=True))
+
+    r = cli_in_process(capsys, "store", "verify", run_copy)
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+    assert r.stdout.splitlines() == [
+        f"{run_copy}/manifest.json: no checksum (written by a sentsim from before manifests carried one), so a hand "
+        "edit of it is not detected: not checked",
+        f"{run_copy}: OK"]
+    assert RunReader(str(run_copy)).read_table("sentences").equals(rows)
+
+    (run_copy / "_units" / "00002.json").unlink()  # stopped before unit 2's marker
+    (run_copy / "_COMPLETE").unlink()
+    r = cli_in_process(capsys, *_build(sample_path, run_copy))
+    assert r.returncode == 0 and "resuming" in r.stderr, r.stderr
+    assert RunReader(str(run_copy)).read_table("sentences").sort_by("sentence_id").equals(rows.sort_by("sentence_id"))
+    # the resume rewrote the manifest as this sentsim writes every one: checked from now on
+    resumed = json.loads((run_copy / "manifest.json").read_text())
+    assert manifest_checks(resumed) is True and {k: v for k, v in resumed.items() if k not in (
+        MANIFEST_CHECK, "finished")} == {k: v for k, v in m.items() if k != "finished"}
+    r = cli_in_process(capsys, "store", "verify", run_copy)
+    assert r.returncode == 0 and r.stdout.strip() == f"{run_copy}: OK", r.stdout + r.stderr
+
+
+def test_an_edited_manifest_on_s3_is_caught_through_the_same_code(s3_server):  # noqa: F811
+    uri = "s3://sentsim/manifest-check/run"
+    schema = pa.schema([("x", pa.int64())])
+    store = ShardStore(uri)
+    store.open_run("t", "fp1", {"k": 1}, [], {"rows": schema}, planned_units=2)
+    for u in range(2):
+        store.write_unit(u, {"rows": pa.table({"x": [u]}, schema=schema)}, "fp1")
+    assert store.finalize(2, {})["complete"]
+    assert verify_run(uri) == ([], None)
+    key = "sentsim/manifest-check/run/manifest.json"
+    with store.fs.open_input_stream(key) as f:
+        m = json.loads(f.read())
+
+    def put(manifest):
+        with store.fs.open_output_stream(key) as f:
+            f.write(json.dumps(manifest).encode())
+
+    put(dict(m, config={"k": 2}))
+    problems, _ = verify_run(uri)
+    assert len(problems) == 1 and problems[0].startswith("manifest.json: does not match its own checksum")
+    with pytest.raises(StoreError, match=f"^{uri}/manifest.json does not match its own checksum"):
+        RunReader(uri)
+    again = ShardStore(uri)
+    with pytest.raises(StoreError, match="does not match its own checksum"):
+        again.open_run("t", "fp1", {"k": 1}, [], {"rows": schema}, planned_units=2)
+    again.release()  # the lease open_run took before it read the manifest
+
+    put({k: v for k, v in m.items() if k != MANIFEST_CHECK})  # a manifest an earlier sentsim wrote there
+    notes: list = []
+    assert verify_run(uri, notes) == ([], None) and len(notes) == 1 and "not checked" in notes[0]
+    assert np.array_equal(RunReader(uri).read_table("rows").column("x").to_numpy(), [0, 1])
+    resumed = ShardStore(uri)
+    assert resumed.open_run("t", "fp1", {"k": 1}, [], {"rows": schema}, planned_units=2)["fingerprint"] == "fp1"
+    assert resumed.finalize(2, {})["complete"]
+    with store.fs.open_input_stream(key) as f:
+        assert manifest_checks(json.loads(f.read())) is True
+
+
+def _harvest(root, n: int = 6):
+    """A finished two-unit harvest written through the store, as test_surrogate's write_harvest writes one."""
+    s1 = ["a one", "a three", "b uno", "b two", "b three", "c"]
+    s2 = ["a uno", "a tres", "b one", "b dos", "b tres", "d"]
+    score = [0.1, 0.4, 0.2, 0.3, 0.5, 0.6]
+    table = pa.table({"pair_id": pa.array(np.arange(n), pa.int64()), "s1_id": pa.array(np.arange(n), pa.int64()),
+                      "s2_id": pa.array(np.arange(n, 2 * n), pa.int64()), "s1": s1, "s2": s2,
+                      "score": pa.array(score, pa.float64()), "rank_sim": pa.array(score, pa.float64()),
+                      "split": ["test"] * n})
+    store = ShardStore(str(root))
+    store.open_run("harvest", "test-harvest", {"rank": {"n_anchors": 64}}, [], {"pairs": table.schema},
+                   planned_units=2)
+    for k in range(2):
+        store.write_unit(k, {"pairs": table.slice(3 * k, 3)}, "test-harvest")
+    store.finalize(2, {})
+    return root
+
+
+def test_the_harvests_readers_refuse_an_edited_manifest_in_one_line(tmp_path, capsys):
+    """eval sts --scores, and the surrogate and the student reading --data: the file named, exit 2."""
+    sts = tmp_path / "sts" / "STS2013-en-test"
+    sts.mkdir(parents=True)
+    (sts / "STS.input.a.txt").write_text("a one\ta uno\na three\ta tres\nb one\tb uno\nb two\tb dos\n")
+    (sts / "STS.gs.a.txt").write_text("1.0\n3.0\n2.0\n4.0\n")
+    run = _harvest(tmp_path / "h")
+    scores = ("eval", "sts", "--scores", run, "--data", tmp_path / "sts", "--tasks", "STS13")
+    r = cli_in_process(capsys, *scores)
+    assert r.returncode == 0, r.stderr  # read while its manifest is the one it wrote
+    m = json.loads((run / "manifest.json").read_text())
+    m["config"]["rank"]["n_anchors"] = 32
+    (run / "manifest.json").write_text(json.dumps(m))
+    for args in (scores, ("train", "surrogate", "--data", run, "--out", tmp_path / "s"),
+                 ("train", "student", "--data", run, "--out", tmp_path / "t")):
+        r = cli_in_process(capsys, *args)
+        assert r.returncode == 2 and f"{run}/{EDITED}" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+    assert not (tmp_path / "s").exists() and not (tmp_path / "t").exists()
