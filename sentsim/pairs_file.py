@@ -6,6 +6,11 @@
   sentence_A/sentence_B) and optionally a gold column (gold, score, label, similarity,
   relatedness_score), found by name; CSV is parsed with the csv module (quotes, embedded commas);
 - header-less TSV: s1<TAB>s2[<TAB>gold];
+- SICK's header-less TSV (SICK_train.txt, SICK_trial.txt: pair_ID, sentence_A, sentence_B, relatedness_score,
+  entailment_judgment), told line by line by its shape: five fields, an integer id, a score in [0, 5] and
+  ENTAILMENT, NEUTRAL or CONTRADICTION; read as `eval sts` reads SICK, the relatedness score as gold and the
+  label not at all. SICK's release with its header line is read by the header's names (sentence_A,
+  sentence_B, relatedness_score);
 - JSON lines, one object with s1, s2[, gold] a line: a file named .jsonl, .ndjson or .json, or one whose
   first line that is not blank starts with `{`, whatever its name (a .json file that is one JSON array or
   document is refused, never read a line at a time);
@@ -67,6 +72,8 @@ OTHER_NAMES = ("premise", "hypothesis", "sentence", "sent", "text", "question", 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9 _.\-]{0,39}")
 _NUMBERED = re.compile(r"([a-z]+)[ _\-]?(?:[0-9]+|[ab])")
 JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+SICK_LABELS = ("ENTAILMENT", "NEUTRAL", "CONTRADICTION")
+_PAIR_ID = re.compile(r"[0-9]+")
 
 
 def parse_score(text: str, where: str) -> float:
@@ -95,6 +102,19 @@ def stsb_fields(cols: Sequence[str], where: str) -> Pair:
     if len(cols) < 7:
         raise InputError(f"{where}: expected at least 7 TAB-separated fields (STS-B), found {len(cols)}")
     return cols[5].strip(), cols[6].strip(), parse_score(cols[4].strip(), where)
+
+
+def is_sick_line(cols: Sequence[str]) -> bool:
+    """Whether a header-less line is SICK's (pair_ID, sentence_A, sentence_B, relatedness_score,
+    entailment_judgment), told by its shape: five fields, an integer id, a score in [0, 5], one of SICK's
+    three labels."""
+    if len(cols) != 5 or not _PAIR_ID.fullmatch(cols[0].strip()) or cols[4].strip().upper() not in SICK_LABELS:
+        return False
+    try:
+        score = float(cols[3])
+    except ValueError:
+        return False
+    return 0 <= score <= 5
 
 
 def is_stsb_line(cols: Sequence[str]) -> bool:
@@ -254,14 +274,19 @@ def _delimited(text: str, path: str, delimiter: str) -> List[Pair]:
         where = f"{path}:{n}"
         if is_stsb_line(cols):
             out.append(checked_pair(*stsb_fields(cols, where), where))
+        elif is_sick_line(cols):
+            # as `eval sts` reads SICK (sentsim.evaluation.datasets.load_sick_file): the label is no gold
+            out.append(checked_pair(cols[1].strip(), cols[2].strip(), parse_score(cols[3].strip(), where), where))
         elif len(cols) in (2, 3):
             # an empty third cell is no gold, as under a header line
             gold = parse_score(cols[2].strip(), where) if len(cols) == 3 and cols[2].strip() else None
             out.append(checked_pair(cols[0].strip(), cols[1].strip(), gold, where))
         else:
             sep = "TAB" if delimiter == "\t" else "comma"
+            sick = (", or a SICK line: pair_ID, sentence_A, sentence_B, relatedness_score in 0-5, "
+                    f"{'/'.join(SICK_LABELS)}" if len(cols) == 5 else "")
             raise InputError(f"{where}: expected s1 and s2 separated by {sep} (or a header line naming "
-                             f"s1 and s2), found {len(cols)} column(s)")
+                             f"s1 and s2{sick}), found {len(cols)} column(s)")
     return out
 
 

@@ -123,7 +123,8 @@ class HarvestConfig(Section):
                           "scores Eq. 3's disc term over them; contexts.mode=screened only")
     context_models: list[str] = Field(default_factory=list, description="one or more context-model bundle folders")
     pairs_file: Optional[str] = Field(
-        None, description="explicit mode: score these pairs (TSV/CSV/JSONL/Parquet with s1, s2)")
+        None, description="explicit mode: score these pairs (TSV/CSV/JSONL/Parquet with s1, s2; STS-B's and SICK's "
+                          "files as released; every layout in sentsim/pairs_file.py)")
     pairs_per_unit: int = Field(64, ge=1, description="explicit mode, and pool mode's labelling: pairs per work unit")
     sentences_per_unit: int = Field(64, ge=1, description="contexts.mode=pool: sentences scored per work unit")
     seed: Seed = 0

@@ -28,6 +28,46 @@ def test_stsb_lines_keep_quotes_and_extra_columns(tmp_path, shared_data):
     assert read_pairs_file(write(tmp_path, "a.csv", line)) == [('He said "yes, sir".', 'She said "no".', 4.2)]
 
 
+SICK_HEADER = "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n"
+
+
+@pytest.mark.parametrize("name", ["SICK_train.txt", "SICK_trial.txt"])
+def test_sick_files_are_read_as_eval_sts_reads_them(shared_data, tmp_path, name):
+    """SICK's header-less five-column files (pair_ID, sentence_A, sentence_B, relatedness_score,
+    entailment_judgment) were refused as `expected s1 and s2 ..., found 5 column(s)`, though `eval sts` reads
+    them: each is read as eval's SICK loader reads it, the same pairs in the same order with the relatedness
+    score as gold; the release with its header line too."""
+    from sentsim.evaluation.datasets import load_sick_file
+
+    path = shared_data / "sts" / "SICK" / name
+    st = load_sick_file(path)
+    want = list(zip(st.s1, st.s2, map(float, st.gold)))
+    assert len(want) == {"SICK_train.txt": 4500, "SICK_trial.txt": 500}[name]
+    assert read_pairs_file(str(path)) == want
+    released = tmp_path / name
+    released.write_text(SICK_HEADER + path.read_text(encoding="utf-8"), encoding="utf-8")
+    again = load_sick_file(released)
+    assert read_pairs_file(str(released)) == want == list(zip(again.s1, again.s2, map(float, again.gold)))
+
+
+@pytest.mark.parametrize("line", [
+    "x4\tA cat sat.\tA dog sat.\t3.6\tNEUTRAL",  # an id that is no integer
+    "4\tA cat sat.\tA dog sat.\t5.5\tNEUTRAL",  # a score outside [0, 5]
+    "4\tA cat sat.\tA dog sat.\thigh\tNEUTRAL",
+    "4\tA cat sat.\tA dog sat.\t3.6\tUNRELATED",  # no label of SICK's
+])
+def test_a_five_column_line_not_of_sicks_shape_is_refused_naming_the_layout(tmp_path, line):
+    good = "24\tA person rides.\tA man rides.\t3.4\tentailment\n"  # a label in any case is SICK's
+    assert read_pairs_file(write(tmp_path, "ok.tsv", good)) == [("A person rides.", "A man rides.", 3.4)]
+    with pytest.raises(InputError) as err:
+        read_pairs_file(write(tmp_path, "s.tsv", good + line + "\n"))
+    assert str(err.value) == (f"{tmp_path / 's.tsv'}:2: expected s1 and s2 separated by TAB (or a header line naming "
+                              "s1 and s2, or a SICK line: pair_ID, sentence_A, sentence_B, relatedness_score in 0-5, "
+                              "ENTAILMENT/NEUTRAL/CONTRADICTION), found 5 column(s)")
+    with pytest.raises(InputError, match=r"e.tsv:1: s1 is empty$"):
+        read_pairs_file(write(tmp_path, "e.tsv", "4\t \tA dog sat.\t3.6\tNEUTRAL\n"))
+
+
 def test_header_lines_name_the_columns(tmp_path):
     # a header is never scored as a pair, and gold is found by its name wherever it stands
     tsv = "s1\ts2\nA cat sat.\tA dog sat.\n"
@@ -280,6 +320,41 @@ def test_harvest_reads_a_first_pair_of_words_saying_so_and_refuses_a_header_abov
     assert not (tmp_path / "run2").exists()
 
 
+def test_a_harvest_of_sick_lines_and_eval_sts_of_it_agree_on_pairs_and_gold(speech_corpus, shared_data, tmp_path,
+                                                                             capsys):
+    """`harvest --pairs` on the first lines of the real SICK_trial.txt (header-less, five columns) finishes with
+    a row for each line, SICK's relatedness score as its gold, and `eval sts --scores` of the run against the same
+    file as SICK-R finds every scored pair (the release with its header line is read alike: the test above)."""
+    import pyarrow.dataset as ds
+    from conftest import sentsim_cli
+    from harvest_support import cli_in_process, tiny_context_bundle
+
+    from sentsim.evaluation.datasets import load_sick_file
+
+    n = 12
+    lines = (shared_data / "sts" / "SICK" / "SICK_trial.txt").read_text(encoding="utf-8").splitlines(True)[:n]
+    (tmp_path / "sick").mkdir()
+    trial = tmp_path / "sick" / "SICK_trial.txt"  # the name `eval sts` finds SICK-R by
+    trial.write_text("".join(lines), encoding="utf-8")
+    st = load_sick_file(trial)
+    want = sorted(zip(st.s1, st.s2, map(float, st.gold)))
+    assert len(want) == n and want == sorted((c[1], c[2], float(c[3])) for c in (ln.split("\t") for ln in lines))
+    models = tiny_context_bundle(speech_corpus, tmp_path / "ctx")
+    harvest = ("harvest", "--corpus", speech_corpus, "--context-models", models, "--executor", "inline",
+               "--set", "contexts.mode=random", "--set", "rank.enabled=false", "--set", "pairs_per_unit=5")
+    r = sentsim_cli(*harvest, "--pairs", trial, "--out", tmp_path / "run")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = ds.dataset(str(tmp_path / "run" / "pairs")).to_table(columns=["s1", "s2", "gold", "score"]).to_pylist()
+    assert sorted((p["s1"], p["s2"], p["gold"]) for p in rows) == want
+    scored = sum(p["score"] is not None for p in rows)
+    assert scored > 0
+    r = cli_in_process(capsys, "eval", "sts", "--scores", tmp_path / "run", "--data", tmp_path / "sick",
+                       "--tasks", "SICK-R")
+    assert r.returncode == 0, r.stderr
+    assert [ln.split()[:3] for ln in r.stdout.splitlines() if ln.startswith("SICK-R")] == [
+        ["SICK-R", str(n), str(scored)]], r.stdout
+
+
 def test_harvest_refuses_a_header_of_unread_names_before_any_work(speech_corpus, tmp_path):
     from conftest import sentsim_cli
 
@@ -391,7 +466,9 @@ def test_a_parquet_pair_with_an_empty_sentence_names_its_row_and_blank_lines_are
     ("e.tsv", "A cat.\tA dog.\t\n\tOnly the second sentence.\n", "e.tsv:2: s1 is empty"),
     ("p.tsv.gz", z("A cat.\tA dog.\t2\nA man.\tA woman.\thigh\n"), "p.tsv.gz:2: score 'high' is not a number"),
     ("t.tsv.gz", z("A cat.\tA dog.\t2\n" * 100)[:30], "t.tsv.gz: unreadable or truncated gzip stream"),
-], ids=["x.json", "a.json", "e.tsv", "p.tsv.gz", "t.tsv.gz"])
+    ("SICK_trial.txt", "4\tA cat.\tA dog.\t3.6\tNEUTRAL\n24\tA man.\tA woman.\t6\tNEUTRAL\n",
+     "SICK_trial.txt:2: expected s1 and s2 separated by TAB (or a header line naming s1 and s2, or a SICK line"),
+], ids=["x.json", "a.json", "e.tsv", "p.tsv.gz", "t.tsv.gz", "sick"])
 def test_harvest_reads_json_lines_gzip_and_empty_gold_and_refuses_empty_sentences(tmp_path, speech_corpus, name,
                                                                                  data, needle):
     """Through `sentsim harvest --pairs`: one line naming file and line, before the run folder exists."""
