@@ -30,8 +30,13 @@ column name, above or common elsewhere (premise, hypothesis, sentence, sent, tex
 passage, document, anchor, positive, source, target ...; `question1`, `sentA`, `text-2` with a 1/2 or a/b
 suffix), and the other has no space either, or is a column name too (`Sentence A<TAB>Sentence B`). Such a
 two-word line above lines that are all pairs of words too (`cat<TAB>dog`, two fields each) is no different
-from them: it is read as a pair, with a note naming it, unless it names a gold column. Above sentences, a
-pair such as `question<TAB>answer` is read by putting a header line `s1<TAB>s2` above it.
+from them: it is read as a pair, with a note naming it, unless it names a gold column. Above any other rows of
+two fields (sentences: `question<TAB>answer` above `What is it?<TAB>A cat.`) the same line, naming no gold
+column, is the header of the two sentence columns, s1 then s2, with a note naming it; a file whose rows have
+more fields, or a column that is a number in every row (a score: `sentence<TAB>rating`), or no row at all, is
+refused as above. A pair such as `question<TAB>answer` above sentences is read by putting a header line
+`s1<TAB>s2` above it. The word-pair reading is tried first so that a file read as pairs of words is read so
+whatever its rows below (a harvest resumed on it reads the pairs its first units did).
 
 Every problem is an InputError naming the file and, where there is one, the line: JSON that Python
 cannot read (nested too deeply, an integer of thousands of digits), a lone surrogate escape ("\\ud800",
@@ -225,8 +230,33 @@ def first_line_header(cols: Sequence[str], where: str, delimiter: str,
             print(f"note: {where}: {a}{sep}{b} read as a pair, as every line under it is a pair of words; if it "
                   f"names the columns, write s1{sep}s2 there instead", file=sys.stderr)
             return None
+        if _names_two_sentence_columns(cols, below):
+            sep = "<TAB>" if delimiter == "\t" else ","
+            a, b = (c.strip() for c in cols)
+            print(f"note: {where}: {a}{sep}{b} read as the header line, its columns s1 and s2 in that order; if it "
+                  f"is a pair, put the line s1{sep}s2 above it", file=sys.stderr)
+            return 0, 1, None
         raise _header_refusal(cols, where, delimiter)
     return header
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _names_two_sentence_columns(cols: Sequence[str], below: Sequence[Sequence[str]]) -> bool:
+    """Whether a first line of two unread column names (`question<TAB>answer`) is the header of the two
+    sentence columns under it: it names no gold column, and every row under it is two sentences (two fields,
+    any after them empty), neither column a number in every row (a score column, `sentence<TAB>rating`)."""
+    if len(cols) != 2 or {c.strip().lower() for c in cols} & set(GOLD_NAMES) or not below:
+        return False
+    if not all(len(r) >= 2 and not any(c.strip() for c in r[2:]) for r in below):
+        return False
+    return not any(all(_is_number(r[i].strip()) for r in below) for i in (0, 1))
 
 
 def _rows_with_header(rows: List[Tuple[int, List[str]]], path: str, header, named: int,

@@ -218,14 +218,42 @@ def test_a_byte_order_mark_does_not_turn_the_header_into_a_pair(tmp_path):
         read_pairs_file(write(tmp_path, "l.tsv", b"\xef\xbb\xbfa\tb\ncaf\xe9\tx\n"))
 
 
+@pytest.mark.parametrize("name, data, s1, s2", [
+    ("nli.tsv", "premise\thypothesis\nA cat sat.\tA dog sat.\n", "premise", "hypothesis"),
+    ("qqp.csv", "question1,question2\nWhy?,How?\n", "question1", "question2"),
+    ("sa.tsv", "sentA\tsentB\nA cat sat.\tA dog sat.\n", "sentA", "sentB"),
+    ("spaced.tsv", "Sentence A\tSentence B\ncat\tdog\n", "Sentence A", "Sentence B"),
+    ("half.tsv", "s1\ttext\nA cat sat.\tA dog sat.\n", "s1", "text"),
+    ("qa.tsv", "question\tanswer\ncat\tdog\nWhat sat?\tA cat sat.\n", "question", "answer"),
+    ("number.tsv", "question\tanswer\nHow many?\t42\nWho sat?\tA cat.\n", "question", "answer"),
+    ("trailing.tsv", "question\tanswer\nWhat sat?\tA cat sat.\t\n", "question", "answer"),
+])
+def test_two_column_names_above_sentences_are_the_header_and_the_note_names_it(tmp_path, capsys, name, data, s1,
+                                                                               s2):
+    """A first line of two column names (not s1/s2) above rows of two sentences was refused, asking for `s1<TAB>s2`
+    above it: a user's header is most likely a header, and with two columns there is no doubt which holds which
+    sentence. It is read as the header, s1 then s2, and a note names it in case it was a pair after all."""
+    delimiter = "\t" if name.endswith(".tsv") else ","
+    rows = [ln.split(delimiter) for ln in data.splitlines()[1:]]
+    assert read_pairs_file(write(tmp_path, name, data)) == [(r[0], r[1], None) for r in rows]
+    sep = "<TAB>" if delimiter == "\t" else ","
+    assert capsys.readouterr().err == (f"note: {tmp_path / name}:1: {s1}{sep}{s2} read as the header line, its "
+                                       f"columns s1 and s2 in that order; if it is a pair, put the line s1{sep}s2 "
+                                       "above it\n")
+    # as the note says: the same line under s1<TAB>s2 is a pair, and no note is given
+    assert read_pairs_file(write(tmp_path, name, f"s1{delimiter}s2\n{data}"))[0] == (s1, s2, None)
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("name, data, found", [
-    ("nli.tsv", "premise\thypothesis\nA cat sat.\tA dog sat.\n", "premise, hypothesis"),
-    ("qqp.csv", "question1,question2\nWhy?,How?\n", "question1, question2"),
-    ("sa.tsv", "sentA\tsentB\nA cat sat.\tA dog sat.\n", "sentA, sentB"),
-    ("spaced.tsv", "Sentence A\tSentence B\nA cat sat.\tA dog sat.\n", "Sentence A, Sentence B"),
-    ("half.tsv", "s1\ttext\nA cat sat.\tA dog sat.\n", "s1, text"),
     ("score.csv", "sentA,sentB,score\nA cat sat.,A dog sat.,3.5\n", "sentA, sentB, score"),
     ("four.tsv", "id\tleft\tright\tlabel\n1\tA cat sat.\tA dog sat.\t3\n", "id, left, right, label"),
+    # two names: one of a gold column, one above a column of numbers (a score), one above rows of three fields
+    # or above no row at all
+    ("label.tsv", "text\tlabel\nA good film.\tpositive\n", "text, label"),
+    ("rating.tsv", "sentence\trating\nA cat sat.\t4\nA dog sat.\t2.5\n", "sentence, rating"),
+    ("three.tsv", "question\tanswer\nWhat sat?\tA cat sat.\t4\n", "question, answer"),
+    ("alone.csv", "premise,hypothesis\n", "premise, hypothesis"),
 ])
 def test_a_header_of_unread_column_names_is_refused_not_read_as_a_pair(tmp_path, name, data, found):
     """A header line naming other columns is never scored as a pair (nor its score column read as a score):
@@ -285,19 +313,19 @@ def test_two_words_above_pairs_of_words_are_a_pair_and_the_note_names_the_line(t
                                        "instead\n")
     # above a sentence, alone, above scored rows, or naming a gold column, the same line is still a header of
     # unread names: refused, never scored
-    for other in ("question\tanswer\nWhat is it?\tIt is a cat.\n", "question\tanswer\n",
-                  "question\tanswer\ncat\tdog\nA cat sat.\tA dog sat.\n", "Sentence A\tSentence B\ncat\tdog\n",
-                  "source\ttarget\ncat\tdog\t0.8\n", "question\tanswer\ncat\tdog\ncar\tautomobile\t3.5\n",
-                  "text\tlabel\ngood\tpositive\nbad\tnegative\n"):
+    # alone, above scored rows, or naming a gold column, the same line is still a header of unread names: refused,
+    # never scored
+    for other in ("question\tanswer\n", "source\ttarget\ncat\tdog\t0.8\n",
+                  "question\tanswer\ncat\tdog\ncar\tautomobile\t3.5\n", "text\tlabel\ngood\tpositive\nbad\tnegative\n"):
         with pytest.raises(InputError, match=":1: header line names columns "):
             read_pairs_file(write(tmp_path, "h.tsv", other))
     assert capsys.readouterr().err == ""
 
 
-def test_harvest_reads_a_first_pair_of_words_saying_so_and_refuses_a_header_above_sentences(speech_corpus,
-                                                                                           tmp_path):
+def test_harvest_reads_a_first_pair_of_words_or_a_header_above_sentences_saying_which(speech_corpus, tmp_path):
     """Through `sentsim harvest --pairs`: the word-pair file is harvested whole, its first line included and
-    named in a note; the same first line above sentences is refused as a header before the run folder exists."""
+    named in a note; the same first line above sentences is the header, named in a note and never scored; a
+    rerun of either reads the pairs it read and does nothing."""
     import pyarrow.dataset as ds
     from conftest import sentsim_cli
     from harvest_support import tiny_context_bundle
@@ -305,19 +333,20 @@ def test_harvest_reads_a_first_pair_of_words_saying_so_and_refuses_a_header_abov
     models = tiny_context_bundle(speech_corpus, tmp_path / "ctx")
     harvest = ("harvest", "--corpus", speech_corpus, "--context-models", models, "--executor", "inline",
                "--set", "contexts.mode=random", "--set", "rank.enabled=false")
-    pairs = write(tmp_path, "words.tsv", "question\tanswer\nnation\tcountry\ntaxes\tyear\n")
-    r = sentsim_cli(*harvest, "--pairs", pairs, "--out", tmp_path / "run")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert (f"note: {pairs}:1: question<TAB>answer read as a pair, as every line under it is a pair of words; "
-            "if it names the columns, write s1<TAB>s2 there instead") in r.stderr.splitlines(), r.stderr[-3000:]
-    got = ds.dataset(str(tmp_path / "run" / "pairs")).to_table(columns=["s1", "s2"]).to_pylist()
-    assert sorted((p["s1"], p["s2"]) for p in got) == [("nation", "country"), ("question", "answer"),
-                                                       ("taxes", "year")]
-    pairs = write(tmp_path, "qa.tsv", "question\tanswer\nWhat must the nation do?\tRemain strong.\n")
-    r = sentsim_cli(*harvest, "--pairs", pairs, "--out", tmp_path / "run2")
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert r.stderr.startswith(f"sentsim: error: {pairs}:1: header line names columns question, answer;"), r.stderr
-    assert not (tmp_path / "run2").exists()
+    for name, data, note, want in [
+            ("words.tsv", "question\tanswer\nnation\tcountry\ntaxes\tyear\n",
+             "read as a pair, as every line under it is a pair of words; if it names the columns, write s1<TAB>s2 "
+             "there instead", [("nation", "country"), ("question", "answer"), ("taxes", "year")]),
+            ("qa.tsv", "question\tanswer\nWhat must the nation do?\tRemain strong.\n",
+             "read as the header line, its columns s1 and s2 in that order; if it is a pair, put the line s1<TAB>s2 "
+             "above it", [("What must the nation do?", "Remain strong.")])]:
+        pairs, out = write(tmp_path, name, data), tmp_path / name.replace(".", "_")
+        for attempt in ("first", "rerun"):
+            r = sentsim_cli(*harvest, "--pairs", pairs, "--out", out)
+            assert r.returncode == 0, (attempt, r.stderr[-3000:])
+            assert f"note: {pairs}:1: question<TAB>answer {note}" in r.stderr.splitlines(), r.stderr[-3000:]
+            got = ds.dataset(str(out / "pairs")).to_table(columns=["s1", "s2"]).to_pylist()
+            assert sorted((p["s1"], p["s2"]) for p in got) == want, attempt
 
 
 def test_a_harvest_of_sick_lines_and_eval_sts_of_it_agree_on_pairs_and_gold(speech_corpus, shared_data, tmp_path,
@@ -363,7 +392,7 @@ def test_harvest_refuses_a_header_of_unread_names_before_any_work(speech_corpus,
     models = tmp_path / "ctx"  # a bundle's context.json is all the harvest reads before the pairs file
     models.mkdir()
     (models / "context.json").write_text(json.dumps({"format": FORMAT, "directions": {"fwd": "shared"}}))
-    pairs = write(tmp_path, "nli.tsv", "premise\thypothesis\nA cat sat.\tA dog sat.\n")
+    pairs = write(tmp_path, "nli.tsv", "premise\thypothesis\nA cat sat.\tA dog sat.\tentailment\n")
     r = sentsim_cli("harvest", "--corpus", speech_corpus, "--context-models", models, "--pairs", pairs,
                     "--out", tmp_path / "run", "--executor", "inline", "--set", "contexts.mode=random",
                     "--set", "rank.enabled=false")
@@ -468,7 +497,8 @@ def test_a_parquet_pair_with_an_empty_sentence_names_its_row_and_blank_lines_are
     ("t.tsv.gz", z("A cat.\tA dog.\t2\n" * 100)[:30], "t.tsv.gz: unreadable or truncated gzip stream"),
     ("SICK_trial.txt", "4\tA cat.\tA dog.\t3.6\tNEUTRAL\n24\tA man.\tA woman.\t6\tNEUTRAL\n",
      "SICK_trial.txt:2: expected s1 and s2 separated by TAB (or a header line naming s1 and s2, or a SICK line"),
-], ids=["x.json", "a.json", "e.tsv", "p.tsv.gz", "t.tsv.gz", "sick"])
+    ("rating.tsv", "sentence\trating\nA cat.\t4\n", "rating.tsv:1: header line names columns sentence, rating;"),
+], ids=["x.json", "a.json", "e.tsv", "p.tsv.gz", "t.tsv.gz", "sick", "rating"])
 def test_harvest_reads_json_lines_gzip_and_empty_gold_and_refuses_empty_sentences(tmp_path, speech_corpus, name,
                                                                                  data, needle):
     """Through `sentsim harvest --pairs`: one line naming file and line, before the run folder exists."""

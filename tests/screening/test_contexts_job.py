@@ -126,10 +126,10 @@ def test_a_pairs_files_header_names_its_sentence_columns_and_is_no_sentence(spee
     assert r.returncode == 0, r.stderr
     texts = ds.dataset(str(out / "queries")).to_table().column("text").to_pylist()
     assert sorted(texts) == ["The Congress must act on the budget.", "We cut taxes."]
-    f.write_text("premise\thypothesis\nThe Congress must act on the budget.\tWe cut taxes.\n")
+    f.write_text("premise\thypothesis\tlabel\nThe Congress must act on the budget.\tWe cut taxes.\tneutral\n")
     r = sentsim_cli("contexts", "--corpus", speech_corpus, "--index", index, "--sentences", f, "--out",
                     tmp_path / "hdr2", "--executor", "inline")
-    assert r.returncode == 2 and "header line names columns premise, hypothesis" in r.stderr, r.stderr
+    assert r.returncode == 2 and "header line names columns premise, hypothesis, label" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "hdr2").exists()
 
 
