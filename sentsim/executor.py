@@ -7,6 +7,7 @@ the same way:
 
     open the run or resume it (printing what is done and which units will be redone)
     start Ray (`sentsim.runtime.init_ray`) when there is work, refuse GPU asks the cluster lacks
+    go ahead: with --force-new, the old run is discarded only now, once the run's refusals are behind it
     run the stages over the pending units (`run_pipeline`), one progress line per unit
     finalize the manifest with the job's summary
 
@@ -138,8 +139,18 @@ class ShardedJob(ABC):
         """The stage specs a unit goes through, built once there is work (after Ray is up)."""
 
     def prepare(self, ctx: "RunContext") -> None:
-        """After the resource check, before the first unit. A run this job needs first (a rep cache, a pool's
-        vectors) is built here within ctx.max_units; stopped there, it raises PrerequisiteStopped."""
+        """After the resource check, once the run goes ahead (--force-new has discarded the old run), before the
+        first unit. A run this job needs first (a rep cache, a pool's vectors) is built here within
+        ctx.max_units; stopped there, it raises PrerequisiteStopped. What the stages read from the run's own
+        files (the harvest's rank anchors, stored with the run) is filled into ctx.specs here: `stages` writes
+        nothing, and reads no file of the run, which is still the old one under --force-new."""
+
+    def runs_first(self, ctx: "RunContext") -> List["ShardedJob"]:
+        """The runs `prepare` would build first (a pool's vectors, the job's own rep cache), for `execute` to check
+        with --force-new before the old run is discarded: what their own execute would refuse before it writes
+        (their folder, their stages' resources on Ray), so that a run refused there leaves the old run whole. One
+        complete there already is left out by `execute`. Builds nothing and writes nothing."""
+        return []
 
     def recheck(self, ctx: "RunContext") -> None:
         """On a rerun with no unit to do: what the finished run still reads from outside its units (a pool's
@@ -252,11 +263,12 @@ class Progress:
         print(line, file=self.stream, flush=True)
 
 
-def check_resources(specs: Sequence[StageSpec], executor: str) -> None:
+def check_resources(specs: Sequence[StageSpec], executor: str, run: str = "") -> None:
     """Refuse stages that ask for more GPUs, CPUs or reserved memory than the Ray cluster has (min_actors of
     each at once): Ray Data would start the pools that fit and wait for the rest for ever, e.g. a harvest
     whose write stage never gets its quarter CPU commits no unit. In-process (`inline`) nothing is placed,
-    so there is nothing to check."""
+    so there is nothing to check. `run`: the run the stages are of, named in the line when it is not the one
+    the command was given (a run the job builds first)."""
     if executor != "ray":
         return
     import ray
@@ -267,8 +279,8 @@ def check_resources(specs: Sequence[StageSpec], executor: str) -> None:
                                          ("memory", 2**30, "GiB of memory", "memory_gb", "add nodes")):
         want = sum(s.resources.asks()[key] * s.resources.min_actors for s in specs)
         if want > 0 and want > have.get(key, 0) + 1e-9:  # fractions of a CPU add up with rounding
-            raise UsageError(f"resources ask for {want / scale:g} {what} but the cluster has "
-                             f"{have.get(key, 0) / scale:.3g}; lower resources.*.{knob} or min_actors, or {more}")
+            raise UsageError(f"{run + ': ' if run else ''}resources ask for {want / scale:g} {what} but the cluster "
+                             f"has {have.get(key, 0) / scale:.3g}; lower resources.*.{knob} or min_actors, or {more}")
 
 
 def execute(job: ShardedJob, executor: str = "ray", address: Optional[str] = None, force_new: bool = False,
@@ -310,6 +322,28 @@ def execute(job: ShardedJob, executor: str = "ray", address: Optional[str] = Non
             store.release()  # the run's lease: free again for the next writer, whatever happened
 
 
+def check_runs_first(job: ShardedJob, ctx: RunContext) -> None:
+    """What the runs `job` builds first (`ShardedJob.runs_first`) would refuse before they write, said before
+    --force-new discards the old run: a folder their run cannot be written in, and on Ray their stages'
+    resources (each run's own stages at once, as its execute checks them). One complete there, of the same
+    run, has nothing to do and is not checked."""
+    from storage import ShardStore, StoreError
+
+    for first in job.runs_first(ctx):
+        store = ShardStore(first.out)
+        try:
+            stored = store.read_manifest()
+        except StoreError:
+            stored = None  # a broken manifest: that run is started over (its --force-new), as below
+        if stored and stored.get("complete") and first.holds_this_run(stored):
+            continue
+        store.refuse_another_runs_part(first.stage)
+        store.refuse_other_files(first.tables())
+        if ctx.executor == "ray":
+            nested = RunContext(first, first.fp, store, {}, ctx.executor, ctx.address, True, True)
+            check_resources(first.stages(nested), ctx.executor, run=f"{first.out} (built before the {job.stage})")
+
+
 def _raise_if_worker_lost(exc: Exception, stage: str, ctx: RunContext) -> None:
     """A Ray worker killed for memory or dead is the machine's doing: WorkerLost, one line naming the stage
     and its resources, instead of Ray's traceback (the units done so far stay done; the command resumes)."""
@@ -337,17 +371,22 @@ def _execute(job: ShardedJob, store, fp: str, planned, units, executor: str, add
     extra = job.open_extra()
     store.refuse_other_files(job.tables())  # said before a local Ray takes seconds to start
     if executor == "ray" and (force_new or not store.has_manifest()):
-        # a new run always has work: reach the cluster before its manifest is written (or, with
-        # --force-new, before the old run is cleared), so that a cluster refusing the client leaves no run
+        # a new run always has work: reach the cluster before its manifest is written, so that a cluster refusing
+        # the client leaves no run
         from sentsim.runtime import init_ray
 
         init_ray(address)
+    # --force-new: the old run is discarded, and the new manifest written, only when the new run goes ahead
+    # (store.go_ahead, in `run` below), once its stages and the runs it builds first have been checked: a run
+    # refused before then leaves the old one whole. Until then ctx.manifest is the new run's, unwritten.
     manifest = store.open_run(job.stage, fp, job.config(), job.inputs(), job.tables(),
                               planned_units=len(planned) if listed else None, force_new=force_new,
-                              unfingerprinted=job.unfingerprinted, **({"extra": extra} if extra else {}))
+                              unfingerprinted=job.unfingerprinted, defer_clear=force_new,
+                              **({"extra": extra} if extra else {}))
     ctx = RunContext(job, fp, store, manifest, executor, address, force_new, quiet, max_units=max_units)
-    ctx.done = store.completed_units(fp, deep=job.deep)
-    for u, why in sorted((getattr(store, "redo_reasons", None) or {}).items()):
+    # the old run's units are none of a --force-new run's, even of the same fingerprint: it starts over
+    ctx.done = {} if force_new else store.completed_units(fp, deep=job.deep)
+    for u, why in sorted(() if force_new else (getattr(store, "redo_reasons", None) or {}).items()):
         print(f"[{job.stage}] unit {u:05d} will be redone: {why}", file=stream, flush=True)
     plan = planned if isinstance(planned, UnitPlan) else None
     pending = None
@@ -371,6 +410,9 @@ def _execute(job: ShardedJob, store, fp: str, planned, units, executor: str, add
                 init_ray(address)
             ctx.specs = job.stages(ctx)
             check_resources(ctx.specs, executor)
+            if force_new:
+                check_runs_first(job, ctx)
+            store.go_ahead()  # the run's refusals are behind it: --force-new discards the old run now
             try:
                 job.prepare(ctx)
             except PrerequisiteStopped as stop:
@@ -417,6 +459,7 @@ def _execute(job: ShardedJob, store, fp: str, planned, units, executor: str, add
             window = []
     if window:
         run(window)
+    store.go_ahead()  # no unit run (--max-units 0): the new run's manifest all the same, as asked
     if not started and max_units != 0:
         try:
             job.recheck(ctx)

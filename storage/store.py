@@ -218,6 +218,7 @@ class ShardStore:
         self.fs, self.root = sfs.resolve(self.uri)
         self.lease: Optional[RunLease] = None  # held by the driver between take_lease/open_run and finalize/release
         self._made: List[str] = []  # the local folders the lease created, deepest first, until the run holds a file
+        self._pending: Optional[tuple] = None  # (what to clear or None, the new manifest) until go_ahead
 
     def take_lease(self) -> None:
         """Take the run's lease now, if this store does not hold it yet; open_run keeps it. A job whose setup
@@ -238,7 +239,9 @@ class ShardStore:
         self._made = made
 
     def release(self) -> None:
-        """Give up the run's lease (finalize does it too); safe to call twice."""
+        """Give up the run's lease (finalize does it too); safe to call twice. A run open_run put off (`defer_clear`)
+        that never went ahead is forgotten: the old run stays as it was."""
+        self._pending = None
         if self.lease is not None:
             self.lease.release()
             self.lease = None
@@ -349,12 +352,15 @@ class ShardStore:
         force_new: bool = False,
         extra: Optional[dict] = None,
         unfingerprinted: Sequence[str] = (),
+        defer_clear: bool = False,
     ) -> dict:
         """Start a run or resume the one already here.
 
         Resuming is allowed only with the same fingerprint (config + inputs + checkpoints);
         anything else is refused unless `force_new`, which clears the old run first. The refusal
-        names the changed keys, less `unfingerprinted` ones (what_changed's `ignore`).
+        names the changed keys, less `unfingerprinted` ones (what_changed's `ignore`). With `defer_clear`,
+        `force_new` clears the old run and writes the new manifest only at `go_ahead` (the manifest is returned
+        unwritten), so that a run refused before then leaves the old one whole; `release` forgets it.
         """
         self.refuse_another_runs_part(stage)
         # one writer per run: taken before anything is read or deleted, released by finalize/release
@@ -370,8 +376,7 @@ class ShardStore:
                 f"{self.uri} already holds Parquet shards but no {MANIFEST}; refusing to mix runs "
                 "(pass --force-new to clear it)"
             )
-        if force_new:
-            self.clear(list(schemas) + self._another_stages_parts(stage))
+        discard = list(schemas) + self._another_stages_parts(stage) if force_new else None
         manifest = {
             "format_version": FORMAT_VERSION,
             "stage": stage,
@@ -385,10 +390,24 @@ class ShardStore:
         }
         if extra:
             manifest.update(extra)
+        self._pending = (discard, manifest)
+        if not (force_new and defer_clear):
+            self.go_ahead()
+        return manifest
+
+    def go_ahead(self) -> None:
+        """The run open_run opened goes ahead: --force-new clears the old run now (when open_run's `defer_clear`
+        put it off until the new run's refusals were behind it), and the new manifest is written. Nothing when
+        no opened run waits."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        discard, manifest = pending
+        if discard is not None:
+            self.clear(discard)
         self.fs.create_dir(self.root, recursive=True)
         self.write_manifest(manifest)
         self._made = []  # a run now: its folder stays
-        return manifest
 
     def refuse_other_files(self, tables: Iterable[str]) -> None:
         """A folder with no run in it (no manifest) that holds names no run writes there (hidden ones

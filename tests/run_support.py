@@ -75,6 +75,42 @@ def toy_job(out, units, window=None, on_result=None):
     return Toy()
 
 
+def refused_toy_job(out, units, refused: bool, first=None):
+    """toy_job, refused with a UsageError in its `stages` (`refused`), or running `first` (a job, as
+    ShardedJob.runs_first gives it) before its own units: the refusals a --force-new run meets after it opened."""
+    from sentsim.errors import UsageError
+
+    class Refused(type(toy_job(out, units))):
+        def stages(self, ctx):
+            if refused:
+                raise UsageError("refused in stages")
+            return super().stages(ctx)
+
+        def runs_first(self, ctx):
+            return [first] if first is not None else []
+
+    return Refused()
+
+
+def every_file(uri) -> dict:
+    """Every file and folder under a run folder, local or s3://, as {relative path: (bytes, mtime in ns)} (a folder's
+    value: None): a run left whole is this same dict."""
+    import pyarrow.fs as pafs
+
+    from storage import fs as sfs
+
+    fs, root = sfs.resolve(str(uri))
+    found = {}
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
+        rel = info.path[len(root):].lstrip("/")
+        if info.type == pafs.FileType.File:
+            with fs.open_input_stream(info.path) as f:
+                found[rel] = (f.read(), info.mtime_ns)
+        else:
+            found[rel] = None
+    return found
+
+
 def as_fingerprinted(run, fp, run_format=1):
     """The run with every record's fingerprint replaced by `fp` (manifest, unit markers, side tables), as
     an earlier sentsim wrote it: run format 1, markers without a checksum of their own."""

@@ -248,9 +248,6 @@ class HarvestRun(ShardedJob):
         What each stage hands the next is declared in harvest/work.py.
         """
         cfg, r = self.cfg, self.cfg.resources
-        anchor_ids = anchor_texts = None
-        if cfg.rank.enabled:
-            anchor_ids, anchor_texts = run_anchors(cfg, ctx.store, ctx.fp)
         # no rank targets: no stage of actors that would only pass the rows on (nor a `rank` entry in the
         # placement the summary prints); the writer still takes resources.rank, and the run's fingerprint,
         # which holds no stage list, is the same either way
@@ -260,7 +257,8 @@ class HarvestRun(ShardedJob):
 
             rank_stage, ranks = PoolRankStage, {"ranks": shared_ranks(cfg.out)}
         rank = [StageSpec(rank_stage, Resources.of(r.rank), args=dict(
-            cfg=cfg, fp=ctx.fp, anchor_ids=anchor_ids, anchor_texts=anchor_texts,
+            # the anchors are sampled and stored with the run by `prepare` (with_anchors), once the run goes ahead
+            cfg=cfg, fp=ctx.fp, anchor_ids=None, anchor_texts=None,
             sentence_schema=sentence_schema_of(ctx.manifest), **ranks))] if cfg.rank.enabled else []
         rank_and_write = [
             *rank,
@@ -303,6 +301,8 @@ class HarvestRun(ShardedJob):
                                             replace=False)))
 
     def prepare(self, ctx: RunContext) -> None:
+        if self.cfg.rank.enabled:
+            ctx.specs = with_anchors(ctx.specs, *run_anchors(self.cfg, ctx.store, ctx.fp))
         if self.pooled:
             self.prepare_pool(ctx)
         if self.rep_cache:  # every corpus sentence encoded once, before the pipeline
@@ -310,6 +310,26 @@ class HarvestRun(ShardedJob):
             ensure_rep_cache(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator,
                              self.hashes["rep_cache"], cfg.resources.contexts, executor=ctx.executor,
                              force_new=ctx.force_new, address=ctx.address, quiet=ctx.quiet, max_units=ctx.max_units)
+
+    def runs_first(self, ctx: RunContext) -> List[ShardedJob]:
+        """The pool's vectors and the harvest's own rep cache. Not its rank targets' run: its two stages ask for
+        resources.rank, as the harvest's own rank and write stages do, so the harvest's check holds for it."""
+        from sentsim.screening.cache_job import own_rep_cache_run
+
+        cfg = self.cfg
+        first: List[ShardedJob] = [self.vectors_job()] if self.pooled else []
+        own = own_rep_cache_run(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator,
+                                self.hashes["rep_cache"], cfg.resources.contexts) if self.rep_cache else None
+        return first + ([own] if own is not None else [])
+
+    def vectors_job(self):
+        """The pool's vectors run (pool_vectors.py), built once."""
+        from sentsim.harvest.pool_vectors import PoolVectorsRun
+
+        if getattr(self, "_vectors_job", None) is None:
+            self._vectors_job = PoolVectorsRun(self.cfg, self.pool_plan.texts, self.pool, self.vector_identity(),
+                                               self.precision)
+        return self._vectors_job
 
     def recheck(self, ctx: RunContext) -> None:
         """A finished pool harvest's vectors (and its side tables of the plan) are mended on a rerun: remix
@@ -348,7 +368,7 @@ class HarvestRun(ShardedJob):
 
         from sentsim.harvest import metrics
         from sentsim.harvest.pool import EFFECT_TABLE, PAIRS_TABLE, POOL_IDS_TABLE
-        from sentsim.harvest.pool_vectors import PoolVectorsRun, StoredVectors, ensure_pool_vectors
+        from sentsim.harvest.pool_vectors import StoredVectors, ensure_pool_vectors
 
         # the plan and the pool first: a run killed while its vectors are scored resumes with the pairs (and
         # so the sentences) and the pool it began with, whatever k-means or the retriever would give on
@@ -358,7 +378,7 @@ class HarvestRun(ShardedJob):
         if not ctx.store.has_side_table(POOL_IDS_TABLE, fingerprint=ctx.fp):
             ctx.store.write_side_table(POOL_IDS_TABLE, pa.table({"sentence_id": pa.array(self.pool.ids, pa.int64())}),
                                        ctx.fp)
-        job = PoolVectorsRun(self.cfg, self.pool_plan.texts, self.pool, self.vector_identity(), self.precision)
+        job = self.vectors_job()
         self.vectors_fp = ensure_pool_vectors(job, ctx.executor, ctx.address, ctx.force_new, ctx.quiet,
                                               ctx.max_units)["fingerprint"]
         if self.cfg.rank.enabled and ranks:  # each sentence's rank targets, encoded once (pool_ranks.py)
@@ -409,6 +429,14 @@ def holds_a_run(uri: str) -> bool:
         return ShardStore(uri).read_manifest() is not None
     except StoreError:
         return True
+
+
+def with_anchors(specs: List[StageSpec], anchor_ids: np.ndarray, anchor_texts: list) -> List[StageSpec]:
+    """`specs` with the run's rank anchors given to its rank stage (HarvestRun.stages leaves them to prepare)."""
+    from dataclasses import replace
+
+    return [replace(s, args=dict(s.args, anchor_ids=anchor_ids, anchor_texts=anchor_texts))
+            if issubclass(s.stage, RankStage) else s for s in specs]
 
 
 def label_vectors(specs) -> List[Shared]:

@@ -203,6 +203,25 @@ def check_rep_cache(uri: str, identity: str) -> None:
         raise UsageError(f"{uri}: the representation cache is incomplete; finish it with `sentsim cache build`")
 
 
+def own_rep_cache_run(rep_cache: Optional[str], out: str, corpus: str, discriminator: str, identity: str,
+                      resources: StageResources) -> Optional["RepCacheRun"]:
+    """The job's own cache as the run ensure_rep_cache would build under --force-new (for the checks before the
+    job's old run is discarded: ShardedJob.runs_first), or None: a cache given, or its own one complete with this
+    identity, which it keeps."""
+    if rep_cache:
+        return None
+    uri = rep_cache_uri(None, out)
+    store = ShardStore(uri)
+    try:
+        old = store.read_manifest()
+    except StoreError:
+        old = None
+    if old is not None and old.get("identity") == identity and old.get("complete"):
+        return None
+    return RepCacheRun(RepCacheConfig(corpus=corpus, discriminator=discriminator, out=uri, resources=resources),
+                       force_new=True)
+
+
 def ensure_rep_cache(rep_cache: Optional[str], out: str, corpus: str, discriminator: str, identity: str,
                      resources: StageResources, executor: str = "ray", force_new: bool = False,
                      address: Optional[str] = None, quiet: bool = False, max_units: Optional[int] = None) -> str:

@@ -239,6 +239,14 @@ class ContextsRun(ShardedJob):
                              cfg.resources, executor=ctx.executor, force_new=ctx.force_new, address=ctx.address,
                              quiet=ctx.quiet, max_units=ctx.max_units)
 
+    def runs_first(self, ctx: RunContext) -> List[ShardedJob]:
+        from sentsim.screening.cache_job import own_rep_cache_run
+
+        cfg = self.cfg
+        own = own_rep_cache_run(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator, self.identity,
+                                cfg.resources) if self.screened else None
+        return [own] if own is not None else []
+
     def summary(self, ctx: RunContext) -> dict:
         # the done units' counts, so that a run stopped by --max-units reports what it holds, not what it plans
         markers = [m for m in ctx.store.markers().values() if m.get("fingerprint") == ctx.fp]

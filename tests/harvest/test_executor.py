@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 from harvest_support import build_index_for, harvest_config, tiny_context_bundle
-from run_support import toy_job
+from run_support import every_file, refused_toy_job, toy_job
 
 
 def test_a_job_is_a_class_and_says_only_what_it_must():
@@ -244,6 +244,66 @@ def test_memory_and_cpu_asks_beyond_the_cluster_are_refused(inputs, ray_2gpu, tm
         assert not list(out.glob("_units/*.json"))
 
 
+def test_a_force_new_the_cluster_refuses_keeps_the_old_run_whole(inputs, ray_2gpu, sample_path, tmp_path, capsys):
+    """A finished corpus build and harvest, then --force-new on Ray asking for more CPUs than the cluster has: exit 2
+    in one line, and every file of the old run as it was (bytes and mtime), where the old run used to be deleted
+    before the check. A pool harvest's vectors run, which it builds first, is checked before the old harvest is
+    discarded too. A --force-new that goes ahead then replaces the run."""
+    import json
+
+    from conftest import error_line
+    from harvest_support import cli_in_process
+
+    corpus = tmp_path / "corpus"
+    build = ["corpus", "build", sample_path, "--out", corpus, "--set", "docs_per_unit=5"]
+    assert cli_in_process(capsys, *build, "--executor", "inline").returncode == 0
+    old = json.loads((corpus / "manifest.json").read_text())
+    before = every_file(corpus)
+    r = cli_in_process(capsys, *build, "--executor", "ray", "--force-new", "--set", "resources.num_cpus=64")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert error_line(r.stderr) == ("sentsim: error: resources ask for 64 CPUs but the cluster has 2; lower "
+                                    "resources.*.num_cpus or min_actors, or add nodes"), r.stderr
+    assert every_file(corpus) == before
+    r = cli_in_process(capsys, *build[:-1], "docs_per_unit=10", "--executor", "inline", "--force-new")
+    assert r.returncode == 0, r.stderr[-3000:]
+    new = json.loads((corpus / "manifest.json").read_text())
+    assert new["complete"] and new["fingerprint"] != old["fingerprint"] and new["planned_units"] < old["planned_units"]
+    assert len(list((corpus / "_units").iterdir())) == new["planned_units"]
+
+    per_pair = dict(rank={"n_anchors": 32}, resources={"contexts": {"num_cpus": 0.25}, "scoring": {"num_cpus": 0.25},
+                                                       "rank": {"num_cpus": 0.25}})
+    pool = dict(contexts={"mode": "pool", "pool_size": 12}, anchors={"n": 8, "per_unit": 4}, sentences_per_unit=8,
+                pairs_per_unit=8, rank={"n_anchors": 32}, resources={"label": {"num_cpus": 0.25},
+                                                                     "rank": {"num_cpus": 0.25}})
+    for name, over, asks, refused in (
+            ("h", per_pair, {"scoring": {"num_cpus": 64}}, "resources ask for 64.75 CPUs but the cluster has 2"),
+            # the harvest's own stages fit; the vectors run's scoring stage does not
+            ("p", pool, {"scoring": {"num_cpus": 64}},
+             f"{tmp_path / 'p' / 'pool_vectors'} (built before the harvest): resources ask for 64.25 CPUs but the "
+             "cluster has 2")):
+        out = tmp_path / name
+        cfg = harvest_config(inputs["corpus"], inputs["index"], inputs["bundle"], out, **over)
+        config = tmp_path / f"{name}.json"
+        config.write_text(json.dumps(cfg.model_dump()))  # JSON is YAML
+        assert cli_in_process(capsys, "harvest", "--config", config, "--executor", "inline").returncode == 0
+        old, before = json.loads((out / "manifest.json").read_text()), every_file(out)
+        data = cfg.model_dump()
+        data["seed"] += 1  # another run: the pool's vectors too
+        data["resources"]["scoring"].update(asks["scoring"])
+        config.write_text(json.dumps(data))
+        r = cli_in_process(capsys, "harvest", "--config", config, "--executor", "ray", "--force-new")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert error_line(r.stderr).startswith(f"sentsim: error: {refused}; lower resources"), r.stderr
+        assert every_file(out) == before, name
+    data["resources"]["scoring"]["num_cpus"] = 0.25  # the pool run's, goes ahead inline
+    config.write_text(json.dumps(data))
+    r = cli_in_process(capsys, "harvest", "--config", config, "--executor", "inline", "--force-new")
+    assert r.returncode == 0, r.stderr[-3000:]
+    new = json.loads((out / "manifest.json").read_text())
+    assert new["complete"] and new["fingerprint"] != old["fingerprint"]
+    assert new["config"]["seed"] == old["config"]["seed"] + 1
+
+
 def test_progress_line_without_a_plan():
     from sentsim.executor import Progress
 
@@ -263,6 +323,35 @@ def test_no_empty_run_is_written(tmp_path):
         with pytest.raises(UsageError, match="empty run"):
             execute(toy_job(str(out), units), executor="inline", quiet=True)
         assert not out.exists()
+
+
+def test_a_force_new_refused_after_it_opened_keeps_the_old_run_whole(tmp_path):
+    """--force-new discards the old run only once the new one goes ahead: a refusal in the new run's stages, or from
+    a run it builds first (here a folder that run cannot be written in, refused before the old run is discarded)
+    leaves every file of the old run as it was, bytes and mtime, and no lease; a --force-new that goes ahead then
+    replaces the run."""
+    import json
+
+    from sentsim.errors import UsageError
+    from sentsim.executor import execute
+    from storage import StoreError
+
+    out = tmp_path / "r"
+    units = [{"unit": u, "x": u} for u in range(3)]
+    assert execute(toy_job(out, units), executor="inline", quiet=True)["complete"]
+    (out / "nested").mkdir()
+    (out / "nested" / "notes.txt").write_text("not a run")
+    before = every_file(out)
+    for refused, first, raised, line in ((True, None, UsageError, "refused in stages"),
+                                         (False, toy_job(out / "nested", units), StoreError, "nested is not empty")):
+        with pytest.raises(raised, match=line):
+            execute(refused_toy_job(out, units[:2], refused, first), executor="inline", quiet=True, force_new=True)
+        assert every_file(out) == before, line
+    assert json.loads((out / "manifest.json").read_text())["planned_units"] == 3
+    m = execute(toy_job(out, units[:2]), executor="inline", quiet=True, force_new=True)
+    assert m["complete"] and (m["planned_units"], m["completed_units"], m["this_run"]["units"]) == (2, 2, 2)
+    assert sorted(p.name for p in (out / "_units").iterdir()) == ["00000.json", "00001.json"]
+    assert sorted(p.name for p in (out / "t").iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
 
 
 def test_a_run_whose_lease_was_taken_over_stops_before_finalizing(tmp_path, monkeypatch):

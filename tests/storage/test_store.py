@@ -193,6 +193,28 @@ def test_s3_write_resume_and_verify(s3_server, sample_path, speech_corpus):
     assert r.returncode == 1 and "chunks/part-00001.parquet" in r.stderr
 
 
+def test_a_refused_force_new_on_s3_keeps_every_object_of_the_old_run(s3_server):
+    """On S3 as on local disk, --force-new deletes the old run only once the new one goes ahead: refused in its
+    stages, the new run leaves every object of the old one (bytes and mtime); one that goes ahead replaces it."""
+    from run_support import every_file, refused_toy_job, toy_job
+
+    from sentsim.errors import UsageError
+    from sentsim.executor import execute
+
+    uri = "s3://sentsim/runs/force-new"
+    units = [{"unit": u, "x": u} for u in range(3)]
+    assert execute(toy_job(uri, units), executor="inline", quiet=True)["complete"]
+    before = every_file(uri)
+    assert "manifest.json" in before and "_units/00002.json" in before and "t/part-00002.parquet" in before
+    with pytest.raises(UsageError, match="refused in stages"):
+        execute(refused_toy_job(uri, units[:2], True), executor="inline", quiet=True, force_new=True)
+    assert every_file(uri) == before
+    m = execute(toy_job(uri, units[:2]), executor="inline", quiet=True, force_new=True)
+    assert m["complete"] and (m["planned_units"], m["this_run"]["units"]) == (2, 2)
+    after = every_file(uri)
+    assert "_units/00002.json" not in after and "t/part-00002.parquet" not in after
+
+
 def test_refused_resume_names_changed_keys_and_inputs(tmp_path):
     import pyarrow as pa
 
