@@ -70,6 +70,18 @@ class PaSeRConfig(Section):
     token_reordering: float = Field(0.0, ge=0, le=1)
 
 
+def encoder_width(cfg, backbone: str, backbone_path: str) -> tuple[int, str]:
+    """The width of the student encoder's word embeddings (the decoder's), and where it comes from: the scratch
+    BERT's scratch.hidden_size, or the backbone's config (its embedding_size where it has one, else hidden_size)."""
+    if cfg.init == "scratch":
+        return cfg.scratch.hidden_size, "scratch.hidden_size"
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(backbone_path)
+    key = "embedding_size" if getattr(config, "embedding_size", None) else "hidden_size"
+    return int(getattr(config, key)), f"the {key} of --backbone {backbone}"
+
+
 @lru_cache(maxsize=4)
 def mask_token(backbone_path: str):
     """The backbone tokenizer's mask token (s~ masks the phrases with it), or None: read once per run."""
@@ -130,6 +142,13 @@ class PaSeRObjective(Objective):
     def check(cls, cfg, backbone: str, backbone_path: str) -> None:
         if mask_token(backbone_path) is None:
             raise UsageError(f"--backbone {backbone}: its tokenizer has no mask token; PaSeR needs one")
+        # PhraseDecoder's attention splits the word embeddings' width among its heads: refused here, not when a
+        # worker builds the decoder after the run went ahead
+        width, whose = encoder_width(cfg, backbone, backbone_path)
+        heads = cfg.paser.decoder_heads
+        if width % heads:
+            raise UsageError(f"paser.decoder_heads {heads} must divide the encoder width {width} ({whose}); "
+                             f"set paser.decoder_heads to a divisor of {width}")
 
     @classmethod
     def prepare(cls, cfg, harvest: Harvest) -> Prepared:

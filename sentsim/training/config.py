@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sentsim.config import Bf16WhenThere, GpuWhenThere, Section, Seed
 
@@ -63,3 +63,12 @@ class TrainingSection(Section):
     checkpoints_to_keep: int = Field(2, ge=1)
     seed: Seed = 0
     scratch: ScratchConfig = ScratchConfig()
+
+    @model_validator(mode="after")
+    def _scratch_heads_divide_its_width(self):
+        # said when the config is read: BERT refuses it only when a worker builds the model, after the run went ahead
+        s = self.scratch
+        if self.init == "scratch" and s.hidden_size % s.num_heads:
+            raise ValueError(f"scratch.num_heads {s.num_heads} must divide scratch.hidden_size {s.hidden_size} "
+                             "(each attention head takes an equal share of the width)")
+        return self

@@ -268,6 +268,40 @@ def test_a_paser_run_from_before_the_joint_signal_norm_is_refused_by_name_and_re
     assert r.returncode == 0 and "resuming at step 2, 4 steps" in r.stdout, (r.stdout[-2000:], r.stderr[-2000:])
 
 
+def test_attention_heads_that_do_not_divide_the_width_are_refused_before_the_run_goes_ahead(
+        harvest_dir, tiny_backbone, tmp_path, capsys):
+    """PaSeR's decoder_heads must divide the encoder's width (the backbone's hidden_size, or scratch.hidden_size),
+    and a scratch encoder's num_heads its hidden_size, for every objective and the surrogate: each is refused in
+    one line (exit 2) naming the keys and the widths, before a model is built, where it was a ValueError when a
+    worker built the model after the run went ahead; --out holds no run record."""
+    from harvest_support import cli_in_process
+
+    paser = ["train", "student", "--objective", "paser", "--executor", "inline", "--data", harvest_dir,
+             "--backbone", tiny_backbone, "--set", "batch_size=8", "--set", "paser.decoder_layers=1"]
+    for extra, line in (
+            (["--set", "paser.decoder_heads=5"],
+             f"paser.decoder_heads 5 must divide the encoder width 64 (the hidden_size of --backbone {tiny_backbone}); "
+             "set paser.decoder_heads to a divisor of 64"),
+            (["--set", "init=scratch", "--set", "scratch.hidden_size=48", "--set", "scratch.num_heads=4",
+              "--set", "paser.decoder_heads=32"],
+             "paser.decoder_heads 32 must divide the encoder width 48 (scratch.hidden_size); set paser.decoder_heads "
+             "to a divisor of 48")):
+        out = tmp_path / f"paser{len(extra)}"
+        r = cli_in_process(capsys, *paser, "--out", out, *extra)
+        assert r.returncode == 2 and error_line(r.stderr) == f"sentsim: error: {line}", r.stderr[-2000:]
+        assert not (out / "run.json").exists() and not (out / "checkpoint").exists()
+    scratch = ["--set", "init=scratch", "--set", "scratch.num_heads=3"]
+    for command in (["student", "--objective", "rankencoder"], ["student", "--objective", "rse"],
+                    ["student", "--objective", "paser"], ["surrogate"]):
+        out = tmp_path / command[-1]
+        r = cli_in_process(capsys, "train", *command, "--executor", "inline", "--data", harvest_dir,
+                           "--backbone", tiny_backbone, "--out", out, *scratch)
+        assert r.returncode == 2 and error_line(r.stderr) == (
+            "sentsim: error: invalid config: scratch.num_heads 3 must divide scratch.hidden_size 256 (each attention "
+            "head takes an equal share of the width)"), r.stderr[-2000:]
+        assert not (out / "run.json").exists()
+
+
 def test_a_cls_pooled_student_is_trained_exported_and_evaluated_on_cls(harvest_dir, tiny_backbone, tmp_path):
     """`--set pooling=cls` (000 §4.1, 002 §4.2): the export's Pooling module takes [CLS], so what
     sentence-transformers encodes is the encoder's first token, its card and `eval sts` say so."""
