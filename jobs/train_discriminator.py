@@ -6,7 +6,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sentsim.cli import main  # noqa: E402
+from sentsim.cli import entry  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["train", "discriminator", *sys.argv[1:]]))
+    entry(["train", "discriminator", *sys.argv[1:]])

@@ -8,8 +8,9 @@ import importlib
 import os
 import pkgutil
 import re
+import signal
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 from sentsim.errors import UsageError, WorkerLost
 from sentsim.lost_workers import error_chain
@@ -127,8 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return UsageError.exit_code
     except (KeyboardInterrupt, SystemExit):
         # no command exits from inside: a SystemExit there is Ray Train's SIGINT handler's, a Ctrl-C as well
-        print("sentsim: interrupted; run the same command again to resume", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 130
+
+
+INTERRUPTED = "sentsim: interrupted; run the same command again to resume"
 
 
 def _lost_worker_line(exc: BaseException, args):
@@ -327,8 +331,27 @@ def _usage_line_in(text: str):
     return m.group(1).strip() if m else None
 
 
-def entry() -> None:
-    sys.exit(main())
+def entry(argv: Sequence[str] | None = None) -> NoReturn:
+    """A process's `sentsim` command (the console script, `python -m sentsim.cli`, and jobs/*.py, which `ray job
+    submit` runs), then its exit: Ray left here, not in Ray's atexit callback, where a Ctrl-C prints a
+    traceback and leaves the exit status as if nothing had happened (runtime.leave_ray_at_exit)."""
+    from sentsim.runtime import leave_ray_at_exit
+
+    try:
+        code = main(argv)
+    except KeyboardInterrupt:  # outside the command's own handling: while the parser loads the commands
+        print(INTERRUPTED, file=sys.stderr)
+        code = 130
+    except BaseException:  # argparse's exit, or a bug's traceback: printed once Ray is left, as at any exit
+        leave_ray_at_exit()
+        raise
+    signum = leave_ray_at_exit()
+    if signum is not None and code != 130:  # an interrupted command has said so already
+        name = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
+        print(f"sentsim: interrupted{name} while leaving Ray, after the command had ended with exit status {code}; "
+              "Ray was left all the same", file=sys.stderr)
+        code = 128 + signum  # the shell's status for a process its signal ended: 130 for Ctrl-C
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
 from contextlib import contextmanager
 from typing import Optional
 
@@ -59,6 +62,42 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> N
             raise
         raise UsageError(f"could not start a local Ray: {str(exc).splitlines()[0]}") from None
     one_line_coordinator_warnings()  # the driver runs Ray Data's executor and Ray Train's driver side
+
+
+def leave_ray_at_exit() -> Optional[int]:
+    """At the end of a process that may have run Ray (sentsim.cli.entry): disconnect this driver from its cluster
+    (stopping a local Ray this process started) now, SIGINT and SIGTERM only recorded from here until the
+    process ends. Returns the first of them that came during the shutdown, None if none did.
+
+    Left to Ray's own atexit callback, a Ctrl-C during the shutdown (its first half second is a sleep, for the
+    workers' last log lines) raises KeyboardInterrupt inside it, and a SIGTERM SystemExit (Ray's handler): Python
+    prints "Exception ignored in atexit callback" with a traceback, the exit status stays the command's, and a
+    driver whose core worker was left half torn down can then die of SIGSEGV or SIGABRT on its way out. Here
+    the shutdown runs to its end and the caller says that it was interrupted. A second signal of the same kind
+    ends the process at once, as it would have without a handler (a shutdown that hangs can still be stopped,
+    by a second Ctrl-C too). Ray's atexit callback then finds nothing to shut down; a signal after the shutdown
+    (the rest of the interpreter's exit: milliseconds) changes nothing, as the exit status is decided. A signal
+    that is ignored (SIGINT in a process a non-interactive shell started in the background) stays ignored; off
+    the main thread no handler can be set, and Ray's shutdown is called as is."""
+    if "ray" not in sys.modules:  # a command that never imported Ray started none
+        return None
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    came: list = []
+
+    def record(signum, frame):
+        came.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, record)
+    # as Ray's atexit callback calls it: the same wait for the workers' last log lines first
+    ray.shutdown(_exiting_interpreter=True)
+    return came[0] if came else None
 
 
 def attach_before_writing(address: Optional[str] = None) -> None:

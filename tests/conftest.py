@@ -47,7 +47,8 @@ SLOW_FILES = (
     "harvest/test_harvest_ray.py", "training/test_train_cli.py", "cli/test_input_refusals.py",
     "storage/test_store_compact.py", "training/test_model_export.py", "context/test_context_model.py",
     "evaluation/test_bench_reference_teacher.py", "harvest/test_harvest.py", "evaluation/test_bench_gpu.py",
-    "harvest/test_executor.py", "harvest/test_pool_harvest.py", "cli/test_ray_jobs.py", "students/test_students.py",
+    "harvest/test_executor.py", "harvest/test_pool_harvest.py", "cli/test_ray_jobs.py", "cli/test_leaving_ray.py",
+    "students/test_students.py",
     "training/test_training_notes.py", "cli/test_out_paths.py",
 )
 

@@ -208,7 +208,7 @@ def test_every_command_has_its_ray_job_file_and_the_readme_names_it():
     commands = {" ".join(mod.COMMAND) for mod in _command_modules()}
     ran = {}
     for job in sorted((ROOT / "jobs").glob("*.py")):
-        m = re.search(r'main\(\[((?:"[a-z]+", )+)\*sys\.argv\[1:\]\]\)', job.read_text())
+        m = re.search(r'entry\(\[((?:"[a-z]+", )+)\*sys\.argv\[1:\]\]\)', job.read_text())
         assert m, f"{job.name}: does not run one sentsim command"
         ran[" ".join(re.findall(r'"([a-z]+)"', m.group(1)))] = job.name
     assert set(ran) == commands, (sorted(commands - set(ran)), sorted(set(ran) - commands))
