@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,11 +26,29 @@ def step(title: str, argv: list[str]) -> None:
     """Run `sentsim ARGV` as its own process; stop the demo with its exit code when it fails."""
     print(f"\n$ sentsim {' '.join(argv)}", flush=True)
     t0 = time.time()
-    rc = subprocess.call([sys.executable, "-m", "sentsim.cli", *argv])
+    rc, interrupted = run_step([sys.executable, "-m", "sentsim.cli", *argv])
+    if interrupted:
+        print(f"demo: interrupted during step '{title}'; run the demo again to go on from there",
+              file=sys.stderr)
+        sys.exit(130)
     if rc != 0:
         print(f"demo: step '{title}' failed with exit code {rc}", file=sys.stderr)
         sys.exit(rc)
     print(f"  ({title}: {time.time() - t0:.1f}s)", flush=True)
+
+
+def run_step(argv: list[str]) -> tuple[int, bool]:
+    """Run one step to its end and return its exit code and whether a Ctrl-C came meanwhile. A Ctrl-C at the
+    terminal reaches the step too (one process group), which stops in its own way: its lease released, Ray left,
+    "interrupted" said. So the demo only notes it and waits; subprocess.call would SIGKILL the step a quarter
+    second in and print the demo's own traceback."""
+    seen: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    try:
+        rc = subprocess.Popen(argv).wait()
+    finally:
+        signal.signal(signal.SIGINT, before)
+    return rc, bool(seen) or rc == 130
 
 
 def show_pairs(harvest: str) -> None:
