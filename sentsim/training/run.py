@@ -127,18 +127,20 @@ def _held_format(stored: dict, earlier, current: int) -> Optional[tuple[int, dic
 
 def go_ahead(path: Path) -> None:
     """The run that claimed the --out holding `path` (that folder, or one inside it: a fit's state) goes
-    ahead (its refusals are behind it): with --force-new the earlier run is discarded now, its state and then
-    its exports, and the run's record is written to OUT/run.json, before it changes anything else there. Once
+    ahead (its refusals are behind it): with --force-new the earlier run is discarded now, its exports and then
+    its state, and the run's record is written to OUT/run.json, before it changes anything else there. Once
     per claim; nothing where no claim of this process holds `path`."""
     from storage.fs import write_text_atomic
 
     for key in _claims_holding(path, _PENDING):
         state_dirs, discard = _DISCARDS.pop(key, ((), None))
+        # exports first: a kill in between leaves state of the earlier settings, so a rerun without --force-new
+        # is refused as another run, rather than accepted beside the earlier run's model and reports
+        if discard is not None:
+            discard()
         for d in state_dirs:
             if d.exists():
                 shutil.rmtree(d)
-        if discard is not None:
-            discard()
         # last: a kill while discarding leaves the earlier run's record, never this run's over the earlier state
         write_text_atomic(str(Path(key) / "run.json"), _PENDING.pop(key))
 
