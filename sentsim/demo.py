@@ -43,11 +43,15 @@ def run_step(argv: list[str]) -> tuple[int, bool]:
     "interrupted" said. So the demo only notes it and waits; subprocess.call would SIGKILL the step a quarter
     second in and print the demo's own traceback."""
     seen: list[int] = []
-    before = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    before = signal.getsignal(signal.SIGINT)
+    if before is not signal.SIG_IGN:  # a demo started with Ctrl-C ignored (in the background) passes that on
+        signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
     try:
         rc = subprocess.Popen(argv).wait()
     finally:
         signal.signal(signal.SIGINT, before)
+    if rc < 0:  # the step was ended by a signal: the shell's way of saying so
+        rc = 128 - rc
     return rc, bool(seen) or rc == 130
 
 

@@ -43,6 +43,12 @@ def test_ctrl_c_during_a_demo_step_lets_the_step_stop_itself_and_says_where(tmp_
     assert "sentsim: interrupted; run the same command again to resume" in text, text[-3000:]
     assert text.rstrip().endswith("demo: interrupted during step 'corpus'; run the demo again to go on from there"), \
         text[-3000:]
+    # the step's run goes on: its next unit (the one the Ctrl-C cut short, whose shard may be on disk without its
+    # marker) is redone, and the run then checks out as a run stopped part-way
+    build = [sys.executable, "-m", "sentsim.cli", "corpus", "build", str(corpus), "--out", str(out),
+             "--executor", "inline", "--set", "docs_per_unit=1"]
+    resumed = subprocess.run([*build, "--max-units", "1"], cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0 and "resum" in resumed.stdout + resumed.stderr, resumed.stdout + resumed.stderr
     verify = subprocess.run([sys.executable, "-m", "sentsim.cli", "store", "verify", str(out)], cwd=ROOT,
                             capture_output=True, text=True)
-    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert verify.returncode == 0 and "OK (incomplete" in verify.stdout, verify.stdout + verify.stderr
