@@ -28,6 +28,7 @@ class TaskResult:
     data_hash: str
     note: str = ""
     sets: list[SetResult] = field(default_factory=list)
+    undefined: str = ""  # why spearman is None (the task is then left out of the average); "" when it is not
 
 
 @dataclass
@@ -71,6 +72,24 @@ def correlations(pred: np.ndarray, gold: np.ndarray) -> tuple[float | None, floa
     return float(rho) * 100.0, float(r) * 100.0, n
 
 
+def undefined_reason(pred: np.ndarray, gold: np.ndarray) -> str:
+    """Why `correlations` has no value for these pairs ("" where it has one): a rank correlation needs two or
+    more scored pairs, and neither side constant."""
+    pred = np.asarray(pred, dtype=np.float64)
+    gold = np.asarray(gold, dtype=np.float64)
+    keep = np.isfinite(pred)
+    n = int(keep.sum())
+    if n == 0:
+        return "no pair scored"
+    if n == 1:
+        return "1 pair scored"
+    if np.ptp(pred[keep]) == 0:
+        return "scores constant"
+    if np.ptp(gold[keep]) == 0:
+        return "gold constant"
+    return ""
+
+
 def evaluate(scorer, tasks, missing_tasks: list[str] | None = None) -> EvalReport:
     start = time.perf_counter()
     scorer.prepare(tasks)  # one batched encoding pass over every unique sentence
@@ -84,10 +103,16 @@ def evaluate(scorer, tasks, missing_tasks: list[str] | None = None) -> EvalRepor
             set_results.append(SetResult(st.name, len(st), used, rho, r))
             preds.append(p)
             golds.append(st.gold)
-        rho, r, used = correlations(np.concatenate(preds), np.concatenate(golds))
-        note = task.note
+        pred, gold = np.concatenate(preds), np.concatenate(golds)
+        rho, r, used = correlations(pred, gold)
+        notes = [task.note] if task.note else []
         if used < task.n_pairs:
-            note = (note + "; " if note else "") + f"scores for {used} of {task.n_pairs} pairs"
-        results.append(TaskResult(task.name, task.n_pairs, used, rho, r, task.data_hash(), note, set_results))
+            notes.append(f"scores for {used} of {task.n_pairs} pairs")
+        # a row of dashes says nothing of why: a model whose cosines are all equal is not a data problem
+        undefined = undefined_reason(pred, gold) if rho is None else ""
+        if undefined:
+            notes.append(f"{undefined}: Spearman undefined")
+        results.append(TaskResult(task.name, task.n_pairs, used, rho, r, task.data_hash(), "; ".join(notes),
+                                  set_results, undefined))
     overall = hashlib.sha256("".join(f"{t.name}:{t.data_hash}" for t in results).encode()).hexdigest()[:16]
     return EvalReport(dict(scorer.info()), results, list(missing_tasks or []), overall, time.perf_counter() - start)

@@ -10,14 +10,22 @@ def _fmt(x: float | None) -> str:
 
 
 def averaged_over(report) -> str:
-    """Which tasks the average covers, so an average over fewer tasks is never mistaken for the suite's."""
+    """Which tasks the average covers, so an average over fewer tasks is never mistaken for the suite's: every
+    task left out of the mean is named with its reason (its data not found, or its Spearman undefined)."""
     n = sum(t.spearman is not None for t in report.tasks)
     total = len(report.tasks) + len(report.missing_tasks)
-    missing = f" (missing: {', '.join(report.missing_tasks)})" if report.missing_tasks else ""
+    reasons: dict[str, list[str]] = {}
+    if report.missing_tasks:
+        reasons["not found under --data"] = list(report.missing_tasks)
+    for t in report.tasks:
+        if t.spearman is None:
+            reasons.setdefault(t.undefined or "Spearman undefined", []).append(t.name)
+    left = ", ".join(f"{', '.join(names)} ({why})" for why, names in reasons.items())
+    out = f"; left out: {left}" if left else ""
     # a scores file may cover part of a task: its Spearman is over those pairs only, and the mean says so
     partial = [f"{t.name} {t.scored} of {t.n} pairs" for t in report.tasks if t.spearman is not None and t.scored < t.n]
     part = f"; in part: {', '.join(partial)}" if partial else ""
-    return f"mean of {n} of {total} tasks{missing}{part}"
+    return f"mean of {n} of {total} tasks{out}{part}"
 
 
 def format_table(report) -> str:

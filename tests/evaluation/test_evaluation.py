@@ -346,6 +346,42 @@ def test_the_average_says_which_tasks_a_scores_file_covers_in_part(tmp_path, sha
         "scored by the mean of its scores" in capsys.readouterr().err
 
 
+def test_constant_scores_say_why_the_task_has_no_spearman(tiny_year, tmp_path, capsys):
+    """Scores all equal (a model whose cosines are constant): the task's row says why it has no Spearman, in
+    the console, the JSON and the Markdown, and the Avg. line names it as left out."""
+    df = tiny_scores(tmp_path).assign(score=0.5)
+    df.to_csv(tmp_path / "c.csv", index=False)
+    out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
+    assert main(["eval", "sts", "--scores", str(tmp_path / "c.csv"), "--data", str(tiny_year), "--tasks", "STS13",
+                 "--json", str(out_json), "--markdown", str(out_md)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    row = [ln for ln in out if ln.startswith("STS13")]
+    assert row and row[0].split()[:5] == ["STS13", "5", "5", "-", "-"], out
+    assert row[0].endswith("scores constant: Spearman undefined"), row
+    avg = [ln for ln in out if ln.startswith("Avg.")]
+    assert avg and avg[0].endswith("mean of 0 of 1 tasks; left out: STS13 (scores constant)"), avg
+    task = json.loads(out_json.read_text())["tasks"][0]
+    assert task["spearman"] is None and task["undefined"] == "scores constant"
+    assert "scores constant: Spearman undefined" in out_md.read_text()
+
+
+def test_the_average_names_every_task_it_leaves_out_with_its_reason(tiny_year, tmp_path, capsys):
+    """A --scores file that holds none of one task's pairs: that task is left out of the mean as surely as a
+    task whose data is not there, and the Avg. line names both, each with its reason."""
+    d = tiny_year / "STS2014-en-test"
+    write(d / "STS.input.c.txt", ["c one\tc uno", "c two\tc dos", "c three\tc tres"])
+    write(d / "STS.gs.c.txt", ["1.0", "2.0", "3.0"])
+    tiny_scores(tmp_path).to_csv(tmp_path / "s.csv", index=False)  # STS13's pairs only
+    assert main(["eval", "sts", "--scores", str(tmp_path / "s.csv"), "--data", str(tiny_year)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    row = [ln for ln in out if ln.startswith("STS14")]
+    assert row and row[0].endswith("scores for 0 of 3 pairs; no pair scored: Spearman undefined"), out
+    avg = [ln for ln in out if ln.startswith("Avg.")]
+    assert avg and avg[0].split()[1] == "90.00", avg  # STS13's alone
+    assert avg[0].endswith("mean of 1 of 7 tasks; left out: STS12, STS15, STS16, STSb, SICK-R (not found under "
+                           "--data), STS14 (no pair scored)"), avg
+
+
 def test_senteval_layout_and_the_average_says_what_it_covers(tmp_path, shared_data, capsys):
     """SentEval ships STS/STS12-en-test and STS/STSBenchmark: both are found, and the Avg. line
     names how many of the suite's tasks it averages and which are missing."""
@@ -360,7 +396,8 @@ def test_senteval_layout_and_the_average_says_what_it_covers(tmp_path, shared_da
     assert missing == ["STS13", "STS14", "STS15", "STS16", "SICK-R"]
     assert main(["eval", "sts", "--tfidf", "--data", str(root)]) == 0
     avg = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Avg.")]
-    assert avg and "mean of 2 of 7 tasks (missing: STS13, STS14, STS15, STS16, SICK-R)" in avg[0]
+    assert avg and "mean of 2 of 7 tasks; left out: STS13, STS14, STS15, STS16, SICK-R (not found under --data)" \
+        in avg[0]
     # a task the user names and that is absent is an error, not a shorter average
     assert main(["eval", "sts", "--tfidf", "--data", str(root), "--tasks", "STSb,SICK-R"]) == 2
     assert "SICK-R: not found" in capsys.readouterr().err
