@@ -46,6 +46,11 @@ The last line is one JSON object (device, peak_tflops, train_mfu, train_padding,
 host_target_tokens_per_s, ..., teacher_target_tokens, and `teacher`: for each set, for each |C_s| as a string,
 spearman, tfidf, diff, diff_ci and their intervals); everything is also written to OUT/gpu.json and OUT/gpu.md.
 A section that fails is reported and the rest go on; --budget-s stops starting sections that would not fit.
+gpu.md gives each failure one line (its type and message; gpu.json's `tracebacks` hold the rest). The arguments
+are checked before any section runs (one line, exit 2): every pairs file of the teacher is read as the teacher
+reads it, gold required, and each --pairs file named apart from the others and from stsb_test and dev (gpu.md
+and gpu.json's `teacher_sets` say which file each name is); a set that fails later (its context sets not made,
+its scoring) is that set's loss alone, named in `errors` and `teacher_not_scored`.
 It needs no Ray: a plain checkout with torch and transformers on Python 3.11 or 3.12.
 """
 
@@ -91,7 +96,7 @@ class Bench:
         self.res: dict = {"device": torch.cuda.get_device_name(self.device) if self.cuda else "cpu",
                           "torch": torch.__version__, "transformers": _version("transformers"),
                           "python": sys.version.split()[0], "tiny": a.tiny,
-                          "cpus": len(os.sched_getaffinity(0)), "sections": {}, "errors": {}}
+                          "cpus": len(os.sched_getaffinity(0)), "sections": {}, "errors": {}, "tracebacks": {}}
         if a.attention or a.pack or a.compile:
             import torch._dynamo.config as dynamo
 
@@ -123,6 +128,15 @@ class Bench:
                      f"graphs (transformers {self.res['transformers']}): not one graph a function")
         return counts
 
+    def failed(self, name: str, exc: BaseException) -> None:
+        """A part that failed: one line under its name in `errors` (gpu.md's row), its traceback in
+        `tracebacks` (gpu.json only)."""
+        import gpu_teacher as gt
+
+        self.log(f"{name}: FAILED {gt.one_line(exc)}")
+        self.res["errors"][name] = gt.one_line(exc)
+        self.res["tracebacks"][name] = "".join(traceback.format_exception(exc))[-4000:]
+
     def sync(self) -> None:
         if self.cuda:
             self.torch.cuda.synchronize(self.device)
@@ -144,8 +158,7 @@ class Bench:
         try:
             self.res["sections"][name] = fn()
         except Exception as exc:  # noqa: BLE001 - a bench reports a failed section and goes on
-            self.log(f"{name}: FAILED {type(exc).__name__}: {exc}")
-            self.res["errors"][name] = "".join(traceback.format_exception(exc))[-4000:]
+            self.failed(name, exc)
         self.save()
         if self.cuda:
             self.torch.cuda.empty_cache()
@@ -364,8 +377,7 @@ class Bench:
             try:
                 rows.append(self.train_run(name, cfg, tok))
             except Exception as exc:  # noqa: BLE001 - one shape failing leaves the others' figures
-                self.log(f"train {name}: FAILED {type(exc).__name__}: {exc}")
-                self.res["errors"][f"train {name}"] = "".join(traceback.format_exception(exc))[-4000:]
+                self.failed(f"train {name}", exc)
             if self.cuda:
                 self.torch.cuda.empty_cache()
         by = {r["shape"]: r for r in rows}
@@ -542,19 +554,12 @@ class Bench:
     # ------------------------------------------------------------------------------------------ teacher
 
     def teacher_sets(self) -> dict:
-        """{name: pairs file}: STS-B test, the 300-pair dev sample and each --pairs file; a set whose file is
-        not found is reported, not scored."""
-        import gpu_teacher as gt
-
-        sets = {"stsb_test": self.a.stsb_test or gt.first_file(gt.STSB_TEST),
-                "dev": self.a.dev_pairs or gt.first_file(gt.DEV_SAMPLE)}
-        for path in self.a.pairs:
-            name = gt.set_name(path)
-            sets[name if name not in sets else f"{name}_pairs"] = path
-        for name in [n for n, p in sets.items() if not p]:
-            self.res["errors"][f"teacher {name}"] = "not scored: no pairs file (bench/gpu_prep.sh copies them)"
-            del sets[name]
-        return sets
+        """{name: pairs file}: the sets `teacher_set_files` read when the arguments were checked; a built-in
+        set whose file is not on this machine is reported, not scored."""
+        for name, why in self.a.teacher_unfound.items():
+            self.res["errors"][f"teacher {name}"] = f"not scored: {why}"
+        self.res["teacher_sets"] = dict(self.a.teacher_sets)
+        return dict(self.a.teacher_sets)
 
     def start_contexts(self, sets: dict, out: Path):
         """bench/gpu_teacher.py contexts in a process of its own: CPU work (the corpus's index, then retrieval
@@ -570,18 +575,23 @@ class Bench:
 
     def wait_contexts(self, proc, out: Path) -> dict:
         """The context-making process's account of itself, once it has ended (at most the time left)."""
-        t0 = time.perf_counter()
+        t0, timed_out = time.perf_counter(), False
         try:
             proc.wait(timeout=max(1.0, self.left()))
         except subprocess.TimeoutExpired:
+            timed_out = True
             proc.kill()
             proc.wait()
         waited = time.perf_counter() - t0
-        tail = (self.work / "contexts.log").read_text(errors="replace").strip().splitlines()[-6:]
-        for line in tail:
+        log = (self.work / "contexts.log").read_text(errors="replace").strip().splitlines()
+        for line in log[-6:]:
             self.log(f"contexts: {line}")
         if proc.returncode != 0:
-            raise RuntimeError(f"context sets not made (exit {proc.returncode}): " + " | ".join(tail))
+            # the log's last line is the exception's (type: message); the rest of its traceback goes to gpu.json
+            self.res["tracebacks"]["teacher contexts"] = "\n".join(log[-40:])
+            last = log[-1].strip() if log else ""
+            raise RuntimeError(f"context sets not made (exit {proc.returncode}"
+                               f"{', stopped: out of time' if timed_out else ''}){': ' + last if last else ''}")
         info = json.loads((out / f"contexts-k{self.contexts_needed}.json").read_text())
         info["waited_after_training_s"] = waited
         return info
@@ -595,7 +605,7 @@ class Bench:
             return float(self.a.teacher_minutes)
         import gpu_teacher as gt
 
-        n = sum(len(gt.read_set(p, self.a.teacher_pairs)) for p in sets.values())
+        n = sum(self.a.teacher_set_pairs[name] for name in sets)  # counted when the arguments were checked
         # a K/N size: its Eq. 4 items, and each sentence's shortlist less the K of them reused
         per_pair = sum(3.5 * k + 2 * max(shortlist - k, 0)
                        for k, shortlist in map(gt.parse_size, self.a.teacher_sizes))
@@ -657,6 +667,13 @@ class Bench:
         from sentsim.context.config import ContextTrainConfig
 
         sets = self.teacher_sets()
+        # an earlier run's score files in --out would pass for this run's (here and in `gpu_teacher.py report`)
+        stale = sorted(self.out.glob("teacher-*.jsonl.gz"))
+        for path in stale:
+            path.unlink()
+        if stale:
+            self.log(f"teacher: {len(stale)} score file(s) of an earlier run removed from {self.out}: "
+                     + ", ".join(p.name for p in stale))
         ctx_dir = self.work / "teacher-contexts"
         proc = self.start_contexts(sets, ctx_dir)
         try:
@@ -679,14 +696,24 @@ class Bench:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        scoring = self.teacher_score(run["bundle"], sets, ctx_dir)
+        # a set whose context sets were not made costs that set alone, never STS-B test's or the dev sample's
+        for name, why in contexts.get("failed", {}).items():
+            self.res["errors"][f"teacher {name}"] = f"not scored: context sets not made: {why}"
+        scoring = self.teacher_score(run["bundle"], {n: p for n, p in sets.items() if n not in contexts.get(
+            "failed", {})}, ctx_dir)
         t0 = time.perf_counter()
         teacher = {name: gt.summarise(gt.read_scores(self.out / f"teacher-{name}.jsonl.gz"))
                    for name in sets if (self.out / f"teacher-{name}.jsonl.gz").is_file()}
         self.log(f"teacher: statistics in {time.perf_counter() - t0:.1f} s\n" + gt.table(teacher))
         self.res["teacher"] = teacher
         self.res["teacher_spearman"] = {k: r["spearman"] for k, r in teacher.get("dev", {}).items()}
-        return {"train": run, "minutes": minutes, "contexts": contexts, "scoring": scoring, "sets": sets}
+        errors = self.res["errors"]
+        not_scored = {n: errors.get(f"teacher {n}") or "; ".join(v for k, v in errors.items()
+                                                               if k.startswith(f"teacher {n} "))
+                      for n in sets if n not in teacher}
+        self.res["teacher_not_scored"] = not_scored
+        return {"train": run, "minutes": minutes, "contexts": contexts, "scoring": scoring, "sets": sets,
+                "sets_scored": len(teacher), "sets_not_scored": not_scored}
 
     def teacher_score(self, bundle: str, sets: dict, ctx_dir: Path) -> list:
         """Each set in turn (STS-B test first: the goal is its figure), each at every |C_s|, smaller first,
@@ -703,31 +730,36 @@ class Bench:
         top = self.contexts_needed
         rate, done, runs = self.teacher_rate(), {n: {} for n in sets}, []
         for name in sets:
-            for label in self.a.teacher_sizes:
-                k, shortlist = gt.parse_size(label)
-                stage = plain if not shortlist else self.reranking(plain, k, shortlist)
-                units = gt.read_units(ctx_dir / f"{name}-k{top}.jsonl.gz", k, shortlist)
-                estimate = gt.count_items(units, k if shortlist else 0)
-                if self.left() < estimate / rate + self.a.teacher_margin_s / 2:
-                    self.res["errors"][f"teacher {name} {label}"] = f"skipped: out of time (~{estimate:,} items)"
-                    continue
-                self.sync()
-                t0, rows, items = time.perf_counter(), [], 0
-                for i in range(0, len(units), per_call):
-                    for o in stage.process([_item(u) for u in units[i:i + per_call]]):
-                        out = scored(o)
-                        rows += out["rows"]
-                        items += out["n_scored"]
-                self.sync()
-                wall = time.perf_counter() - t0
-                rate = items / wall
-                pairs = gt.pairs_of(units)
-                done[name][label] = rows
-                gt.write_scores(self.out / f"teacher-{name}.jsonl.gz", pairs, gt.tfidf_cosine(pairs), done[name])
-                runs.append({"set": name, "size": label, "pairs": len(pairs), "items": items, "seconds": wall,
-                             "items_per_s": rate})
-                self.log(f"teacher {name} |C_s| = {label}: {len(pairs)} pairs, {items:,} items in {wall:.1f} s "
-                         f"({rate:,.0f} items/s)")
+            label = None
+            try:
+                for label in self.a.teacher_sizes:
+                    k, shortlist = gt.parse_size(label)
+                    stage = plain if not shortlist else self.reranking(plain, k, shortlist)
+                    units = gt.read_units(ctx_dir / f"{name}-k{top}.jsonl.gz", k, shortlist)
+                    estimate = gt.count_items(units, k if shortlist else 0)
+                    if self.left() < estimate / rate + self.a.teacher_margin_s / 2:
+                        self.res["errors"][f"teacher {name} {label}"] = f"skipped: out of time (~{estimate:,} items)"
+                        continue
+                    self.sync()
+                    t0, rows, items = time.perf_counter(), [], 0
+                    for i in range(0, len(units), per_call):
+                        for o in stage.process([_item(u) for u in units[i:i + per_call]]):
+                            out = scored(o)
+                            rows += out["rows"]
+                            items += out["n_scored"]
+                    self.sync()
+                    wall = time.perf_counter() - t0
+                    rate = items / wall
+                    pairs = gt.pairs_of(units)
+                    done[name][label] = rows
+                    gt.write_scores(self.out / f"teacher-{name}.jsonl.gz", pairs, gt.tfidf_cosine(pairs), done[name])
+                    runs.append({"set": name, "size": label, "pairs": len(pairs), "items": items, "seconds": wall,
+                                 "items_per_s": rate})
+                    self.log(f"teacher {name} |C_s| = {label}: {len(pairs)} pairs, {items:,} items in {wall:.1f} s "
+                             f"({rate:,.0f} items/s)")
+            except Exception as exc:  # noqa: BLE001 - one set failing leaves the others' scores
+                # the sizes it scored before are in its score file, and counted; the rest of it is not
+                self.failed(f"teacher {name}" + (f" {label}" if done[name] else ""), exc)
         return runs
 
     @property
@@ -809,8 +841,8 @@ def table(res: dict) -> str:
                      f"({r['target_tokens_per_cpu_s'] or 0:,.0f} per CPU-s) | | {pct(r['padding'])} |")
     for r in s.get("train", {}).get("rows", []):
         lines.append(f"| training, {r['shape']} ({r['parameters'] / 1e6:.1f}M) | {r['target_tokens_per_s']:,.0f} "
-                     f"target tokens/s, {r['model_tflops_per_s']:.1f} TFLOP/s (data wait {pct(r['data_wait_share'])}"
-                     f"{graphs(r)}) "
+                     f"target tokens/s, {r['model_tflops_per_s']:.1f} TFLOP/s "
+                     f"(data wait {pct(r['data_wait_share'])}{graphs(r)}) "
                      f"| {pct(r['mfu'])} | {pct(r['padding'])} |")
     for r in s.get("score", {}).get("rows", []):
         lines.append(f"| scoring stage, teacher shape, {r['units_per_call']} unit(s)/call, {r['precision']}"
@@ -826,7 +858,16 @@ def table(res: dict) -> str:
                      f"{statistics.mean(losses) if losses else float('nan'):.3f} | {pct(tr['mfu'])} "
                      f"| {pct(tr['padding'])} |")
     for name, err in res["errors"].items():
-        lines.append(f"| {name} | not measured: {err.strip().splitlines()[-1][:120]} | | |")
+        # one line each: a skip says so itself, a failure is its exception's type and message (its traceback
+        # is in gpu.json's tracebacks)
+        err = " ".join(str(err).split())
+        lines.append(f"| {name} | {err if err.startswith(('skipped', 'not scored')) else 'failed: ' + err} | | |")
+    sets = res.get("teacher_sets")
+    if sets:
+        scored = res.get("teacher") or {}
+        lines += ["", f"Teacher sets, {len(scored)} of {len(sets)} scored: "
+                  + "; ".join(f"{name} = {path}{'' if name in scored else ' (not scored)'}"
+                              for name, path in sets.items())]
     if res.get("teacher"):
         from gpu_teacher import table as teacher_table
 
@@ -854,7 +895,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dev-pairs", default="", help="the 300-pair dev sample (default: "
                     ".gpu/data/contexts/stsb-dev-300.jsonl, else ../shared/gpu's)")
     ap.add_argument("--pairs", action="append", default=[], metavar="FILE", help="another pairs file (s1, s2, "
-                    "gold; any format `sentsim harvest --pairs` reads) scored beside them; repeatable")
+                    "gold; any format `sentsim harvest --pairs` reads) scored beside them, read before any "
+                    "section runs; named by its stem, or more of its path where another's is the same; repeatable")
     ap.add_argument("--teacher-sizes", default="16,100", help="the |C_s| each set is scored at: K (the screening's "
                     "first K contexts) or K/N (K chosen by Eq. 3 from the first N, contexts.rerank_shortlist)")
     ap.add_argument("--teacher-pairs", type=int, default=-1, help="score the first N pairs of each set only "
@@ -888,32 +930,139 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv=None) -> int:
+SECTIONS = ("peak", "host", "train", "score", "teacher")
+
+
+class Refused(Exception):
+    """A mistake in the arguments: one line and exit 2, before any section spends the device's time."""
+
+
+def teacher_sizes(text: str) -> list[str]:
+    """--teacher-sizes as labels, smallest first, each (K, N) once: a size named twice (16,16 or 16,016) is
+    scored once, with a note."""
+    import gpu_teacher as gt
+
+    sizes: dict = {}
+    twice = []
+    for raw in (x.strip() for x in text.split(",")):
+        if not raw:
+            continue
+        try:
+            k, n = gt.parse_size(raw)
+        except ValueError as exc:
+            raise Refused(f"--teacher-sizes: {exc}") from None
+        label = f"{k}/{n}" if n else str(k)
+        if (k, n) in sizes:
+            twice.append(label)
+        sizes[(k, n)] = label
+    if not sizes:
+        raise Refused(f"--teacher-sizes {text!r} names no |C_s|; give K or K/N, comma-separated (e.g. 16,100)")
+    if twice:
+        print(f"note: --teacher-sizes {text}: {', '.join(dict.fromkeys(twice))} named more than once; each size "
+              "is scored once", file=sys.stderr)
+    return [sizes[kn] for kn in sorted(sizes)]
+
+
+def teacher_set_files(a) -> None:
+    """The teacher's pair sets, each file read as the teacher reads it (bench/gpu_teacher.py read_set: gold
+    required) before any section runs, so that a file that cannot be scored costs no device time: sets
+    `a.teacher_sets` ({name: file}), `a.teacher_set_pairs` ({name: pairs scored}) and `a.teacher_unfound`
+    (a built-in set whose file is not here: reported, not scored). Every --pairs file gets a name of its own
+    (gpu_teacher.set_names), never a built-in set's; a file given twice is refused."""
+    import gpu_teacher as gt
+
+    from sentsim.errors import UsageError
+
+    given = [("stsb_test", "--stsb-test", a.stsb_test or gt.first_file(gt.STSB_TEST)),
+             ("dev", "--dev-pairs", a.dev_pairs or gt.first_file(gt.DEV_SAMPLE))]
+    given += [(name, "--pairs", path) for name, path in zip(gt.set_names(a.pairs), a.pairs)]
+    a.teacher_sets, a.teacher_set_pairs, a.teacher_unfound, seen = {}, {}, {}, {}
+    for name, flag, path in given:
+        if not path:
+            a.teacher_unfound[name] = "no pairs file (bench/gpu_prep.sh copies them)"
+            continue
+        same = seen.get(Path(path).resolve())
+        if same:
+            raise Refused(f"{flag} {path}: the same file as {same[0]} {same[1]}; each file is scored once")
+        seen[Path(path).resolve()] = (flag, path)
+        try:
+            pairs = gt.read_set(path, a.teacher_pairs)
+        except (UsageError, OSError) as exc:
+            msg = " ".join(str(exc).split())
+            raise Refused(f"{flag} {msg}" if msg.startswith(path) else f"{flag} {path}: {msg}") from None
+        a.teacher_sets[name], a.teacher_set_pairs[name] = path, len(pairs)
+    if not a.teacher_sets:
+        raise Refused("the teacher has no pair set to score: STS-B test and the dev sample are not here "
+                      "(bench/gpu_prep.sh copies them); give --stsb-test, --dev-pairs or --pairs")
+
+
+def check_arguments(a) -> None:
+    """Everything about the arguments that can be wrong, checked before any section runs (a lent GPU's
+    minutes are what runs out): the pairs files read, the sizes parsed. Raises Refused."""
+    sections = [x.strip() for x in a.sections.split(",") if x.strip()]
+    unknown = [x for x in sections if x not in SECTIONS]
+    if unknown or not sections:
+        raise Refused(f"--sections {a.sections!r}: {'unknown section(s) ' + ', '.join(unknown) if unknown else 'none'}"
+                      f"; the sections are {','.join(SECTIONS)}")
+    a.sections = set(sections)
+    if not a.teacher_minutes:
+        a.sections.discard("teacher")
+    a.teacher_sizes = teacher_sizes(a.teacher_sizes)
+    a.teacher_pairs = (4 if a.tiny else 0) if a.teacher_pairs < 0 else a.teacher_pairs
+    if "teacher" not in a.sections:
+        if a.pairs:
+            why = ("--sections leaves it out" if "teacher" not in sections else
+                   "it runs only with --teacher-minutes N (or `fill`)")
+            raise Refused(f"--pairs {a.pairs[0]}: pairs files are scored by the teacher section, and {why}")
+        a.teacher_sets, a.teacher_set_pairs, a.teacher_unfound = {}, {}, {}
+        return
+    teacher_set_files(a)
+    for name, path in a.teacher_sets.items():
+        if name not in ("stsb_test", "dev"):
+            print(f"teacher set {name}: {path} ({a.teacher_set_pairs[name]} pair(s))", file=sys.stderr)
+
+
+def _numbers(flag: str, text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise Refused(f"{flag} {text!r}: expected whole numbers, comma-separated") from None
+
+
+def arguments(argv=None):
+    """The command line parsed and checked (`check_arguments`), the device's defaults filled in. Raises
+    Refused."""
     a = parser().parse_args(argv)
+    check_arguments(a)
     import torch
 
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if a.device.startswith("cuda") and not torch.cuda.is_available():
-        print(f"bench/gpu.py: error: --device {a.device}, but this machine has no CUDA device", file=sys.stderr)
-        return 2
+        raise Refused(f"--device {a.device}, but this machine has no CUDA device")
     cpus = len(os.sched_getaffinity(0))
-    a.workers = ([int(x) for x in a.workers.split(",")] if a.workers else
+    a.workers = (_numbers("--workers", a.workers) if a.workers else
                  [0, 1] if a.tiny else [w for w in (0, 2, 8) if w <= max(1, cpus - 2)])
-    a.sections = set(a.sections.split(","))
-    a.micro_batches = [int(x) for x in a.micro_batches.split(",")]
-    a.pack = [int(x) for x in a.pack.split(",") if x]
+    given, a.micro_batches = a.micro_batches, _numbers("--micro-batches", a.micro_batches)
+    if not a.micro_batches:
+        raise Refused(f"--micro-batches {given!r}: give one or more numbers (e.g. 8 or 8,1)")
+    a.pack = _numbers("--pack", a.pack)
     a.attention = [x for x in a.attention.split(",") if x and x != "sdpa"]
     a.compile = set(filter(None, a.compile.split(",")))
-    if not a.teacher_minutes:
-        a.sections.discard("teacher")
-    import gpu_teacher as gt
-
-    try:
-        a.teacher_sizes = sorted({x.strip() for x in a.teacher_sizes.split(",") if x.strip()}, key=gt.parse_size)
-    except ValueError as exc:
-        parser().error(f"--teacher-sizes: {exc}")
-    a.teacher_pairs = (4 if a.tiny else 0) if a.teacher_pairs < 0 else a.teacher_pairs
     a.context_workers = a.context_workers or (1 if a.tiny else max(1, cpus - 4))
+    return a
+
+
+def main(argv=None) -> int:
+    try:
+        a = arguments(argv)
+    except Refused as exc:
+        print(f"bench/gpu.py: error: {exc}", file=sys.stderr)
+        return 2
+    return run(a)
+
+
+def run(a) -> int:
+    """Every section asked for, then gpu.json, gpu.md and the last line's JSON object."""
     b = Bench(a)
     try:
         # the device figures first: on a lent GPU, time is what runs out
@@ -933,7 +1082,7 @@ def main(argv=None) -> int:
             "train_padding_packed", "train_target_tokens_per_s_packed", "score_mfu", "score_padding",
             "score_items_per_s", "score_fp32_max_rel_diff", "host_target_tokens_per_s",
             "host_legacy_target_tokens_per_s", "host_padding_before", "host_padding_after", "teacher_spearman",
-            "teacher_probe_items_per_s", "teacher_target_tokens", "teacher")
+            "teacher_probe_items_per_s", "teacher_target_tokens", "teacher_sets", "teacher_not_scored", "teacher")
     print(json.dumps({k: res.get(k) for k in keys} | {"failed": sorted(res["errors"])}))
     b.save()
     return 0

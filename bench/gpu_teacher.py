@@ -6,11 +6,14 @@ per-pair score files it writes and the tables made from them.
     python bench/gpu_teacher.py report DIR          # the teacher's tables again, on a CPU, from DIR's score files
 
 Pair sets: STS-B test (all of it), the 300-pair STS-B dev sample, and any pairs file (`--pairs`, every format
-`sentsim harvest --pairs` reads). Context sets are made as the harvest makes them (`ContextStage`:
-configs/teacher.yaml's screening, TF-IDF bigram retrieval over the corpus's own index, windows of the context
-model's `context_sentences` each side), without Ray: the index is built in this process and units go to
-forked worker processes. Only the largest |C_s| is made; a smaller one is its prefix, because selection is
-greedy in retrieval order (tests/evaluation/test_bench_gpu.py checks this against `ContextStage` at the smaller size).
+`sentsim harvest --pairs` reads), named by its stem, or where that is another's or a built-in set's name, by
+more of its path (`set_names`: pairs.csv and pairs.tsv are pairs_csv and pairs_tsv). A set that cannot be
+read is not made and is listed under "failed" in contexts-kSIZE.json; the others are. Context sets are made
+as the harvest makes them (`ContextStage`: configs/teacher.yaml's screening, TF-IDF bigram retrieval over the
+corpus's own index, windows of the context model's `context_sentences` each side), without Ray: the index is
+built in this process and units go to forked worker processes. Only the largest |C_s| is made; a smaller one
+is its prefix, because selection is greedy in retrieval order (tests/evaluation/test_bench_gpu.py checks this
+against `ContextStage` at the smaller size).
 
 Score files: `teacher-NAME.jsonl.gz`, one JSON object a pair: s1, s2, gold, tfidf, and per |C_s| label K
 `score_K` (Eq. 4, null where the pair has none), `null_K` (why) and `ctx_K` (contexts of s1 and s2). A label
@@ -52,10 +55,53 @@ def first_file(candidates: list[Path]) -> str:
     return next((str(p) for p in candidates if p.is_file()), "")
 
 
-def set_name(path: str) -> str:
-    """A pairs file's name as a key of the results: its stem, other characters than [A-Za-z0-9_-] as '_'."""
-    stem = Path(path).name.split(".")[0]
-    return re.sub(r"[^A-Za-z0-9_-]", "_", stem) or "pairs"
+BUILT_IN_SETS = ("stsb_test", "dev")
+
+
+def _key(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", text)
+
+
+def set_name(path: str, level: int = 0) -> str:
+    """A pairs file's name as a key of the results, other characters than [A-Za-z0-9_-] as '_': at level 0 its
+    stem (`pairs`), at 1 its whole name (`pairs_jsonl_gz`), at 2 and above that many folders above it too
+    (`a_test_tsv`), so that the name that tells files apart is the shortest that does."""
+    name = Path(path).name
+    if level == 0:
+        return _key(name.split(".")[0]) or "pairs"
+    parts = Path(os.path.abspath(path)).parts[1:]  # the root's "/" would name nothing
+    return _key("_".join(parts[-level:] if level > 1 else [name]))
+
+
+def set_names(paths: list[str], taken=BUILT_IN_SETS) -> list[str]:
+    """A name for each pairs file (`set_name`) that no other file's name and no built-in set's is: a file
+    whose name clashes is named at the next level, until none does. Stable: a file's name depends on the
+    files given with it, never on their order (but for files whose names differ only in characters that
+    both become '_', told apart by a number)."""
+    levels = [0] * len(paths)
+    deepest = [len(Path(os.path.abspath(p)).parts) - 1 for p in paths]
+    while True:
+        names = [set_name(p, lv) for p, lv in zip(paths, levels)]
+        clash = [i for i, n in enumerate(names)
+                 if (names.count(n) > 1 or n in taken) and levels[i] < deepest[i]]
+        if not clash:
+            break
+        for i in clash:
+            levels[i] += 1
+    seen = set(taken)
+    for i, n in enumerate(names):
+        k, name = 1, n
+        while name in seen:
+            k += 1
+            name = f"{n}_{k}"
+        names[i] = name
+        seen.add(name)
+    return names
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line: its type and message, the message's lines joined."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
 def read_set(path: str, limit: int = 0) -> list[tuple]:
@@ -125,7 +171,8 @@ def _unit_line(item: dict) -> str:
 
 def make_contexts(corpus: str, index: str, sets: dict, size: int, out: Path, workers: int = 1) -> dict:
     """`NAME-kSIZE.jsonl.gz` in `out` for each named list of pairs: its units of 20 pairs with every sentence's
-    context set. Returns seconds and counts, by set."""
+    context set. Returns seconds and counts, by set, and under "failed" the sets not made, each with its
+    error in one line."""
     import multiprocessing as mp
 
     from sentsim.harvest.stages import ContextStage
@@ -135,14 +182,19 @@ def make_contexts(corpus: str, index: str, sets: dict, size: int, out: Path, wor
     t0 = time.perf_counter()
     _STAGE = ContextStage(harvest_config(corpus, index, size), context_window())
     _STAGE.setup()
-    info = {"load_s": time.perf_counter() - t0, "sets": {}}
+    info = {"load_s": time.perf_counter() - t0, "sets": {}, "failed": {}}
     pool = mp.get_context("fork").Pool(workers) if workers > 1 else None
     try:
         for name, pairs in sets.items():
             t1 = time.perf_counter()
             items = [{"unit": u // PAIRS_PER_UNIT, "pairs": [tuple(p) for p in pairs[u:u + PAIRS_PER_UNIT]]}
                      for u in range(0, len(pairs), PAIRS_PER_UNIT)]
-            lines = list(pool.imap(_unit_line, items)) if pool else [_unit_line(i) for i in items]
+            try:
+                lines = list(pool.imap(_unit_line, items)) if pool else [_unit_line(i) for i in items]
+            except Exception as exc:  # noqa: BLE001 - one set's failure leaves the others' context sets
+                info["failed"][name] = one_line(exc)
+                print(f"contexts {name}: not made: {info['failed'][name]}", flush=True)
+                continue
             dst = out / f"{name}-k{size}.jsonl.gz"
             tmp = dst.with_suffix(".tmp")
             with gzip.open(tmp, "wt", encoding="utf-8") as f:
@@ -368,8 +420,18 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     index_s = ensure_index(a.corpus, index)
     print(f"index {index}: {index_s:.1f} s to build", flush=True)
-    sets = {name: read_set(path, a.limit) for name, path in (s.split("=", 1) for s in a.sets)}
+    from sentsim.errors import UsageError
+
+    # a set that cannot be read is not made, and said to be; the others are (bench/gpu.py scores those)
+    sets, failed = {}, {}
+    for name, path in (s.split("=", 1) for s in a.sets):
+        try:
+            sets[name] = read_set(path, a.limit)
+        except (UsageError, OSError) as exc:
+            failed[name] = one_line(exc)
+            print(f"contexts {name}: not made: {failed[name]}", flush=True)
     info = make_contexts(a.corpus, index, sets, a.size, out, a.workers)
+    info["failed"] = failed | info["failed"]
     import resource
 
     cpu = sum(resource.getrusage(w).ru_utime + resource.getrusage(w).ru_stime

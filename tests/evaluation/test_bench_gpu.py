@@ -128,6 +128,7 @@ def test_teacher_dry_run_scores_every_set_and_leaves_score_files_that_remake_it(
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and json.loads(again.stdout.strip().splitlines()[-1]) == teacher
     assert "| stsb_test | 100 | 3/3 |" in (out / "gpu.md").read_text()
+    assert "Teacher sets, 3 of 3 scored: stsb_test = " in (out / "gpu.md").read_text()
     assert "| stsb_test | 16/100 | 3/3 |" in (out / "gpu.md").read_text()
     runs = json.loads((out / "gpu.json").read_text())["sections"]["teacher"]["scoring"]
     by = {(r["set"], r["size"]): r["items"] for r in runs}
@@ -175,3 +176,159 @@ def test_the_fast_bootstrap_is_bench_common_s():
     ok = np.isfinite(a)
     assert np.allclose(gt.paired_bootstrap(a[ok], b[ok], gold[ok], n=300),
                        common.paired_bootstrap(a[ok], b[ok], gold[ok], n=300), atol=1e-9)
+
+
+# The GPU command's arguments are checked before any section runs: on a lent GPU the session's 15 minutes are
+# what runs out, so a mistake is one line and exit 2 before the first section, never a section lost after it.
+def _gpu():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu
+
+    return gpu
+
+
+def _refusal(capsys, argv, out) -> str:
+    """bench/gpu.py run on `argv` in this process: refused, in one line, before anything is made under --out."""
+    assert _gpu().main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert err.startswith("bench/gpu.py: error: "), err
+    assert not out.exists()  # nothing ran
+    return err[len("bench/gpu.py: error: "):]
+
+
+TEACHER = ["--tiny", "--device", "cpu", "--sections", "teacher", "--teacher-minutes", "0.05"]
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("nope.csv", None, "{path}: pairs file not found"),
+    ("empty.csv", "", "{path}: no pairs"),
+    ("wrong.csv", "a,b,c\nx,y,z\n", "{path}:1: header line names columns a, b, c;"),
+    ("nogold.tsv", "s1\ts2\nThe cat sat.\tA cat sat down.\n",
+     "{path}: no pair has a gold score, so there is nothing to correlate with"),
+])
+def test_a_pairs_file_the_teacher_cannot_score_is_refused_before_any_section(tmp_path, capsys, name, content, says):
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    files = _pair_files(tmp_path / "sets")
+    for fill in ("0.05", "fill"):  # `fill` (bench/gpu_run.sh's) read it only after minutes of training
+        argv = [*TEACHER[:-1], fill, "--stsb-test", str(files["stsb"]), "--dev-pairs", str(files["dev"]),
+                "--pairs", str(files["extra"]), "--pairs", str(path)]
+        assert _refusal(capsys, argv, tmp_path / "out").startswith(f"--pairs {says.format(path=path)}")
+    # STS-B test and the dev sample given are read as strictly: they are what the run is for
+    argv = [*TEACHER, "--stsb-test", str(path), "--dev-pairs", str(files["dev"])]
+    assert _refusal(capsys, argv, tmp_path / "out").startswith(f"--stsb-test {says.format(path=path)}")
+
+
+def test_mistakes_in_the_gpu_command_s_arguments_are_one_line_before_any_section(tmp_path, capsys):
+    files = _pair_files(tmp_path / "sets")
+    sets = ["--stsb-test", str(files["stsb"]), "--dev-pairs", str(files["dev"])]
+    extra = str(files["extra"])
+    again = str(tmp_path / "sets" / ".." / "sets" / "extra pairs.csv")
+    cases = [
+        ([*TEACHER, *sets, "--pairs", extra, "--pairs", again],
+         f"--pairs {again}: the same file as --pairs {extra}; each file is scored once"),
+        ([*TEACHER, *sets, "--pairs", str(files["dev"])],
+         f"--pairs {files['dev']}: the same file as --dev-pairs {files['dev']}; each file is scored once"),
+        # --pairs is scored by the teacher section alone: without it, the file would be dropped unsaid
+        (["--tiny", "--device", "cpu", *sets, "--pairs", extra],
+         f"--pairs {extra}: pairs files are scored by the teacher section, and it runs only with "
+         "--teacher-minutes N (or `fill`)"),
+        (["--tiny", "--device", "cpu", "--sections", "peak", "--teacher-minutes", "1", *sets, "--pairs", extra],
+         f"--pairs {extra}: pairs files are scored by the teacher section, and --sections leaves it out"),
+        ([*TEACHER[:4], "peak,teachr"], "--sections 'peak,teachr': unknown section(s) teachr; the sections are "
+                                        "peak,host,train,score,teacher"),
+        ([*TEACHER, *sets, "--teacher-sizes", "16,x"],
+         "--teacher-sizes: |C_s| 'x': expected K or K/N (K chosen by Eq. 3 from N)"),
+        ([*TEACHER, *sets, "--teacher-sizes", ","],
+         "--teacher-sizes ',' names no |C_s|; give K or K/N, comma-separated (e.g. 16,100)"),
+    ]
+    for argv, line in cases:
+        assert _refusal(capsys, argv, tmp_path / "out") == line, argv
+
+
+def test_every_pairs_file_gets_a_set_name_of_its_own(tmp_path, capsys):
+    """Files of one stem (pairs.csv, pairs.tsv ...) or one name in two folders are each scored under a name of
+    their own, never a built-in set's, and the run says which file each name is."""
+    gpu = _gpu()
+    files = _pair_files(tmp_path / "sets")
+    text = (tmp_path / "sets" / "extra pairs.csv").read_text()
+    tsv = "s1\ts2\tgold\n" + "".join(f"{a}\t{b}\t{g}\n" for a, b, g in DEV_ROWS)
+    given = {"pf/stsb.tsv": tsv, "pf/pairs.csv": text, "pf/pairs.tsv": tsv, "pf/pairs.jsonl": files["dev"].read_text(),
+             "a/test.tsv": tsv, "b/test.tsv": tsv, "pf/dev.tsv": tsv, "pf/stsb_test.csv": text}
+    for rel, content in given.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(content)
+    pairs = [str(tmp_path / rel) for rel in given]
+    a = gpu.parser().parse_args([*TEACHER, "--stsb-test", str(files["stsb"]), "--dev-pairs", str(files["dev"]),
+                                 *[x for p in pairs for x in ("--pairs", p)]])
+    gpu.check_arguments(a)
+    assert a.teacher_sets == {"stsb_test": str(files["stsb"]), "dev": str(files["dev"]), "stsb": pairs[0],
+                              "pairs_csv": pairs[1], "pairs_tsv": pairs[2], "pairs_jsonl": pairs[3],
+                              "a_test_tsv": pairs[4], "b_test_tsv": pairs[5], "dev_tsv": pairs[6],
+                              "stsb_test_csv": pairs[7]}
+    assert a.teacher_set_pairs["pairs_csv"] == 3 and a.teacher_set_pairs["dev"] == 4  # --tiny: the first 4
+    err = capsys.readouterr().err
+    assert f"teacher set pairs_tsv: {pairs[2]} (4 pair(s))" in err
+    # a name depends on the files given, not on their order
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_teacher as gt
+
+    names = dict(zip(pairs, gt.set_names(pairs)))
+    assert dict(zip(pairs[::-1], gt.set_names(pairs[::-1]))) == names
+    assert gt.set_names(["x/p.csv"]) == ["p"]
+
+
+def test_a_size_named_twice_is_scored_once_with_a_note(tmp_path, capsys):
+    gpu = _gpu()
+    files = _pair_files(tmp_path / "sets")
+    a = gpu.parser().parse_args([*TEACHER, "--stsb-test", str(files["stsb"]), "--dev-pairs", str(files["dev"]),
+                                 "--teacher-sizes", "100,16,016,16/100,16"])
+    gpu.check_arguments(a)
+    assert a.teacher_sizes == ["16", "16/100", "100"]
+    assert "note: --teacher-sizes 100,16,016,16/100,16: 16 named more than once; each size is scored once" \
+        in capsys.readouterr().err
+
+
+def test_each_failure_is_one_line_of_the_report():
+    """gpu.md gives each failure one line (its traceback is gpu.json's only)."""
+    gpu = _gpu()
+    res = {"device": "cpu", "torch": "2", "transformers": "5", "python": "3.12", "cpus": 2, "sections": {},
+           "errors": {"peak": "RuntimeError: it broke\n  on two lines", "teacher x 100": "skipped: out of time"},
+           "teacher_sets": {"stsb_test": "/d/sts-test.csv", "x": "/d/x.csv"}, "teacher": {}}
+    md = gpu.table(res).splitlines()
+    assert "| peak | failed: RuntimeError: it broke on two lines | | |" in md
+    assert "| teacher x 100 | skipped: out of time | | |" in md
+    assert "Teacher sets, 0 of 2 scored: stsb_test = /d/sts-test.csv (not scored); x = /d/x.csv (not scored)" in md
+
+
+@pytest.mark.slow
+def test_a_set_that_fails_after_the_check_costs_that_set_alone(tmp_path, speech_corpus, capsys):
+    """A pairs file that passed the check and is gone when the context sets are made (after it, in a process of
+    its own): that set is not scored, and said to be, in one line; STS-B test, the dev sample and the other
+    --pairs file are scored as ever, and the run ends 0."""
+    gpu = _gpu()
+    files, out = _pair_files(tmp_path / "sets"), tmp_path / "out"
+    gone = tmp_path / "sets" / "gone.csv"
+    gone.write_text(files["extra"].read_text())
+    a = gpu.arguments([*TEACHER, "--corpus", str(speech_corpus), "--stsb-test", str(files["stsb"]),
+                       "--dev-pairs", str(files["dev"]), "--pairs", str(files["extra"]), "--pairs", str(gone),
+                       "--teacher-pairs", "3", "--teacher-sizes", "16", "--out", str(out)])
+    gone.unlink()
+    out.mkdir()
+    (out / "teacher-gone.jsonl.gz").write_bytes(b"an earlier run's")  # never passed off as this run's
+    assert gpu.run(a) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    why = f"not scored: context sets not made: UsageError: {gone}: pairs file not found"
+    assert last["failed"] == ["teacher gone"] and last["teacher_not_scored"] == {"gone": why}
+    assert set(last["teacher"]) == {"stsb_test", "dev", "extra_pairs"}
+    assert all(r["16"]["scored"] == 3 for r in last["teacher"].values())
+    res = json.loads((out / "gpu.json").read_text())
+    assert res["sections"]["teacher"]["sets_scored"] == 3 and res["errors"] == {"teacher gone": why}
+    assert sorted(p.name for p in out.glob("teacher-*")) == [
+        "teacher-dev.jsonl.gz", "teacher-extra_pairs.jsonl.gz", "teacher-stsb_test.jsonl.gz"]
+    md = (out / "gpu.md").read_text().splitlines()
+    assert f"| teacher gone | {why} | | |" in md
+    assert ("Teacher sets, 3 of 4 scored: stsb_test = {stsb}; dev = {dev}; extra_pairs = {extra}; gone = {gone} "
+            "(not scored)").format(gone=gone, **files) in md
