@@ -22,13 +22,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from sentsim.encoder_folder import has_tokenizer
 from sentsim.errors import UsageError
 
 INFO_FILE = "sentsim_model.json"
 # documentation a reader does not need, rewritten after the export (eval sts adds its scores to the card)
 UNLISTED = frozenset({INFO_FILE, "README.md"})
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
-                   "tokenizer.model")
 STAGED, ASIDE = "new", "old"  # suffixes of the export's two sibling folders
 
 
@@ -160,7 +159,7 @@ def _check_transformer(d: Path, root: Path) -> None:
         if not (d / name).is_file():
             raise _Bad(f"{rel}{name} is missing")
         _check_safetensors(d / name, rel + name)
-    if not any((d / t).is_file() for t in TOKENIZER_FILES):
+    if not has_tokenizer(d):
         raise _Bad(f"no tokenizer ({rel}tokenizer.json or a vocabulary file) is there")
 
 

@@ -621,7 +621,11 @@ def model_hashes(cfg: HarvestConfig) -> dict:
 
         out["rep_cache"] = cache_identity(corpus_fingerprint(cfg.corpus), cfg.discriminator)
     if cfg.rank.enabled:
-        out["base_encoder"] = checkpoint_hash(cfg.rank.encoder or default_base_encoder())
+        from sentsim.encoder_folder import encoder_folder
+
+        encoder = cfg.rank.encoder or default_base_encoder()
+        encoder_folder(encoder, "rank.encoder")  # its tokenizer there, before any actor ranks a sentence with it
+        out["base_encoder"] = checkpoint_hash(encoder)
     return out
 
 

@@ -34,6 +34,9 @@ def load_encoder(path: str, device: Optional[str] = None):
 
     if not Path(path).is_dir():
         raise UsageError(f"{path}: base encoder must be a local model folder (transformers or sentence-transformers)")
+    from sentsim.encoder_folder import encoder_folder
+
+    encoder_folder(path, "base encoder")  # one without its tokenizer would load, and rank every sentence as [UNK]
     try:
         return SentenceTransformer(path, device=device or ("cuda" if _cuda() else "cpu"))
     except (OSError, ValueError) as exc:

