@@ -8,6 +8,7 @@ import os
 from sentsim.config import add_config_arguments, load_config
 from sentsim.out_paths import check_out
 from sentsim.training.cli import add_executor, add_force_new, add_max_steps, add_num_workers
+from sentsim.training.common import counted
 
 COMMAND = ("train", "context")
 HELP = "train the seq2seq context models (paper 3.2.2) on a corpus; reports held-out perplexity and context-use gap"
@@ -25,7 +26,7 @@ def add_arguments(parser) -> None:
     add_num_workers(parser)
     add_max_steps(parser, "stop after N optimizer steps (default: the config's max_steps; a finished run given more "
                           "goes on from where it stopped)", least=1)
-    add_executor(parser, config_key=True)
+    add_executor(parser, config_key=True, state="runs/NAME/")
     add_force_new(parser)
     add_config_arguments(parser)
 
@@ -44,7 +45,7 @@ def run(args) -> int:
     summary = train_context(args.corpus, args.out, cfg, tokenizer_from=args.tokenizer_from,
                             address=args.address or os.environ.get("RAY_ADDRESS"), force_new=args.force_new)
     for name, r in summary["runs"].items():
-        print(f"model {name}: {r['parameters']:,} parameters, {r['steps']} steps, "
+        print(f"model {name}: {r['parameters']:,} parameters, {counted(r['steps'], 'step')}, "
               f"{r['tokens_seen']:,} tokens seen, {r['train_seconds']:.0f}s")
         for d, ev in (r["final_eval"] or {}).items():
             print(f"  {d:5s} held-out loss {ev['loss']:.3f} nats/token  ppl {ev['perplexity']:.1f}  "

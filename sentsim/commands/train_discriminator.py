@@ -21,7 +21,7 @@ def add_arguments(parser) -> None:
     add_num_workers(parser)
     add_max_steps(parser, "train N optimizer steps per worker, for as many epochs as they take (0: run "
                           "train.epochs out; default: the config's train.max_steps)", least=0)
-    add_executor(parser)
+    add_executor(parser, state="_train/")
     add_force_new(parser)
     add_config_arguments(parser)
 

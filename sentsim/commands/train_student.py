@@ -5,6 +5,7 @@ from __future__ import annotations
 from sentsim.config import load_config
 from sentsim.students import objectives
 from sentsim.training.cli import add_executor, add_training_arguments, backbone_or_default, training_overrides
+from sentsim.training.common import counted
 
 COMMAND = ("train", "student")
 HELP = f"train a student encoder ({' | '.join(objectives.names())}) from harvested shards"
@@ -40,7 +41,8 @@ def run(args) -> int:
     fmt = lambda x: "-" if x is None else f"{x:.4g}"  # noqa: E731
     # one logged point (a run shorter than log_every) is the mean over the run, not a start and an end
     loss = f"{fmt(first)} -> {fmt(last)}" if s.get("loss_points", 2) > 1 else f"{fmt(last)} (mean over the run)"
-    print(f"{s['objective']}: {s['rows']} rows, {s['total_steps']} steps, loss {loss}; model: {s['model']}")
+    print(f"{s['objective']}: {counted(s['rows'], 'row')}, {counted(s['total_steps'], 'step')}, loss {loss}; "
+          f"model: {s['model']}")
     if s.get("empty_filter_batches") is not None:
         print(f"batches where the pair filter kept no pair (l_cl only): {s['empty_filter_batches']}")
     for k, v in s["skips"].items():

@@ -7,6 +7,7 @@ import os
 
 from sentsim.config import load_config
 from sentsim.training.cli import add_executor, add_training_arguments, backbone_or_default, training_overrides
+from sentsim.training.common import counted
 
 COMMAND = ("train", "surrogate")
 HELP = "train a surrogate (Siamese or cross-encoder) on harvested pair scores, optionally fine-tune on STS-B"
@@ -44,7 +45,7 @@ def run(args) -> int:
         sts = st["stage"] == "finetune-sts"  # trained with L2 on STS-B's gold scores
         # under cosent the cosines keep the targets' order, not their values: dev L2 says nothing there
         dev = ("L2", "dev_l2", ".4g") if sts or cfg.loss != "cosent" else ("Spearman", "dev_spearman", ".2f")
-        print(f"{st['stage']}: {st['train_pairs']} pairs, {st['total_steps']} steps; "
+        print(f"{st['stage']}: {counted(st['train_pairs'], 'pair')}, {counted(st['total_steps'], 'step')}; "
               f"dev {dev[0]} {first[dev[1]]:{dev[2]}} -> {last[dev[1]]:{dev[2]}}; "
               f"Spearman vs {'gold' if sts else 'teacher'} (test) {first['test_spearman']:.2f} -> "
               f"{last['test_spearman']:.2f}; model: {st['model']}")

@@ -25,13 +25,15 @@ def add_training_arguments(parser, *, data_help: str, out_help: str) -> None:
     add_config_arguments(parser)
 
 
-def add_executor(parser, *, config_key: bool = False) -> None:
+def add_executor(parser, *, config_key: bool = False, state: str = "") -> None:
     """--executor for the trainers: Ray Train, or this process without Ray. `config_key`: the trainer's config
-    holds `executor` (train context), so the flag's default is the config's, which a --config file may set."""
+    holds `executor` (train context), so the flag's default is the config's, which a --config file may set.
+    `state`: the folder under --out that holds the trainer's checkpoints ("" for --out itself)."""
     default = "the config's executor, ray" if config_key else "ray"
     parser.add_argument("--executor", choices=["ray", "inline"], default=None if config_key else "ray",
                         help=f"ray: Ray Train; inline: one process, no Ray (development, a machine without Ray); "
-                             f"checkpoints in checkpoint/ instead of ray/, and --num-workers is 1 (default: {default})")
+                             f"checkpoints in {state}checkpoint/ instead of {state}ray/ under --out, and "
+                             f"--num-workers is 1 (default: {default})")
 
 
 def add_num_workers(parser) -> None:

@@ -7,7 +7,12 @@ from typing import Optional
 
 from sentsim.runtime import quiet_progress
 
-__all__ = ["quiet_progress", "use_gpu"]
+__all__ = ["counted", "quiet_progress", "use_gpu"]
+
+
+def counted(n: int, noun: str) -> str:
+    """A count and its noun, agreeing: "1 step", "2 steps"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def use_gpu(want: Optional[bool], num_workers: int) -> bool:

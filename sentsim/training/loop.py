@@ -37,7 +37,7 @@ import numpy as np
 from torch import nn
 
 from sentsim.hardware import bf16_native
-from sentsim.training.common import quiet_progress
+from sentsim.training.common import counted, quiet_progress
 from sentsim.training.settings import LoopSettings
 
 STATE_FILE = "state.pt"
@@ -420,7 +420,7 @@ class _Worker:
         say(f"[{self.s.label}] {self.session.world} worker(s) on {self.device}{' bf16' if self.bf16 else ''}; "
             f"{n_params / 1e6:.1f}M trainable parameters; ready in {time.perf_counter() - t_start:.1f}s"
             f"{'; ' + note if note else ''}; {'resuming at step ' + str(self.step) if self.state else 'starting'}, "
-            f"{self.s.total_steps} steps")
+            f"{counted(self.s.total_steps, 'step')}")
 
     def evaluate(self) -> dict:
         return self.trainee.evaluate(self.device, self.autocast) if self.rank0 else {}

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from sentsim.errors import UsageError
-from sentsim.training.common import quiet_progress, use_gpu
+from sentsim.training.common import counted, quiet_progress, use_gpu
 from sentsim.training.settings import LoopSettings, rounded_threads, worker_threads
 
 __all__ = ["EXECUTORS", "TrainingDiverged", "check_fit", "check_state", "claim_out", "discarding", "finished_run",
@@ -306,7 +306,7 @@ def capped_note(label: str, n_rows: int, total_steps: int, *, num_workers: int, 
     if total_steps >= steps_per_epoch(n_rows, num_workers, batch_size, drop_last):
         return ""
     seen = total_steps * num_workers * batch_size
-    return (f"note: {label}: {total_steps} steps of {num_workers} x {batch_size} see {seen} of the {n_rows} "
+    return (f"note: {label}: {counted(total_steps, 'step')} of {num_workers} x {batch_size} see {seen} of the {n_rows} "
             "training rows (a seeded random part of them; raise max_steps to see them all)")
 
 
@@ -485,7 +485,7 @@ def check_state(label: str, out_dir: Path, name: str, executor: str, inline_dir:
     reached = resumed_step(out_dir, name, executor, inline_dir)
     if reached is not None and reached > total_steps:
         raise UsageError(f"{label}: the training state in {out_dir} is at step {reached}, past the "
-                         f"{total_steps} steps this run plans, and a model is not trained back: ask for at "
+                         f"{counted(total_steps, 'step')} this run plans, and a model is not trained back: ask for at "
                          f"least {reached} steps (max_steps or epochs), or --force-new to start over, or another --out")
     for other in EXECUTORS:
         step = None if other == executor else resumed_step(out_dir, name, other, inline_dir)
@@ -493,9 +493,9 @@ def check_state(label: str, out_dir: Path, name: str, executor: str, inline_dir:
             continue
         if step > total_steps:
             raise UsageError(f"{label}: the training state in {out_dir} (--executor {other}'s) is at step {step}, "
-                             f"past the {total_steps} steps this run plans, and a model is not trained back: ask "
-                             f"--executor {other} for at least {step} steps (max_steps or epochs), or --force-new to "
-                             "start over, or another --out")
+                             f"past the {counted(total_steps, 'step')} this run plans, and a model is not trained "
+                             f"back: ask --executor {other} for at least {step} steps (max_steps or epochs), or "
+                             "--force-new to start over, or another --out")
         if reached is None:
             raise UsageError(f"{label}: the training state in {out_dir} is at step {step} on --executor {other}, "
                              f"which --executor {executor} does not read: continue it with --executor {other}, or "

@@ -220,7 +220,7 @@ def test_a_run_refused_for_a_smaller_budget_leaves_out_as_it_was(tmp_path, corpu
     capsys.readouterr()
     assert main(args(1)) == 2
     err = capsys.readouterr().err
-    assert "is at step 2, past the 1 steps this run plans" in err and "Traceback" not in err, err
+    assert "is at step 2, past the 1 step this run plans" in err and "Traceback" not in err, err
     assert files() == before
     assert main(args(2)) == 0
     assert "already holds this finished bundle" in capsys.readouterr().out

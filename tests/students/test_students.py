@@ -682,7 +682,7 @@ def test_a_student_of_an_earlier_run_format_goes_on_under_its_fingerprint(harves
     # its fit recorded as a format-1 run's was (the workers' config holding the triples' path): made again here
     (out / "checkpoint" / "rse.done.json").unlink()
     r = cli_in_process(capsys, *args, "--max-steps", "1")
-    assert r.returncode == 0 and "resuming at step 1, 1 steps" in r.stdout, r.stderr[-3000:]
+    assert r.returncode == 0 and "resuming at step 1, 1 step" in r.stdout, r.stderr[-3000:]
     assert json.loads((out / "run.json").read_text())["fingerprint"] == held
 
     r = cli_in_process(capsys, *args, "--max-steps", "1")

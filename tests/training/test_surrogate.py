@@ -557,7 +557,7 @@ def test_a_finished_inline_stage_is_finished_on_ray_and_another_budget_there_is_
     assert "starting" not in again.stdout and "resuming" not in again.stdout
     assert model_bytes() == before and not (out / "ray").exists()
 
-    for steps, said in (("1", "is at step 2, past the 1 steps this run plans"),
+    for steps, said in (("1", "is at step 2, past the 1 step this run plans"),
                         ("3", "at step 2 on --executor inline, which --executor ray does not read")):
         r = cli_in_process(capsys, *args, "--executor", "ray", "--max-steps", steps)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
@@ -614,7 +614,7 @@ def test_inline_surrogate_fine_tune_budget_resumes_and_a_refused_run_changes_not
     for smaller in (["--max-steps", "1", "--set", "finetune.max_steps=2"],
                     ["--max-steps", "2", "--set", "finetune.max_steps=1"]):
         r = cli_in_process(capsys, *args, *smaller)
-        assert r.returncode == 2 and "past the 1 steps this run plans" in r.stderr, (smaller, r.stderr[-3000:])
+        assert r.returncode == 2 and "past the 1 step this run plans" in r.stderr, (smaller, r.stderr[-3000:])
         assert _files(out) == before, smaller
 
     r = cli_in_process(capsys, *args, "--max-steps", "2", "--set", "finetune.max_steps=3")
@@ -801,7 +801,7 @@ def test_a_force_new_run_refused_after_its_claim_keeps_the_old_run_whole(tmp_pat
 
     fresh = cli_in_process(capsys, *args, "--executor", "inline", "--max-steps", "1", "--set", "lr=1e-3",
                            "--force-new")
-    assert fresh.returncode == 0 and "starting, 1 steps" in fresh.stdout, fresh.stderr[-3000:]
+    assert fresh.returncode == 0 and "starting, 1 step" in fresh.stdout, fresh.stderr[-3000:]
     rec = json.loads((out / "run.json").read_text())
     assert rec["fingerprint"] != old_fp and rec["config"]["lr"] == 1e-3
     assert _steps(out, "harvest") == [0, 1] and checkpoint_hash(str(out / "model")) != old_model
