@@ -34,7 +34,16 @@ from sentsim.students.objectives import names as objective_names
 from sentsim.students.objectives import objective_class
 from sentsim.training.config import TRAINING_FORMAT
 from sentsim.training.driver import EncoderDriver
-from sentsim.training.run import TrainingDiverged, capped_note, epoch_left_out, epoch_shortfall, fit, plan_steps
+from sentsim.training.run import (
+    TrainingDiverged,
+    capped_note,
+    epoch_cap_note,
+    epoch_left_out,
+    epoch_shortfall,
+    fit,
+    plan_steps,
+    steps_per_epoch,
+)
 from sentsim.training.settings import LoopSettings
 
 __all__ = ["StudentRun", "TrainingDiverged", "evaluate_student", "train_student"]
@@ -194,6 +203,9 @@ class StudentRun(EncoderDriver):
                                 epochs=cfg.epochs, max_steps=cfg.max_steps, drop_last=self.drop_last)
         capped = capped_note(f"student {cfg.objective}", n_rows, self.total, num_workers=self.workers,
                              batch_size=cfg.batch_size, drop_last=self.drop_last)
+        capped = capped or epoch_cap_note(
+            f"student {cfg.objective}", cfg.max_steps, epochs=cfg.epochs,
+            per_epoch=steps_per_epoch(n_rows, self.workers, cfg.batch_size, self.drop_last))
         if capped:
             print(capped)
 

@@ -24,7 +24,16 @@ from sentsim.errors import UsageError
 from sentsim.surrogate.config import SurrogateConfig
 from sentsim.training.config import TRAINING_FORMAT
 from sentsim.training.driver import EncoderDriver
-from sentsim.training.run import TrainingDiverged, capped_note, check_fit, epoch_shortfall, fit, plan_steps
+from sentsim.training.run import (
+    TrainingDiverged,
+    capped_note,
+    check_fit,
+    epoch_cap_note,
+    epoch_shortfall,
+    fit,
+    plan_steps,
+    steps_per_epoch,
+)
 from sentsim.training.settings import LoopSettings
 
 __all__ = ["SurrogateRun", "TrainingDiverged", "train_surrogate"]
@@ -176,6 +185,11 @@ class SurrogateRun(EncoderDriver):
                            epochs=spec["epochs"], max_steps=spec["max_steps"], drop_last=False)
         note = capped_note(f"surrogate {name}", n_train, total, num_workers=self.workers,
                            batch_size=spec["batch_size"], drop_last=False)
+        keys = {"steps_key": "finetune.max_steps", "epochs_key": "--set finetune.epochs=..."} \
+            if name == "finetune-sts" else {}
+        note = note or epoch_cap_note(f"surrogate {name}", spec["max_steps"], epochs=spec["epochs"],
+                                      per_epoch=steps_per_epoch(n_train, self.workers, spec["batch_size"], False),
+                                      **keys)
         if note:
             print(note, flush=True)
         loop = LoopSettings.from_section(cfg, label=f"surrogate {name}", total_steps=total, epochs=spec["epochs"],

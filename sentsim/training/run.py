@@ -310,6 +310,19 @@ def capped_note(label: str, n_rows: int, total_steps: int, *, num_workers: int, 
             "training rows (a seeded random part of them; raise max_steps to see them all)")
 
 
+def epoch_cap_note(label: str, max_steps: int, *, epochs: int, per_epoch: int, steps_key: str = "--max-steps",
+                   epochs_key: str = "--epochs") -> str:
+    """The note for a run whose max_steps asks for more steps than its epochs hold: the epochs end it ("" when
+    max_steps is 0 or within them). Said on a fresh run and on a rerun that finds it finished, where a larger
+    max_steps is otherwise "nothing to do" without a reason."""
+    total = epochs * per_epoch
+    if not max_steps or max_steps <= total:
+        return ""
+    return (f"note: {label}: {steps_key} {max_steps} is past the {counted(total, 'step')} its epochs hold "
+            f"({counted(epochs, 'epoch')} x {counted(per_epoch, 'step')}), so it trains {total}; raise "
+            f"{epochs_key} to train longer")
+
+
 def epoch_shortfall(n_rows: int, num_workers: int, batch_size: int, drop_last: bool) -> str:
     """The tail of a trainer's note when an epoch does not reach every row: the workers take equal shares
     (the remainder of n_rows / num_workers waits), and with drop_last a share's last part batch is dropped.

@@ -145,3 +145,64 @@ def test_a_nan_score_in_a_harvest_is_refused_by_the_students(backbone, tmp_path,
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err, err[-3000:]
     assert "1 score(s) are NaN or infinite" in err and not (tmp_path / "o").exists()
+
+
+def test_the_epoch_cap_note_names_the_epochs_that_end_a_longer_max_steps():
+    from sentsim.training.run import epoch_cap_note
+
+    assert epoch_cap_note("s", 0, epochs=1, per_epoch=13) == ""  # no step budget: the epochs are the plan
+    assert epoch_cap_note("s", 13, epochs=1, per_epoch=13) == ""
+    assert epoch_cap_note("s", 30, epochs=1, per_epoch=13) == (
+        "note: s: --max-steps 30 is past the 13 steps its epochs hold (1 epoch x 13 steps), so it trains 13; "
+        "raise --epochs to train longer")
+    assert "past the 1 step its epochs hold (1 epoch x 1 step)" in epoch_cap_note("s", 2, epochs=1, per_epoch=1)
+    assert "finetune.max_steps 9 is past the 8 steps its epochs hold (2 epochs x 4 steps)" in epoch_cap_note(
+        "s", 9, epochs=2, per_epoch=4, steps_key="finetune.max_steps")
+
+
+def test_a_student_says_when_its_epochs_end_a_longer_max_steps(harvest, backbone, tmp_path, capsys):
+    """--max-steps past the epochs: the fresh run says the epochs end it, and so does the rerun that finds it
+    finished (not a bare "nothing to do"); a run inside its epoch says nothing of it. (In this process: inline.)"""
+    from harvest_support import cli_in_process
+
+    out = tmp_path / "rse"
+    args = ["train", "student", "--objective", "rse", "--data", harvest, "--backbone", backbone, "--out", out,
+            "--executor", "inline", "--set", "max_seq_length=16", "--set", "eval_every=100", "--set", "batch_size=16",
+            "--set", "rse.score_threshold=0.3"]
+    r = cli_in_process(capsys, *args, "--max-steps", "1000")
+    assert r.returncode == 0, r.stderr[-3000:]
+    n = int(re.search(r"^note: (\d+) rse training rows; each epoch leaves out", r.stdout, re.M).group(1))
+    per_epoch = n // 16
+    note = (f"note: student rse: --max-steps 1000 is past the {per_epoch} steps its epochs hold (1 epoch x "
+            f"{per_epoch} steps), so it trains {per_epoch}; raise --epochs to train longer")
+    assert note in r.stdout and f"starting, {per_epoch} steps" in r.stdout, r.stdout
+
+    again = cli_in_process(capsys, *args, "--max-steps", "2000")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"already trained to step {per_epoch} with these settings; nothing to do" in again.stdout
+    assert note.replace("1000", "2000") in again.stdout and "starting" not in again.stdout
+
+    r = cli_in_process(capsys, *args, "--max-steps", "1", "--out", tmp_path / "one")
+    assert r.returncode == 0 and "is past the" not in r.stdout, r.stderr[-3000:]
+
+
+def test_a_surrogate_says_when_its_epochs_end_a_longer_max_steps(harvest, backbone, tmp_path, capsys):
+    from harvest_support import cli_in_process
+
+    out = tmp_path / "s"
+    args = ["train", "surrogate", "--data", harvest, "--backbone", backbone, "--out", out, "--executor", "inline",
+            "--init", "scratch", "--epochs", "1", "--set", "batch_size=32", "--set", "max_seq_length=16",
+            "--set", "eval_every=100", "--set", "scratch.hidden_size=32", "--set", "scratch.num_layers=1",
+            "--set", "scratch.num_heads=2", "--set", "scratch.intermediate_size=64"]
+    r = cli_in_process(capsys, *args, "--max-steps", "30")
+    assert r.returncode == 0, r.stderr[-3000:]
+    trained, _, _ = note_of(r.stdout, "pairs")
+    per_epoch = -(-trained // 32)
+    note = (f"note: surrogate harvest: --max-steps 30 is past the {per_epoch} steps its epochs hold (1 epoch x "
+            f"{per_epoch} steps), so it trains {per_epoch}; raise --epochs to train longer")
+    assert note in r.stdout and f"starting, {per_epoch} steps" in r.stdout, r.stdout
+    assert re.search(rf"^harvest: {trained} pairs, {per_epoch} steps; ", r.stdout, re.M), r.stdout
+    again = cli_in_process(capsys, *args, "--max-steps", "40")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"already trained to step {per_epoch} with these settings; nothing to do" in again.stdout
+    assert note.replace("30", "40") in again.stdout
