@@ -326,9 +326,10 @@ def epoch_cap_note(label: str, max_steps: int, *, epochs: int, per_epoch: int, s
 def epoch_shortfall(n_rows: int, num_workers: int, batch_size: int, drop_last: bool) -> str:
     """The tail of a trainer's note when an epoch does not reach every row: the workers take equal shares
     (the remainder of n_rows / num_workers waits), and with drop_last a share's last part batch is dropped.
-    Which rows those are changes with each epoch's shuffle."""
+    Which rows those are changes with each epoch's shuffle. Empty for an epoch no batch fills, which plan_steps
+    refuses: a note before that refusal would explain a run that does not happen."""
     left = epoch_left_out(n_rows, num_workers, batch_size, drop_last)
-    if not left:
+    if not left or steps_per_epoch(n_rows, num_workers, batch_size, drop_last) < 1:
         return ""
     why = "do not fill a last batch" if drop_last else f"do not split evenly over {num_workers} workers"
     return f"; each epoch leaves out {left} of them (a reshuffled few that {why})"

@@ -12,7 +12,7 @@ import json
 import re
 
 import pytest
-from conftest import sentsim_cli
+from conftest import error_line, sentsim_cli
 from harvest_support import small_pairs_run, tiny_bert, write_pairs_run
 
 pytestmark = pytest.mark.slow
@@ -184,6 +184,25 @@ def test_a_student_says_when_its_epochs_end_a_longer_max_steps(harvest, backbone
 
     r = cli_in_process(capsys, *args, "--max-steps", "1", "--out", tmp_path / "one")
     assert r.returncode == 0 and "is past the" not in r.stdout, r.stderr[-3000:]
+
+
+def test_a_batch_no_epoch_fills_is_refused_without_a_note_on_the_rows_an_epoch_leaves_out(harvest, backbone,
+                                                                                         tmp_path, capsys):
+    """The refusal explains the run, not a note before it on the rows each epoch of it would leave out."""
+    from harvest_support import cli_in_process
+
+    refused = tmp_path / "big"
+    r = cli_in_process(capsys, "train", "student", "--objective", "rse", "--data", harvest, "--backbone", backbone,
+                       "--out", refused, "--executor", "inline", "--set", "rse.score_threshold=0.3",
+                       "--set", "batch_size=400")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert re.search(r"rse: \d+ training rows cannot fill one batch of 400 per worker", error_line(r.stderr))
+    assert "leaves out" not in r.stdout and not refused.exists()
+    # with a batch an epoch fills, the same rows' shortfall is said
+    r = cli_in_process(capsys, "train", "student", "--objective", "rse", "--data", harvest, "--backbone", backbone,
+                       "--out", refused, "--executor", "inline", "--set", "rse.score_threshold=0.3",
+                       "--set", "batch_size=64", "--set", "max_seq_length=16", "--max-steps", "1")
+    assert r.returncode == 0 and "each epoch leaves out" in r.stdout, r.stderr[-3000:]
 
 
 def test_a_surrogate_says_when_its_epochs_end_a_longer_max_steps(harvest, backbone, tmp_path, capsys):
