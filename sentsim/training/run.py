@@ -46,6 +46,9 @@ _PENDING: dict = {}  # absolute --out -> the run.json text its claim writes once
 # absolute --out -> what --force-new discards there once the run goes ahead (go_ahead): the state folders, and the
 # trainer's discard of the earlier run's exports and reports
 _DISCARDS: dict = {}
+# absolute --out -> the folders its claim made (it, and any above it that were missing: a discriminator's
+# OUT/_train): a new --out refused after its claim is not left behind as empty folders
+_MADE: dict = {}
 
 
 def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg: str,
@@ -84,7 +87,10 @@ def claim_out(out_dir: Path, run_id: str, record: dict, force_new: bool, out_arg
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_arg} is a file, not a folder")
     release_out(out_dir)  # an earlier training of this process into the same --out
+    made = [p for p in (Path(key), *Path(key).parents) if not p.exists()]
     out_dir.mkdir(parents=True, exist_ok=True)
+    if made:
+        _MADE[key] = made
     lease = RunLease(pafs.LocalFileSystem(), key, out_arg).acquire()
     _HELD_OUTS[key] = lease
     try:
@@ -133,6 +139,7 @@ def go_ahead(path: Path) -> None:
     from storage.fs import write_text_atomic
 
     for key in _claims_holding(path, _PENDING):
+        _MADE.pop(key, None)
         state_dirs, discard = _DISCARDS.pop(key, ((), None))
         # exports first: a kill in between leaves state of the earlier settings, so a rerun without --force-new
         # is refused as another run, rather than accepted beside the earlier run's model and reports
@@ -220,12 +227,19 @@ def _changed(stored: dict, record: dict, unfingerprinted: tuple) -> str:
 
 def release_out(out_dir: Path) -> None:
     """Give up this process's lease on a training --out (claim_out takes it), and the record of a run that
-    did not go ahead, unwritten; safe to call twice."""
-    _PENDING.pop(str(Path(out_dir).absolute()), None)
-    _DISCARDS.pop(str(Path(out_dir).absolute()), None)  # --force-new's discard too: the earlier run stays whole
-    lease = _HELD_OUTS.pop(str(Path(out_dir).absolute()), None)
+    did not go ahead, unwritten, with the --out itself where the claim made it and nothing was written into it
+    (a new --out refused after its claim is not left as an empty folder); safe to call twice."""
+    key = str(Path(out_dir).absolute())
+    _PENDING.pop(key, None)
+    _DISCARDS.pop(key, None)  # --force-new's discard too: the earlier run stays whole
+    lease = _HELD_OUTS.pop(key, None)
     if lease is not None:
         lease.release()
+    for folder in _MADE.pop(key, []):  # a run that went ahead keeps them (go_ahead forgets them)
+        try:
+            folder.rmdir()  # only an empty one, deepest first: whatever else came to be there stays
+        except OSError:
+            break
 
 
 def finished_run(out_dir: Path, run_id: str, record: dict, model: Path, ignore: tuple = ()) -> Optional[dict]:

@@ -227,6 +227,35 @@ def test_claim_out_takes_the_lease_of_a_training_out(tmp_path):
     assert not (out / LEASE).exists() and json.loads((out / "run.json").read_text())["fingerprint"] == "fp"
 
 
+def test_a_new_out_refused_after_its_claim_is_not_left_behind(tmp_path):
+    """A run refused after it claimed a new --out (a batch no row fills, workers the cluster cannot hold) leaves
+    no empty folder there, the folders above it the claim made included (a discriminator's OUT/_train); one
+    that went ahead keeps its folder, and so does one that something was written into, or that was there."""
+    from pathlib import Path
+
+    from sentsim.training.run import claim_out
+
+    out = tmp_path / "new" / "_train"
+    with pytest.raises(RuntimeError, match="refused"):
+        with claim_out(Path(out), "fp", {}, False, "OUT"):
+            assert out.is_dir()
+            raise RuntimeError("refused")
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(RuntimeError):
+        with claim_out(Path(out), "fp", {}, False, "OUT"):
+            (out.parent / "model.safetensors").write_bytes(b"x")  # another writer's, or an export's: kept
+            raise RuntimeError("refused")
+    assert (out.parent / "model.safetensors").is_file() and not out.exists()
+    with pytest.raises(RuntimeError):
+        with claim_out(Path(out.parent), "fp", {}, False, "OUT"):  # there before the claim: kept
+            raise RuntimeError("refused")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.safetensors"]
+    went = tmp_path / "went"
+    with claim_out(Path(went), "fp", {}, False, "OUT"):
+        pass
+    assert json.loads((went / "run.json").read_text())["fingerprint"] == "fp"
+
+
 @pytest.mark.slow
 def test_two_trainings_into_one_out_second_exits_2_naming_the_holder(tmp_path, speech_corpus, ray_head):
     """Two real `sentsim train discriminator` processes with one --out: the second exits 2 in one line
