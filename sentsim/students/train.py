@@ -43,6 +43,7 @@ from sentsim.training.run import (
     fit,
     plan_steps,
     steps_per_epoch,
+    training_extent,
 )
 from sentsim.training.settings import LoopSettings
 
@@ -119,7 +120,7 @@ def build_trainee(config: dict, session, ckpt):
 # ----------------------------------------------------------------------------- driver
 
 
-def _export(ckpt_dir: Path, out: Path, cfg: StudentConfig, card: dict, total: int) -> Path:
+def _export(ckpt_dir: Path, out: Path, cfg: StudentConfig, card: dict, extent: dict) -> Path:
     from sentsim.training.encoder_models import export_model
     from sentsim.training.model_card import final_metrics
 
@@ -128,7 +129,7 @@ def _export(ckpt_dir: Path, out: Path, cfg: StudentConfig, card: dict, total: in
             if (ckpt_dir / extra).is_file():
                 shutil.copy(ckpt_dir / extra, folder / extra)
 
-    training = {"steps": total, "epochs": cfg.epochs, "final": final_metrics(ckpt_dir)}
+    training = {**extent, "epochs": cfg.epochs, "final": final_metrics(ckpt_dir)}
     return export_model(ckpt_dir / "model", out / "model", "siamese", cfg.max_seq_length,
                         card={**card, "training": training}, extras=side_files, pooling=cfg.pooling)
 
@@ -257,8 +258,12 @@ class StudentRun(EncoderDriver):
     def train(self) -> dict:
         cfg, spec, table, total, out_dir = self.cfg, self.spec, self.table, self.total, self.out
         n_rows = table.num_rows
-        card = student_card(cfg, self.bb, self.inputs["--data"], spec, n_rows,
-                            epoch_left_out(n_rows, self.workers, cfg.batch_size, self.drop_last), self.workers)
+        extent = training_extent(total, n_rows, num_workers=self.workers, batch_size=cfg.batch_size,
+                                 drop_last=self.drop_last)
+        # an epoch's left-out rows are news only where an epoch ends: a run inside its first reads none of them
+        left = epoch_left_out(n_rows, self.workers, cfg.batch_size, self.drop_last) \
+            if total >= extent["steps_per_epoch"] else 0
+        card = student_card(cfg, self.bb, self.inputs["--data"], spec, n_rows, left, self.workers)
         spec.update(backbone=self.bb["path"], total_steps=total)
         loop = LoopSettings.from_section(cfg, label=f"student {cfg.objective}", total_steps=total,
                                          verbose=self.verbose, drop_last=self.drop_last,
@@ -266,7 +271,7 @@ class StudentRun(EncoderDriver):
         datasets = {"train": table if self.executor == "inline" else seeded_ray_dataset(table, cfg.seed)}
         run = fit({"build": build_trainee, "loop": loop, "cfg": self.workers_config(), "spec": spec},
                   name=cfg.objective, out_dir=out_dir, datasets=datasets, executor=self.executor,
-                  export=lambda d: _export(d, out_dir, cfg, card, total))
+                  export=lambda d: _export(d, out_dir, cfg, card, extent))
         history, model_dir, rv = run["history"], run["model"], run["result"]
         self.model_dir = model_dir
         self.curves(history, cfg.objective, f"student {cfg.objective} ({cfg.init})")

@@ -33,6 +33,7 @@ from sentsim.training.run import (
     fit,
     plan_steps,
     steps_per_epoch,
+    training_extent,
 )
 from sentsim.training.settings import LoopSettings
 
@@ -211,11 +212,13 @@ class SurrogateRun(EncoderDriver):
 
         cfg, out = self.cfg, self.out
         model_dir = out / ("model" if name == "harvest" else "model-sts")
+        extent = training_extent(total, n_train, num_workers=self.workers, batch_size=spec["batch_size"],
+                                 drop_last=False)
         run = fit(self.fit_config(loop, spec), name=name,
                   out_dir=out, datasets=datasets, executor=self.executor, inline_dir=f"checkpoint/{name}",
                   hint="training stopped (check the scores' scale, or lower --set lr=...)",
                   export=lambda d: export_model(d / "model", model_dir, cfg.arch, cfg.max_seq_length, card={
-                      **card, "training": {"steps": total, "epochs": spec["epochs"], "final": final_metrics(d)}}))
+                      **card, "training": {**extent, "epochs": spec["epochs"], "final": final_metrics(d)}}))
         history = run["history"]
         self.curves(history, name, f"surrogate ({cfg.arch}, {spec['init']}) - {name}")
         return {"stage": name, "model": str(model_dir), "train_pairs": n_train, "total_steps": total,

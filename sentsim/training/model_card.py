@@ -123,7 +123,7 @@ def _training_lines(card: dict) -> list[str]:
     lines = [f"- Objective: `{obj.get('name')}`" + (f", {obj['description']}" if obj.get("description") else "")]
     t = card.get("training") or {}
     if t:
-        lines.append(f"- Steps: {_num(t.get('steps'))} over {_num(t.get('epochs'))} epoch(s)")
+        lines.append(_steps_line(t))
         final = {k: v for k, v in (t.get("final") or {}).items() if k not in _POINT_KEYS}
         if final:
             lines.append(f"- Dev/test metrics at step {_num((t.get('final') or {}).get('step'))}: "
@@ -134,6 +134,21 @@ def _training_lines(card: dict) -> list[str]:
         lines += ["", "| setting | value |", "|---|---|"]
         lines += [f"| {k} | `{json.dumps(v)}` |" for k, v in settings.items()]
     return lines
+
+
+def _steps_line(t: dict) -> str:
+    """What was trained: the steps, the epochs they make and the rows they read (`training_extent`'s entries); a
+    card exported before those were recorded says its steps and the epochs its settings asked for."""
+    steps, per_epoch = t.get("steps"), t.get("steps_per_epoch")
+    if not isinstance(steps, int) or not isinstance(per_epoch, int) or per_epoch < 1:
+        return f"- Steps: {_num(steps)}, with epochs={_num(t.get('epochs'))}"
+    rows, read = t.get("rows"), t.get("rows_read")
+    if steps < per_epoch:
+        return (f"- Steps: {steps:,}, {steps / per_epoch:.2g} of an epoch of {per_epoch:,} steps: "
+                f"{_num(read)} of the {_num(rows)} training rows read (the step budget ended the run)")
+    epochs = steps / per_epoch
+    return (f"- Steps: {steps:,}, {epochs:.3g} epoch{'' if epochs == 1 else 's'} of {per_epoch:,} steps: "
+            f"{_num(read)} reads of the {_num(rows)} training rows")
 
 
 def _sts_lines(sts: dict, folder_hint: str) -> list[str]:

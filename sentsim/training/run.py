@@ -349,6 +349,17 @@ def epoch_shortfall(n_rows: int, num_workers: int, batch_size: int, drop_last: b
     return f"; each epoch leaves out {left} of them (a reshuffled few that {why})"
 
 
+def training_extent(total_steps: int, n_rows: int, *, num_workers: int, batch_size: int, drop_last: bool) -> dict:
+    """What `total_steps` train, for a model card: the steps an epoch takes, the epochs they make (a fraction when
+    the budget ends the run inside one), and the rows they read (a row read in each of two epochs counts twice)."""
+    per_epoch = steps_per_epoch(n_rows, num_workers, batch_size, drop_last)
+    full, rest = divmod(total_steps, per_epoch)
+    epoch_rows = n_rows - epoch_left_out(n_rows, num_workers, batch_size, drop_last)
+    read = full * epoch_rows + min(rest * num_workers * batch_size, epoch_rows)
+    return {"steps": total_steps, "steps_per_epoch": per_epoch, "epochs_trained": round(total_steps / per_epoch, 4),
+            "rows": n_rows, "rows_read": read}
+
+
 def epoch_left_out(n_rows: int, num_workers: int, batch_size: int, drop_last: bool) -> int:
     """Rows an epoch does not reach: the remainder of the workers' equal shares, and with drop_last each
     share's short last batch (the count epoch_shortfall's note gives and a student's model card records)."""

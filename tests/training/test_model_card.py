@@ -62,7 +62,11 @@ def test_a_student_card_says_what_the_model_is(trained):
     assert "skipped (no phrase): 4" in body and "sentences: 50" in body
     assert "Objective: `paser`, 002: phrase reconstruction" in body
     assert "| paser.top_k | `3` |" in body and "| batch_size | `8` |" in body
-    assert "Steps: 2 over 1 epoch(s)" in body and "Not evaluated yet" in body
+    # what was trained: 2 steps of 8 inside the first epoch (PaSeR trains each epoch's short last batch too)
+    n = summary["rows"]
+    per_epoch = -(-n // 8)
+    assert f"Steps: 2, {2 / per_epoch:.2g} of an epoch of {per_epoch} steps: 16 of the {n} training rows read" in body
+    assert "left out of each epoch" not in body and "Not evaluated yet" in body
     card = json.loads((model / INFO_FILE).read_text())["card"]
     assert card["data"]["fingerprint"] == fingerprint and card["base_model"]["init"] == "pretrained"
 
@@ -110,3 +114,24 @@ def test_the_cards_average_is_the_suites_on_published_splits(trained, tmp_path):
     assert "not comparable with published SICK-R" in sick
     stsb13 = json.loads((model / INFO_FILE).read_text())["sts"]["tasks"]["STS13"]["spearman"]
     assert f"| **Avg.** | | **{stsb13:.2f}** | | | mean of 1 of the suite's 7 tasks (STS13) |" in body
+
+
+def test_a_card_says_what_its_steps_trained_and_an_older_card_what_it_recorded():
+    """The steps line from what training_extent records (the budget inside an epoch, or whole epochs); a card
+    exported before those were recorded (eval sts renders it again) says its steps and its epochs setting, not
+    that its steps ran over those epochs."""
+    from sentsim.training.model_card import render
+    from sentsim.training.run import training_extent
+
+    def steps_line(training: dict) -> str:
+        return next(ln for ln in render({"card": {"training": training}}).splitlines() if ln.startswith("- Steps:"))
+
+    inside = training_extent(3, 279, num_workers=1, batch_size=16, drop_last=True)
+    assert inside == {"steps": 3, "steps_per_epoch": 17, "epochs_trained": 0.1765, "rows": 279, "rows_read": 48}
+    assert steps_line({**inside, "epochs": 1}) == (
+        "- Steps: 3, 0.18 of an epoch of 17 steps: 48 of the 279 training rows read (the step budget ended the run)")
+    whole = training_extent(34, 279, num_workers=1, batch_size=16, drop_last=True)
+    assert steps_line({**whole, "epochs": 2}) == "- Steps: 34, 2 epochs of 17 steps: 544 reads of the 279 training rows"
+    two = training_extent(3, 100, num_workers=2, batch_size=16, drop_last=False)  # 50 a worker: 4 steps an epoch
+    assert two["steps_per_epoch"] == 4 and two["rows_read"] == 96
+    assert steps_line({"steps": 3, "epochs": 1}) == "- Steps: 3, with epochs=1"

@@ -320,7 +320,9 @@ def test_siamese_from_scratch_learns_the_teacher_and_resumes(tmp_path, stsb_pair
     assert "Trained from scratch (random weights); tokenizer from folder" in body
     assert f"Harvest: `{h}`, fingerprint `{fingerprint}`" in body
     assert "Rows: trained on 480 of 600 pairs (left out: 60 dev, 60 test)" in body
-    assert "Objective: `cosine_regression`" in body and "Steps: 30 over 10 epoch(s)" in body
+    assert "Objective: `cosine_regression`" in body
+    # --max-steps 30 ends it after 2 of its 10 epochs of 15 steps
+    assert "Steps: 30, 2 epochs of 15 steps: 960 reads of the 480 training rows" in body
     assert f"Dev/test metrics at step 30: dev_l2 {end['dev_l2']:.4g}" in body and "| arch | `\"siamese\"` |" in body
 
     # different settings against the same --out are refused, not silently mixed
@@ -375,7 +377,8 @@ def test_cross_encoder_from_minilm_finetuned_on_stsb(tmp_path, minilm, shared_da
     assert front["base_model"] and front["pipeline_tag"] == "text-ranking" and "cross-encoder" in front["tags"]
     assert "- Base model: " in body and "fine-tuned from its weights" in body
     assert f"STS-B train: `{shared_data / 'sts' / 'stsbenchmark'}` (gold scores / 5" in body
-    assert "Rows: trained on 5,749 of 5,749 pairs" in body and "Steps: 4 over 4 epoch(s)" in body
+    assert "Rows: trained on 5,749 of 5,749 pairs" in body
+    assert "Steps: 4, 0.0056 of an epoch of 719 steps: 32 of the 5,749 training rows read" in body
 
 
 @pytest.mark.slow

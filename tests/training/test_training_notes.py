@@ -160,9 +160,15 @@ def test_the_epoch_cap_note_names_the_epochs_that_end_a_longer_max_steps():
         "s", 9, epochs=2, per_epoch=4, steps_key="finetune.max_steps")
 
 
-def test_a_student_says_when_its_epochs_end_a_longer_max_steps(harvest, backbone, tmp_path, capsys):
+def _card_body(model) -> str:
+    return (model / "README.md").read_text().split("\n---\n", 1)[1]
+
+
+def test_a_student_says_when_its_epochs_end_a_longer_max_steps_and_its_card_what_it_trained(harvest, backbone,
+                                                                                           tmp_path, capsys):
     """--max-steps past the epochs: the fresh run says the epochs end it, and so does the rerun that finds it
-    finished (not a bare "nothing to do"); a run inside its epoch says nothing of it. (In this process: inline.)"""
+    finished (not a bare "nothing to do"); the card says the steps, epochs and rows it trained. (In this
+    process: inline.)"""
     from harvest_support import cli_in_process
 
     out = tmp_path / "rse"
@@ -172,18 +178,26 @@ def test_a_student_says_when_its_epochs_end_a_longer_max_steps(harvest, backbone
     r = cli_in_process(capsys, *args, "--max-steps", "1000")
     assert r.returncode == 0, r.stderr[-3000:]
     n = int(re.search(r"^note: (\d+) rse training rows; each epoch leaves out", r.stdout, re.M).group(1))
-    per_epoch = n // 16
+    per_epoch, left = n // 16, n % 16
     note = (f"note: student rse: --max-steps 1000 is past the {per_epoch} steps its epochs hold (1 epoch x "
             f"{per_epoch} steps), so it trains {per_epoch}; raise --epochs to train longer")
     assert note in r.stdout and f"starting, {per_epoch} steps" in r.stdout, r.stdout
+    body = _card_body(out / "model")
+    assert f"Steps: {per_epoch}, 1 epoch of {per_epoch} steps: {n - left} reads of the {n} training rows" in body
+    assert f"left out of each epoch (a short last batch): {left}" in body
 
     again = cli_in_process(capsys, *args, "--max-steps", "2000")
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"already trained to step {per_epoch} with these settings; nothing to do" in again.stdout
     assert note.replace("1000", "2000") in again.stdout and "starting" not in again.stdout
 
+    # one step inside the epoch: the card counts what it read, and no epoch's left-out rows
     r = cli_in_process(capsys, *args, "--max-steps", "1", "--out", tmp_path / "one")
-    assert r.returncode == 0 and "is past the" not in r.stdout, r.stderr[-3000:]
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "is past the" not in r.stdout
+    body = _card_body(tmp_path / "one" / "model")
+    assert f"Steps: 1, {1 / per_epoch:.2g} of an epoch of {per_epoch} steps: 16 of the {n} training rows read" in body
+    assert "left out of each epoch" not in body
 
 
 def test_a_batch_no_epoch_fills_is_refused_without_a_note_on_the_rows_an_epoch_leaves_out(harvest, backbone,
@@ -221,6 +235,8 @@ def test_a_surrogate_says_when_its_epochs_end_a_longer_max_steps(harvest, backbo
             f"{per_epoch} steps), so it trains {per_epoch}; raise --epochs to train longer")
     assert note in r.stdout and f"starting, {per_epoch} steps" in r.stdout, r.stdout
     assert re.search(rf"^harvest: {trained} pairs, {per_epoch} steps; ", r.stdout, re.M), r.stdout
+    body = _card_body(out / "model")
+    assert f"Steps: {per_epoch}, 1 epoch of {per_epoch} steps: {trained} reads of the {trained} training rows" in body
     again = cli_in_process(capsys, *args, "--max-steps", "40")
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"already trained to step {per_epoch} with these settings; nothing to do" in again.stdout
