@@ -25,8 +25,23 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", 
 CONTEXT_FILE = "context.json"  # a sentsim context-model bundle's own record (sentsim.context.model)
 
 
+# sentencepiece models under other names (DeBERTa-v2/v3's spm.model, RemBERT's sentencepiece.model, Marian's
+# source.spm): any file of these suffixes is a vocabulary
+SENTENCEPIECE_SUFFIXES = (".model", ".spm")
+# tokenizers that read no file at all (bytes or characters are their tokens), named in tokenizer_config.json
+FILELESS_TOKENIZERS = ("ByT5Tokenizer", "CanineTokenizer")
+
+
 def has_tokenizer(folder: Path) -> bool:
-    return any((folder / t).is_file() for t in TOKENIZER_FILES)
+    if any((folder / t).is_file() for t in TOKENIZER_FILES):
+        return True
+    if any(f.suffix in SENTENCEPIECE_SUFFIXES and f.is_file() for f in folder.iterdir()):
+        return True
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("tokenizer_class") in FILELESS_TOKENIZERS
 
 
 def context_bundle(folder: Path) -> Optional[Path]:

@@ -11,6 +11,7 @@ eval sts --model FOLDER` records its scores there and renders the card again (`r
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -144,7 +145,10 @@ def _steps_line(t: dict) -> str:
         return f"- Steps: {_num(steps)}, with epochs={_num(t.get('epochs'))}"
     rows, read = t.get("rows"), t.get("rows_read")
     if steps < per_epoch:
-        return (f"- Steps: {steps:,}, {steps / per_epoch:.2g} of an epoch of {per_epoch:,} steps: "
+        part = f"{steps / per_epoch:.2g}"
+        if float(part) >= 1:  # a part of an epoch never rounds up to a whole one: 299 of 300 steps is 0.99
+            part = f"{math.floor(100 * steps / per_epoch) / 100:g}"
+        return (f"- Steps: {steps:,}, {part} of an epoch of {per_epoch:,} steps: "
                 f"{_num(read)} of the {_num(rows)} training rows read (the step budget ended the run)")
     epochs = steps / per_epoch
     return (f"- Steps: {steps:,}, {epochs:.3g} epoch{'' if epochs == 1 else 's'} of {per_epoch:,} steps: "

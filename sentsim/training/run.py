@@ -320,8 +320,9 @@ def capped_note(label: str, n_rows: int, total_steps: int, *, num_workers: int, 
     if total_steps >= steps_per_epoch(n_rows, num_workers, batch_size, drop_last):
         return ""
     seen = total_steps * num_workers * batch_size
-    return (f"note: {label}: {counted(total_steps, 'step')} of {num_workers} x {batch_size} see {seen} of the {n_rows} "
-            "training rows (a seeded random part of them; raise max_steps to see them all)")
+    return (f"note: {label}: {counted(total_steps, 'step')} of {num_workers} x {batch_size} "
+            f"{'sees' if total_steps == 1 else 'see'} {seen} of the {n_rows} training rows (a seeded random part of "
+            "them; raise max_steps to see them all)")
 
 
 def epoch_cap_note(label: str, max_steps: int, *, epochs: int, per_epoch: int, steps_key: str = "--max-steps",

@@ -135,3 +135,12 @@ def test_a_card_says_what_its_steps_trained_and_an_older_card_what_it_recorded()
     two = training_extent(3, 100, num_workers=2, batch_size=16, drop_last=False)  # 50 a worker: 4 steps an epoch
     assert two["steps_per_epoch"] == 4 and two["rows_read"] == 96
     assert steps_line({"steps": 3, "epochs": 1}) == "- Steps: 3, with epochs=1"
+
+
+def test_a_part_of_an_epoch_never_reads_as_a_whole_one():
+    from sentsim.training.model_card import _steps_line
+
+    assert "Steps: 299, 0.99 of an epoch of 300 steps" in _steps_line(
+        dict(steps=299, steps_per_epoch=300, rows=300, rows_read=299))
+    assert "Steps: 4, 0.0056 of an epoch of 719 steps" in _steps_line(
+        dict(steps=4, steps_per_epoch=719, rows=719, rows_read=4))

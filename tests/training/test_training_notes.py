@@ -116,7 +116,7 @@ def test_rse_student_says_what_it_trains_on(harvest, backbone, tmp_path):
     n = trained + used
     assert f"note: {n} rse training rows; each epoch leaves out {n % 16} of them" in r.stdout
     # --max-steps 1 ends the run inside its first epoch: which rows it sees is said too
-    assert f"note: student rse: 1 step of 1 x 16 see 16 of the {n} training rows" in r.stdout
+    assert f"note: student rse: 1 step of 1 x 16 sees 16 of the {n} training rows" in r.stdout
 
 
 def test_paser_student_says_what_it_trains_on(harvest, backbone, tmp_path):
