@@ -160,8 +160,9 @@ def holding_run(uri: str, stage: str = "harvest") -> Optional[str]:
     if name not in NESTED_RUNS or not parent or parent.endswith(":/"):
         return None
     try:
-        manifest = ShardStore(parent).read_manifest()
-    except StoreError:
+        # its stage only, which a hand edit of the rest does not change: the hint names the harvest all the same
+        manifest = ShardStore(parent).read_manifest(trusted=False)
+    except StoreError:  # not JSON, or not a file: no stage to name
         return None
     return parent if manifest and manifest.get("stage") == stage else None
 
@@ -303,8 +304,10 @@ class ShardStore:
         if name not in NESTED_RUNS or not parent or parent.endswith(":/"):
             return
         try:
-            here, outer = self.read_manifest(), ShardStore(parent).read_manifest()
-        except StoreError:
+            # their stages only: a run whose manifest was edited by hand is still the run that wrote it, and still
+            # part of the run around it
+            here, outer = self.read_manifest(trusted=False), ShardStore(parent).read_manifest(trusted=False)
+        except StoreError:  # not JSON, or not a file: no stage to tell
             return
         if here and outer and here.get("stage") != stage:
             raise StoreError(f"{self.uri} holds the {name} run of the '{outer.get('stage')}' run {parent}, "
@@ -453,10 +456,12 @@ class ShardStore:
     def _another_stages_parts(self, stage: str) -> List[str]:
         """What a run of another stage left here beside the parts every run has: its tables, the runs it built
         inside its folder and its reports, which `--force-new` replacing it removes too, so no reader takes
-        them for the new run's. A run of the same stage keeps them (a pool harvest's vectors are reused)."""
+        them for the new run's. A run of the same stage keeps them (a pool harvest's vectors are reused). Read
+        untrusted: a manifest edited by hand still names the stage and tables of the run that wrote it, and
+        `--force-new` is what the refusal of an edited manifest tells the user to run."""
         try:
-            old = self.read_manifest()
-        except StoreError:
+            old = self.read_manifest(trusted=False)
+        except StoreError:  # not JSON, or not a file: what it held cannot be told
             return []
         if not old:  # a run that lost its manifest, started over: its reports go (its nested runs are checked)
             return list(RUN_REPORTS) if self.lost_manifest() else []

@@ -209,3 +209,74 @@ def test_the_harvests_readers_refuse_an_edited_manifest_in_one_line(tmp_path, ca
         assert r.returncode == 2 and f"{run}/{EDITED}" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
     assert not (tmp_path / "s").exists() and not (tmp_path / "t").exists()
+
+
+def _toy_run(root, stage: str, summary: dict | None = None) -> ShardStore:
+    """A finished one-unit run of `stage` at `root`, written through the store."""
+    schema = pa.schema([("x", pa.int64())])
+    store = ShardStore(str(root))
+    store.open_run(stage, f"{stage}-fp", {"k": 1}, [], {"rows": schema}, planned_units=1)
+    store.write_unit(0, {"rows": pa.table({"x": [1]}, schema=schema)}, f"{stage}-fp")
+    store.finalize(1, summary or {})
+    return store
+
+
+def _edit_by_hand(root) -> None:
+    m = json.loads((root / "manifest.json").read_text())
+    m["config"] = dict(m.get("config") or {}, edited=True)
+    (root / "manifest.json").write_text(json.dumps(m))
+
+
+def test_force_new_of_another_stage_over_an_edited_manifest_removes_the_old_run_whole(run_copy):
+    """--force-new is what the refusal of an edited manifest says to run: replacing a run of another stage, it
+    removes the old run's tables (and nested runs and reports) as it does for one whose manifest is intact, so
+    nothing of the old run lies beside the new manifest."""
+    (run_copy / "report.json").write_text("{}")
+    _edit_by_hand(run_copy)
+    old_tables = set(json.loads((run_copy / "manifest.json").read_text())["tables"])
+    assert old_tables and all((run_copy / t).is_dir() for t in old_tables)
+    schema = pa.schema([("y", pa.int64())])
+    store = ShardStore(str(run_copy))
+    store.open_run("harvest", "new-fp", {}, [], {"pairs": schema}, planned_units=1, force_new=True)
+    store.write_unit(0, {"pairs": pa.table({"y": [3]}, schema=schema)}, "new-fp")
+    store.finalize(1, {})
+    left = {p.name for p in run_copy.iterdir()}
+    assert not left & (old_tables | {"report.json"}) and "pairs" in left, left
+    assert verify_run(str(run_copy)) == ([], None)
+
+
+def test_a_nested_runs_edited_manifest_keeps_the_notes_and_refusals_that_read_its_stage(tmp_path, capsys):
+    """What reads only a manifest's stage, or whether a run is there, reads an edited one too: a pool harvest's
+    inner run is still refused as an --out and still named as part of its harvest, and `store verify` still gives
+    the notes on the harvest's other nested runs, while it names each edited manifest as damage."""
+    run = tmp_path / "h"
+    _toy_run(run, "harvest", {"pool": {"vectors_fingerprint": "v", "ranks_fingerprint": "r"},
+                              "unread_nested_runs": ["rep_cache"]})
+    for name, stage in (("pool_vectors", "harvest-pool-vectors"), ("rep_cache", "rep_cache")):
+        _toy_run(run / name, stage)
+    written = (run / "pool_vectors" / "manifest.json").read_bytes()
+    _edit_by_hand(run / "pool_vectors")
+    kept = (run / "pool_vectors" / "manifest.json").read_bytes()
+
+    r = cli_in_process(capsys, "store", "verify", run)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "BAD  pool_vectors/manifest.json: does not match its own checksum" in r.stderr, r.stderr
+    for note in (f"{run}/rep_cache: not read by this run", f"{run}/pool_ranks: not there (deleted?)"):
+        assert note in r.stdout, r.stdout
+    assert f"{run}/pool_vectors: not there" not in r.stdout, r.stdout
+
+    inner = ShardStore(str(run / "pool_vectors"))
+    with pytest.raises(StoreError, match="holds the pool_vectors run of the 'harvest' run"):
+        inner.open_run("corpus", "c-fp", {}, [], {"rows": pa.schema([("x", pa.int64())])}, force_new=True)
+    inner.release()
+    assert (run / "pool_vectors" / "manifest.json").read_bytes() == kept
+
+    (run / "pool_vectors" / "manifest.json").write_bytes(written)
+    _edit_by_hand(run)  # the harvest's own manifest: named, and the notes it gives are still given
+    r = cli_in_process(capsys, "store", "verify", run)
+    assert r.returncode == 1 and "BAD  manifest.json: does not match its own checksum" in r.stderr, r.stderr
+    for note in (f"{run}/rep_cache: not read by this run", f"{run}/pool_ranks: not there (deleted?)"):
+        assert note in r.stdout, r.stdout
+    r = cli_in_process(capsys, "remix", run / "pool_vectors", "--out", tmp_path / "r")
+    assert r.returncode == 2 and f"not a harvest run but a part of the harvest {run}" in r.stderr, r.stderr
+    assert not (tmp_path / "r").exists()
