@@ -400,8 +400,8 @@ class ShardStore:
 
     def go_ahead(self) -> None:
         """The run open_run opened goes ahead: --force-new clears the old run now (when open_run's `defer_clear`
-        put it off until the new run's refusals were behind it), and the new manifest is written. Nothing when
-        no opened run waits."""
+        put it off until the new run's refusals were behind it), and the new manifest is written, over the old
+        one (clear leaves it there until then). Nothing when no opened run waits."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
@@ -470,17 +470,26 @@ class ShardStore:
         return sorted(set(old.get("tables") or {}) | set(NESTED_RUNS) | set(RUN_REPORTS))
 
     def clear(self, tables: Iterable[str]) -> None:
-        """Delete a run. Commit points go first (completion flag, markers, manifest), data last, so
-        a crash part-way leaves data without markers (never read, swept or overwritten on the next
-        run) and never markers without their data."""
+        """Delete a run, in an order that leaves, wherever a kill stops it, a folder the same --force-new clears
+        again (a plain rerun refuses it or resumes it, never takes it for a folder of other files). The completion
+        flag and the units' commit points go first (markers, side tables, a compaction's record), so that no
+        marker is left without its data, then the data (tables, the runs built inside the folder, reports). The
+        manifest goes last: go_ahead writes the new one over it (an atomic replace), so until then the folder
+        is still a run of its stage, whose tables and nested runs refuse_other_files and _another_stages_parts
+        know it by. A run that lost its manifest is known by its markers alone (LOST_MANIFEST), and no reader
+        reads it: there they go last."""
         sfs.remove_any(self.fs, self.path(COMPLETE))
-        for name in [UNITS_DIR, SIDE_DIR, COMPACT_DIR]:  # _compact/manifest.json commits a compaction
+        commit_points = [UNITS_DIR, SIDE_DIR, COMPACT_DIR]  # _compact/manifest.json commits a compaction
+        data = list(tables) + [TMP_DIR]
+        held = self.has_manifest()
+        for name in commit_points if held else data:
             sfs.remove_any(self.fs, self.path(name))
-        sfs.remove_any(self.fs, self.path(MANIFEST))  # a folder at its name too: --force-new clears it
-        if sfs.is_local(self.fs):  # the commit points are gone from the disk before any data goes
+        if held and sfs.is_local(self.fs):  # the commit points are gone from the disk before any data goes
             sfs.fsync_path(self.root)
-        for name in list(tables) + [TMP_DIR]:
+        for name in data if held else commit_points[::-1]:  # the markers the very last
             sfs.remove_any(self.fs, self.path(name))
+        if held and not sfs.is_file(self.fs, self.path(MANIFEST)):  # a folder at its name cannot be replaced
+            sfs.remove_any(self.fs, self.path(MANIFEST))
 
     # ---- units ----------------------------------------------------------------------------
     def write_unit(self, unit: int, tables: Dict[str, pa.Table], fingerprint: str,

@@ -354,6 +354,90 @@ def test_a_force_new_refused_after_it_opened_keeps_the_old_run_whole(tmp_path):
     assert sorted(p.name for p in (out / "t").iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
 
 
+class _Killed(BaseException):
+    """A kill part-way through the clear: nothing after it runs."""
+
+
+@pytest.mark.parametrize("old_stage", ["toy", "corpus", "lost"])
+def test_a_force_new_killed_anywhere_in_its_clear_is_finished_by_the_same_command(tmp_path, monkeypatch, old_stage):
+    """--force-new over a run that holds nested runs and reports (a pool harvest's vectors, its report.json), or
+    over one that lost its manifest (as LOST_MANIFEST tells the user to), killed after any deletion of its clear:
+    the same --force-new starts the run over, leaving nothing of the old run of another stage and keeping a
+    same-stage run's nested runs; a plain rerun refuses in one line that names --force-new (or resumes), never
+    taking the folder for one of other files."""
+    import shutil
+
+    import pyarrow as pa
+
+    from sentsim.executor import execute
+    from storage import ShardStore, StoreError
+    from storage import fs as sfs
+
+    units = [{"unit": u, "x": u} for u in range(3)]
+
+    def old_run(out):
+        if old_stage != "corpus":
+            execute(toy_job(out, units), executor="inline", quiet=True)
+        else:  # a run of another stage, with its own table
+            store = ShardStore(str(out))
+            store.open_run(old_stage, "c" * 16, {}, [], {"sentences": pa.schema([("s", pa.int64())])}, planned_units=1)
+            store.write_unit(0, {"sentences": pa.table({"s": [1]})}, "c" * 16)
+            store.finalize(1, {})
+        for name in ("pool_vectors", "rep_cache"):  # the runs a job builds inside its folder, and its reports
+            execute(toy_job(out / name, units[:1]), executor="inline", quiet=True)
+        (out / "report.json").write_text("{}")
+        (out / "report.png").write_bytes(b"png")
+        if old_stage == "lost":
+            (out / "manifest.json").unlink()
+
+    real_clear, real_remove = ShardStore.clear, sfs.remove_any
+    kill_at = {"n": None, "seen": 0, "on": False}
+
+    def remove_any(fs, path):
+        if kill_at["on"]:
+            if kill_at["seen"] == kill_at["n"]:
+                raise _Killed()
+            kill_at["seen"] += 1
+        return real_remove(fs, path)
+
+    def clear(self, tables):
+        kill_at.update(seen=0, on=True)
+        try:
+            real_clear(self, tables)
+        finally:
+            kill_at["on"] = False
+
+    monkeypatch.setattr(sfs, "remove_any", remove_any)
+    monkeypatch.setattr(ShardStore, "clear", clear)
+    n = 0
+    while True:
+        out = tmp_path / f"k{n}"
+        old_run(out)
+        kill_at["n"] = n
+        try:
+            execute(toy_job(out, units[:2]), executor="inline", quiet=True, force_new=True)
+            break  # the clear ran to its end: every point of it was tried
+        except _Killed:
+            pass
+        kill_at["n"] = None
+        plain = tmp_path / f"plain{n}"
+        shutil.copytree(out, plain)
+        try:
+            execute(toy_job(plain, units[:2]), executor="inline", quiet=True)
+        except StoreError as exc:
+            assert "--force-new" in str(exc) and "holds no sentsim run" not in str(exc), (n, str(exc))
+        m = execute(toy_job(out, units[:2]), executor="inline", quiet=True, force_new=True)
+        assert m["complete"] and m["stage"] == "toy" and m["this_run"]["units"] == 2, n
+        left = {p.name for p in out.iterdir()}
+        if old_stage != "corpus":
+            assert {"pool_vectors", "rep_cache"} <= left, (n, left)
+        else:
+            assert not left & {"sentences", "pool_vectors", "rep_cache", "report.json", "report.png"}, (n, left)
+        assert sorted(p.name for p in (out / "_units").iterdir()) == ["00000.json", "00001.json"], n
+        n += 1
+    assert n >= 5  # the flag, the commit points and the data were each a point a kill was tried at
+
+
 def test_a_run_whose_lease_was_taken_over_stops_before_finalizing(tmp_path, monkeypatch):
     """A holder judged stale and taken over notices on its next heartbeat; the executor then stops with
     the one-line LeaseLost (exit 2 from the CLI) and does not finalize the new holder's run."""
