@@ -44,6 +44,12 @@ Formats 2 to 4, every pool harvest (contexts.mode=pool) opened before format 5:
   with the screened-only keys too for format 2), so such a run resumes under the fingerprint it holds, whatever
   those keys are set to now. Its vectors and ranks runs never held them: their fingerprints are unchanged.
 
+Formats 1 to 5, every run opened before format 6:
+
+- its manifest carries no checksum of itself (`storage.store.SEALED_FORMAT`, `manifest_seal_broken`): it is
+  not checked (`store verify` says so in a note), and a resume rewrites it without one, in its own format, since a
+  sentsim of that format may resume it next and would keep a checksum stale.
+
 Training run records (a trainer's OUT/run.json, sentsim.training.run.claim_out; their own format,
 `sentsim.training.config.TRAINING_FORMAT`), format 1, every record written before records had a `format`:
 

@@ -36,8 +36,11 @@ NOT_A_FILE = "is not a regular file"  # a folder (or FIFO) where a run's file be
 # does not read (pairs_per_unit in a corpus harvest, anchors and partners in a --pairs one). 4: a pool
 # harvest's fingerprint holds the keys its mode does not read (anchors.per_unit in a corpus harvest, and the
 # partners it does not draw in a clustered one; anchors and partners in a --pairs one). 5: the schemas and
-# fingerprints of this version.
-FORMAT_VERSION = 5
+# fingerprints of this version. 6: those of 5, and a manifest that carries a checksum of itself (MANIFEST_CHECK),
+# which a sentsim of format 5 or earlier would keep stale when it rewrote the manifest: it refuses a run of 6.
+FORMAT_VERSION = 6
+# The first run format whose manifest carries its checksum: one of it without its checksum was edited.
+SEALED_FORMAT = 6
 
 
 def run_format(manifest: Optional[dict]) -> int:
@@ -179,32 +182,47 @@ def part_of_run_refusal(uri: str, given: str) -> Optional[str]:
 
 # The manifest's checksum of itself (storage.records.record_check of its canonical JSON, less this key, which is
 # the one record_check leaves out), written in the same file by the same write as what it covers, so no reader ever
-# sees one without the other. A manifest with none is from a sentsim before it was written: read as before, and
-# not checked (`store verify` says so).
+# sees one without the other. Runs of SEALED_FORMAT and later carry it. A run of an earlier format is written
+# without one, as its format was, and its manifest is not checked: a sentsim of that format may resume it, and
+# rewriting the manifest it would keep a checksum it does not know of as it was, stale.
 MANIFEST_CHECK = "check"
 
 
 def manifest_checks(manifest: dict) -> Optional[bool]:
-    """True when the manifest's checksum matches its content, False when it does not (edited by hand, or
-    corrupt), None when it has none (written before manifests carried one)."""
+    """True when the manifest's checksum matches its content, False when it does not, None when it has none."""
     if MANIFEST_CHECK not in manifest:
         return None
     return manifest[MANIFEST_CHECK] == record_check(manifest)
 
 
+def manifest_seal_broken(manifest: dict) -> Optional[str]:
+    """What is wrong with the checksum of a manifest of a run format that carries one (SEALED_FORMAT up to this
+    sentsim's), in words that follow the file's name; None when it matches, and for a run of an earlier format
+    (not checked) or a newer one (check_format refuses it as such: its checksum may be made otherwise)."""
+    if not SEALED_FORMAT <= run_format(manifest) <= FORMAT_VERSION:
+        return None
+    ok = manifest_checks(manifest)
+    if ok is None:
+        return (f"has no checksum of itself, which every manifest of run format {SEALED_FORMAT} and later carries "
+                "(edited by hand, or corrupt)")
+    return None if ok else "does not match its own checksum (edited by hand, or corrupt)"
+
+
 def sealed_manifest(manifest: dict) -> dict:
-    """The manifest as written: its content as JSON reads it back (a tuple is a list, an int key a string), and
-    the checksum of that, so that the check a reader computes from the parsed file is the one written."""
+    """The manifest as written: its content as JSON reads it back (a tuple is a list, an int key a string), and,
+    for a run of SEALED_FORMAT or later, the checksum of that, so that the check a reader computes from the parsed
+    file is the one written. A run of an earlier format gets none (any it held is dropped)."""
     body = json.loads(json.dumps({k: v for k, v in manifest.items() if k != MANIFEST_CHECK}))
-    body[MANIFEST_CHECK] = record_check(body)
+    if run_format(body) >= SEALED_FORMAT:
+        body[MANIFEST_CHECK] = record_check(body)
     return body
 
 
-def edited_manifest(uri: str) -> str:
-    """The line for a manifest whose checksum does not match its content: its settings are not used."""
-    return (f"{uri.rstrip('/')}/{MANIFEST} does not match its own checksum (edited by hand, or corrupt), so its "
-            "settings are not used and the run is neither read nor resumed; put back the manifest.json the run "
-            "wrote, or start the run over with its command and --force-new (its units are redone)")
+def edited_manifest(uri: str, why: str) -> str:
+    """The line for a manifest whose checksum is broken (`why`, manifest_seal_broken): its settings are not used."""
+    return (f"{uri.rstrip('/')}/{MANIFEST} {why}, so its settings are not used and the run is neither read nor "
+            "resumed; put back the manifest.json the run wrote, or start the run over with its command and "
+            "--force-new (its units are redone)")
 
 
 LOST_MANIFEST = (f"{MANIFEST} is missing, though {UNITS_DIR}/ holds the run's completion markers, so the run can be "
@@ -328,9 +346,9 @@ class ShardStore:
             raise StoreError(
                 f"{self.uri}/{MANIFEST} is empty or not valid JSON, so this run cannot be resumed or read; "
                 f"start it over with --force-new (its units are redone), or restore {MANIFEST} from a copy")
-        # a run of a newer format is left to check_format to refuse as such: its checksum may be made otherwise
-        if trusted and run_format(manifest) <= FORMAT_VERSION and manifest_checks(manifest) is False:
-            raise StoreError(edited_manifest(self.uri))
+        broken = manifest_seal_broken(manifest) if trusted else None
+        if broken:
+            raise StoreError(edited_manifest(self.uri, broken))
         return manifest
 
     def commit_bytes(self, path: str, data: bytes) -> None:
@@ -340,7 +358,8 @@ class ShardStore:
 
     def write_manifest(self, manifest: dict) -> None:
         """The manifest and its checksum, in one atomic write (sealed_manifest); any checksum it holds is
-        replaced. Written under the run's lease (open_run, finalize), so no two writers interleave."""
+        replaced (a run of a format before SEALED_FORMAT is written with none). Written under the run's lease
+        (open_run, finalize), so no two writers interleave."""
         body = json.dumps(sealed_manifest(manifest), indent=2, sort_keys=True)
         self.commit_bytes(self.path(MANIFEST), body.encode())
 

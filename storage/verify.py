@@ -1,9 +1,9 @@
 """`sentsim store verify`: re-read every shard of a run against its manifest and markers.
 
-OK means: the manifest matches its own checksum (one written before manifests carried a checksum is not checked,
-and a note says so), every planned unit has a valid marker, every file a marker (or the committed compaction)
-names reads back with its size, sha256, rows and schema, and the table folders hold nothing else, so
-plain Parquet readers of DIR/<table> see exactly the run's rows too.
+OK means: the manifest matches its own checksum (one of a run format from before manifests carried a checksum,
+storage.store.SEALED_FORMAT, is not checked, and a note says so), every planned unit has a valid marker, every
+file a marker (or the committed compaction) names reads back with its size, sha256, rows and schema, and the
+table folders hold nothing else, so plain Parquet readers of DIR/<table> see exactly the run's rows too.
 
 A run whose job has not finished (no _COMPLETE: stopped by --max-units, killed, or still going) is not
 damaged for lacking units: when what it holds checks out, it is OK and incomplete, with how far it got.
@@ -26,11 +26,13 @@ from storage.store import (
     MANIFEST,
     NESTED_CACHES,
     NESTED_RUNS,
+    SEALED_FORMAT,
     UNITS_DIR,
     UNREAD_NESTED,
     ShardStore,
     check_format,
-    manifest_checks,
+    manifest_seal_broken,
+    run_format,
     schema_signature,
 )
 
@@ -69,15 +71,14 @@ def verify_run(uri: str, notes: Optional[List[str]] = None) -> Tuple[List[str], 
         return _without_manifest(store)
     check_format(manifest, uri, "verify it with that sentsim")
     problems: List[str] = []
-    sealed = manifest_checks(manifest)
-    if sealed is False:
+    broken = manifest_seal_broken(manifest)
+    if broken:
         # the rest is still checked against it: its other lines may show what was edited (a fingerprint, a count)
-        problems.append(f"{MANIFEST}: does not match its own checksum (edited by hand, or corrupt); every reader and "
-                        "a resume refuse the run until the manifest.json it wrote is put back, or its command "
-                        "starts it over with --force-new")
-    elif sealed is None:
-        notes.append(f"{uri.rstrip('/')}/{MANIFEST}: no checksum (written by a sentsim from before manifests "
-                     "carried one), so a hand edit of it is not detected: not checked")
+        problems.append(f"{MANIFEST}: {broken}; every reader and a resume refuse the run until the manifest.json it "
+                        "wrote is put back, or its command starts it over with --force-new")
+    elif run_format(manifest) < SEALED_FORMAT:
+        notes.append(f"{uri.rstrip('/')}/{MANIFEST}: run format {run_format(manifest)}, from before manifests carried "
+                     "a checksum of their own, so a hand edit of it is not detected: not checked")
     fp = manifest.get("fingerprint")
     tables = manifest.get("tables", {})
     markers, invalid = store.marker_scan()

@@ -113,16 +113,35 @@ def every_file(uri) -> dict:
 
 def as_fingerprinted(run, fp, run_format=1):
     """The run with every record's fingerprint replaced by `fp` (manifest, unit markers, side tables), as
-    an earlier sentsim wrote it: run format 1, markers without a checksum of their own."""
+    an earlier sentsim wrote it: run format 1, markers without a checksum of their own. A manifest of a format
+    that carries its own checksum (storage.store.SEALED_FORMAT and later) is sealed, as a writer of it seals it."""
+    from storage import ShardStore
+    from storage.store import SEALED_FORMAT
+
     for f in [run / "manifest.json", *(run / "_units").glob("*.json"), *(run / "_side").glob("*.json")]:
         rec = json.loads(f.read_text())
         rec["fingerprint"] = fp
-        rec.pop("check", None)
+        rec.pop("check", None)  # markers too were written without one
         if f.name == "manifest.json":
             rec["format_version"] = run_format
+            if run_format >= SEALED_FORMAT:
+                ShardStore(str(run)).write_manifest(rec)
+                continue
         f.write_text(json.dumps(rec))
     (run / "_COMPLETE").unlink()
     return run
+
+
+def before_manifest_checksums(manifest: dict) -> dict:
+    """`manifest` as a sentsim from before manifests carried a checksum of themselves wrote it: none, and a run
+    format before storage.store.SEALED_FORMAT (that sentsim's last, 5, whose schemas and fingerprints are
+    today's; an earlier one it records is kept)."""
+    from storage.store import MANIFEST_CHECK, SEALED_FORMAT
+
+    manifest.pop(MANIFEST_CHECK, None)
+    if "format_version" in manifest:
+        manifest["format_version"] = min(manifest["format_version"], SEALED_FORMAT - 1)
+    return manifest
 
 
 def rewrite_manifest(run, manifest: dict) -> None:

@@ -4,6 +4,7 @@ import numpy as np
 import pyarrow.dataset as ds
 import pytest
 from harvest_support import build_index_for, harvest_config, tiny_context_bundle
+from run_support import before_manifest_checksums
 
 from sentsim.harvest.grouping import group_scores, needed, neighbour_groups
 from sentsim.harvest.similarity import pair_similarity
@@ -242,7 +243,7 @@ def test_an_unfinished_harvest_of_an_earlier_scoring_revision_is_refused_on_resu
         manifest = tmp_path / name / "manifest.json"
         m = json.loads(manifest.read_text())
         assert m.pop("scoring_revision") == 2  # what this sentsim records; an earlier one recorded none
-        m.pop("check")  # nor a checksum of the manifest
+        before_manifest_checksums(m)  # nor a checksum of the manifest
         manifest.write_text(json.dumps(m))
         config = tmp_path / f"{name}.yaml"
         config.write_text(json.dumps(cfg.model_dump()))  # JSON is YAML
@@ -262,7 +263,7 @@ def test_an_unfinished_harvest_of_an_earlier_scoring_revision_is_refused_on_resu
     assert m["complete"] and m["scoring_revision"] == 2
     # a finished run of revision 1 holds one kind of score: rerunning it is the usual no-op
     m.pop("scoring_revision")
-    m.pop("check")  # that sentsim wrote no checksum of the manifest either
+    before_manifest_checksums(m)  # that sentsim wrote no checksum of the manifest either
     (tmp_path / "grouped" / "manifest.json").write_text(json.dumps(m))
     r = grouped()
     assert r.returncode == 0, r.stderr[-2000:]

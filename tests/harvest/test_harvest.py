@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.dataset as ds
 import pytest
 from harvest_support import build_index_for, harvest_config, tiny_context_bundle
-from run_support import as_fingerprinted, rewrite_manifest
+from run_support import as_fingerprinted, before_manifest_checksums, rewrite_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -153,7 +153,7 @@ def test_a_hand_edited_harvest_manifest_is_named_by_verify_and_refused_by_remix_
     old = tmp_path / "old"
     shutil.copytree(out, old)
     m = json.loads((old / "manifest.json").read_text())
-    m.pop("check")  # as every sentsim before the checksum wrote it
+    before_manifest_checksums(m)  # as every sentsim before the checksum wrote it
     (old / "manifest.json").write_text(json.dumps(m, indent=2, sort_keys=True))
     assert remix(RemixConfig(source=str(old), out=str(tmp_path / "r_old")), quiet=True)["complete"]
     (old / "_units" / "00001.json").unlink()
@@ -245,7 +245,7 @@ def test_a_refused_resume_names_the_model_that_changed(inline_run, inputs, tmp_p
     # a run whose manifest recorded no models (from before they were recorded) is not said to have changed them
     m = json.loads((copy / "manifest.json").read_text())
     del m["inputs"][0]["models"]
-    m.pop("check")  # nor a checksum of the manifest
+    before_manifest_checksums(m)  # nor a checksum of the manifest
     (copy / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(UsageError) as refused:
         harvest(cfg.model_copy(update={"out": str(copy), "index": str(other)}), executor="inline", quiet=True)

@@ -10,7 +10,7 @@ import pyarrow.dataset as ds
 import pytest
 from conftest import error_line, sentsim_cli
 from harvest_support import build_index_for, cli_in_process, harvest_config, tiny_context_bundle
-from run_support import rewrite_manifest
+from run_support import before_manifest_checksums, rewrite_manifest
 
 from storage import ShardStore
 from storage.store import FORMAT_VERSION
@@ -337,7 +337,7 @@ def test_a_remix_of_a_remix_follows_its_harvest_when_it_moves(partners_run, tmp_
     m = json.loads((old / "manifest.json").read_text())
     for rec in (m["remix"], m["config"]["remix"]):
         del rec["pool_vectors_relative"], rec["source_relative"]
-    m.pop("check")  # that sentsim wrote no checksum of the manifest either
+    before_manifest_checksums(m)  # that sentsim wrote no checksum of the manifest either
     (old / "manifest.json").write_text(json.dumps(m))
     r = cli("old", "--out", "old_again")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -390,7 +390,7 @@ def test_a_remix_rerun_from_its_sources_new_place_records_that_place(partners_ru
     m = dict(first)  # as a remix written before the relative records: the absolute ones only
     for rec in (m["remix"], m["config"]["remix"]):
         del rec["pool_vectors_relative"], rec["source_relative"]
-    m.pop("check")  # that sentsim wrote no checksum of the manifest either
+    before_manifest_checksums(m)  # that sentsim wrote no checksum of the manifest either
     (tmp_path / "R1" / "manifest.json").write_text(json.dumps(m))
 
     (tmp_path / "c").mkdir()

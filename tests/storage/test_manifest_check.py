@@ -12,10 +12,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from harvest_support import cli_in_process
+from run_support import before_manifest_checksums
 from test_store import s3_server  # noqa: F401  (the moto fixture, reused)
 
 from storage import RunReader, ShardStore, StoreError
-from storage.store import MANIFEST_CHECK, manifest_checks
+from storage.records import record_check
+from storage.store import FORMAT_VERSION, MANIFEST_CHECK, SEALED_FORMAT, manifest_checks
 from storage.verify import verify_run
 
 EDITED = "manifest.json does not match its own checksum (edited by hand, or corrupt)"
@@ -108,17 +110,20 @@ def test_an_edited_manifest_is_named_by_verify_and_refused_by_readers_and_a_resu
 
 
 def test_a_manifest_from_before_checksums_verifies_reads_and_resumes_as_before(run_copy, sample_path, capsys):
+    """A run of a format from before the checksum (5 or earlier) verifies with a note, reads and resumes as it did,
+    and keeps its format and its manifest without a checksum: a sentsim of that format may resume it again, and
+    would keep one stale. One such manifest holding a checksum that no longer matches (sealed by a sentsim of the
+    checksum's first commits, rewritten since by an older one) is not checked either."""
     rows = RunReader(str(run_copy)).read_table("sentences")
-    m = json.loads((run_copy / "manifest.json").read_text())
-    m.pop(MANIFEST_CHECK)  # as every sentsim before the checksum wrote it
+    m = before_manifest_checksums(json.loads((run_copy / "manifest.json").read_text()))
+    assert m["format_version"] == SEALED_FORMAT - 1
     (run_copy / "manifest.json").write_text(json.dumps(m, indent=2, sort_keys=True))
+    note = (f"{run_copy}/manifest.json: run format {SEALED_FORMAT - 1}, from before manifests carried a checksum of "
+            "their own, so a hand edit of it is not detected: not checked")
 
     r = cli_in_process(capsys, "store", "verify", run_copy)
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr
-    assert r.stdout.splitlines() == [
-        f"{run_copy}/manifest.json: no checksum (written by a sentsim from before manifests carried one), so a hand "
-        "edit of it is not detected: not checked",
-        f"{run_copy}: OK"]
+    assert r.stdout.splitlines() == [note, f"{run_copy}: OK"]
     assert RunReader(str(run_copy)).read_table("sentences").equals(rows)
 
     (run_copy / "_units" / "00002.json").unlink()  # stopped before unit 2's marker
@@ -126,12 +131,58 @@ def test_a_manifest_from_before_checksums_verifies_reads_and_resumes_as_before(r
     r = cli_in_process(capsys, *_build(sample_path, run_copy))
     assert r.returncode == 0 and "resuming" in r.stderr, r.stderr
     assert RunReader(str(run_copy)).read_table("sentences").sort_by("sentence_id").equals(rows.sort_by("sentence_id"))
-    # the resume rewrote the manifest as this sentsim writes every one: checked from now on
+    # the resume rewrote the manifest in the run's own format: no checksum, as that format's manifests are
     resumed = json.loads((run_copy / "manifest.json").read_text())
-    assert manifest_checks(resumed) is True and {k: v for k, v in resumed.items() if k not in (
-        MANIFEST_CHECK, "finished")} == {k: v for k, v in m.items() if k != "finished"}
+    assert manifest_checks(resumed) is None and {k: v for k, v in resumed.items() if k != "finished"} == {
+        k: v for k, v in m.items() if k != "finished"}
     r = cli_in_process(capsys, "store", "verify", run_copy)
-    assert r.returncode == 0 and r.stdout.strip() == f"{run_copy}: OK", r.stdout + r.stderr
+    assert r.returncode == 0 and r.stdout.splitlines() == [note, f"{run_copy}: OK"], r.stdout + r.stderr
+
+    stale = dict(resumed, check=record_check(dict(resumed, finished="earlier")))
+    (run_copy / "manifest.json").write_text(json.dumps(stale))
+    assert manifest_checks(stale) is False and RunReader(str(run_copy)).read_table("sentences").num_rows == len(rows)
+    r = cli_in_process(capsys, "store", "verify", run_copy)
+    assert r.returncode == 0 and r.stdout.splitlines() == [note, f"{run_copy}: OK"], r.stdout + r.stderr
+    (run_copy / "_COMPLETE").unlink()
+    r = cli_in_process(capsys, *_build(sample_path, run_copy))
+    assert r.returncode == 0, r.stderr
+    assert MANIFEST_CHECK not in json.loads((run_copy / "manifest.json").read_text())
+
+
+def test_a_sealed_run_is_refused_by_an_older_sentsim_and_is_edited_without_its_checksum(run_copy, sample_path, capsys,
+                                                                                       monkeypatch):
+    """A run that carries the checksum is of a format an older sentsim refuses (its own check_format), so none
+    resumes it and leaves the checksum stale; a manifest of that format without its checksum was edited (the key
+    deleted along with the edit): verify names it, readers and a resume refuse it, --force-new starts it over."""
+    import storage.store
+
+    m = json.loads((run_copy / "manifest.json").read_text())
+    assert m["format_version"] == FORMAT_VERSION >= SEALED_FORMAT and manifest_checks(m) is True
+    monkeypatch.setattr(storage.store, "FORMAT_VERSION", SEALED_FORMAT - 1)  # the last format an older one knows
+    with pytest.raises(StoreError, match=f"written by a newer sentsim \\(run format {FORMAT_VERSION};"):
+        RunReader(str(run_copy))
+    store = ShardStore(str(run_copy))
+    with pytest.raises(StoreError, match="newer sentsim.*--force-new"):
+        store.open_run("corpus", m["fingerprint"], {}, [], {})
+    store.release()
+    monkeypatch.undo()
+
+    m.pop(MANIFEST_CHECK)
+    m["config"]["docs_per_unit"] = 8
+    (run_copy / "manifest.json").write_text(json.dumps(m, indent=2))
+    words = (f"has no checksum of itself, which every manifest of run format {SEALED_FORMAT} and later carries "
+             "(edited by hand, or corrupt)")
+    r = cli_in_process(capsys, "store", "verify", run_copy)
+    assert r.returncode == 1 and f"BAD  manifest.json: {words}" in r.stderr, r.stderr
+    assert "not checked" not in r.stdout, r.stdout
+    with pytest.raises(StoreError, match="has no checksum of itself"):
+        RunReader(str(run_copy))
+    r = cli_in_process(capsys, *_build(sample_path, run_copy))
+    assert r.returncode == 2 and f"{run_copy}/manifest.json {words}" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = cli_in_process(capsys, *_build(sample_path, run_copy, "--force-new"))
+    assert r.returncode == 0, r.stderr
+    assert manifest_checks(json.loads((run_copy / "manifest.json").read_text())) is True
 
 
 def test_an_edited_manifest_on_s3_is_caught_through_the_same_code(s3_server):  # noqa: F811
@@ -161,15 +212,16 @@ def test_an_edited_manifest_on_s3_is_caught_through_the_same_code(s3_server):  #
         again.open_run("t", "fp1", {"k": 1}, [], {"rows": schema}, planned_units=2)
     again.release()  # the lease open_run took before it read the manifest
 
-    put({k: v for k, v in m.items() if k != MANIFEST_CHECK})  # a manifest an earlier sentsim wrote there
+    put(before_manifest_checksums(dict(m)))  # a manifest an earlier sentsim wrote there
     notes: list = []
     assert verify_run(uri, notes) == ([], None) and len(notes) == 1 and "not checked" in notes[0]
     assert np.array_equal(RunReader(uri).read_table("rows").column("x").to_numpy(), [0, 1])
     resumed = ShardStore(uri)
     assert resumed.open_run("t", "fp1", {"k": 1}, [], {"rows": schema}, planned_units=2)["fingerprint"] == "fp1"
     assert resumed.finalize(2, {})["complete"]
-    with store.fs.open_input_stream(key) as f:
-        assert manifest_checks(json.loads(f.read())) is True
+    with store.fs.open_input_stream(key) as f:  # rewritten in its own format, which carries no checksum
+        again = json.loads(f.read())
+    assert manifest_checks(again) is None and again["format_version"] == SEALED_FORMAT - 1
 
 
 def _harvest(root, n: int = 6):
