@@ -257,9 +257,15 @@ class HarvestRun(ShardedJob):
 
             rank_stage, ranks = PoolRankStage, {"ranks": shared_ranks(cfg.out)}
         rank = [StageSpec(rank_stage, Resources.of(r.rank), args=dict(
-            # the anchors are sampled and stored with the run by `prepare` (with_anchors), once the run goes ahead
+            # the anchors are stored with the run by `prepare` (with_anchors), once the run goes ahead
             cfg=cfg, fp=ctx.fp, anchor_ids=None, anchor_texts=None,
             sentence_schema=sentence_schema_of(ctx.manifest), **ranks))] if cfg.rank.enabled else []
+        if cfg.rank.enabled and ctx.force_new:
+            # --force-new discards the old run's anchors: sampled here from the corpus (no file of the run), so that
+            # a corpus with too few sentences to draw them from is refused before the old run is discarded
+            from sentsim.rank.targets import sample_anchors
+
+            self.fresh_anchors = sample_anchors(cfg.corpus, cfg.rank.n_anchors, seed=cfg.seed + 1)
         rank_and_write = [
             *rank,
             # the writer shares the rank stage's resources; a run keeps the schemas it was opened with
@@ -300,9 +306,12 @@ class HarvestRun(ShardedJob):
         return list(corpus.texts(rng.choice(corpus.ids, size=min(cfg.reference_sentences, len(corpus.ids)),
                                             replace=False)))
 
+    # the anchors `stages` sampled under --force-new, for `prepare` to store with the new run
+    fresh_anchors: Optional[tuple] = None
+
     def prepare(self, ctx: RunContext) -> None:
         if self.cfg.rank.enabled:
-            ctx.specs = with_anchors(ctx.specs, *run_anchors(self.cfg, ctx.store, ctx.fp))
+            ctx.specs = with_anchors(ctx.specs, *run_anchors(self.cfg, ctx.store, ctx.fp, self.fresh_anchors))
         if self.pooled:
             self.prepare_pool(ctx)
         if self.rep_cache:  # every corpus sentence encoded once, before the pipeline
@@ -312,15 +321,26 @@ class HarvestRun(ShardedJob):
                              force_new=ctx.force_new, address=ctx.address, quiet=ctx.quiet, max_units=ctx.max_units)
 
     def runs_first(self, ctx: RunContext) -> List[ShardedJob]:
-        """The pool's vectors and the harvest's own rep cache. Not its rank targets' run: its two stages ask for
-        resources.rank, as the harvest's own rank and write stages do, so the harvest's check holds for it."""
+        """The pool's vectors and, with rank targets on, its ranks run (for the anchors `stages` sampled), and the
+        harvest's own rep cache."""
         from sentsim.screening.cache_job import own_rep_cache_run
 
         cfg = self.cfg
         first: List[ShardedJob] = [self.vectors_job()] if self.pooled else []
+        if self.pooled and cfg.rank.enabled and self.fresh_anchors is not None:
+            first.append(self.ranks_job(ctx, *self.fresh_anchors))
         own = own_rep_cache_run(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator,
                                 self.hashes["rep_cache"], cfg.resources.contexts) if self.rep_cache else None
         return first + ([own] if own is not None else [])
+
+    def ranks_job(self, ctx: RunContext, anchor_ids: np.ndarray, anchor_texts: list):
+        """The pool's ranks run (pool_ranks.py) for these anchors."""
+        from sentsim.harvest.pool_ranks import PoolRanksRun, rank_identity
+
+        cfg = self.cfg
+        storage = rank_storage_of(cfg, sentence_schema_of(ctx.manifest))
+        identity = rank_identity(cfg, storage, self.hashes["base_encoder"], anchor_ids, anchor_texts)
+        return PoolRanksRun(cfg, self.pool_plan.texts, identity, anchor_ids, anchor_texts)
 
     def vectors_job(self):
         """The pool's vectors run (pool_vectors.py), built once."""
@@ -398,13 +418,9 @@ class HarvestRun(ShardedJob):
 
     def prepare_pool_ranks(self, ctx: RunContext) -> None:
         """The pool run's rank targets, built or resumed (pool_ranks.py) for the anchors this run holds."""
-        from sentsim.harvest.pool_ranks import PoolRanksRun, ensure_pool_ranks, rank_identity
+        from sentsim.harvest.pool_ranks import ensure_pool_ranks
 
-        cfg = self.cfg
-        anchor_ids, anchor_texts = run_anchors(cfg, ctx.store, ctx.fp)
-        storage = rank_storage_of(cfg, sentence_schema_of(ctx.manifest))
-        identity = rank_identity(cfg, storage, self.hashes["base_encoder"], anchor_ids, anchor_texts)
-        job = PoolRanksRun(cfg, self.pool_plan.texts, identity, anchor_ids, anchor_texts)
+        job = self.ranks_job(ctx, *run_anchors(self.cfg, ctx.store, ctx.fp, self.fresh_anchors))
         ensure_pool_ranks(job, ctx.executor, ctx.address, ctx.force_new, ctx.quiet, ctx.max_units)
 
     def summary(self, ctx: RunContext) -> dict:
@@ -687,13 +703,15 @@ def precision_name(autocast: str) -> str:
     return {"off": "fp32", "auto": "the format each GPU actor picks"}.get(autocast, autocast)
 
 
-def run_anchors(cfg: HarvestConfig, store: ShardStore, fp: str) -> tuple[np.ndarray, list]:
+def run_anchors(cfg: HarvestConfig, store: ShardStore, fp: str,
+                sampled: Optional[tuple] = None) -> tuple[np.ndarray, list]:
     """The rank-vector anchor set (004 §3.2), sampled once and stored with the run as the side
     table `rank_anchors`, so students read the exact anchors back instead of re-sampling the corpus
     (which may have moved or changed). A resumed run reuses the stored set.
 
     With rank.storage=vectors the table also holds each anchor's E1 vector (`vector`, float16): the
-    anchor matrix, encoded here once per run, from which rank actors and students compute ranks."""
+    anchor matrix, encoded here once per run, from which rank actors and students compute ranks. `sampled`: the
+    same sample drawn before (HarvestRun.stages, under --force-new), used rather than drawn again."""
     import pyarrow as pa
 
     from sentsim.harvest.stages import rank_storage_of, sentence_schema_of
@@ -706,7 +724,8 @@ def run_anchors(cfg: HarvestConfig, store: ShardStore, fp: str) -> tuple[np.ndar
     if stored is not None:  # the same anchors, still without their vectors: no unit can have used them yet
         ids, texts = stored.column("sentence_id").to_numpy(), stored.column("text").to_pylist()
     else:
-        ids, texts = sample_anchors(cfg.corpus, cfg.rank.n_anchors, seed=cfg.seed + 1)
+        ids, texts = sampled if sampled is not None else sample_anchors(cfg.corpus, cfg.rank.n_anchors,
+                                                                         seed=cfg.seed + 1)
     cols = {"anchor": pa.array(np.arange(len(ids)), pa.int32()), "sentence_id": pa.array(ids, pa.int64()),
             "text": pa.array(texts, pa.string())}
     if vectors:

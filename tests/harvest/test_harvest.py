@@ -85,6 +85,22 @@ def test_rank_anchors_are_stored_with_the_run(inline_run, tmp_path):
         recover_anchors(m, copy)
 
 
+def test_a_force_new_harvest_draws_its_anchors_before_the_old_run_goes_and_stores_the_same_set(inline_run, tmp_path):
+    """Under --force-new the rank anchors are drawn from the corpus while the stages are built, before the old run
+    (and its anchor table) is discarded, and stored with the new run once it goes ahead: the same seeded set, so
+    the same rows as the run it replaces."""
+    from sentsim.harvest.job import harvest
+
+    cfg, out = inline_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    m = harvest(cfg.model_copy(update={"out": str(copy)}), executor="inline", quiet=True, force_new=True)
+    assert m["complete"] and m["this_run"]["units"] == m["planned_units"]
+    side = "_side/rank_anchors.parquet"
+    assert ds.dataset(str(copy / side)).to_table().equals(ds.dataset(str(out / side)).to_table())
+    assert pairs_of(copy).equals(pairs_of(out))
+
+
 def test_eq4_value_of_one_pair_matches_direct_computation(inline_run, inputs):
     """Recompute one pair's score from the scorer directly: Eq. 3 per (sentence, context), Eq. 4 over C_s1 + C_s2."""
     from corpus.view import CorpusIndex
