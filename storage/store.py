@@ -229,6 +229,14 @@ LOST_MANIFEST = (f"{MANIFEST} is missing, though {UNITS_DIR}/ holds the run's co
                  f"neither read nor resumed: put its {MANIFEST} back, or start it over with --force-new")
 
 
+def _plain_table_name(name) -> bool:
+    """Whether a table name read from a manifest (one that may be edited by hand) names a folder of the run
+    itself: one path component, none of the run's own bookkeeping (`_units`, `_LEASE`, `manifest.json`, hidden
+    names). `--force-new` deletes the folders so named, and `../x` would be outside --out."""
+    return (isinstance(name, str) and name not in ("", ".", "..", MANIFEST) and "/" not in name
+            and "\\" not in name and not name.startswith(("_", ".")))
+
+
 class ShardStore:
     """One run directory. Safe to construct in many Ray workers: all state lives in the files."""
 
@@ -486,7 +494,8 @@ class ShardStore:
             return list(RUN_REPORTS) if self.lost_manifest() else []
         if old.get("stage") == stage:
             return []
-        return sorted(set(old.get("tables") or {}) | set(NESTED_RUNS) | set(RUN_REPORTS))
+        tables = old.get("tables") if isinstance(old.get("tables"), dict) else {}
+        return sorted({t for t in tables if _plain_table_name(t)} | set(NESTED_RUNS) | set(RUN_REPORTS))
 
     def clear(self, tables: Iterable[str]) -> None:
         """Delete a run, in an order that leaves, wherever a kill stops it, a folder the same --force-new clears

@@ -297,6 +297,24 @@ def test_force_new_of_another_stage_over_an_edited_manifest_removes_the_old_run_
     assert verify_run(str(run_copy)) == ([], None)
 
 
+def test_force_new_never_deletes_what_an_edited_manifests_table_names_point_outside_the_run(run_copy):
+    """An edited manifest's table names are read to clear another stage's run, and only names of the run's own
+    folders are cleared: `../x`, an absolute path, the run's markers and lease are not the old run's tables."""
+    outside = run_copy.parent / "sibling"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    m = json.loads((run_copy / "manifest.json").read_text())
+    m["tables"] = dict(m["tables"], **{"../sibling": "x", str(outside): "x", "_units": "x", ".": "x"})
+    (run_copy / "manifest.json").write_text(json.dumps(m))
+    schema = pa.schema([("y", pa.int64())])
+    store = ShardStore(str(run_copy))
+    store.open_run("harvest", "new-fp", {}, [], {"pairs": schema}, planned_units=1, force_new=True)
+    store.write_unit(0, {"pairs": pa.table({"y": [3]}, schema=schema)}, "new-fp")
+    store.finalize(1, {})
+    assert (outside / "keep.txt").read_text() == "mine"
+    assert verify_run(str(run_copy)) == ([], None)
+
+
 def test_a_nested_runs_edited_manifest_keeps_the_notes_and_refusals_that_read_its_stage(tmp_path, capsys):
     """What reads only a manifest's stage, or whether a run is there, reads an edited one too: a pool harvest's
     inner run is still refused as an --out and still named as part of its harvest, and `store verify` still gives
