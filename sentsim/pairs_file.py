@@ -123,13 +123,7 @@ def is_sick_line(cols: Sequence[str]) -> bool:
 
 
 def is_stsb_line(cols: Sequence[str]) -> bool:
-    if len(cols) < 7:
-        return False
-    try:
-        float(cols[4])
-    except ValueError:
-        return False
-    return True
+    return len(cols) >= 7 and _is_number(cols[4])
 
 
 def decode_text(path: Path, raw: Optional[bytes] = None) -> str:
@@ -189,11 +183,7 @@ def _unread_header(cols: Sequence[str]) -> bool:
     if not all(_NAME.fullmatch(f) for f in fields):
         return False
     if len(fields) >= 3:
-        try:
-            float(fields[2])
-        except ValueError:
-            return True
-        return False
+        return not _is_number(fields[2])
     names = [_is_column_name(f) for f in fields]
     return len(fields) == 2 and (all(names) or (any(names) and " " not in "".join(fields)))
 
