@@ -261,9 +261,13 @@ def test_a_force_new_run_refused_after_its_claim_keeps_the_old_run_whole(tmp_pat
     assert main(args()) == 0 and "already holds this finished bundle" in capsys.readouterr().out
     assert files() == before
 
-    assert main(args("--force-new", lr=1e-3)) == 0
+    # warm-up 0: the one step runs at lr 1e-3 (the old run's first step, at warm-up's lr 0, left the seeded
+    # initial weights), so the replaced bundle differs in its weights, not only in context.json's timings
+    old_weights = (out / "models" / "fwd" / "model.safetensors").read_bytes()
+    assert main(args("--force-new", lr=1e-3, warmup_steps=0)) == 0
     rec = json.loads((out / "run.json").read_text())
     assert rec["fingerprint"] != old_fp and rec["config"]["lr"] == 1e-3 and "finished" in rec
+    assert (out / "models" / "fwd" / "model.safetensors").read_bytes() != old_weights
     assert checkpoint_hash(str(out)) != old_bundle
 
 
