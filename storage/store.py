@@ -501,15 +501,18 @@ class ShardStore:
         """Delete a run, in an order that leaves, wherever a kill stops it, a folder the same --force-new clears
         again (a plain rerun refuses it or resumes it, never takes it for a folder of other files). The completion
         flag and the units' commit points go first (markers, side tables, a compaction's record), so that no
-        marker is left without its data, then the data (tables, the runs built inside the folder, reports). The
+        marker is left without its data, then the data (tables, the runs built inside the folder, reports); the
+        manifest says "complete": false before any of it goes (_withdraw_complete). The
         manifest goes last: go_ahead writes the new one over it (an atomic replace), so until then the folder
         is still a run of its stage, whose tables and nested runs refuse_other_files and _another_stages_parts
         know it by. A run that lost its manifest is known by its markers alone (LOST_MANIFEST), and no reader
         reads it: there they go last."""
+        held = self.has_manifest()
+        if held:
+            self._withdraw_complete()
         sfs.remove_any(self.fs, self.path(COMPLETE))
         commit_points = [UNITS_DIR, SIDE_DIR, COMPACT_DIR]  # _compact/manifest.json commits a compaction
         data = list(tables) + [TMP_DIR]
-        held = self.has_manifest()
         for name in commit_points if held else data:
             sfs.remove_any(self.fs, self.path(name))
         if held and sfs.is_local(self.fs):  # the commit points are gone from the disk before any data goes
@@ -518,6 +521,19 @@ class ShardStore:
             sfs.remove_any(self.fs, self.path(name))
         if held and not sfs.is_file(self.fs, self.path(MANIFEST)):  # a folder at its name cannot be replaced
             sfs.remove_any(self.fs, self.path(MANIFEST))
+
+    def _withdraw_complete(self) -> None:
+        """Before clear deletes anything, the manifest it leaves in place until go_ahead says "complete": false,
+        so that a kill part-way through the clear leaves no run that every reader of the flag (a run built first,
+        a representation cache, a pool's vectors, remix) takes for whole while its units are gone: a plain
+        rerun with the old settings resumes it and redoes them. A manifest that fails its own checksum is left
+        as it is: nothing reads it, and rewriting it would seal what was edited."""
+        try:
+            old = self.read_manifest()
+        except StoreError:
+            return
+        if old and old.get("complete") is not False and run_format(old) <= FORMAT_VERSION:
+            self.write_manifest({**old, "complete": False})
 
     # ---- units ----------------------------------------------------------------------------
     def write_unit(self, unit: int, tables: Dict[str, pa.Table], fingerprint: str,

@@ -363,8 +363,10 @@ def test_a_force_new_killed_anywhere_in_its_clear_is_finished_by_the_same_comman
     """--force-new over a run that holds nested runs and reports (a pool harvest's vectors, its report.json), or
     over one that lost its manifest (as LOST_MANIFEST tells the user to), killed after any deletion of its clear:
     the same --force-new starts the run over, leaving nothing of the old run of another stage and keeping a
-    same-stage run's nested runs; a plain rerun refuses in one line that names --force-new (or resumes), never
-    taking the folder for one of other files."""
+    same-stage run's nested runs; the old manifest left says "complete": false, and a plain rerun with the old
+    settings redoes the units the clear removed; a plain rerun with new settings refuses in one line that names
+    --force-new (or resumes), never taking the folder for one of other files."""
+    import json
     import shutil
 
     import pyarrow as pa
@@ -420,6 +422,15 @@ def test_a_force_new_killed_anywhere_in_its_clear_is_finished_by_the_same_comman
         except _Killed:
             pass
         kill_at["n"] = None
+        manifest = out / "manifest.json"
+        if manifest.exists():  # the old run's, until the new one replaces it: never "complete" with units gone
+            assert json.loads(manifest.read_text())["complete"] is False, n
+        if old_stage == "toy":  # a plain rerun with the old settings redoes what the clear removed
+            again = tmp_path / f"again{n}"
+            shutil.copytree(out, again)
+            m = execute(toy_job(again, units), executor="inline", quiet=True)
+            assert m["complete"] and m["completed_units"] == 3, n
+            assert sorted(p.name for p in (again / "t").iterdir()) == [f"part-0000{u}.parquet" for u in range(3)], n
         plain = tmp_path / f"plain{n}"
         shutil.copytree(out, plain)
         try:
