@@ -58,6 +58,13 @@ def context_bundle(folder: Path) -> Optional[Path]:
     return None
 
 
+def not_an_encoder(p: Path, bundle: Path) -> str:
+    """What a folder inside a context-model bundle (`context_bundle`) is, in words that follow its flag."""
+    what = "a sentsim context-model bundle" if bundle == p.absolute() else \
+        f"a model folder of the sentsim context-model bundle {bundle}"
+    return (f"{what} (a seq2seq scorer for harvests, its tokenizer kept beside context.json), not an encoder")
+
+
 def encoder_folder(path: str, flag: str = "--backbone") -> Path:
     """The folder holding the transformers config and tokenizer of the encoder at `path`: the path itself, or
     the Transformer module's subfolder of a sentence-transformers model. Raises UsageError (one line, naming
@@ -67,10 +74,8 @@ def encoder_folder(path: str, flag: str = "--backbone") -> Path:
         raise UsageError(f"{flag} {path}: not a directory")
     bundle = context_bundle(p)
     if bundle is not None:
-        what = "a sentsim context-model bundle" if bundle == p.absolute() else \
-            f"a model folder of the sentsim context-model bundle {bundle}"
-        raise UsageError(f"{flag} {path}: {what} (a seq2seq scorer for harvests, its tokenizer kept beside "
-                         "context.json), not an encoder; give a transformers or sentence-transformers model folder")
+        raise UsageError(f"{flag} {path}: {not_an_encoder(p, bundle)}; give a transformers or "
+                         "sentence-transformers model folder")
     if (p / "modules.json").is_file():
         try:
             for m in json.loads((p / "modules.json").read_text()):

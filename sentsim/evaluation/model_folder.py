@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from sentsim.encoder_folder import has_tokenizer
+from sentsim.encoder_folder import context_bundle, has_tokenizer, not_an_encoder
 from sentsim.errors import UsageError
 
 INFO_FILE = "sentsim_model.json"
@@ -61,6 +61,11 @@ def check_model_folder(path: str | Path, flag: str = "--model") -> Path:
     the folder and what is missing or cut short."""
     p = resolve_model_folder(path, flag)
     shown = f"{flag} {path}" if Path(path) == p else f"{flag} {path} ({p.name})"
+    bundle = context_bundle(p)
+    if bundle is not None:  # its models have no tokenizer of their own: "no tokenizer" would mislead
+        raise UsageError(f"{shown}: {not_an_encoder(p, bundle)}; a context model's scores are evaluated by "
+                         "harvesting the task's pairs (sentsim harvest --pairs FILE) and giving the run to "
+                         "eval sts --scores")
     problem = _listed_problem(p) if (p / INFO_FILE).is_file() else _generic_problem(p)
     if problem and not problem.startswith("not a model folder"):
         problem = f"not a whole model: {problem}"

@@ -393,6 +393,20 @@ def _files(folder: Path) -> dict:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def test_eval_sts_names_a_context_model_as_one_and_says_how_its_scores_are_evaluated(two_bundles, tiny_sts):
+    """A context model (the bundle, or one of its model folders, whose BART config and weights look like an
+    encoder's but whose tokenizer lies above them) given to `eval sts --model` is named as what it is, with the
+    way to evaluate it, instead of "no tokenizer"."""
+    old, _ = two_bundles
+    for folder, said in ((old, "a sentsim context-model bundle (a seq2seq scorer"),
+                         (old / "models" / "fwd", f"a model folder of the sentsim context-model bundle {old}")):
+        r = sentsim_cli("eval", "sts", "--model", folder, "--data", tiny_sts)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and "Traceback" not in r.stderr and len(lines) == 1, r.stderr[-3000:]
+        assert f"--model {folder}: {said}" in lines[0] and "eval sts --scores" in lines[0], lines[0]
+        assert "no tokenizer" not in lines[0], lines[0]
+
+
 def test_a_model_export_never_replaces_a_model_of_another_kind(two_discriminators, two_bundles, tmp_path):
     """An in-place export lists the old model's files for removal: over a model of another kind that
     listing is the other model's, so the export refuses instead, and the folder keeps every byte."""
