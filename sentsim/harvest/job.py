@@ -260,12 +260,9 @@ class HarvestRun(ShardedJob):
             # the anchors are stored with the run by `prepare` (with_anchors), once the run goes ahead
             cfg=cfg, fp=ctx.fp, anchor_ids=None, anchor_texts=None,
             sentence_schema=sentence_schema_of(ctx.manifest), **ranks))] if cfg.rank.enabled else []
-        if cfg.rank.enabled and ctx.force_new:
-            # --force-new discards the old run's anchors: sampled here from the corpus (no file of the run), so that
-            # a corpus with too few sentences to draw them from is refused before the old run is discarded
-            from sentsim.rank.targets import sample_anchors
-
-            self.fresh_anchors = sample_anchors(cfg.corpus, cfg.rank.n_anchors, seed=cfg.seed + 1)
+        # --force-new: a corpus with too few sentences to draw the new run's anchors from is refused here, before
+        # the old run is discarded
+        self.new_run_anchors(ctx)
         rank_and_write = [
             *rank,
             # the writer shares the rank stage's resources; a run keeps the schemas it was opened with
@@ -306,12 +303,27 @@ class HarvestRun(ShardedJob):
         return list(corpus.texts(rng.choice(corpus.ids, size=min(cfg.reference_sentences, len(corpus.ids)),
                                             replace=False)))
 
-    # the anchors `stages` sampled under --force-new, for `prepare` to store with the new run
-    fresh_anchors: Optional[tuple] = None
+    # new_run_anchors' sample, drawn once for the whole command
+    _new_run_anchors: Optional[tuple] = None
+
+    def new_run_anchors(self, ctx: RunContext) -> Optional[tuple]:
+        """Under --force-new with rank targets on, the anchors (ids, texts) the new run stores: sampled from the
+        corpus (no file of the run, which is the old one until the run goes ahead) by whichever caller asks
+        first, and the same sample for every later one. `stages` asks, so that a corpus with too few sentences
+        is refused before the old run is discarded; `runs_first` checks the pool's ranks run for them; `prepare`
+        stores them with the run (run_anchors). None otherwise: a resumed run reads its own (run_anchors)."""
+        cfg = self.cfg
+        if not (ctx.force_new and cfg.rank.enabled):
+            return None
+        if self._new_run_anchors is None:
+            from sentsim.rank.targets import sample_anchors
+
+            self._new_run_anchors = sample_anchors(cfg.corpus, cfg.rank.n_anchors, seed=cfg.seed + 1)
+        return self._new_run_anchors
 
     def prepare(self, ctx: RunContext) -> None:
         if self.cfg.rank.enabled:
-            ctx.specs = with_anchors(ctx.specs, *run_anchors(self.cfg, ctx.store, ctx.fp, self.fresh_anchors))
+            ctx.specs = with_anchors(ctx.specs, *run_anchors(self.cfg, ctx.store, ctx.fp, self.new_run_anchors(ctx)))
         if self.pooled:
             self.prepare_pool(ctx)
         if self.rep_cache:  # every corpus sentence encoded once, before the pipeline
@@ -321,26 +333,33 @@ class HarvestRun(ShardedJob):
                              force_new=ctx.force_new, address=ctx.address, quiet=ctx.quiet, max_units=ctx.max_units)
 
     def runs_first(self, ctx: RunContext) -> List[ShardedJob]:
-        """The pool's vectors and, with rank targets on, its ranks run (for the anchors `stages` sampled), and the
-        harvest's own rep cache."""
+        """The pool's vectors and, with rank targets on, its ranks run (for the new run's anchors, new_run_anchors),
+        and the harvest's own rep cache."""
         from sentsim.screening.cache_job import own_rep_cache_run
 
         cfg = self.cfg
         first: List[ShardedJob] = [self.vectors_job()] if self.pooled else []
-        if self.pooled and cfg.rank.enabled and self.fresh_anchors is not None:
-            first.append(self.ranks_job(ctx, *self.fresh_anchors))
+        anchors = self.new_run_anchors(ctx)
+        if self.pooled and anchors is not None:
+            first.append(self.ranks_job(ctx, *anchors))
         own = own_rep_cache_run(cfg.contexts.rep_cache, cfg.out, cfg.corpus, cfg.discriminator,
                                 self.hashes["rep_cache"], cfg.resources.contexts) if self.rep_cache else None
         return first + ([own] if own is not None else [])
 
     def ranks_job(self, ctx: RunContext, anchor_ids: np.ndarray, anchor_texts: list):
-        """The pool's ranks run (pool_ranks.py) for these anchors."""
+        """The pool's ranks run (pool_ranks.py) for these anchors, built once for them: under --force-new
+        `runs_first` gives it to execute's check and `prepare` builds the same one, so that its sentences (~1M at
+        scale) are planned and fingerprinted once."""
         from sentsim.harvest.pool_ranks import PoolRanksRun, rank_identity
 
         cfg = self.cfg
         storage = rank_storage_of(cfg, sentence_schema_of(ctx.manifest))
         identity = rank_identity(cfg, storage, self.hashes["base_encoder"], anchor_ids, anchor_texts)
-        return PoolRanksRun(cfg, self.pool_plan.texts, identity, anchor_ids, anchor_texts)
+        job = getattr(self, "_ranks_job", None)
+        if job is None or not (job.identity == identity and np.array_equal(job.anchor_ids, anchor_ids)
+                               and list(job.anchor_texts) == list(anchor_texts)):
+            job = self._ranks_job = PoolRanksRun(cfg, self.pool_plan.texts, identity, anchor_ids, anchor_texts)
+        return job
 
     def vectors_job(self):
         """The pool's vectors run (pool_vectors.py), built once."""
@@ -420,7 +439,7 @@ class HarvestRun(ShardedJob):
         """The pool run's rank targets, built or resumed (pool_ranks.py) for the anchors this run holds."""
         from sentsim.harvest.pool_ranks import ensure_pool_ranks
 
-        job = self.ranks_job(ctx, *run_anchors(self.cfg, ctx.store, ctx.fp, self.fresh_anchors))
+        job = self.ranks_job(ctx, *run_anchors(self.cfg, ctx.store, ctx.fp, self.new_run_anchors(ctx)))
         ensure_pool_ranks(job, ctx.executor, ctx.address, ctx.force_new, ctx.quiet, ctx.max_units)
 
     def summary(self, ctx: RunContext) -> dict:
@@ -711,7 +730,7 @@ def run_anchors(cfg: HarvestConfig, store: ShardStore, fp: str,
 
     With rank.storage=vectors the table also holds each anchor's E1 vector (`vector`, float16): the
     anchor matrix, encoded here once per run, from which rank actors and students compute ranks. `sampled`: the
-    same sample drawn before (HarvestRun.stages, under --force-new), used rather than drawn again."""
+    same sample drawn before (HarvestRun.new_run_anchors, under --force-new), used rather than drawn again."""
     import pyarrow as pa
 
     from sentsim.harvest.stages import rank_storage_of, sentence_schema_of

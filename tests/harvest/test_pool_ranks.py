@@ -382,6 +382,30 @@ def _config_file(cfg, out, tmp_path):
     return path
 
 
+def test_a_force_new_pool_harvest_builds_its_ranks_job_once(codes_run, tmp_path):
+    """Under --force-new the ranks run is checked before the old run is discarded (runs_first) and built after
+    (prepare): one job for both, so its sentences are planned and fingerprinted once. It is the run the
+    harvest had: confirmed, not encoded again."""
+    from sentsim.harvest.job import harvest
+    from sentsim.harvest.pool_ranks import PoolRanksRun
+
+    cfg, out, _ = codes_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    markers = {p.name: p.read_bytes() for p in (copy / "pool_ranks" / "_units").glob("*.json")}
+    built = []
+    init = PoolRanksRun.__init__
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(PoolRanksRun, "__init__", lambda self, *a, **k: built.append(self) or init(self, *a, **k))
+        m = harvest(cfg.model_copy(update={"out": str(copy)}), executor="inline", quiet=True, force_new=True)
+    assert m["complete"] and m["this_run"]["units"] == m["planned_units"]
+    assert len(built) == 1
+    assert m["pool"]["ranks_fingerprint"] == built[0].fp == \
+        ShardStore(str(out / "pool_ranks")).read_manifest()["fingerprint"]
+    assert {p.name: p.read_bytes() for p in (copy / "pool_ranks" / "_units").glob("*.json")} == markers
+    assert pairs_of(copy).equals(pairs_of(out))
+
+
 def test_other_rank_bits_rebuild_the_ranks_and_reuse_the_vectors(codes_run, tmp_path):
     """Only labelling reads rank.bits: a harvest relabelled with other bits (the same --out, --force-new) keeps
     the vectors run as it is and encodes the rank targets again, into a run of their own identity."""
