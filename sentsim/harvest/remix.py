@@ -153,9 +153,12 @@ def _vector_places(source: str, manifest: dict, seen: set) -> Iterator[str]:
     put them, as recorded (the remix moved alone; the only place a remix from before the relative records
     names), then relative to the remix (a harvest moved together with its remixes), then wherever its own
     source finds them, followed by the paths the remix recorded for it (a remix's source re-pointed at the
-    harvest's new place, by rerunning that remix from there)."""
+    harvest's new place, by rerunning that remix from there). A source on the way whose manifest is edited (its
+    checksum broken) is refused in one line naming that manifest: its records cannot be followed, and the vectors
+    they lead to would otherwise be reported missing."""
     from sentsim.harvest.pool_vectors import vectors_uri
     from storage import ShardStore, StoreError
+    from storage.store import edited_manifest, manifest_seal_broken
 
     remixed = (manifest.get("config") or {}).get("remix")
     if not remixed:
@@ -172,9 +175,12 @@ def _vector_places(source: str, manifest: dict, seen: set) -> Iterator[str]:
                 continue
             seen.add(src)
             try:
-                m = ShardStore(src).read_manifest()
+                m = ShardStore(src).read_manifest(trusted=False)
             except StoreError:
                 continue
+            broken = manifest_seal_broken(m) if m else None
+            if broken:
+                raise UsageError(edited_manifest(src, broken))
             if m and m.get("fingerprint") == rec.get("source_fingerprint"):
                 yield from _vector_places(src, m, seen)
 

@@ -421,6 +421,38 @@ def test_a_remix_rerun_from_its_sources_new_place_records_that_place(partners_ru
     assert manifest("R2")["inputs"][0]["harvest"] == "R1"
 
 
+def test_a_remix_chain_names_an_edited_manifest_on_its_way_to_the_vectors(partners_run, tmp_path, capsys):
+    """A remix of a remix finds its harvest's vectors through its source's records once the harvest has moved (the
+    source rerun from the new place). With that source's manifest edited, its records are not followed: the remix
+    is refused in one line naming the edited manifest, not by calling the vectors missing; put back, it remixes.
+    (By sentsim.cli.main in this process: no subprocess start-up.)"""
+    from sentsim.harvest.remix import RemixConfig, remix
+    from storage.store import edited_manifest, manifest_seal_broken
+
+    harvest, r1, r2 = tmp_path / "a" / "H", tmp_path / "R1", tmp_path / "R2"
+    shutil.copytree(partners_run[1], harvest)
+    remix(RemixConfig(source=str(harvest), out=str(r1), lambda_fwd=0.0), quiet=True)
+    remix(RemixConfig(source=str(r1), out=str(r2), metric="cosine"), quiet=True)
+    (tmp_path / "c").mkdir()
+    harvest = harvest.rename(tmp_path / "c" / "H")  # R2's records of it now lead nowhere; R1, rerun, points here
+    remix(RemixConfig(source=str(harvest), out=str(r1), lambda_fwd=0.0), quiet=True)
+
+    written = (r1 / "manifest.json").read_text()
+    m = json.loads(written)
+    m["config"]["remix"]["source"] = "elsewhere"  # an edit by hand: the checksum no longer matches
+    (r1 / "manifest.json").write_text(json.dumps(m))
+    r = cli_in_process(capsys, "remix", r2, "--out", tmp_path / "R3")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert error_line(r.stderr) == f"sentsim: error: {edited_manifest(str(r1), manifest_seal_broken(m))}"
+    assert not (tmp_path / "R3").exists()
+
+    (r1 / "manifest.json").write_text(written)
+    r = cli_in_process(capsys, "remix", r2, "--out", tmp_path / "R3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "R3" / "manifest.json").read_text())["remix"]["pool_vectors"] == \
+        str(harvest / "pool_vectors")
+
+
 def test_a_broken_vectors_run_is_named_and_the_harvest_mends_it(partners_run, tmp_path):
     """Remix refuses vectors that lost a unit, are not the ones the labels came from, or lost their manifest, and a
     rerun of the finished harvest refuses the last; --force-new on the harvest rebuilds an unreadable vectors run,
