@@ -290,6 +290,9 @@ def test_a_force_new_run_refused_after_its_claim_keeps_the_old_run_whole(tmp_pat
         torch.set_num_threads(threads)
     rec = json.loads((out / "_train" / "run.json").read_text())
     assert rec["fingerprint"] != old_fp and rec["job"]["train"]["lr"] == 0.01 and "finished" in rec
+    # the weights, not only the hash: config.json, one of the hashed model files, holds the fit's timings
+    # (fit_seconds, each history point's time_s), which alone would tell two runs of equal weights apart
+    assert (out / "model.safetensors").read_bytes() != before["model.safetensors"][0]
     assert checkpoint_hash(str(out)) != old_model
 
 
