@@ -40,7 +40,7 @@ import numpy as np
 
 from sentsim.context.batching import collate_np, collate_packed_np, pack_rows, plan_batches
 from sentsim.context.config import ContextTrainConfig
-from sentsim.context.windows import _water_fill, build_example, iter_slices, mix_seed
+from sentsim.context.windows import _water_fill, build_example, iter_slices, mix_seed, no_training_windows
 from sentsim.errors import UsageError
 
 TRAIN_SLICES = 8  # as train.TRAIN_SLICES: the same slices in the same order as the legacy stream
@@ -181,8 +181,7 @@ def batch_tasks(corpus: str, tok, cfg: ContextTrainConfig, directions: Sequence[
                                     packed=bool(cfg.pack_tokens))
                     seq += 1
         if produced == 0:
-            raise UsageError(f"{corpus}: no training windows{_among(cfg)} for worker {rank}/{world} "
-                             f"(corpus too small for heldout_percent={cfg.heldout_percent} and {world} workers?)")
+            raise no_training_windows(corpus, cfg, rank, world)
 
 
 def _task(seq, epoch, micro, window, dcol, s, t, sent, lens, flat, tok_start, packed=False) -> BatchTask:
@@ -199,10 +198,6 @@ def _task(seq, epoch, micro, window, dcol, s, t, sent, lens, flat, tok_start, pa
     return BatchTask(seq, epoch, tokens, lens[wins].astype(np.int32), local.astype(np.int32),
                      dcol[rows].astype(np.int8), s[rows], t[rows], np.array([len(b) for b in micro], np.int32),
                      packed_rows)
-
-
-def _among(cfg: ContextTrainConfig) -> str:
-    return f" among the documents with doc_id prefixes {cfg.doc_id_prefixes}" if cfg.doc_id_prefixes else ""
 
 
 # ------------------------------------------------------------------------------------------------- builder

@@ -60,7 +60,16 @@ from sentsim.context.model import (
 )
 from sentsim.context.stream import micro_batches_of
 from sentsim.context.tokenizer import ContextTokenizer, train_bpe
-from sentsim.context.windows import Example, build_example, iter_documents, iter_slices, mix_seed
+from sentsim.context.windows import (
+    Example,
+    among,
+    build_example,
+    few_documents,
+    iter_documents,
+    iter_slices,
+    mix_seed,
+    no_training_windows,
+)
 from sentsim.errors import UsageError
 from sentsim.hardware import prefer_shape_free_attention
 from sentsim.training.loop import Trainee
@@ -162,14 +171,8 @@ def train_batches(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig, d
             for b in token_batches(buf, cfg.batch_tokens, rng):
                 yield collate(b, tok.pad_id, tok.bos_id)
         if produced == 0:
-            raise UsageError(f"{corpus}: no training windows{_among(cfg)} for worker {rank}/{world} "
-                             f"(corpus too small for heldout_percent={cfg.heldout_percent} and {world} workers?)")
+            raise no_training_windows(corpus, cfg, rank, world)
         epoch += 1
-
-
-def _among(cfg: ContextTrainConfig) -> str:
-    """The document filter, for an error message that says why nothing was found."""
-    return f" among the documents with doc_id prefixes {cfg.doc_id_prefixes}" if cfg.doc_id_prefixes else ""
 
 
 def heldout_examples(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig, directions) -> dict:
@@ -200,7 +203,8 @@ def _heldout_pool(corpus: str, tok: ContextTokenizer, cfg: ContextTrainConfig, d
                                  f"{cfg.doc_id_prefixes}; set the prefixes its documents have, or [] for every one")
             more = ("use a larger corpus" if cfg.heldout_percent >= 25
                     else "raise heldout_percent or use a larger corpus")
-            raise UsageError(f"{corpus}: fewer than 2 held-out windows{_among(cfg)} for direction {d!r}; {more}")
+            raise UsageError(f"{corpus}: fewer than 2 held-out windows{among(cfg)} for direction {d!r}; {more}"
+                             f"{few_documents(corpus, cfg)}")
     return pool
 
 

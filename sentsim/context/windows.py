@@ -222,3 +222,31 @@ def _scan(corpus: str, heldout_percent: float, split: str, rank: int, world: int
 def windows_of(doc: Sequence[str], k: int) -> Iterator[tuple[list[str], str, list[str]]]:
     for i, s in enumerate(doc):
         yield list(doc[max(0, i - k):i]), s, list(doc[i + 1:i + 1 + k])
+
+
+def among(cfg) -> str:
+    """The document filter of a ContextTrainConfig, for an error message that says why nothing was found."""
+    return f" among the documents with doc_id prefixes {cfg.doc_id_prefixes}" if cfg.doc_id_prefixes else ""
+
+
+def few_documents(corpus: str, cfg) -> str:
+    """Why a corpus has no held-out (or training) windows when its documents are few: the split takes whole
+    documents (heldout_percent of them, by hash), and a plain-text input file is one document. "" when about 5 or
+    more documents are held out (or the count cannot be read): the refusal that asks for it is said either way."""
+    from corpus.view import open_corpus
+
+    try:
+        n = (open_corpus(corpus).manifest.get("counts") or {}).get("documents")
+    except Exception:  # noqa: BLE001 - only a hint to a refusal
+        return ""
+    if not isinstance(n, int) or n * cfg.heldout_percent / 100 >= 5:
+        return ""
+    return (f" ({corpus} holds {n} document(s), of which heldout_percent={cfg.heldout_percent} holds out about "
+            f"{n * cfg.heldout_percent / 100:.1f}: the split takes whole documents, and a plain-text input file is "
+            "one document; give `sentsim corpus build` one file per document, or JSONL with a record per document)")
+
+
+def no_training_windows(corpus: str, cfg, rank: int, world: int) -> UsageError:
+    """The refusal of a worker whose share of the training documents gives no window."""
+    return UsageError(f"{corpus}: no training windows{among(cfg)} for worker {rank}/{world} (corpus too small "
+                      f"for heldout_percent={cfg.heldout_percent} and {world} workers?){few_documents(corpus, cfg)}")

@@ -271,6 +271,32 @@ def test_a_force_new_run_refused_after_its_claim_keeps_the_old_run_whole(tmp_pat
     assert checkpoint_hash(str(out)) != old_bundle
 
 
+def test_a_corpus_of_one_text_file_is_told_that_a_file_is_one_document(tmp_path, capsys):
+    """A plain-text input is one document, and the held-out split takes whole documents: a corpus built from one
+    file holding several speeches has one document, so one of the splits is empty. The refusal says so, with
+    what to do, instead of only "raise heldout_percent or use a larger corpus" (which cannot help)."""
+    import gzip
+
+    from conftest import SAMPLE, error_line
+
+    from sentsim.cli import main
+    from sentsim.corpus_job import build_corpus
+
+    speeches = [json.loads(line)["paragraphs"] for line in gzip.open(SAMPLE, "rt")][:3]
+    text = tmp_path / "all.txt"
+    text.write_text("\n\n".join(p for paragraphs in speeches for p in paragraphs), encoding="utf-8")
+    corpus = tmp_path / "corpus"
+    build_corpus([str(text)], str(corpus), executor="inline", quiet=True)
+    capsys.readouterr()
+    rc = main(["train", "context", "--corpus", str(corpus), "--direction", "fwd", "--out", str(tmp_path / "m"),
+               *_sets(executor="inline", max_steps=1, heldout_percent=40)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert (f"({corpus} holds 1 document(s), of which heldout_percent=40.0 holds out about 0.4: the split takes whole "
+            "documents, and a plain-text input file is one document; give `sentsim corpus build` one file per "
+            "document") in error_line(err), err
+
+
 def test_a_tokenizer_cut_short_at_out_is_one_line_naming_it_and_force_new(tmp_path, corpus_dir):
     """A kill while the trainer saved OUT/tokenizer/ left a cut-off tokenizer.json, and every later run with that
     --out stopped in the tokenizers library's bare traceback. The save is now whole or absent (roles first,

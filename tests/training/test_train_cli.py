@@ -161,8 +161,9 @@ def test_train_context_relative_paths(tmp_path, speech_corpus, head_env, capsys,
     r = sentsim_cli("train", "context", "--corpus", corpus, "--out", "ctx_small", "--direction", "fwd", *sets,
                     "--set", "heldout_percent=1", cwd=tmp_path, env=head_env)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "RayTrainWorker" not in r.stderr, r.stderr[-2000:]
-    assert error_line(r.stderr).endswith("fewer than 2 held-out windows for direction 'fwd'; raise "
-                                         "heldout_percent or use a larger corpus"), r.stderr[-2000:]
+    assert ("fewer than 2 held-out windows for direction 'fwd'; raise heldout_percent or use a larger corpus ("
+            f"{os.path.abspath(tmp_path / corpus)} holds 20 document(s), of which heldout_percent=1.0 holds out about "
+            "0.2: the split takes whole documents") in error_line(r.stderr), r.stderr[-2000:]
     # a document filter that matches nothing is named as such (raising heldout_percent could not help)
     err = refused_inline("train", "context", "--corpus", corpus, "--out", "ctx_prefix", "--direction", "fwd", *sets,
                          "--set", "doc_id_prefixes=[nope]")
