@@ -45,6 +45,8 @@ def run(args) -> int:
     rep = json.loads(sfs.read_bytes(fs, sfs.join(root, "report.json")))
     print(f"harvest: {rep.get('pairs', '?')} pairs ({rep.get('null_scores', '?')} null) in "
           f"{m['completed_units']}/{m['planned_units']} units -> {cfg.out}")
+    if rep.get("null_reasons"):  # why a pair has no score: a surrogate trains only on the scored ones
+        print("  null scores: " + "; ".join(f"{n} {reason}" for reason, n in rep["null_reasons"].items()))
     if rep and not rep.get("pairs"):  # stopped (--max-units) before any unit of pairs was labelled, or none had any
         if rep.get("complete"):
             # a run with nothing to train on is a failure a script must see; its cause is the input or the
@@ -67,7 +69,7 @@ def run(args) -> int:
             if line:
                 print("  " + line)
         if rep.get("spearman_score_vs_rank_sim") is not None:  # None: rank targets off, or too few pairs
-            print(f"  spearman(score, rank_sim) = {rep['spearman_score_vs_rank_sim']}")
+            print(f"  spearman(score, rank_sim) = {rep['spearman_score_vs_rank_sim']:.4f}")
         if "rerank_items" in rep:  # contexts.rerank_shortlist: what choosing C_s by Eq. 3 cost
             print(f"  C_s: Eq. 3's top {cfg.contexts.size} of {cfg.contexts.rerank_shortlist}-context shortlists; "
                   f"{rep['rerank_items']:,} of the {rep['scored_items']:,} items scored chose them")

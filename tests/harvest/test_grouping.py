@@ -147,12 +147,14 @@ def test_grouped_pairs_run_groups_neighbours_and_scores_the_chosen_variant(input
 
 
 @pytest.mark.slow
-def test_remix_keeps_a_pair_without_contexts_in_its_group(inputs, tmp_path):
+def test_remix_keeps_a_pair_without_contexts_in_its_group(inputs, tmp_path, capsys):
     """A grouped --pairs harvest in which one pair's sentences get no context (no word of theirs is in
     the corpus): the pair has no score, but its sentences still belong to its group, and the centred
     variant averages over all of the group's sentences. A remix with the source's weights gives every
     pair's three variants as the harvest did (to float32 rounding of the terms), that pair's included,
-    and keeps its null score and reason."""
+    and keeps its null score and reason. The command's summary says why the pair has no score."""
+    from harvest_support import cli_in_process
+
     from sentsim.harvest.eq4_rows import NO_CONTEXTS
     from sentsim.harvest.job import harvest
     from sentsim.harvest.remix import RemixConfig, remix
@@ -173,6 +175,9 @@ def test_remix_keeps_a_pair_without_contexts_in_its_group(inputs, tmp_path):
     assert lonely.sum() == 1 and src[lonely].score.isna().all()
     group = src[src.group_id == src[lonely].group_id.iloc[0]]
     assert len(group) == 2 and group.score_centred.notna().all()  # its partner pair's contexts are the union
+    (tmp_path / "run.yaml").write_text(cfg.model_dump_json())  # YAML reads JSON: the finished run, summarised
+    r = cli_in_process(capsys, "harvest", "--config", tmp_path / "run.yaml", "--executor", "inline")
+    assert r.returncode == 0 and f"  null scores: 1 {NO_CONTEXTS}\n" in r.stdout, r.stdout + r.stderr
 
     remix(RemixConfig(source=str(run), out=str(tmp_path / "same")), quiet=True)
     out = _pairs(tmp_path / "same")
