@@ -459,6 +459,8 @@ def read_bundle_meta(path: str | Path) -> dict:
 
     p = resolve_in_place(path, "context.json") / "context.json"
     if not p.is_file():
+        if not Path(path).exists():  # a typo in the path, told apart from a folder of something else
+            raise UsageError(f"{path}: no such context-model directory")
         raise UsageError(f"{path}: not a context-model directory (no context.json)")
     meta = json.loads(p.read_text())
     if meta.get("format") != FORMAT:

@@ -187,11 +187,16 @@ def test_context_models_the_scorers_would_refuse_are_refused_before_the_run_is_w
     meta["directions"] = {}  # no direction twice: only the tokenizers differ
     meta["tokenizer_sha256"] = "0" * 64
     (other_tok / "context.json").write_text(json.dumps(meta))
+    (tmp_path / "empty").mkdir()
     base = ["harvest", "--corpus", harvest_inputs["corpus"], "--index", harvest_inputs["index"], "--out",
             tmp_path / "run", "--executor", "inline", "--set", "rank.enabled=false", "--context-models"]
     for models, needles in (((bundle, bundle), ("is given twice",)),
                             ((bundle, again), ("is provided by more than one model directory", f"by {bundle} too")),
-                            ((bundle, other_tok), ("its tokenizer (000000000000) differs from",))):
+                            ((bundle, other_tok), ("its tokenizer (000000000000) differs from",)),
+                            # a typo is told apart from a folder of something else
+                            ((tmp_path / "typo",), (f"{tmp_path / 'typo'}: no such context-model directory",)),
+                            ((tmp_path / "empty",), (f"{tmp_path / 'empty'}: not a context-model directory "
+                                                     "(no context.json)",))):
         one_line_exit_2(cli_in_process(capsys, *base, *models), *needles)
         assert not (tmp_path / "run").exists()
 
