@@ -298,9 +298,12 @@ def inspect_harvest(root: str | Path, seed: int = CARVE_SEED) -> HarvestInfo:
             print(carve_note(carve))
     empty = [s for s in SPLITS if scored[s] == 0]
     if empty:
+        names = " and ".join(repr(s) for s in empty)
         raise UsageError(
-            f"--data {reader.uri}: split {', '.join(repr(s) for s in empty)} has no scored rows "
-            f"(scored rows per split: {scored}); training needs train, dev and test"
+            f"--data {reader.uri}: {'splits ' + names + ' have' if len(empty) > 1 else 'split ' + names + ' has'} "
+            f"no scored rows (scored rows per split: {scored}); training needs train, dev and test, and an empty "
+            f"dev or test is carved out of train only when train has enough scored pairs (a fifth of train, at "
+            f"least 2): harvest more pairs"
         )
     mean = total / n_valid
     return HarvestInfo(reader.uri, files, rows, scored, (lo, hi), reader.manifest, reader, carve,

@@ -164,6 +164,13 @@ def test_split_without_rows(tmp_path, minilm, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "split 'dev' has no scored rows" in err and "Traceback" not in err
+    assert err.rstrip().endswith("when train has enough scored pairs (a fifth of train, at least 2): harvest more "
+                                 "pairs"), err
+    # two splits empty are named in one clause; four train pairs are too few to carve them from
+    write_harvest(tmp_path / "h2", ["a"] * 4, ["b"] * 4, [0.5, 0.2, 0.3, 0.4], ["train"] * 4)
+    rc = main(["train", "surrogate", "--data", str(tmp_path / "h2"), "--backbone", minilm, "--out",
+               str(tmp_path / "o")])
+    assert rc == 2 and "splits 'dev' and 'test' have no scored rows" in capsys.readouterr().err
 
 
 def test_backbone_not_a_model(tmp_path, stsb_pairs, minilm):
