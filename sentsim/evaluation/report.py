@@ -42,7 +42,7 @@ def format_table(report) -> str:
         cells = [r[0].ljust(widths[0])] + [r[i].rjust(widths[i]) for i in range(1, 5)] + [r[5]]
         lines.append("  ".join(cells).rstrip())
         if j == 0:
-            lines.append("  ".join("-" * w for w in widths))
+            lines.append("  ".join("-" * w for w in widths) + "  " + "-" * len(r[5]))  # the note column too
     if report.missing_tasks:
         lines.append(f"not found under --data (skipped): {', '.join(report.missing_tasks)}")
     return "\n".join(lines)

@@ -65,7 +65,11 @@ def test_scores_file_formats_via_cli(tiny_year, tmp_path, fmt, capsys):
     rc = main(["eval", "sts", "--scores", str(path), "--data", str(tiny_year), "--tasks", "STS13",
                "--json", str(out_json), "--markdown", str(out_md)])
     assert rc == 0
-    assert "90.00" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "90.00" in printed
+    head, rule = printed.splitlines()[1:3]  # the rule under the console table's header rules all six columns
+    assert head.split() == ["task", "pairs", "scored", "Spearman", "Pearson", "note"] and len(rule.split()) == 6
+    assert len(rule) == len(head), printed
     rep = json.loads(out_json.read_text())
     assert rep["tasks"][0]["spearman"] == pytest.approx(90.0)
     assert rep["scorer"]["model"] == str(path) and "pooling" in rep["scorer"]
