@@ -150,7 +150,12 @@ def _parse_json_document(text: str) -> Tuple[Optional[str], List[str]]:
         raise BadDocument("a JSON line must be an object with a 'paragraphs' list")
     paras = obj.get("paragraphs")
     if paras is None:
-        raise BadDocument("missing 'paragraphs' field")
+        # JSONL from elsewhere mostly holds one text field: say what this reader wants instead of it
+        texts = [k for k, v in obj.items() if isinstance(v, str) and k != "id"]
+        held = f" (this object's text fields: {', '.join(repr(k) for k in texts[:4])})" if texts else ""
+        raise BadDocument(f"missing 'paragraphs' field{held}; a JSON line gives a document as "
+                          "{\"paragraphs\": [\"...\", ...]}, or give a Parquet file with its text in a column "
+                          "(text_column)")
     if not isinstance(paras, list) or not all(isinstance(p, str) for p in paras):
         raise BadDocument("'paragraphs' must be a list of strings")
     for what, value in [("id", doc_id or "")] + [(f"paragraph {i}", p) for i, p in enumerate(paras)]:

@@ -124,6 +124,8 @@ def test_bad_jsonl_fails_with_one_line_naming_file_and_line(tmp_path, reason):
     lines = [line for line in r.stderr.splitlines() if line.startswith("sentsim: error")]
     assert len(lines) == 1 and "Traceback" not in r.stderr
     assert "bad.jsonl:2" in lines[0] and reason in lines[0]
+    if reason == "missing 'paragraphs'":  # JSONL from elsewhere: its text field named, and what to give instead
+        assert "(this object's text fields: 'text'); a JSON line gives a document as {\"paragraphs\"" in lines[0]
 
 
 def test_huge_paragraph_without_punctuation(tmp_path):
