@@ -62,4 +62,11 @@ def run(args) -> int:
         print(f"  Spearman x 100 vs gold on {gold[0][2]} pairs: {', '.join(f'{run} {v:.2f}' for run, v, _ in gold)}")
     elif gold:  # a remix stopped by --max-units, or with more null scores than its source: each on its own pairs
         print(f"  Spearman x 100 vs gold: {', '.join(f'{run} {v:.2f} on {n} pairs' for run, v, n in gold)}")
+    # a --pairs harvest where a run has none: why, rather than a line that is not there
+    why = {run: r[f"{run}_no_gold_spearman"] for run in ("source", "remix") if f"{run}_no_gold_spearman" in r}
+    if why:
+        said = ([f"no Spearman vs gold: {next(iter(why.values()))}"] if len(set(why.values())) == 1 and len(why) == 2
+                else [f"no Spearman vs gold for the {run}: {reason}" for run, reason in why.items()])
+        for line in said:
+            print("  " + line)
     return run_exit_code(m, args.max_units, args.force_new)

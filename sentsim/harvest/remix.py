@@ -450,16 +450,22 @@ def _check_unit_numbers(uri: str, unit: int, table: str, schema: pa.Schema) -> N
         raise UsageError(f"{uri}: unit {unit}'s {table} column {text.name} holds {text.type}, not numbers")
 
 
-def _gold_spearman(root: str) -> Optional[tuple[float, int]]:
-    """Spearman x 100 of score vs gold over a run's pairs, when it has gold labels (a --pairs harvest)."""
+def _gold_spearman(root: str) -> tuple[float, int] | str:
+    """Spearman x 100 of score vs gold over a run's pairs, when it has gold labels (a --pairs harvest), and the
+    pairs it is over; else why there is none."""
     from scipy.stats import spearmanr
 
     from storage import RunReader
 
     # marked units only; a text column is one line (RunReader), not a failed rank of strings
-    t = RunReader(root).read_table("pairs", ["score", "gold"], numeric=["score", "gold"]).to_pandas().dropna()
-    if len(t) < 2 or t.score.nunique() < 2 or t.gold.nunique() < 2:  # a constant column ranks nothing: no value
-        return None
+    t = RunReader(root).read_table("pairs", ["score", "gold"], numeric=["score", "gold"]).to_pandas()
+    if t.gold.isna().all():
+        return "the pairs file gave no gold scores"
+    t = t.dropna()
+    if len(t) < 2:
+        return f"{len(t)} pair(s) have both a score and a gold value"
+    if t.score.nunique() < 2 or t.gold.nunique() < 2:  # a constant column ranks nothing: no value
+        return f"{'the scores' if t.score.nunique() < 2 else 'the gold values'} are the same for every pair"
     return float(spearmanr(t.score, t.gold).statistic * 100), len(t)
 
 
@@ -665,11 +671,16 @@ class RemixRun(ShardedJob):
         out = dict(self.settings, **totals)
         if self.kept_eq3_shortlist:
             out["c_s_chosen_under_source_weights"] = self.kept_eq3_shortlist
+        pairs_run = bool((self.source.get("config") or {}).get("pairs_file"))
         for label, root in (("source", cfg.source), ("remix", cfg.out)):
-            g = _gold_spearman(root) if "://" not in root else None
-            if g is not None:
+            if not pairs_run:  # a corpus harvest has no gold column
+                continue
+            g = _gold_spearman(root) if "://" not in root else "not read back from object storage"
+            if isinstance(g, tuple):
                 out[f"{label}_spearman_vs_gold"], out[f"{label}_gold_pairs"] = round(g[0], 2), g[1]
                 out["gold_pairs"] = g[1]  # the remix's where it has a value (bench/lambda_mix.py reads it)
+            else:
+                out[f"{label}_no_gold_spearman"] = g
         # A remix rerun from its source's new place resumes (the places are outside its fingerprint), and a resumed
         # run keeps the manifest it was opened with: its config.remix and inputs are rewritten to the places read
         # this time, as the top-level record is, so that whatever reads the manifest (a remix of this remix among

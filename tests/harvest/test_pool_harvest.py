@@ -541,8 +541,8 @@ def test_a_pairs_file_is_labelled_from_its_sentences_vectors(inputs, tmp_path):
 
 def test_remix_gives_spearman_vs_gold_only_where_it_has_a_value(inputs, tmp_path):
     """Remixing a labelled harvest gives the source's and the remix's Spearman against the gold scores; where every
-    score is the same (one pair of sentences, labelled three times) it has no value, and the summary gives none
-    rather than nan."""
+    score is the same (one pair of sentences, labelled three times) it has no value, and the summary says why
+    rather than giving nan or nothing."""
     import re
 
     from sentsim.harvest.job import harvest
@@ -565,7 +565,9 @@ def test_remix_gives_spearman_vs_gold_only_where_it_has_a_value(inputs, tmp_path
                      r.stdout, re.M), r.stdout
     r = sentsim_cli("remix", tmp_path / "same", "--out", tmp_path / "same_remix", "--lambda-fwd", "0")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "Spearman" not in r.stdout and "nan" not in r.stdout and "Warning" not in r.stderr, (r.stdout, r.stderr)
+    assert "Spearman x 100" not in r.stdout and "nan" not in r.stdout and "Warning" not in r.stderr, (r.stdout,
+                                                                                                   r.stderr)
+    assert "\n  no Spearman vs gold: the scores are the same for every pair\n" in r.stdout, r.stdout
 
 
 def test_bad_pool_settings_get_one_line(inputs, tmp_path, capsys):
