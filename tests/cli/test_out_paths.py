@@ -77,7 +77,17 @@ def _refused(r, *words) -> None:
     assert lines[0].startswith("sentsim: error: ") and all(w in lines[0] for w in words), lines[0]
 
 
-def test_every_command_refuses_an_out_over_its_input_before_deleting(corpus, sample_path, tmp_path):
+def _refused_each(capsys, cases) -> None:
+    """Each (args, *words) case refused: the first through the console script (its start-up and exit status),
+    the rest by sentsim.cli.main in this process, the same code from argument parsing to the line without a
+    subprocess start-up each (seconds apiece on a loaded machine)."""
+    from harvest_support import cli_in_process
+
+    for i, (args, *words) in enumerate(cases):
+        _refused(sentsim_cli(*args, timeout=300) if i == 0 else cli_in_process(capsys, *args), *words)
+
+
+def test_every_command_refuses_an_out_over_its_input_before_deleting(corpus, sample_path, tmp_path, capsys):
     """The audit's case first (a harvest with --out its corpus and --force-new deleted the corpus), then every
     other command with each way of overlapping; the input's files are byte for byte what they were."""
     from storage import verify_store
@@ -123,14 +133,13 @@ def test_every_command_refuses_an_out_over_its_input_before_deleting(corpus, sam
         (("train", "discriminator", "--corpus", c, "--out", "s3://bucket/disc"), "go to a local folder"),
         (("train", "context", "--corpus", c, "--out", "s3://bucket/ctx"), "go to a local folder"),
     ]
-    for args, *words in cases:
-        _refused(sentsim_cli(*args, timeout=300), *words)
+    _refused_each(capsys, cases)
     assert _unchanged(corpus) == before and verify_store(c) == []
     assert pairs.read_text() == "a b c\td e f\n" and (model / "config.json").read_text() == "{}"
     assert not (ROOT / "s3:").exists()
 
 
-def test_each_input_of_every_command_is_checked_on_its_own(corpus, tmp_path):
+def test_each_input_of_every_command_is_checked_on_its_own(corpus, tmp_path, capsys):
     """Every input a command reads, with --out over that input alone (the other inputs apart), so that no
     input is refused only because another one that it sits beside is checked first."""
     c, t = str(corpus), tmp_path
@@ -175,13 +184,13 @@ def test_each_input_of_every_command_is_checked_on_its_own(corpus, tmp_path):
          "lies inside the input --model"),
     ]
     before = _unchanged(corpus)
-    for args, *words in cases:
-        _refused(sentsim_cli(*args, timeout=300), *words)
+    _refused_each(capsys, cases)
     assert _unchanged(corpus) == before and (model / "config.json").read_text() == "{}"
     assert pairs.read_text() == "a b c\td e f\n" and not any(any(p.iterdir()) for p in (sts, enc, t / "disc"))
 
 
-def test_an_out_the_file_system_cannot_make_is_one_line_for_every_command(corpus, sample_path, shared_data, tmp_path):
+def test_an_out_the_file_system_cannot_make_is_one_line_for_every_command(corpus, sample_path, shared_data, tmp_path,
+                                                                          capsys):
     """A symlink to nothing (a disk not mounted) as --out or on the way to it was followed into a traceback
     (FileExistsError from makedirs, pyarrow's "non-directory entry exists"); it is refused in one line naming the
     link, before anything is written. A folder the file system will not make though nothing could tell
@@ -214,9 +223,9 @@ def test_an_out_the_file_system_cannot_make_is_one_line_for_every_command(corpus
         ]
 
     for out in (link, link / "run"):
-        for args in commands(str(out)):
-            _refused(sentsim_cli(*args, timeout=300), "is a symlink to", "which does not exist", str(link))
-        _refused(sentsim_cli(*sts, "--json", out / "r.json"), "--json", "is a symlink to")
+        _refused_each(capsys, [(args, "is a symlink to", "which does not exist", str(link))
+                               for args in commands(str(out))] + [((*sts, "--json", out / "r.json"), "--json",
+                                                                   "is a symlink to")])
     assert not (tmp_path / "unmounted-disk").exists() and link.is_symlink()
 
     try:
@@ -225,11 +234,11 @@ def test_an_out_the_file_system_cannot_make_is_one_line_for_every_command(corpus
     except OSError as e:
         if e.errno != errno.ENOENT:
             pytest.skip(f"/proc refuses a folder otherwise here ({e})")
-    for out in ("/proc/sentsim-test", "/proc/sentsim-test/run"):
-        for args in commands(out)[1:3] + commands(out)[-1:]:
-            _refused(sentsim_cli(*args, timeout=300), f"--out {out}: /proc/sentsim-test cannot be made there")
-    _refused(sentsim_cli(*sts, "--json", "/proc/sentsim-test/r.json"),
-             "--json /proc/sentsim-test/r.json: /proc/sentsim-test cannot be made there")
+    _refused_each(capsys, [(args, f"--out {out}: /proc/sentsim-test cannot be made there")
+                           for out in ("/proc/sentsim-test", "/proc/sentsim-test/run")
+                           for args in commands(out)[1:3] + commands(out)[-1:]]
+                  + [((*sts, "--json", "/proc/sentsim-test/r.json"),
+                      "--json /proc/sentsim-test/r.json: /proc/sentsim-test cannot be made there")])
 
 
 def test_a_report_file_its_folder_will_not_take_is_one_line_before_scoring(shared_data, tmp_path):
