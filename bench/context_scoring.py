@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     docs = list(iter_documents(str(corpus), 2.0, "all"))
     if args.model:
         model_src = args.model
-        from sentsim.context.model import read_bundle_meta
+        from sentsim.context.bundle_meta import read_bundle_meta
 
         model_desc = f"trained bundle {args.model}"
         k = read_bundle_meta(args.model)["model_config"]["context_sentences"]

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
 
     from corpus.view import CorpusIndex
     from sentsim.config import load_config
-    from sentsim.context.model import read_bundle_meta
+    from sentsim.context.bundle_meta import read_bundle_meta
     from sentsim.harvest.config import HarvestConfig
     from sentsim.pairs_file import read_pairs_file
     from sentsim.retrieval import open_retriever

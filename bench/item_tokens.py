@@ -30,7 +30,7 @@ from common import machine  # noqa: E402
 def run_inputs(run: Path) -> tuple[str, str, int]:
     """The corpus, the first context model and its window (sentences a side) of a harvest run."""
     from sentsim.config import expand_path
-    from sentsim.context.model import read_bundle_meta
+    from sentsim.context.bundle_meta import read_bundle_meta
 
     config = json.loads((run / "manifest.json").read_text())["config"]
     corpus, model = expand_path(config["corpus"]), expand_path(config["context_models"][0])

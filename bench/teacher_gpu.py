@@ -66,7 +66,7 @@ def export(sizes: list[int], work: Path) -> None:
     """Each size's context sets for the dev sample, one JSON line per unit, gzipped."""
     from teacher_curve import dev_sample
 
-    from sentsim.context.model import read_bundle_meta
+    from sentsim.context.bundle_meta import read_bundle_meta
     from sentsim.harvest.stages import ContextStage
     from sentsim.pairs_file import read_pairs_file
 

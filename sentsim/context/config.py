@@ -24,6 +24,8 @@ GPU_SCORE_BATCH_TOKENS = 65536
 
 DIRECTIONS = ("fwd", "left", "right")
 """fwd = p(s | c<, c>), left = p(c< | s, c>), right = p(c> | c<, s)   (paper §3.2.2)."""
+TERMS = ("disc", *DIRECTIONS)
+"""Eq. 3's terms: the discriminator's and the three directions' (paper §3.3)."""
 
 
 class ContextModelConfig(Section):

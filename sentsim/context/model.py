@@ -40,11 +40,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from sentsim.bundled_model import default_base_encoder
+from sentsim.context.bundle_meta import FORMAT, read_bundle_meta
 from sentsim.context.config import DIRECTIONS, ContextModelConfig
 from sentsim.context.tokenizer import ContextTokenizer, seq2seq_from_checkpoint, wordpiece_from_checkpoint
 from sentsim.errors import UsageError
 
-FORMAT = "sentsim-context/1"
 # the names training's `attention` takes -> transformers' attention implementations
 ATTENTION_IMPLEMENTATIONS = {"sdpa": "sdpa", "eager": "eager", "flex": "flex_attention"}
 
@@ -451,21 +451,6 @@ def save_bundle(out: str | Path, cfg: ContextModelConfig, tok: ContextTokenizer,
         write_text_atomic(str(folder / "context.json"), json.dumps(meta, indent=1, sort_keys=True))
 
     return replace_in_place(Path(out), "context.json", write, {"format": FORMAT})
-
-
-def read_bundle_meta(path: str | Path) -> dict:
-    """context.json of the bundle a reader loads for `path` (sentsim.model_swap.resolve_in_place)."""
-    from sentsim.model_swap import resolve_in_place
-
-    p = resolve_in_place(path, "context.json") / "context.json"
-    if not p.is_file():
-        if not Path(path).exists():  # a typo in the path, told apart from a folder of something else
-            raise UsageError(f"{path}: no such context-model directory")
-        raise UsageError(f"{path}: not a context-model directory (no context.json)")
-    meta = json.loads(p.read_text())
-    if meta.get("format") != FORMAT:
-        raise UsageError(f"{path}: context.json format {meta.get('format')!r}, expected {FORMAT!r}")
-    return meta
 
 
 def load_bundle(path: str | Path, expect: Optional[ContextModelConfig] = None,

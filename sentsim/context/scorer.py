@@ -42,14 +42,13 @@ import torch.nn.functional as F
 
 from sentsim.context import compiled
 from sentsim.context.batching import HostToDevice, padded_index, plan_batches
-from sentsim.context.config import DIRECTIONS, ScorerConfig
+from sentsim.context.config import DIRECTIONS, TERMS, ScorerConfig
 from sentsim.context.example_arrays import ExampleArrays, TextTable, build_examples, context_columns
 from sentsim.context.flops import decoder_flops, encoder_flops, model_shape
 from sentsim.context.model import ContextModel, load_bundle
 from sentsim.errors import UsageError
 from sentsim.hardware import prefer_shape_free_attention, resolve_autocast
 
-TERMS = ("disc", "fwd", "left", "right")
 # Batch plans (`batching.plan_batches`): groups are cut where they pad least, and a batch that fits the token
 # budget but is more than MAX_PADDING padding is cut again, while each part keeps 1/MIN_BATCH_SHARE of the
 # budget in real tokens (<= 10% padding; on a GPU a batch far below its budget costs more in

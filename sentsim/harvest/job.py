@@ -291,7 +291,7 @@ class HarvestRun(ShardedJob):
 
     def context_window(self) -> int:
         """Sentences on each side of a context (the context models were trained with this window)."""
-        from sentsim.context.model import read_bundle_meta
+        from sentsim.context.bundle_meta import read_bundle_meta
 
         meta = read_bundle_meta(self.cfg.context_models[0])
         return int(meta.get("model_config", {}).get("context_sentences", 1))
@@ -564,7 +564,7 @@ def check_context_models(cfg: HarvestConfig) -> set:
     a direction given by two of them, or models of different tokenizers (their scores cannot be combined). Past
     that point the refusal would leave a run whose fingerprint names those folders, refusing the mended command.
     Returns the directions they provide."""
-    from sentsim.context.model import read_bundle_meta
+    from sentsim.context.bundle_meta import read_bundle_meta
 
     by_dir, tokenizer, seen = {}, None, {}
     for p in cfg.context_models:
@@ -591,7 +591,7 @@ def check_scorable_terms(cfg: HarvestConfig, directions: set) -> None:
     direction no context-model folder provides (or the discriminator term without a discriminator) is
     NaN for every item, so every S and every pair's score would be null. `directions`: those the context-model
     folders provide (check_context_models)."""
-    from sentsim.context.scorer import TERMS
+    from sentsim.context.config import TERMS
 
     have = set(directions)
     if uses_rep_cache(cfg):

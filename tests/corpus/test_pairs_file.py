@@ -387,7 +387,7 @@ def test_a_harvest_of_sick_lines_and_eval_sts_of_it_agree_on_pairs_and_gold(spee
 def test_harvest_refuses_a_header_of_unread_names_before_any_work(speech_corpus, tmp_path):
     from conftest import sentsim_cli
 
-    from sentsim.context.model import FORMAT
+    from sentsim.context.bundle_meta import FORMAT
 
     models = tmp_path / "ctx"  # a bundle's context.json is all the harvest reads before the pairs file
     models.mkdir()
@@ -504,7 +504,7 @@ def test_harvest_reads_json_lines_gzip_and_empty_gold_and_refuses_empty_sentence
     """Through `sentsim harvest --pairs`: one line naming file and line, before the run folder exists."""
     from conftest import sentsim_cli
 
-    from sentsim.context.model import FORMAT
+    from sentsim.context.bundle_meta import FORMAT
 
     models = tmp_path / "ctx"  # a bundle's context.json is all the harvest reads before the pairs file
     models.mkdir()
