@@ -13,6 +13,19 @@ from sentsim.errors import InputError, UsageError
 from sentsim.pairs_file import read_pairs_file
 
 
+@pytest.fixture(scope="module")
+def tiny_models(speech_corpus, tmp_path_factory):
+    """One untrained tiny context-model bundle for this file's harvests (they test what is read, not scores)."""
+    from harvest_support import tiny_context_bundle
+
+    return tiny_context_bundle(speech_corpus, tmp_path_factory.mktemp("pairs_file_models") / "ctx")
+
+
+# four contexts a sentence instead of the default's many: the scores are not what these harvests test
+SMALL_HARVEST = ("--executor", "inline", "--set", "contexts.mode=random", "--set", "rank.enabled=false",
+                 "--set", "contexts.size=4")
+
+
 def write(tmp_path, name, data):
     p = tmp_path / name
     p.write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
@@ -322,17 +335,18 @@ def test_two_words_above_pairs_of_words_are_a_pair_and_the_note_names_the_line(t
     assert capsys.readouterr().err == ""
 
 
-def test_harvest_reads_a_first_pair_of_words_or_a_header_above_sentences_saying_which(speech_corpus, tmp_path):
+def test_harvest_reads_a_first_pair_of_words_or_a_header_above_sentences_saying_which(speech_corpus, tiny_models,
+                                                                                     tmp_path, capsys):
     """Through `sentsim harvest --pairs`: the word-pair file is harvested whole, its first line included and
     named in a note; the same first line above sentences is the header, named in a note and never scored; a
-    rerun of either reads the pairs it read and does nothing."""
+    rerun of either reads the pairs it read and does nothing. The first harvest runs the console script; the
+    others run sentsim.cli.main in this process (the same code without a second start-up of torch)."""
     import pyarrow.dataset as ds
     from conftest import sentsim_cli
-    from harvest_support import tiny_context_bundle
+    from harvest_support import cli_in_process
 
-    models = tiny_context_bundle(speech_corpus, tmp_path / "ctx")
-    harvest = ("harvest", "--corpus", speech_corpus, "--context-models", models, "--executor", "inline",
-               "--set", "contexts.mode=random", "--set", "rank.enabled=false")
+    harvest = ("harvest", "--corpus", speech_corpus, "--context-models", tiny_models, *SMALL_HARVEST)
+    runs = 0
     for name, data, note, want in [
             ("words.tsv", "question\tanswer\nnation\tcountry\ntaxes\tyear\n",
              "read as a pair, as every line under it is a pair of words; if it names the columns, write s1<TAB>s2 "
@@ -342,21 +356,23 @@ def test_harvest_reads_a_first_pair_of_words_or_a_header_above_sentences_saying_
              "above it", [("What must the nation do?", "Remain strong.")])]:
         pairs, out = write(tmp_path, name, data), tmp_path / name.replace(".", "_")
         for attempt in ("first", "rerun"):
-            r = sentsim_cli(*harvest, "--pairs", pairs, "--out", out)
+            args = (*harvest, "--pairs", pairs, "--out", out)
+            r = sentsim_cli(*args) if runs == 0 else cli_in_process(capsys, *args)
+            runs += 1
             assert r.returncode == 0, (attempt, r.stderr[-3000:])
             assert f"note: {pairs}:1: question<TAB>answer {note}" in r.stderr.splitlines(), r.stderr[-3000:]
             got = ds.dataset(str(out / "pairs")).to_table(columns=["s1", "s2"]).to_pylist()
             assert sorted((p["s1"], p["s2"]) for p in got) == want, attempt
 
 
-def test_a_harvest_of_sick_lines_and_eval_sts_of_it_agree_on_pairs_and_gold(speech_corpus, shared_data, tmp_path,
-                                                                             capsys):
+def test_a_harvest_of_sick_lines_and_eval_sts_of_it_agree_on_pairs_and_gold(speech_corpus, tiny_models, shared_data,
+                                                                             tmp_path, capsys):
     """`harvest --pairs` on the first lines of the real SICK_trial.txt (header-less, five columns) finishes with
     a row for each line, SICK's relatedness score as its gold, and `eval sts --scores` of the run against the same
     file as SICK-R finds every scored pair (the release with its header line is read alike: the test above)."""
     import pyarrow.dataset as ds
     from conftest import sentsim_cli
-    from harvest_support import cli_in_process, tiny_context_bundle
+    from harvest_support import cli_in_process
 
     from sentsim.evaluation.datasets import load_sick_file
 
@@ -368,9 +384,8 @@ def test_a_harvest_of_sick_lines_and_eval_sts_of_it_agree_on_pairs_and_gold(spee
     st = load_sick_file(trial)
     want = sorted(zip(st.s1, st.s2, map(float, st.gold)))
     assert len(want) == n and want == sorted((c[1], c[2], float(c[3])) for c in (ln.split("\t") for ln in lines))
-    models = tiny_context_bundle(speech_corpus, tmp_path / "ctx")
-    harvest = ("harvest", "--corpus", speech_corpus, "--context-models", models, "--executor", "inline",
-               "--set", "contexts.mode=random", "--set", "rank.enabled=false", "--set", "pairs_per_unit=5")
+    harvest = ("harvest", "--corpus", speech_corpus, "--context-models", tiny_models, *SMALL_HARVEST,
+               "--set", "pairs_per_unit=5")
     r = sentsim_cli(*harvest, "--pairs", trial, "--out", tmp_path / "run")
     assert r.returncode == 0, r.stderr[-3000:]
     rows = ds.dataset(str(tmp_path / "run" / "pairs")).to_table(columns=["s1", "s2", "gold", "score"]).to_pylist()
