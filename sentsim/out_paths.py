@@ -104,6 +104,36 @@ def held_kind(folder: Union[str, os.PathLike]) -> Optional[Tuple[str, str]]:
     return None
 
 
+# What the trainers write into their --out by fixed names (a model, its reports, `model`, `curves`, `config.json`,
+# `ray`, `checkpoint`), replaced on export and deleted by --force-new: a folder of other files is refused, as the
+# sharded runs (storage.ShardStore.refuse_other_files) and the index writer refuse one.
+TRAINED_KINDS = ("discriminator", "context", "surrogate", "student")
+
+
+def refuse_other_files(p: Path, out_flag: str, text: str, writes: str) -> None:
+    """Refuse a local --out folder that holds files and no sentsim output (held_kind is None there): the trainer's
+    export would replace, and --force-new delete, whatever of them bears one of its names. Hidden names (a
+    file system's own) are not counted, nor what a trainer leaves before its first mark: the lease of a run killed
+    before it went ahead (the discriminator takes its lease in _train/). A trainer's fingerprinted run record or a
+    model's listing is a sentsim output of a kind held_kind may not name (an earlier format's)."""
+    if (p / "sentsim_model.json").is_file() or "fingerprint" in _json(p / "run.json"):
+        return
+    try:
+        names = sorted(c.name for c in p.iterdir() if not c.name.startswith("."))
+    except OSError:  # none there yet, a file (refused below), or a folder this process may not list: refused later
+        return
+    if not names:
+        return
+    from storage.lease import LEASE
+
+    other = [n for n in names if n not in (LEASE, "_train")]
+    if other:
+        shown = ", ".join(other[:4]) + (f" and {len(other) - 4} more" if len(other) > 4 else "")
+        raise UsageError(f"{out_flag} {text} is not empty ({shown}) and holds no sentsim output; refusing to write "
+                         f"{KINDS[writes]} among other files (--force-new discards only {KINDS[writes]}): give "
+                         f"another {out_flag}")
+
+
 def output_around(path: Path) -> Optional[Tuple[Path, str]]:
     """The nearest folder above `path` that holds a sentsim output, as (folder, words), or None. Only a sentsim
     writer's own marks count (a run's manifest naming its stage, a model's listing, a trainer's fingerprinted
@@ -197,6 +227,8 @@ def check_out(out: Union[str, os.PathLike, None], inputs: Mapping[str, Paths], o
     if held is not None and held[0] != writes:
         raise UsageError(f"{out_flag} {text} holds {held[1]}, not {KINDS[writes]}; give another {out_flag}")
     p = Path(os.path.expanduser(text)).absolute()
+    if held is None and writes in TRAINED_KINDS:
+        refuse_other_files(p, out_flag, text, writes)
     if writes:
         outer = output_around(p)
         if outer is not None:

@@ -296,3 +296,48 @@ def test_an_out_inside_another_output_is_refused_before_anything_is_written(corp
     project.mkdir()
     (project / "manifest.json").write_text("{}")
     check_out(project / "corpus", {}, writes="run")
+
+
+def test_a_trainer_refuses_an_out_of_other_files_before_replacing_or_deleting_them(corpus, tmp_path, capsys):
+    """A trainer exports `model`, `curves`, `config.json` by name into its --out, and --force-new deletes those
+    names and its state (`ray`, `checkpoint`): into a folder of the user's own files that replaced or deleted them.
+    Such a folder (no sentsim output in it) is refused in one line naming what it holds, --force-new or not, as
+    the sharded runs and the index refuse one; its files stay byte for byte. A folder holding only a lease (a
+    trainer killed before it went ahead), hidden names or a trainer's run record is taken."""
+    import json
+
+    from harvest_support import small_pairs_run, write_pairs_run
+
+    harvest = str(write_pairs_run(tmp_path / "harvest", *small_pairs_run()))
+    mine = tmp_path / "mine"
+    (mine / "model").mkdir(parents=True)
+    (mine / "model" / "pytorch_model.bin").write_bytes(b"weights")
+    (mine / "curves").mkdir()
+    (mine / "config.json").write_text('{"mine": true}')
+    (mine / ".DS_Store").write_text("")
+    before = _unchanged(mine)
+    words = (f"--out {mine} is not empty (config.json, curves, model) and holds no sentsim output; refusing to "
+             "write")
+    c = str(corpus)
+    _refused_each(capsys, [
+        (("train", "surrogate", "--data", harvest, "--out", mine, "--force-new"), words,
+         "a surrogate's training output among other files"),
+        (("train", "surrogate", "--data", harvest, "--out", mine), words),
+        (("train", "student", "--objective", "paser", "--data", harvest, "--out", mine, "--force-new"), words,
+         "(--force-new discards only a student's training output)"),
+        (("train", "context", "--corpus", c, "--out", mine, "--force-new"), words, "a context-model bundle"),
+        (("train", "discriminator", "--corpus", c, "--out", mine, "--force-new"), words, "a discriminator")])
+    assert _unchanged(mine) == before and sorted(p.name for p in mine.iterdir()) == [
+        ".DS_Store", "config.json", "curves", "model"]
+    for kind in ("surrogate", "student", "context", "discriminator"):
+        check_out(tmp_path / "new", {}, writes=kind)
+        empty = tmp_path / f"empty-{kind}"
+        (empty / "_train").mkdir(parents=True)
+        (empty / "_LEASE").write_text("{}")
+        (empty / ".hidden").write_text("")
+        check_out(empty, {}, writes=kind)
+    recorded = tmp_path / "recorded"  # a run record of a format held_kind does not name: still a trainer's
+    recorded.mkdir()
+    (recorded / "run.json").write_text(json.dumps({"fingerprint": "f" * 16}))
+    (recorded / "checkpoint").mkdir()
+    check_out(recorded, {}, writes="surrogate")
