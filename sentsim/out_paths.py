@@ -114,9 +114,9 @@ def refuse_other_files(p: Path, out_flag: str, text: str, writes: str) -> None:
     """Refuse a local --out folder that holds files and no sentsim output (held_kind is None there): the trainer's
     export would replace, and --force-new delete, whatever of them bears one of its names. Hidden names (a
     file system's own) are not counted, nor what a trainer leaves before its first mark: the lease of a run killed
-    before it went ahead (the discriminator takes its lease in _train/). A trainer's fingerprinted run record or a
-    model's listing is a sentsim output of a kind held_kind may not name (an earlier format's)."""
-    if (p / "sentsim_model.json").is_file() or "fingerprint" in _json(p / "run.json"):
+    before it went ahead (the discriminator takes its lease in _train/). A folder with a writer's mark
+    (has_writer_mark) is a sentsim output, of a kind held_kind may not name (an earlier format's)."""
+    if has_writer_mark(p):
         return
     try:
         names = sorted(c.name for c in p.iterdir() if not c.name.startswith("."))
@@ -125,10 +125,11 @@ def refuse_other_files(p: Path, out_flag: str, text: str, writes: str) -> None:
     if not names:
         return
     from storage.lease import LEASE
+    from storage.store import some_names
 
     other = [n for n in names if n not in (LEASE, "_train")]
     if other:
-        shown = ", ".join(other[:4]) + (f" and {len(other) - 4} more" if len(other) > 4 else "")
+        shown = some_names(other)
         raise UsageError(f"{out_flag} {text} is not empty ({shown}) and holds no sentsim output; refusing to write "
                          f"{KINDS[writes]} among other files (--force-new discards only {KINDS[writes]}): give "
                          f"another {out_flag}")
@@ -158,10 +159,15 @@ def _output_at(q: Path, path: Path):
         return False  # a discriminator's training state: named by the model folder it belongs to, next
     if (q / "manifest.json").is_file() and _json(q / "manifest.json").get("stage"):
         return None if q == path.parent and path.name in NESTED_RUNS else (q, held_kind(q)[1])
-    marks = ((q / "sentsim_model.json").is_file() or (q / "_train" / "run.json").is_file()
-             or ((q / "run.json").is_file() and "fingerprint" in _json(q / "run.json"))
-             or str(_json(q / "index.json").get("format", "")).startswith("sentsim"))
-    return (q, (held_kind(q) or ("", "a sentsim output"))[1]) if marks else False
+    return (q, (held_kind(q) or ("", "a sentsim output"))[1]) if has_writer_mark(q) else False
+
+
+def has_writer_mark(q: Path) -> bool:
+    """Whether folder `q` bears a sentsim writer's own mark beside a run's manifest: a model's listing, a
+    discriminator's training state, a trainer's fingerprinted run record, an index's record."""
+    return ((q / "sentsim_model.json").is_file() or (q / "_train" / "run.json").is_file()
+            or ((q / "run.json").is_file() and "fingerprint" in _json(q / "run.json"))
+            or str(_json(q / "index.json").get("format", "")).startswith("sentsim"))
 
 
 def refuse_another_kind(folder: str, command: str) -> None:

@@ -58,6 +58,11 @@ def check_format(manifest: Optional[dict], uri: str, fix: str) -> None:
                          f"{FORMAT_VERSION}); {fix}")
 
 
+def some_names(names: Sequence[str], most: int = 4) -> str:
+    """The first `most` of `names` and how many more, for a refusal that lists what a folder holds."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
 def part_name(unit: int) -> str:
     """Output names carry the unit rank, as datatrove does: part-00042.parquet."""
     return f"part-{unit:05d}.parquet"
@@ -453,7 +458,7 @@ class ShardStore:
         found = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
         other = sorted(i.base_name for i in found if i.base_name not in own and not i.base_name.startswith("."))
         if other:
-            shown = ", ".join(other[:4]) + (f" and {len(other) - 4} more" if len(other) > 4 else "")
+            shown = some_names(other)
             raise StoreError(f"{self.uri} is not empty ({shown}) and holds no sentsim run; refusing to write a run "
                              "among other files (--force-new clears only a run): give another --out")
 
