@@ -247,7 +247,7 @@ class Bench:
         tok_dir = self.bpe()
         tok = ContextTokenizer.load(tok_dir)
         dirs = ["fwd", "left", "right"]
-        seconds = 3.0 if self.a.tiny else self.a.host_seconds
+        seconds = 1.5 if self.a.tiny else self.a.host_seconds
         rows = []
 
         def measure(name, make, procs=lambda: []):
@@ -342,7 +342,7 @@ class Bench:
 
     def train(self) -> dict:
         rows = []
-        seconds = 8 if self.a.tiny else self.a.train_seconds
+        seconds = 4 if self.a.tiny else self.a.train_seconds
         shapes = [("bart", TINY_BART if self.a.tiny else BART, self.bpe())]
         shapes.append(("warm_start", {**WARM, "warm_start_path": self.warm_checkpoint()}, ""))
         first = self.a.micro_batches[0]

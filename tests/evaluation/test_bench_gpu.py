@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_tiny_bench_runs_every_section_on_a_cpu(tmp_path, speech_corpus):
     out, files = tmp_path / "gpu", _pair_files(tmp_path / "pairs")
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--tiny", "--device", "cpu",
-                           "--corpus", str(speech_corpus), "--teacher-minutes", "0.1", "--micro-batches", "8,1",
+                           "--corpus", str(speech_corpus), "--teacher-minutes", "0.05", "--micro-batches", "8,1",
                            "--compile", "score", "--pack", "400", "--attention", "flex",
                            "--stsb-test", str(files["stsb"]), "--dev-pairs", str(files["dev"]),
                            "--teacher-pairs", "3", "--out", str(out)],

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.dataset as ds
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPORA = ("enwiki_2014slice_docs.jsonl.gz", "gutenberg_docs.jsonl.gz", "us_speeches_docs.jsonl.gz")
@@ -42,15 +43,24 @@ def _reference(*args) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
 
 
-def test_reference_builds_the_teacher_and_the_discriminator_and_a_rerun_redoes_nothing(shared_data, tmp_path):
+@pytest.fixture(scope="module")
+def first_build(shared_data, tmp_path_factory) -> dict:
+    """One `make reference --discriminator` from nothing, shared by the file's tests (its corpus, index and
+    seed-0 model are what the second seed is trained beside)."""
+    tmp_path = tmp_path_factory.mktemp("reference")
     data = _tiny_data(shared_data, tmp_path / "data")
     disc = tmp_path / "disc.yaml"
     disc.write_text("model: {embed_dim: 16, hidden: 16, head_dim: 16, vocab_size: 2000}\n"
                     "train: {batch_size: 8, max_steps: 4, eval_every: 4}\n")
-    args = ("--data", data, "--cache", tmp_path / "cache", "--milestones", "200", "--threads", "1",
-            "--discriminator", "--discriminator-config", disc)
+    base = ("--data", data, "--cache", tmp_path / "cache", "--milestones", "200", "--threads", "1")
+    args = (*base, "--discriminator", "--discriminator-config", disc)
     r = _reference(*args)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    return {"tmp": tmp_path, "disc": disc, "base": base, "args": args, "first": r}
+
+
+def test_reference_builds_the_teacher_and_the_discriminator_and_a_rerun_redoes_nothing(first_build):
+    tmp_path, disc, args, r = (first_build[k] for k in ("tmp", "disc", "args", "first"))
     # the recipe trains in fp32 on every CPU (configs/reference_context.yaml pins bf16: off), so the model
     # does not depend on the CPU's flags; on a CPU with native bf16 `auto` would have said "on cpu bf16"
     assert "[context shared] 1 worker(s) on cpu;" in r.stdout + r.stderr
@@ -130,10 +140,8 @@ def test_reference_builds_the_teacher_and_the_discriminator_and_a_rerun_redoes_n
     assert "$ sentsim train context" not in r.stdout  # the steps before it were found done
 
 
-def test_a_second_seed_trains_beside_the_first_in_its_own_folders(shared_data, tmp_path):
-    data = _tiny_data(shared_data, tmp_path / "data")
-    base = ("--data", data, "--cache", tmp_path / "cache", "--milestones", "200", "--threads", "1")
-    assert _reference(*base).returncode == 0
+def test_a_second_seed_trains_beside_the_first_in_its_own_folders(first_build):
+    tmp_path, base = first_build["tmp"], first_build["base"]
     r = _reference(*base, "--seed", "1")
     assert r.returncode == 0, r.stderr[-2000:]
     # corpus and index are shared (found done); only the context model is trained again
