@@ -11,6 +11,7 @@ from typing import Optional
 
 from sentsim.errors import UsageError
 
+_PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"  # ray.train.v2._internal.constants
 _TOKEN_HINT = ("a cluster with token auth needs RAY_AUTH_MODE=token and its token in RAY_AUTH_TOKEN, "
                "in the file RAY_AUTH_TOKEN_PATH names, or in ~/.ray/auth_token")
 
@@ -38,6 +39,10 @@ def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> N
             ray.init(address=address, **kwargs)
         else:
             _require_token_auth()
+            # Ray Train's preemption watcher (an actor process a training run) waits for nodes that a cluster's
+            # autoscaler drains; a local Ray is this one machine, which nothing drains. Read by Ray Train when a
+            # run starts, from the driver's environment; a user's own setting stands.
+            os.environ.setdefault(_PREEMPTION_WATCHER, "0")
             with loopback_only(), patient_node_registration():
                 ray.init(
                     address="local",  # never attach to some other cluster running on this machine

@@ -24,8 +24,11 @@ def test_local_ray_from_init_ray_listens_on_loopback_only_with_token_auth():
 
     if ray.is_initialized():
         pytest.skip("another module left a Ray running in this process")
+    watcher = os.environ.pop("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", None)
     init_ray(num_cpus=1)
     try:
+        # no Ray Train run on this one machine starts a preemption watcher (nothing drains its node)
+        assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
         assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
         assert ray.get(ray.remote(lambda: 1 + 1).options(num_cpus=0).remote()) == 2  # a worker ran
         # its setup hook folded Ray's coordinator timeouts onto one line there (tests/cli/test_ray_console.py)
@@ -54,6 +57,9 @@ def test_local_ray_from_init_ray_listens_on_loopback_only_with_token_auth():
             assert local and all(_is_loopback(a.rsplit(":", 1)[0].strip("[]")) for a in local), ss
     finally:
         ray.shutdown()
+        os.environ.pop("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", None)
+        if watcher is not None:
+            os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = watcher
     from ray._private import ray_constants
 
     assert ray_constants.ENABLE_RAY_CLUSTER  # only that start was single-node; attaching resolves IPs again
